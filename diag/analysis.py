@@ -1,0 +1,121 @@
+"""Front door for offline analysis: captures -> tables -> decomposition (+ verdict).
+
+``analyze_paths`` is what ``ttft analyze``, ``ttft report`` and the TUI call. The rule engine
+(``rules``) is optional at import time so that the decomposition works on its own.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag import stages
+from diag.capture import Capture, CaptureError, load_capture
+from diag.tables import Tables, build_tables, stage_decomposition
+
+
+@dataclass
+class Analysis:
+    """Everything ``ttft analyze`` reports for one set of joined captures."""
+
+    paths: list[str]
+    tables: Tables
+    decomposition: dict[str, Any]
+    diagnosis: Any = None  # rules.Diagnosis when the rule engine ran
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "captures": self.paths,
+            "stages": self.decomposition["stages"],
+            "requests": self.decomposition["requests"],
+            "ttft_s": self.decomposition["ttft_s"],
+            "server_ttft_s": self.decomposition["server_ttft_s"],
+            "client_ttft_s": self.decomposition["client_ttft_s"],
+            "clock_offsets_s": self.tables.clock_offsets,
+            "lumped_stages": self.tables.lumped_notes,
+            "warnings": self.warnings,
+        }
+        if self.diagnosis is not None:
+            out.update(self.diagnosis.to_dict())
+        return out
+
+
+def load_captures(paths: list[str | os.PathLike[str]]) -> list[Capture]:
+    if not paths:
+        raise CaptureError("no capture given")
+    return [load_capture(p) for p in paths]
+
+
+def analyze_captures(caps: list[Capture], rules_file: str | None = None, slo: dict[str, float] | None = None,
+                     run_rules: bool = True) -> Analysis:
+    tables = build_tables(caps)
+    decomposition = stage_decomposition(tables.requests)
+    diagnosis = None
+    if run_rules:
+        try:
+            import rules as rule_engine
+        except ImportError:
+            rule_engine = None
+        if rule_engine is not None and hasattr(rule_engine, "diagnose"):
+            diagnosis = rule_engine.diagnose(tables, rules_file=rules_file, slo=slo)
+    return Analysis([str(c.path) for c in caps], tables, decomposition, diagnosis, list(tables.warnings))
+
+
+def analyze_paths(paths: list[str | os.PathLike[str]], rules_file: str | None = None,
+                  slo: dict[str, float] | None = None, run_rules: bool = True) -> Analysis:
+    """Load, join by trace id, decompose and diagnose."""
+    return analyze_captures(load_captures(paths), rules_file, slo, run_rules)
+
+
+def _fmt_s(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v >= 1:
+        return f"{v:.2f}s"
+    return f"{v * 1e3:.1f}ms"
+
+
+def format_decomposition(dec: dict[str, Any]) -> str:
+    """The per-stage TTFT decomposition as an aligned text table."""
+    lines = []
+    t = dec["ttft_s"]
+    lines.append(
+        f"TTFT over {dec['requests']} requests: p50 {_fmt_s(t['p50'])}  p95 {_fmt_s(t['p95'])}  p99 {_fmt_s(t['p99'])}"
+    )
+    for side in ("server_ttft_s", "client_ttft_s"):
+        s = dec.get(side)
+        if s and s.get("count"):
+            lines.append(f"  {side[:-7]:6s} TTFT: p50 {_fmt_s(s['p50'])}  p95 {_fmt_s(s['p95'])}  p99 {_fmt_s(s['p99'])}  (n={s['count']})")
+    lines.append("")
+    lines.append(f"{'stage':<11} {'count':>7} {'p50':>9} {'p95':>9} {'p99':>9} {'share':>7}")
+    for st, row in dec["stages"].items():
+        share = row.get("share_of_ttft")
+        share_s = f"{share * 100:6.1f}%" if share is not None else "      -"
+        lines.append(f"{st:<11} {row['count']:>7} {_fmt_s(row['p50']):>9} {_fmt_s(row['p95']):>9} {_fmt_s(row['p99']):>9} {share_s}")
+    if not dec["stages"]:
+        lines.append("(no stage spans: a client-only capture, or no server instrumentation)")
+    return "\n".join(lines)
+
+
+def format_analysis(a: Analysis) -> str:
+    parts = []
+    if a.diagnosis is not None:
+        parts.append(a.diagnosis.format_text())
+        parts.append("")
+    parts.append(format_decomposition(a.decomposition))
+    if a.tables.lumped_notes:
+        parts.append("")
+        for eng, note in a.tables.lumped_notes.items():
+            parts.append(f"note ({eng}): {note}")
+    if a.tables.clock_offsets:
+        parts.append("")
+        parts.append("clock offsets (server - client, estimated): " + ", ".join(
+            f"{k} {v * 1e3:+.3f} ms" for k, v in a.tables.clock_offsets.items()))
+    for w in a.warnings[:20]:
+        parts.append(f"warning: {w}")
+    return "\n".join(parts)
+
+
+__all__ = ["Analysis", "analyze_paths", "analyze_captures", "format_analysis", "format_decomposition", "stages"]

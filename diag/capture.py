@@ -1,0 +1,462 @@
+"""The capture format: one directory holding everything one run observed, in open formats.
+
+::
+
+    CAPTURE/
+      meta.json           tool version, what ran, TTFT boundary, clock sources, faults injected
+      spans.otlp.jsonl    OTLP JSON, one ExportTraceServiceRequest per line (Collector file
+                          exporter format: hex ids, 64-bit ints as strings, lowerCamelCase)
+      series/*.parquet    long-format time series (diag.stages.SERIES_COLUMNS); *.csv on read
+      profile/            py-spy raw profile and its per-stage summary
+
+Front door: :class:`CaptureWriter` to write, :func:`load_capture` to read (returns a
+:class:`Capture` with its span table and series; request and step tables are built by
+:mod:`diag.tables`). Errors that stop a load raise :class:`CaptureError` with a one-line
+message naming the file (and line); recoverable problems become ``Capture.warnings``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from diag import stages
+
+try:  # orjson parses OTLP JSON 2-3x faster than json; optional
+    import orjson as _fastjson
+
+    _loads = _fastjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    _loads = json.loads
+
+SPANS_FILE = "spans.otlp.jsonl"
+META_FILE = "meta.json"
+SERIES_DIR = "series"
+PROFILE_DIR = "profile"
+FORMAT_VERSION = 1
+
+
+class CaptureError(Exception):
+    """A capture that cannot be read or written; the message is one line naming the file."""
+
+
+def tool_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("ttft-diag")
+    except Exception:
+        return "0+unknown"
+
+
+def base_meta() -> dict[str, Any]:
+    """Meta fields every capture carries."""
+    return {
+        "format": "ttft-diag capture",
+        "format_version": FORMAT_VERSION,
+        "tool_version": tool_version(),
+        "created_unix_s": time.time(),
+        "host": platform.node(),
+        "clock_sources": {
+            "span_timestamps": "time.time_ns() (CLOCK_REALTIME, Unix epoch ns) per process",
+            "series_timestamps": "time.time() (Unix epoch s)",
+        },
+        "ttft_boundary": {
+            "server": stages.SERVER_BOUNDARY.to_dict(),
+            "client": stages.CLIENT_BOUNDARY.to_dict(),
+        },
+        "faults_injected": {},
+    }
+
+
+class CaptureWriter:
+    """Writes a capture directory. Thread-safe: collectors on several threads may share one.
+
+    ``append_span_request`` appends one OTLP JSON line (flushed, so a crash loses at most the
+    line being written); ``write_series`` replaces ``series/<source>.parquet``; meta.json is
+    rewritten on every ``update_meta`` and on ``close``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], meta: Mapping[str, Any] | None = None) -> None:
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CaptureError(f"{self.path}: cannot create capture directory: {exc.strerror}") from exc
+        self._lock = threading.Lock()
+        self._meta: dict[str, Any] = base_meta()
+        if meta:
+            self._meta.update(meta)
+        self._spans_fh = open(self.path / SPANS_FILE, "a", encoding="utf-8")
+        self.span_lines = 0
+        self._write_meta()
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._meta)
+
+    def _write_meta(self) -> None:
+        tmp = self.path / (META_FILE + ".tmp")
+        tmp.write_text(json.dumps(self._meta, indent=2, default=str, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, self.path / META_FILE)
+
+    def update_meta(self, **fields: Any) -> None:
+        """Merge fields into meta.json; dict values are merged one level deep."""
+        with self._lock:
+            for key, value in fields.items():
+                if isinstance(value, Mapping) and isinstance(self._meta.get(key), dict):
+                    self._meta[key].update(value)
+                else:
+                    self._meta[key] = value
+            self._write_meta()
+
+    def append_span_request(self, message: Any) -> None:
+        """Append one ExportTraceServiceRequest (proto message or OTLP JSON dict) as a line."""
+        from diag.otlp_json import request_to_dict
+
+        doc = message if isinstance(message, Mapping) else request_to_dict(message)
+        line = json.dumps(doc, separators=(",", ":"))
+        with self._lock:
+            if self._spans_fh.closed:
+                return
+            self._spans_fh.write(line + "\n")
+            self._spans_fh.flush()
+            self.span_lines += 1
+
+    def append_span_lines(self, lines: Iterable[str]) -> None:
+        """Append already-encoded OTLP JSON lines (used by bulk writers and benchmarks)."""
+        with self._lock:
+            for line in lines:
+                self._spans_fh.write(line.rstrip("\n") + "\n")
+                self.span_lines += 1
+            self._spans_fh.flush()
+
+    def write_series(self, source: str, frame: pd.DataFrame) -> Path:
+        """Write a long-format series table as ``series/<source>.parquet`` (replacing it)."""
+        missing = [c for c in stages.SERIES_COLUMNS if c not in frame.columns]
+        if missing:
+            raise CaptureError(f"series {source!r}: missing columns {missing}")
+        out_dir = self.path / SERIES_DIR
+        out_dir.mkdir(exist_ok=True)
+        out = out_dir / f"{source}.parquet"
+        frame = frame.loc[:, list(stages.SERIES_COLUMNS)].copy()
+        frame["ts_s"] = frame["ts_s"].astype("float64")
+        frame["value"] = pd.to_numeric(frame["value"], errors="coerce").astype("float64")
+        for col in ("source", "series", "entity"):
+            frame[col] = frame[col].astype(str)
+        with self._lock:
+            frame.to_parquet(out, index=False)
+        return out
+
+    def profile_dir(self) -> Path:
+        p = self.path / PROFILE_DIR
+        p.mkdir(exist_ok=True)
+        return p
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._spans_fh.closed:
+                self._spans_fh.close()
+            self._write_meta()
+
+    def __enter__(self) -> CaptureWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- reading --------------------------------------------------------------------------------
+
+#: Attribute keys lifted into their own span-table columns (everything else goes to ``extra``).
+_KNOWN_ATTRS: tuple[str, ...] = tuple(
+    sorted(
+        {
+            getattr(stages, n)
+            for n in dir(stages)
+            if (n.startswith(("ATTR_", "GEN_AI_", "VLLM_")) and n != "VLLM_SPAN_REQUEST")
+            and isinstance(getattr(stages, n), str)
+        }
+    )
+)
+_KNOWN_SET = frozenset(_KNOWN_ATTRS)
+
+SPAN_COLUMNS: tuple[str, ...] = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "service",
+    "start_ns",
+    "end_ns",
+    "status_code",
+    "source_file",
+)
+
+
+def _any_value(v: Mapping[str, Any]) -> Any:
+    """Decode an OTLP JSON AnyValue."""
+    if "stringValue" in v:
+        return v["stringValue"]
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "doubleValue" in v:
+        return float(v["doubleValue"])
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "arrayValue" in v:
+        return [_any_value(x) for x in (v["arrayValue"].get("values") or ())]
+    if "kvlistValue" in v:
+        return {kv["key"]: _any_value(kv.get("value") or {}) for kv in v["kvlistValue"].get("values") or ()}
+    if "bytesValue" in v:
+        return v["bytesValue"]
+    return None
+
+
+@dataclass
+class Capture:
+    """A loaded capture. ``spans`` has SPAN_COLUMNS, one column per known attribute, and
+    ``extra`` (dict of other attributes or None). ``series`` has SERIES_COLUMNS."""
+
+    path: Path
+    meta: dict[str, Any]
+    spans: pd.DataFrame
+    series: pd.DataFrame
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+class _SpanColumns:
+    """Column-wise accumulation of spans, flushed to small DataFrames to bound memory."""
+
+    CHUNK_ROWS = 131072
+
+    def __init__(self, source_file: str) -> None:
+        self.source_file = source_file
+        self.frames: list[pd.DataFrame] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cols: dict[str, list[Any]] = {c: [] for c in SPAN_COLUMNS if c != "source_file"}
+        self.attr_cols: dict[str, dict[int, Any]] = {}
+        self.extra: dict[int, dict[str, Any]] = {}
+        self.n = 0
+
+    def add(self, span: Mapping[str, Any], service: str) -> None:
+        c = self.cols
+        i = self.n
+        c["trace_id"].append(span.get("traceId") or "")
+        c["span_id"].append(span.get("spanId") or "")
+        c["parent_span_id"].append(span.get("parentSpanId") or "")
+        c["name"].append(span.get("name") or "")
+        c["kind"].append(span.get("kind") or 0)
+        c["service"].append(service)
+        c["start_ns"].append(int(span.get("startTimeUnixNano") or 0))
+        c["end_ns"].append(int(span.get("endTimeUnixNano") or 0))
+        status = span.get("status")
+        c["status_code"].append((status.get("code") or 0) if status else 0)
+        attrs = span.get("attributes")
+        if attrs:
+            for kv in attrs:
+                key = kv.get("key")
+                val = _any_value(kv.get("value") or {})
+                if key in _KNOWN_SET:
+                    col = self.attr_cols.get(key)
+                    if col is None:
+                        col = self.attr_cols[key] = {}
+                    col[i] = val
+                else:
+                    self.extra.setdefault(i, {})[key] = val
+        self.n += 1
+        if self.n >= self.CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.n:
+            return
+        df = pd.DataFrame(self.cols)
+        for key, values in self.attr_cols.items():
+            df[key] = pd.Series(values, dtype=object).reindex(range(self.n)).to_numpy()
+        if self.extra:
+            df["extra"] = pd.Series(self.extra, dtype=object).reindex(range(self.n)).to_numpy()
+        for col in ("trace_id", "span_id", "parent_span_id"):
+            df[col] = df[col].astype("string[pyarrow]")
+        for col in ("name", "service"):
+            df[col] = df[col].astype("category")
+        df["source_file"] = self.source_file
+        self.frames.append(df)
+        self._reset()
+
+
+def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    with open(path, "rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            yield lineno, line
+
+
+def read_spans_file(path: Path, warnings: list[str]) -> pd.DataFrame:
+    """Read one OTLP JSON lines file into a span table; bad lines become warnings."""
+    acc = _SpanColumns(str(path))
+    bad = 0
+    last_line = 0
+    for lineno, line in _iter_lines(path):
+        last_line = lineno
+        if not line.strip():
+            continue
+        try:
+            doc = _loads(line)
+        except ValueError:
+            bad += 1
+            if bad <= 5:
+                truncated = not line.endswith(b"\n")
+                why = "truncated last line" if truncated else "not valid JSON"
+                warnings.append(f"{path}:{lineno}: {why}; line skipped")
+            continue
+        if not isinstance(doc, dict) or "resourceSpans" not in doc:
+            bad += 1
+            if bad <= 5:
+                warnings.append(f"{path}:{lineno}: not an OTLP ExportTraceServiceRequest; line skipped")
+            continue
+        try:
+            for rs in doc["resourceSpans"] or ():
+                service = ""
+                for kv in (rs.get("resource") or {}).get("attributes") or ():
+                    if kv.get("key") == "service.name":
+                        service = str(_any_value(kv.get("value") or {}))
+                for ss in rs.get("scopeSpans") or ():
+                    for span in ss.get("spans") or ():
+                        acc.add(span, service)
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            bad += 1
+            if bad <= 5:
+                warnings.append(f"{path}:{lineno}: malformed span ({type(exc).__name__}: {exc}); rest of line skipped")
+    if bad > 5:
+        warnings.append(f"{path}: {bad} bad lines in all (first 5 shown)")
+    acc.flush()
+    if not acc.frames:
+        return empty_span_table()
+    if last_line and not acc.frames:
+        return empty_span_table()
+    frames = acc.frames
+    df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True, copy=False)
+    for col in ("name", "service"):
+        df[col] = df[col].astype("category")
+    return df
+
+
+def empty_span_table() -> pd.DataFrame:
+    df = pd.DataFrame({c: pd.Series(dtype=object) for c in SPAN_COLUMNS})
+    df["start_ns"] = df["start_ns"].astype("int64")
+    df["end_ns"] = df["end_ns"].astype("int64")
+    return df
+
+
+def _dedupe_spans(df: pd.DataFrame, warnings: list[str], where: str) -> pd.DataFrame:
+    if df.empty:
+        return df
+    dup = df.duplicated(subset=["trace_id", "span_id"], keep="first")
+    n = int(dup.sum())
+    if n:
+        warnings.append(f"{where}: {n} duplicate span ids (same trace and span id); kept the first of each")
+        df = df.loc[~dup].reset_index(drop=True)
+    bad_time = df["end_ns"] < df["start_ns"]
+    if bool(bad_time.any()):
+        warnings.append(f"{where}: {int(bad_time.sum())} spans end before they start; dropped")
+        df = df.loc[~bad_time].reset_index(drop=True)
+    return df
+
+
+def read_series_dir(path: Path, warnings: list[str]) -> pd.DataFrame:
+    """Concatenate every series/*.parquet and *.csv into one long table."""
+    frames = []
+    sdir = path / SERIES_DIR
+    if sdir.is_dir():
+        for f in sorted(sdir.iterdir()):
+            try:
+                if f.suffix == ".parquet":
+                    frames.append(pd.read_parquet(f))
+                elif f.suffix == ".csv":
+                    frames.append(pd.read_csv(f))
+                else:
+                    continue
+            except Exception as exc:
+                warnings.append(f"{f}: unreadable series file ({type(exc).__name__}); skipped")
+                continue
+            missing = [c for c in stages.SERIES_COLUMNS if c not in frames[-1].columns]
+            if missing:
+                warnings.append(f"{f}: series file lacks columns {missing}; skipped")
+                frames.pop()
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("ts_s", "value") else object) for c in stages.SERIES_COLUMNS})
+    df = pd.concat([f.loc[:, list(stages.SERIES_COLUMNS)] for f in frames], ignore_index=True)
+    df["ts_s"] = pd.to_numeric(df["ts_s"], errors="coerce")
+    df["value"] = pd.to_numeric(df["value"], errors="coerce")
+    return df.sort_values("ts_s", kind="stable").reset_index(drop=True)
+
+
+def load_capture(path: str | os.PathLike[str]) -> Capture:
+    """Load a capture directory (or a bare ``.jsonl`` file of OTLP JSON lines).
+
+    Raises CaptureError (one line, naming the path) when nothing usable is there.
+    """
+    p = Path(path)
+    warnings: list[str] = []
+    if not p.exists():
+        raise CaptureError(f"{p}: no such capture (expected a directory with {SPANS_FILE} or a .jsonl file)")
+    if p.is_file():
+        spans_files = [p]
+        root = p.parent
+        meta: dict[str, Any] = {}
+    else:
+        root = p
+        spans_files = [p / SPANS_FILE] if (p / SPANS_FILE).exists() else []
+        meta = {}
+        meta_path = p / META_FILE
+        if meta_path.exists():
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                if not isinstance(meta, dict):
+                    raise ValueError("not an object")
+            except (ValueError, UnicodeDecodeError) as exc:
+                warnings.append(f"{meta_path}: unreadable meta.json ({exc}); ignored")
+                meta = {}
+        has_series = (p / SERIES_DIR).is_dir()
+        if not spans_files and not meta and not has_series:
+            raise CaptureError(f"{p}: not a capture (no {SPANS_FILE}, {META_FILE} or {SERIES_DIR}/)")
+    span_frames = []
+    for f in spans_files:
+        try:
+            span_frames.append(read_spans_file(f, warnings))
+        except OSError as exc:
+            raise CaptureError(f"{f}: cannot read: {exc.strerror}") from exc
+    spans_df = (
+        pd.concat(span_frames, ignore_index=True) if len(span_frames) > 1 else (span_frames[0] if span_frames else empty_span_table())
+    )
+    spans_df = _dedupe_spans(spans_df, warnings, str(spans_files[0] if spans_files else p))
+    series = read_series_dir(root, warnings) if p.is_dir() else read_series_dir(Path("/nonexistent"), warnings)
+    if spans_df.empty and series.empty:
+        warnings.append(f"{p}: capture holds no spans and no series")
+    return Capture(path=p, meta=meta, spans=spans_df, series=series, warnings=warnings)
+
+
+def attribute(spans: pd.DataFrame, key: str) -> pd.Series:
+    """A span attribute as a column (all-None when no span carries it)."""
+    if key in spans.columns:
+        return spans[key]
+    if "extra" in spans.columns:
+        return spans["extra"].map(lambda d: d.get(key) if isinstance(d, dict) else None)
+    return pd.Series([None] * len(spans), index=spans.index, dtype=object)

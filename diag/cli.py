@@ -1,0 +1,68 @@
+"""The ``ttft`` command line: a thin front over one module per sub-command.
+
+Each module in :mod:`diag.commands` exposes ``add_parser(subparsers)`` and ``run(args) -> int``.
+Errors the user can fix (bad input, unreadable capture) end as one line on stderr and exit
+code 2; an SLO gate that fails exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+#: Sub-commands in the order ``ttft --help`` lists them.
+COMMANDS: tuple[str, ...] = (
+    "demo", "serve", "probe", "analyze", "report", "diff", "view", "watch",
+    "receive", "scrape", "scenarios",
+)
+
+
+class UsageError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ttft",
+        description="ttft-diag: find out why time-to-first-token is high. "
+        "Times every stage of a request, samples the GPU and the engine alongside, and names the bottleneck.",
+    )
+    from diag.capture import tool_version
+
+    parser.add_argument("--version", action="version", version=f"ttft-diag {tool_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"diag.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"diag.commands.{name}":
+                continue  # not built yet
+            raise
+        p = module.add_parser(sub)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0
+    from diag.capture import CaptureError
+
+    try:
+        return int(args._run(args) or 0)
+    except (CaptureError, UsageError) as exc:
+        print(f"ttft {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The one source of truth for stage names, span names, attribute keys and the TTFT boundary.
+
+Every collector, the engine, the capture loader, the rules and the TUI import names from here.
+Attribute keys follow the OpenTelemetry GenAI semantic conventions where one exists
+(``gen_ai.*``) and use a ``ttft.`` prefix otherwise. Times on spans are Unix epoch
+nanoseconds (OpenTelemetry's own convention); every derived duration in tables is seconds
+and carries an ``_s`` suffix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# --- stages ---------------------------------------------------------------------------------
+
+TOKENIZE = "tokenize"
+QUEUE = "queue"
+PREFILL = "prefill"
+COMM = "comm"
+SAMPLE = "sample"
+DETOKENIZE = "detokenize"
+DECODE = "decode"
+NETWORK = "network"
+COLD_START = "cold_start"
+#: A stage an external engine cannot separate (e.g. vLLM's TTFT - queue - prefill, which is
+#: tokenize + IPC + first detokenize). Rules treat it as one lumped stage.
+LUMPED = "lumped"
+
+#: Server-side stages that make up server TTFT, in request order. ``comm`` is *nested inside*
+#: ``prefill`` (the all-reduces of the prefill forward passes); tables report ``prefill_s``
+#: exclusive of comm so that the shares add up to TTFT.
+TTFT_STAGES: tuple[str, ...] = (TOKENIZE, QUEUE, PREFILL, COMM, SAMPLE, DETOKENIZE)
+#: Stages shown in decompositions (server stages, the lumped remainder, then the client's gap).
+DECOMPOSITION_STAGES: tuple[str, ...] = TTFT_STAGES + (LUMPED, NETWORK)
+#: Everything that can be a stage span name.
+ALL_STAGES: tuple[str, ...] = TTFT_STAGES + (DECODE, NETWORK, COLD_START, LUMPED)
+
+STAGE_DESCRIPTIONS: dict[str, str] = {
+    TOKENIZE: "prompt text -> token ids on the serving CPU (incl. chat template)",
+    QUEUE: "waiting for the scheduler: admission, KV-cache blocks, a place in a batch",
+    PREFILL: "forward passes over the prompt tokens (exclusive of comm)",
+    COMM: "tensor-parallel collectives (all-reduce) inside the prefill passes",
+    SAMPLE: "last-position logits -> first token (temperature, top-k, top-p)",
+    DETOKENIZE: "first token id -> text, ready to be written to the stream",
+    DECODE: "one token per step after the first (reported as ITL, not TTFT)",
+    NETWORK: "client TTFT - server TTFT: network, serialization, HTTP, client parsing",
+    COLD_START: "model load, warm-up, first compile: start-up cost, never TTFT",
+    LUMPED: "stages the engine does not separate (see the adapter's note)",
+}
+
+# --- span names -----------------------------------------------------------------------------
+
+SPAN_REQUEST = "ttft.request"  # server-side root of one request
+SPAN_CLIENT_REQUEST = "ttft.client.request"  # client-side root (probe); parent of the server's
+SPAN_ENGINE_STEP = "ttft.engine.step"  # one forward over a batch
+SPAN_COLD_START = "ttft.cold_start"  # model load / warm-up, outside any request
+STAGE_SPAN_NAMES = frozenset(ALL_STAGES)
+
+# --- attribute keys: OpenTelemetry GenAI semantic conventions -------------------------------
+
+GEN_AI_SYSTEM = "gen_ai.system"
+GEN_AI_OPERATION = "gen_ai.operation.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+
+# --- attribute keys: ttft.* (ours) ----------------------------------------------------------
+
+ATTR_SIDE = "ttft.side"  # "server" | "client"
+ATTR_REQUEST_ID = "ttft.request.id"
+#: Unix ns of each emitted token (server: when its text was ready; client: when its chunk
+#: arrived). One int array on the request span, never one span per token.
+ATTR_TOKEN_TIMES_NS = "ttft.token_times_ns"
+ATTR_FIRST_TOKEN_NS = "ttft.first_token_ns"  # Unix ns: the TTFT end boundary on this side
+ATTR_ERROR = "ttft.error"  # error kind, e.g. "http_503", "timeout", "disconnect"
+ATTR_SEGMENT = "ttft.segment"  # a labelled sweep point / workload phase
+ATTR_WARMUP = "ttft.warmup"  # bool: excluded from results
+ATTR_PREEMPTIONS = "ttft.preemptions"  # int: times this request was preempted
+ATTR_TP_SIZE = "ttft.tp.size"
+ATTR_PROMPT_TEXT = "ttft.prompt.text"  # only when the user asks for prompt recording
+ATTR_DURATION_S = "ttft.duration_s"  # explicit stage duration when it differs from the span's
+ATTR_ENGINE = "ttft.engine"  # which engine produced the spans: "bundled", "vllm", ...
+
+# client-side timestamps (Unix ns) on SPAN_CLIENT_REQUEST
+ATTR_CLIENT_START_NS = "ttft.client.start_ns"  # just before connect / send: TTFT start
+ATTR_CLIENT_CONNECTED_NS = "ttft.client.connected_ns"
+ATTR_CLIENT_SENT_NS = "ttft.client.sent_ns"
+ATTR_CLIENT_HEADERS_NS = "ttft.client.headers_ns"
+ATTR_CLIENT_FIRST_EVENT_NS = "ttft.client.first_event_ns"  # any SSE event, role-only included
+ATTR_CLIENT_FIRST_CONTENT_NS = "ttft.client.first_content_ns"  # first non-empty content: TTFT end
+ATTR_CLIENT_LAST_NS = "ttft.client.last_ns"
+ATTR_CLIENT_SLOT_WAIT_S = "ttft.client.slot_wait_s"  # waited for a free client slot (not in TTFT)
+ATTR_CLIENT_SCHEDULED_NS = "ttft.client.scheduled_ns"  # when the load schedule wanted it sent
+ATTR_CLIENT_USAGE_SOURCE = "ttft.client.usage_source"  # "server" | "tokenizer" | "chunks"
+ATTR_CLIENT_HTTP_STATUS = "ttft.client.http_status"
+
+# engine-step attributes on SPAN_ENGINE_STEP
+ATTR_STEP_INDEX = "ttft.step.index"
+ATTR_STEP_PREFILL_TOKENS = "ttft.step.prefill_tokens"
+ATTR_STEP_PREFILL_SEQS = "ttft.step.prefill_seqs"
+ATTR_STEP_DECODE_SEQS = "ttft.step.decode_seqs"
+ATTR_STEP_KV_USAGE = "ttft.step.kv_usage_ratio"  # 0..1 after the step
+ATTR_STEP_COMM_S = "ttft.step.comm_s"  # seconds in collectives during the step
+ATTR_STEP_WAITING = "ttft.step.waiting_seqs"
+ATTR_STEP_RUNNING = "ttft.step.running_seqs"
+ATTR_STEP_PREEMPTED = "ttft.step.preempted_seqs"
+
+# cold-start attributes
+ATTR_COLD_START_PHASE = "ttft.cold_start.phase"  # "load" | "warmup" | "compile"
+
+# --- external engines (mapped by collectors' adapters) --------------------------------------
+
+VLLM_SPAN_REQUEST = "llm_request"
+VLLM_TTFT = "gen_ai.latency.time_to_first_token"
+VLLM_E2E = "gen_ai.latency.e2e"
+VLLM_QUEUE = "gen_ai.latency.time_in_queue"
+VLLM_PREFILL = "gen_ai.latency.time_in_model_prefill"
+VLLM_DECODE = "gen_ai.latency.time_in_model_decode"
+VLLM_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+VLLM_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+
+
+# --- the TTFT boundary ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TTFTBoundary:
+    """Where one side's TTFT measurement starts and ends; written into every capture."""
+
+    side: str
+    start: str
+    end: str
+    includes: tuple[str, ...]
+    excludes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "side": self.side,
+            "start": self.start,
+            "end": self.end,
+            "includes": list(self.includes),
+            "excludes": list(self.excludes),
+        }
+
+
+SERVER_BOUNDARY = TTFTBoundary(
+    side="server",
+    start="the HTTP handler has the parsed request body (request span start)",
+    end="the first token's text is detokenized and handed to the response stream",
+    includes=TTFT_STAGES,
+    excludes=(NETWORK, COLD_START, DECODE),
+)
+CLIENT_BOUNDARY = TTFTBoundary(
+    side="client",
+    start="just before the client opens/takes a connection and sends the request "
+    "(time spent waiting for a free client slot is reported apart, not in TTFT)",
+    end="the first SSE event whose choices carry non-empty text/content; role-only, "
+    "empty and usage-only chunks do not count",
+    includes=TTFT_STAGES + (NETWORK,),
+    excludes=(COLD_START, DECODE),
+)
+
+
+def stage_column(stage: str) -> str:
+    """The request-table column holding a stage's duration in seconds."""
+    return f"{stage}_s"
+
+
+STAGE_COLUMNS: tuple[str, ...] = tuple(stage_column(s) for s in DECOMPOSITION_STAGES)
+
+
+# --- time series (long format, one file per source under <capture>/series/) -----------------
+#: Columns of every time-series table: Unix seconds, source ("nvml", "prometheus", "engine",
+#: "client"), canonical series name, entity ("gpu0", "gpu0/nvlink3", a replica URL, or ""),
+#: and the value in the unit the series name states.
+SERIES_COLUMNS: tuple[str, ...] = ("ts_s", "source", "series", "entity", "value")
+
+# engine-level canonical series (from /metrics of any engine, via the adapters)
+SERIES_QUEUE_TIME_S = "queue_time_s"  # windowed mean of the engine's queue-time histogram
+SERIES_PREFILL_TIME_S = "prefill_time_s"
+SERIES_DECODE_TIME_S = "decode_time_s"
+SERIES_TTFT_S = "ttft_s"
+SERIES_ITL_S = "itl_s"
+SERIES_E2E_S = "e2e_s"
+SERIES_KV_USAGE = "kv_usage_ratio"  # 0..1
+SERIES_WAITING = "num_waiting"
+SERIES_RUNNING = "num_running"
+SERIES_PREEMPTIONS = "preemptions_total"  # cumulative count
+SERIES_PROMPT_TOKENS_PER_S = "prompt_tokens_per_s"
+SERIES_GENERATION_TOKENS_PER_S = "generation_tokens_per_s"
+
+# GPU canonical series (NVML)
+SERIES_GPU_UTIL_PCT = "gpu_util_pct"
+SERIES_MEM_UTIL_PCT = "mem_util_pct"  # memory-controller duty cycle, not bandwidth share
+SERIES_HBM_USED_BYTES = "hbm_used_bytes"
+SERIES_HBM_TOTAL_BYTES = "hbm_total_bytes"
+SERIES_NVLINK_TX_BYTES_PER_S = "nvlink_tx_bytes_per_s"
+SERIES_NVLINK_RX_BYTES_PER_S = "nvlink_rx_bytes_per_s"
+SERIES_PCIE_TX_BYTES_PER_S = "pcie_tx_bytes_per_s"
+SERIES_PCIE_RX_BYTES_PER_S = "pcie_rx_bytes_per_s"
+SERIES_SM_CLOCK_MHZ = "sm_clock_mhz"
+SERIES_POWER_W = "power_w"
+SERIES_TEMPERATURE_C = "temperature_c"
+SERIES_CLOCK_EVENT_REASONS = "clock_event_reasons"  # bitmask as float
+SERIES_DRAM_BW_UTIL_PCT = "dram_bw_util_pct"  # GPM, Hopper+
+SERIES_SM_UTIL_PCT = "sm_util_pct"  # GPM
+SERIES_TENSOR_UTIL_PCT = "tensor_util_pct"  # GPM
+
+# client-health series (probe)
+SERIES_LOOP_LAG_S = "client_loop_lag_s"
+SERIES_CLIENT_CPU_PCT = "client_cpu_pct"

@@ -1,0 +1,434 @@
+"""Span table -> request table, engine-step table, cold-start table, stage decomposition.
+
+All durations are seconds (``_s``); timestamps are Unix ns (``_ns``). Vectorised with pandas;
+the only per-row Python work is over requests (ITL statistics), never over all spans.
+
+Request table columns (one row per trace that has a request root on either side):
+``trace_id, request_id, segment, warmup, error, start_ns, server_start_ns, first_token_ns,
+server_ttft_s, client_ttft_s, ttft_s, e2e_s, input_tokens, output_tokens, preemptions,
+slot_wait_s, <stage>_s for stage in DECOMPOSITION_STAGES, itl_p50_s, itl_p99_s, itl_max_s,
+itl_mean_s, tpot_s, n_token_times, has_server, has_client, engine``.
+``ttft_s`` is the client's TTFT when the client side is present, else the server's.
+``prefill_s`` is exclusive of ``comm_s`` (comm is nested in prefill), so stage shares add up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag import stages
+from diag.capture import Capture, attribute
+
+NS = 1e9
+
+
+@dataclass
+class Tables:
+    """The derived tables of one (or several joined) captures."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    cold_starts: pd.DataFrame
+    spans: pd.DataFrame
+    series: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    clock_offsets: dict[str, float] = field(default_factory=dict)
+    lumped_notes: dict[str, str] = field(default_factory=dict)
+
+
+def _num(s: pd.Series) -> pd.Series:
+    return pd.to_numeric(s, errors="coerce")
+
+
+def _span_durations_s(spans: pd.DataFrame) -> pd.Series:
+    dur = (spans["end_ns"].astype("int64") - spans["start_ns"].astype("int64")) / NS
+    if stages.ATTR_DURATION_S in spans.columns:
+        explicit = _num(spans[stages.ATTR_DURATION_S])
+        dur = explicit.where(explicit.notna(), dur)
+    return dur
+
+
+def stage_durations(spans: pd.DataFrame) -> pd.DataFrame:
+    """Sum of each stage span's duration per trace: index trace_id, one column per stage."""
+    names = spans["name"].astype(str)
+    st = spans.loc[names.isin(stages.ALL_STAGES)]
+    if st.empty:
+        return pd.DataFrame(index=pd.Index([], name="trace_id", dtype="string[pyarrow]"))
+    dur = _span_durations_s(st)
+    frame = pd.DataFrame({"trace_id": st["trace_id"].astype(str).to_numpy(), "stage": names.loc[st.index].to_numpy(), "dur": dur.to_numpy()})
+    pivot = frame.pivot_table(index="trace_id", columns="stage", values="dur", aggfunc="sum")
+    pivot.columns = [stages.stage_column(str(c)) for c in pivot.columns]
+    return pivot
+
+
+def _itl_stats(token_times: pd.Series) -> pd.DataFrame:
+    """ITL statistics (seconds) from per-request token-time arrays (Unix ns)."""
+    out = np.full((len(token_times), 5), np.nan)
+    for i, tt in enumerate(token_times.to_numpy()):
+        if isinstance(tt, (list, tuple, np.ndarray)) and len(tt) >= 1:
+            arr = np.asarray(tt, dtype="float64")
+            out[i, 4] = len(arr)
+            if len(arr) >= 2:
+                gaps = np.diff(arr) / NS
+                out[i, 0] = np.percentile(gaps, 50)
+                out[i, 1] = np.percentile(gaps, 99)
+                out[i, 2] = gaps.max()
+                out[i, 3] = gaps.mean()
+    return pd.DataFrame(
+        out, index=token_times.index, columns=["itl_p50_s", "itl_p99_s", "itl_max_s", "itl_mean_s", "n_token_times"]
+    )
+
+
+def _roots(spans: pd.DataFrame, name: str) -> pd.DataFrame:
+    rows = spans.loc[spans["name"].astype(str) == name]
+    return rows.drop_duplicates(subset=["trace_id"], keep="first")
+
+
+def _attr(rows: pd.DataFrame, key: str) -> pd.Series:
+    return attribute(rows, key)
+
+
+def _server_rows(spans: pd.DataFrame) -> pd.DataFrame:
+    rows = _roots(spans, stages.SPAN_REQUEST)
+    if rows.empty:
+        return pd.DataFrame()
+    first = _num(_attr(rows, stages.ATTR_FIRST_TOKEN_NS))
+    start = rows["start_ns"].astype("int64")
+    out = pd.DataFrame(
+        {
+            "trace_id": rows["trace_id"].astype(str).to_numpy(),
+            "request_id": _attr(rows, stages.ATTR_REQUEST_ID).to_numpy(),
+            "server_service": rows["service"].astype(str).to_numpy(),
+            "server_start_ns": start.to_numpy(),
+            "server_end_ns": rows["end_ns"].astype("int64").to_numpy(),
+            "first_token_ns": first.to_numpy(),
+            "server_ttft_s": ((first - start) / NS).to_numpy(),
+            "server_e2e_s": ((rows["end_ns"].astype("int64") - start) / NS).to_numpy(),
+            "input_tokens": _num(_attr(rows, stages.GEN_AI_USAGE_INPUT_TOKENS)).to_numpy(),
+            "output_tokens": _num(_attr(rows, stages.GEN_AI_USAGE_OUTPUT_TOKENS)).to_numpy(),
+            "preemptions": _num(_attr(rows, stages.ATTR_PREEMPTIONS)).to_numpy(),
+            "server_error": _attr(rows, stages.ATTR_ERROR).to_numpy(),
+            "server_segment": _attr(rows, stages.ATTR_SEGMENT).to_numpy(),
+            "tp_size": _num(_attr(rows, stages.ATTR_TP_SIZE)).to_numpy(),
+            "server_token_times": _attr(rows, stages.ATTR_TOKEN_TIMES_NS).to_numpy(),
+            "engine": _attr(rows, stages.ATTR_ENGINE).fillna("bundled").to_numpy(),
+        }
+    )
+    return out
+
+
+def _client_rows(spans: pd.DataFrame) -> pd.DataFrame:
+    rows = _roots(spans, stages.SPAN_CLIENT_REQUEST)
+    if rows.empty:
+        return pd.DataFrame()
+    cstart = _num(_attr(rows, stages.ATTR_CLIENT_START_NS))
+    cstart = cstart.where(cstart.notna(), rows["start_ns"].astype("int64"))
+    first = _num(_attr(rows, stages.ATTR_CLIENT_FIRST_CONTENT_NS))
+    last = _num(_attr(rows, stages.ATTR_CLIENT_LAST_NS))
+    end = last.where(last.notna(), rows["end_ns"].astype("int64"))
+    return pd.DataFrame(
+        {
+            "trace_id": rows["trace_id"].astype(str).to_numpy(),
+            "client_request_id": _attr(rows, stages.ATTR_REQUEST_ID).to_numpy(),
+            "client_service": rows["service"].astype(str).to_numpy(),
+            "client_start_ns": cstart.to_numpy(),
+            "client_sent_ns": _num(_attr(rows, stages.ATTR_CLIENT_SENT_NS)).to_numpy(),
+            "client_first_content_ns": first.to_numpy(),
+            "client_ttft_s": ((first - cstart) / NS).to_numpy(),
+            "client_e2e_s": ((end - cstart) / NS).to_numpy(),
+            "client_input_tokens": _num(_attr(rows, stages.GEN_AI_USAGE_INPUT_TOKENS)).to_numpy(),
+            "client_output_tokens": _num(_attr(rows, stages.GEN_AI_USAGE_OUTPUT_TOKENS)).to_numpy(),
+            "slot_wait_s": _num(_attr(rows, stages.ATTR_CLIENT_SLOT_WAIT_S)).to_numpy(),
+            "client_error": _attr(rows, stages.ATTR_ERROR).to_numpy(),
+            "client_segment": _attr(rows, stages.ATTR_SEGMENT).to_numpy(),
+            "warmup": _attr(rows, stages.ATTR_WARMUP).fillna(False).astype(bool).to_numpy(),
+            "client_token_times": _attr(rows, stages.ATTR_TOKEN_TIMES_NS).to_numpy(),
+        }
+    )
+
+
+def _external_rows(spans: pd.DataFrame, notes: dict[str, str]) -> pd.DataFrame:
+    """Requests from external engines' spans (vLLM, SGLang, TGI), via collectors' adapters."""
+    try:
+        from collectors import engine_spans  # lazily: collectors depend on diag, not the reverse
+    except ImportError:
+        return pd.DataFrame()
+    adapt = getattr(engine_spans, "adapt_spans_frame", None)
+    if adapt is None:
+        return pd.DataFrame()
+    names = spans["name"].astype(str)
+    own = names.isin([stages.SPAN_REQUEST, stages.SPAN_CLIENT_REQUEST, stages.SPAN_ENGINE_STEP, stages.SPAN_COLD_START]) | names.isin(stages.ALL_STAGES)
+    other = spans.loc[~own]
+    if other.empty:
+        return pd.DataFrame()
+    table = other.copy()
+    table["attributes"] = _attributes_dicts(other)
+    try:
+        ext = adapt(table)
+    except Exception:  # an adapter bug must not hide our own spans
+        return pd.DataFrame()
+    if ext is None or len(ext) == 0:
+        return pd.DataFrame()
+    notes.update(getattr(engine_spans, "adapter_notes", lambda: {})())
+    ext = ext.copy()
+    ext["trace_id"] = ext["trace_id"].astype(str)
+    ext["server_start_ns"] = ext["start_ns"].astype("int64")
+    ext["first_token_ns"] = ext["server_start_ns"] + (ext["server_ttft_s"] * NS)
+    ext["server_e2e_s"] = ext["e2e_s"]
+    return ext.drop(columns=["start_ns", "e2e_s"])
+
+
+def _attributes_dicts(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    known = [c for c in rows.columns if c.startswith(("ttft.", "gen_ai."))]
+    out = []
+    extra = rows["extra"] if "extra" in rows.columns else None
+    for i, (_, row) in enumerate(rows[known].iterrows()):
+        d = {k: v for k, v in row.items() if v is not None and not (isinstance(v, float) and np.isnan(v))}
+        if extra is not None and isinstance(extra.iloc[i], dict):
+            d.update(extra.iloc[i])
+        out.append(d)
+    return out
+
+
+def estimate_clock_offsets(req: pd.DataFrame) -> dict[str, float]:
+    """Estimate server-minus-client clock offset (s) per (client, server) service pair.
+
+    NTP-style: with t1 = client send, t2 = server start, t3 = server first token,
+    t4 = client first content, offset = ((t2 - t1) + (t3 - t4)) / 2, median over requests.
+    """
+    need = ["client_sent_ns", "client_start_ns", "server_start_ns", "first_token_ns", "client_first_content_ns"]
+    if any(c not in req.columns for c in need):
+        return {}
+    both = req.dropna(subset=["server_start_ns", "first_token_ns", "client_first_content_ns"])
+    if both.empty:
+        return {}
+    t1 = both["client_sent_ns"].where(both["client_sent_ns"].notna(), both["client_start_ns"])
+    theta = ((both["server_start_ns"] - t1) + (both["first_token_ns"] - both["client_first_content_ns"])) / 2 / NS
+    key = both["client_service"].astype(str) + "->" + both["server_service"].astype(str)
+    return {str(k): float(v) for k, v in theta.groupby(key).median().items()}
+
+
+def request_table(spans: pd.DataFrame, warnings: list[str] | None = None, notes: dict[str, str] | None = None) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Build the request table from a span table; returns (requests, clock offsets in s)."""
+    warnings = warnings if warnings is not None else []
+    notes = notes if notes is not None else {}
+    server = _server_rows(spans)
+    client = _client_rows(spans)
+    ext = _external_rows(spans, notes)
+    if not ext.empty:
+        server = pd.concat([server, ext], ignore_index=True) if not server.empty else ext
+    if server.empty and client.empty:
+        return empty_request_table(), {}
+    if server.empty:
+        req = client.copy()
+    elif client.empty:
+        req = server.copy()
+    else:
+        req = server.merge(client, on="trace_id", how="outer")
+    for col in ("server_ttft_s", "client_ttft_s", "server_start_ns", "first_token_ns", "client_first_content_ns",
+                "client_start_ns", "client_sent_ns", "input_tokens", "output_tokens", "server_e2e_s", "client_e2e_s",
+                "slot_wait_s", "preemptions", "tp_size", "client_input_tokens", "client_output_tokens"):
+        if col not in req.columns:
+            req[col] = np.nan
+        req[col] = pd.to_numeric(req[col], errors="coerce").astype("float64")
+    for col in ("server_service", "client_service", "request_id", "client_request_id", "server_error", "client_error",
+                "server_segment", "client_segment", "engine"):
+        if col not in req.columns:
+            req[col] = None
+    req["has_server"] = req["server_start_ns"].notna()
+    req["has_client"] = req["client_start_ns"].notna()
+
+    offsets = estimate_clock_offsets(req)
+    # Correct only when the raw clocks contradict causality (server outside the client window).
+    both = req["has_server"] & req["has_client"]
+    if bool(both.any()) and offsets:
+        key = req["client_service"].astype(str) + "->" + req["server_service"].astype(str)
+        off_s = key.map(offsets).astype("float64")
+        violates = both & (
+            (req["server_start_ns"] < req["client_start_ns"]) | (req["first_token_ns"] > req["client_first_content_ns"])
+        )
+        if violates.mean() > 0.05:
+            warnings.append(
+                f"clock skew between client and server processes: server spans fall outside the client's window "
+                f"on {int(violates.sum())} requests; shifted server times by the estimated offset "
+                + ", ".join(f"{k}: {v * 1e3:+.3f} ms" for k, v in offsets.items())
+            )
+            shift = (off_s.fillna(0) * NS).where(both, 0)
+            req["server_start_ns"] = req["server_start_ns"] - shift
+            req["first_token_ns"] = req["first_token_ns"] - shift
+
+    req["request_id"] = req["request_id"].where(req["request_id"].notna(), req["client_request_id"])
+    req["error"] = req["client_error"].where(req["client_error"].notna(), req["server_error"])
+    req["segment"] = req["client_segment"].where(req["client_segment"].notna(), req["server_segment"])
+    if "warmup" not in req.columns:
+        req["warmup"] = False
+    req["warmup"] = req["warmup"].fillna(False).astype(bool)
+    req["input_tokens"] = req["input_tokens"].where(req["input_tokens"].notna(), req["client_input_tokens"])
+    req["output_tokens"] = req["output_tokens"].where(req["output_tokens"].notna(), req["client_output_tokens"])
+    req["start_ns"] = req["client_start_ns"].where(req["has_client"], req["server_start_ns"])
+    req["ttft_s"] = req["client_ttft_s"].where(req["client_ttft_s"].notna(), req["server_ttft_s"])
+    req["e2e_s"] = req["client_e2e_s"].where(req["client_e2e_s"].notna(), req["server_e2e_s"])
+
+    durs = stage_durations(spans)
+    if not durs.empty:
+        durs.index = durs.index.astype(str)
+        req = req.merge(durs, left_on="trace_id", right_index=True, how="left", suffixes=("", "_span"))
+        for col in list(req.columns):
+            if col.endswith("_span"):
+                base = col[: -len("_span")]
+                req[base] = req[base].where(req[base].notna(), req[col])
+                req = req.drop(columns=[col])
+    for st in stages.DECOMPOSITION_STAGES + (stages.DECODE,):
+        col = stages.stage_column(st)
+        if col not in req.columns:
+            req[col] = np.nan
+        req[col] = pd.to_numeric(req[col], errors="coerce").astype("float64")
+    # comm is nested in prefill: report prefill exclusive of comm
+    has_comm = req["comm_s"].notna() & req["prefill_s"].notna()
+    req.loc[has_comm, "prefill_s"] = (req.loc[has_comm, "prefill_s"] - req.loc[has_comm, "comm_s"]).clip(lower=0)
+    # network = client TTFT - server TTFT where both sides were seen
+    req["network_s"] = req["network_s"].where(req["network_s"].notna(), (req["client_ttft_s"] - req["server_ttft_s"]).where(req["has_server"] & req["has_client"]))
+
+    tt = req["client_token_times"] if "client_token_times" in req.columns else pd.Series([None] * len(req), index=req.index)
+    if "server_token_times" in req.columns:
+        tt = tt.where(tt.notna(), req["server_token_times"])
+    req = pd.concat([req, _itl_stats(tt)], axis=1)
+    n_out = req["output_tokens"].where(req["output_tokens"].notna(), req["n_token_times"])
+    req["tpot_s"] = ((req["e2e_s"] - req["ttft_s"]) / (n_out - 1)).where(n_out > 1)
+    drop = [c for c in ("client_token_times", "server_token_times", "client_input_tokens", "client_output_tokens",
+                        "client_request_id", "client_segment", "server_segment") if c in req.columns]
+    req = req.drop(columns=drop)
+    req = req.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    return req, offsets
+
+
+def empty_request_table() -> pd.DataFrame:
+    cols = ["trace_id", "request_id", "segment", "warmup", "error", "start_ns", "server_ttft_s", "client_ttft_s",
+            "ttft_s", "e2e_s", "input_tokens", "output_tokens", "has_server", "has_client"]
+    cols += [stages.stage_column(s) for s in stages.DECOMPOSITION_STAGES]
+    cols += ["itl_p50_s", "itl_p99_s", "itl_max_s", "itl_mean_s", "tpot_s", "n_token_times"]
+    return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
+
+
+STEP_ATTRS = {
+    "step_index": stages.ATTR_STEP_INDEX,
+    "prefill_tokens": stages.ATTR_STEP_PREFILL_TOKENS,
+    "prefill_seqs": stages.ATTR_STEP_PREFILL_SEQS,
+    "decode_seqs": stages.ATTR_STEP_DECODE_SEQS,
+    "kv_usage_ratio": stages.ATTR_STEP_KV_USAGE,
+    "comm_s": stages.ATTR_STEP_COMM_S,
+    "waiting_seqs": stages.ATTR_STEP_WAITING,
+    "running_seqs": stages.ATTR_STEP_RUNNING,
+    "preempted_seqs": stages.ATTR_STEP_PREEMPTED,
+}
+
+
+def step_table(spans: pd.DataFrame) -> pd.DataFrame:
+    """One row per engine step: start_ns, end_ns, duration_s and its batch make-up."""
+    rows = spans.loc[spans["name"].astype(str) == stages.SPAN_ENGINE_STEP]
+    out = pd.DataFrame(
+        {
+            "start_ns": rows["start_ns"].astype("int64").to_numpy(),
+            "end_ns": rows["end_ns"].astype("int64").to_numpy(),
+            "service": rows["service"].astype(str).to_numpy(),
+        }
+    )
+    out["duration_s"] = (out["end_ns"] - out["start_ns"]) / NS
+    for col, key in STEP_ATTRS.items():
+        out[col] = _num(attribute(rows, key)).to_numpy() if len(rows) else pd.Series(dtype="float64")
+    return out.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def cold_start_table(spans: pd.DataFrame) -> pd.DataFrame:
+    rows = spans.loc[spans["name"].astype(str).isin([stages.SPAN_COLD_START, stages.COLD_START])]
+    return pd.DataFrame(
+        {
+            "start_ns": rows["start_ns"].astype("int64").to_numpy(),
+            "end_ns": rows["end_ns"].astype("int64").to_numpy(),
+            "duration_s": ((rows["end_ns"].astype("int64") - rows["start_ns"].astype("int64")) / NS).to_numpy(),
+            "phase": attribute(rows, stages.ATTR_COLD_START_PHASE).to_numpy(),
+            "service": rows["service"].astype(str).to_numpy(),
+        }
+    )
+
+
+def build_tables(captures: Capture | list[Capture]) -> Tables:
+    """Join one or several captures (client and server) by trace id and derive the tables."""
+    caps = captures if isinstance(captures, list) else [captures]
+    warnings: list[str] = []
+    for c in caps:
+        warnings.extend(c.warnings)
+    span_frames = [c.spans for c in caps if not c.spans.empty]
+    if span_frames:
+        spans = pd.concat(span_frames, ignore_index=True) if len(span_frames) > 1 else span_frames[0]
+        for col in ("name", "service"):
+            spans[col] = spans[col].astype(str).astype("category")
+    else:
+        from diag.capture import empty_span_table
+
+        spans = empty_span_table()
+    series_frames = [c.series for c in caps if not c.series.empty]
+    series = pd.concat(series_frames, ignore_index=True) if series_frames else caps[0].series
+    meta: dict[str, Any] = {}
+    for c in caps:
+        for k, v in c.meta.items():
+            if isinstance(v, dict) and isinstance(meta.get(k), dict):
+                meta[k] = {**meta[k], **v}
+            else:
+                meta.setdefault(k, v)
+    notes: dict[str, str] = {}
+    if spans.empty:
+        req, offsets = empty_request_table(), {}
+    else:
+        req, offsets = request_table(spans, warnings, notes)
+    steps = step_table(spans) if not spans.empty else step_table(spans.iloc[0:0]) if len(spans.columns) else pd.DataFrame()
+    colds = cold_start_table(spans) if not spans.empty else pd.DataFrame(columns=["start_ns", "end_ns", "duration_s", "phase", "service"])
+    return Tables(req, steps, colds, spans, series, meta, warnings, offsets, notes)
+
+
+def stage_decomposition(req: pd.DataFrame) -> dict[str, Any]:
+    """Per-stage TTFT decomposition: count, p50/p95/p99 (s) and share of TTFT.
+
+    Share = sum of the stage over requests / sum of TTFT over the same requests (requests
+    without a TTFT or with an error are left out). Warm-up requests are excluded.
+    """
+    ok = req
+    if "warmup" in ok.columns:
+        ok = ok.loc[~ok["warmup"].fillna(False).astype(bool)]
+    if "error" in ok.columns:
+        ok = ok.loc[ok["error"].isna()]
+    ok = ok.loc[ok["ttft_s"].notna()]
+    out: dict[str, Any] = {
+        "requests": int(len(ok)),
+        "ttft_s": _pcts(ok["ttft_s"]),
+        "server_ttft_s": _pcts(ok["server_ttft_s"]) if "server_ttft_s" in ok else None,
+        "client_ttft_s": _pcts(ok["client_ttft_s"]) if "client_ttft_s" in ok else None,
+        "stages": {},
+    }
+    for st in stages.DECOMPOSITION_STAGES:
+        col = stages.stage_column(st)
+        if col not in ok.columns:
+            continue
+        vals = ok[col]
+        have = vals.notna()
+        if not bool(have.any()):
+            continue
+        denom = ok.loc[have, "ttft_s"].sum()
+        out["stages"][st] = {
+            **_pcts(vals),
+            "share_of_ttft": float(vals[have].sum() / denom) if denom > 0 else None,
+        }
+    return out
+
+
+def _pcts(s: pd.Series) -> dict[str, Any]:
+    v = pd.to_numeric(s, errors="coerce").dropna()
+    if v.empty:
+        return {"count": 0, "p50": None, "p95": None, "p99": None, "mean": None}
+    q = np.percentile(v.to_numpy(), [50, 95, 99])
+    return {"count": int(len(v)), "p50": float(q[0]), "p95": float(q[1]), "p99": float(q[2]), "mean": float(v.mean())}
