@@ -205,20 +205,52 @@ SPAN_COLUMNS: tuple[str, ...] = (
 )
 
 
+def _int_value(v: Any) -> int | None:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        return None
+
+
+def _ns(v: Any) -> int:
+    """A 64-bit Unix-ns timestamp from OTLP JSON (a string, or an int from lenient writers)."""
+    if isinstance(v, bool):
+        raise TypeError("timestamp is a boolean")
+    if v is None or v == "":
+        return 0
+    if isinstance(v, (int, str)):
+        n = int(v)
+        if not 0 <= n < 2**63:
+            raise ValueError("timestamp out of range")
+        return n
+    raise TypeError("timestamp is not an integer string")
+
+
 def _any_value(v: Mapping[str, Any]) -> Any:
     """Decode an OTLP JSON AnyValue."""
     if "stringValue" in v:
         return v["stringValue"]
     if "intValue" in v:
-        return int(v["intValue"])
+        return _int_value(v["intValue"])
     if "doubleValue" in v:
-        return float(v["doubleValue"])
+        d = v["doubleValue"]
+        return float(d) if isinstance(d, (int, float, str)) and not isinstance(d, bool) else None
     if "boolValue" in v:
         return bool(v["boolValue"])
     if "arrayValue" in v:
-        return [_any_value(x) for x in (v["arrayValue"].get("values") or ())]
+        arr = v["arrayValue"]
+        values = arr.get("values") if isinstance(arr, Mapping) else None
+        return [_any_value(x) if isinstance(x, Mapping) else None for x in (values or ())]
     if "kvlistValue" in v:
-        return {kv["key"]: _any_value(kv.get("value") or {}) for kv in v["kvlistValue"].get("values") or ()}
+        kvl = v["kvlistValue"]
+        values = kvl.get("values") if isinstance(kvl, Mapping) else None
+        return {
+            str(kv.get("key")): _any_value(kv.get("value") or {})
+            for kv in values or ()
+            if isinstance(kv, Mapping) and isinstance(kv.get("value") or {}, Mapping)
+        }
     if "bytesValue" in v:
         return v["bytesValue"]
     return None
@@ -257,30 +289,61 @@ class _SpanColumns:
         self.n = 0
 
     def add(self, span: Mapping[str, Any], service: str) -> None:
-        c = self.cols
+        """Add one OTLP JSON span; raises TypeError/ValueError (adding nothing) if malformed."""
+        if not isinstance(span, Mapping):
+            raise TypeError("span is not an object")
+        ids = []
+        for key in ("traceId", "spanId", "parentSpanId"):
+            v = span.get(key) or ""
+            if not isinstance(v, str):
+                raise TypeError(f"{key} is not a hex string")
+            ids.append(v)
+        name = span.get("name") or ""
+        if not isinstance(name, str):
+            raise TypeError("name is not a string")
+        kind = span.get("kind") or 0
+        if not isinstance(kind, int):
+            raise TypeError("kind is not an integer")
+        start = _ns(span.get("startTimeUnixNano"))
+        end = _ns(span.get("endTimeUnixNano"))
+        status = span.get("status") or {}
+        code = status.get("code") if isinstance(status, Mapping) else None
+        code = code if isinstance(code, int) else 0
+        known: list[tuple[str, Any]] = []
+        extra: dict[str, Any] = {}
+        attrs = span.get("attributes") or []
+        if not isinstance(attrs, list):
+            raise TypeError("attributes is not a list")
+        for kv in attrs:
+            if not isinstance(kv, Mapping) or not isinstance(kv.get("key"), str):
+                raise TypeError("attribute without a string key")
+            key = kv["key"]
+            value = kv.get("value") or {}
+            if not isinstance(value, Mapping):
+                raise TypeError(f"attribute {key}: value is not an AnyValue object")
+            val = _any_value(value)
+            if key in _KNOWN_SET:
+                known.append((key, val))
+            else:
+                extra[key] = val
         i = self.n
-        c["trace_id"].append(span.get("traceId") or "")
-        c["span_id"].append(span.get("spanId") or "")
-        c["parent_span_id"].append(span.get("parentSpanId") or "")
-        c["name"].append(span.get("name") or "")
-        c["kind"].append(span.get("kind") or 0)
+        c = self.cols
+        c["trace_id"].append(ids[0])
+        c["span_id"].append(ids[1])
+        c["parent_span_id"].append(ids[2])
+        c["name"].append(name)
+        c["kind"].append(kind)
         c["service"].append(service)
-        c["start_ns"].append(int(span.get("startTimeUnixNano") or 0))
-        c["end_ns"].append(int(span.get("endTimeUnixNano") or 0))
-        status = span.get("status")
-        c["status_code"].append((status.get("code") or 0) if status else 0)
-        attrs = span.get("attributes")
-        if attrs:
-            for kv in attrs:
-                key = kv.get("key")
-                val = _any_value(kv.get("value") or {})
-                if key in _KNOWN_SET:
-                    col = self.attr_cols.get(key)
-                    if col is None:
-                        col = self.attr_cols[key] = {}
-                    col[i] = val
-                else:
-                    self.extra.setdefault(i, {})[key] = val
+        c["start_ns"].append(start)
+        c["end_ns"].append(end)
+        c["status_code"].append(code)
+        for key, val in known:
+            col = self.attr_cols.get(key)
+            if col is None:
+                col = self.attr_cols[key] = {}
+            col[i] = val
+        if extra:
+            self.extra[i] = extra
         self.n += 1
         if self.n >= self.CHUNK_ROWS:
             self.flush()
@@ -302,6 +365,15 @@ class _SpanColumns:
         self._reset()
 
 
+def _service_name(resource: Any) -> str:
+    if not isinstance(resource, Mapping):
+        return ""
+    for kv in resource.get("attributes") or ():
+        if isinstance(kv, Mapping) and kv.get("key") == "service.name" and isinstance(kv.get("value"), Mapping):
+            return str(_any_value(kv["value"]))
+    return ""
+
+
 def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     with open(path, "rb") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -309,7 +381,17 @@ def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 
 def read_spans_file(path: Path, warnings: list[str]) -> pd.DataFrame:
-    """Read one OTLP JSON lines file into a span table; bad lines become warnings."""
+    """Read one OTLP JSON lines file into a span table; bad lines become warnings.
+
+    Tries the vectorised Arrow reader first; on any surprise it reads line by line, which
+    names each bad line.
+    """
+    from diag.capture_arrow import read_spans_arrow
+
+    if path.stat().st_size > 0:
+        fast = read_spans_arrow(path, _KNOWN_SET, SPAN_COLUMNS)
+        if fast is not None:
+            return fast
     acc = _SpanColumns(str(path))
     bad = 0
     last_line = 0
@@ -333,10 +415,7 @@ def read_spans_file(path: Path, warnings: list[str]) -> pd.DataFrame:
             continue
         try:
             for rs in doc["resourceSpans"] or ():
-                service = ""
-                for kv in (rs.get("resource") or {}).get("attributes") or ():
-                    if kv.get("key") == "service.name":
-                        service = str(_any_value(kv.get("value") or {}))
+                service = _service_name(rs.get("resource"))
                 for ss in rs.get("scopeSpans") or ():
                     for span in ss.get("spans") or ():
                         acc.add(span, service)

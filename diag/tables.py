@@ -55,37 +55,55 @@ def _span_durations_s(spans: pd.DataFrame) -> pd.Series:
 
 def stage_durations(spans: pd.DataFrame) -> pd.DataFrame:
     """Sum of each stage span's duration per trace: index trace_id, one column per stage."""
-    names = spans["name"].astype(str)
-    st = spans.loc[names.isin(stages.ALL_STAGES)]
+    st = spans.loc[spans["name"].isin(stages.ALL_STAGES)]
     if st.empty:
-        return pd.DataFrame(index=pd.Index([], name="trace_id", dtype="string[pyarrow]"))
+        return pd.DataFrame(index=pd.Index([], name="trace_id", dtype=object))
     dur = _span_durations_s(st)
-    frame = pd.DataFrame({"trace_id": st["trace_id"].astype(str).to_numpy(), "stage": names.loc[st.index].to_numpy(), "dur": dur.to_numpy()})
-    pivot = frame.pivot_table(index="trace_id", columns="stage", values="dur", aggfunc="sum")
+    codes, uniques = pd.factorize(st["trace_id"])
+    stage = st["name"].astype(str).to_numpy() if not isinstance(st["name"].dtype, pd.CategoricalDtype) else st["name"].cat.remove_unused_categories()
+    frame = pd.DataFrame({"t": codes, "stage": stage, "dur": dur.to_numpy()})
+    pivot = frame.groupby(["t", "stage"], observed=True)["dur"].sum().unstack("stage")
+    pivot.index = pd.Index(np.asarray(uniques, dtype=object)[pivot.index.to_numpy()], name="trace_id")
     pivot.columns = [stages.stage_column(str(c)) for c in pivot.columns]
     return pivot
 
 
 def _itl_stats(token_times: pd.Series) -> pd.DataFrame:
-    """ITL statistics (seconds) from per-request token-time arrays (Unix ns)."""
-    out = np.full((len(token_times), 5), np.nan)
+    """ITL statistics (seconds) from per-request token-time arrays (Unix ns), vectorised.
+
+    All arrays are concatenated once; gaps that cross a request boundary are dropped and the
+    per-request statistics come from one grouped reduction.
+    """
+    cols = ["itl_p50_s", "itl_p99_s", "itl_max_s", "itl_mean_s", "n_token_times"]
+    out = pd.DataFrame(np.nan, index=token_times.index, columns=cols)
+    arrays: list[np.ndarray] = []
+    rows: list[int] = []
     for i, tt in enumerate(token_times.to_numpy()):
         if isinstance(tt, (list, tuple, np.ndarray)) and len(tt) >= 1:
-            arr = np.asarray(tt, dtype="float64")
-            out[i, 4] = len(arr)
-            if len(arr) >= 2:
-                gaps = np.diff(arr) / NS
-                out[i, 0] = np.percentile(gaps, 50)
-                out[i, 1] = np.percentile(gaps, 99)
-                out[i, 2] = gaps.max()
-                out[i, 3] = gaps.mean()
-    return pd.DataFrame(
-        out, index=token_times.index, columns=["itl_p50_s", "itl_p99_s", "itl_max_s", "itl_mean_s", "n_token_times"]
-    )
+            try:
+                arrays.append(np.asarray(tt, dtype="int64"))
+            except (TypeError, ValueError):
+                continue
+            rows.append(i)
+    if not arrays:
+        return out
+    lengths = np.fromiter((len(a) for a in arrays), dtype="int64", count=len(arrays))
+    out.iloc[rows, 4] = lengths
+    flat = np.concatenate(arrays)
+    gaps = np.diff(flat) / NS
+    owner = np.repeat(np.arange(len(arrays)), lengths)
+    same = owner[1:] == owner[:-1]
+    if not same.any():
+        return out
+    g = pd.Series(gaps[same]).groupby(owner[1:][same])
+    stats = pd.DataFrame({"itl_p50_s": g.median(), "itl_p99_s": g.quantile(0.99), "itl_max_s": g.max(), "itl_mean_s": g.mean()})
+    target = np.asarray(rows)[stats.index.to_numpy()]
+    out.iloc[target, 0:4] = stats.to_numpy()
+    return out
 
 
 def _roots(spans: pd.DataFrame, name: str) -> pd.DataFrame:
-    rows = spans.loc[spans["name"].astype(str) == name]
+    rows = spans.loc[spans["name"] == name]
     return rows.drop_duplicates(subset=["trace_id"], keep="first")
 
 
@@ -330,7 +348,7 @@ STEP_ATTRS = {
 
 def step_table(spans: pd.DataFrame) -> pd.DataFrame:
     """One row per engine step: start_ns, end_ns, duration_s and its batch make-up."""
-    rows = spans.loc[spans["name"].astype(str) == stages.SPAN_ENGINE_STEP]
+    rows = spans.loc[spans["name"] == stages.SPAN_ENGINE_STEP]
     out = pd.DataFrame(
         {
             "start_ns": rows["start_ns"].astype("int64").to_numpy(),
@@ -345,7 +363,7 @@ def step_table(spans: pd.DataFrame) -> pd.DataFrame:
 
 
 def cold_start_table(spans: pd.DataFrame) -> pd.DataFrame:
-    rows = spans.loc[spans["name"].astype(str).isin([stages.SPAN_COLD_START, stages.COLD_START])]
+    rows = spans.loc[spans["name"].isin([stages.SPAN_COLD_START, stages.COLD_START])]
     return pd.DataFrame(
         {
             "start_ns": rows["start_ns"].astype("int64").to_numpy(),

@@ -1,0 +1,28 @@
+from diag import stages
+
+
+def test_ttft_stages_are_the_design_cards_six_in_request_order():
+    assert stages.TTFT_STAGES == ("tokenize", "queue", "prefill", "comm", "sample", "detokenize")
+
+
+def test_every_stage_has_a_description_and_a_column():
+    for st in stages.ALL_STAGES:
+        assert stages.STAGE_DESCRIPTIONS[st]
+    assert stages.stage_column("prefill") == "prefill_s"
+    assert "network_s" in stages.STAGE_COLUMNS
+
+
+def test_genai_semconv_names_are_used_where_they_exist():
+    assert stages.GEN_AI_REQUEST_MODEL == "gen_ai.request.model"
+    assert stages.GEN_AI_USAGE_INPUT_TOKENS == "gen_ai.usage.input_tokens"
+    assert stages.GEN_AI_USAGE_OUTPUT_TOKENS == "gen_ai.usage.output_tokens"
+    ours = [v for k, v in vars(stages).items() if k.startswith("ATTR_")]
+    assert ours and all(v.startswith("ttft.") for v in ours)
+
+
+def test_boundaries_state_start_end_and_what_they_leave_out():
+    server = stages.SERVER_BOUNDARY.to_dict()
+    client = stages.CLIENT_BOUNDARY.to_dict()
+    assert "cold_start" in server["excludes"] and "network" not in server["includes"]
+    assert "network" in client["includes"]
+    assert "role-only" in client["end"]

@@ -1,0 +1,133 @@
+"""Request, step and cold-start tables; client/server join; stage decomposition."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from collectors.spans import setup_tracing
+from diag import stages
+from diag.analysis import analyze_paths
+from diag.capture import load_capture
+from diag.cli import main
+from diag.tables import build_tables, stage_decomposition
+
+MS = 1_000_000
+T0 = 1_700_000_000_000_000_000
+
+
+def _server_request(sink, t0, *, traceparent=None, queue_ms=5, prefill_ms=20, comm_ms=0, tokens=4, itl_ms=10):
+    req = sink.start_request("s", model="tiny", traceparent=traceparent, start_ns=t0,
+                             attributes={stages.GEN_AI_USAGE_INPUT_TOKENS: 100})
+    t = t0
+    req.record_stage("tokenize", t, t + 1 * MS); t += 1 * MS
+    req.record_stage("queue", t, t + queue_ms * MS); t += queue_ms * MS
+    req.record_stage("prefill", t, t + prefill_ms * MS)
+    if comm_ms:
+        req.record_stage("comm", t + 2 * MS, t + 2 * MS + comm_ms * MS)
+    t += prefill_ms * MS
+    req.record_stage("sample", t, t + 1 * MS); t += 1 * MS
+    req.record_stage("detokenize", t, t + 1 * MS); t += 1 * MS
+    for k in range(tokens):
+        req.add_token_time(t + k * itl_ms * MS)
+    req.set_attributes({stages.GEN_AI_USAGE_OUTPUT_TOKENS: tokens})
+    end = t + (tokens - 1) * itl_ms * MS
+    req.end(end_ns=end)
+    return req, t, end
+
+
+def test_server_request_table_and_decomposition(capture_dir):
+    sink = setup_tracing("engine", capture_dir=capture_dir)
+    for i in range(10):
+        _server_request(sink, T0 + i * 100 * MS, comm_ms=4)
+    sink.record_step(T0, T0 + 3 * MS, {stages.ATTR_STEP_PREFILL_TOKENS: 100, stages.ATTR_STEP_DECODE_SEQS: 2,
+                                       stages.ATTR_STEP_KV_USAGE: 0.5})
+    sink.record_cold_start(T0 - 10**9, T0, "load")
+    sink.shutdown()
+    t = build_tables(load_capture(capture_dir))
+    r = t.requests
+    assert len(r) == 10 and r["has_server"].all() and not r["has_client"].any()
+    assert r["server_ttft_s"].iloc[0] == pytest.approx(0.028)
+    assert r["prefill_s"].iloc[0] == pytest.approx(0.016)  # exclusive of the 4 ms comm
+    assert r["comm_s"].iloc[0] == pytest.approx(0.004)
+    assert r["itl_p50_s"].iloc[0] == pytest.approx(0.010)
+    assert r["tpot_s"].iloc[0] == pytest.approx(0.010)
+    dec = stage_decomposition(r)
+    shares = {k: v["share_of_ttft"] for k, v in dec["stages"].items()}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert list(dec["stages"]) == ["tokenize", "queue", "prefill", "comm", "sample", "detokenize"]
+    assert t.steps["prefill_tokens"].iloc[0] == 100 and t.steps["kv_usage_ratio"].iloc[0] == 0.5
+    assert t.cold_starts["duration_s"].iloc[0] == pytest.approx(1.0)
+
+
+def _joined(tmp_path, skew_ms=0):
+    client = setup_tracing("probe", capture_dir=tmp_path / "cli")
+    server = setup_tracing("engine", capture_dir=tmp_path / "srv")
+    for i in range(6):
+        t0 = T0 + i * 200 * MS
+        c = client.start_request(f"c{i}", side="client", start_ns=t0)
+        s_start = t0 + 3 * MS + skew_ms * MS
+        _, first, end = _server_request(server, s_start, traceparent=c.traceparent())
+        c.set_attributes({stages.ATTR_CLIENT_START_NS: t0, stages.ATTR_CLIENT_SENT_NS: t0 + 1 * MS,
+                          stages.ATTR_CLIENT_FIRST_CONTENT_NS: first - skew_ms * MS + 4 * MS})
+        c.add_token_time(first - skew_ms * MS + 4 * MS)
+        c.end(end_ns=end - skew_ms * MS + 5 * MS)
+    client.shutdown()
+    server.shutdown()
+    return [tmp_path / "cli", tmp_path / "srv"]
+
+
+def test_client_and_server_join_by_trace_id_with_network_gap(tmp_path):
+    a = analyze_paths(_joined(tmp_path), run_rules=False)
+    r = a.tables.requests
+    assert len(r) == 6 and (r["has_client"] & r["has_server"]).all()
+    assert r["network_s"].iloc[0] == pytest.approx(0.007)  # 3 ms before + 4 ms after the server
+    assert r["ttft_s"].iloc[0] == pytest.approx(r["client_ttft_s"].iloc[0])
+    assert "network" in a.decomposition["stages"]
+    assert a.tables.clock_offsets  # estimated, not assumed zero
+    assert not any("clock skew" in w for w in a.warnings)
+
+
+def test_clock_skew_is_estimated_and_corrected(tmp_path):
+    a = analyze_paths(_joined(tmp_path, skew_ms=-500), run_rules=False)  # server clock 0.5 s behind
+    offset = next(iter(a.tables.clock_offsets.values()))
+    assert offset == pytest.approx(-0.5, abs=0.01)
+    assert any("clock skew" in w for w in a.warnings)
+    r = a.tables.requests
+    assert (r["server_start_ns"] >= r["client_start_ns"]).all()
+    assert r["network_s"].iloc[0] == pytest.approx(0.007)
+
+
+def test_client_only_capture(tmp_path):
+    paths = _joined(tmp_path)
+    a = analyze_paths([paths[0]], run_rules=False)
+    r = a.tables.requests
+    assert r["has_client"].all() and not r["has_server"].any()
+    assert r["client_ttft_s"].notna().all()
+    assert a.decomposition["stages"] == {}
+
+
+def test_ttft_analyze_prints_decomposition_and_json(tmp_path, capsys):
+    paths = _joined(tmp_path)
+    assert main(["analyze", str(paths[0]), str(paths[1])]) == 0
+    out = capsys.readouterr().out
+    for st in ("tokenize", "queue", "prefill", "sample", "detokenize", "network"):
+        assert st in out
+    assert main(["analyze", str(paths[1]), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["stages"]) >= {"tokenize", "queue", "prefill"}
+    assert doc["stages"]["prefill"]["count"] == 6
+
+
+def test_ttft_analyze_bad_input_is_one_line(tmp_path, capsys):
+    assert main(["analyze", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "missing" in err
+
+
+def test_python_dash_m_diag_help():
+    out = subprocess.run([sys.executable, "-m", "diag", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "analyze" in out.stdout
