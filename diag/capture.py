@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from diag import stages
@@ -353,9 +354,9 @@ class _SpanColumns:
             return
         df = pd.DataFrame(self.cols)
         for key, values in self.attr_cols.items():
-            df[key] = pd.Series(values, dtype=object).reindex(range(self.n)).to_numpy()
+            df[key] = _object_column(self.n, values)
         if self.extra:
-            df["extra"] = pd.Series(self.extra, dtype=object).reindex(range(self.n)).to_numpy()
+            df["extra"] = _object_column(self.n, self.extra)
         for col in ("trace_id", "span_id", "parent_span_id"):
             df[col] = df[col].astype("string[pyarrow]")
         for col in ("name", "service"):
@@ -372,6 +373,14 @@ def _service_name(resource: Any) -> str:
         if isinstance(kv, Mapping) and kv.get("key") == "service.name" and isinstance(kv.get("value"), Mapping):
             return str(_any_value(kv["value"]))
     return ""
+
+
+def _object_column(n: int, values: dict[int, Any]) -> np.ndarray:
+    """An object column of length n with None where a row has no value."""
+    col = np.full(n, None, dtype=object)
+    for i, v in values.items():
+        col[i] = v
+    return col
 
 
 def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:

@@ -112,7 +112,7 @@ _json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_
 _json = st.recursive(_json_leaf, lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=6), c, max_size=4)), max_leaves=20)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_and_corrupted_captures_raise_only_capture_error(tmp_path_factory, data):
     d = tmp_path_factory.mktemp("fuzz")
@@ -148,3 +148,33 @@ def test_random_and_corrupted_captures_raise_only_capture_error(tmp_path_factory
     from diag.tables import build_tables, stage_decomposition
 
     stage_decomposition(build_tables(cap).requests)
+
+
+def test_arrow_fast_path_and_line_reader_agree(capture_dir, monkeypatch):
+    sink = setup_tracing("svc", capture_dir=capture_dir)
+    for i in range(20):
+        r = sink.start_request(f"r{i}", attributes={stages.GEN_AI_USAGE_INPUT_TOKENS: i, "vendor.x": [1.5, 2.5],
+                                                    stages.ATTR_WARMUP: i == 0, stages.ATTR_SEGMENT: f"prompt={i}"})
+        t0 = time.time_ns()
+        r.record_stage("queue", t0, t0 + 1_000_000)
+        r.add_token_time(t0 + 2_000_000)
+        r.add_token_time(t0 + 3_000_000)
+        r.end(error="timeout" if i == 3 else None)
+    sink.shutdown()
+    fast = load_capture(capture_dir).spans
+    import diag.capture_arrow as ca
+
+    monkeypatch.setattr(ca, "read_spans_arrow", lambda *a, **k: None)
+    slow = load_capture(capture_dir).spans
+    key = ["trace_id", "span_id"]
+    fast = fast.sort_values(key).reset_index(drop=True)
+    slow = slow.sort_values(key).reset_index(drop=True)
+    assert set(fast.columns) == set(slow.columns)
+    for col in ("trace_id", "span_id", "parent_span_id", "name", "service", "start_ns", "end_ns", "status_code", "kind"):
+        assert fast[col].astype(str).tolist() == slow[col].astype(str).tolist(), col
+    for col in (stages.GEN_AI_USAGE_INPUT_TOKENS, stages.ATTR_WARMUP, stages.ATTR_SEGMENT, stages.ATTR_ERROR):
+        assert fast[col].tolist() == slow[col].tolist(), col
+    tt_fast = [list(x) if x is not None else None for x in fast[stages.ATTR_TOKEN_TIMES_NS]]
+    tt_slow = [list(x) if x is not None else None for x in slow[stages.ATTR_TOKEN_TIMES_NS]]
+    assert tt_fast == tt_slow
+    assert fast["extra"].dropna().tolist() == slow["extra"].dropna().tolist() == [{"vendor.x": [1.5, 2.5]}] * 20
