@@ -76,20 +76,28 @@ def _itl_stats(token_times: pd.Series) -> pd.DataFrame:
     """
     cols = ["itl_p50_s", "itl_p99_s", "itl_max_s", "itl_mean_s", "n_token_times"]
     out = pd.DataFrame(np.nan, index=token_times.index, columns=cols)
-    arrays: list[np.ndarray] = []
-    rows: list[int] = []
-    for i, tt in enumerate(token_times.to_numpy()):
-        if isinstance(tt, (list, tuple, np.ndarray)) and len(tt) >= 1:
+    values = token_times.to_numpy()
+    rows = np.flatnonzero([isinstance(tt, (list, tuple, np.ndarray)) and len(tt) > 0 for tt in values])
+    if not len(rows):
+        return out
+    arrays = values[rows]
+    try:
+        flat = np.concatenate(arrays).astype("int64")
+    except (TypeError, ValueError):  # a malformed array somewhere: take the careful way
+        keep = []
+        for i in rows:
             try:
-                arrays.append(np.asarray(tt, dtype="int64"))
+                np.asarray(values[i], dtype="int64")
+                keep.append(i)
             except (TypeError, ValueError):
                 continue
-            rows.append(i)
-    if not arrays:
-        return out
-    lengths = np.fromiter((len(a) for a in arrays), dtype="int64", count=len(arrays))
+        rows = np.asarray(keep, dtype="int64")
+        if not len(rows):
+            return out
+        arrays = values[rows]
+        flat = np.concatenate([np.asarray(a, dtype="int64") for a in arrays])
+    lengths = np.fromiter(map(len, arrays), dtype="int64", count=len(arrays))
     out.iloc[rows, 4] = lengths
-    flat = np.concatenate(arrays)
     gaps = np.diff(flat) / NS
     owner = np.repeat(np.arange(len(arrays)), lengths)
     same = owner[1:] == owner[:-1]
@@ -179,8 +187,9 @@ def _external_rows(spans: pd.DataFrame, notes: dict[str, str]) -> pd.DataFrame:
     adapt = getattr(engine_spans, "adapt_spans_frame", None)
     if adapt is None:
         return pd.DataFrame()
-    names = spans["name"].astype(str)
-    own = names.isin([stages.SPAN_REQUEST, stages.SPAN_CLIENT_REQUEST, stages.SPAN_ENGINE_STEP, stages.SPAN_COLD_START]) | names.isin(stages.ALL_STAGES)
+    own = spans["name"].isin(
+        (stages.SPAN_REQUEST, stages.SPAN_CLIENT_REQUEST, stages.SPAN_ENGINE_STEP, stages.SPAN_COLD_START) + stages.ALL_STAGES
+    )
     other = spans.loc[~own]
     if other.empty:
         return pd.DataFrame()
