@@ -22,21 +22,29 @@ class OTLPJSONError(ValueError):
     """An OTLP JSON document that cannot be turned into an ExportTraceServiceRequest."""
 
 
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    """The dict items of a JSON list (anything else is left for the schema check to reject)."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
 def _walk_ids(doc: dict[str, Any], convert: Any) -> None:
-    for rs in doc.get("resourceSpans", ()) or ():
-        for ss in rs.get("scopeSpans", ()) or ():
-            for span in ss.get("spans", ()) or ():
+    for rs in _dicts(doc.get("resourceSpans")):
+        for ss in _dicts(rs.get("scopeSpans")):
+            for span in _dicts(ss.get("spans")):
                 for key in _ID_KEYS:
-                    if span.get(key):
+                    if isinstance(span.get(key), str) and span[key]:
                         span[key] = convert(span[key])
-                for link in span.get("links", ()) or ():
+                for link in _dicts(span.get("links")):
                     for key in ("traceId", "spanId"):
-                        if link.get(key):
+                        if isinstance(link.get(key), str) and link[key]:
                             link[key] = convert(link[key])
 
 
 def _b64_to_hex(value: str) -> str:
-    return base64.b64decode(value).hex()
+    try:
+        return base64.b64decode(value).hex()
+    except ValueError as exc:
+        raise OTLPJSONError(f"id {value!r} is not base64") from exc
 
 
 def _hex_to_b64(value: str) -> str:

@@ -53,9 +53,19 @@ def _span_durations_s(spans: pd.DataFrame) -> pd.Series:
     return dur
 
 
+def in_own_server_traces(spans: pd.DataFrame) -> pd.Series:
+    """Rows whose trace has our server root span (stage names are ours only there)."""
+    roots = spans.loc[spans["name"] == stages.SPAN_REQUEST, "trace_id"]
+    return spans["trace_id"].isin(roots.unique())
+
+
 def stage_durations(spans: pd.DataFrame) -> pd.DataFrame:
-    """Sum of each stage span's duration per trace: index trace_id, one column per stage."""
-    st = spans.loc[spans["name"].isin(stages.ALL_STAGES)]
+    """Sum of each stage span's duration per trace: index trace_id, one column per stage.
+
+    Only traces with our ``ttft.request`` root count: an external engine may name its own
+    spans like ours (SGLang's ``tokenize``); its adapter maps those.
+    """
+    st = spans.loc[spans["name"].isin(stages.ALL_STAGES) & in_own_server_traces(spans)]
     if st.empty:
         return pd.DataFrame(index=pd.Index([], name="trace_id", dtype=object))
     dur = _span_durations_s(st)
@@ -188,8 +198,8 @@ def _external_rows(spans: pd.DataFrame, notes: dict[str, str]) -> pd.DataFrame:
     if adapt is None:
         return pd.DataFrame()
     own = spans["name"].isin(
-        (stages.SPAN_REQUEST, stages.SPAN_CLIENT_REQUEST, stages.SPAN_ENGINE_STEP, stages.SPAN_COLD_START) + stages.ALL_STAGES
-    )
+        (stages.SPAN_REQUEST, stages.SPAN_CLIENT_REQUEST, stages.SPAN_ENGINE_STEP, stages.SPAN_COLD_START)
+    ) | in_own_server_traces(spans)
     other = spans.loc[~own]
     if other.empty:
         return pd.DataFrame()
