@@ -1,0 +1,369 @@
+"""Engine metrics into canonical time series: a /metrics scraper and a Prometheus-API reader.
+
+* :class:`PrometheusScraper` polls one /metrics URL every ``interval_s`` on a background
+  thread, parses the text with ``prometheus_client.parser`` and maps it with the engine's
+  table (:mod:`collectors.prometheus_adapters`): counters → per-second rates between scrapes,
+  histograms → windowed mean and p50/p95/p99 from bucket deltas, gauges as they are. A dead
+  endpoint or a malformed text is counted and kept as a one-line ``last_error``; it never
+  raises out of the thread.
+* :class:`PrometheusAPIReader` asks a Prometheus server (``/api/v1/query_range``) for the
+  same series with PromQL built from the same tables, one entity per replica (``instance``):
+  how a fleet is observed.
+
+Both produce long-format rows with ``diag.stages.SERIES_COLUMNS`` and ``source="prometheus"``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
+
+from collectors import prometheus_adapters as pa
+from diag import stages
+
+SOURCE = "prometheus"
+#: /metrics bodies above this are refused (a runaway exposition must not eat the memory).
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class ExpositionError(ValueError):
+    """A /metrics text prometheus_client cannot parse; the message is one line."""
+
+
+class ScrapeError(RuntimeError):
+    """A scrape that did not produce a snapshot (connection, HTTP status, size)."""
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def parse_exposition(text: str, ts_s: float | None = None) -> pa.Snapshot:
+    """Parse Prometheus text exposition into a Snapshot at ``ts_s`` (default: now).
+
+    Raises ExpositionError naming the first offending line.
+    """
+    ts = time.time() if ts_s is None else ts_s
+    try:
+        return pa.snapshot_from_families(text_string_to_metric_families(text), ts)
+    except Exception as exc:  # the parser raises ValueError, IndexError, TypeError, ...
+        lineno, bad = _find_bad_line(text)
+        where = f"line {lineno}: {_one_line(bad, 80)!r}: " if lineno else ""
+        raise ExpositionError(f"malformed exposition text: {where}{_one_line(str(exc), 100)}") from exc
+
+
+def _find_bad_line(text: str) -> tuple[int, str]:
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            for _ in text_string_to_metric_families(line + "\n"):
+                pass
+        except Exception:
+            return i, line
+    return 0, ""
+
+
+def rows_to_frame(rows: Iterable[tuple[float, str, str, float]]) -> pd.DataFrame:
+    """(ts_s, series, entity, value) tuples → a SERIES_COLUMNS frame with source="prometheus"."""
+    data = list(rows)
+    df = pd.DataFrame(data, columns=["ts_s", "series", "entity", "value"])
+    df.insert(1, "source", SOURCE)
+    df["ts_s"] = df["ts_s"].astype("float64")
+    df["value"] = df["value"].astype("float64")
+    return df.loc[:, list(stages.SERIES_COLUMNS)]
+
+
+def resolve_adapter(engine: str | None, names: Iterable[str]) -> pa.EngineAdapter | None:
+    """The adapter for ``engine`` or, when None, the one detected from the metric names."""
+    if engine:
+        try:
+            return pa.ADAPTERS_BY_ENGINE[engine]
+        except KeyError:
+            known = ", ".join(sorted(pa.ADAPTERS_BY_ENGINE))
+            raise ValueError(f"unknown engine {engine!r} (known: {known})") from None
+    found = pa.detect_engine(names)
+    return pa.ADAPTERS_BY_ENGINE[found] if found else None
+
+
+def adapt_texts(texts: Sequence[tuple[float, str]], engine: str | None = None, entity: str = "") -> pd.DataFrame:
+    """Offline: a series of (ts_s, exposition text) scrapes → canonical long-format rows."""
+    rows: list[tuple[float, str, str, float]] = []
+    prev: pa.Snapshot | None = None
+    adapter: pa.EngineAdapter | None = None
+    for ts, text in texts:
+        snap = parse_exposition(text, ts)
+        if adapter is None:
+            adapter = resolve_adapter(engine, snap.names())
+            if adapter is None:
+                continue
+        rows.extend((ts, r.series, r.entity, r.value) for r in pa.adapt(adapter, prev, snap, entity))
+        prev = snap
+    return rows_to_frame(rows)
+
+
+# --- the /metrics scraper ---------------------------------------------------------------------
+
+
+class PrometheusScraper:
+    """Polls one /metrics URL into canonical rows (Unix-second timestamps).
+
+    Threading: :meth:`start` runs :meth:`scrape_once` every ``interval_s`` on a daemon
+    thread; :meth:`frame`, :meth:`stats` and :meth:`drain` may be called from any thread.
+    Errors (connection refused, timeouts, HTTP errors, malformed text) are counted in
+    ``errors`` and kept as a one-line ``last_error``; the previous good scrape is kept, so the
+    next good one's deltas span the gap. ``on_rows`` (optional) is called on the scraper
+    thread with each scrape's new rows; it must not block.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        interval_s: float = 1.0,
+        timeout_s: float = 2.0,
+        engine: str | None = None,
+        entity: str = "",
+        max_rows: int = 2_000_000,
+        on_rows: Callable[[list[tuple[float, str, str, float]]], None] | None = None,
+        fetch: Callable[[str, float], str] | None = None,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        self.url = url
+        self.interval_s = float(interval_s)
+        self.timeout_s = float(timeout_s)
+        self.engine_hint = engine
+        self.entity = entity
+        self.max_rows = max_rows
+        self.on_rows = on_rows
+        self._fetch = fetch or _http_get_text
+        self.adapter: pa.EngineAdapter | None = resolve_adapter(engine, ()) if engine else None
+        self._prev: pa.Snapshot | None = None
+        self._rows: list[tuple[float, str, str, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.scrapes = 0
+        self.errors = 0
+        self.consecutive_errors = 0
+        self.dropped_rows = 0
+        self.last_error = ""
+        self.last_ok_ts_s = math.nan
+
+    @property
+    def engine(self) -> str | None:
+        return self.adapter.engine if self.adapter else None
+
+    def scrape_once(self, now_s: float | None = None) -> list[tuple[float, str, str, float]]:
+        """Fetch, parse and adapt one scrape; returns its rows ([] on error, counted)."""
+        ts = time.time() if now_s is None else now_s
+        self.scrapes += 1
+        try:
+            text = self._fetch(self.url, self.timeout_s)
+            return self.ingest_text(text, ts)
+        except (ScrapeError, ExpositionError, ValueError) as exc:
+            self._error(str(exc))
+        except Exception as exc:  # never let the thread die
+            self._error(f"{type(exc).__name__}: {exc}")
+        return []
+
+    def ingest_text(self, text: str, ts_s: float) -> list[tuple[float, str, str, float]]:
+        """Adapt one exposition text taken at ``ts_s`` (raises ExpositionError, ValueError)."""
+        snap = parse_exposition(text, ts_s)
+        if self.adapter is None:
+            self.adapter = resolve_adapter(None, snap.names())
+            if self.adapter is None:
+                raise ValueError(f"{self.url}: no known engine metrics (vLLM, SGLang, TGI, "
+                                 "llama.cpp, TensorRT-LLM/Triton, ttft_engine) in the exposition")
+        rows = [(ts_s, r.series, r.entity, r.value) for r in pa.adapt(self.adapter, self._prev, snap, self.entity)]
+        self._prev = snap
+        self.consecutive_errors = 0
+        self.last_ok_ts_s = ts_s
+        with self._lock:
+            room = self.max_rows - len(self._rows)
+            if room < len(rows):
+                self.dropped_rows += len(rows) - max(room, 0)
+            self._rows.extend(rows[: max(room, 0)])
+        if self.on_rows and rows:
+            try:
+                self.on_rows(rows)
+            except Exception as exc:  # a consumer's bug is reported, not fatal
+                self._error(f"on_rows callback failed: {type(exc).__name__}: {exc}")
+        return rows
+
+    def _error(self, message: str) -> None:
+        self.errors += 1
+        self.consecutive_errors += 1
+        self.last_error = _one_line(message, 200)
+
+    def start(self) -> None:
+        """Start polling on a daemon thread (first scrape immediately)."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name=f"ttft-scrape {self.url}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            self.scrape_once()
+            next_t += self.interval_s
+            delay = next_t - time.monotonic()
+            if delay < 0:  # fell behind (slow endpoint): skip the missed ticks
+                next_t = time.monotonic()
+                delay = 0
+            if self._stop.wait(delay):
+                break
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop polling and join the thread (waits at most ``timeout_s``, default a scrape)."""
+        self._stop.set()
+        t = self._thread
+        if t is not None:
+            t.join(self.timeout_s + 1.0 if timeout_s is None else timeout_s)
+        self._thread = None
+
+    def frame(self) -> pd.DataFrame:
+        """All rows so far as a SERIES_COLUMNS frame (source="prometheus")."""
+        with self._lock:
+            rows = list(self._rows)
+        return rows_to_frame(rows)
+
+    def drain(self) -> pd.DataFrame:
+        """Like :meth:`frame`, then forget the rows (for periodic writers)."""
+        with self._lock:
+            rows, self._rows = self._rows, []
+        return rows_to_frame(rows)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for reports: scrapes, errors, last_error, engine, dropped_rows."""
+        return {
+            "url": self.url,
+            "engine": self.engine,
+            "scrapes": self.scrapes,
+            "errors": self.errors,
+            "consecutive_errors": self.consecutive_errors,
+            "last_error": self.last_error,
+            "dropped_rows": self.dropped_rows,
+        }
+
+
+def _http_get_text(url: str, timeout_s: float) -> str:
+    """GET a /metrics text; raises ScrapeError with a one-line reason."""
+    req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4", "User-Agent": "ttft-diag"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body = resp.read(MAX_BODY_BYTES + 1)
+            charset = resp.headers.get_content_charset() or "utf-8"
+    except urllib.error.HTTPError as exc:
+        raise ScrapeError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        raise ScrapeError(f"{url}: unreachable ({exc.reason})") from None
+    except (TimeoutError, OSError) as exc:
+        raise ScrapeError(f"{url}: {type(exc).__name__}: {exc}") from None
+    if len(body) > MAX_BODY_BYTES:
+        raise ScrapeError(f"{url}: /metrics body over {MAX_BODY_BYTES} bytes; refused")
+    return body.decode(charset, errors="replace")
+
+
+# --- the Prometheus HTTP API reader -------------------------------------------------------------
+
+
+class PrometheusAPIError(RuntimeError):
+    """The Prometheus server refused a query or could not be reached (one-line message)."""
+
+
+class PrometheusAPIReader:
+    """Reads canonical series for a fleet from a Prometheus server's HTTP API.
+
+    Each canonical series of the engine's table becomes one PromQL ``query_range`` (e.g.
+    ``sum by (instance) (rate(vllm:request_queue_time_seconds_sum[30s])) / sum by (instance)
+    (rate(vllm:request_queue_time_seconds_count[30s]))``); each result's ``instance`` label is
+    the entity. Synchronous; call from any one thread.
+    """
+
+    def __init__(self, base_url: str, engine: str | None = None, window: str = "30s",
+                 by: str = "instance", timeout_s: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.engine = engine
+        self.window = window
+        self.by = by
+        self.timeout_s = timeout_s
+        self.errors: list[str] = []
+
+    def _get(self, path: str, params: dict[str, Any]) -> Any:
+        url = f"{self.base_url}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:
+                body = resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = ""
+            try:
+                detail = json.loads(exc.read()).get("error", "")
+            except Exception:
+                pass
+            raise PrometheusAPIError(_one_line(f"{path}: HTTP {exc.code} {detail or exc.reason}")) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise PrometheusAPIError(_one_line(f"{self.base_url}: unreachable ({exc})")) from None
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise PrometheusAPIError(f"{path}: answer is not JSON") from None
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            err = doc.get("error", "unknown error") if isinstance(doc, dict) else "bad answer"
+            raise PrometheusAPIError(_one_line(f"{path}: {err}"))
+        return doc.get("data")
+
+    def detect_engine(self) -> str | None:
+        """Ask the server which metric names it has (``/api/v1/label/__name__/values``)."""
+        names = self._get("/api/v1/label/__name__/values", {}) or []
+        return pa.detect_engine(str(n) for n in names)
+
+    def queries(self) -> dict[str, str]:
+        """Canonical series → the PromQL this reader sends (needs the engine known)."""
+        engine = self.engine or self.detect_engine()
+        if engine is None:
+            raise PrometheusAPIError(f"{self.base_url}: no known engine metrics on this Prometheus server")
+        self.engine = engine
+        adapter = resolve_adapter(engine, ())
+        assert adapter is not None
+        return pa.promql_queries(adapter, self.window, self.by)
+
+    def read(self, start_s: float, end_s: float, step_s: float) -> pd.DataFrame:
+        """Canonical rows for [start_s, end_s] every step_s (Unix seconds).
+
+        A series whose query fails is skipped and its one-line error appended to ``errors``;
+        an unreachable server raises PrometheusAPIError.
+        """
+        rows: list[tuple[float, str, str, float]] = []
+        for series, query in self.queries().items():
+            params = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}", "step": f"{step_s:g}"}
+            try:
+                data = self._get("/api/v1/query_range", params)
+            except PrometheusAPIError as exc:
+                if "unreachable" in str(exc):
+                    raise
+                self.errors.append(f"{series}: {exc}")
+                continue
+            for result in (data or {}).get("result", []) if isinstance(data, dict) else []:
+                entity = str((result.get("metric") or {}).get(self.by, ""))
+                for point in result.get("values") or ():
+                    try:
+                        ts, val = float(point[0]), float(point[1])
+                    except (TypeError, ValueError, IndexError):
+                        continue
+                    if math.isfinite(val):
+                        rows.append((ts, series, entity, val))
+        return rows_to_frame(rows)

@@ -1,0 +1,78 @@
+"""``ttft receive -o CAPTURE``: an OTLP trace receiver that writes what it gets into a capture."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+
+from collectors.otlp_receiver import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_MAX_BODY_BYTES, OTLPReceiver
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "receive",
+        help="receive OTLP traces (e.g. vLLM's llm_request spans) into a capture",
+        description="Listen for OTLP traces (HTTP /v1/traces with protobuf or JSON bodies, and gRPC) "
+        "and append every export request to CAPTURE/spans.otlp.jsonl. Runs until Ctrl-C or --duration.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it)")
+    p.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT, help="OTLP/HTTP port (default 4318; 0 = any free port)")
+    p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT,
+                   help="OTLP/gRPC port (default 4317; 0 = any free port)")
+    p.add_argument("--no-grpc", action="store_true", help="do not start the OTLP/gRPC server")
+    p.add_argument("-o", "--output", required=True, metavar="CAPTURE", help="capture directory to write")
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
+                   help="largest accepted request body in MiB, after gunzip (default 16)")
+    p.add_argument("--queue", type=int, default=1024, help="export requests buffered before answering 503")
+    return p
+
+
+def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
+    """Serve until Ctrl-C, ``--duration`` or ``stop_event`` (tests); 0 on a clean stop."""
+    from diag.capture import CaptureWriter
+    from diag.cli import UsageError
+
+    if args.duration is not None and args.duration <= 0:
+        raise UsageError("--duration must be > 0")
+    writer = CaptureWriter(args.output, meta={"command": "receive"})
+    receiver = OTLPReceiver(
+        writer.append_span_request,
+        host=args.host,
+        port=args.port,
+        grpc_port=None if args.no_grpc else args.grpc_port,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_queue_requests=args.queue,
+    )
+    try:
+        host, port = receiver.start()
+    except OSError as exc:
+        receiver.stop()
+        writer.close()
+        raise UsageError(f"cannot listen on {args.host}: {exc.strerror or exc}") from None
+    where = f"OTLP/HTTP on http://{host}:{port}/v1/traces"
+    if receiver.grpc_address:
+        where += f", OTLP/gRPC on {receiver.grpc_address[0]}:{receiver.grpc_address[1]}"
+    print(f"ttft receive: {where} -> {args.output} (Ctrl-C to stop)", flush=True)
+    stop = stop_event or threading.Event()
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    try:
+        while not stop.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            stop.wait(0.5 if left is None else min(0.5, left))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        receiver.stop()
+        stats = receiver.stats()
+        writer.update_meta(otlp_receiver={**stats, "http": f"{host}:{port}",
+                                          "grpc": "%s:%d" % receiver.grpc_address if receiver.grpc_address else None})
+        writer.close()
+    print(f"ttft receive: {stats['received_spans']} spans in {stats['received_requests']} requests, "
+          f"{stats['rejected']} rejected, {stats['dropped']} spans dropped (queue full)"
+          + (f", {stats['sink_errors']} write errors" if stats["sink_errors"] else ""), file=sys.stderr)
+    return 0
