@@ -28,9 +28,8 @@ from diag import stages
 #: Percentiles emitted for every histogram-backed series, as extra series ``<series>_p<NN>``.
 PERCENTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
 
-# Series that diag.stages does not (yet) define; local until the lead adds them.
-SERIES_PREEMPTIONS_PER_S = "preemptions_per_s"  # rate of the engine's preemption counter
-SERIES_PAUSED = "num_paused"  # requests paused/preempted right now (TRT-LLM gauge)
+SERIES_PREEMPTIONS_PER_S = stages.SERIES_PREEMPTIONS_PER_S
+SERIES_PAUSED = stages.SERIES_PAUSED
 
 Labels = tuple[tuple[str, str], ...]
 

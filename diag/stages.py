@@ -192,6 +192,8 @@ SERIES_KV_USAGE = "kv_usage_ratio"  # 0..1
 SERIES_WAITING = "num_waiting"
 SERIES_RUNNING = "num_running"
 SERIES_PREEMPTIONS = "preemptions_total"  # cumulative count
+SERIES_PREEMPTIONS_PER_S = "preemptions_per_s"
+SERIES_PAUSED = "num_paused"  # TRT-LLM's paused requests (a gauge, not preemptions)
 SERIES_PROMPT_TOKENS_PER_S = "prompt_tokens_per_s"
 SERIES_GENERATION_TOKENS_PER_S = "generation_tokens_per_s"
 
