@@ -1,0 +1,378 @@
+"""``ttft diff A B``: what changed between two captures, and which finding explains it.
+
+Front door: :func:`diff_analyses` (two :class:`diag.analysis.Analysis`) returns a
+:class:`DiffResult` with ``to_dict()`` and ``format_text()``. Latency, throughput and
+resource numbers come from :mod:`diag.summary`; per-stage numbers from the analyses'
+decompositions. The stage whose mean time moved most in the direction TTFT moved is matched
+to the finding whose category owns that stage (:data:`STAGE_CATEGORIES`), looked up in B's
+diagnosis when TTFT grew and in A's when it shrank. All durations are seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag import stages
+from diag.report import FindingView, rule_field
+from diag.summary import json_safe, latency_percentiles, resource_summary
+from diag.svg import fmt_duration_s, fmt_pct
+
+#: Which finding categories own a stage's time, most specific first.
+STAGE_CATEGORIES: dict[str, tuple[str, ...]] = {
+    stages.QUEUE: ("queue", "kv_cache"),
+    stages.TOKENIZE: ("tokenize",),
+    stages.PREFILL: ("prefill_compute", "interference"),
+    stages.COMM: ("comm",),
+    stages.SAMPLE: ("prefill_compute",),
+    stages.DETOKENIZE: ("network", "tokenize"),
+    stages.NETWORK: ("network", "loadgen"),
+    stages.LUMPED: ("tokenize", "network", "queue"),
+    "itl": ("decode", "interference", "kv_cache"),
+    "ttft": ("queue", "prefill_compute", "kv_cache", "network", "tokenize", "comm", "loadgen"),
+}
+#: A change smaller than both of these is noise, not a change (relative, absolute seconds).
+MATERIAL_REL = 0.05
+MATERIAL_ABS_S = 0.0005
+#: Deltas below these print as "0" (clock rounding, float noise), per unit.
+_NOISE: dict[str, float] = {"s": 1e-6, "ratio": 1e-4, "count": 1e-9, "per_s": 1e-9}
+
+
+@dataclass
+class MetricDelta:
+    """One metric in A and in B; ``unit`` is "s", "ratio", "count" or "per_s"."""
+
+    name: str
+    unit: str
+    a: float | None
+    b: float | None
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.a is None or self.b is None else self.b - self.a
+
+    @property
+    def rel(self) -> float | None:
+        d = self.delta
+        if d is None or not self.a:
+            return None
+        return d / abs(self.a)
+
+    def fmt(self, v: float | None) -> str:
+        if v is None:
+            return "-"
+        if self.unit == "s":
+            return fmt_duration_s(v)
+        if self.unit == "ratio":
+            return fmt_pct(v)
+        if self.unit == "count":
+            return f"{v:.3g}" if v != int(v) else f"{int(v)}"
+        return f"{v:.3g}/s"
+
+    def fmt_delta(self) -> str:
+        d = self.delta
+        if d is None:
+            return "-"
+        if abs(d) < _NOISE.get(self.unit, 0.0):
+            return "0"
+        if self.unit == "ratio":
+            body = f"{d * 100:+.3g} pts"
+        else:
+            body = ("+" if d >= 0 else "-") + self.fmt(abs(d))
+        rel = self.rel
+        return body + (f" ({rel * 100:+.0f}%)" if rel is not None and self.unit != "ratio" else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "unit": self.unit, "a": self.a, "b": self.b, "delta": self.delta, "rel": self.rel}
+
+
+@dataclass
+class StageDelta:
+    """A stage's p50, mean and share of TTFT in A and in B (seconds; share 0..1)."""
+
+    stage: str
+    p50_a: float | None
+    p50_b: float | None
+    mean_a: float | None
+    mean_b: float | None
+    share_a: float | None
+    share_b: float | None
+
+    @property
+    def mean_delta_s(self) -> float | None:
+        if self.mean_a is None and self.mean_b is None:
+            return None
+        return (self.mean_b or 0.0) - (self.mean_a or 0.0)
+
+    @property
+    def p50_delta_s(self) -> float | None:
+        if self.p50_a is None and self.p50_b is None:
+            return None
+        return (self.p50_b or 0.0) - (self.p50_a or 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "p50_a_s": self.p50_a, "p50_b_s": self.p50_b, "p50_delta_s": self.p50_delta_s,
+                "mean_a_s": self.mean_a, "mean_b_s": self.mean_b, "mean_delta_s": self.mean_delta_s,
+                "share_a": self.share_a, "share_b": self.share_b}
+
+
+@dataclass
+class DiffResult:
+    """What changed from A to B and the attribution."""
+
+    a_paths: list[str]
+    b_paths: list[str]
+    metrics: list[MetricDelta]
+    stages: list[StageDelta]
+    verdict_a: FindingView | None
+    verdict_b: FindingView | None
+    direction: str  # "grew" | "shrank" | "unchanged"
+    moved: str | None  # the stage (or "itl") that moved most
+    moved_delta_s: float | None
+    owner_categories: tuple[str, ...]
+    explaining: FindingView | None
+    explaining_side: str | None  # "a" | "b"
+    explaining_new: bool | None  # the finding fires on one side only
+    itl_finding: FindingView | None = None  # a decode/interference finding when ITL moved too
+    summary: list[str] = field(default_factory=list)
+
+    def metric(self, name: str) -> MetricDelta | None:
+        return next((m for m in self.metrics if m.name == name), None)
+
+    @property
+    def verdict_changed(self) -> bool:
+        ca = self.verdict_a.category if self.verdict_a else None
+        cb = self.verdict_b.category if self.verdict_b else None
+        return ca != cb
+
+    def to_dict(self) -> dict[str, Any]:
+        def fv(f: FindingView | None) -> dict[str, Any] | None:
+            if f is None:
+                return None
+            return {"rule_id": f.rule_id, "category": f.category, "title": f.title, "confidence": f.confidence,
+                    "explained_s": f.explained_s}
+
+        return json_safe({
+            "a": self.a_paths,
+            "b": self.b_paths,
+            "ttft": self.direction,
+            "moved": self.moved,
+            "moved_delta_s": self.moved_delta_s,
+            "owner_categories": list(self.owner_categories),
+            "explained_by": fv(self.explaining),
+            "explained_by_side": self.explaining_side,
+            "explained_by_new": self.explaining_new,
+            "itl_finding": fv(self.itl_finding),
+            "verdict_a": fv(self.verdict_a),
+            "verdict_b": fv(self.verdict_b),
+            "verdict_changed": self.verdict_changed,
+            "summary": self.summary,
+            "metrics": {m.name: m.to_dict() for m in self.metrics},
+            "stages": {s.stage: s.to_dict() for s in self.stages},
+        })
+
+    def format_text(self) -> str:
+        """The diff as text: the story first, then the metric and stage tables."""
+        L = [f"A: {', '.join(self.a_paths)}", f"B: {', '.join(self.b_paths)}", ""]
+        L += self.summary
+        L.append("")
+        w = max(len(m.name) for m in self.metrics) if self.metrics else 10
+        L.append(f"{'metric':<{w}}  {'A':>10}  {'B':>10}  change")
+        for m in self.metrics:
+            if m.a is None and m.b is None:
+                continue
+            L.append(f"{m.name:<{w}}  {m.fmt(m.a):>10}  {m.fmt(m.b):>10}  {m.fmt_delta()}")
+        if self.stages:
+            L.append("")
+            L.append(f"{'stage':<11}  {'p50 A':>9}  {'p50 B':>9}  {'mean change':>12}  {'share A':>8}  {'share B':>8}")
+            for s in self.stages:
+                d = s.mean_delta_s
+                d = 0.0 if d is not None and abs(d) < _NOISE["s"] else d
+                L.append(
+                    f"{s.stage:<11}  {_fd(s.p50_a):>9}  {_fd(s.p50_b):>9}  "
+                    f"{(('+' if d > 0 else '-' if d < 0 else '') + fmt_duration_s(abs(d))) if d is not None else '-':>12}  "
+                    f"{_fp(s.share_a):>8}  {_fp(s.share_b):>8}"
+                )
+        return "\n".join(L)
+
+
+def _fd(v: float | None) -> str:
+    return fmt_duration_s(v) if v is not None else "-"
+
+
+def _fp(v: float | None) -> str:
+    return fmt_pct(v) if v is not None else "-"
+
+
+def _material(m: MetricDelta | None) -> bool:
+    if m is None or m.delta is None:
+        return False
+    return abs(m.delta) > MATERIAL_ABS_S and (m.rel is None or abs(m.rel) > MATERIAL_REL)
+
+
+def _findings(analysis: Any) -> list[FindingView]:
+    d = analysis.diagnosis
+    if d is None:
+        return []
+    out = []
+    v = rule_field(d, "verdict")
+    if v is not None:
+        out.append(FindingView.of(v))
+    for f in rule_field(d, "findings", None) or []:
+        fv = FindingView.of(f)
+        if not any(x.rule_id == fv.rule_id and x.title == fv.title for x in out):
+            out.append(fv)
+    return out
+
+
+def _verdict(analysis: Any) -> FindingView | None:
+    d = analysis.diagnosis
+    v = rule_field(d, "verdict") if d is not None else None
+    return FindingView.of(v) if v is not None else None
+
+
+def _metrics(a: Any, b: Any) -> list[MetricDelta]:
+    pa, pb = latency_percentiles(a.tables), latency_percentiles(b.tables)
+    ra, rb = resource_summary(a.tables), resource_summary(b.tables)
+    out = [MetricDelta("requests ok", "count", float(ra["ok_requests"]), float(rb["ok_requests"])),
+           MetricDelta("errors", "count", float(ra["errors"]), float(rb["errors"]))]
+    for key, label in (("ttft_s", "TTFT"), ("server_ttft_s", "server TTFT"), ("client_ttft_s", "client TTFT"),
+                       ("itl_s", "ITL"), ("tpot_s", "TPOT"), ("e2e_s", "E2E")):
+        pcts = ("p50", "p95", "p99") if key in ("ttft_s", "itl_s") else ("p50", "p95")
+        for p in pcts:
+            out.append(MetricDelta(f"{label} {p}", "s", pa[key][p], pb[key][p]))
+    out += [
+        MetricDelta("requests", "per_s", ra["requests_per_s"], rb["requests_per_s"]),
+        MetricDelta("output tokens", "per_s", ra["output_tokens_per_s"], rb["output_tokens_per_s"]),
+        MetricDelta("device busy", "ratio", ra["device_busy_frac"], rb["device_busy_frac"]),
+        MetricDelta("KV usage p95", "ratio", ra["kv_usage_p95"], rb["kv_usage_p95"]),
+        MetricDelta("KV usage max", "ratio", ra["kv_usage_max"], rb["kv_usage_max"]),
+        MetricDelta("waiting mean", "count", ra["waiting_mean"], rb["waiting_mean"]),
+        MetricDelta("waiting max", "count", ra["waiting_max"], rb["waiting_max"]),
+        MetricDelta("preemptions", "count", ra["preemptions"], rb["preemptions"]),
+    ]
+    return out
+
+
+def _stage_deltas(a: Any, b: Any) -> list[StageDelta]:
+    sa: Mapping[str, Any] = a.decomposition.get("stages") or {}
+    sb: Mapping[str, Any] = b.decomposition.get("stages") or {}
+    out = []
+    for st in stages.DECOMPOSITION_STAGES:
+        ra, rb = sa.get(st), sb.get(st)
+        if ra is None and rb is None:
+            continue
+        out.append(StageDelta(st, (ra or {}).get("p50"), (rb or {}).get("p50"), (ra or {}).get("mean"), (rb or {}).get("mean"),
+                              (ra or {}).get("share_of_ttft"), (rb or {}).get("share_of_ttft")))
+    return out
+
+
+def diff_analyses(a: Any, b: Any) -> DiffResult:
+    """Compare two analyses (A = before/baseline, B = after) and attribute the change."""
+    metrics = _metrics(a, b)
+    sdeltas = _stage_deltas(a, b)
+    by = {m.name: m for m in metrics}
+    t50, t95 = by["TTFT p50"], by["TTFT p95"]
+    ttft_moved = t50 if _material(t50) else (t95 if _material(t95) else None)
+    direction = "unchanged"
+    if ttft_moved is not None and ttft_moved.delta is not None:
+        direction = "grew" if ttft_moved.delta > 0 else "shrank"
+    itl = by["ITL p50"] if _material(by["ITL p50"]) else (by["ITL p99"] if _material(by["ITL p99"]) else None)
+
+    moved: str | None = None
+    moved_delta: float | None = None
+    if direction != "unchanged":
+        sign = 1.0 if direction == "grew" else -1.0
+        cands = [(s.stage, s.mean_delta_s) for s in sdeltas if s.mean_delta_s is not None and s.mean_delta_s * sign > 0]
+        if cands:
+            moved, moved_delta = max(cands, key=lambda x: x[1] * sign)
+        else:
+            moved, moved_delta = "ttft", ttft_moved.delta if ttft_moved else None
+    elif itl is not None:
+        moved, moved_delta = "itl", itl.delta
+        direction = "grew" if (itl.delta or 0) > 0 else "shrank"
+    owners = STAGE_CATEGORIES.get(moved or "", ())
+
+    # The finding that explains it: on the side where the problem is (B if things got worse).
+    side = "b" if direction == "grew" else "a"
+    here, there = (_findings(b), _findings(a)) if side == "b" else (_findings(a), _findings(b))
+    explaining = None
+    for cat in owners:
+        explaining = next((f for f in here if f.category == cat), None)
+        if explaining is not None:
+            break
+    new = None
+    if explaining is not None:
+        new = not any(f.category == explaining.category for f in there)
+
+    va, vb = _verdict(a), _verdict(b)
+    result = DiffResult(list(a.paths), list(b.paths), metrics, sdeltas, va, vb, direction, moved, moved_delta,
+                        owners, explaining, side if explaining else None, new)
+    if itl is not None and moved != "itl":
+        itl_side = _findings(b) if (itl.delta or 0) > 0 else _findings(a)
+        result.itl_finding = next((f for cat in STAGE_CATEGORIES["itl"] for f in itl_side if f.category == cat), None)
+    result.summary = _story(result, ttft_moved, itl, a.diagnosis is not None and b.diagnosis is not None)
+    return result
+
+
+def _story(r: DiffResult, ttft_moved: MetricDelta | None, itl: MetricDelta | None, rules_ran: bool) -> list[str]:
+    L = []
+    t = r.metric("TTFT p50")
+    t95 = r.metric("TTFT p95")
+    if t is not None:
+        L.append(f"TTFT p50 {t.fmt(t.a)} -> {t.fmt(t.b)}: {t.fmt_delta()};  p95 {t95.fmt(t95.a) if t95 else '-'} -> "
+                 f"{t95.fmt(t95.b) if t95 else '-'}: {t95.fmt_delta() if t95 else '-'}")
+    if r.direction == "unchanged":
+        L.append("No material change in TTFT or ITL (less than 5% and 0.5 ms).")
+    elif r.moved == "itl":
+        L.append(f"TTFT held; ITL {r.direction}: {itl.fmt(itl.a) if itl else '-'} -> {itl.fmt(itl.b) if itl else '-'}: "
+                 f"{itl.fmt_delta() if itl else '-'} - a decode-side change.")
+    elif r.moved == "ttft":
+        L.append(f"TTFT {r.direction}, but no stage spans on both sides split it "
+                 "(client-only captures): compare the verdicts and the load numbers below.")
+    elif r.moved is not None:
+        s = next(x for x in r.stages if x.stage == r.moved)
+        verb = "grew" if r.direction == "grew" else "shrank"
+        d = r.moved_delta_s or 0.0
+        L.append(f"{r.moved} {verb} most: mean {('+' if d >= 0 else '-')}{fmt_duration_s(abs(d))}, "
+                 f"p50 {_fd(s.p50_a)} -> {_fd(s.p50_b)}, share of TTFT {_fp(s.share_a)} -> {_fp(s.share_b)} "
+                 f"({stages.STAGE_DESCRIPTIONS.get(r.moved, '')})")
+    if r.direction != "unchanged" and r.moved is not None:
+        owners = "/".join(r.owner_categories) or "-"
+        if not rules_ran:
+            L.append(f"Owned by the {owners} rule(s); the rule engine did not run, so no finding to match.")
+        elif r.explaining is not None:
+            f = r.explaining
+            where = "B" if r.explaining_side == "b" else "A"
+            fresh = (" - new in B" if where == "B" else " - gone in B") if r.explaining_new else f" - also in {'A' if where == 'B' else 'B'}"
+            conf = f", confidence {f.confidence:.0%}" if f.confidence is not None else ""
+            L.append(f"Explained by {where}'s finding [{f.category}] {f.title}{conf}{fresh}")
+        else:
+            L.append(f"No {owners} finding on the {'B' if r.direction == 'grew' else 'A'} side: the change is below "
+                     "the rules' thresholds, or their evidence is missing (see skipped rules in `ttft analyze`).")
+    if itl is not None and r.moved not in (None, "itl"):
+        verb = "grew" if (itl.delta or 0) > 0 else "shrank"
+        line = f"ITL also {verb}: {itl.name} {itl.fmt(itl.a)} -> {itl.fmt(itl.b)}: {itl.fmt_delta()}"
+        if r.itl_finding is not None:
+            line += f"; finding [{r.itl_finding.category}] {r.itl_finding.title}"
+        L.append(line)
+    va = f"{r.verdict_a.category}" if r.verdict_a else "-"
+    vb = f"{r.verdict_b.category}" if r.verdict_b else "-"
+    if r.verdict_a is None and r.verdict_b is None:
+        pass
+    elif r.verdict_changed:
+        L.append(f"Verdict changed: {va} -> {vb}" + (f" ({r.verdict_b.title})" if r.verdict_b else ""))
+    else:
+        L.append(f"Verdict unchanged: {vb}")
+    return L
+
+
+def diff_paths(a: str, b: str, rules_file: str | None = None) -> DiffResult:
+    """Load, analyse and diff two captures."""
+    from diag.analysis import analyze_paths
+
+    return diff_analyses(analyze_paths([a], rules_file=rules_file), analyze_paths([b], rules_file=rules_file))
+
+
+__all__ = ["DiffResult", "MetricDelta", "StageDelta", "STAGE_CATEGORIES", "diff_analyses", "diff_paths"]

@@ -1,0 +1,366 @@
+"""Numbers a report or a diff shows that are not the rule engine's business: latency
+percentiles (TTFT, ITL, TPOT, E2E), SLO checks, in-flight requests at arrival, throughput,
+and the device-busy / KV-usage / waiting-queue timelines.
+
+Inputs are :class:`diag.tables.Tables`; durations are seconds (``_s``), timestamps Unix ns
+(``_ns``) or seconds since the start of the capture (``t_s``). Vectorised with numpy/pandas;
+the only per-row Python loop is over requests' token-time arrays (pooled ITL).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag import stages
+from diag.capture import attribute
+from diag.tables import Tables
+
+NS = 1e9
+PCTS: tuple[tuple[str, float], ...] = (("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99))
+#: SLO metric -> the percentile table key that holds it.
+SLO_METRICS: dict[str, str] = {"ttft": "ttft_s", "itl": "itl_s", "tpot": "tpot_s", "e2e": "e2e_s"}
+
+
+def ok_requests(req: pd.DataFrame) -> pd.DataFrame:
+    """Requests that count for latency: not warm-up, no error, with a TTFT."""
+    ok = req
+    if "warmup" in ok.columns:
+        ok = ok.loc[~ok["warmup"].fillna(False).astype(bool)]
+    if "error" in ok.columns:
+        ok = ok.loc[ok["error"].isna()]
+    if "ttft_s" in ok.columns:
+        ok = ok.loc[ok["ttft_s"].notna()]
+    return ok
+
+
+def describe(values: Any) -> dict[str, Any]:
+    """count, p50/p90/p95/p99, max and mean (None when there is no finite value)."""
+    v = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce").dropna(), dtype="float64")
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return {"count": 0, **{k: None for k, _ in PCTS}, "max": None, "mean": None}
+    q = np.percentile(v, [p for _, p in PCTS])
+    out: dict[str, Any] = {"count": int(v.size)}
+    out.update({k: float(x) for (k, _), x in zip(PCTS, q)})
+    out["max"] = float(v.max())
+    out["mean"] = float(v.mean())
+    return out
+
+
+def itl_gaps_s(tables: Tables, trace_ids: pd.Series | None = None) -> np.ndarray:
+    """Every inter-token gap (s) pooled over requests (client token times preferred).
+
+    ``trace_ids`` limits the pool to those traces (e.g. the ok requests).
+    """
+    spans = tables.spans
+    if spans is None or spans.empty or stages.ATTR_TOKEN_TIMES_NS not in spans.columns:
+        return np.empty(0)
+    names = spans["name"].astype(str)
+    roots = spans.loc[names.isin([stages.SPAN_CLIENT_REQUEST, stages.SPAN_REQUEST])]
+    if roots.empty:
+        return np.empty(0)
+    frame = pd.DataFrame({
+        "trace_id": roots["trace_id"].astype(str).to_numpy(),
+        "client": (roots["name"].astype(str) == stages.SPAN_CLIENT_REQUEST).to_numpy(),
+        "tt": attribute(roots, stages.ATTR_TOKEN_TIMES_NS).to_numpy(),
+    })
+    frame = frame.loc[frame["tt"].map(lambda x: isinstance(x, (list, tuple, np.ndarray)) and len(x) >= 2)]
+    if trace_ids is not None:
+        frame = frame.loc[frame["trace_id"].isin(set(trace_ids.astype(str)))]
+    if frame.empty:
+        return np.empty(0)
+    frame = frame.sort_values("client", ascending=False, kind="stable").drop_duplicates("trace_id", keep="first")
+    gaps = [np.diff(np.asarray(tt, dtype="float64")) / NS for tt in frame["tt"].to_numpy()]
+    return np.concatenate(gaps) if gaps else np.empty(0)
+
+
+def latency_percentiles(tables: Tables) -> dict[str, dict[str, Any]]:
+    """TTFT (client/server/either), pooled ITL, per-request TPOT and E2E, over ok requests."""
+    ok = ok_requests(tables.requests)
+    out = {
+        "ttft_s": describe(ok["ttft_s"]) if "ttft_s" in ok else describe([]),
+        "server_ttft_s": describe(ok["server_ttft_s"]) if "server_ttft_s" in ok else describe([]),
+        "client_ttft_s": describe(ok["client_ttft_s"]) if "client_ttft_s" in ok else describe([]),
+        "itl_s": describe(itl_gaps_s(tables, ok["trace_id"] if "trace_id" in ok else None)),
+        "tpot_s": describe(ok["tpot_s"]) if "tpot_s" in ok else describe([]),
+        "e2e_s": describe(ok["e2e_s"]) if "e2e_s" in ok else describe([]),
+    }
+    return out
+
+
+@dataclass
+class SLOResult:
+    """One SLO item checked against the capture: ``actual_s`` None means no data (a fail)."""
+
+    key: str
+    target_s: float
+    actual_s: float | None
+    passed: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"slo": self.key, "target_s": self.target_s, "actual_s": self.actual_s,
+                "passed": self.passed, "detail": self.detail}
+
+
+def evaluate_slo(percentiles: dict[str, dict[str, Any]], slo: dict[str, float],
+                 rules_checks: dict[str, Any] | None = None) -> list[SLOResult]:
+    """Check ``{"ttft_p99": seconds, ...}``; missing data fails (a gate must not pass blind).
+
+    ``rules_checks`` is the rule engine's ``slo_checks`` feature ({key: {"value_s": ...}}); its
+    values win when present, so the gate agrees with the verdict (the rules leave cold-start
+    outliers out of TTFT). Otherwise the values come from ``percentiles``.
+    """
+    from diag.svg import fmt_duration_s
+
+    results = []
+    for key, target in slo.items():
+        metric, _, stat = key.partition("_")
+        col = SLO_METRICS.get(metric)
+        row = percentiles.get(col or "", {})
+        actual = row.get(stat) if row else None
+        checked = (rules_checks or {}).get(key)
+        if isinstance(checked, dict) and checked.get("value_s") is not None:
+            actual = float(checked["value_s"])
+        if actual is None:
+            why = "no token times in the capture" if metric in ("itl", "tpot") else "no successful requests"
+            results.append(SLOResult(key, target, None, False, f"no data ({why}): cannot show it is met"))
+            continue
+        passed = bool(actual <= target)
+        op = "<=" if passed else ">"
+        results.append(SLOResult(key, target, float(actual), passed,
+                                 f"{fmt_duration_s(actual)} {op} {fmt_duration_s(target)} (n={row.get('count', 0)})"))
+    return results
+
+
+def inflight_at_arrival(req: pd.DataFrame) -> np.ndarray:
+    """Requests in flight when each request arrived (itself included, so >= 1), in ``req``'s
+    row order; the same definition as the rules' ``inflight_at_arrival_*`` features.
+
+    A request is in flight from its start to its end (start + E2E; start + TTFT when the E2E
+    is unknown; errors without either count as instantaneous).
+    """
+    if req.empty:
+        return np.empty(0)
+    start = pd.to_numeric(req["start_ns"], errors="coerce").to_numpy(dtype="float64")
+    dur = pd.to_numeric(req.get("e2e_s"), errors="coerce").to_numpy(dtype="float64") if "e2e_s" in req else np.full(len(req), np.nan)
+    ttft = pd.to_numeric(req.get("ttft_s"), errors="coerce").to_numpy(dtype="float64") if "ttft_s" in req else np.full(len(req), np.nan)
+    dur = np.where(np.isfinite(dur), dur, np.where(np.isfinite(ttft), ttft, 0.0))
+    valid = np.isfinite(start)
+    starts = np.sort(start[valid])
+    ends = np.sort((start + dur * NS)[valid])
+    out = np.full(len(req), np.nan)
+    s = start[valid]
+    out[valid] = np.searchsorted(starts, s, side="right") - np.searchsorted(ends, s, side="right")
+    return np.clip(out, 1, None)
+
+
+def time_origin_ns(tables: Tables) -> float | None:
+    """The earliest timestamp among requests, steps and series (Unix ns)."""
+    cands = []
+    req = tables.requests
+    if not req.empty and "start_ns" in req and req["start_ns"].notna().any():
+        cands.append(float(pd.to_numeric(req["start_ns"], errors="coerce").min()))
+    if tables.steps is not None and not tables.steps.empty:
+        cands.append(float(tables.steps["start_ns"].min()))
+    if tables.series is not None and not tables.series.empty and tables.series["ts_s"].notna().any():
+        cands.append(float(tables.series["ts_s"].min()) * NS)
+    return min(cands) if cands else None
+
+
+def wall_window_s(req: pd.DataFrame) -> float | None:
+    """From the first request's start to the last request's end (s)."""
+    if req.empty or "start_ns" not in req:
+        return None
+    start = pd.to_numeric(req["start_ns"], errors="coerce")
+    end = start + pd.to_numeric(req.get("e2e_s"), errors="coerce").fillna(0) * NS
+    if not start.notna().any():
+        return None
+    w = (float(end.max()) - float(start.min())) / NS
+    return w if w > 0 else None
+
+
+def busy_union_s(steps: pd.DataFrame) -> float:
+    """Seconds covered by at least one engine step (union of intervals)."""
+    if steps is None or steps.empty:
+        return 0.0
+    s = steps["start_ns"].to_numpy(dtype="float64")
+    e = steps["end_ns"].to_numpy(dtype="float64")
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    prev_reach = np.concatenate([[-np.inf], reach[:-1]])
+    new_block = s > prev_reach
+    block_id = np.cumsum(new_block) - 1
+    block_start = s[new_block]
+    block_end = np.full(block_start.shape, -np.inf)
+    np.maximum.at(block_end, block_id, e)
+    return float((block_end - block_start).sum() / NS)
+
+
+def _series(tables: Tables, name: str) -> pd.DataFrame:
+    ser = tables.series
+    if ser is None or ser.empty:
+        return pd.DataFrame(columns=list(stages.SERIES_COLUMNS))
+    return ser.loc[ser["series"].astype(str) == name]
+
+
+@dataclass
+class Timeline:
+    """One line of a timeline chart: seconds since the capture's origin and values."""
+
+    label: str
+    t_s: np.ndarray
+    values: np.ndarray
+    source: str  # "nvml", "engine steps", "prometheus", ...
+
+
+def _bin_edges(t0_ns: float, t1_ns: float, bins: int) -> np.ndarray:
+    return np.linspace(t0_ns, max(t1_ns, t0_ns + 1), bins + 1)
+
+
+def busy_timeline(tables: Tables, origin_ns: float, bins: int = 240) -> Timeline | None:
+    """Device busy fraction over time: NVML utilisation when sampled, else engine steps' busy
+    time per bin. Bins span at least four typical step periods (start-to-start), so the line
+    shows load, not the on/off of single steps; at most ``bins`` bins."""
+    gpu = _series(tables, stages.SERIES_GPU_UTIL_PCT)
+    if not gpu.empty:
+        g = gpu.groupby("ts_s")["value"].mean().sort_index()
+        return Timeline("GPU utilisation (NVML, mean over GPUs)", (g.index.to_numpy() * NS - origin_ns) / NS,
+                        g.to_numpy() / 100.0, "nvml")
+    steps = tables.steps
+    if steps is None or steps.empty:
+        return None
+    base_ns = int(steps["start_ns"].min())
+    # relative seconds: absolute ns in float64 would lose the precision the prefix sums need
+    s = (steps["start_ns"].to_numpy(dtype="int64") - base_ns) / NS
+    e = (steps["end_ns"].to_numpy(dtype="int64") - base_ns) / NS
+    span_s = max(float(e.max()), 1e-9)
+    if len(s) >= 2:
+        period_s = float(np.median(np.diff(np.sort(s))))
+        if period_s > 0:
+            bins = int(min(bins, max(10, span_s / (4 * period_s))))
+    edges = np.linspace(0.0, span_s, bins + 1)
+    # B(t) = busy seconds up to t, summed over steps: sum_{s<=t}(t-s) - sum_{e<=t}(t-e)
+    ss, es = np.sort(s), np.sort(e)
+    cs, ce = np.concatenate([[0.0], np.cumsum(ss)]), np.concatenate([[0.0], np.cumsum(es)])
+    ns_ = np.searchsorted(ss, edges, side="right")
+    ne_ = np.searchsorted(es, edges, side="right")
+    busy = (edges * ns_ - cs[ns_]) - (edges * ne_ - ce[ne_])
+    frac = np.clip(np.diff(busy) / np.diff(edges), 0.0, 1.0)
+    mids = (edges[:-1] + edges[1:]) / 2
+    return Timeline("device busy (engine steps)", mids + (base_ns - origin_ns) / NS, frac, "engine steps")
+
+
+def _binned_steps(steps: pd.DataFrame, col: str, origin_ns: float, bins: int, how: str) -> tuple[np.ndarray, np.ndarray] | None:
+    if steps is None or steps.empty or col not in steps or not steps[col].notna().any():
+        return None
+    sub = steps.loc[steps[col].notna(), ["end_ns", col]]
+    t = sub["end_ns"].to_numpy(dtype="float64")
+    if len(sub) <= bins:
+        return (t - origin_ns) / NS, sub[col].to_numpy(dtype="float64")
+    edges = _bin_edges(float(t.min()), float(t.max()), bins)
+    idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
+    g = pd.Series(sub[col].to_numpy(dtype="float64")).groupby(idx)
+    agg = g.max() if how == "max" else g.mean()
+    mids = (edges[:-1] + edges[1:]) / 2
+    return (mids[agg.index.to_numpy()] - origin_ns) / NS, agg.to_numpy()
+
+
+def _series_line(tables: Tables, name: str, origin_ns: float, label: str) -> Timeline | None:
+    ser = _series(tables, name)
+    if ser.empty:
+        return None
+    g = ser.groupby("ts_s")["value"].mean().sort_index()
+    return Timeline(label, (g.index.to_numpy() * NS - origin_ns) / NS, g.to_numpy(), str(ser["source"].iloc[0]))
+
+
+def kv_timeline(tables: Tables, origin_ns: float, bins: int = 240) -> Timeline | None:
+    """KV-cache usage (0..1) over time: the engine's gauge when scraped, else engine steps."""
+    line = _series_line(tables, stages.SERIES_KV_USAGE, origin_ns, "KV-cache usage (/metrics)")
+    if line is not None:
+        return line
+    b = _binned_steps(tables.steps, "kv_usage_ratio", origin_ns, bins, "max")
+    return Timeline("KV-cache usage (engine steps)", b[0], b[1], "engine steps") if b else None
+
+
+def queue_timelines(tables: Tables, origin_ns: float, bins: int = 240) -> list[Timeline]:
+    """Waiting and running sequences over time (the engine's gauges, else engine steps)."""
+    out = []
+    for series_name, col, label in ((stages.SERIES_WAITING, "waiting_seqs", "waiting"),
+                                    (stages.SERIES_RUNNING, "running_seqs", "running")):
+        line = _series_line(tables, series_name, origin_ns, f"{label} (/metrics)")
+        if line is None:
+            b = _binned_steps(tables.steps, col, origin_ns, bins, "mean")
+            line = Timeline(f"{label} (engine steps)", b[0], b[1], "engine steps") if b else None
+        if line is not None:
+            out.append(line)
+    return out
+
+
+def resource_summary(tables: Tables) -> dict[str, Any]:
+    """Throughput, device busy fraction, KV usage and waiting-queue depth for a diff or report."""
+    req = tables.requests
+    ok = ok_requests(req)
+    window = wall_window_s(ok)
+    out: dict[str, Any] = {
+        "requests": int(len(req)),
+        "ok_requests": int(len(ok)),
+        "errors": int(req["error"].notna().sum()) if "error" in req else 0,
+        "window_s": window,
+        "requests_per_s": (len(ok) / window) if window else None,
+        "output_tokens_per_s": (float(pd.to_numeric(ok["output_tokens"], errors="coerce").sum()) / window)
+        if window and "output_tokens" in ok and ok["output_tokens"].notna().any() else None,
+        "input_tokens_per_s": (float(pd.to_numeric(ok["input_tokens"], errors="coerce").sum()) / window)
+        if window and "input_tokens" in ok and ok["input_tokens"].notna().any() else None,
+    }
+    gpu = _series(tables, stages.SERIES_GPU_UTIL_PCT)
+    if not gpu.empty:
+        out["device_busy_frac"] = float(gpu["value"].mean() / 100.0)
+        out["device_busy_source"] = "nvml"
+    elif tables.steps is not None and not tables.steps.empty:
+        span_s = (float(tables.steps["end_ns"].max()) - float(tables.steps["start_ns"].min())) / NS
+        out["device_busy_frac"] = busy_union_s(tables.steps) / span_s if span_s > 0 else None
+        out["device_busy_source"] = "engine steps"
+    else:
+        out["device_busy_frac"] = None
+        out["device_busy_source"] = None
+    kv = _series(tables, stages.SERIES_KV_USAGE)["value"]
+    if kv.empty and tables.steps is not None and "kv_usage_ratio" in tables.steps:
+        kv = tables.steps["kv_usage_ratio"]
+    kvd = describe(kv)
+    out["kv_usage_p95"] = kvd["p95"]
+    out["kv_usage_max"] = kvd["max"]
+    wait = _series(tables, stages.SERIES_WAITING)["value"]
+    if wait.empty and tables.steps is not None and "waiting_seqs" in tables.steps:
+        wait = tables.steps["waiting_seqs"]
+    wd = describe(wait)
+    out["waiting_mean"] = wd["mean"]
+    out["waiting_max"] = wd["max"]
+    pre = pd.to_numeric(req["preemptions"], errors="coerce") if "preemptions" in req else pd.Series(dtype="float64")
+    out["preemptions"] = float(pre.sum()) if pre.notna().any() else None
+    return out
+
+
+def json_safe(obj: Any) -> Any:
+    """Recursively turn numpy scalars into Python ones and NaN/inf into None (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [json_safe(v) for v in obj.tolist()]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is pd.NA or obj is pd.NaT:
+        return None
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
