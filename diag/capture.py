@@ -522,6 +522,12 @@ def load_capture(path: str | os.PathLike[str]) -> Capture:
             except (ValueError, UnicodeDecodeError) as exc:
                 warnings.append(f"{meta_path}: unreadable meta.json ({exc}); ignored")
                 meta = {}
+        profile_summary = p / PROFILE_DIR / "pyspy.json"
+        if profile_summary.exists():
+            try:
+                meta["pyspy"] = json.loads(profile_summary.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                warnings.append(f"{profile_summary}: unreadable py-spy summary ({exc}); ignored")
         has_series = (p / SERIES_DIR).is_dir()
         if not spans_files and not meta and not has_series:
             raise CaptureError(f"{p}: not a capture (no {SPANS_FILE}, {META_FILE} or {SERIES_DIR}/)")
