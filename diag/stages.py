@@ -99,6 +99,12 @@ ATTR_CLIENT_SLOT_WAIT_S = "ttft.client.slot_wait_s"  # waited for a free client 
 ATTR_CLIENT_SCHEDULED_NS = "ttft.client.scheduled_ns"  # when the load schedule wanted it sent
 ATTR_CLIENT_USAGE_SOURCE = "ttft.client.usage_source"  # "server" | "tokenizer" | "chunks"
 ATTR_CLIENT_HTTP_STATUS = "ttft.client.http_status"
+ATTR_CLIENT_CONN_WAIT_S = "ttft.client.conn_wait_s"  # waited for a pooled connection (s)
+ATTR_CLIENT_CONN_REUSED = "ttft.client.conn_reused"  # bool: keep-alive connection reused
+ATTR_CLIENT_CONTENT_CHUNKS = "ttft.client.content_chunks"  # SSE events with content
+ATTR_CLIENT_FIRST_ANSWER_NS = "ttft.client.first_answer_ns"  # first non-reasoning content
+ATTR_CLIENT_API = "ttft.client.api"  # "completions" | "chat"
+ATTR_CLIENT_INPUT_TOKENS_EST = "ttft.client.input_tokens_est"  # prompt length as built
 
 # engine-step attributes on SPAN_ENGINE_STEP
 ATTR_STEP_INDEX = "ttft.step.index"

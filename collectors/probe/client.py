@@ -1,0 +1,672 @@
+"""The probe's async streaming client for OpenAI-compatible /v1/completions and
+/v1/chat/completions.
+
+One :class:`StreamingClient` owns one ``aiohttp.ClientSession`` whose connector is sized to the
+concurrency (``limit=concurrency``; no 100-connection cap) and whose read buffer is large
+(``read_bufsize`` 4 MiB; not aiohttp's 64 KiB). Each request records, on one monotonic clock
+(``perf_counter_ns``) converted to Unix ns with one offset taken when the client opens:
+
+* start: just before the request is handed to aiohttp (it then takes/opens a connection);
+* connected: connection created or reused (aiohttp TraceConfig);
+* sent: request body written (TraceConfig ``on_request_chunk_sent``);
+* headers: response status and headers read;
+* first SSE event (role-only included) and first event whose choices carry non-empty
+  text/content (TTFT end; role-only, empty and usage-only chunks do not count);
+* every content chunk's arrival time, the last event, and ``usage`` (asked for with
+  ``stream_options.include_usage``).
+
+Failures never raise out of :meth:`StreamingClient.request`; they come back as
+``RequestResult.error`` kinds (see :data:`ERROR_KINDS`).
+
+Threading: a client and its session belong to the event loop that opened it; call its
+coroutines from that loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import time
+from dataclasses import dataclass, field
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+
+from collectors.spans import NULL_REQUEST, RequestTrace, TraceSink
+from diag import stages
+
+try:  # orjson is optional; it parses small SSE payloads ~3x faster
+    import orjson as _orjson
+
+    _loads = _orjson.loads
+    _dumps = _orjson.dumps
+except ImportError:  # pragma: no cover - depends on the environment
+    _loads = json.loads
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
+# Attribute keys of the probe (defined in diag.stages).
+ATTR_CLIENT_CONN_WAIT_S = stages.ATTR_CLIENT_CONN_WAIT_S
+ATTR_CLIENT_CONN_REUSED = stages.ATTR_CLIENT_CONN_REUSED
+ATTR_CLIENT_CONTENT_CHUNKS = stages.ATTR_CLIENT_CONTENT_CHUNKS
+ATTR_CLIENT_FIRST_ANSWER_NS = stages.ATTR_CLIENT_FIRST_ANSWER_NS
+ATTR_CLIENT_API = stages.ATTR_CLIENT_API
+ATTR_CLIENT_INPUT_TOKENS_EST = stages.ATTR_CLIENT_INPUT_TOKENS_EST
+
+API_COMPLETIONS = "completions"
+API_CHAT = "chat"
+_PATHS = {API_COMPLETIONS: "/v1/completions", API_CHAT: "/v1/chat/completions"}
+
+#: Error kinds a request can end with.
+ERROR_KINDS: dict[str, str] = {
+    "connect_refused": "TCP connection refused (nothing listening)",
+    "connect_error": "could not connect (DNS, unreachable, TLS, reset while connecting)",
+    "timeout": "no byte from the server for --timeout seconds (connect, first byte or between chunks)",
+    "http_4xx": "the server answered 4xx (bad request, unknown model, context too long, ...)",
+    "http_5xx": "the server answered 5xx",
+    "malformed_sse": "a data: line was not a JSON object",
+    "stream_error": "the stream carried an error event",
+    "empty_body": "200 OK but no SSE event at all",
+    "closed_mid_stream": "the connection ended before [DONE] or a finish_reason",
+    "server_disconnected": "the server closed the connection before answering",
+    "not_streamed": "the server ignored stream=true and answered one JSON body",
+    "no_content": "the stream finished without any non-empty content",
+    "client_error": "another client-side failure (see the example message)",
+}
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """One request as the client saw it. Times are Unix ns (None when not reached)."""
+
+    request_id: str
+    segment: str | None = None
+    warmup: bool = False
+    scheduled_ns: int = 0
+    start_ns: int = 0
+    connected_ns: int | None = None
+    sent_ns: int | None = None
+    headers_ns: int | None = None
+    first_event_ns: int | None = None
+    first_content_ns: int | None = None
+    first_answer_ns: int | None = None
+    last_ns: int | None = None
+    token_times_ns: list[int] = field(default_factory=list)
+    status: int | None = None
+    error: str | None = None
+    error_detail: str | None = None
+    finish_reason: str | None = None
+    usage_input_tokens: int | None = None
+    usage_output_tokens: int | None = None
+    input_tokens_est: int | None = None
+    input_tokens_target: int | None = None
+    requested_output_tokens: int | None = None
+    tokenizer_output_tokens: int | None = None
+    conn_wait_s: float = 0.0
+    conn_reused: bool | None = None
+    trace_id: str = ""
+    output_text: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_content_ns is None:
+            return None
+        return (self.first_content_ns - self.start_ns) / 1e9
+
+    @property
+    def e2e_s(self) -> float | None:
+        if self.last_ns is None:
+            return None
+        return (self.last_ns - self.start_ns) / 1e9
+
+    @property
+    def slot_wait_s(self) -> float:
+        """Scheduled send time -> actual start: waiting for a client slot (and client lag)."""
+        return max(0.0, (self.start_ns - self.scheduled_ns) / 1e9) if self.scheduled_ns else 0.0
+
+    @property
+    def output_tokens(self) -> int | None:
+        """Output tokens: server usage, else the tokenizer's count, else content chunks."""
+        if self.usage_output_tokens is not None:
+            return self.usage_output_tokens
+        if self.tokenizer_output_tokens is not None:
+            return self.tokenizer_output_tokens
+        return len(self.token_times_ns) if self.token_times_ns else None
+
+    @property
+    def token_source(self) -> str:
+        if self.usage_output_tokens is not None:
+            return "server"
+        if self.tokenizer_output_tokens is not None:
+            return "tokenizer"
+        return "chunks"
+
+    @property
+    def input_tokens(self) -> int | None:
+        return self.usage_input_tokens if self.usage_input_tokens is not None else self.input_tokens_est
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(E2E - TTFT) / (output tokens - 1), seconds per output token after the first."""
+        n = self.output_tokens
+        ttft, e2e = self.ttft_s, self.e2e_s
+        if n is None or n < 2 or ttft is None or e2e is None:
+            return None
+        return (e2e - ttft) / (n - 1)
+
+    def itl_s(self) -> list[float]:
+        """Gaps between content chunks (s): the per-chunk ITL samples of this request."""
+        t = self.token_times_ns
+        return [(t[i] - t[i - 1]) / 1e9 for i in range(1, len(t))]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (for worker processes and --json)."""
+        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestResult:
+        return cls(**d)
+
+
+@dataclass
+class Endpoint:
+    """Where and how to send: ``url`` is the full POST URL."""
+
+    base_url: str  # scheme://host:port (no /v1)
+    api: str
+    model: str | None
+    detected: bool = False
+
+    @property
+    def url(self) -> str:
+        return self.base_url + _PATHS[self.api]
+
+
+def split_url(url: str) -> tuple[str, str | None]:
+    """``http://h:p[/v1[/chat]/completions]`` -> (base ``http://h:p[/prefix]``, api or None)."""
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"bad URL {url!r}: expected http(s)://HOST:PORT[/v1[/chat]/completions]")
+    path = parts.path.rstrip("/")
+    api: str | None = None
+    for a, suffix in (("chat", "/v1/chat/completions"), ("completions", "/v1/completions")):
+        if path.endswith(suffix):
+            api, path = a, path[: -len(suffix)]
+            break
+    else:
+        if path.endswith("/v1"):
+            path = path[:-3]
+    return urlunsplit((parts.scheme, parts.netloc, path, "", "")), api
+
+
+class _Timing(SimpleNamespace):
+    """Per-request timestamps filled by the TraceConfig hooks (perf_counter_ns)."""
+
+    queued_ns: int = 0
+    conn_wait_ns: int = 0
+    connected_ns: int = 0
+    sent_ns: int = 0
+    reused: bool | None = None
+
+
+async def _on_queued_start(_s: Any, ctx: Any, _p: Any) -> None:
+    ctx.trace_request_ctx.queued_ns = time.perf_counter_ns()
+
+
+async def _on_queued_end(_s: Any, ctx: Any, _p: Any) -> None:
+    t = ctx.trace_request_ctx
+    t.conn_wait_ns += time.perf_counter_ns() - t.queued_ns
+
+
+async def _on_create_end(_s: Any, ctx: Any, _p: Any) -> None:
+    t = ctx.trace_request_ctx
+    t.connected_ns = time.perf_counter_ns()
+    t.reused = False
+
+
+async def _on_reuse(_s: Any, ctx: Any, _p: Any) -> None:
+    t = ctx.trace_request_ctx
+    t.connected_ns = time.perf_counter_ns()
+    t.reused = True
+
+
+async def _on_chunk_sent(_s: Any, ctx: Any, _p: Any) -> None:
+    ctx.trace_request_ctx.sent_ns = time.perf_counter_ns()
+
+
+def _trace_config() -> aiohttp.TraceConfig:
+    tc = aiohttp.TraceConfig(trace_config_ctx_factory=SimpleNamespace)
+    tc.on_connection_queued_start.append(_on_queued_start)
+    tc.on_connection_queued_end.append(_on_queued_end)
+    tc.on_connection_create_end.append(_on_create_end)
+    tc.on_connection_reuseconn.append(_on_reuse)
+    tc.on_request_chunk_sent.append(_on_chunk_sent)
+    return tc
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    s = " ".join(str(text).split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+class StreamingClient:
+    """An async OpenAI-compatible streaming client that timestamps every stage of a request.
+
+    ``concurrency`` sizes the connection pool; ``timeout_s`` bounds each wait for bytes
+    (connect, first byte, between chunks). ``keep_text`` keeps the streamed output text on
+    results (for tokenizer counts; never written to the capture). ``record_prompts`` puts the
+    prompt on the span (off by default).
+    """
+
+    READ_BUFSIZE_BYTES = 4 * 1024 * 1024
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        concurrency: int,
+        timeout_s: float = 60.0,
+        sink: TraceSink | None = None,
+        api_key: str | None = None,
+        exact_output: bool = True,
+        keep_text: bool = False,
+        record_prompts: bool = False,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.concurrency = max(1, int(concurrency))
+        self.timeout_s = float(timeout_s)
+        self.sink = sink
+        self.api_key = api_key
+        self.exact_output = exact_output
+        self.keep_text = keep_text
+        self.record_prompts = record_prompts
+        self.extra_body = dict(extra_body or {})
+        #: counts tokens of the streamed text when set (a --tokenizer); the text is then dropped
+        self.count_tokens: Callable[[str], int] | None = None
+        self.session: aiohttp.ClientSession | None = None
+        # perf_counter_ns -> Unix ns: one offset for the whole run (monotonic intervals)
+        self.offset_ns = time.time_ns() - time.perf_counter_ns()
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+
+    def unix_ns(self, perf_ns: int) -> int:
+        """Convert a perf_counter_ns reading to Unix ns (the offset taken at construction)."""
+        return perf_ns + self.offset_ns
+
+    async def open(self) -> StreamingClient:
+        """Create the session (on the running loop)."""
+        if self.session is None:
+            connector = aiohttp.TCPConnector(limit=self.concurrency, limit_per_host=0,
+                                             ttl_dns_cache=300, enable_cleanup_closed=False)
+            self.session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s),
+                read_bufsize=self.READ_BUFSIZE_BYTES,
+                trace_configs=[_trace_config()],
+                auto_decompress=True,
+            )
+        return self
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    async def __aenter__(self) -> StreamingClient:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- request body ---------------------------------------------------------------------
+
+    def build_body(self, item: Any) -> dict[str, Any]:
+        """The JSON body for one PromptItem on this endpoint's API."""
+        body: dict[str, Any] = {}
+        if self.endpoint.model:
+            body["model"] = self.endpoint.model
+        if self.endpoint.api == API_CHAT:
+            body["messages"] = item.messages_for_chat()
+        else:
+            body["prompt"] = item.text_for_completions()
+        if item.max_tokens:
+            body["max_tokens"] = int(item.max_tokens)
+            if self.exact_output:
+                body["min_tokens"] = int(item.max_tokens)
+                body["ignore_eos"] = True
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        body.update(self.extra_body)
+        return body
+
+    # --- one request ----------------------------------------------------------------------
+
+    async def request(
+        self,
+        item: Any,
+        request_id: str,
+        segment: str | None = None,
+        warmup: bool = False,
+        scheduled_perf_ns: int | None = None,
+    ) -> RequestResult:
+        """Send one streaming request and time it; never raises (errors are kinds)."""
+        assert self.session is not None, "StreamingClient.open() first"
+        body = _dumps(self.build_body(item))
+        res = RequestResult(request_id=request_id, segment=segment, warmup=warmup,
+                            requested_output_tokens=item.max_tokens, input_tokens_est=item.input_tokens_est,
+                            input_tokens_target=item.input_tokens_target)
+        off = self.offset_ns
+        dispatch_ns = time.perf_counter_ns()
+        res.scheduled_ns = (scheduled_perf_ns if scheduled_perf_ns is not None else dispatch_ns) + off
+        span: RequestTrace = NULL_REQUEST
+        headers = self._headers
+        if self.sink is not None and self.sink.enabled:
+            attrs: dict[str, Any] = {ATTR_CLIENT_API: self.endpoint.api}
+            if segment is not None:
+                attrs[stages.ATTR_SEGMENT] = segment
+            if warmup:
+                attrs[stages.ATTR_WARMUP] = True
+            span = self.sink.start_request(request_id, model=self.endpoint.model, attributes=attrs,
+                                           start_ns=dispatch_ns + off, side="client")
+            tp = span.traceparent()
+            headers = dict(headers)
+            if tp:
+                headers["traceparent"] = tp
+            res.trace_id = span.trace_id_hex
+            if self.record_prompts:
+                span.set_attributes({stages.ATTR_PROMPT_TEXT: item.text_for_completions()[:65536]})
+        else:
+            headers = dict(headers)
+        headers["X-Request-Id"] = request_id
+        timing = _Timing()
+        start = time.perf_counter_ns()
+        res.start_ns = start + off
+        try:
+            async with self.session.post(self.endpoint.url, data=body, headers=headers,
+                                         trace_request_ctx=timing) as resp:
+                res.headers_ns = time.perf_counter_ns() + off
+                res.status = resp.status
+                if resp.status >= 400:
+                    res.error = "http_4xx" if resp.status < 500 else "http_5xx"
+                    try:
+                        raw = await resp.content.read(2048)
+                        res.error_detail = f"HTTP {resp.status}: " + _one_line(raw.decode("utf-8", "replace"))
+                    except Exception:
+                        res.error_detail = f"HTTP {resp.status}"
+                else:
+                    ctype = resp.headers.get("Content-Type", "")
+                    if ctype.startswith("application/json"):
+                        await resp.read()
+                        res.last_ns = time.perf_counter_ns() + off
+                        res.error = "not_streamed"
+                        res.error_detail = f"Content-Type {ctype}: the server ignored stream=true"
+                    else:
+                        await self._read_stream(resp, res)
+        except aiohttp.ClientConnectorError as exc:
+            refused = getattr(exc, "os_error", None)
+            refused_errno = getattr(refused, "errno", None) == errno.ECONNREFUSED
+            res.error = "connect_refused" if refused_errno else "connect_error"
+            res.error_detail = _one_line(str(exc))
+        except asyncio.TimeoutError:
+            res.error = "timeout"
+            res.error_detail = f"no data for {self.timeout_s:g}s"
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError,
+                ConnectionResetError) as exc:
+            res.error = "closed_mid_stream" if res.headers_ns is not None else "server_disconnected"
+            res.error_detail = _one_line(f"{type(exc).__name__}: {exc}")
+        except aiohttp.ClientError as exc:
+            res.error = "client_error"
+            res.error_detail = _one_line(f"{type(exc).__name__}: {exc}")
+        except asyncio.CancelledError:
+            res.error = "cancelled"
+            res.error_detail = "cancelled (run ended or interrupted)"
+            self._finish(res, timing, span)
+            raise
+        except Exception as exc:  # a client bug must not stop the run
+            res.error = "client_error"
+            res.error_detail = _one_line(f"{type(exc).__name__}: {exc}")
+        self._finish(res, timing, span)
+        return res
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, res: RequestResult) -> None:
+        """Parse the SSE stream, timestamping events as their bytes arrive (hot path)."""
+        off = self.offset_ns
+        chat = self.endpoint.api == API_CHAT
+        keep = self.keep_text
+        texts: list[str] | None = [] if keep else None
+        times = res.token_times_ns
+        pending = b""
+        data_lines: list[bytes] = []
+        done = False
+        first_event = None
+        first_content = None
+        last = None
+        n_events = 0
+        reader = resp.content
+        while not done:
+            chunk = await reader.readany()
+            if not chunk:
+                break
+            now = time.perf_counter_ns() + off
+            if pending:
+                chunk = pending + chunk
+            lines = chunk.split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                if line.endswith(b"\r"):
+                    line = line[:-1]
+                if line:
+                    if line.startswith(b"data:"):
+                        data_lines.append(line[5:].lstrip(b" "))
+                    continue  # comments, event:, id:, retry: are ignored
+                if not data_lines:
+                    continue
+                payload = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
+                data_lines = []
+                n_events += 1
+                if first_event is None:
+                    first_event = now
+                last = now
+                if payload == b"[DONE]":
+                    done = True
+                    break
+                try:
+                    obj = _loads(payload)
+                except ValueError:
+                    res.error = "malformed_sse"
+                    res.error_detail = "data line is not JSON: " + _one_line(payload[:120].decode("utf-8", "replace"))
+                    done = True
+                    break
+                if type(obj) is not dict:
+                    res.error = "malformed_sse"
+                    res.error_detail = "data line is not a JSON object"
+                    done = True
+                    break
+                choices = obj.get("choices")
+                if choices:
+                    c0 = choices[0]
+                    if chat:
+                        delta = c0.get("delta") or {}
+                        text = delta.get("content")
+                        if not text:
+                            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                            if reasoning:
+                                text = reasoning
+                            elif delta.get("tool_calls"):
+                                text = " "
+                        elif res.first_answer_ns is None:
+                            res.first_answer_ns = now
+                    else:
+                        text = c0.get("text")
+                    if text:
+                        times.append(now)
+                        if first_content is None:
+                            first_content = now
+                        if texts is not None:
+                            texts.append(text)
+                    fr = c0.get("finish_reason")
+                    if fr:
+                        res.finish_reason = fr
+                usage = obj.get("usage")
+                if usage:
+                    pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                    if isinstance(pt, int):
+                        res.usage_input_tokens = pt
+                    if isinstance(ct, int):
+                        res.usage_output_tokens = ct
+                if "error" in obj and not choices:
+                    err = obj["error"]
+                    res.error = "stream_error"
+                    res.error_detail = _one_line(err.get("message", err) if isinstance(err, dict) else err)
+                    done = True
+                    break
+        if not done and data_lines:  # a last event without its blank line
+            payload = b"\n".join(data_lines)
+            n_events += 1
+            if payload == b"[DONE]":
+                done = True
+        res.first_event_ns = first_event
+        res.first_content_ns = first_content
+        res.last_ns = last
+        if texts is not None:
+            res.output_text = "".join(texts)
+        if res.error is not None:
+            return
+        if n_events == 0:
+            res.error = "empty_body"
+            res.error_detail = "200 OK with no SSE event"
+        elif not done and res.finish_reason is None:
+            res.error = "closed_mid_stream"
+            res.error_detail = f"stream ended after {n_events} events without [DONE] or finish_reason"
+        elif first_content is None:
+            res.error = "no_content"
+            res.error_detail = "stream finished without non-empty content"
+
+    def _finish(self, res: RequestResult, timing: _Timing, span: RequestTrace) -> None:
+        """Copy hook timings into the result and end the span with every attribute."""
+        off = self.offset_ns
+        if timing.connected_ns:
+            res.connected_ns = timing.connected_ns + off
+        if timing.sent_ns:
+            res.sent_ns = timing.sent_ns + off
+        res.conn_reused = timing.reused
+        res.conn_wait_s = timing.conn_wait_ns / 1e9
+        if res.output_text is not None and self.count_tokens is not None:
+            try:
+                res.tokenizer_output_tokens = self.count_tokens(res.output_text)
+            except Exception:
+                pass
+            res.output_text = None
+        if span.enabled:
+            record_result_on_span(span, res)
+
+
+def record_result_on_span(span: RequestTrace, res: RequestResult) -> None:
+    """Put a finished result's timestamps and counts on its client span and end it."""
+    attrs: dict[str, Any] = {
+        stages.ATTR_CLIENT_START_NS: res.start_ns,
+        stages.ATTR_CLIENT_SCHEDULED_NS: res.scheduled_ns,
+        stages.ATTR_CLIENT_SLOT_WAIT_S: res.slot_wait_s,
+        ATTR_CLIENT_CONN_WAIT_S: res.conn_wait_s,
+    }
+    for key, val in (
+        (stages.ATTR_CLIENT_CONNECTED_NS, res.connected_ns),
+        (stages.ATTR_CLIENT_SENT_NS, res.sent_ns),
+        (stages.ATTR_CLIENT_HEADERS_NS, res.headers_ns),
+        (stages.ATTR_CLIENT_FIRST_EVENT_NS, res.first_event_ns),
+        (stages.ATTR_CLIENT_FIRST_CONTENT_NS, res.first_content_ns),
+        (ATTR_CLIENT_FIRST_ANSWER_NS, res.first_answer_ns),
+        (stages.ATTR_CLIENT_LAST_NS, res.last_ns),
+        (stages.ATTR_CLIENT_HTTP_STATUS, res.status),
+        (stages.GEN_AI_REQUEST_MAX_TOKENS, res.requested_output_tokens),
+        (ATTR_CLIENT_INPUT_TOKENS_EST, res.input_tokens_est),
+        (ATTR_CLIENT_CONN_REUSED, res.conn_reused),
+    ):
+        if val is not None:
+            attrs[key] = val
+    if res.finish_reason:
+        attrs[stages.GEN_AI_RESPONSE_FINISH_REASONS] = [res.finish_reason]
+    if res.token_times_ns:
+        attrs[ATTR_CLIENT_CONTENT_CHUNKS] = len(res.token_times_ns)
+    inp, out = res.input_tokens, res.output_tokens
+    if inp is not None:
+        attrs[stages.GEN_AI_USAGE_INPUT_TOKENS] = int(inp)
+    if out is not None:
+        attrs[stages.GEN_AI_USAGE_OUTPUT_TOKENS] = int(out)
+        attrs[stages.ATTR_CLIENT_USAGE_SOURCE] = res.token_source
+    span.set_attributes(attrs)
+    for t in res.token_times_ns:
+        span.add_token_time(t)
+    end_ns = res.last_ns or res.headers_ns or time.time_ns()
+    span.end(end_ns=max(end_ns, res.start_ns), error=res.error)
+
+
+# --- endpoint discovery -----------------------------------------------------------------------
+
+
+async def resolve_endpoint(
+    url: str,
+    api: str | None = None,
+    model: str | None = None,
+    api_key: str | None = None,
+    timeout_s: float = 10.0,
+) -> tuple[Endpoint, list[str]]:
+    """Find the API and model: URL path or ``api``; else try completions, then chat.
+
+    Returns (endpoint, notes). The model comes from ``GET /v1/models`` when not given (the
+    first listed). Detection requests are one-token and are not part of the results.
+    """
+    base, api_from_url = split_url(url)
+    notes: list[str] = []
+    api = api or api_from_url
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+        if model is None:
+            try:
+                async with session.get(base + "/v1/models") as r:
+                    if r.status == 200:
+                        doc = await r.json(content_type=None)
+                        data = doc.get("data") if isinstance(doc, dict) else None
+                        if data and isinstance(data[0], dict) and data[0].get("id"):
+                            model = str(data[0]["id"])
+                            notes.append(f"model {model!r} from GET /v1/models")
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                pass
+            if model is None:
+                notes.append("model unknown (GET /v1/models failed); requests carry no 'model' field")
+        if api is not None:
+            return Endpoint(base, api, model, detected=False), notes
+        for candidate in (API_COMPLETIONS, API_CHAT):
+            body: dict[str, Any] = {"max_tokens": 1, "stream": True}
+            if model:
+                body["model"] = model
+            if candidate == API_CHAT:
+                body["messages"] = [{"role": "user", "content": "hi"}]
+            else:
+                body["prompt"] = "hi"
+            try:
+                async with session.post(base + _PATHS[candidate], json=body) as r:
+                    await r.read()
+                    if r.status < 400:
+                        notes.append(f"API detected: {candidate} ({_PATHS[candidate]} answered {r.status})")
+                        return Endpoint(base, candidate, model, detected=True), notes
+                    notes.append(f"{_PATHS[candidate]} answered {r.status}")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                notes.append(f"{_PATHS[candidate]}: {type(exc).__name__}")
+                break  # the server is not reachable: do not try the other path
+    notes.append("API not detected; using completions (pass --api to choose)")
+    return Endpoint(base, API_COMPLETIONS, model, detected=False), notes

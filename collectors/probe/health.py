@@ -1,0 +1,151 @@
+"""Client health while probing: is the load generator itself the bottleneck?
+
+:class:`HealthMonitor` runs as a task on the probe's event loop. Every ``interval_s``
+(default 50 ms) it measures
+
+* event-loop lag: how late its own ``asyncio.sleep`` woke up (s) — the delay any SSE chunk
+  arriving at that moment would also have suffered before being timestamped;
+* client CPU: the CPU time of the loop's own thread (``time.thread_time``) over wall time,
+  in % of one core — the thread that parses every chunk. Thread time, not process time, so
+  that a server running in the same process (tests, scenarios) does not count as client load.
+
+Connection-pool waits come from the client's results (``conn_wait_s``). :func:`summarize`
+turns the samples into meta.json's ``client_health`` with a ``saturated`` verdict; when it is
+true the rules refuse to blame the server.
+
+Threading: start/stop from the loop's thread; the monitor only touches its own lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag import stages
+
+#: Saturation thresholds (client_health.thresholds in meta.json).
+LOOP_LAG_P99_LIMIT_S = 0.020
+CPU_PCT_P90_LIMIT = 90.0
+CONN_WAIT_P99_LIMIT_S = 0.005
+
+
+@dataclass
+class HealthSamples:
+    """Raw samples: Unix seconds and values (lag in s, CPU in % of one core)."""
+
+    entity: str = ""
+    ts_s: list[float] = field(default_factory=list)
+    lag_s: list[float] = field(default_factory=list)
+    cpu_pct: list[float] = field(default_factory=list)
+
+    def extend(self, other: HealthSamples) -> None:
+        self.ts_s.extend(other.ts_s)
+        self.lag_s.extend(other.lag_s)
+        self.cpu_pct.extend(other.cpu_pct)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long-format rows (source="client") for CaptureWriter.write_series."""
+        n = len(self.ts_s)
+        return pd.DataFrame(
+            {
+                "ts_s": self.ts_s + self.ts_s,
+                "source": ["client"] * (2 * n),
+                "series": [stages.SERIES_LOOP_LAG_S] * n + [stages.SERIES_CLIENT_CPU_PCT] * n,
+                "entity": [self.entity] * (2 * n),
+                "value": self.lag_s + self.cpu_pct,
+            }
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"entity": self.entity, "ts_s": self.ts_s, "lag_s": self.lag_s, "cpu_pct": self.cpu_pct}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HealthSamples:
+        return cls(d.get("entity", ""), list(d["ts_s"]), list(d["lag_s"]), list(d["cpu_pct"]))
+
+
+class HealthMonitor:
+    """Samples loop lag and process CPU on the running loop every ``interval_s`` seconds."""
+
+    def __init__(self, interval_s: float = 0.05, entity: str = "") -> None:
+        self.interval_s = interval_s
+        self.samples = HealthSamples(entity)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start sampling (call from the loop's thread, with the loop running)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> HealthSamples:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        return self.samples
+
+    async def _run(self) -> None:
+        s = self.samples
+        interval = self.interval_s
+        last_wall = time.perf_counter()
+        last_cpu = time.thread_time()
+        while True:
+            target = time.perf_counter() + interval
+            await asyncio.sleep(interval)
+            now = time.perf_counter()
+            cpu = time.thread_time()
+            wall = now - last_wall
+            s.ts_s.append(time.time())
+            s.lag_s.append(max(0.0, now - target))
+            s.cpu_pct.append(100.0 * (cpu - last_cpu) / wall if wall > 0 else 0.0)
+            last_wall, last_cpu = now, cpu
+
+
+def summarize(samples: Sequence[HealthSamples], conn_waits_s: Iterable[float] = ()) -> dict[str, Any]:
+    """meta.json's ``client_health``: lag and CPU figures and the ``saturated`` verdict.
+
+    Saturated when loop lag p99 > 20 ms, or CPU p90 >= 90 % of one core (a Python client
+    cannot use more), or the connection-pool wait p99 > 5 ms; ``reason`` says which.
+    """
+    lag = np.asarray([v for s in samples for v in s.lag_s], dtype="float64")
+    cpu = np.asarray([v for s in samples for v in s.cpu_pct], dtype="float64")
+    waits = np.asarray(list(conn_waits_s), dtype="float64")
+    out: dict[str, Any] = {
+        "samples": int(lag.size),
+        "processes": len(samples),
+        "loop_lag_p50_s": float(np.percentile(lag, 50)) if lag.size else None,
+        "loop_lag_p99_s": float(np.percentile(lag, 99)) if lag.size else None,
+        "loop_lag_max_s": float(lag.max()) if lag.size else None,
+        "cpu_pct_mean": float(cpu.mean()) if cpu.size else None,
+        "cpu_pct_p90": float(np.percentile(cpu, 90)) if cpu.size else None,
+        "cpu_pct_max": float(cpu.max()) if cpu.size else None,
+        "conn_wait_p99_s": float(np.percentile(waits, 99)) if waits.size else None,
+        "conn_wait_max_s": float(waits.max()) if waits.size else None,
+        "thresholds": {
+            "loop_lag_p99_s": LOOP_LAG_P99_LIMIT_S,
+            "cpu_pct_p90": CPU_PCT_P90_LIMIT,
+            "conn_wait_p99_s": CONN_WAIT_P99_LIMIT_S,
+        },
+    }
+    reasons = []
+    if out["loop_lag_p99_s"] is not None and out["loop_lag_p99_s"] > LOOP_LAG_P99_LIMIT_S:
+        reasons.append(f"event-loop lag p99 {out['loop_lag_p99_s'] * 1e3:.1f} ms > {LOOP_LAG_P99_LIMIT_S * 1e3:.0f} ms")
+    if out["cpu_pct_p90"] is not None and out["cpu_pct_p90"] >= CPU_PCT_P90_LIMIT:
+        reasons.append(f"client CPU p90 {out['cpu_pct_p90']:.0f}% of one core >= {CPU_PCT_P90_LIMIT:.0f}%")
+    if out["conn_wait_p99_s"] is not None and out["conn_wait_p99_s"] > CONN_WAIT_P99_LIMIT_S:
+        reasons.append(f"connection-pool wait p99 {out['conn_wait_p99_s'] * 1e3:.1f} ms > {CONN_WAIT_P99_LIMIT_S * 1e3:.0f} ms")
+    out["saturated"] = bool(reasons)
+    out["reason"] = "; ".join(reasons) if reasons else (
+        "client healthy: loop lag, CPU and pool waits under their limits" if lag.size else "no health samples")
+    if reasons:
+        out["reason"] += " — client-side delay inflates measured TTFT; use --workers N or a lower load"
+    return out

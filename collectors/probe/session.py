@@ -1,0 +1,373 @@
+"""The probe session: resolve the endpoint, run phases (one probe, or sweep points) on one
+client, write the capture (client spans, client-health series, server-side series) and
+meta.json, and compute the metrics.
+
+Threading: a :class:`ProbeSession` runs on one event loop (``asyncio.run`` in
+:func:`run_probe` / :func:`run_sweep`, or the caller's loop with the ``*_async`` forms).
+With ``workers > 1`` each phase runs in spawned processes, awaited from a thread-pool thread
+so the loop stays free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collectors.probe import health as health_mod
+from collectors.probe.alongside import Alongside
+from collectors.probe.client import Endpoint, RequestResult, StreamingClient, resolve_endpoint
+from collectors.probe.load import LoadSpec, PhaseOutcome, run_phase, run_phase_in_workers
+from collectors.probe.metrics import DEFINITIONS, compute_metrics
+from collectors.probe.spans_io import drain_span_lines
+from collectors.probe.sweep import SweepSpec, label, point_load, stop_reason
+from collectors.probe.workload import LengthSpec, TokenCounter, Workload, WorkloadSpec
+from collectors.spans import TraceSink, setup_tracing
+from diag import stages
+from diag.capture import CaptureWriter
+
+#: Progress callback: (requests done in this phase, phase total or None, phase label).
+Progress = Callable[[int, "int | None", str], None]
+
+#: Flush in-memory spans into the capture every this many finished requests (bounds memory;
+#: each flush is a short pause on the loop, visible in the loop-lag series).
+FLUSH_EVERY_REQUESTS = 5000
+
+
+@dataclass
+class ProbeConfig:
+    """Everything one probe (or sweep) needs. ``output`` is the capture directory (None = no
+    capture). ``segment`` labels a plain probe's requests (ATTR_SEGMENT)."""
+
+    url: str
+    api: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    load: LoadSpec = field(default_factory=LoadSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    tokenizer_path: str | None = None
+    timeout_s: float = 60.0
+    workers: int = 1
+    output: str | Path | None = None
+    slo: dict[str, float] | None = None
+    metrics_url: str | None = None
+    gpu: bool = False
+    record_prompts: bool = False
+    segment: str | None = None
+    progress: Progress | None = None
+    concurrency_set: bool = False  # the user chose --concurrency (a cap in rate sweeps)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProbeResult:
+    """What a probe or sweep returns. ``metrics`` covers all measured requests; ``segments``
+    holds (label, metrics) per sweep point."""
+
+    endpoint: Endpoint
+    metrics: dict[str, Any]
+    client_health: dict[str, Any]
+    results: list[RequestResult] = field(default_factory=list)
+    segments: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    capture_path: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    sweep: dict[str, Any] | None = None
+
+    def to_dict(self, per_request: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "url": self.endpoint.url,
+            "api": self.endpoint.api,
+            "model": self.endpoint.model,
+            "capture": str(self.capture_path) if self.capture_path else None,
+            "metrics": self.metrics,
+            "segments": [{"segment": s, "metrics": m} for s, m in self.segments],
+            "client_health": self.client_health,
+            "sweep": self.sweep,
+            "notes": self.notes,
+            "definitions": DEFINITIONS,
+        }
+        if per_request:
+            out["requests"] = [{k: v for k, v in r.to_dict().items() if k != "output_text"} for r in self.results]
+        return out
+
+
+class ProbeSession:
+    """One client, one capture, several phases. Use as ``async with ProbeSession(cfg) as s``."""
+
+    def __init__(self, config: ProbeConfig, writer: CaptureWriter | None = None, pool_size: int | None = None) -> None:
+        self.config = config
+        self.writer = writer
+        self._own_writer = writer is None
+        self.pool_size = pool_size or config.load.concurrency
+        self.notes: list[str] = []
+        self.results: list[RequestResult] = []
+        self.segments: list[tuple[str, dict[str, Any]]] = []
+        self.health_samples: list[health_mod.HealthSamples] = []
+        self.phase_spans: list[tuple[int, int]] = []
+        self.tokenizer = TokenCounter(config.tokenizer_path) if config.tokenizer_path else None
+        self.workload = Workload(config.workload, self.tokenizer)
+        self.endpoint: Endpoint | None = None
+        self.client: StreamingClient | None = None
+        self.sink: TraceSink | None = None
+        self.monitor: health_mod.HealthMonitor | None = None
+        self.alongside = Alongside(config.metrics_url, config.gpu)
+        self._done_in_phase = 0
+        self._since_flush = 0
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> ProbeSession:
+        cfg = self.config
+        self.endpoint, notes = await resolve_endpoint(cfg.url, cfg.api, cfg.model, cfg.api_key,
+                                                      timeout_s=min(cfg.timeout_s, 30.0))
+        self.notes.extend(notes)
+        if self.writer is None and cfg.output is not None:
+            self.writer = CaptureWriter(cfg.output)
+        self.sink = setup_tracing(service_name="ttft-probe", memory=True)
+        self._write_meta_start()
+        count = self.tokenizer.count if self.tokenizer is not None else None
+        self.client = StreamingClient(self.endpoint, self.pool_size, **self._client_kwargs(), sink=self.sink)
+        self.client.count_tokens = count
+        await self.client.open()
+        if self.tokenizer is None and not cfg.workload.prompts_file:
+            await self._calibrate()
+        self.monitor = health_mod.HealthMonitor()
+        self.monitor.start()
+        self.alongside.start()
+        return self
+
+    async def _calibrate(self) -> None:
+        """Two one-token requests (100 and 300 words, warm-up spans) give the server's tokens
+        per word from ``usage.prompt_tokens``, so synthetic prompt lengths match without a
+        tokenizer. Without usage in the answers, the 1 word ~ 1 token estimate stays."""
+        from collectors.probe.workload import PromptItem
+
+        assert self.client is not None
+        got = []
+        for n_words in (100, 300):
+            item = PromptItem(prompt=self.workload.calibration_text(n_words), max_tokens=1)
+            res = await self.client.request(item, f"calibrate-{n_words}", "calibrate", warmup=True)
+            got.append(res.usage_input_tokens)
+        if got[0] is not None and got[1] is not None and got[1] > got[0]:
+            self.workload.calibrate((got[1] - got[0]) / 200.0, "from the server's usage.prompt_tokens")
+            self.notes.append(f"prompt lengths: {self.workload.calibration}")
+        else:
+            self.notes.append("prompt lengths: estimated at 1 word ~ 1 token (the server gave no usage to "
+                              "calibrate; pass --tokenizer for exact lengths)")
+        if self.writer is not None:
+            self.writer.update_meta(probe={"prompt_length_method": self.workload.length_method})
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        cfg = self.config
+        return {"timeout_s": cfg.timeout_s, "api_key": cfg.api_key, "exact_output": cfg.workload.exact_output,
+                "keep_text": self.tokenizer is not None, "record_prompts": cfg.record_prompts,
+                "extra_body": cfg.extra_body}
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self.monitor is not None:
+            self.health_samples.insert(0, await self.monitor.stop())
+            self.monitor = None
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+        along = self.alongside.stop(self.writer)
+        if self.sink is not None:
+            self._flush_spans()
+            self.sink.shutdown()
+            self.sink = None
+        if self.writer is not None:
+            frames = [s.to_frame() for s in self.health_samples if s.ts_s]
+            if frames:
+                import pandas as pd
+
+                self.writer.write_series("client", pd.concat(frames, ignore_index=True))
+            self.writer.update_meta(alongside=along, client_health=self.client_health())
+            if self._own_writer:
+                self.writer.close()
+
+    def _write_meta_start(self) -> None:
+        if self.writer is None or self.endpoint is None:
+            return
+        cfg = self.config
+        self.writer.update_meta(
+            kind="probe",
+            probe={
+                "url": self.endpoint.url,
+                "api": self.endpoint.api,
+                "api_detected": self.endpoint.detected,
+                "model": self.endpoint.model,
+                "load": cfg.load.describe(),
+                "workload": cfg.workload.describe(),
+                "prompt_length_method": self.workload.length_method,
+                "workers": cfg.workers,
+                "timeout_s": cfg.timeout_s,
+                "slo": cfg.slo,
+                "record_prompts": cfg.record_prompts,
+                "started_unix_s": time.time(),
+                "notes": self.notes,
+            },
+            ttft_boundary={"client": stages.CLIENT_BOUNDARY.to_dict(),
+                           "client_note": "TTFT ends at the first SSE event with non-empty content: role-only, "
+                           "empty and usage-only chunks do not count; slot wait is reported apart"},
+            metric_definitions=DEFINITIONS,
+        )
+
+    def client_health(self) -> dict[str, Any]:
+        return health_mod.summarize(self.health_samples if len(self.health_samples) else [],
+                                    (r.conn_wait_s for r in self.results))
+
+    # --- phases -----------------------------------------------------------------------------
+
+    def _on_result(self, phase_label: str, total: int | None) -> Callable[[RequestResult], None]:
+        progress = self.config.progress
+
+        def on_result(res: RequestResult) -> None:
+            self._done_in_phase += 1
+            self._since_flush += 1
+            if progress is not None:
+                progress(self._done_in_phase, total, phase_label)
+            if self._since_flush >= FLUSH_EVERY_REQUESTS:
+                self._flush_spans()
+
+        return on_result
+
+    def _flush_spans(self) -> None:
+        self._since_flush = 0
+        if self.sink is None:
+            return
+        if self.writer is None:  # no capture: drop the spans without encoding them
+            self.sink.force_flush()
+            if self.sink.memory is not None:
+                self.sink.memory.clear()
+            return
+        lines = drain_span_lines(self.sink)
+        if self.writer is not None and lines:
+            self.writer.append_span_lines(lines)
+
+    async def phase(self, load: LoadSpec, workload: Workload | None = None, segment: str | None = None) -> PhaseOutcome:
+        """Run one load phase and keep its results; returns the outcome."""
+        assert self.client is not None and self.endpoint is not None, "use 'async with ProbeSession(...)'"
+        workload = workload or self.workload
+        self._done_in_phase = 0
+        phase_label = segment or "probe"
+        if self.config.workers > 1:
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(
+                None, run_phase_in_workers, self.config.workers, self.endpoint, self._client_kwargs(), workload,
+                load, segment, True)
+            if self.writer is not None and outcome.span_lines:
+                self.writer.append_span_lines(outcome.span_lines)
+            outcome.span_lines = []
+            self.health_samples.extend(outcome.health)
+            self.notes.extend(outcome.notes)
+            if self.config.progress is not None:
+                self.config.progress(len(outcome.measured), len(outcome.measured), phase_label)
+        else:
+            cap = load.concurrency
+            if cap > self.client.concurrency:  # a bigger point than the pool was sized for
+                await self.client.close()
+                self.client.concurrency = cap
+                await self.client.open()
+            outcome = await run_phase(self.client, workload, load, segment,
+                                      self._on_result(phase_label, load.bounded_requests), health=self.monitor)
+            self._flush_spans()
+        self.results.extend(outcome.results)
+        self.phase_spans.append((outcome.start_ns, outcome.end_ns))
+        return outcome
+
+    def metrics(self, outcome: PhaseOutcome) -> dict[str, Any]:
+        return compute_metrics(outcome.results, outcome.duration_s, self.config.slo)
+
+    def overall_metrics(self) -> dict[str, Any]:
+        dur = sum(max(0, e - s) for s, e in self.phase_spans) / 1e9
+        return compute_metrics(self.results, dur, self.config.slo)
+
+    def record_summary(self, overall: dict[str, Any], sweep: dict[str, Any] | None) -> None:
+        """meta.json: token-count source, output-length honouring, results per segment."""
+        if self.writer is None:
+            return
+        tok = overall["tokens"]
+        sources = set(tok["output_source"])
+        self.writer.update_meta(
+            token_counts={"source": sources.pop() if len(sources) == 1 else ("mixed" if sources else None),
+                          "by_source": tok["output_source"],
+                          "tokenizer": self.tokenizer.path if self.tokenizer else None,
+                          "discrepancy": tok.get("discrepancy")},
+            output_lengths={"requested": str(self.config.workload.output_tokens),
+                            "exact_requested": self.config.workload.exact_output,
+                            "how": "max_tokens + min_tokens + ignore_eos" if self.config.workload.exact_output
+                            else "max_tokens only",
+                            **overall["output_lengths"]},
+            probe_results={"overall": _slim(overall), "segments": {s: _slim(m) for s, m in self.segments}},
+            sweep=sweep,
+        )
+        self.writer.update_meta(probe={"ended_unix_s": time.time(), "notes": self.notes})
+
+
+def _slim(m: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in m.items() if k not in ("definitions",)}
+
+
+# --- front door -----------------------------------------------------------------------------------
+
+
+async def run_probe_async(config: ProbeConfig, writer: CaptureWriter | None = None) -> ProbeResult:
+    """One probe on the running loop: warm-up, measured load, capture (see :func:`run_probe`)."""
+    session = ProbeSession(config, writer)
+    async with session:
+        await session.phase(config.load, segment=config.segment)
+        overall = session.overall_metrics()
+        session.record_summary(overall, None)
+    assert session.endpoint is not None
+    return ProbeResult(session.endpoint, overall, session.client_health(), session.results, [],
+                       Path(session.writer.path) if session.writer else None, session.notes)
+
+
+def run_probe(config: ProbeConfig, writer: CaptureWriter | None = None) -> ProbeResult:
+    """Probe ``config.url`` with ``config.load`` and ``config.workload``; write the capture to
+    ``config.output`` (or into ``writer``). Blocks until done; must not be called from a
+    running event loop (use :func:`run_probe_async` there)."""
+    return asyncio.run(run_probe_async(config, writer))
+
+
+async def run_sweep_async(config: ProbeConfig, sweep: SweepSpec, writer: CaptureWriter | None = None) -> ProbeResult:
+    """A sweep on the running loop: one segment per point in one capture."""
+    values = sweep.point_values()
+    pool = max([config.load.concurrency] + [int(v) for v in values if sweep.kind == "concurrency"]
+               + ([config.load.concurrency if config.concurrency_set else 256] if sweep.kind == "rate" else []))
+    session = ProbeSession(config, writer, pool_size=pool)
+    stopped: str | None = None
+    ran: list[float] = []
+    async with session:
+        for v in values:
+            seg = label(sweep.kind, v)
+            load = point_load(sweep, v, config.load, config.concurrency_set)
+            wl = session.workload.with_input(LengthSpec("fixed", int(v))) if sweep.kind == "prompt" else None
+            outcome = await session.phase(load, wl, seg)
+            m = session.metrics(outcome)
+            session.segments.append((seg, m))
+            ran.append(v)
+            stopped = stop_reason(sweep, v, m)
+            if stopped:
+                break
+        overall = session.overall_metrics()
+        info = {**sweep.describe(), "points_run": [label(sweep.kind, v) for v in ran], "stopped": stopped}
+        session.record_summary(overall, info)
+    assert session.endpoint is not None
+    return ProbeResult(session.endpoint, overall, session.client_health(), session.results, session.segments,
+                       Path(session.writer.path) if session.writer else None, session.notes, info)
+
+
+def run_sweep(config: ProbeConfig, sweep: SweepSpec, writer: CaptureWriter | None = None) -> ProbeResult:
+    """Run a sweep (prompt | concurrency | rate) into one capture; blocks until done."""
+    return asyncio.run(run_sweep_async(config, sweep, writer))
+
+
+__all__ = ["ProbeConfig", "ProbeResult", "ProbeSession", "run_probe", "run_probe_async", "run_sweep",
+           "run_sweep_async"]

@@ -1,0 +1,40 @@
+"""Moving the probe's client spans from memory into a capture.
+
+The probe traces into an in-memory exporter (``setup_tracing(memory=True)``) so that no
+encoding happens on a background thread while requests are being timed (it would take the
+GIL from the event loop and inflate measured TTFT). Between load phases the finished spans
+are encoded to OTLP JSON lines (one ExportTraceServiceRequest per ``batch`` spans) and
+appended to the capture.
+
+Threading: call from the thread that ends the spans (the probe's loop thread) while no
+request is finishing, e.g. between phases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from collectors.spans import TraceSink
+from diag.capture import CaptureWriter
+
+
+def drain_span_lines(sink: TraceSink, batch: int = 512) -> list[str]:
+    """Flush the sink, take its finished in-memory spans and encode them as OTLP JSON lines."""
+    if sink.memory is None:
+        return []
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from diag.otlp_json import request_to_json_line
+
+    sink.force_flush()
+    spans: Sequence = sink.memory.get_finished_spans()
+    sink.memory.clear()
+    return [request_to_json_line(encode_spans(spans[i : i + batch])) for i in range(0, len(spans), batch)]
+
+
+def flush_spans(sink: TraceSink, writer: CaptureWriter | None) -> int:
+    """Append the sink's finished spans to ``writer``; returns the number of lines written."""
+    lines = drain_span_lines(sink)
+    if writer is not None and lines:
+        writer.append_span_lines(lines)
+    return len(lines)

@@ -1,0 +1,112 @@
+"""Sweeps: each point is a labelled segment (ATTR_SEGMENT, e.g. ``prompt=512``) of one capture.
+
+* ``prompt``: input length at concurrency 1 (64, 128, ... up to ``max_value``, default 4096)
+  — TTFT vs prompt length is the prefill-compute evidence; stops when a whole point fails
+  (e.g. the context limit).
+* ``concurrency``: 1, 2, 4, ... up to ``max_value`` (default 64) at a fixed prompt — stops
+  after the first point with errors or a broken SLO.
+* ``rate``: 1, 2, 4, ... requests/s up to ``max_value`` (default 32) — stops after errors, a
+  broken SLO, or when requests queue for a client slot (slot wait p90 > 1 s).
+
+Pure planning and stop rules; the session (:mod:`collectors.probe.session`) runs the points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from collectors.probe.load import LoadSpec
+
+SWEEP_KINDS = ("prompt", "concurrency", "rate")
+DEFAULT_MAX = {"prompt": 4096, "concurrency": 64, "rate": 32}
+_START = {"prompt": 64, "concurrency": 1, "rate": 1}
+
+
+class SweepError(ValueError):
+    """A bad sweep spec (one line)."""
+
+
+@dataclass
+class SweepSpec:
+    """What to sweep. ``values`` None = the doubling defaults up to ``max_value``."""
+
+    kind: str
+    values: list[float] | None = None
+    max_value: float | None = None
+    requests_per_point: int | None = None
+    duration_per_point_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in SWEEP_KINDS:
+            raise SweepError(f"unknown sweep {self.kind!r}: expected one of {', '.join(SWEEP_KINDS)}")
+        if self.values is not None:
+            if not self.values:
+                raise SweepError("--sweep-values is empty")
+            if any(v <= 0 for v in self.values):
+                raise SweepError("--sweep-values must be > 0")
+            if self.kind != "rate" and any(v != int(v) for v in self.values):
+                raise SweepError(f"--sweep-values for {self.kind} must be whole numbers")
+
+    def point_values(self) -> list[float]:
+        if self.values is not None:
+            return list(self.values)
+        top = self.max_value or DEFAULT_MAX[self.kind]
+        out, v = [], float(_START[self.kind])
+        while v <= top:
+            out.append(v)
+            v *= 2
+        return out or [float(top)]
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "values": self.point_values(), "requests_per_point": self.requests_per_point,
+                "duration_per_point_s": self.duration_per_point_s}
+
+
+def parse_values(text: str) -> list[float]:
+    """``"1,2,4"`` -> [1.0, 2.0, 4.0] (raises SweepError)."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise SweepError(f"bad --sweep-values {text!r}: expected numbers separated by commas") from exc
+
+
+def label(kind: str, value: float) -> str:
+    return f"{kind}={value:g}"
+
+
+def point_load(spec: SweepSpec, value: float, base: LoadSpec, user_set_concurrency: bool) -> LoadSpec:
+    """The load of one sweep point (the user's requests/duration per point, or a default)."""
+    n, dur = spec.requests_per_point, spec.duration_per_point_s
+    if spec.kind == "prompt":
+        return replace(base, concurrency=1, rate_rps=None, requests=n or (None if dur else 8), duration_s=dur)
+    if spec.kind == "concurrency":
+        c = int(value)
+        return replace(base, concurrency=c, rate_rps=None, requests=n or (None if dur else max(16, 4 * c)),
+                       duration_s=dur)
+    cap = base.concurrency if user_set_concurrency else 256
+    return replace(base, concurrency=cap, rate_rps=float(value),
+                   requests=n or (None if dur else max(16, int(value * 10))), duration_s=dur)
+
+
+def stop_reason(spec: SweepSpec, value: float, metrics: dict[str, Any]) -> str | None:
+    """Why the sweep should stop after this point (None = go on)."""
+    req = metrics["requests"]
+    if req["total"] and req["ok"] == 0:
+        first = next(iter(metrics["errors"]), "error")
+        return f"{label(spec.kind, value)}: every request failed ({first})"
+    if spec.kind == "prompt":
+        return None
+    if req["errors"]:
+        kinds = ", ".join(f"{k} {v['count']}" for k, v in metrics["errors"].items())
+        return f"{label(spec.kind, value)}: errors appeared ({kinds})"
+    slo = metrics.get("slo")
+    if slo and not slo["all_met"]:
+        broken = [k for k, v in slo["items"].items() if v["met"] is False]
+        return f"{label(spec.kind, value)}: SLO broken ({', '.join(broken)})"
+    if spec.kind == "rate":
+        wait_p90 = metrics["slot_wait_s"]["p90"]
+        if wait_p90 is not None and wait_p90 > 1.0:
+            return (f"{label(spec.kind, value)}: requests waited for a client slot (p90 {wait_p90:.2f} s): "
+                    "the server no longer keeps up with the offered rate")
+    return None

@@ -1,0 +1,323 @@
+"""Workloads for the probe: synthetic prompts of given token lengths, or a user JSONL file.
+
+Length specs (input and output tokens): ``N`` or ``fixed:N``, ``uniform:A-B`` (inclusive),
+``normal:MEAN,STD`` (rounded, clipped to >= 1).
+
+Synthetic prompts start with a per-request nonce and random words so that a server's prefix
+cache cannot hide prefill; ``shared_prefix_tokens`` puts a deliberate, identical prefix in
+front of every prompt. Prompt lengths are built with the user's tokenizer when one is given
+(``tokenizers`` ``tokenizer.json``), otherwise from a words-per-token estimate; the capture
+says which (``prompt_length_method``). A chat template adds a few tokens on the server side.
+
+Threading: a :class:`Workload` is used by one thread (the event loop that draws from it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag.capture import CaptureError
+
+#: Short common English words, each one BPE token (with its leading space) in the GPT-2,
+#: Llama and Qwen vocabularies, so that one word ~ one token without a tokenizer.
+_WORDS: tuple[str, ...] = tuple(
+    """the of and to in is was for on that with as by at from his her an be this are were
+    which or had not but have one all their they has more its also new after first two
+    been other who when would time there can only into over some out world these year
+    school city most many such between during about most state three film made later then
+    under where since well both known while team same life part high use each several
+    family name those early last being work four long people group south north east west
+    house music found much game off five small three place area home water book could
+    point day week line end set left right hand power great young back old war man woman
+    light road river town field land sea air fire king stone tree bird horse car ship
+    open close start stop turn run walk talk read write speak hear see look find give take
+    make come go know think feel keep bring hold stand sit play move live show try ask call
+    red blue green black white gold silver brown gray dark bright cold warm hot clean fast
+    slow hard soft loud quiet rich poor strong weak full empty near far deep wide thin
+    thick round flat sharp sweet sour bitter fresh safe free busy happy sad calm proud""".split()
+)
+#: Words per token when no tokenizer is given (the vocabulary above is one token a word).
+WORDS_PER_TOKEN_ESTIMATE = 1.0
+
+
+class WorkloadError(CaptureError):
+    """A bad workload spec or prompts file (one line naming the spec or file:line)."""
+
+
+# --- length specs ---------------------------------------------------------------------------
+
+_FIXED = re.compile(r"^(?:fixed:)?(\d+)$")
+_UNIFORM = re.compile(r"^uniform:(\d+)-(\d+)$")
+_NORMAL = re.compile(r"^normal:(\d+(?:\.\d+)?),(\d+(?:\.\d+)?)$")
+
+
+@dataclass(frozen=True)
+class LengthSpec:
+    """A token-length distribution: ``kind`` is fixed | uniform | normal."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    @classmethod
+    def parse(cls, spec: str | int) -> LengthSpec:
+        """Parse ``fixed:N`` / ``N`` / ``uniform:A-B`` / ``normal:MEAN,STD`` (raises WorkloadError)."""
+        s = str(spec).strip().replace(" ", "")
+        if m := _FIXED.match(s):
+            n = int(m.group(1))
+            if n < 1:
+                raise WorkloadError(f"length spec {spec!r}: must be >= 1")
+            return cls("fixed", n)
+        if m := _UNIFORM.match(s):
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if lo < 1 or hi < lo:
+                raise WorkloadError(f"length spec {spec!r}: need 1 <= A <= B in uniform:A-B")
+            return cls("uniform", lo, hi)
+        if m := _NORMAL.match(s):
+            mean, std = float(m.group(1)), float(m.group(2))
+            if mean < 1:
+                raise WorkloadError(f"length spec {spec!r}: mean must be >= 1")
+            return cls("normal", mean, std)
+        raise WorkloadError(
+            f"bad length spec {spec!r}: expected N, fixed:N, uniform:A-B or normal:MEAN,STD"
+        )
+
+    def sample(self, rng: random.Random) -> int:
+        """One length in tokens (>= 1)."""
+        if self.kind == "fixed":
+            return int(self.a)
+        if self.kind == "uniform":
+            return rng.randint(int(self.a), int(self.b))
+        return max(1, int(round(rng.gauss(self.a, self.b))))
+
+    @property
+    def mean(self) -> float:
+        return (self.a + self.b) / 2 if self.kind == "uniform" else self.a
+
+    def __str__(self) -> str:
+        if self.kind == "fixed":
+            return f"fixed:{int(self.a)}"
+        if self.kind == "uniform":
+            return f"uniform:{int(self.a)}-{int(self.b)}"
+        return f"normal:{self.a:g},{self.b:g}"
+
+
+# --- one request's payload -------------------------------------------------------------------
+
+
+@dataclass
+class PromptItem:
+    """What one request asks: a prompt (completions) or messages (chat), and token targets.
+
+    ``input_tokens_est`` is the prompt's length in tokens as built (exact with a tokenizer,
+    an estimate otherwise; None for user prompts without a tokenizer).
+    """
+
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+    input_tokens_est: int | None = None
+    input_tokens_target: int | None = None
+
+    def text_for_completions(self) -> str:
+        if self.prompt is not None:
+            return self.prompt
+        return "\n".join(str(m.get("content", "")) for m in self.messages or ())
+
+    def messages_for_chat(self) -> list[dict[str, Any]]:
+        if self.messages is not None:
+            return self.messages
+        return [{"role": "user", "content": self.prompt or ""}]
+
+
+class TokenCounter:
+    """Wraps a ``tokenizers`` tokenizer.json; thread-safe for encode (the library is)."""
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:  # pragma: no cover - a declared dependency
+            raise WorkloadError(f"--tokenizer needs the 'tokenizers' package: {exc}") from exc
+        p = Path(path)
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        if not p.is_file():
+            raise WorkloadError(f"{p}: no such tokenizer file (expected a tokenizer.json)")
+        try:
+            self._tok = Tokenizer.from_file(str(p))
+        except Exception as exc:
+            raise WorkloadError(f"{p}: not a tokenizers tokenizer.json ({exc})") from exc
+        self.path = str(p)
+
+    def count(self, text: str) -> int:
+        """Tokens in ``text`` (no special tokens added)."""
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def ids(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tok.decode(ids))
+
+
+# --- workloads ------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkloadSpec:
+    """What to send. ``prompts_file`` overrides the synthetic input lengths."""
+
+    input_tokens: LengthSpec = field(default_factory=lambda: LengthSpec("fixed", 256))
+    output_tokens: LengthSpec = field(default_factory=lambda: LengthSpec("fixed", 64))
+    shared_prefix_tokens: int = 0
+    prompts_file: str | None = None
+    exact_output: bool = True  # ask for min_tokens = max_tokens and ignore_eos
+    seed: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "input_tokens": None if self.prompts_file else str(self.input_tokens),
+            "output_tokens": str(self.output_tokens),
+            "shared_prefix_tokens": self.shared_prefix_tokens,
+            "prompts_file": self.prompts_file,
+            "exact_output_requested": self.exact_output,
+            "seed": self.seed,
+        }
+
+
+class Workload:
+    """Draws :class:`PromptItem` s; ``next_item()`` costs tens of microseconds.
+
+    Synthetic text is a random slice of a fixed random-word corpus (token ids when a
+    tokenizer is given) behind a per-request nonce, so building a 4k-token prompt never
+    stalls the probe's event loop.
+    """
+
+    CORPUS_WORDS = 40_000
+
+    def __init__(self, spec: WorkloadSpec, tokenizer: TokenCounter | None = None) -> None:
+        if spec.shared_prefix_tokens < 0:
+            raise WorkloadError("--shared-prefix must be >= 0")
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self._rng = random.Random(spec.seed)
+        self._counter = 0
+        self._file_items: list[PromptItem] | None = None
+        if spec.prompts_file:
+            self._file_items = load_prompts_file(spec.prompts_file, tokenizer)
+        corpus_rng = random.Random(20240601)
+        self._words = [_WORDS[corpus_rng.randrange(len(_WORDS))] for _ in range(self.CORPUS_WORDS)]
+        self._ids: list[int] | None = tokenizer.ids(" " + " ".join(self._words)) if tokenizer is not None else None
+        self.words_per_token = WORDS_PER_TOKEN_ESTIMATE
+        self.calibration: str | None = None
+        self._shared_prefix = self._slice_text(0, spec.shared_prefix_tokens) if spec.shared_prefix_tokens else ""
+
+    def calibrate(self, tokens_per_word: float, how: str) -> None:
+        """Use a measured tokens-per-word ratio (e.g. from the server's usage) for lengths."""
+        if self.tokenizer is None and 0.2 <= tokens_per_word <= 10:
+            self.words_per_token = 1.0 / tokens_per_word
+            self.calibration = f"{tokens_per_word:.2f} tokens/word {how}"
+            if self.spec.shared_prefix_tokens:
+                self._shared_prefix = self._slice_text(0, self.spec.shared_prefix_tokens)
+
+    def calibration_text(self, n_words: int) -> str:
+        """``n_words`` corpus words (for measuring the server's tokens per word)."""
+        return " ".join(self._words[:n_words])
+
+    @property
+    def length_method(self) -> str:
+        """How prompt lengths were built: the tokenizer, or the words-per-token estimate."""
+        if self.tokenizer is not None:
+            return f"tokenizer ({self.tokenizer.path})"
+        if self.calibration:
+            return f"estimate calibrated from the server's usage ({self.calibration}; no --tokenizer given)"
+        return f"estimate ({WORDS_PER_TOKEN_ESTIMATE:g} word ~ 1 token; no --tokenizer given)"
+
+    def with_input(self, input_tokens: LengthSpec) -> Workload:
+        """A copy drawing synthetic prompts of another input length (for prompt sweeps)."""
+        spec = WorkloadSpec(input_tokens, self.spec.output_tokens, self.spec.shared_prefix_tokens, None,
+                            self.spec.exact_output, self._rng.randrange(1 << 30))
+        clone = Workload.__new__(Workload)
+        clone.__dict__.update(self.__dict__)
+        clone.spec = spec
+        clone._rng = random.Random(spec.seed)
+        clone._file_items = None
+        return clone
+
+    def _slice_text(self, start: int, n_tokens: int) -> str:
+        """About ``n_tokens`` tokens of corpus from ``start`` (wrapping around)."""
+        pool: list[Any] = self._ids if self._ids is not None else self._words
+        n = max(0, int(math.ceil(n_tokens * (1.0 if self._ids is not None else self.words_per_token))))
+        if n == 0:
+            return ""
+        start %= len(pool)
+        part = pool[start : start + n]
+        while len(part) < n:
+            part = part + pool[: n - len(part)]
+        if self._ids is not None and self.tokenizer is not None:
+            return self.tokenizer.decode(part).strip()
+        return " ".join(part)
+
+    def next_item(self) -> PromptItem:
+        """The next request's payload (file prompts cycle; synthetic ones are fresh)."""
+        spec = self.spec
+        rng = self._rng
+        out_len = spec.output_tokens.sample(rng)
+        self._counter += 1
+        if self._file_items is not None:
+            base = self._file_items[(self._counter - 1) % len(self._file_items)]
+            return PromptItem(base.prompt, base.messages, base.max_tokens or out_len, base.input_tokens_est, None)
+        target = spec.input_tokens.sample(rng)
+        # the nonce (a number, ~2-4 tokens) makes every prompt's first block unique
+        nonce = f"{self._counter}{rng.randrange(10**6):06d}"
+        nonce_tokens = max(1, round(3 / self.words_per_token)) if self.tokenizer is None else self.tokenizer.count(nonce)
+        own = max(0, target - spec.shared_prefix_tokens - nonce_tokens)
+        body = self._slice_text(rng.randrange(len(self._words)), own)
+        text = f"{nonce} {body}" if body else nonce
+        if self._shared_prefix:
+            text = f"{self._shared_prefix} {text}"
+        return PromptItem(prompt=text, max_tokens=out_len, input_tokens_est=target, input_tokens_target=target)
+
+
+def load_prompts_file(path: str, tokenizer: TokenCounter | None = None) -> list[PromptItem]:
+    """Read a JSONL file of ``{"prompt": str}`` or ``{"messages": [...]}`` (+ max_tokens)."""
+    p = Path(path)
+    if not p.is_file():
+        raise WorkloadError(f"{p}: no such prompts file")
+    items: list[PromptItem] = []
+    with open(p, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except ValueError as exc:
+                raise WorkloadError(f"{p}:{lineno}: not valid JSON ({exc.args[0] if exc.args else exc})") from exc
+            if not isinstance(doc, dict):
+                raise WorkloadError(f"{p}:{lineno}: expected a JSON object with 'prompt' or 'messages'")
+            prompt = doc.get("prompt")
+            messages = doc.get("messages")
+            if prompt is None and messages is None:
+                raise WorkloadError(f"{p}:{lineno}: needs a 'prompt' string or a 'messages' list")
+            if prompt is not None and not isinstance(prompt, str):
+                raise WorkloadError(f"{p}:{lineno}: 'prompt' must be a string")
+            if messages is not None and (
+                not isinstance(messages, list) or not all(isinstance(m, dict) and "content" in m for m in messages)
+            ):
+                raise WorkloadError(f"{p}:{lineno}: 'messages' must be a list of objects with 'role' and 'content'")
+            mt = doc.get("max_tokens")
+            if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
+                raise WorkloadError(f"{p}:{lineno}: 'max_tokens' must be a positive integer")
+            item = PromptItem(prompt=prompt, messages=messages, max_tokens=mt)
+            if tokenizer is not None:
+                item.input_tokens_est = tokenizer.count(item.text_for_completions())
+            items.append(item)
+    if not items:
+        raise WorkloadError(f"{p}: no prompts in file")
+    return items

@@ -1,0 +1,207 @@
+"""A real local aiohttp SSE server with known behaviours, for the probe tests.
+
+The server runs on its own event loop in a background thread (so tests can call the
+blocking ``run_probe``). Behaviour is chosen by a path prefix: ``{base}/{mode}/v1/...``.
+Modes: ok, slow, http400, http503, malformed, empty, midclose, hang, json, nousage, short,
+crlf, flaky (every 3rd request 503), cap2 (503 when more than 2 are in flight).
+Every request is logged (headers, arrival time, first content send time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+FIRST_CONTENT_DELAY_S = 0.08  # role-only chunk at once, first content after this
+SLOW_S = 0.1
+
+
+@dataclass
+class Seen:
+    mode: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    recv_ns: int
+    first_content_sent_ns: int | None = None
+
+
+@dataclass
+class FakeServer:
+    base: str
+    port: int
+    log: list[Seen] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+    counter: int = 0
+
+    def url(self, mode: str) -> str:
+        return f"{self.base}/{mode}"
+
+    def reset(self) -> None:
+        self.log.clear()
+        self.in_flight = self.max_in_flight = self.counter = 0
+
+
+def _chunk(chat: bool, text: str | None, role: bool = False, finish: str | None = None) -> bytes:
+    if chat:
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        obj = {"id": "x", "object": "chat.completion.chunk", "choices": [choice]}
+    else:
+        obj = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": "" if role else text,
+                                                                     "finish_reason": finish}]}
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> bytes:
+    obj = {"id": "x", "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                               "total_tokens": prompt_tokens + completion_tokens}}
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def make_app(state: FakeServer) -> web.Application:
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text="# nothing here\n")
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        mode = request.match_info["mode"]
+        chat = request.path.endswith("/chat/completions")
+        body = await request.json()
+        seen = Seen(mode, {k.lower(): v for k, v in request.headers.items()}, body, time.time_ns())
+        state.log.append(seen)
+        state.counter += 1
+        n = state.counter
+        state.in_flight += 1
+        state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        try:
+            return await _respond(request, mode, chat, body, seen, n)
+        finally:
+            state.in_flight -= 1
+
+    async def _respond(request: web.Request, mode: str, chat: bool, body: dict[str, Any], seen: Seen,
+                       n: int) -> web.StreamResponse:
+        max_tokens = int(body.get("max_tokens") or 4)
+        if mode == "http400":
+            return web.json_response({"error": {"message": "bad request: max_tokens too large"}}, status=400)
+        if mode == "http503" or (mode == "flaky" and n % 3 == 0) or (mode == "cap2" and state.in_flight > 2):
+            return web.json_response({"error": {"message": "overloaded"}}, status=503)
+        if mode == "hang":
+            await asyncio.sleep(30)
+        if mode == "json":
+            return web.json_response({"choices": [{"text": "hello"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        if mode == "empty":
+            await resp.write_eof()
+            return resp
+        if mode == "malformed":
+            await resp.write(b"data: {not json at all\n\n")
+            await asyncio.sleep(0.01)
+            await resp.write_eof()
+            return resp
+        sep = b"\r\n" if mode == "crlf" else b"\n"
+        await resp.write(_chunk(chat, None, role=True).replace(b"\n", sep))
+        if mode in ("slow", "cap2"):
+            await asyncio.sleep(SLOW_S)
+        elif mode == "flaky":
+            await asyncio.sleep(0.005)
+        else:
+            await asyncio.sleep(FIRST_CONTENT_DELAY_S)
+        produced = max(1, max_tokens // 2) if mode == "short" else max_tokens
+        if mode == "crlf":
+            await resp.write(b": a comment line\r\nevent: message\r\n")
+        for i in range(produced):
+            if i == 0:
+                seen.first_content_sent_ns = time.time_ns()
+            fin = ("length" if mode != "short" else "stop") if i == produced - 1 else None
+            await resp.write(_chunk(chat, f" tok{i}", finish=fin).replace(b"\n", sep))
+            if mode == "midclose" and i == 1:
+                await asyncio.sleep(0.01)
+                assert request.transport is not None
+                request.transport.close()
+                return resp
+            await asyncio.sleep(0.002)
+        if mode == "words2x":  # a tokenizer that makes two tokens of every word
+            await resp.write(_usage(2 * len(str(body.get("prompt", "")).split()), produced))
+        elif mode != "nousage":
+            await resp.write(_usage(17, produced))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{mode}/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/{mode}/v1/completions", handle)
+    app.router.add_post("/{mode}/v1/chat/completions", handle)
+    return app
+
+
+@pytest.fixture(scope="session")
+def fake_server() -> Any:
+    """The session's fake SSE server (reset its log per test with ``server`` below)."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def start() -> None:
+        state = FakeServer("", 0)
+        runner = web.AppRunner(make_app(state), access_log=None, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        state.port, state.base = port, f"http://127.0.0.1:{port}"
+        holder["state"], holder["runner"] = state, runner
+
+    def thread_main() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        started.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=thread_main, daemon=True)
+    t.start()
+    started.wait(10)
+    yield holder["state"]
+    async def stop() -> None:
+        await holder["runner"].cleanup()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    fut = asyncio.run_coroutine_threadsafe(stop(), loop)
+    try:
+        fut.result(5)
+    except Exception:
+        pass
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(5)
+
+
+@pytest.fixture
+def server(fake_server: FakeServer) -> FakeServer:
+    fake_server.reset()
+    return fake_server
+
+
+@pytest.fixture
+def refused_url() -> str:
+    """A URL on a port where nothing listens."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"

@@ -1,0 +1,70 @@
+"""Sweeps: labelled segments of one capture, and their stop rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, SweepSpec, WorkloadSpec, run_sweep
+from collectors.probe.sweep import SweepError, parse_values
+from diag.capture import load_capture
+from diag.tables import build_tables
+
+
+def _cfg(url, tmp_path, **kw):
+    return ProbeConfig(url, api="completions", load=LoadSpec(warmup_requests=kw.pop("warmup", 0)),
+                       workload=WorkloadSpec(LengthSpec.parse("16"), LengthSpec.parse("2")), timeout_s=5,
+                       output=tmp_path / "cap", **kw)
+
+
+def test_prompt_sweep_segments_in_one_capture(server, tmp_path):
+    res = run_sweep(_cfg(server.url("ok"), tmp_path, warmup=1), SweepSpec("prompt", [64, 128, 256], requests_per_point=2))
+    assert [s for s, _ in res.segments] == ["prompt=64", "prompt=128", "prompt=256"]
+    assert server.max_in_flight == 1
+    words = sorted({len(s.body["prompt"].split()) for s in server.log})
+    assert words[0] >= 60 and words[-1] >= 250
+    req = build_tables(load_capture(tmp_path / "cap")).requests
+    req = req.loc[req["segment"] != "calibrate"]
+    measured = req.loc[~req["warmup"]]
+    assert measured.groupby("segment").size().to_dict() == {"prompt=64": 2, "prompt=128": 2, "prompt=256": 2}
+    assert req["warmup"].sum() == 3 and measured["client_ttft_s"].notna().all()
+    assert res.sweep["stopped"] is None and res.sweep["points_run"] == ["prompt=64", "prompt=128", "prompt=256"]
+
+
+def test_concurrency_sweep_stops_when_errors_appear(server, tmp_path):
+    # the cap2 server answers 503 when more than 2 requests are in flight
+    res = run_sweep(_cfg(server.url("cap2"), tmp_path), SweepSpec("concurrency", max_value=16, requests_per_point=8))
+    labels = [s for s, _ in res.segments]
+    assert labels == ["concurrency=1", "concurrency=2", "concurrency=4"]
+    assert "errors appeared" in res.sweep["stopped"] and "http_5xx" in res.sweep["stopped"]
+    assert res.segments[1][1]["requests"]["errors"] == 0
+
+
+def test_concurrency_sweep_stops_on_broken_slo(server, tmp_path):
+    from diag.slo import parse_slo
+
+    res = run_sweep(_cfg(server.url("slow"), tmp_path, slo=parse_slo("ttft_p99=50ms")),
+                    SweepSpec("concurrency", [1, 2], requests_per_point=2))
+    assert len(res.segments) == 1 and "SLO broken" in res.sweep["stopped"]
+
+
+def test_rate_sweep(server, tmp_path):
+    res = run_sweep(_cfg(server.url("ok"), tmp_path), SweepSpec("rate", [20, 40], requests_per_point=6))
+    assert [s for s, _ in res.segments] == ["rate=20", "rate=40"]
+    assert all(m["requests"]["ok"] == 6 for _, m in res.segments)
+
+
+def test_prompt_sweep_stops_when_a_point_fails_entirely(server, tmp_path):
+    res = run_sweep(_cfg(server.url("http400"), tmp_path), SweepSpec("prompt", [64, 128], requests_per_point=1))
+    assert len(res.segments) == 1 and "every request failed" in res.sweep["stopped"]
+
+
+def test_sweep_spec_values():
+    assert SweepSpec("prompt", max_value=512).point_values() == [64, 128, 256, 512]
+    assert SweepSpec("concurrency").point_values()[-1] == 64
+    assert parse_values("1, 2,4") == [1, 2, 4]
+    with pytest.raises(SweepError):
+        parse_values("1,x")
+    with pytest.raises(SweepError):
+        SweepSpec("latency")
+    with pytest.raises(SweepError):
+        SweepSpec("concurrency", [1.5])
