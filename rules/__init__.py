@@ -1,0 +1,24 @@
+"""The rule engine: from a capture's tables to a named bottleneck with its evidence.
+
+Front door::
+
+    from rules import diagnose
+    d = diagnose(tables, rules_file=None, slo={"ttft_p99": 2.0})
+    d.verdict.category, d.verdict.confidence, d.to_dict(), d.format_text()
+
+Rules live in small modules (``scheduling``, ``compute``, ``itl``, ``edges``) and register
+themselves in :data:`REGISTRY`; thresholds come from ``defaults.toml``, overridden by a
+user TOML file. The rule engine does no I/O other than reading that file.
+"""
+
+from __future__ import annotations
+
+from rules.base import REGISTRY, Rule, RuleContext
+from rules.config import RulesFileError, default_thresholds, load_thresholds
+from rules.engine import diagnose
+from rules.model import CATEGORIES, NO_DATA, Diagnosis, Evidence, Finding, Passed, Skipped
+
+__all__ = [
+    "CATEGORIES", "NO_DATA", "Diagnosis", "Evidence", "Finding", "Passed", "Skipped", "Rule", "RuleContext",
+    "REGISTRY", "RulesFileError", "default_thresholds", "load_thresholds", "diagnose",
+]

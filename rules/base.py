@@ -1,0 +1,127 @@
+"""The rule protocol, the registry and the helpers rules share (confidence, evidence).
+
+A rule is declarative in spirit: an id, a category, the features it needs (alternatives:
+the rule runs when every feature of at least one alternative is available, else it is
+"skipped: needs …"), and an ``evaluate(ctx)`` that returns a :class:`Finding`, or a string
+saying why it did not fire.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag.features import Features
+from rules.model import Evidence, Finding
+
+Outcome = Finding | str  # a finding, or the reason it did not fire
+
+
+@dataclass
+class RuleContext:
+    """What a rule sees: features, its own thresholds, the general ones, the SLO."""
+
+    features: Features
+    th: Mapping[str, Any]
+    general: Mapping[str, Any]
+    slo: Mapping[str, float]
+    black_box: bool
+
+    def v(self, name: str, default: Any = None) -> Any:
+        return self.features.value(name, default)
+
+    def has(self, name: str) -> bool:
+        return self.features.available(name)
+
+    @property
+    def ttft_p95_s(self) -> float | None:
+        return self.v("ttft_p95_s")
+
+    def explained(self, share: float | None) -> tuple[float | None, float | None]:
+        """(seconds, % of TTFT p95) for a share of TTFT among the slowest requests."""
+        p95 = self.ttft_p95_s
+        if share is None or p95 is None:
+            return None, None
+        share = min(max(float(share), 0.0), 1.0)
+        return share * p95, share * 100.0
+
+    def sample_factor(self) -> float:
+        n = float(self.v("requests_n", 0) or 0)
+        need = float(self.general.get("min_requests", 20))
+        return 1.0 if n >= need else math.sqrt(max(n, 0.0) / need)
+
+    def confidence(self, directness: float, strengths: list[float], black_box: bool = False) -> float:
+        """directness (how directly the evidence measures the cause) x mean strength x sample size."""
+        s = sum(strengths) / len(strengths) if strengths else 0.5
+        c = directness * s * self.sample_factor()
+        if black_box:
+            c *= float(self.general.get("black_box_scale", 0.6))
+        return round(min(max(c, 0.0), 1.0), 3)
+
+
+def strength(value: float | None, threshold: float, higher_is_worse: bool = True) -> float:
+    """How far a value is past its threshold: 0.5 at the threshold, 1.0 at 2x (or 1/2x), 0 below."""
+    if value is None or threshold is None:
+        return 0.0
+    v, t = float(value), float(threshold)
+    if not higher_is_worse:
+        v, t = (1.0 / v if v > 0 else math.inf), (1.0 / t if t > 0 else math.inf)
+    if t <= 0:
+        return 1.0 if v > 0 else 0.0
+    if v < t:
+        return 0.0
+    return min(1.0, 0.5 + 0.5 * math.log2(v / t)) if math.isfinite(v) else 1.0
+
+
+def ev(name: str, value: Any, threshold: Any, unit: str, meaning: str) -> Evidence:
+    return Evidence(name, value, threshold, unit, meaning)
+
+
+def th_text(op: str, value: Any, unit: str = "") -> str:
+    """A threshold as text, e.g. '>= 30%'."""
+    from rules.model import fmt_value
+
+    return f"{op} {fmt_value(value, unit)}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    category: str
+    needs: tuple[tuple[str, ...], ...]
+    evaluate: Callable[[RuleContext], Outcome]
+    description: str = ""
+    tier: int = 2
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+REGISTRY: dict[str, Rule] = {}
+
+
+def rule(id: str, category: str, needs: tuple[tuple[str, ...], ...], description: str = "",
+         tier: int = 2) -> Callable[[Callable[[RuleContext], Outcome]], Callable[[RuleContext], Outcome]]:
+    """Register ``fn`` as a rule (decorator)."""
+
+    def deco(fn: Callable[[RuleContext], Outcome]) -> Callable[[RuleContext], Outcome]:
+        REGISTRY[id] = Rule(id, category, needs, fn, description or (fn.__doc__ or "").strip().splitlines()[0], tier)
+        return fn
+
+    return deco
+
+
+def missing_reason(rule_: Rule, features: Features) -> str | None:
+    """None when some alternative of ``needs`` is fully available, else "skipped: needs …"."""
+    if not rule_.needs:
+        return None
+    parts = []
+    for alt in rule_.needs:
+        missing = [n for n in alt if not features.available(n)]
+        if not missing:
+            return None
+        by_reason: dict[str, list[str]] = {}
+        for n in missing:
+            by_reason.setdefault(str(features.get(n).reason), []).append(n)
+        parts.append(" and ".join(f"{' + '.join(ns)} ({why})" for why, ns in by_reason.items()))
+    return "skipped: needs " + "; or ".join(parts)

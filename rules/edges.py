@@ -1,0 +1,117 @@
+"""Rules at the edges of a request: start-up, the network, and the load generator itself."""
+
+from __future__ import annotations
+
+from rules.base import RuleContext, Outcome, ev, rule, strength, th_text
+from rules.model import Finding
+
+
+@rule("cold_start", "cold_start", needs=(("cold_start_outliers_n",), ("cold_start_s", "ttft_p50_s")), tier=4)
+def cold_start(ctx: RuleContext) -> Outcome:
+    """First request(s) pay model load / warm-up: start-up cost, reported apart, never TTFT."""
+    th = ctx.th
+    n_out = ctx.v("cold_start_outliers_n", 0) or 0
+    load = ctx.v("cold_start_s", 0.0) or 0.0
+    p50 = ctx.v("ttft_p50_s")
+    load_ratio = load / p50 if p50 else None
+    evid = []
+    strengths = []
+    if n_out >= th["outliers_min"]:
+        evid.append(ev("first requests far above comparable ones", n_out, th_text(">=", th["outliers_min"], "requests"),
+                       "requests", f"worst {ctx.v('cold_start_outlier_ttft_s', 0):.3g} s, "
+                       f"{ctx.v('cold_start_outlier_excess_s', 0):.3g} s above comparable requests; excluded from TTFT statistics"))
+        strengths.append(1.0)
+    if load_ratio is not None and load_ratio >= th["load_vs_ttft_min"]:
+        phases = ctx.v("cold_start_by_phase_s") or {}
+        evid.append(ev("cold-start spans / TTFT p50", load_ratio, th_text(">=", th["load_vs_ttft_min"], "x"), "x",
+                       f"{load:.3g} s of start-up (" + ", ".join(f"{k} {v:.3g} s" for k, v in phases.items()) + ")"))
+        strengths.append(strength(load_ratio, th["load_vs_ttft_min"]))
+    if not evid:
+        return f"{n_out:g} cold-start outliers; start-up spans {load:.3g} s"
+    title = (f"Cold start: {n_out:g} first request(s) paid model load / warm-up" if n_out
+             else f"Cold start: {load:.3g} s of model load / warm-up before serving")
+    return Finding("cold_start", "cold_start", title + " (start-up cost, reported apart, not TTFT)",
+                   ctx.confidence(0.9, strengths), None, None, evid,
+                   ["warm the server up before it takes traffic (a warm-up request, compile ahead of time)",
+                    "model load, GPU initialisation and weight reads are start-up / scale-out cost: with weights "
+                    "resident in GPU memory, faster SSDs do nothing for TTFT",
+                    "keep replicas warm (minimum replicas) when scale-out cold starts reach users"],
+                   note="not counted as TTFT: these requests are excluded from the TTFT statistics", tier=4)
+
+
+@rule("network", "network", needs=(("client_server_gap_p50_s", "client_server_ttft_ratio"), ("detokenize_share_tail",)))
+def network(ctx: RuleContext) -> Outcome:
+    """Client TTFT well above server TTFT, or detokenize / serialization share high."""
+    th = ctx.th
+    gap_share = ctx.v("network_share_tail")
+    ratio = ctx.v("client_server_ttft_ratio")
+    det = ctx.v("detokenize_share_tail")
+    evid = []
+    strengths = []
+    if gap_share is not None and gap_share >= th["gap_share_min"]:
+        evid.append(ev("client-server gap share of TTFT (slowest 5%)", gap_share, th_text(">=", th["gap_share_min"], "share"),
+                       "share", "network, serialization, HTTP and client parsing between the two TTFT boundaries"))
+        strengths.append(strength(gap_share, th["gap_share_min"]))
+    if ratio is not None and ratio >= th["ttft_ratio_min"]:
+        evid.append(ev("client TTFT p50 / server TTFT p50", ratio, th_text(">=", th["ttft_ratio_min"], "x"), "x",
+                       f"median gap {ctx.v('client_server_gap_p50_s', 0) * 1e3:.1f} ms"))
+        strengths.append(strength(ratio, th["ttft_ratio_min"]))
+    if det is not None and det >= th["detokenize_share_min"]:
+        evid.append(ev("detokenize share of TTFT (slowest 5%)", det, th_text(">=", th["detokenize_share_min"], "share"),
+                       "share", "first token id -> text, ready for the stream"))
+        strengths.append(strength(det, th["detokenize_share_min"]))
+    if not evid:
+        parts = []
+        if gap_share is not None:
+            parts.append(f"client-server gap {gap_share:.0%} of TTFT")
+        if det is not None:
+            parts.append(f"detokenize {det:.0%} of TTFT")
+        return "; ".join(parts) or "client and server TTFT agree"
+    shares = [x for x in (gap_share, det) if x is not None]
+    s, pct = ctx.explained(sum(shares) if shares else (1 - 1 / ratio if ratio else None))
+    title = ("Network / serialization: the client sees the first token well after the server produced it"
+             if gap_share is not None and gap_share >= th["gap_share_min"] or (ratio or 0) >= th["ttft_ratio_min"]
+             else "Detokenization / response streaming takes a large share of TTFT")
+    return Finding("network", "network", title, ctx.confidence(0.9, strengths), s, pct, evid,
+                   ["detokenization, transfer back to the serving process and the network send (the article's last "
+                    "stage): incremental detokenizer, SSE flush per chunk",
+                    "proxies, load balancers or gateways that buffer streamed responses; TLS and connection reuse",
+                    "the TTFT boundary: client TTFT includes the network, server TTFT ends at the hand-off to the stream"])
+
+
+@rule("loadgen", "loadgen", needs=(("client_loop_lag_p99_s",), ("client_cpu_pct_p95",), ("client_send_lateness_p95_s",),
+                                   ("client_saturated_flag",)), tier=0)
+def loadgen(ctx: RuleContext) -> Outcome:
+    """The load generator was the bottleneck: the measurement is invalid."""
+    th = ctx.th
+    p50 = ctx.v("ttft_p50_s")
+    evid = []
+    strengths = []
+    lag = ctx.v("client_loop_lag_p99_s")
+    if lag is not None and p50 and lag >= th["loop_lag_floor_s"] and lag / p50 >= th["loop_lag_vs_ttft_min"]:
+        evid.append(ev("client event-loop lag p99 / TTFT p50", lag / p50, th_text(">=", th["loop_lag_vs_ttft_min"], "share"),
+                       "share", f"lag {lag * 1e3:.1f} ms: chunks sit unread, the client's TTFT is inflated"))
+        strengths.append(strength(lag / p50, th["loop_lag_vs_ttft_min"]))
+    cpu = ctx.v("client_cpu_pct_p95")
+    if cpu is not None and cpu >= th["cpu_pct_min"]:
+        evid.append(ev("client CPU p95", cpu, th_text(">=", th["cpu_pct_min"], "%"), "%", "the client process is CPU-bound"))
+        strengths.append(strength(cpu, th["cpu_pct_min"]))
+    late = ctx.v("client_send_lateness_p95_s")
+    if late is not None and p50 and late / p50 >= th["send_lateness_vs_ttft_min"]:
+        evid.append(ev("sends late against the schedule p95 / TTFT p50", late / p50,
+                       th_text(">=", th["send_lateness_vs_ttft_min"], "share"), "share",
+                       "the client cannot keep the arrival schedule"))
+        strengths.append(strength(late / p50, th["send_lateness_vs_ttft_min"]))
+    if ctx.v("client_saturated_flag"):
+        evid.append(ev("client health says saturated", "yes", None, "", "the probe's own health check (meta.json)"))
+        strengths.append(1.0)
+    if not evid:
+        return "the client kept up (event-loop lag, CPU and send schedule within bounds)"
+    share = min(lag / ctx.ttft_p95_s, 1.0) if lag is not None and ctx.ttft_p95_s else None
+    s, pct = ctx.explained(share)
+    return Finding("loadgen", "loadgen",
+                   "The load generator was the bottleneck: the measurement is invalid, do not blame the server yet",
+                   ctx.confidence(0.9, strengths), s, pct, evid,
+                   ["run the probe with more worker processes, fewer streams per process, or on another machine",
+                    "re-run until client event-loop lag and CPU stay low, then diagnose the server",
+                    "the connection pool size against the concurrency"], tier=0)

@@ -1,0 +1,198 @@
+"""Runs the registered rules over a capture's features and ranks what they find.
+
+Order of work: thresholds -> features -> each rule (or "skipped: needs …") -> cross-rule
+adjustments (the load generator, KV admission, TTFT-not-fine, SLO met) -> healthy / fallback
+-> ranking by tier, then confidence x weight. Overlapping explanations are never summed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from diag import stages
+from diag.features import compute_features
+from diag.tables import Tables
+from rules import compute, edges, itl, scheduling  # noqa: F401  (register the rules)
+from rules.base import REGISTRY, RuleContext, missing_reason
+from rules.config import load_thresholds
+from rules.model import ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Diagnosis, Evidence, Finding, Passed, Skipped
+
+HEALTHY_ID = "healthy"
+_STAGE_CATEGORY = {
+    stages.QUEUE: "queue", stages.TOKENIZE: "tokenize", stages.PREFILL: "prefill_compute", stages.COMM: "comm",
+    stages.SAMPLE: "prefill_compute", stages.DETOKENIZE: "network", stages.NETWORK: "network", stages.LUMPED: "queue",
+}
+
+
+def _demote(f: Finding, by: str, why: str, factor: float) -> None:
+    f.confidence = round(f.confidence * factor, 3)
+    f.demoted_by.append(by)
+    f.add_note(f"demoted: {why}")
+
+
+def _slo_state(feats: Any) -> tuple[bool | None, bool | None, list[Evidence]]:
+    """(all SLOs met, TTFT SLOs met) or None when no SLO applies; evidence rows."""
+    checks = feats.value("slo_checks") or {}
+    if not checks:
+        return None, None, []
+    rows = []
+    all_met: bool | None = True
+    ttft_met: bool | None = None
+    for key, c in checks.items():
+        met = c.get("met")
+        rows.append(Evidence(f"SLO {key}", c.get("value_s"), f"<= {c['target_s'] * 1e3:.0f} ms", "s",
+                             "met" if met else ("broken" if met is False else "not measurable")))
+        if met is False:
+            all_met = False
+        if key.startswith("ttft"):
+            ttft_met = (ttft_met is not False) and bool(met)
+    return all_met, ttft_met, rows
+
+
+def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, float] | None = None,
+             window_ns: tuple[int, int] | None = None) -> Diagnosis:
+    """Features + rules -> a ranked :class:`Diagnosis`. Raises RulesFileError on a bad rules file."""
+    th = load_thresholds(rules_file)
+    general = th["general"]
+    feats = compute_features(tables, window_ns=window_ns, slo=slo, params=th["features"])
+    black_box = bool(feats.value("client_only"))
+    findings: list[Finding] = []
+    skipped: list[Skipped] = []
+    passed: list[Passed] = []
+    notes: list[str] = []
+    n_ok = int(feats.value("requests_n", 0) or 0)
+
+    for rid, r in REGISTRY.items():
+        why = missing_reason(r, feats)
+        if why is not None:
+            skipped.append(Skipped(rid, why))
+            continue
+        ctx = RuleContext(feats, th.get(rid, {}), general, dict(slo or {}), black_box)
+        try:
+            out = r.evaluate(ctx)
+        except (TypeError, ZeroDivisionError, KeyError, ValueError) as exc:  # a rule bug must not hide the others
+            skipped.append(Skipped(rid, f"skipped: rule failed on this capture ({type(exc).__name__}: {exc})"))
+            continue
+        if isinstance(out, Finding):
+            out.tier = r.tier
+            if out.category in ITL_CATEGORIES:
+                out.weight = float(general["itl_weight"])
+            elif out.category in TTFT_CATEGORIES:
+                out.weight = max(float(general["min_weight"]), (out.explained_pct or 0.0) / 100.0)
+            else:
+                out.weight = 1.0
+            findings.append(out)
+        else:
+            passed.append(Passed(rid, str(out)))
+
+    demote = float(general["demote_factor"])
+    by_cat = {f.category: f for f in findings}
+    strong = float(general["strong_confidence"])
+    # The load generator: the server-blaming findings are unreliable.
+    if "loadgen" in by_cat:
+        for f in findings:
+            if f.category in TTFT_CATEGORIES | ITL_CATEGORIES:
+                _demote(f, "loadgen", "the load generator was saturated, so this server-side blame is unreliable",
+                        demote)
+    # Waiting for KV blocks is queue time: the KV finding owns it.
+    if "kv_cache" in by_cat and "queue" in by_cat:
+        _demote(by_cat["queue"], "kv_cache", "the queue time here is waiting for KV-cache space (see kv_cache)", demote)
+    # ITL spikes explained by prefills are not a decode problem.
+    if "interference" in by_cat and "decode" in by_cat:
+        _demote(by_cat["decode"], "interference", "the slow tokens are stalls behind other requests' prefills", demote)
+    all_met, ttft_met, slo_rows = _slo_state(feats)
+    ttft_bad = [f for f in findings if f.category in TTFT_CATEGORIES and f.confidence >= strong]
+    if "decode" in by_cat and (ttft_bad or ttft_met is False):
+        _demote(by_cat["decode"], ttft_bad[0].category if ttft_bad else "slo",
+                "TTFT is not fine, so slow tokens are not the main story", demote)
+    if ttft_bad:  # TTFT is not fine: ITL findings come after the TTFT ones
+        for f in findings:
+            if f.category in ITL_CATEGORIES:
+                f.tier = 3
+    if all_met:
+        for f in findings:
+            if f.category in TTFT_CATEGORIES | ITL_CATEGORIES:
+                _demote(f, "slo", "every SLO given is met: this is where the time goes, not a problem", demote)
+
+    min_conf = float(general["min_confidence"])
+    for f in list(findings):
+        if f.confidence < min_conf:
+            findings.remove(f)
+            passed.append(Passed(f.rule_id, f"fired too weakly (confidence {f.confidence:.2f} < {min_conf:g}): {f.title}"))
+
+    p95 = feats.value("ttft_p95_s")
+    hth = th["healthy"]
+    if n_ok == 0:
+        verdict = _no_data(feats)
+        skipped.append(Skipped(HEALTHY_ID, "skipped: needs completed requests"))
+        return Diagnosis(verdict, [verdict] + findings, skipped, feats, passed, notes, th)
+    main = [f for f in findings if f.category in TTFT_CATEGORIES | ITL_CATEGORIES]
+    if all_met:
+        findings.append(Finding(HEALTHY_ID, "healthy", "Healthy: every SLO given is met",
+                                float(hth["slo_confidence"]) * (RuleContext(feats, {}, general, {}, black_box).sample_factor()),
+                                None, None, slo_rows, ["keep the SLOs in CI (`ttft report --slo …` exits non-zero when broken)"],
+                                tier=1))
+    elif not main and all_met is None:
+        findings.append(Finding(HEALTHY_ID, "healthy", "Healthy: no rule crossed its threshold",
+                                float(hth["no_slo_confidence"]) * RuleContext(feats, {}, general, {}, black_box).sample_factor(),
+                                None, None, [Evidence("TTFT p95", p95, None, "s", "over the steady requests")],
+                                ["give an SLO (--slo ttft_p99=…) for a firm judgement: without one, healthy means "
+                                 "no bottleneck stands out"], note="no SLO given", tier=5))
+    elif not main and all_met is False:
+        findings.append(_fallback(feats, slo_rows))
+    else:
+        passed.append(Passed(HEALTHY_ID, "findings above explain the TTFT or ITL" if all_met is None else "an SLO is broken"))
+    if all_met is False and not any(f.category == HEALTHY_ID for f in findings):
+        notes.append("an SLO is broken: " + ", ".join(f"{r.name} = {r.value if r.value is None else round(r.value * 1e3, 1)} ms"
+                                                      for r in slo_rows if r.meaning == "broken"))
+    n_cold = int(feats.value("cold_start_outliers_n", 0) or 0)
+    if n_cold:
+        notes.append(f"{n_cold} first request(s) excluded from the TTFT statistics as cold-start outliers")
+    err = feats.value("error_rate")
+    if err:
+        kinds = feats.value("errors_by_kind") or {}
+        notes.append(f"{err:.0%} of requests failed (" + ", ".join(f"{k} x{v}" for k, v in kinds.items())
+                     + "); they are left out of TTFT")
+    if black_box:
+        notes.append("client-only capture: verdicts come from sweep evidence with lowered confidence")
+    findings.sort(key=lambda f: (f.tier, -f.score))
+    return Diagnosis(findings[0], findings, skipped, feats, passed, notes, th)
+
+
+def _no_data(feats: Any) -> Finding:
+    total = int(feats.value("requests_total_n", 0) or 0)
+    failed = int(feats.value("requests_failed_n", 0) or 0)
+    if total and failed == total:
+        kinds = feats.value("errors_by_kind") or {}
+        title = f"Nothing to judge: all {total} requests failed (" + ", ".join(f"{k} x{v}" for k, v in kinds.items()) + ")"
+        checks = ["the errors by kind: a server that refuses (503, queue full), times out, or an unreachable endpoint"]
+    elif total:
+        title = f"Nothing to judge: none of the {total} requests has a TTFT"
+        checks = ["whether the capture holds the first-token times (ttft.first_token_ns / client first content)"]
+    else:
+        title = "Nothing to judge: the capture holds no requests"
+        checks = ["that the engine or probe wrote spans into this capture (spans.otlp.jsonl)"]
+    return Finding("no_data", NO_DATA, title, 0.0, None, None,
+                   [Evidence("requests", float(total), None, "requests", "requests in the capture"),
+                    Evidence("failed", float(failed), None, "requests", "requests that ended in an error")],
+                   checks, tier=0)
+
+
+def _fallback(feats: Any, slo_rows: list[Evidence]) -> Finding:
+    """An SLO is broken but no rule fired: name the largest stage, with low confidence."""
+    shares = feats.value("stage_shares_tail") or {}
+    if shares:
+        stage, share = max(shares.items(), key=lambda kv: kv[1])
+        cat = _STAGE_CATEGORY.get(stage, "queue")
+        p95 = feats.value("ttft_p95_s")
+        return Finding("slo_fallback", cat,
+                       f"An SLO is broken and no rule crossed its threshold; the largest stage is {stage} "
+                       f"({share:.0%} of TTFT among the slowest 5%)", 0.3,
+                       share * p95 if p95 else None, share * 100, slo_rows,
+                       [f"the {stage} stage first; then lower the thresholds in a rules file to see what nearly fired"],
+                       note="weak: picked by the largest stage share, not by a rule", tier=2)
+    return Finding("slo_fallback", "prefill_compute" if feats.value("ttft_prompt_r2", 0) else "queue",
+                   "An SLO is broken and no rule crossed its threshold (client-only: no stage breakdown)", 0.2,
+                   None, None, slo_rows, ["capture the server side (spans or /metrics) to see where the time goes"],
+                   note="weak: no rule fired", tier=2)

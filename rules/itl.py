@@ -1,0 +1,93 @@
+"""Rules about tokens after the first: decode speed and prefill-decode interference.
+
+Their findings explain ITL, not TTFT (``explained_s`` is None); the engine ranks them with
+``general.itl_weight`` and demotes ``decode`` when TTFT itself is not fine.
+"""
+
+from __future__ import annotations
+
+from rules.base import RuleContext, Outcome, ev, rule, strength, th_text
+from rules.model import Finding
+
+DECODE_CHECKS = [
+    "ITL percentiles against running sequences and the decode step time",
+    "the number of concurrent requests (max_num_seqs): fewer sequences per step, faster tokens per stream",
+    "KV-cache access efficiency: decode reads every active request's KV cache each step (memory "
+    "bandwidth, FP8 KV cache, GQA/MQA)",
+    "the scheduling policy: prefill-first protects TTFT at the cost of running requests' ITL",
+]
+INTERFERENCE_CHECKS = [
+    "chunked prefill (a bounded number of prefill tokens per step) so running decodes keep stepping",
+    "the scheduling policy: prefill-first lowers new requests' TTFT but stalls running requests' "
+    "tokens; protecting decode makes new requests queue longer",
+    "prefill-decode disaggregation when long prompts and long generations share the replicas",
+]
+
+
+@rule("decode", "decode", needs=(("itl_p50_s", "ttft_p50_s"),))
+def decode(ctx: RuleContext) -> Outcome:
+    """TTFT fine, ITL bad: the tokens after the first come slowly."""
+    th = ctx.th
+    itl = ctx.v("itl_p50_s")
+    ttft = ctx.v("ttft_p50_s")
+    evid = []
+    strengths = []
+    ratio = itl / ttft if ttft else None
+    if ratio is not None and ratio >= th["itl_ttft_ratio_min"]:
+        evid.append(ev("ITL p50 / TTFT p50", ratio, th_text(">=", th["itl_ttft_ratio_min"], "x"), "x",
+                       f"each later token ({itl * 1e3:.1f} ms) takes as long as the first"))
+        strengths.append(strength(ratio, th["itl_ttft_ratio_min"]))
+    hold = ctx.v("decode_speed_hold_ratio")
+    if hold is not None and hold <= th["decode_hold_max"]:
+        evid.append(ev("per-stream decode speed, highest / lowest concurrency", hold,
+                       th_text("<=", th["decode_hold_max"], "x"), "x", "streams slow down as concurrency grows"))
+        strengths.append(strength(hold, th["decode_hold_max"], higher_is_worse=False))
+    for key, target in (ctx.slo or {}).items():
+        metric = key.split("_")[0]
+        if metric in ("itl", "tpot"):
+            check = (ctx.v("slo_checks") or {}).get(key) or {}
+            if check.get("met") is False:
+                evid.append(ev(f"SLO {key}", check.get("value_s"), th_text("<=", target, "s"), "s", "ITL SLO broken"))
+                strengths.append(strength(check.get("value_s"), target))
+    if not evid:
+        return (f"ITL p50 {itl * 1e3:.1f} ms is {ratio:.2f}x TTFT p50" if ratio is not None else "ITL within bounds") + (
+            f"; decode speed holds x{hold:.2f} across concurrency" if hold is not None else "")
+    for name, unit, meaning in (("running_seqs_p95", "sequences", "running sequences per step (p95)"),
+                                ("decode_step_p50_s", "s", "decode-only engine step time"),
+                                ("itl_p99_s", "s", "ITL p99 over all token gaps")):
+        val = ctx.v(name)
+        if val is not None:
+            evid.append(ev(name, val, None, unit, meaning))
+    return Finding("decode", "decode", "Decode: TTFT is fine but the tokens after the first come slowly (ITL)",
+                   ctx.confidence(0.85, strengths, black_box=ctx.black_box), None, None, evid, DECODE_CHECKS,
+                   note="explains ITL, not TTFT" + ("; client-only evidence" if ctx.black_box else ""),
+                   black_box=ctx.black_box)
+
+
+@rule("interference", "interference", needs=(("itl_interference_ratio", "itl_prefill_stall_share"),))
+def interference(ctx: RuleContext) -> Outcome:
+    """ITL spikes while other requests prefill (prefill-decode interference)."""
+    th = ctx.th
+    ratio = ctx.v("itl_interference_ratio")
+    stall = ctx.v("itl_prefill_stall_share")
+    if ratio < th["itl_ratio_min"] or stall < th["stall_share_min"]:
+        return (f"token gaps during other requests' prefills are {ratio:.1f}x the others (threshold "
+                f"{th['itl_ratio_min']:g}x) and cost {stall:.0%} of decode time (threshold {th['stall_share_min']:.0%})")
+    src = ctx.features.get("itl_interference_ratio").source or ""
+    bb = "black box" in src
+    evid = [
+        ev("ITL during prefills / ITL otherwise", ratio, th_text(">=", th["itl_ratio_min"], "x"), "x",
+           f"mean gap {ctx.v('itl_during_prefill_mean_s', 0) * 1e3:.1f} ms against a median "
+           f"{ctx.v('itl_without_prefill_p50_s', 0) * 1e3:.1f} ms ({src})"),
+        ev("decode time lost to prefill stalls", stall, th_text(">=", th["stall_share_min"], "share"), "share",
+           "running requests wait while new prompts are prefilled"),
+        ev("token gaps overlapping a prefill", ctx.v("itl_during_prefill_frac"), None, "share", "how often it happens"),
+    ]
+    return Finding("interference", "interference",
+                   "Prefill-decode interference: running requests' tokens stall while new prompts prefill",
+                   ctx.confidence(0.85 if not bb else 0.7, [strength(ratio, th["itl_ratio_min"]),
+                                                            strength(stall, th["stall_share_min"])], black_box=bb),
+                   None, None, evid, INTERFERENCE_CHECKS,
+                   note="explains ITL spikes, not TTFT" + ("; client-only evidence (other requests' TTFT windows "
+                                                           "stand in for their prefills)" if bb else ""),
+                   black_box=bb)

@@ -1,0 +1,224 @@
+"""Rules for time spent before the forward pass: queue, tokenize, KV-cache admission."""
+
+from __future__ import annotations
+
+from rules.base import RuleContext, Outcome, ev, rule, strength, th_text
+from rules.model import Finding
+
+QUEUE_IDLE_CHECKS = [
+    "queue wait share and the scheduler thread: take a CPU profile of the serving process (py-spy) "
+    "around the step loop, the request parser and the tokenizer",
+    "request parsing, JSON serialization, networking and scheduler threads under concurrency "
+    "(the article's CPU-side causes); resource allocation per request",
+    "GPU utilisation alone says little: here the device sits idle while requests wait",
+]
+QUEUE_BUSY_CHECKS = [
+    "arrival rate against capacity: add replicas or rate-limit admission; P95/P99 under random "
+    "arrivals differ from offline throughput",
+    "batch limits (max_num_seqs, max_num_batched_tokens) and the scheduling policy: prefill-first "
+    "lowers new requests' TTFT, decode-first makes them queue longer",
+    "GPU utilisation alone says little: 90% utilisation can coexist with long queue waits and bad P99 TTFT",
+    "KV usage and preemptions (see kv_cache) before adding GPUs",
+]
+
+
+@rule("queue", "queue", needs=(("queue_share_tail",), ("ttft_concurrency_ratio", "decode_speed_hold_ratio",
+                                                        "concurrency_flat_levels", "ttft_rise_per_itl")))
+def queue(ctx: RuleContext) -> Outcome:
+    """TTFT spent waiting for the scheduler: high queue share, or TTFT rising with concurrency."""
+    th = ctx.th
+    if ctx.has("queue_share_tail"):
+        qs = ctx.v("queue_share_tail")
+        step = ctx.v("engine_step_in_flight_s")
+        q_mean = (ctx.v("stage_tail_mean_s") or {}).get("queue")
+        wait_steps = q_mean / step if (q_mean is not None and step) else None
+        busy = ctx.v("device_busy_frac")
+        busy_q = ctx.v("device_busy_frac_while_queued")
+        if qs < th["share_min"]:
+            return f"queue share of the slowest 5% is {qs:.0%} (< {th['share_min']:.0%})"
+        if wait_steps is not None and wait_steps < th["wait_steps_min"]:
+            return (f"queue share {qs:.0%} but requests wait only {wait_steps:.1f}x the step in flight: they join at "
+                    "the next step boundary, admission is prompt")
+        idle_measure = busy_q if busy_q is not None else busy
+        idle = idle_measure is not None and idle_measure < th["device_idle_max"]
+        evid = [ev("queue share of TTFT (slowest 5%)", qs, th_text(">=", th["share_min"], "share"), "share",
+                   "time requests wait for the scheduler before their prefill")]
+        strengths = [strength(qs, th["share_min"])]
+        if wait_steps is not None:
+            evid.append(ev("queue wait / step in flight", wait_steps, th_text(">=", th["wait_steps_min"], "x"), "x",
+                           "queued for several engine steps, not just the one in flight when it arrived"))
+            strengths.append(strength(wait_steps, th["wait_steps_min"]))
+        if busy_q is not None:
+            evid.append(ev("device busy while requests queued", busy_q, th_text("<", th["device_idle_max"], "share"),
+                           "share", "idle device while requests wait: the hold-up is not the GPU" if idle else
+                           "the device was working while requests waited: capacity"))
+        if busy is not None:
+            evid.append(ev("device busy fraction", busy, None, "share",
+                           f"from {ctx.features.get('device_busy_frac').source}; utilisation alone says little"))
+        if idle:
+            strengths.append(strength(th["device_idle_max"], max(idle_measure, 1e-3)))
+            title = "Requests wait in the queue while the device is mostly idle: the scheduler / CPU side holds them"
+            checks = QUEUE_IDLE_CHECKS
+        else:
+            title = "Requests queue behind a busy device: arrivals exceed what the engine admits per step"
+            checks = QUEUE_BUSY_CHECKS
+        s, pct = ctx.explained(ctx.v("queue_share_tail"))
+        return Finding("queue", "queue", title, ctx.confidence(0.95, strengths), s, pct, evid, checks)
+    # black box: TTFT against concurrency and per-stream decode speed
+    ratio = ctx.v("ttft_concurrency_ratio")
+    hold = ctx.v("decode_speed_hold_ratio")
+    flat = ctx.v("concurrency_flat_levels", 0)
+    if ratio < th["bb_ttft_rise_min"]:
+        return f"TTFT at the highest concurrency is {ratio:.1f}x the lowest (< {th['bb_ttft_rise_min']:g}x)"
+    holds = hold >= th["bb_decode_hold_min"]
+    rise_steps = ctx.v("ttft_rise_per_itl")
+    if rise_steps is not None and rise_steps < th["wait_steps_min"]:
+        return (f"TTFT rises x{ratio:.1f} with concurrency but only by {rise_steps:.1f} decode steps: new requests wait "
+                "for the step in flight, not in a queue")
+    if holds and flat >= 1:
+        return "TTFT is flat then jumps past a concurrency knee while decode speed holds: an admission limit (see kv_cache)"
+    curve = ctx.v("ttft_by_inflight") or {}
+    ys = list(curve.values())
+    evid = [ev("TTFT at highest / lowest concurrency", ratio, th_text(">=", th["bb_ttft_rise_min"], "x"), "x",
+               f"median TTFT by in-flight requests: {', '.join(f'{k}: {v * 1e3:.0f} ms' for k, v in curve.items())}"),
+            ev("per-stream decode speed, highest / lowest concurrency", hold,
+               th_text(">=" if holds else "<", th["bb_decode_hold_min"], "x"), "x",
+               "decode speed holds: the server does not batch the extra requests, it makes them wait" if holds
+               else "decode slows as well: the server is at capacity"),
+            ev("TTFT rise / ITL at the highest concurrency", rise_steps, th_text(">=", th["wait_steps_min"], "x"),
+               "decode steps", "new requests wait many steps, not just the one in flight")]
+    if holds:
+        title = "TTFT rises with concurrency from the start while per-stream decode speed holds: the server serialises or admits too few (black box)"
+        checks = ["the server's admission limits (max_num_seqs, worker count, a global lock) and its queue-time metric",
+                  *QUEUE_BUSY_CHECKS[:1], "instrument the server (OTLP spans or /metrics) to confirm the queue share"]
+    else:
+        title = "TTFT and per-stream decode speed both degrade with concurrency: the server is at capacity (black box)"
+        checks = QUEUE_BUSY_CHECKS[:3]
+    share = (ys[-1] - ys[0]) / ys[-1] if ys and ys[-1] > 0 else None
+    s, pct = ctx.explained(share)
+    f = Finding("queue", "queue", title, ctx.confidence(0.8, [strength(ratio, th["bb_ttft_rise_min"])], black_box=True),
+                s, pct, evid, checks, note="client-only evidence: the queue is inferred from the concurrency sweep, "
+                "not measured; confidence lowered", black_box=True)
+    return f
+
+
+@rule("tokenize", "tokenize", needs=(("tokenize_share_tail",), ("prompt_slope_per_itl", "ttft_prompt_r2")))
+def tokenize(ctx: RuleContext) -> Outcome:
+    """Prompt -> token ids on the serving CPU takes a large share of TTFT."""
+    th = ctx.th
+    checks = ["tokenizer time per prompt token: a fast (Rust) tokenizer, batch encoding, the chat template",
+              "the serving process's CPU profile under concurrency: tokenizer, request parsing and JSON "
+              "serialization threads compete with the scheduler",
+              "move tokenization off the event loop (a process pool, more API-server processes)"]
+    prof = ctx.v("cpu_profile_shares") or {}
+    prof_tok = prof.get("tokenize")
+    if ctx.has("tokenize_share_tail"):
+        ts = ctx.v("tokenize_share_tail")
+        fires = ts >= th["share_min"] or (prof_tok is not None and prof_tok >= th["cpu_profile_share_min"])
+        if not fires:
+            return f"tokenize share of the slowest 5% is {ts:.0%} (< {th['share_min']:.0%})"
+        evid = [ev("tokenize share of TTFT (slowest 5%)", ts, th_text(">=", th["share_min"], "share"), "share",
+                   "prompt text -> token ids on the serving CPU")]
+        strengths = [strength(ts, th["share_min"])]
+        if prof_tok is not None:
+            evid.append(ev("tokenizer share of CPU samples", prof_tok, th_text(">=", th["cpu_profile_share_min"], "share"),
+                           "share", "py-spy samples of the serving process"))
+            strengths.append(strength(prof_tok, th["cpu_profile_share_min"]))
+        slope = ctx.v("ttft_prompt_slope_ms_per_token")
+        if slope is not None:
+            evid.append(ev("TTFT slope", slope, None, "ms/token", "grows with prompt length, like the tokenizer's work"))
+        s, pct = ctx.explained(ts)
+        return Finding("tokenize", "tokenize", "Tokenization on the serving CPU takes a large share of TTFT",
+                       ctx.confidence(0.95, strengths), s, pct, evid, checks)
+    ratio = ctx.v("prompt_slope_per_itl")
+    r2 = ctx.v("ttft_prompt_r2")
+    if r2 < th["bb_r2_min"] or ratio < th["bb_slope_per_itl_min"]:
+        return (f"a prompt token costs {ratio:.2f} of a decode step (< {th['bb_slope_per_itl_min']:g}) or TTFT is "
+                f"not linear in prompt length (R² {r2:.2f})")
+    slope = ctx.v("ttft_prompt_slope_ms_per_token")
+    evid = [ev("TTFT per prompt token / ITL p50", ratio, th_text(">=", th["bb_slope_per_itl_min"], "x"), "x",
+               "each prompt token costs a sizeable part of a whole decode step: sequential per-token CPU work, "
+               "not a parallel prefill"),
+            ev("TTFT vs prompt tokens R²", r2, th_text(">=", th["bb_r2_min"], ""), "", f"slope {slope:.3g} ms/token")]
+    share = ctx.v("ttft_prompt_explained_frac")
+    s, pct = ctx.explained(min(share, 1.0) if share is not None else None)
+    return Finding("tokenize", "tokenize",
+                   "TTFT grows per prompt token far faster than a parallel prefill would: tokenization (black box)",
+                   ctx.confidence(0.7, [strength(ratio, th["bb_slope_per_itl_min"]), strength(r2, th["bb_r2_min"])],
+                                  black_box=True),
+                   s, pct, evid, checks, black_box=True,
+                   note="client-only evidence: per-token cost compared with the decode step; a server-side capture "
+                   "tells tokenizer from prefill directly")
+
+
+KV_CHECKS = [
+    "KV-cache usage and preemptions over time; requests waiting for free blocks in the queue",
+    "max_num_seqs / max context length (max_model_len) and the concurrency limit: the knee is where "
+    "all active requests' KV caches fill memory",
+    "memory capacity and access efficiency: more memory for KV (gpu_memory_utilization), FP8 KV cache, "
+    "GQA/MQA models, prefix caching; KV grows linearly with context, concurrency is what fills it",
+    "PagedAttention-style block size and fragmentation",
+]
+
+
+@rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",),
+                                     ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ratio")))
+def kv_cache(ctx: RuleContext) -> Outcome:
+    """TTFT jumps past a concurrency knee with KV usage near capacity or preemptions."""
+    th = ctx.th
+    usage = ctx.v("kv_usage_p95")
+    above = ctx.v("kv_time_above_high_frac")
+    pre = ctx.v("preemptions_total")
+    pressure_known = usage is not None or pre is not None
+    jump = ctx.v("ttft_knee_jump_ratio") if ctx.has("concurrency_knee") else None
+    qs = ctx.v("queue_share_tail")
+    if pressure_known:
+        pressure: list[tuple[str, float, float, str]] = []
+        if usage is not None and usage >= th["usage_p95_min"]:
+            pressure.append(("KV usage p95", usage, th["usage_p95_min"], "share"))
+        if above is not None and above >= th["time_above_min"]:
+            pressure.append(("time with KV usage near capacity", above, th["time_above_min"], "share"))
+        if pre is not None and pre >= th["preemptions_min"]:
+            pressure.append(("preemptions", pre, th["preemptions_min"], "preemptions"))
+        effect: list[tuple[str, float, float, str]] = []
+        if jump is not None and jump >= th["knee_jump_min"]:
+            effect.append(("TTFT past the knee / at the knee", jump, th["knee_jump_min"], "x"))
+        if qs is not None and qs >= th["queue_share_min"]:
+            effect.append(("queue share of TTFT (slowest 5%)", qs, th["queue_share_min"], "share"))
+        if not pressure:
+            return (f"KV usage p95 {usage if usage is not None else float('nan'):.0%}, preemptions "
+                    f"{pre if pre is not None else 0:g}: no KV pressure")
+        if not effect:
+            return "KV usage near capacity, but TTFT shows no knee and little queueing"
+        meanings = {
+            "KV usage p95": "all active requests' KV caches together near the capacity",
+            "time with KV usage near capacity": "share of engine time at or above the near-capacity level",
+            "preemptions": "running requests evicted to free blocks (their work is redone)",
+            "TTFT past the knee / at the knee": f"TTFT jumps past {ctx.v('concurrency_knee', 0):g} requests in flight",
+            "queue share of TTFT (slowest 5%)": "new requests wait for free KV blocks",
+        }
+        evid = [ev(n, v, th_text(">=", t, u), u, meanings[n]) for n, v, t, u in pressure + effect]
+        strengths = [max(strength(v, t) for _, v, t, _ in pressure), max(strength(v, t) for _, v, t, _ in effect)]
+        share = qs if qs is not None else (1.0 - 1.0 / jump if jump else None)
+        s, pct = ctx.explained(share)
+        return Finding("kv_cache", "kv_cache",
+                       "KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
+                       ctx.confidence(0.9, strengths), s, pct, evid, KV_CHECKS)
+    # black box: flat, then a jump, while decode speed holds
+    flat = ctx.v("concurrency_flat_levels", 0)
+    hold = ctx.v("decode_speed_hold_ratio")
+    jump = ctx.v("ttft_knee_jump_ratio")
+    if flat < th["bb_flat_levels_min"] or jump < th["knee_jump_min"] or hold < th["bb_decode_hold_min"]:
+        return (f"no knee: TTFT flat for {flat:g} levels, then x{jump:.1f}; per-stream decode speed x{hold:.2f}")
+    knee = ctx.v("concurrency_knee")
+    evid = [ev("TTFT past the knee / at the knee", jump, th_text(">=", th["knee_jump_min"], "x"), "x",
+               f"TTFT stays flat up to {knee:g} requests in flight, then jumps"),
+            ev("per-stream decode speed, highest / lowest concurrency", hold, th_text(">=", th["bb_decode_hold_min"], "x"),
+               "x", "running streams keep their speed: the extra requests are not admitted, they wait")]
+    s, pct = ctx.explained(1.0 - 1.0 / jump)
+    return Finding("kv_cache", "kv_cache",
+                   f"TTFT jumps past {knee:g} concurrent requests while decode speed holds: an admission limit, "
+                   "likely KV-cache capacity (black box)",
+                   ctx.confidence(0.75, [strength(jump, th["knee_jump_min"])], black_box=True), s, pct, evid, KV_CHECKS,
+                   note="client-only evidence: KV usage is not observed; the same knee comes from a max_num_seqs "
+                   "limit; scrape the server's /metrics (KV usage, preemptions) to confirm", black_box=True)

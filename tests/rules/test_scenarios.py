@@ -1,0 +1,158 @@
+"""Each bottleneck, reproduced by the cost-model simulator through the real span helpers,
+gets the right verdict and evidence, server+client and (where the client can tell) client-only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rules import CATEGORIES, diagnose
+from simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
+
+#: name -> (engine, phases, client, verdict with both sides, verdict client-only or None
+#: when a black box cannot tell, evidence names the verdict must show with both sides)
+SCENARIOS = {
+    "healthy": (Engine(), [Phase("steady", 60, [64, 64, 80], 16, conc=None, arrivals_s=poisson(60, 20))], Client(),
+                "healthy", "healthy", []),
+    "queue_stall": (Engine(stall_s=30 * MS), [Phase("concurrency=4", 80, 64, 16, conc=4)], Client(),
+                    "queue", None, ["queue share of TTFT (slowest 5%)", "device busy while requests queued"]),
+    "queue_overload": (Engine(prefill_s_per_token=0.05 * MS),
+                       [Phase("rate=150", 200, 256, 16, conc=None, arrivals_s=poisson(200, 150))], Client(),
+                       "queue", "queue", ["queue wait / step in flight"]),
+    "kv_cache": (Engine(kv_tokens=4 * (128 + 32)), [Phase(f"concurrency={c}", 40, 128, 32, conc=c) for c in (1, 2, 4, 8, 16)],
+                 Client(), "kv_cache", "kv_cache", ["KV usage p95", "TTFT past the knee / at the knee"]),
+    "prefill_compute": (Engine(prefill_s_per_token=0.2 * MS),
+                        [Phase(f"prompt={p}", 5, p, 8, conc=1) for p in (256, 512, 1024, 2048, 4096)], Client(),
+                        "prefill_compute", "prefill_compute", ["TTFT vs prompt tokens R²", "prefill share of TTFT (slowest 5%)"]),
+    "tokenize": (Engine(tok_s_per_token=1.0 * MS), [Phase(f"prompt={p}", 8, p, 8, conc=1) for p in (64, 128, 256, 512)],
+                 Client(), "tokenize", "tokenize", ["tokenize share of TTFT (slowest 5%)"]),
+    "comm": (Engine(), [Phase("tp=1", 40, [128, 256], 16, conc=2),
+                        Phase("tp=2", 40, [128, 256], 16, conc=2, engine=Engine(comm_frac=0.6, tp_size=2,
+                                                                               prefill_s_per_token=0.03 * MS))],
+             Client(), "comm", "comm", ["comm share of prefill"]),
+    "decode": (Engine(decode_s_per_seq=3 * MS), [Phase(f"concurrency={c}", 30, 64, 64, conc=c) for c in (1, 4, 8, 16)],
+               Client(), "decode", "decode", ["per-stream decode speed, highest / lowest concurrency"]),
+    "interference": (Engine(prefill_s_per_token=0.1 * MS),
+                     [Phase("mix", 60, [2048, 32, 32, 32], 64, conc=None, arrivals_s=poisson(60, 8))], Client(),
+                     "interference", "interference", ["ITL during prefills / ITL otherwise"]),
+    "cold_start": (Engine(cold_start_s=5.0, warmup_first_s=0.5), [Phase("steady", 40, 64, 16, conc=1)], Client(),
+                   "cold_start", "cold_start", ["first requests far above comparable ones"]),
+    "network": (Engine(), [Phase("steady", 60, 64, 16, conc=2)], Client(net_s=10 * MS), "network", None,
+                ["client-server gap share of TTFT (slowest 5%)"]),
+    "loadgen": (Engine(), [Phase("steady", 60, 64, 16, conc=4)], Client(lag_s=5 * MS), "loadgen", "loadgen",
+                ["client event-loop lag p99 / TTFT p50"]),
+}
+
+
+_TABLES: dict[tuple[str, tuple[str, ...]], object] = {}
+
+
+def _tables(dirs: dict[str, Path], sides: tuple[str, ...] = ("client", "server")):  # noqa: ANN202
+    """Load each (capture, sides) once per session: the rules never mutate tables."""
+    key = (str(dirs.get("server") or dirs.get("client")), sides)
+    if key not in _TABLES:
+        _TABLES[key] = tables_of(dirs, sides)
+    return _TABLES[key]
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
+    out = {}
+    for name, (engine, phases, client, *_rest) in SCENARIOS.items():
+        out[name] = simulate(tmp_path_factory.mktemp(name), engine, phases, client)
+    return out
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_verdict_with_both_sides(captures: dict[str, dict[str, Path]], name: str) -> None:
+    expected, evidence = SCENARIOS[name][3], SCENARIOS[name][5]
+    d = diagnose(_tables(captures[name]))
+    assert d.verdict.category == expected, d.format_text()
+    assert d.verdict.category in CATEGORIES
+    assert 0.3 <= d.verdict.confidence <= 1.0
+    names = {e.name for e in d.verdict.evidence}
+    for n in evidence:
+        assert n in names, (n, names)
+    assert d.verdict.next_checks
+    if d.verdict.explained_pct is not None:
+        assert 0 <= d.verdict.explained_pct <= 100
+        assert d.verdict.explained_s <= d.features.value("ttft_p95_s") + 1e-12
+    json.dumps(d.to_dict(), allow_nan=False)
+    assert d.verdict.title in d.format_text()
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_verdict_client_only(captures: dict[str, dict[str, Path]], name: str) -> None:
+    full = diagnose(_tables(captures[name]))
+    expected = SCENARIOS[name][4]
+    d = diagnose(_tables(captures[name], ("client",)))
+    assert d.features.value("client_only") == 1.0
+    if expected is None:  # the client alone cannot tell: it must not claim the server-side cause
+        assert d.verdict.category != SCENARIOS[name][3] or name == "healthy"
+        return
+    assert d.verdict.category == expected, d.format_text()
+    if expected not in ("healthy", "cold_start", "loadgen"):
+        assert d.verdict.black_box
+        assert d.verdict.confidence < full.verdict.confidence
+        assert d.verdict.note and "client-only" in d.verdict.note
+
+
+def test_network_needs_both_sides(captures: dict[str, dict[str, Path]]) -> None:
+    d = diagnose(_tables(captures["network"], ("client",)))
+    skipped = {s.rule_id: s.reason for s in d.skipped}
+    assert skipped["network"].startswith("skipped: needs ")
+    assert "client and the server" in skipped["network"]
+
+
+def test_kv_cache_demotes_queue(captures: dict[str, dict[str, Path]]) -> None:
+    d = diagnose(_tables(captures["kv_cache"]))
+    q = [f for f in d.findings if f.category == "queue"]
+    assert q and "kv_cache" in q[0].demoted_by
+    assert d.findings.index(q[0]) > 0
+
+
+def test_loadgen_demotes_server_blame(captures: dict[str, dict[str, Path]]) -> None:
+    d = diagnose(_tables(captures["loadgen"]))
+    assert d.verdict.category == "loadgen"
+    for f in d.findings[1:]:
+        if f.category not in ("healthy", "cold_start"):
+            assert "loadgen" in f.demoted_by and "load generator" in (f.note or "")
+
+
+def test_cold_start_is_not_ttft(captures: dict[str, dict[str, Path]]) -> None:
+    d = diagnose(_tables(captures["cold_start"]))
+    assert d.verdict.explained_s is None  # start-up cost is never counted as TTFT
+    assert d.features.value("cold_start_outliers_n") >= 1
+    assert d.features.value("cold_start_s") == pytest.approx(5.0, rel=0.01)
+    # the outlier is excluded: TTFT p99 stays near the steady requests
+    assert d.features.value("ttft_p99_s") < 0.1
+    assert any("cold-start outliers" in n for n in d.notes)
+
+
+def test_interference_ranks_above_queue_when_both_fire(captures: dict[str, dict[str, Path]]) -> None:
+    d = diagnose(_tables(captures["interference"]))
+    cats = [f.category for f in d.findings]
+    assert cats[0] == "interference"
+    assert d.verdict.explained_s is None and "ITL" in (d.verdict.note or "")
+
+
+def test_comm_compares_tp_degrees_client_only(captures: dict[str, dict[str, Path]]) -> None:
+    d = diagnose(_tables(captures["comm"], ("client",)))
+    assert d.features.value("tp_ttft_ratio") > 1.2
+    assert set(d.features.value("ttft_by_tp")) == {"1", "2"}
+
+
+def test_slo_met_says_healthy(captures: dict[str, dict[str, Path]]) -> None:
+    d = diagnose(_tables(captures["prefill_compute"]), slo={"ttft_p99": 10.0})
+    assert d.verdict.category == "healthy"
+    pf = [f for f in d.findings if f.category == "prefill_compute"]
+    assert pf and "slo" in pf[0].demoted_by
+
+
+def test_slo_broken_is_never_healthy(captures: dict[str, dict[str, Path]]) -> None:
+    d = diagnose(_tables(captures["healthy"]), slo={"ttft_p99": 0.001})
+    assert d.verdict.category != "healthy"
+    assert d.verdict.confidence <= 0.3  # no rule fired: the largest stage, said weakly
+    assert any("SLO is broken" in n for n in d.notes)
