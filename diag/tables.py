@@ -216,7 +216,9 @@ def _external_rows(spans: pd.DataFrame, notes: dict[str, str]) -> pd.DataFrame:
         return pd.DataFrame()
     if ext is None or len(ext) == 0:
         return pd.DataFrame()
-    notes.update(getattr(engine_spans, "adapter_notes", lambda: {})())
+    present = set(ext["engine"].astype(str)) if "engine" in ext.columns else set()
+    all_notes = getattr(engine_spans, "adapter_notes", lambda: {})()
+    notes.update({eng: note for eng, note in all_notes.items() if eng in present})
     ext = ext.copy()
     ext["trace_id"] = ext["trace_id"].astype(str)
     ext["server_start_ns"] = ext["start_ns"].astype("int64")
