@@ -1,0 +1,103 @@
+"""``ttft serve``: run the bundled reference engine behind an OpenAI-compatible HTTP server.
+
+Importing this module is cheap (torch loads only in :func:`run`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from diag.engine.faults import FAULTS, FaultError, parse_injections
+
+#: the scheduler's policies (kept literal so that ``ttft --help`` does not import torch;
+#: tests check it equals ``diag.engine.scheduler.POLICIES``)
+POLICIES: tuple[str, ...] = ("prefill-first", "decode-first", "chunked")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``serve`` on the CLI's sub-parsers."""
+    faults_help = "; ".join(f"{k}: {v[1]}" for k, v in FAULTS.items())
+    p = sub.add_parser(
+        "serve",
+        help="run the bundled reference engine (OpenAI-compatible, instrumented)",
+        description="Serve a Llama-style model with a paged KV cache and continuous batching over an "
+        "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health, "
+        "/metrics). Every request is traced stage by stage when --capture or --otlp is given.",
+    )
+    p.add_argument("--model", default="tiny", help="preset (tiny, small) or a local Hugging Face Llama checkpoint directory")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"), help="default: float32 on cpu, bfloat16 on cuda")
+    p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel ranks (gloo on cpu, nccl on cuda)")
+    p.add_argument("--policy", default="prefill-first", choices=POLICIES, help="scheduling policy")
+    p.add_argument("--chunk-size", type=int, default=256, metavar="N", help="prefill tokens per step for --policy chunked")
+    p.add_argument("--kv-blocks", type=int, default=None, metavar="N", help="KV-cache blocks (small = KV pressure)")
+    p.add_argument("--block-size", type=int, default=16, metavar="N", help="tokens per KV-cache block")
+    p.add_argument("--max-running", type=int, default=32, metavar="N", help="max sequences in the running batch")
+    p.add_argument("--max-waiting", type=int, default=256, metavar="N", help="waiting-queue limit; beyond it: HTTP 503")
+    p.add_argument("--max-context", type=int, default=2048, metavar="N", help="max tokens per sequence (prompt + output)")
+    p.add_argument("--max-batched-tokens", type=int, default=2048, metavar="N", help="token budget per engine step")
+    p.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=f"inject a fault (repeatable): {faults_help}",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (printed)")
+    p.add_argument("--capture", metavar="DIR", default=None, help="write a capture (spans + meta.json) to DIR")
+    p.add_argument("--otlp", metavar="URL", default=None, help="export spans over OTLP/HTTP to URL (e.g. http://127.0.0.1:4318)")
+    p.add_argument("--seed", type=int, default=0, help="seed for random preset weights and unseeded sampling")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads per rank (default cores // tp)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the server, print the listening line, serve until SIGINT/SIGTERM. Exit code 0/2."""
+    try:
+        faults = parse_injections(args.inject)
+    except FaultError as exc:
+        print(f"ttft serve: error: {exc}", file=sys.stderr)
+        return 2
+    if not 0 <= args.port <= 65535:
+        print(f"ttft serve: error: --port must be in 0..65535, got {args.port}", file=sys.stderr)
+        return 2
+    from diag.engine import CheckpointError, EngineConfig, serve
+    from diag.engine.tokenizer import TokenizerError
+    from diag.engine.tp import TPError
+
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        tp=args.tp,
+        policy=args.policy,
+        chunk_size=args.chunk_size,
+        kv_blocks=args.kv_blocks,
+        block_size=args.block_size,
+        max_running=args.max_running,
+        max_waiting=args.max_waiting,
+        max_context=args.max_context,
+        max_batched_tokens=args.max_batched_tokens,
+        seed=args.seed,
+        num_threads=args.threads,
+        faults=faults,
+    )
+
+    def ready(srv: object) -> None:
+        from diag.engine.server import ServerThread
+
+        assert isinstance(srv, ServerThread)
+        print(
+            f"ttft serve: listening on {srv.url} (model={srv.engine.model_name}, device={config.device}, tp={config.tp})",
+            flush=True,
+        )
+
+    try:
+        config.validate()
+        serve(config, host=args.host, port=args.port, capture_dir=args.capture, otlp_endpoint=args.otlp, on_ready=ready)
+    except (ValueError, CheckpointError, TokenizerError, TPError, OSError) as exc:
+        print(f"ttft serve: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,756 @@
+"""The engine: model runner + paged KV cache + scheduler + sampler, stepped by one loop thread.
+
+Threading contract:
+
+- :meth:`Engine.submit` and :meth:`Engine.abort` may be called from any thread (the HTTP
+  server calls ``submit`` from a tokenizer worker thread). ``submit`` tokenizes on the calling
+  thread, validates, and hands the request to the loop through a locked inbox.
+- Everything else (scheduler, block manager, model, sampler, detokenizers, per-request
+  traces after submission) is touched only by the step-loop thread.
+- Output events are delivered by calling the request's ``on_event`` callback **on the loop
+  thread**; it must be quick and must not block (see :class:`AsyncEventStream`).
+
+Tracing goes only through the span helpers (``collectors.spans``); with tracing off
+(``NULL_SINK``) the loop skips every span call. Times on spans are Unix ns (``time.time_ns``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+
+import torch
+
+from collectors.spans import NULL_SINK, RequestTrace, TraceSink, setup_tracing
+from diag import stages
+from diag.engine.faults import FaultConfig, sleep_ms
+from diag.engine.kv_cache import BlockManager
+from diag.engine.metrics import EngineMetrics
+from diag.engine.model import ModelConfig, ModelSpec, SeqInput
+from diag.engine.sampler import SamplerState, SamplingParams, sample, stop_reason
+from diag.engine.scheduler import (
+    RequestRejected,
+    Scheduler,
+    SchedulerConfig,
+    Sequence as Seq,
+    StepPlan,
+)
+from diag.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from diag.engine.tp import CacheSpec, ModelRunner, make_runner
+
+log = logging.getLogger(__name__)
+
+ENGINE_NAME = "bundled"
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at ``max_waiting``; maps to HTTP 503."""
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine is not running (not started, shut down, or its loop died)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything needed to build an engine. Sizes in tokens/blocks; ``None`` = derived default.
+
+    ``dtype`` defaults to float32 on CPU and bfloat16 on CUDA. ``kv_blocks`` defaults to enough
+    blocks for ``max_running`` sequences of ``max_context`` tokens, capped at 4096 blocks.
+    """
+
+    model: str = "tiny"
+    device: str = "cpu"
+    dtype: str | None = None
+    tp: int = 1
+    policy: str = "prefill-first"
+    chunk_size: int = 256
+    kv_blocks: int | None = None
+    block_size: int = 16
+    max_running: int = 32
+    max_waiting: int = 256
+    max_context: int = 2048
+    max_batched_tokens: int = 2048
+    seed: int = 0
+    num_threads: int | None = None
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    warmup: bool = True
+    served_model_name: str | None = None
+
+    def model_spec(self) -> ModelSpec:
+        dtype = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
+        return ModelSpec(model=self.model, device=self.device, dtype=dtype, seed=self.seed)
+
+    def validate(self) -> None:
+        """Raise ValueError (one line) for a bad combination."""
+        if self.tp < 1:
+            raise ValueError(f"--tp must be >= 1, got {self.tp}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
+        if self.block_size < 1 or (self.kv_blocks is not None and self.kv_blocks < 1):
+            raise ValueError("--block-size and --kv-blocks must be >= 1")
+        if self.faults.collective_latency_ms and self.tp < 2:
+            raise ValueError("--inject collective_latency_ms needs --tp 2 or more (there are no all-reduces at tp=1)")
+        self.scheduler_config(4096).validate()
+
+    def scheduler_config(self, model_max_position: int) -> SchedulerConfig:
+        return SchedulerConfig(
+            policy=self.policy,
+            chunk_size_tokens=self.chunk_size,
+            max_num_batched_tokens=self.max_batched_tokens,
+            max_running=self.max_running,
+            max_waiting=self.max_waiting,
+            max_context_tokens=min(self.max_context, model_max_position),
+        )
+
+    def num_kv_blocks(self) -> int:
+        if self.kv_blocks is not None:
+            return self.kv_blocks
+        per_seq = -(-self.max_context // self.block_size)
+        return min(4096, max(64, per_seq * self.max_running))
+
+    def as_meta(self) -> dict[str, Any]:
+        """JSON-friendly view for the capture's meta.json."""
+        d = asdict(self)
+        d["faults"] = self.faults.active()
+        return d
+
+
+# --- output events and streams -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One output event: a token's text delta, or the end of the request.
+
+    ``finish_reason`` is ``"stop"``, ``"length"``, ``"abort"`` or ``"error"`` on the last event.
+    """
+
+    request_id: str
+    text: str
+    token_id: int | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+EventCallback = Callable[[TokenEvent], None]
+
+
+class AsyncEventStream:
+    """Bridges loop-thread events into an asyncio queue of the loop it was created on.
+
+    Create it on the event loop that will consume it; pass :meth:`push` as ``on_event``.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+    def push(self, event: TokenEvent) -> None:
+        """Called on the engine loop thread; never blocks."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the consumer's loop is closed: nobody listens any more
+            pass
+
+    async def get(self) -> TokenEvent:
+        return await self._queue.get()
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        while True:
+            ev = await self._queue.get()
+            yield ev
+            if ev.finished:
+                return
+
+
+class SyncEventStream:
+    """A thread-safe blocking stream of events (tests, benchmarks, scripts)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[TokenEvent] = queue.Queue()
+
+    def push(self, event: TokenEvent) -> None:
+        self._queue.put_nowait(event)
+
+    def get(self, timeout_s: float | None = None) -> TokenEvent:
+        return self._queue.get(timeout=timeout_s)
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        while True:
+            ev = self._queue.get()
+            yield ev
+            if ev.finished:
+                return
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """What :meth:`Engine.submit` returns once the request is queued."""
+
+    request_id: str
+    num_prompt_tokens: int
+    trace_id: str
+
+
+# --- per-request state (loop thread only) ---------------------------------------------------
+
+
+@dataclass
+class _Request:
+    seq: Seq
+    on_event: EventCallback
+    trace: RequestTrace | None
+    detok: IncrementalDetokenizer
+    arrival_ns: int
+    queue_start_ns: int
+    first_sched_ns: int | None = None
+    requeue_ns: int | None = None
+    prefill_comm_s: float = 0.0
+    first_token_ns: int | None = None
+    last_token_ns: int | None = None
+
+
+def _new_request_id() -> str:
+    return uuid.uuid4().hex[:24]
+
+
+class Engine:
+    """The bundled reference engine. Build with :func:`build_engine` (loads, warms up, starts)."""
+
+    def __init__(self, config: EngineConfig, trace_sink: TraceSink | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.sink: TraceSink = trace_sink or NULL_SINK
+        self.faults = config.faults
+        self.spec = config.model_spec()
+        self.model_config: ModelConfig = self.spec.resolve_config()
+        self.model_name = config.served_model_name or self.model_config.name
+        self.metrics = EngineMetrics(self.model_name)
+        self.tokenizer: Tokenizer | None = None
+        self.runner: ModelRunner | None = None
+        self.blocks = BlockManager(config.num_kv_blocks(), config.block_size)
+        self.scheduler = Scheduler(config.scheduler_config(self.model_config.max_position), self.blocks)
+        self.max_context_tokens = self.scheduler.cfg.max_context_tokens
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._inbox_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._requests: dict[str, _Request] = {}
+        self._step_index = itertools.count()
+        self._seed_counter = itertools.count()
+        self._num_inbox_adds = 0
+        self.loop_error: BaseException | None = None
+        self.cold_start_s: dict[str, float] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def tracing(self) -> bool:
+        return self.sink.enabled
+
+    def set_trace_sink(self, sink: TraceSink | None) -> None:
+        """Swap the sink (benchmarks). Only between requests; affects requests submitted after."""
+        self.sink = sink or NULL_SINK
+
+    def load(self) -> None:
+        """Load tokenizer and weights (+ ``load_delay_s``), build the runner, warm up.
+
+        Records ``cold_start`` spans (phase load / warmup). Call once, before :meth:`start`.
+        """
+        cfg = self.config
+        t0 = time.time_ns()
+        if self.spec.is_preset():
+            self.tokenizer = Tokenizer.bundled()
+        else:
+            self.tokenizer = Tokenizer.from_checkpoint(self.spec.model, self.model_config.eos_token_ids)
+        sleep_ms(self.faults.load_delay_s * 1000.0)
+        self.runner = make_runner(
+            self.spec,
+            CacheSpec(self.blocks.num_blocks, self.blocks.block_size),
+            cfg.tp,
+            cfg.num_threads,
+            self.faults.collective_latency_ms,
+        )
+        t1 = time.time_ns()
+        self.cold_start_s["load"] = (t1 - t0) / 1e9
+        if self.tracing:
+            self.sink.record_cold_start(t0, t1, phase="load", attributes={stages.GEN_AI_REQUEST_MODEL: self.model_name})
+        if cfg.warmup:
+            self._warmup()
+            t2 = time.time_ns()
+            self.cold_start_s["warmup"] = (t2 - t1) / 1e9
+            if self.tracing:
+                self.sink.record_cold_start(t1, t2, phase="warmup", attributes={stages.GEN_AI_REQUEST_MODEL: self.model_name})
+        m = self.metrics
+        m.kv_bytes_per_token.set(self.model_config.kv_bytes_per_token())
+        m.kv_total_blocks.set(self.blocks.num_blocks)
+        m.kv_free_blocks.set(self.blocks.num_free_blocks)
+        m.kv_block_size.set(self.blocks.block_size)
+        m.tp_size.set(cfg.tp)
+        if self.tracing:
+            self.sink.set_meta(
+                engine=ENGINE_NAME,
+                engine_config=cfg.as_meta(),
+                faults_injected=self.faults.active(),
+                model=self.model_name,
+                kv_bytes_per_token=self.model_config.kv_bytes_per_token(),
+                cold_start_s=dict(self.cold_start_s),
+            )
+
+    def _warmup(self) -> None:
+        """One prefill and one decode through the real path, then free the blocks."""
+        assert self.runner is not None
+        wid = "__warmup__"
+        n = min(32, self.max_context_tokens - 1)
+        bt = list(self.blocks.allocate(wid, n + 1))
+        try:
+            self.runner.execute([SeqInput(list(range(1, n + 1)), 0, bt)])
+            self.runner.execute([SeqInput([1], n, bt)])
+        finally:
+            self.blocks.free(wid)
+
+    def start(self) -> None:
+        """Start the step-loop thread (loads first if :meth:`load` was not called)."""
+        if self.runner is None:
+            self.load()
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop_main, name="ttft-engine-loop", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, shutdown_sink: bool = True) -> None:
+        """Stop the loop, abort what is left, stop TP workers, flush the trace sink. Idempotent."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        self._thread = None
+        # the loop is gone: finish leftovers here
+        self._drain_inbox()
+        for rid in list(self._requests):
+            self._finish(self._requests[rid], "abort", time.time_ns(), error="shutdown")
+        if self.runner is not None:
+            self.runner.shutdown()
+        if shutdown_sink:
+            self.sink.shutdown()
+
+    def __enter__(self) -> "Engine":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    # -- submission (any thread) -------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        """Encode ``text`` on the calling thread, with the ``tokenize_ms_per_token`` fault."""
+        assert self.tokenizer is not None, "engine not loaded"
+        ids = self.tokenizer.encode(text)
+        sleep_ms(self.faults.tokenize_ms_per_token * len(ids))
+        return ids
+
+    def num_waiting(self) -> int:
+        """Requests queued but not yet running (approximate when read off the loop thread)."""
+        return len(self._inbox) + len(self.scheduler.waiting)
+
+    def submit(
+        self,
+        on_event: EventCallback,
+        params: SamplingParams,
+        prompt: str | None = None,
+        prompt_ids: Sequence[int] | None = None,
+        messages: Sequence[dict[str, str]] | None = None,
+        request_id: str | None = None,
+        traceparent: str | None = None,
+        arrival_ns: int | None = None,
+        trace_attributes: dict[str, Any] | None = None,
+    ) -> SubmitResult:
+        """Tokenize (on this thread) and queue one request; events go to ``on_event``.
+
+        Exactly one of ``prompt`` (text), ``prompt_ids`` or ``messages`` (chat) is used.
+        ``arrival_ns`` (Unix ns) is when the caller had the parsed request; the request span
+        starts there. Raises ValueError/RequestRejected (-> 400), QueueFullError (-> 503),
+        EngineStoppedError (-> 503). Thread-safe.
+        """
+        if not self.running:
+            raise EngineStoppedError("engine is not running")
+        assert self.tokenizer is not None
+        arrival_ns = arrival_ns or time.time_ns()
+        rid = request_id or _new_request_id()
+        trace: RequestTrace | None = None
+        if self.tracing:
+            attrs: dict[str, Any] = {
+                stages.ATTR_ENGINE: ENGINE_NAME,
+                stages.ATTR_TP_SIZE: self.config.tp,
+                stages.GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
+                stages.GEN_AI_REQUEST_TEMPERATURE: float(params.temperature),
+                stages.GEN_AI_REQUEST_TOP_P: float(params.top_p),
+                stages.GEN_AI_REQUEST_TOP_K: int(params.top_k),
+                stages.GEN_AI_RESPONSE_ID: rid,
+            }
+            if trace_attributes:
+                attrs.update(trace_attributes)
+            trace = self.sink.start_request(rid, model=self.model_name, attributes=attrs, traceparent=traceparent, start_ns=arrival_ns)
+        try:
+            if prompt_ids is not None:
+                ids = [int(i) for i in prompt_ids]
+                vocab = self.model_config.vocab_size
+                if any(i < 0 or i >= vocab for i in ids):
+                    raise RequestRejected(f"prompt token ids must be in [0, {vocab})")
+            elif trace is not None:
+                with trace.stage(stages.TOKENIZE):
+                    ids = self._tokenize_request(prompt, messages)
+            else:
+                ids = self._tokenize_request(prompt, messages)
+            if trace is not None:
+                trace.set_attributes({stages.GEN_AI_USAGE_INPUT_TOKENS: len(ids)})
+            params.validate()
+            self.scheduler.check_admissible(len(ids), params.max_tokens)
+            seq = Seq(
+                seq_id=rid,
+                prompt_ids=ids,
+                params=params,
+                sampler=SamplerState(params, default_seed=self.config.seed * 1_000_003 + next(self._seed_counter)),
+            )
+            req = _Request(
+                seq=seq,
+                on_event=on_event,
+                trace=trace,
+                detok=self.tokenizer.detokenizer(ids),
+                arrival_ns=arrival_ns,
+                queue_start_ns=0,
+            )
+            with self._inbox_lock:
+                if not self.running:
+                    raise EngineStoppedError("engine is not running")
+                if self.num_waiting() >= self.config.max_waiting:
+                    raise QueueFullError(
+                        f"server overloaded: {self.config.max_waiting} requests already waiting (max_waiting)"
+                    )
+                req.queue_start_ns = time.time_ns()
+                self._inbox.append(("add", req))
+            self._wake.set()
+        except QueueFullError:
+            self.metrics.rejected("queue_full")
+            if trace is not None:
+                trace.end(error="http_503")
+            raise
+        except (ValueError, EngineStoppedError) as exc:
+            self.metrics.rejected("invalid" if isinstance(exc, ValueError) else "stopped")
+            if trace is not None:
+                trace.end(error="http_400" if isinstance(exc, ValueError) else "http_503")
+            raise
+        return SubmitResult(rid, len(ids), trace.trace_id_hex if trace is not None else "")
+
+    def _tokenize_request(self, prompt: str | None, messages: Sequence[dict[str, str]] | None) -> list[int]:
+        assert self.tokenizer is not None
+        if messages is not None:
+            prompt = self.tokenizer.apply_chat_template(messages)
+        if prompt is None:
+            raise RequestRejected("no prompt given")
+        return self.tokenize(prompt)
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """Abort a request (thread-safe): its blocks are freed on the loop's next turn.
+
+        ``reason`` (e.g. ``"disconnect"``) becomes the request span's error kind.
+        """
+        with self._inbox_lock:
+            self._inbox.append(("abort", (request_id, reason)))
+        self._wake.set()
+
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams, timeout_s: float = 120.0) -> tuple[str, list[TokenEvent]]:
+        """Blocking helper: submit, wait for the end, return (text, events)."""
+        stream = SyncEventStream()
+        if isinstance(prompt, str):
+            self.submit(stream.push, params, prompt=prompt)
+        else:
+            self.submit(stream.push, params, prompt_ids=prompt)
+        events: list[TokenEvent] = []
+        while True:
+            ev = stream.get(timeout_s)
+            events.append(ev)
+            if ev.finished:
+                return "".join(e.text for e in events), events
+
+    # -- the loop (loop thread only) -----------------------------------------------------------
+
+    def _drain_inbox(self) -> None:
+        with self._inbox_lock:
+            items = list(self._inbox)
+            self._inbox.clear()
+        for kind, payload in items:
+            if kind == "add":
+                req: _Request = payload
+                self._requests[req.seq.seq_id] = req
+                self.scheduler.add(req.seq)
+                self.metrics.prompt_tokens.inc(len(req.seq.prompt_ids))
+            elif kind == "abort":
+                rid, reason = payload
+                r = self._requests.get(rid)
+                if r is not None:
+                    self.metrics.aborted.inc()
+                    self._finish(r, "abort", time.time_ns(), error=reason)
+
+    def _loop_main(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                self._drain_inbox()
+                if not self.scheduler.has_work():
+                    self._update_gauges()
+                    self._wake.wait(0.5)
+                    continue
+                self._step()
+        except BaseException as exc:  # keep the process alive; fail every request loudly
+            log.exception("engine loop died")
+            self.loop_error = exc
+            self._stop.set()
+            now = time.time_ns()
+            for rid in list(self._requests):
+                self._finish(self._requests[rid], "error", now, error=f"engine_error: {exc}")
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.running.set(len(self.scheduler.running))
+        m.waiting.set(self.num_waiting())
+        m.kv_usage.set(self.blocks.usage_ratio())
+        m.kv_free_blocks.set(self.blocks.num_free_blocks)
+
+    def _step(self) -> None:
+        """One engine iteration: schedule, forward, sample, detokenize, emit."""
+        assert self.runner is not None
+        sleep_ms(self.faults.scheduler_stall_ms)
+        tracing = self.tracing
+        t_start = time.time_ns()
+        plan: StepPlan = self.scheduler.schedule()
+        for seq in plan.preempted:
+            r = self._requests[seq.seq_id]
+            r.requeue_ns = t_start  # text already emitted stays emitted; recompute continues
+            self.metrics.preemptions.inc()
+        if not plan.items:
+            # nothing can run (e.g. waiting for blocks that only a finishing request frees)
+            self._update_gauges()
+            time.sleep(0.001)
+            return
+        inputs: list[SeqInput] = []
+        for item in plan.items:
+            seq = item.seq
+            if item.is_prefill:
+                r = self._requests[seq.seq_id]
+                if r.first_sched_ns is None:
+                    r.first_sched_ns = t_start
+                    self.metrics.queue_time.observe((t_start - r.queue_start_ns) / 1e9)
+                    if r.trace is not None:
+                        r.trace.record_stage(stages.QUEUE, r.queue_start_ns, t_start)
+                elif r.requeue_ns is not None:
+                    if r.trace is not None:
+                        r.trace.record_stage(stages.QUEUE, r.requeue_ns, t_start, {"ttft.requeue": True})
+                    r.requeue_ns = None
+            inputs.append(
+                SeqInput(
+                    seq.token_slice(item.start_pos, item.start_pos + item.num_new_tokens),
+                    item.start_pos,
+                    list(self.blocks.block_table(seq.seq_id)),
+                    want_logits=item.completes,
+                )
+            )
+        logits, comm_s = self.runner.execute(inputs)
+        t_fwd = time.time_ns()
+        completes = []
+        for item in plan.items:
+            self.scheduler.on_step_done(item)
+            r = self._requests[item.seq.seq_id]
+            if r.first_token_ns is None and item.is_prefill:
+                r.prefill_comm_s += comm_s
+            if item.completes:
+                completes.append((item, r))
+        if completes:
+            assert logits is not None
+            t_s0 = time.time_ns()
+            tokens = sample(logits, [it.seq.sampler for it, _ in completes])
+            t_s1 = time.time_ns()
+            for (item, r), tok in zip(completes, tokens):
+                self._emit_token(r, tok, t_fwd, t_s0, t_s1, tracing)
+        t_end = time.time_ns()
+        m = self.metrics
+        m.step_time.observe((t_end - t_start) / 1e9)
+        if self.config.tp > 1:
+            m.step_comm.observe(comm_s)
+            m.comm_total.inc(comm_s)
+        self._update_gauges()
+        if tracing:
+            self.sink.record_step(
+                t_start,
+                t_end,
+                {
+                    stages.ATTR_STEP_INDEX: next(self._step_index),
+                    stages.ATTR_STEP_PREFILL_TOKENS: plan.num_prefill_tokens,
+                    stages.ATTR_STEP_PREFILL_SEQS: plan.num_prefill_seqs,
+                    stages.ATTR_STEP_DECODE_SEQS: plan.num_decode_seqs,
+                    stages.ATTR_STEP_KV_USAGE: self.blocks.usage_ratio(),
+                    stages.ATTR_STEP_COMM_S: comm_s,
+                    stages.ATTR_STEP_WAITING: len(self.scheduler.waiting),
+                    stages.ATTR_STEP_RUNNING: len(self.scheduler.running),
+                    stages.ATTR_STEP_PREEMPTED: len(plan.preempted),
+                },
+            )
+
+    def _emit_token(self, r: _Request, tok: int, t_fwd: int, t_s0: int, t_s1: int, tracing: bool) -> None:
+        seq = r.seq
+        seq.output_ids.append(tok)
+        t_d0 = time.time_ns()
+        text = r.detok.add(tok)
+        sleep_ms(self.faults.detokenize_ms_per_token)
+        reason = stop_reason(
+            tok, len(seq.output_ids), seq.num_tokens, seq.params, self.tokenizer.eos_token_ids if self.tokenizer else frozenset(), self.max_context_tokens
+        )
+        if reason is not None:
+            text += r.detok.flush()
+        t_d1 = time.time_ns()
+        m = self.metrics
+        m.generation_tokens.inc()
+        if r.first_token_ns is None:
+            r.first_token_ns = t_d1
+            first_sched = r.first_sched_ns if r.first_sched_ns is not None else t_fwd
+            m.ttft.observe((t_d1 - r.arrival_ns) / 1e9)
+            m.prefill_time.observe((t_fwd - first_sched) / 1e9)
+            if r.trace is not None:
+                tr = r.trace
+                tr.record_stage(stages.PREFILL, first_sched, t_fwd)
+                if self.config.tp > 1:
+                    comm_ns = int(r.prefill_comm_s * 1e9)
+                    tr.record_stage(stages.COMM, first_sched, first_sched + comm_ns, {stages.ATTR_DURATION_S: r.prefill_comm_s})
+                tr.record_stage(stages.SAMPLE, t_s0, t_s1)
+                tr.record_stage(stages.DETOKENIZE, t_d0, t_d1)
+        else:
+            m.itl.observe((t_d1 - (r.last_token_ns or t_d1)) / 1e9)
+        r.last_token_ns = t_d1
+        if r.trace is not None:
+            r.trace.add_token_time(t_d1)
+        if reason is not None:
+            self._finish(r, reason, t_d1, last_text=text, last_token=tok)
+        else:
+            self._deliver(r, TokenEvent(seq.seq_id, text, tok, len(seq.prompt_ids), len(seq.output_ids)))
+
+    def _deliver(self, r: _Request, ev: TokenEvent) -> None:
+        try:
+            r.on_event(ev)
+        except Exception:  # a consumer must never take the loop down
+            log.exception("on_event callback failed for %s", r.seq.seq_id)
+
+    def _finish(
+        self,
+        r: _Request,
+        reason: str,
+        end_ns: int,
+        error: str | None = None,
+        last_text: str = "",
+        last_token: int | None = None,
+    ) -> None:
+        """End a request: free its blocks, close its trace, record metrics, send the last event."""
+        seq = r.seq
+        self._requests.pop(seq.seq_id, None)
+        self.scheduler.remove(seq)
+        seq.finish_reason = reason
+        if reason in ("stop", "length"):
+            m = self.metrics
+            m.success(reason)
+            m.e2e.observe((end_ns - r.arrival_ns) / 1e9)
+            if r.first_token_ns is not None:
+                m.decode_time.observe((end_ns - r.first_token_ns) / 1e9)
+        if r.trace is not None:
+            tr = r.trace
+            if r.first_token_ns is not None and r.last_token_ns is not None and len(seq.output_ids) > 1:
+                tr.record_stage(stages.DECODE, r.first_token_ns, r.last_token_ns)
+            tr.set_attributes(
+                {
+                    stages.GEN_AI_USAGE_INPUT_TOKENS: len(seq.prompt_ids),
+                    stages.GEN_AI_USAGE_OUTPUT_TOKENS: len(seq.output_ids),
+                    stages.ATTR_PREEMPTIONS: seq.preemptions,
+                    stages.GEN_AI_RESPONSE_FINISH_REASONS: [reason],
+                }
+            )
+            tr.end(end_ns=end_ns, error=error)
+        self._deliver(
+            r,
+            TokenEvent(
+                seq.seq_id,
+                last_text,
+                last_token,
+                len(seq.prompt_ids),
+                len(seq.output_ids),
+                finished=True,
+                finish_reason=reason,
+                error=error,
+            ),
+        )
+
+    # -- introspection -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot for tests and /health (approximate off the loop thread)."""
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": self.num_waiting(),
+            "kv_free_blocks": self.blocks.num_free_blocks,
+            "kv_total_blocks": self.blocks.num_blocks,
+            "preemptions": self.scheduler.num_preemptions_total,
+            "requests": len(self._requests),
+        }
+
+
+def build_engine(
+    config: EngineConfig | None = None,
+    *,
+    capture_dir: str | os.PathLike[str] | None = None,
+    otlp_endpoint: str | None = None,
+    trace_memory: bool = False,
+    trace_sink: TraceSink | None = None,
+    start: bool = True,
+    **overrides: Any,
+) -> Engine:
+    """Build, load (cold start), warm up and start an engine.
+
+    ``overrides`` are EngineConfig fields (``build_engine(model="tiny", policy="chunked")``).
+    Tracing: pass ``trace_sink``, or ``capture_dir``/``otlp_endpoint``/``trace_memory`` to make
+    one (``collectors.spans.setup_tracing``); none of these -> tracing off.
+    """
+    config = replace(config or EngineConfig(), **overrides)
+    config.validate()
+    if trace_sink is None:
+        trace_sink = setup_tracing(
+            service_name="ttft-engine",
+            capture_dir=capture_dir,
+            otlp_endpoint=otlp_endpoint,
+            memory=trace_memory,
+        )
+    engine = Engine(config, trace_sink)
+    if start:
+        try:
+            engine.start()
+        except BaseException:
+            engine.shutdown()
+            raise
+    return engine

@@ -1,0 +1,101 @@
+"""Fault injection: ``--inject NAME=VALUE`` knobs that simulate a bottleneck's cause.
+
+Each knob adds a real delay at the place the cause would act; every measurement stays real
+(the delay shows up in the stage it targets because it really happens there):
+
+- ``tokenize_ms_per_token``: after encoding a prompt, sleep this many ms per prompt token
+  (a slow tokenizer; moves ``tokenize``).
+- ``scheduler_stall_ms``: the step loop sleeps this long before scheduling each step
+  (a CPU-bound scheduler; moves ``queue`` and ITL).
+- ``collective_latency_ms``: added to every tensor-parallel all-reduce (a slow link; moves
+  ``comm``; needs ``--tp`` >= 2).
+- ``detokenize_ms_per_token``: sleep this many ms per detokenized output token on the step
+  loop (a slow detokenizer; moves ``detokenize`` and ITL).
+- ``load_delay_s``: added to model loading (a slow disk; moves ``cold_start``).
+
+Thread-safe: a :class:`FaultConfig` is immutable.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Iterable
+
+#: name -> (upper bound, description); values are floats >= 0.
+FAULTS: dict[str, tuple[float, str]] = {
+    "tokenize_ms_per_token": (1000.0, "ms of extra tokenizer time per prompt token"),
+    "scheduler_stall_ms": (60_000.0, "ms the scheduler stalls before every engine step"),
+    "collective_latency_ms": (60_000.0, "ms added to every tensor-parallel all-reduce"),
+    "detokenize_ms_per_token": (60_000.0, "ms of extra detokenizer time per output token"),
+    "load_delay_s": (3600.0, "s added to model loading (cold start)"),
+}
+
+
+class FaultError(ValueError):
+    """A bad ``--inject`` argument; the message is one line and names the knob."""
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Injected delays (all default 0 = off). Units are in the names."""
+
+    tokenize_ms_per_token: float = 0.0
+    scheduler_stall_ms: float = 0.0
+    collective_latency_ms: float = 0.0
+    detokenize_ms_per_token: float = 0.0
+    load_delay_s: float = 0.0
+
+    def active(self) -> dict[str, float]:
+        """Only the knobs that are on, for the capture's meta.json."""
+        return {k: v for k, v in asdict(self).items() if v}
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def parse_injection(item: str) -> tuple[str, float]:
+    """Parse one ``NAME=VALUE``; FaultError with the allowed names on any problem."""
+    name, sep, raw = item.partition("=")
+    name = name.strip()
+    if not sep:
+        raise FaultError(f"--inject {item!r}: expected NAME=VALUE, e.g. scheduler_stall_ms=50")
+    if name not in FAULTS:
+        raise FaultError(f"--inject {item!r}: unknown fault {name!r}; known: {', '.join(FAULTS)}")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise FaultError(f"--inject {item!r}: value {raw.strip()!r} is not a number") from None
+    upper = FAULTS[name][0]
+    if not math.isfinite(value) or value < 0 or value > upper:
+        raise FaultError(f"--inject {item!r}: {name} must be between 0 and {upper:g}")
+    return name, value
+
+
+def parse_injections(items: Iterable[str] | None) -> FaultConfig:
+    """``["scheduler_stall_ms=20", ...]`` -> FaultConfig; a repeated name keeps the last value."""
+    values: dict[str, float] = {}
+    for item in items or ():
+        name, value = parse_injection(item)
+        values[name] = value
+    return FaultConfig(**values)
+
+
+def fault_from_mapping(mapping: dict[str, float] | FaultConfig | None) -> FaultConfig:
+    """Accept a FaultConfig, a ``{name: value}`` dict (validated) or None."""
+    if mapping is None:
+        return FaultConfig()
+    if isinstance(mapping, FaultConfig):
+        return mapping
+    known = {f.name for f in fields(FaultConfig)}
+    for k in mapping:
+        if k not in known:
+            raise FaultError(f"unknown fault {k!r}; known: {', '.join(FAULTS)}")
+    return parse_injections(f"{k}={v}" for k, v in mapping.items())
+
+
+def sleep_ms(ms: float) -> None:
+    """Sleep ``ms`` milliseconds (no-op for 0)."""
+    if ms > 0:
+        time.sleep(ms / 1000.0)

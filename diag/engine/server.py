@@ -1,0 +1,511 @@
+"""OpenAI-compatible HTTP server over an :class:`~diag.engine.engine.Engine` (aiohttp).
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE streaming or not;
+``usage`` in a last chunk when ``stream_options.include_usage`` is set), ``GET /v1/models``,
+``GET /health``, ``GET /metrics`` (Prometheus text, the engine's own registry).
+
+Binds 127.0.0.1 by default; bodies are capped (``max_body_bytes``); malformed requests get a
+4xx with a one-line JSON error; a full waiting queue gets 503. An incoming W3C ``traceparent``
+header makes the request span join the caller's trace. When a client goes away (mid-stream or
+while queued) its request is aborted and its KV blocks are freed.
+
+Threading: handlers run on the server's asyncio loop; tokenization runs on a one-thread
+executor (``Engine.submit``); engine events come back through ``AsyncEventStream``.
+:class:`ServerThread` runs the whole server on its own loop in a background thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from diag.engine.engine import (
+    AsyncEventStream,
+    Engine,
+    EngineStoppedError,
+    QueueFullError,
+    TokenEvent,
+)
+from diag.engine.sampler import MAX_TOKENS_LIMIT, SamplingParams
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+DEFAULT_CHAT_MAX_TOKENS = 256
+
+
+class BadRequest(ValueError):
+    """A client error with its HTTP status (default 400)."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestTooLarge", 503: "ServiceUnavailableError"}
+
+
+def error_response(message: str, status: int, param: str | None = None) -> web.Response:
+    """OpenAI-style error body on one line: ``{"error": {"message", "type", "param", "code"}}``."""
+    body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "Error"), "param": param, "code": status}}
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+
+# --- request parsing ----------------------------------------------------------------------------
+
+
+def _opt_number(body: dict[str, Any], key: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise BadRequest(f"'{key}' must be a number, got {json.dumps(v)[:40]}", param=key)
+    if v < lo or v > hi or (lo_open and v == lo):
+        raise BadRequest(f"'{key}' must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v}", param=key)
+    return float(v)
+
+
+def _opt_int(body: dict[str, Any], key: str, default: int | None) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(f"'{key}' must be an integer, got {json.dumps(v)[:40]}", param=key)
+    return v
+
+
+def _opt_bool(body: dict[str, Any], key: str, default: bool) -> bool:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadRequest(f"'{key}' must be a boolean, got {json.dumps(v)[:40]}", param=key)
+    return v
+
+
+@dataclass
+class ParsedRequest:
+    """A validated completions/chat request."""
+
+    chat: bool
+    prompt: str | None
+    prompt_ids: list[int] | None
+    messages: list[dict[str, str]] | None
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    max_tokens_given: bool
+
+
+def parse_request(body: Any, chat: bool, served_names: tuple[str, ...]) -> ParsedRequest:
+    """Validate a decoded JSON body; BadRequest with a one-line message naming the field."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise BadRequest("'model' must be a string", param="model")
+        if model not in served_names:
+            raise BadRequest(f"model {model!r} not found; this server serves {served_names[0]!r}", status=404, param="model")
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    messages: list[dict[str, str]] | None = None
+    if chat:
+        raw = body.get("messages")
+        if not isinstance(raw, list) or not raw:
+            raise BadRequest("'messages' must be a non-empty list", param="messages")
+        messages = []
+        for i, m in enumerate(raw):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a string 'role'", param="messages")
+            content = m.get("content")
+            if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+                parts = []
+                for p in content:
+                    if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                        raise BadRequest(f"messages[{i}].content: only text parts are supported", param="messages")
+                    parts.append(p["text"])
+                content = "".join(parts)
+            if content is None:
+                content = ""
+            if not isinstance(content, str):
+                raise BadRequest(f"messages[{i}].content must be a string", param="messages")
+            messages.append({"role": m["role"], "content": content})
+        if not any(m["content"] for m in messages):
+            raise BadRequest("messages are empty (no content)", param="messages")
+    else:
+        raw = body.get("prompt")
+        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+            raw = raw[0]
+        if isinstance(raw, str):
+            if not raw:
+                raise BadRequest("'prompt' must not be empty", param="prompt")
+            prompt = raw
+        elif isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+            prompt_ids = list(raw)
+        elif isinstance(raw, list) and not raw:
+            raise BadRequest("'prompt' must not be empty", param="prompt")
+        elif raw is None:
+            raise BadRequest("'prompt' is required", param="prompt")
+        else:
+            raise BadRequest("'prompt' must be a string, a list of one string, or a list of token ids", param="prompt")
+    key = "max_tokens"
+    max_tokens = _opt_int(body, "max_tokens", None)
+    if chat and body.get("max_completion_tokens") is not None:
+        key = "max_completion_tokens"
+        max_tokens = _opt_int(body, key, None)
+    given = max_tokens is not None
+    if max_tokens is None:
+        max_tokens = DEFAULT_CHAT_MAX_TOKENS if chat else DEFAULT_COMPLETION_MAX_TOKENS
+    if max_tokens < 1 or max_tokens > MAX_TOKENS_LIMIT:
+        raise BadRequest(f"'{key}' must be an integer in [1, {MAX_TOKENS_LIMIT}], got {max_tokens}", param=key)
+    n = _opt_int(body, "n", 1)
+    if n != 1:
+        raise BadRequest("'n' must be 1 (one choice per request)", param="n")
+    if body.get("stop") not in (None, [], ""):
+        raise BadRequest("'stop' sequences are not supported by this engine", param="stop")
+    top_k = _opt_int(body, "top_k", 0)
+    assert top_k is not None
+    if top_k < -1:
+        raise BadRequest(f"'top_k' must be >= -1 (-1 or 0 = off), got {top_k}", param="top_k")
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_opt_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_opt_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        top_k=max(0, top_k),
+        seed=_opt_int(body, "seed", None),
+        ignore_eos=_opt_bool(body, "ignore_eos", False),
+    )
+    stream = _opt_bool(body, "stream", False)
+    so = body.get("stream_options")
+    include_usage = False
+    if so is not None:
+        if not isinstance(so, dict):
+            raise BadRequest("'stream_options' must be an object", param="stream_options")
+        include_usage = _opt_bool(so, "include_usage", False)
+    return ParsedRequest(chat, prompt, prompt_ids, messages, params, stream, include_usage, given)
+
+
+# --- the server ---------------------------------------------------------------------------------
+
+
+class EngineServer:
+    """The aiohttp application around one started engine. Use on one asyncio loop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        tokenizer_threads: int = 1,
+    ) -> None:
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self.max_body_bytes = max_body_bytes
+        self._pool = concurrent.futures.ThreadPoolExecutor(tokenizer_threads, thread_name_prefix="ttft-tokenize")
+        self._runner: web.AppRunner | None = None
+        names = {engine.model_name, engine.config.model}
+        self.served_names: tuple[str, ...] = (engine.model_name, *sorted(names - {engine.model_name}))
+        self.app = web.Application(client_max_size=max_body_bytes)
+        self.app.add_routes(
+            [
+                web.post("/v1/completions", self._completions),
+                web.post("/v1/chat/completions", self._chat),
+                web.get("/v1/models", self._models),
+                web.get("/health", self._health),
+                web.get("/metrics", self._metrics),
+            ]
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        """Bind and serve; ``port=0`` picks a free port (read it from :attr:`port`)."""
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server  # the asyncio Server: read the real port back
+        if server is not None and server.sockets:  # type: ignore[union-attr]
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        """Stop accepting, close connections (streams see a disconnect). The engine is not stopped."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if self.engine.running:
+            return web.json_response({"status": "ok", **self.engine.stats()})
+        return error_response("engine is not running", 503)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.engine.model_name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "ttft-diag",
+                        "max_model_len": self.engine.max_context_tokens,
+                    }
+                ],
+            }
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body, ctype = self.engine.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": ctype})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, chat=True)
+
+    async def _read_json(self, request: web.Request) -> Any:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BadRequest(f"request body is larger than {self.max_body_bytes} bytes", status=413) from None
+        if not raw:
+            raise BadRequest("request body is empty; expected a JSON object")
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise BadRequest(f"invalid JSON body: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        except UnicodeDecodeError:
+            raise BadRequest("invalid JSON body: not UTF-8") from None
+
+    async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        engine = self.engine
+        try:
+            body = await self._read_json(request)
+            arrival_ns = time.time_ns()  # the request span starts with the parsed body
+            parsed = parse_request(body, chat, self.served_names)
+        except BadRequest as exc:
+            engine.metrics.rejected("invalid")
+            return error_response(str(exc), exc.status, exc.param)
+        rid = uuid.uuid4().hex[:24]
+        stream = AsyncEventStream()
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(
+            self._pool,
+            lambda: engine.submit(
+                stream.push,
+                parsed.params,
+                prompt=parsed.prompt,
+                prompt_ids=parsed.prompt_ids,
+                messages=parsed.messages,
+                request_id=rid,
+                traceparent=request.headers.get("traceparent"),
+                arrival_ns=arrival_ns,
+                trace_attributes={"gen_ai.operation.name": "chat" if chat else "text_completion"},
+            ),
+        )
+        try:
+            submitted = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            # client left while we tokenized: abort once (if) the submission lands
+            fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() else engine.abort(rid, "disconnect"))
+            raise
+        except QueueFullError as exc:
+            return error_response(str(exc), 503)
+        except EngineStoppedError as exc:
+            return error_response(str(exc), 503)
+        except ValueError as exc:  # RequestRejected, bad sampling params, bad token ids
+            return error_response(str(exc), 400)
+        finished = False
+        try:
+            if parsed.stream:
+                resp = await self._stream(request, parsed, rid, submitted.num_prompt_tokens, stream)
+            else:
+                resp = await self._collect(parsed, rid, submitted.num_prompt_tokens, stream)
+            finished = True
+            return resp
+        finally:
+            if not finished:
+                engine.abort(rid, "disconnect")
+
+    def _chunk(self, parsed: ParsedRequest, rid: str, created: int, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        if parsed.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta = {"role": "assistant", "content": ""}
+            elif text:
+                delta = {"content": text}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+            cid = f"chatcmpl-{rid}"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+            cid = f"cmpl-{rid}"
+        chunk: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": self.engine.model_name, "choices": [choice]}
+        if parsed.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    async def _stream(
+        self, request: web.Request, parsed: ParsedRequest, rid: str, prompt_tokens: int, stream: AsyncEventStream
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            status=200,
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": rid},
+        )
+        await resp.prepare(request)
+        created = int(time.time())
+
+        async def send(obj: dict[str, Any]) -> None:
+            await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+        if parsed.chat:
+            await send(self._chunk(parsed, rid, created, None, None, role=True))
+        last: TokenEvent | None = None
+        async for ev in stream:
+            last = ev
+            if ev.finished:
+                if ev.finish_reason == "error":
+                    await send({"error": {"message": ev.error or "engine error", "type": "InternalServerError", "code": 500}})
+                    break
+                await send(self._chunk(parsed, rid, created, ev.text, ev.finish_reason))
+            elif ev.text:
+                await send(self._chunk(parsed, rid, created, ev.text, None))
+        if parsed.include_usage and last is not None:
+            usage = {
+                "prompt_tokens": last.num_prompt_tokens,
+                "completion_tokens": last.num_output_tokens,
+                "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
+            }
+            cid = f"chatcmpl-{rid}" if parsed.chat else f"cmpl-{rid}"
+            obj = "chat.completion.chunk" if parsed.chat else "text_completion"
+            await send({"id": cid, "object": obj, "created": created, "model": self.engine.model_name, "choices": [], "usage": usage})
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _collect(self, parsed: ParsedRequest, rid: str, prompt_tokens: int, stream: AsyncEventStream) -> web.Response:
+        parts: list[str] = []
+        last: TokenEvent | None = None
+        async for ev in stream:
+            parts.append(ev.text)
+            last = ev
+        assert last is not None
+        if last.finish_reason == "error":
+            return error_response(last.error or "engine error", 500)
+        text = "".join(parts)
+        usage = {
+            "prompt_tokens": last.num_prompt_tokens,
+            "completion_tokens": last.num_output_tokens,
+            "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
+        }
+        created = int(time.time())
+        if parsed.chat:
+            body = {
+                "id": f"chatcmpl-{rid}",
+                "object": "chat.completion",
+                "created": created,
+                "model": self.engine.model_name,
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": last.finish_reason}
+                ],
+                "usage": usage,
+            }
+        else:
+            body = {
+                "id": f"cmpl-{rid}",
+                "object": "text_completion",
+                "created": created,
+                "model": self.engine.model_name,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}],
+                "usage": usage,
+            }
+        return web.json_response(body, headers={"X-Request-Id": rid})
+
+
+class ServerThread:
+    """An :class:`EngineServer` on its own asyncio loop in a daemon thread (tests, probe, scenarios).
+
+    ``start()`` returns once the socket is bound (read :attr:`port` / :attr:`url`); ``stop()``
+    closes the server and, if ``own_engine``, shuts the engine down (flushing its trace sink).
+    Both may be called from any thread.
+    """
+
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, own_engine: bool = True, **server_kwargs: Any) -> None:
+        self.engine = engine
+        self.own_engine = own_engine
+        self.server = EngineServer(engine, host, port, **server_kwargs)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stopped = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self, timeout_s: float = 30.0) -> "ServerThread":
+        self._thread = threading.Thread(target=self._main, name="ttft-engine-http", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise RuntimeError("engine HTTP server did not start in time")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self.server.start())
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(self.server.stop())
+            loop.close()
+            self._stopped.set()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop serving; shut the engine down too when this thread owns it. Idempotent."""
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout_s)
+        if self.own_engine:
+            self.engine.shutdown()
+
+    def __enter__(self) -> "ServerThread":
+        return self.start() if self._thread is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,93 @@
+"""``ttft serve``: flags, the listening line, a capture, clean shutdown; bad flags exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from diag.commands import serve
+
+ROOT = Path(__file__).resolve().parents[3]
+LAUNCH = (
+    "import argparse, sys; from diag.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "
+    "sub = p.add_subparsers(); serve.add_parser(sub); sys.exit(serve.run(p.parse_args(sys.argv[1:])))"
+)
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    serve.add_parser(p.add_subparsers())
+    return p.parse_args(["serve", *argv])
+
+
+def test_policies_literal_matches_the_scheduler():
+    from diag.engine.scheduler import POLICIES
+
+    assert serve.POLICIES == POLICIES
+
+
+def test_defaults_and_flags():
+    a = _parse("--tp", "2", "--policy", "chunked", "--chunk-size", "64", "--inject", "scheduler_stall_ms=5",
+               "--inject", "load_delay_s=1", "--kv-blocks", "32", "--port", "0")
+    assert a.tp == 2 and a.policy == "chunked" and a.chunk_size == 64 and a.kv_blocks == 32 and a.port == 0
+    assert a.inject == ["scheduler_stall_ms=5", "load_delay_s=1"]
+    d = _parse()
+    assert d.host == "127.0.0.1" and d.model == "tiny" and d.device == "cpu" and d.tp == 1
+
+
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--inject", "nope=1"], "unknown fault 'nope'"),
+        (["--inject", "scheduler_stall_ms=x"], "is not a number"),
+        (["--port", "70000"], "--port must be in"),
+        (["--inject", "collective_latency_ms=3"], "needs --tp 2"),
+        (["--model", "/no/such/dir"], "not a preset"),
+        (["--max-running", "0"], "max_running must be >= 1"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(capsys, argv, msg):
+    assert serve.run(_parse(*argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ttft serve: error:") and msg in err and "\n" not in err
+
+
+def test_serve_subprocess_end_to_end(tmp_path):
+    cap = tmp_path / "cap"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--capture", str(cap), "--policy", "chunked",
+         "--inject", "tokenize_ms_per_token=0.5"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        m = re.fullmatch(r"ttft serve: listening on (http://127\.0\.0\.1:(\d+)) \(model=tiny, device=cpu, tp=1\)\n", line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
+        url = m.group(1)
+        req = urllib.request.Request(url + "/v1/completions", data=json.dumps({"prompt": "hi", "max_tokens": 3}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        body = json.loads(urllib.request.urlopen(req, timeout=30).read())
+        assert body["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    assert rc == 0, proc.stderr.read()
+    meta = json.loads((cap / "meta.json").read_text())
+    assert meta["faults_injected"] == {"tokenize_ms_per_token": 0.5}
+    names = {s["name"] for line in (cap / "spans.otlp.jsonl").read_text().splitlines()
+             for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]}
+    assert {"ttft.request", "tokenize", "queue", "prefill", "sample", "detokenize", "ttft.cold_start"} <= names
