@@ -1,0 +1,103 @@
+"""``ttft watch URL``: the live dashboard on an external stack.
+
+Starts, each when its module imports and it comes up (else a one-line note on screen): a
+low-rate probe against the OpenAI-compatible URL (client TTFT), /metrics scraping, an OTLP
+receiver for the engine's own spans, and NVML with ``--gpu``. Everything goes into one capture
+(``-o``, default ``./ttft-watch-<time>``) that ``ttft view`` / ``ttft analyze`` read later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "watch",
+        help="live dashboard on a running OpenAI-compatible server (probe + /metrics + OTLP + NVML)",
+        description="Watch a serving stack live: a low-rate probe measures client TTFT, /metrics is scraped, "
+        "an OTLP receiver takes the engine's spans (point its exporter at --otlp-port), NVML samples the GPUs "
+        "with --gpu. The verdict follows the last --window seconds. Everything is written to a capture.",
+    )
+    p.add_argument("url", metavar="URL", help="base URL of the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--metrics", metavar="URL", default=None,
+                   help="Prometheus /metrics URL (default: URL/metrics; 'none' to skip)")
+    p.add_argument("--otlp-port", type=int, metavar="P", default=4318,
+                   help="port of the OTLP/HTTP receiver on 127.0.0.1 (default 4318; 0 picks one; -1 off)")
+    p.add_argument("--probe-rate", type=float, metavar="R", default=0.5,
+                   help="probe requests per second (default 0.5; 0 = no probe)")
+    p.add_argument("--probe-prompt", type=int, metavar="TOKENS", default=64, help="probe prompt length")
+    p.add_argument("--probe-output", type=int, metavar="TOKENS", default=16, help="probe output length")
+    p.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
+    p.add_argument("--gpu", action="store_true", help="sample GPU counters with NVML")
+    p.add_argument("-o", "--output", metavar="CAPTURE", default=None,
+                   help="capture directory to write (default ./ttft-watch-YYYYmmdd-HHMMSS)")
+    p.add_argument("--window", type=float, metavar="S", default=60.0, help="analysis window, seconds (default 60)")
+    p.add_argument("--refresh", type=float, metavar="S", default=1.0, help="seconds between screen refreshes")
+    p.add_argument("--rules", metavar="FILE", help="TOML file overriding rule thresholds")
+    p.add_argument("--slo", metavar="SPEC", help="SLOs, e.g. ttft_p99=2s,tpot_p99=100ms")
+    p.add_argument("--duration", type=float, metavar="S", default=None,
+                   help="without a terminal: how long to collect before printing the verdict (default 30)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from diag.cli import UsageError
+
+    if args.probe_rate < 0 or args.window <= 0 or args.refresh <= 0:
+        raise UsageError("--probe-rate must be >= 0, --window and --refresh > 0")
+    slo = None
+    if args.slo:
+        from diag.slo import parse_slo
+
+        slo = parse_slo(args.slo)
+    out = args.output or f"ttft-watch-{time.strftime('%Y%m%d-%H%M%S')}"
+    from tui.collect import LiveCollection, ProbePlan, steady_plan
+    from tui.sources import LiveSource
+
+    live = LiveCollection(out, meta={"kind": "watch", "watch": {"url": args.url}})
+    if args.metrics != "none":
+        live.start_prometheus(args.metrics or args.url)
+    if args.otlp_port >= 0:
+        live.start_otlp(args.otlp_port)
+    if args.gpu:
+        live.start_nvml()
+    else:
+        live.notes.append("GPU counters off (--gpu to sample NVML): showing the engine's busy timeline if it sends step spans")
+    if args.probe_rate > 0:
+        plan = ProbePlan(rate_rps=args.probe_rate, input_tokens=args.probe_prompt, output_tokens=args.probe_output)
+        live.start_probe(args.url, steady_plan(plan), plan.input_tokens, plan.output_tokens, model=args.model)
+    else:
+        live.notes.append("probe off (--probe-rate 0): no client TTFT")
+    live.start_pump()
+    source = LiveSource(out, window_s=args.window, monitors=live.monitors(), title=f"ttft watch {args.url}")
+    for n in live.notes:
+        source.add_note(n)
+    try:
+        if sys.stdin.isatty() and sys.stdout.isatty():
+            from tui.app import run_app
+
+            code = run_app(source, refresh_s=args.refresh, slo=slo, rules_file=args.rules)
+        else:
+            code = _headless(source, args.duration or 30.0, slo, args.rules)
+    finally:
+        live.stop()
+    print(f"ttft watch: capture written to {out} (open it with: ttft view {out})", file=sys.stderr)
+    return code
+
+
+def _headless(source: object, duration_s: float, slo: dict[str, float] | None, rules_file: str | None) -> int:
+    """No terminal: collect for ``duration_s`` and print the verdict of the last window."""
+    from tui import adapters
+
+    print(f"ttft watch: no terminal; collecting for {duration_s:.0f} s, then printing the verdict", file=sys.stderr)
+    time.sleep(duration_s)
+    snap = source.poll()  # type: ignore[attr-defined]
+    for e in snap.errors:
+        print(f"source died: {e}")
+    run = adapters.run_rules(snap.tables, snap.window_ns, slo=slo, rules_file=rules_file)
+    text = getattr(run.diagnosis, "format_text", None)
+    print(text() if callable(text) else run.diagnosis)
+    return 0

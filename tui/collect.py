@@ -1,0 +1,322 @@
+"""Collectors feeding one capture directory while a live view (``watch``, ``demo``) reads it.
+
+:class:`LiveCollection` owns the :class:`~diag.capture.CaptureWriter` and starts, each only
+if its module imports and it comes up: the probe (client TTFT, ``collectors.probe``), the
+/metrics scraper (``collectors.prometheus``), the OTLP receiver (``collectors.otlp_receiver``)
+and the NVML sampler (``collectors.nvml``). Anything missing or failing becomes a one-line
+note, never an exception. A pump thread rewrites ``series/<source>.parquet`` from the
+scraper and the sampler every ``pump_interval_s`` so :class:`tui.sources.LiveSource` sees
+them; the probe appends its spans after each short load chunk.
+
+Threading: ``start_*``/``stop`` from one owner thread (the command's main thread). The probe
+runs its own asyncio loop on a daemon thread; the pump is a daemon thread; ``monitors()``
+objects may be checked from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diag.capture import CaptureWriter
+from tui.sources import CallableMonitor, Monitor
+
+#: what the probe should send now: (load, workload-or-None, segment); None = stop
+PlanFn = Callable[[Any], "tuple[Any, Any, str | None] | None"]
+
+
+@dataclass
+class ProbePlan:
+    """A steady low-rate probe: ``rate_rps`` requests/s in chunks of ``chunk_s`` seconds
+    (spans are written after each chunk), prompts of ``input_tokens``, ``output_tokens`` out."""
+
+    rate_rps: float = 0.5
+    chunk_s: float = 5.0
+    input_tokens: int = 64
+    output_tokens: int = 16
+    concurrency: int = 4
+    segment: str = "watch"
+
+
+class ProbeThread:
+    """Runs a :class:`collectors.probe.ProbeSession` on its own event loop; ``plan(session)``
+    is called before every chunk and returns (LoadSpec, Workload or None, segment) or None."""
+
+    def __init__(self, url: str, writer: CaptureWriter, plan: PlanFn, input_tokens: int = 64,
+                 output_tokens: int = 16, concurrency: int = 4, model: str | None = None) -> None:
+        self.url = url
+        self.writer = writer
+        self.plan = plan
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.concurrency = concurrency
+        self.model = model
+        self.error = ""
+        self.finished = False  # the plan ended the probe (not an error)
+        self.chunks = 0
+        self.requests = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._thread = threading.Thread(target=self._main, name="ttft-live-probe", daemon=True)
+        self.started = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            self._task = loop.create_task(self._run())
+            loop.run_until_complete(self._task)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # shown on screen by the monitor
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
+
+    async def _run(self) -> None:
+        from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, ProbeSession, WorkloadSpec
+
+        cfg = ProbeConfig(self.url, model=self.model, load=LoadSpec(concurrency=self.concurrency, requests=1),
+                          workload=WorkloadSpec(LengthSpec("fixed", self.input_tokens),
+                                                LengthSpec("fixed", self.output_tokens)),
+                          timeout_s=60.0)
+        async with ProbeSession(cfg, self.writer, pool_size=64) as session:
+            self.started.set()
+            while not self._stop.is_set():
+                step = self.plan(session)
+                if step is None:
+                    self.finished = True
+                    break
+                load, workload, segment = step
+                outcome = await session.phase(load, workload, segment)
+                self.chunks += 1
+                res = list(getattr(outcome, "results", []) or [])
+                self.requests += len(res)
+                self.errors += sum(1 for r in res if getattr(r, "error", None))
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop after cancelling the chunk in flight (its spans are flushed on close)."""
+        self._stop.set()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None and not task.done():
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:
+                pass
+        self._thread.join(timeout_s)
+
+    def check(self) -> str | None:
+        """None while probing; a reason once the probe thread ended with an error."""
+        if self.error:
+            return f"probe stopped: {self.error}"
+        if self.started.is_set() and not self.alive() and not self._stop.is_set() and not self.finished:
+            return "probe stopped"
+        return None
+
+
+class LiveCollection:
+    """The collectors of one live session, writing into ``capture_dir``."""
+
+    def __init__(self, capture_dir: str | os.PathLike[str], meta: dict[str, Any] | None = None,
+                 pump_interval_s: float = 1.0, writer: CaptureWriter | None = None) -> None:
+        self.path = Path(capture_dir)
+        self.writer = writer or CaptureWriter(self.path, meta=meta)
+        if writer is not None and meta:
+            self.writer.update_meta(**meta)
+        self.pump_interval_s = pump_interval_s
+        self.notes: list[str] = []
+        self._monitors: list[Monitor] = []
+        self.scraper: Any = None
+        self.nvml: Any = None
+        self.receiver: Any = None
+        self.probe: ProbeThread | None = None
+        self._pump_stop = threading.Event()
+        self._pump: threading.Thread | None = None
+        self.pump_error = ""
+
+    # --- collectors ----------------------------------------------------------------------------
+
+    def start_prometheus(self, url: str, interval_s: float = 1.0) -> bool:
+        """Scrape ``url`` (``/metrics`` appended when missing)."""
+        try:
+            from collectors.prometheus import PrometheusScraper
+        except ImportError as exc:
+            self.notes.append(f"/metrics scraping unavailable: {exc}")
+            return False
+        if "/metrics" not in url:
+            url = url.rstrip("/") + "/metrics"
+        try:
+            self.scraper = PrometheusScraper(url, interval_s=interval_s)
+            self.scraper.start()
+        except Exception as exc:
+            self.notes.append(f"/metrics scraper failed to start: {type(exc).__name__}: {exc}")
+            self.scraper = None
+            return False
+        scraper = self.scraper
+
+        def check() -> str | None:
+            if scraper.consecutive_errors >= 3:
+                return f"/metrics {url}: {scraper.last_error or 'failing'}"
+            return None
+
+        self._monitors.append(CallableMonitor("metrics", check))
+        self.writer.update_meta(live={"metrics_url": url})
+        return True
+
+    def start_nvml(self, interval_s: float = 0.5) -> bool:
+        """Sample GPU counters (a note when there is no GPU or no NVML)."""
+        try:
+            from collectors.nvml import NvmlSampler
+        except ImportError as exc:
+            self.notes.append(f"NVML unavailable: {exc}")
+            return False
+        try:
+            sampler = NvmlSampler(interval_s=interval_s)
+        except Exception as exc:
+            self.notes.append(f"NVML failed: {type(exc).__name__}: {exc}")
+            return False
+        if not sampler.available:
+            self.notes.append(sampler.note or "NVML unavailable")
+            self.writer.update_meta(nvml=sampler.device_info())
+            return False
+        sampler.start()
+        self.nvml = sampler
+        self.writer.update_meta(nvml=sampler.device_info())
+        return True
+
+    def start_otlp(self, port: int) -> int | None:
+        """Receive OTLP/HTTP spans on 127.0.0.1:``port`` into the capture; returns the port."""
+        try:
+            from collectors.otlp_receiver import OTLPReceiver
+        except ImportError as exc:
+            self.notes.append(f"OTLP receiver unavailable: {exc}")
+            return None
+        try:
+            self.receiver = OTLPReceiver(self.writer.append_span_request, port=port)
+            _, bound = self.receiver.start()
+        except OSError as exc:
+            self.notes.append(f"OTLP receiver: cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}")
+            self.receiver = None
+            return None
+        except Exception as exc:
+            self.notes.append(f"OTLP receiver failed: {type(exc).__name__}: {exc}")
+            self.receiver = None
+            return None
+        self.notes.append(f"OTLP/HTTP receiver on http://127.0.0.1:{bound}/v1/traces")
+        self.writer.update_meta(live={"otlp_port": bound})
+        return int(bound)
+
+    def start_probe(self, url: str, plan: PlanFn, input_tokens: int = 64, output_tokens: int = 16,
+                    concurrency: int = 4, model: str | None = None) -> bool:
+        """Probe ``url`` (client TTFT) following ``plan``; a note if the probe is missing."""
+        try:
+            import collectors.probe  # noqa: F401
+        except ImportError as exc:
+            self.notes.append(f"probe unavailable (no client TTFT): {exc}")
+            return False
+        self.probe = ProbeThread(url, self.writer, plan, input_tokens, output_tokens, concurrency, model)
+        self.probe.start()
+        self._monitors.append(CallableMonitor("probe", self.probe.check))
+        return True
+
+    def add_monitor(self, monitor: Monitor) -> None:
+        self._monitors.append(monitor)
+
+    def monitors(self) -> list[Monitor]:
+        return list(self._monitors)
+
+    # --- the series pump ----------------------------------------------------------------------
+
+    def pump_once(self) -> None:
+        """Rewrite the series files from the collectors' buffers (pump thread or caller)."""
+        for source, obj in (("prometheus", self.scraper), ("nvml", self.nvml)):
+            if obj is None:
+                continue
+            fn = getattr(obj, "frame", None) or getattr(obj, "to_frame", None)
+            if fn is None:
+                continue
+            frame = fn()
+            if frame is not None and len(frame):
+                self.writer.write_series(source, frame)
+
+    def _pump_main(self) -> None:
+        while not self._pump_stop.wait(self.pump_interval_s):
+            try:
+                self.pump_once()
+                self.pump_error = ""
+            except Exception as exc:  # a full disk, say: shown by the monitor, retried
+                self.pump_error = f"writing series failed: {type(exc).__name__}: {exc}"
+
+    def start_pump(self) -> None:
+        if self._pump is None:
+            self._pump = threading.Thread(target=self._pump_main, name="ttft-series-pump", daemon=True)
+            self._pump.start()
+            self._monitors.append(CallableMonitor("series", lambda: self.pump_error or None))
+
+    # --- shutdown -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop everything, write the last series and close the capture (idempotent)."""
+        if self.probe is not None:
+            self.probe.stop()
+        self._pump_stop.set()
+        if self._pump is not None:
+            self._pump.join(5)
+        if self.scraper is not None:
+            try:
+                self.scraper.stop()
+            except Exception:
+                pass
+        if self.nvml is not None:
+            try:
+                self.nvml.stop()
+            except Exception:
+                pass
+        if self.receiver is not None:
+            try:
+                self.receiver.stop()
+            except Exception:
+                pass
+        try:
+            self.pump_once()
+        except Exception:
+            pass
+        stats: dict[str, Any] = {"notes": list(self.notes), "ended_unix_s": time.time()}
+        if self.scraper is not None:
+            stats["metrics"] = self.scraper.stats()
+        if self.receiver is not None:
+            stats["otlp"] = self.receiver.stats()
+        if self.probe is not None:
+            stats["probe"] = {"requests": self.probe.requests, "errors": self.probe.errors, "error": self.probe.error}
+        self.writer.update_meta(live=stats)
+        self.writer.close()
+
+
+def steady_plan(p: ProbePlan) -> PlanFn:
+    """A plan that probes at a constant low rate forever (``ttft watch``)."""
+
+    def plan(session: Any) -> tuple[Any, Any, str | None]:
+        from collectors.probe import LoadSpec
+
+        return LoadSpec(concurrency=p.concurrency, rate_rps=p.rate_rps, duration_s=p.chunk_s), None, p.segment
+
+    return plan

@@ -1,0 +1,479 @@
+"""Data sources for the TUI behind one small protocol: ``poll() -> Snapshot``.
+
+* :class:`CaptureSource` reads a recorded capture once and moves an analysis window over it
+  (the time cursor of ``ttft view``).
+* :class:`LiveSource` re-reads a capture directory that collectors are writing: it tails
+  ``spans.otlp.jsonl`` incrementally (a byte offset; only new complete lines are parsed),
+  re-reads ``series/*`` files whose mtime changed, keeps a bounded retention, and asks its
+  :class:`Monitor` objects whether the processes/threads feeding it are still alive.
+
+Threading: ``poll()`` does file I/O and pandas work and runs on a worker thread, never on
+the UI thread; it is not re-entrant (the app runs at most one frame at a time). ``move``,
+``zoom``, ``reset_window``, ``add_note`` and ``status`` may be called from any thread (a
+lock guards the cursor). Times: Unix epoch nanoseconds (``_ns``) and seconds (``_s``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from diag import stages
+from diag.capture import (
+    META_FILE,
+    SERIES_DIR,
+    SPANS_FILE,
+    Capture,
+    CaptureError,
+    empty_span_table,
+    load_capture,
+)
+from diag.tables import Tables, build_tables
+
+NS = 1_000_000_000
+
+
+@dataclass
+class Snapshot:
+    """What one poll saw: the tables, the analysis window and the health of the feeds."""
+
+    tables: Tables
+    #: the analysis window [start, end) in Unix ns
+    window_ns: tuple[int, int]
+    #: first and last timestamp the source holds, Unix ns (equal when empty)
+    extent_ns: tuple[int, int]
+    #: increases whenever the data (not the window) changed
+    generation: int
+    live: bool
+    title: str
+    #: one-line notes (a collector that is missing, a warning from the capture)
+    notes: list[str] = field(default_factory=list)
+    #: one-line messages of feeds that died (shown in red)
+    errors: list[str] = field(default_factory=list)
+    #: the demo's current phase, if any
+    phase: str | None = None
+    #: True when the window covers the whole capture (``view`` before the cursor moves)
+    whole: bool = False
+
+
+class Source(Protocol):
+    """What the app needs from a data source."""
+
+    title: str
+    live: bool
+
+    def poll(self) -> Snapshot:
+        """Read what is new and return the current snapshot (worker thread only)."""
+        ...
+
+    def move(self, steps: int) -> bool:
+        """Move the analysis window by ``steps`` half-widths; False if this source can't."""
+        ...
+
+    def zoom(self, factor: float) -> bool:
+        """Multiply the window width by ``factor``; False if this source can't."""
+        ...
+
+    def reset_window(self) -> None:
+        """Back to the default window (the whole capture, or the live tail)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class Monitor(Protocol):
+    """One feed of a live source (an engine process, a collector thread)."""
+
+    name: str
+
+    def check(self) -> str | None:
+        """None while alive; a one-line reason once it died (any thread, must be cheap)."""
+        ...
+
+
+@dataclass
+class ProcessMonitor:
+    """Watches a subprocess: dead once it exited."""
+
+    name: str
+    process: subprocess.Popen[bytes] | subprocess.Popen[str]
+    stderr_path: Path | None = None
+
+    def check(self) -> str | None:
+        code = self.process.poll()
+        if code is None:
+            return None
+        tail = ""
+        if self.stderr_path is not None:
+            try:
+                lines = [ln for ln in self.stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
+                tail = f": {lines[-1].strip()[:140]}" if lines else ""
+            except OSError:
+                pass
+        return f"{self.name} exited with code {code}{tail}"
+
+
+@dataclass
+class CallableMonitor:
+    """Wraps a callable that returns None while alive and a reason once dead."""
+
+    name: str
+    fn: Callable[[], str | None]
+
+    def check(self) -> str | None:
+        try:
+            return self.fn()
+        except Exception as exc:  # a monitor's bug must not kill the frame
+            return f"{self.name}: monitor failed: {type(exc).__name__}: {exc}"
+
+
+def _extent(tables: Tables) -> tuple[int, int]:
+    """First and last timestamp (Unix ns) over requests, steps and series."""
+    lo: list[float] = []
+    hi: list[float] = []
+    req = tables.requests
+    if len(req) and "start_ns" in req.columns:
+        s = pd.to_numeric(req["start_ns"], errors="coerce").dropna()
+        if len(s):
+            lo.append(float(s.min()))
+            hi.append(float(s.max()))
+    st = tables.steps
+    if len(st) and "start_ns" in st.columns:
+        lo.append(float(st["start_ns"].min()))
+        hi.append(float(st["end_ns"].max()))
+    se = tables.series
+    if len(se):
+        ts = pd.to_numeric(se["ts_s"], errors="coerce").dropna()
+        if len(ts):
+            lo.append(float(ts.min()) * NS)
+            hi.append(float(ts.max()) * NS)
+    if not lo:
+        now = time.time_ns()
+        return now, now
+    return int(min(lo)), int(max(hi)) + 1
+
+
+def default_window_s(extent_ns: tuple[int, int]) -> float:
+    """The window width the cursor uses when it leaves the whole-capture view: a sixth of
+    the capture, at least 1 s (seconds)."""
+    span_s = (extent_ns[1] - extent_ns[0]) / NS
+    return max(1.0, span_s / 6.0)
+
+
+class CaptureSource:
+    """A recorded capture with a time cursor. The capture is loaded on the first ``poll``
+    (a worker thread), so the UI is up before a large capture finishes loading."""
+
+    live = False
+
+    def __init__(self, path: str | os.PathLike[str], window_s: float | None = None,
+                 tables: Tables | None = None) -> None:
+        self.path = Path(path)
+        self.title = f"ttft view {self.path}"
+        self._tables = tables
+        self._window_s = window_s
+        self._lock = threading.Lock()
+        self._end_ns: int | None = None  # window end (cursor); None = not yet placed
+        self._whole = window_s is None
+        self._extent: tuple[int, int] | None = None
+
+    def _load(self) -> Tables:
+        if self._tables is None:
+            self._tables = build_tables(load_capture(self.path))
+            self._extent = _extent(self._tables)
+        elif self._extent is None:
+            self._extent = _extent(self._tables)
+        return self._tables
+
+    def poll(self) -> Snapshot:
+        tables = self._load()
+        assert self._extent is not None
+        lo, hi = self._extent
+        with self._lock:
+            if self._whole:
+                window = (lo, hi)
+            else:
+                width = int((self._window_s or default_window_s(self._extent)) * NS)
+                if self._end_ns is None:
+                    self._end_ns = min(hi, lo + width)  # start at the beginning of the capture
+                end = self._end_ns
+                window = (end - width, end)
+        notes = list(tables.warnings[:3])
+        return Snapshot(tables, window, (lo, hi), 1, False, self.title, notes=notes, whole=self._whole)
+
+    def move(self, steps: int) -> bool:
+        with self._lock:
+            if self._extent is None:
+                return False
+            lo, hi = self._extent
+            if self._window_s is None:
+                self._window_s = default_window_s(self._extent)
+            width = int(self._window_s * NS)
+            if self._whole:
+                self._whole = False
+                # from the whole capture: left shows the last window, right the first
+                self._end_ns = hi if steps < 0 else min(hi, lo + width)
+                return True
+            end = (self._end_ns or hi) + steps * width // 2
+            self._end_ns = int(min(max(end, lo + min(width, hi - lo)), hi))
+            return True
+
+    def zoom(self, factor: float) -> bool:
+        with self._lock:
+            if self._extent is None:
+                return False
+            lo, hi = self._extent
+            span_s = max((hi - lo) / NS, 0.001)
+            if self._whole:
+                self._whole = False
+                self._window_s = default_window_s(self._extent)
+                self._end_ns = hi
+                return True
+            w = (self._window_s or default_window_s(self._extent)) * factor
+            self._window_s = float(min(max(w, 0.1), span_s))
+            return True
+
+    def reset_window(self) -> None:
+        with self._lock:
+            self._whole = True
+
+    def close(self) -> None:
+        return None
+
+
+class SpanTail:
+    """Incremental reader of a growing OTLP JSON lines file: keeps a byte offset and parses
+    only complete new lines. A file that shrank (rotated, rewritten) is re-read from 0.
+    Not thread-safe: one reader (the frame worker)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.lines_read = 0
+        self.bad_lines = 0
+        self.last_error = ""
+
+    def read_new(self) -> pd.DataFrame | None:
+        """New spans as a span table, or None when nothing new arrived."""
+        from diag.capture import _loads, _SpanColumns  # the loader's own column accumulator
+
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return None
+        if size < self.offset:
+            self.offset = 0
+        if size == self.offset:
+            return None
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            chunk = fh.read(size - self.offset)
+        cut = chunk.rfind(b"\n")
+        if cut < 0:
+            return None  # a partial line: wait for its end
+        chunk = chunk[: cut + 1]
+        self.offset += len(chunk)
+        acc = _SpanColumns(str(self.path))
+        for line in chunk.splitlines():
+            if not line.strip():
+                continue
+            self.lines_read += 1
+            try:
+                doc = _loads(line)
+                for rs in doc["resourceSpans"] or ():
+                    service = ""
+                    for kv in (rs.get("resource") or {}).get("attributes") or ():
+                        if kv.get("key") == "service.name":
+                            service = str((kv.get("value") or {}).get("stringValue", ""))
+                    for ss in rs.get("scopeSpans") or ():
+                        for span in ss.get("spans") or ():
+                            acc.add(span, service)
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                self.bad_lines += 1
+                self.last_error = f"{self.path}: line {self.lines_read}: {type(exc).__name__}; skipped"
+        acc.flush()
+        if not acc.frames:
+            return None
+        return acc.frames[0] if len(acc.frames) == 1 else pd.concat(acc.frames, ignore_index=True)
+
+
+class LiveSource:
+    """A capture directory being written by collectors (or by the engine in another process).
+
+    The window is the last ``window_s`` seconds of wall-clock time, so a feed that stops
+    shows up as an emptying window. Spans older than ``retention_s`` are dropped to bound
+    memory and frame time. ``monitors`` report dead feeds; ``phase_fn`` names the demo's
+    current phase (called on the worker thread; must be cheap and thread-safe).
+    """
+
+    live = True
+
+    def __init__(self, path: str | os.PathLike[str], window_s: float = 60.0, retention_s: float = 900.0,
+                 monitors: list[Monitor] | None = None, phase_fn: Callable[[], str | None] | None = None,
+                 title: str | None = None, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self.path = Path(path)
+        self.title = title or f"ttft watch {self.path}"
+        self.window_s = float(window_s)
+        self.retention_s = float(retention_s)
+        self.monitors: list[Monitor] = list(monitors or [])
+        self.phase_fn = phase_fn
+        self._clock_ns = clock_ns
+        self._tail = SpanTail(self.path / SPANS_FILE)
+        self._spans: pd.DataFrame = empty_span_table()
+        self._series_files: dict[Path, tuple[float, pd.DataFrame]] = {}
+        self._meta: dict[str, object] = {}
+        self._meta_mtime = 0.0
+        self._tables: Tables | None = None
+        self._generation = 0
+        self._notes: list[str] = []
+        self._lock = threading.Lock()
+
+    def add_note(self, note: str) -> None:
+        """A one-line note shown under the header (any thread)."""
+        with self._lock:
+            if note not in self._notes:
+                self._notes.append(note)
+
+    def add_monitor(self, monitor: Monitor) -> None:
+        with self._lock:
+            self.monitors.append(monitor)
+
+    def _read_series(self, errors: list[str]) -> bool:
+        sdir = self.path / SERIES_DIR
+        changed = False
+        if not sdir.is_dir():
+            return False
+        for f in sorted(sdir.iterdir()):
+            if f.suffix not in (".parquet", ".csv"):
+                continue
+            try:
+                mtime = f.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            old = self._series_files.get(f)
+            if old is not None and old[0] == mtime:
+                continue
+            try:
+                frame = pd.read_parquet(f) if f.suffix == ".parquet" else pd.read_csv(f)
+            except Exception:  # a file being replaced right now: try again next frame
+                continue
+            if any(c not in frame.columns for c in stages.SERIES_COLUMNS):
+                errors.append(f"{f}: series file lacks the series columns; ignored")
+                continue
+            self._series_files[f] = (mtime, frame.loc[:, list(stages.SERIES_COLUMNS)])
+            changed = True
+        return changed
+
+    def _read_meta(self) -> bool:
+        p = self.path / META_FILE
+        try:
+            mtime = p.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        if mtime == self._meta_mtime:
+            return False
+        import json
+
+        try:
+            meta = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        if isinstance(meta, dict):
+            self._meta = meta
+            self._meta_mtime = mtime
+            return True
+        return False
+
+    def poll(self) -> Snapshot:
+        errors: list[str] = []
+        now = self._clock_ns()
+        changed = False
+        if not self.path.is_dir():
+            errors.append(f"capture directory {self.path} is gone")
+        else:
+            try:
+                new = self._tail.read_new()
+            except OSError as exc:
+                new = None
+                errors.append(f"{self._tail.path}: cannot read: {exc.strerror}")
+            if new is not None and len(new):
+                frames = [f for f in (self._spans, new) if len(f)]
+                spans = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+                for col in ("name", "service"):
+                    spans[col] = spans[col].astype(str).astype("category")
+                self._spans = spans
+                changed = True
+            changed |= self._read_series(errors)
+            changed |= self._read_meta()
+        horizon = now - int(self.retention_s * NS)
+        if len(self._spans) and int(self._spans["end_ns"].min()) < horizon:
+            self._spans = self._spans.loc[self._spans["end_ns"] >= horizon].reset_index(drop=True)
+            changed = True
+        if changed or self._tables is None:
+            series_frames = [fr for _, fr in self._series_files.values() if len(fr)]
+            series = (pd.concat(series_frames, ignore_index=True) if series_frames
+                      else pd.DataFrame({c: pd.Series(dtype="float64" if c in ("ts_s", "value") else object)
+                                         for c in stages.SERIES_COLUMNS}))
+            if len(series):
+                series["ts_s"] = pd.to_numeric(series["ts_s"], errors="coerce")
+                series["value"] = pd.to_numeric(series["value"], errors="coerce")
+                series = series.loc[series["ts_s"] >= horizon / NS]
+                series = series.sort_values("ts_s", kind="stable").reset_index(drop=True)
+            cap = Capture(path=self.path, meta=dict(self._meta), spans=self._spans, series=series)
+            self._tables = build_tables(cap)
+            self._generation += 1
+        with self._lock:
+            notes = list(self._notes)
+            monitors = list(self.monitors)
+        for m in monitors:
+            why = m.check()
+            if why:
+                errors.append(why)
+        if self._tail.last_error:
+            notes.append(f"{self._tail.bad_lines} unreadable span lines (last: {self._tail.last_error})")
+        phase = None
+        if self.phase_fn is not None:
+            try:
+                phase = self.phase_fn()
+            except Exception:  # the phase label is cosmetic
+                phase = None
+        assert self._tables is not None
+        window = (now - int(self.window_s * NS), now)
+        extent = _extent(self._tables)
+        return Snapshot(self._tables, window, (min(extent[0], window[0]), max(extent[1], now)), self._generation,
+                        True, self.title, notes=notes, errors=errors, phase=phase)
+
+    def move(self, steps: int) -> bool:
+        return False  # the live window follows now; use `ttft view` on the capture to scroll
+
+    def zoom(self, factor: float) -> bool:
+        self.window_s = float(min(max(self.window_s * factor, 5.0), self.retention_s))
+        return True
+
+    def reset_window(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def open_capture_source(path: str | os.PathLike[str], window_s: float | None = None) -> CaptureSource:
+    """A CaptureSource after checking that ``path`` looks like a capture (CaptureError if not)."""
+    p = Path(path)
+    if not p.exists():
+        raise CaptureError(f"{p}: no such capture (expected a directory with {SPANS_FILE} or a .jsonl file)")
+    if p.is_dir() and not any((p / n).exists() for n in (SPANS_FILE, META_FILE, SERIES_DIR)):
+        raise CaptureError(f"{p}: not a capture (no {SPANS_FILE}, {META_FILE} or {SERIES_DIR}/)")
+    if window_s is not None and (not np.isfinite(window_s) or window_s <= 0):
+        raise CaptureError(f"--window {window_s}: must be a positive number of seconds")
+    return CaptureSource(p, window_s)
