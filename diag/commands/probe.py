@@ -1,0 +1,216 @@
+"""``ttft probe URL``: drive a designed load at an OpenAI-compatible streaming endpoint, print
+what users experience, and write a capture (client spans joined to the server's by W3C
+``traceparent``) that ``ttft analyze`` can diagnose.
+
+Exit codes: 0 when the probe ran (even if requests failed: they are counted by kind),
+2 on usage errors (one line on stderr, via diag.cli's UsageError / CaptureError).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+HELP_SPEC = "token length: N, fixed:N, uniform:A-B or normal:MEAN,STD"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "probe",
+        help="measure TTFT of any OpenAI-compatible endpoint and write a capture",
+        description="Stream requests at an OpenAI-compatible /v1/completions or /v1/chat/completions endpoint "
+        "(vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM, the bundled engine), time every stage the client can "
+        "see, and write a capture. TTFT ends at the first event with non-empty content (role-only chunks do "
+        "not count).",
+    )
+    p.add_argument("url", metavar="URL", help="server base URL (http://HOST:PORT) or the full endpoint URL")
+    p.add_argument("--api", choices=["completions", "chat"], help="which API (default: from the URL, else detected)")
+    p.add_argument("--model", metavar="NAME", help="model name (default: the first of GET /v1/models)")
+    p.add_argument("--api-key", metavar="KEY", help="bearer token (default: $OPENAI_API_KEY); never recorded")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--concurrency", "-c", type=int, metavar="C", help="closed loop with C requests in flight (default 1); "
+                   "with --rate: the cap on requests in flight")
+    g.add_argument("--rate", "-r", type=float, metavar="R", help="open loop: R requests/s (Poisson; see --burstiness)")
+    p.add_argument("--max-concurrency", type=int, metavar="C", help="with --rate: cap on requests in flight (default 256)")
+    p.add_argument("--burstiness", type=float, default=1.0, metavar="B",
+                   help="gamma shape of inter-arrival times: 1 = Poisson, < 1 burstier, > 1 smoother")
+    b = p.add_mutually_exclusive_group()
+    b.add_argument("--requests", "-n", type=int, metavar="N", help="measured requests (per sweep point); default 100")
+    b.add_argument("--duration", "-d", type=float, metavar="S", help="measure for S seconds (per sweep point)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="warm-up requests excluded from results (default 2)")
+    p.add_argument("--input-tokens", default="fixed:256", metavar="SPEC", help=f"prompt {HELP_SPEC} (default fixed:256)")
+    p.add_argument("--output-tokens", metavar="SPEC", help=f"output {HELP_SPEC} (default fixed:64; 16 in prompt sweeps)")
+    p.add_argument("--no-exact-output", action="store_true",
+                   help="do not send min_tokens/ignore_eos (for servers that reject them)")
+    p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
+                   help="a deliberate N-token prefix shared by every prompt (default 0: every prompt starts differently)")
+    p.add_argument("--prompts", metavar="FILE.jsonl", help='JSONL prompts: {"prompt": ...} or {"messages": [...]}, optional max_tokens')
+    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json for exact prompt lengths and token counts")
+    p.add_argument("--sweep", choices=["prompt", "concurrency", "rate"], help="sweep one dimension; each point a capture segment")
+    p.add_argument("--sweep-values", metavar="LIST", help="sweep points, e.g. 64,256,1024 (default: doubling)")
+    p.add_argument("--sweep-max", type=float, metavar="V", help="last default sweep point (prompt 4096, concurrency 64, rate 32)")
+    p.add_argument("--slo", metavar="SPEC", help="SLOs for goodput and sweep stops, e.g. ttft_p99=2s,tpot_p99=100ms")
+    p.add_argument("--metrics", metavar="URL", help="scrape this Prometheus /metrics into the capture while probing")
+    p.add_argument("--gpu", action="store_true", help="sample local GPUs (NVML) into the capture while probing")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="client processes (when one core cannot keep up)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds without a byte before a request fails (default 60)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for prompts and arrivals")
+    p.add_argument("--record-prompts", action="store_true", help="store prompt text on the spans (off by default)")
+    p.add_argument("-o", "--output", metavar="CAPTURE", help="capture directory to write (default: probe-YYYYmmdd-HHMMSS)")
+    p.add_argument("--no-capture", action="store_true", help="write no capture")
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    p.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress line")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line")
+    return p
+
+
+def _usage(msg: str) -> Exception:
+    try:
+        from diag.cli import UsageError
+
+        return UsageError(msg)
+    except ImportError:  # pragma: no cover
+        return ValueError(msg)
+
+
+class ProgressLine:
+    """A single updating stderr line, at most every 0.2 s (called on the probe's loop)."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self._last = 0.0
+        self._t0 = time.monotonic()
+        self._label = ""
+
+    def __call__(self, done: int, total: int | None, label: str) -> None:
+        now = time.monotonic()
+        if label != self._label:
+            self._label, self._t0 = label, now
+        elif now - self._last < 0.2 and done != total:
+            return
+        self._last = now
+        elapsed = now - self._t0
+        if total:
+            width = 24
+            fill = int(width * min(1.0, done / total))
+            bar = "#" * fill + "-" * (width - fill)
+            text = f"\r{label}: [{bar}] {done}/{total}  {elapsed:5.1f}s"
+        else:
+            text = f"\r{label}: {done} done  {elapsed:5.1f}s"
+        self.stream.write(text + "\033[K")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self._label:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
+    """ProbeConfig (and SweepSpec or None) from parsed arguments; raises a usage error."""
+    from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, SweepSpec, WorkloadSpec
+    from collectors.probe.sweep import parse_values
+
+    try:
+        inp = LengthSpec.parse(args.input_tokens)
+        out = LengthSpec.parse(args.output_tokens or ("fixed:16" if args.sweep == "prompt" else "fixed:64"))
+    except ValueError as exc:
+        raise _usage(str(exc)) from exc
+    slo = None
+    if args.slo:
+        from diag.slo import parse_slo
+
+        slo = parse_slo(args.slo)
+    if args.workers < 1:
+        raise _usage("--workers must be >= 1")
+    if args.timeout <= 0:
+        raise _usage("--timeout must be > 0")
+    if args.shared_prefix < 0:
+        raise _usage("--shared-prefix must be >= 0")
+    if args.prompts and args.sweep == "prompt":
+        raise _usage("--sweep prompt makes synthetic prompts; it cannot use --prompts")
+    if args.max_concurrency is not None and args.rate is None and args.sweep != "rate":
+        raise _usage("--max-concurrency goes with --rate (use --concurrency for a closed loop)")
+    if args.rate is not None and args.sweep == "rate":
+        raise _usage("--rate and --sweep rate: give the rates with --sweep-values")
+    conc = args.concurrency if args.concurrency is not None else (args.max_concurrency or (256 if args.rate else 1))
+    try:
+        load = LoadSpec(concurrency=conc, rate_rps=args.rate, burstiness=args.burstiness, requests=args.requests,
+                        duration_s=args.duration, warmup_requests=args.warmup, seed=args.seed)
+    except ValueError as exc:
+        raise _usage(str(exc)) from exc
+    wl = WorkloadSpec(inp, out, args.shared_prefix, args.prompts, not args.no_exact_output, args.seed)
+    output = None
+    if not args.no_capture:
+        output = args.output or time.strftime("probe-%Y%m%d-%H%M%S")
+    cfg = ProbeConfig(
+        url=args.url, api=args.api, model=args.model, api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+        load=load, workload=wl, tokenizer_path=args.tokenizer, timeout_s=args.timeout, workers=args.workers,
+        output=output, slo=slo, metrics_url=args.metrics, gpu=args.gpu, record_prompts=args.record_prompts,
+        concurrency_set=args.concurrency is not None or args.max_concurrency is not None,
+    )
+    sweep = None
+    if args.sweep:
+        try:
+            values = parse_values(args.sweep_values) if args.sweep_values else None
+            sweep = SweepSpec(args.sweep, values, args.sweep_max, args.requests, args.duration)
+        except ValueError as exc:
+            raise _usage(str(exc)) from exc
+    elif args.sweep_values or args.sweep_max:
+        raise _usage("--sweep-values/--sweep-max need --sweep prompt|concurrency|rate")
+    return cfg, sweep
+
+
+def run(args: argparse.Namespace) -> int:
+    from collectors.probe import format_metrics, format_sweep_table, run_probe, run_sweep
+    from collectors.probe.client import split_url
+
+    try:
+        split_url(args.url)
+    except ValueError as exc:
+        raise _usage(str(exc)) from exc
+    cfg, sweep = build_config(args)
+    show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
+    bar = ProgressLine() if show else None
+    cfg.progress = bar
+    try:
+        result = run_sweep(cfg, sweep) if sweep is not None else run_probe(cfg)
+    finally:
+        if bar is not None:
+            bar.finish()
+    if args.json:
+        json.dump(result.to_dict(), sys.stdout, indent=2, default=_json_default)
+        sys.stdout.write("\n")
+        return 0
+    ep = result.endpoint
+    print(f"ttft probe {ep.url} ({ep.api}, model {ep.model or '-'})")
+    for note in result.notes:
+        print(f"  note: {note}")
+    if result.segments:
+        print(format_sweep_table(result.segments))
+        if result.sweep and result.sweep.get("stopped"):
+            print(f"sweep stopped: {result.sweep['stopped']}")
+        print()
+    print(format_metrics(result.metrics))
+    h = result.client_health
+    lag = h.get("loop_lag_p99_s")
+    print(f"client: {'SATURATED — ' if h.get('saturated') else ''}{h.get('reason')}"
+          + (f" (loop lag p99 {lag * 1e3:.2f} ms, CPU max {h.get('cpu_pct_max') or 0:.0f}%)" if lag is not None else ""))
+    if result.capture_path:
+        print(f"capture: {result.capture_path}  (ttft analyze {result.capture_path} [SERVER_CAPTURE])")
+    return 0
+
+
+def _json_default(o: object) -> object:
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+    except ImportError:  # pragma: no cover
+        pass
+    return str(o)
