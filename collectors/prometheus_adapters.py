@@ -442,6 +442,8 @@ def _vllm_style(prefix: str) -> list[SeriesMap]:
         SeriesMap(SERIES_PREEMPTIONS_PER_S, (CounterRate(p + "num_preemptions_total"),)),
         SeriesMap(S.SERIES_PROMPT_TOKENS_PER_S, (CounterRate(p + "prompt_tokens_total"),)),
         SeriesMap(S.SERIES_GENERATION_TOKENS_PER_S, (CounterRate(p + "generation_tokens_total"),)),
+        SeriesMap(S.SERIES_REQUESTS_PER_S, (CounterRate(p + "time_to_first_token_seconds_count"),),
+                  note="requests that got their first token: Δ TTFT histogram count / Δt"),
     ]
 
 
@@ -485,6 +487,8 @@ SGLANG = EngineAdapter(
         SeriesMap(SERIES_PREEMPTIONS_PER_S, (CounterRate("sglang:num_retracted_requests_total"),)),
         SeriesMap(S.SERIES_PROMPT_TOKENS_PER_S, (CounterRate("sglang:prompt_tokens_total"),)),
         SeriesMap(S.SERIES_GENERATION_TOKENS_PER_S, (CounterRate("sglang:generation_tokens_total"),)),
+        SeriesMap(S.SERIES_REQUESTS_PER_S, (CounterRate("sglang:time_to_first_token_seconds_count"),),
+                  note="Δ TTFT histogram count / Δt"),
     ),
     entity_labels=("dp_rank",),
     note="decode time = mean e2e - mean TTFT; prefill = prefill_forward stage histogram",
@@ -513,9 +517,15 @@ TGI = EngineAdapter(
         SeriesMap(S.SERIES_RUNNING, (Gauge("tgi_batch_current_size"),)),
         SeriesMap(S.SERIES_PROMPT_TOKENS_PER_S, (CounterRate("tgi_request_input_length_sum"),)),
         SeriesMap(S.SERIES_GENERATION_TOKENS_PER_S, (CounterRate("tgi_request_generated_tokens_sum"),)),
+        SeriesMap(S.SERIES_REQUESTS_PER_S, (CounterRate("tgi_request_queue_duration_count"),),
+                  note="requests that left the queue for a prefill: Δ queue histogram count / Δt"),
+        SeriesMap(S.SERIES_PREFILL_BUSY, (CounterRate("tgi_batch_inference_duration_sum", (("method", "prefill"),)),),
+                  note="Δ seconds in prefill batch steps / Δt (the router runs one batch at a time)"),
+        SeriesMap(S.SERIES_DECODE_BUSY, (CounterRate("tgi_batch_inference_duration_sum", (("method", "decode"),)),),
+                  note="Δ seconds in decode batch steps / Δt"),
     ),
     note="TTFT and decode are derived (validation + queue + prefill step; inference - prefill step); "
-    "no preemption counter",
+    "prefill/decode busy from the batch step histograms' sums; no preemption counter",
 )
 
 LLAMACPP = EngineAdapter(
@@ -530,9 +540,17 @@ LLAMACPP = EngineAdapter(
         SeriesMap(S.SERIES_RUNNING, (Gauge("llamacpp:requests_processing"),)),
         SeriesMap(S.SERIES_PROMPT_TOKENS_PER_S, (CounterRate("llamacpp:prompt_tokens_total"),)),
         SeriesMap(S.SERIES_GENERATION_TOKENS_PER_S, (CounterRate("llamacpp:tokens_predicted_total"),)),
+        SeriesMap(S.SERIES_PREFILL_BUSY, (CounterRate("llamacpp:prompt_seconds_total"),),
+                  note="Δ prompt-processing seconds / Δt, summed over slots (can exceed 1 with --parallel)"),
+        SeriesMap(S.SERIES_PREFILL_S_PER_TOKEN, (CounterRatio(CounterRate("llamacpp:prompt_seconds_total"),
+                                                              CounterRate("llamacpp:prompt_tokens_total")),),
+                  note="Δ prompt seconds / Δ prompt tokens (computed tokens; cache reuse excluded)"),
+        SeriesMap(S.SERIES_DECODE_BUSY, (CounterRate("llamacpp:tokens_predicted_seconds_total"),),
+                  note="Δ generation seconds / Δt, summed over slots"),
     ),
-    note="no queue/prefill/TTFT/e2e metrics (per-response timings.prompt_ms only); "
-    "ITL = Δtokens_predicted_seconds / Δtokens_predicted",
+    note="no queue/prefill/TTFT/e2e histograms and no request counter (per-response timings.prompt_ms only); "
+    "ITL = Δtokens_predicted_seconds / Δtokens_predicted; prefill busy = Δprompt_seconds / Δt; "
+    "prefill s/token = Δprompt_seconds / Δprompt_tokens",
 )
 
 TRTLLM = EngineAdapter(
@@ -551,6 +569,8 @@ TRTLLM = EngineAdapter(
         SeriesMap(SERIES_PAUSED, (Gauge("trtllm_num_paused_requests"),)),
         SeriesMap(S.SERIES_PROMPT_TOKENS_PER_S, (CounterRate("trtllm_prompt_tokens_total"),)),
         SeriesMap(S.SERIES_GENERATION_TOKENS_PER_S, (CounterRate("trtllm_generation_tokens_total"),)),
+        SeriesMap(S.SERIES_REQUESTS_PER_S, (CounterRate("trtllm_time_to_first_token_seconds_count"),),
+                  note="Δ TTFT histogram count / Δt"),
     ),
     note="paused requests are a gauge (num_paused), not a preemption counter",
 )

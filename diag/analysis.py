@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diag import stages
-from diag.capture import Capture, CaptureError, load_capture
+from pathlib import Path
+
+from diag.capture import META_FILE, SERIES_DIR, SPANS_FILE, SPANS_FILE_GZ, Capture, CaptureError, load_capture
 from diag.tables import Tables, build_tables, stage_decomposition
 
 
@@ -24,6 +26,7 @@ class Analysis:
     decomposition: dict[str, Any]
     diagnosis: Any = None  # rules.Diagnosis when the rule engine ran
     warnings: list[str] = field(default_factory=list)
+    slo: dict[str, float] | None = None  # the SLO applied (given, or recorded in the capture)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -42,15 +45,50 @@ class Analysis:
         return out
 
 
+def expand_capture_paths(paths: list[str | os.PathLike[str]]) -> list[Path]:
+    """Captures named on the command line; a directory that is not a capture itself but holds
+    captures (a scenario run: ``client/``, ``server-0/``...) stands for all of them."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir() and not any((p / f).exists() for f in (SPANS_FILE, SPANS_FILE_GZ, META_FILE, SERIES_DIR)):
+            children = sorted(c for c in p.iterdir() if c.is_dir() and any(
+                (c / f).exists() for f in (SPANS_FILE, SPANS_FILE_GZ, META_FILE)))
+            if children:
+                out.extend(children)
+                continue
+        out.append(p)
+    return out
+
+
 def load_captures(paths: list[str | os.PathLike[str]]) -> list[Capture]:
     if not paths:
         raise CaptureError("no capture given")
-    return [load_capture(p) for p in paths]
+    return [load_capture(p) for p in expand_capture_paths(paths)]
+
+
+def recorded_slo(caps: list[Capture]) -> dict[str, float] | None:
+    """The SLO a run was held to, when its capture records one (meta.json ``slo``)."""
+    from diag.slo import parse_slo
+
+    for c in caps:
+        probe = c.meta.get("probe")
+        for spec in (c.meta.get("slo"), probe.get("slo") if isinstance(probe, dict) else None):
+            if isinstance(spec, str) and spec:
+                try:
+                    return parse_slo(spec)
+                except CaptureError:
+                    continue
+            if isinstance(spec, dict) and spec and all(isinstance(v, (int, float)) for v in spec.values()):
+                return {str(k): float(v) for k, v in spec.items()}
+    return None
 
 
 def analyze_captures(caps: list[Capture], rules_file: str | None = None, slo: dict[str, float] | None = None,
                      run_rules: bool = True) -> Analysis:
     tables = build_tables(caps)
+    if slo is None:
+        slo = recorded_slo(caps)
     decomposition = stage_decomposition(tables.requests)
     diagnosis = None
     if run_rules:
@@ -60,7 +98,7 @@ def analyze_captures(caps: list[Capture], rules_file: str | None = None, slo: di
             rule_engine = None
         if rule_engine is not None and hasattr(rule_engine, "diagnose"):
             diagnosis = rule_engine.diagnose(tables, rules_file=rules_file, slo=slo)
-    return Analysis([str(c.path) for c in caps], tables, decomposition, diagnosis, list(tables.warnings))
+    return Analysis([str(c.path) for c in caps], tables, decomposition, diagnosis, list(tables.warnings), slo)
 
 
 def analyze_paths(paths: list[str | os.PathLike[str]], rules_file: str | None = None,

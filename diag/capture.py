@@ -40,6 +40,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
 
 SPANS_FILE = "spans.otlp.jsonl"
+#: the same, gzip-compressed (samples and archived captures); read transparently
+SPANS_FILE_GZ = SPANS_FILE + ".gz"
 META_FILE = "meta.json"
 SERIES_DIR = "series"
 PROFILE_DIR = "profile"
@@ -383,8 +385,17 @@ def _object_column(n: int, values: dict[int, Any]) -> np.ndarray:
     return col
 
 
+def open_spans(path: Path) -> Any:
+    """Open a spans file for binary reading, gunzipping ``*.gz`` transparently."""
+    if path.suffix == ".gz":
+        import gzip
+
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
 def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    with open(path, "rb") as fh:
+    with open_spans(path) as fh:
         for lineno, line in enumerate(fh, 1):
             yield lineno, line
 
@@ -511,7 +522,7 @@ def load_capture(path: str | os.PathLike[str]) -> Capture:
         meta: dict[str, Any] = {}
     else:
         root = p
-        spans_files = [p / SPANS_FILE] if (p / SPANS_FILE).exists() else []
+        spans_files = [f for f in (p / SPANS_FILE, p / SPANS_FILE_GZ) if f.exists()]
         meta = {}
         meta_path = p / META_FILE
         if meta_path.exists():
@@ -535,8 +546,10 @@ def load_capture(path: str | os.PathLike[str]) -> Capture:
     for f in spans_files:
         try:
             span_frames.append(read_spans_file(f, warnings))
+        except EOFError:
+            warnings.append(f"{f}: compressed file is truncated; spans after the cut are lost")
         except OSError as exc:
-            raise CaptureError(f"{f}: cannot read: {exc.strerror}") from exc
+            raise CaptureError(f"{f}: cannot read: {exc.strerror or exc}") from exc
     spans_df = (
         pd.concat(span_frames, ignore_index=True) if len(span_frames) > 1 else (span_frames[0] if span_frames else empty_span_table())
     )

@@ -119,7 +119,9 @@ def _looks_like_export_lines(path: Path) -> bool:
     Arrow's JSON reader is only handed files that pass: it is not hardened against
     top-level non-objects (it can crash on a bare ``null`` line).
     """
-    with open(path, "rb") as fh:
+    from diag.capture import open_spans
+
+    with open_spans(path) as fh:
         for line in fh:
             body = line.rstrip(b"\r\n")
             if not body:
@@ -132,8 +134,9 @@ def _looks_like_export_lines(path: Path) -> bool:
 def _read(path: Path, known: frozenset[str], columns: tuple[str, ...]) -> pd.DataFrame | None:
     if not _looks_like_export_lines(path):
         return None
+    source: Any = pa.input_stream(str(path), compression="gzip") if path.suffix == ".gz" else path
     table = pj.read_json(
-        path,
+        source,
         read_options=pj.ReadOptions(block_size=_BLOCK_BYTES, use_threads=True),
         parse_options=pj.ParseOptions(newlines_in_values=False),
     )

@@ -42,6 +42,7 @@ DEFAULT_PARAMS: dict[str, float] = {
     "min_bin_requests": 3,  # fewest requests in an in-flight bin
     "max_inflight_bins": 12,
     "flat_factor": 1.5,  # the TTFT-vs-concurrency curve is "flat" while <= this x its base
+    "knee_sharpness": 1.8,  # a knee step this many times steeper than every step before it is a cliff
     "cold_start_factor": 3.0,  # a first request is a cold-start outlier above this x the rest
     "kv_high_ratio": 0.90,  # KV usage counted as "near capacity"
     "min_itl_gaps": 20,  # fewest token gaps per group for the interference comparison
@@ -317,6 +318,163 @@ class _Builder:
         out = s.loc[m]
         return out.loc[pd.to_numeric(out["value"], errors="coerce").notna()]
 
+    def _weighted(self, name: str, weight: str | None = None) -> pd.DataFrame:
+        """Rows of series ``name`` as (entity, value, w): ``w`` is the matching ``weight`` row's value
+        (same scrape, same entity), or 1.0 for every row when the weight series does not cover them all."""
+        s = self.series_values(name)
+        if s.empty:
+            return pd.DataFrame({"entity": pd.Series(dtype=object), "value": pd.Series(dtype="float64"),
+                                 "w": pd.Series(dtype="float64")})
+        out = pd.DataFrame({"ts_s": pd.to_numeric(s["ts_s"], errors="coerce").to_numpy(),
+                            "entity": s["entity"].astype(str).to_numpy(),
+                            "value": pd.to_numeric(s["value"], errors="coerce").to_numpy(dtype="float64")})
+        out = out.loc[np.isfinite(out["value"])]
+        w = np.ones(len(out))
+        if weight is not None:
+            ws = self.series_values(weight)
+            if len(ws):
+                wdf = pd.DataFrame({"ts_s": pd.to_numeric(ws["ts_s"], errors="coerce").to_numpy(),
+                                    "entity": ws["entity"].astype(str).to_numpy(),
+                                    "w": pd.to_numeric(ws["value"], errors="coerce").to_numpy(dtype="float64")})
+                wdf = wdf.drop_duplicates(["ts_s", "entity"], keep="last")
+                m = out[["ts_s", "entity"]].merge(wdf, how="left", on=["ts_s", "entity"])["w"].to_numpy(dtype="float64")
+                if len(m) and np.isfinite(m).all() and (m >= 0).all() and m.sum() > 0:
+                    w = m
+        out = out.assign(w=w)
+        return out.loc[out["w"] > 0, ["entity", "value", "w"]]
+
+    def _wmean(self, name: str, weight: str | None = None) -> float | None:
+        """Weighted mean of a series' windowed values (weights: see :meth:`_weighted`); None when absent."""
+        d = self._weighted(name, weight)
+        if d.empty:
+            return None
+        return float(np.average(d["value"].to_numpy(), weights=d["w"].to_numpy()))
+
+    # -- engine metrics (canonical /metrics series) --
+    def engine_metrics(self) -> None:
+        """Engine-wide numbers from the canonical series of ``collectors.prometheus_adapters``.
+
+        Windowed means (``queue_time_s``, ``ttft_s``, ...) are weighted by the requests in each
+        scrape window (``requests_per_s`` x window length) when the engine exports a request
+        count, else every window counts the same. Always computed; the request-level features
+        fall back to them only when no request has a TTFT (:meth:`series_fallback`).
+        """
+        S = stages
+        rate_series = (S.SERIES_REQUESTS_PER_S, S.SERIES_TTFT_S, S.SERIES_QUEUE_TIME_S, S.SERIES_PREFILL_TIME_S,
+                       S.SERIES_ITL_S, S.SERIES_PREFILL_BUSY, S.SERIES_PROMPT_TOKENS_PER_S,
+                       S.SERIES_GENERATION_TOKENS_PER_S)
+        ts = [pd.to_numeric(self.series_values(n)["ts_s"], errors="coerce") for n in rate_series]
+        windows = pd.concat(ts).dropna().unique() if any(len(t) for t in ts) else np.array([])
+        self.add("metrics_windows_n", float(len(windows)), "scrape windows")
+        src = "prometheus"
+        # requests in each window: requests_per_s x the time since the entity's previous scrape
+        rq = self.series_values(S.SERIES_REQUESTS_PER_S)
+        if len(rq):
+            allrows = self.series.loc[self.series["source"].astype(str) == str(rq["source"].iloc[0])]
+            all_ts = pd.DataFrame({"entity": allrows["entity"].astype(str).to_numpy(),
+                                   "ts_s": pd.to_numeric(allrows["ts_s"], errors="coerce").to_numpy()}).dropna()
+            prev: dict[tuple[str, float], float] = {}
+            for ent, g in all_ts.drop_duplicates().groupby("entity"):
+                t = np.sort(g["ts_s"].to_numpy())
+                for a, b in zip(t[:-1], t[1:]):
+                    prev[(str(ent), float(b))] = float(b - a)
+            ents = rq["entity"].astype(str).to_numpy()
+            tsv = pd.to_numeric(rq["ts_s"], errors="coerce").to_numpy(dtype="float64")
+            dt = np.array([prev.get((e, float(t)), np.nan) for e, t in zip(ents, tsv)])
+            n = pd.to_numeric(rq["value"], errors="coerce").to_numpy(dtype="float64") * dt
+            self.add("metrics_requests_n", float(np.nansum(n)) if np.isfinite(n).any() else None, "requests",
+                     None if np.isfinite(n).any() else "no window length for the requests_per_s series", source=src)
+        else:
+            self.add("metrics_requests_n", None, "requests",
+                     "the engine exports no request count (no requests_per_s series from a TTFT/queue histogram)")
+        w = S.SERIES_REQUESTS_PER_S
+        ttft = self._wmean(S.SERIES_TTFT_S, w)
+        queue = self._wmean(S.SERIES_QUEUE_TIME_S, w)
+        pre = self._wmean(S.SERIES_PREFILL_TIME_S, w)
+        no = "no {} series (the engine's {} histogram)"
+        self.add("metrics_ttft_mean_s", ttft, "s", None if ttft is not None else no.format("ttft_s", "TTFT"), source=src)
+        self.add("metrics_queue_time_mean_s", queue, "s",
+                 None if queue is not None else no.format("queue_time_s", "queue-time"), source=src)
+        q95 = self._wmean(stages.SERIES_QUEUE_TIME_S + "_p95", w)
+        self.add("metrics_queue_time_p95_s", q95, "s",
+                 None if q95 is not None else "no queue_time_s_p95 series (queue-time histogram buckets)", source=src)
+        self.add("metrics_prefill_time_mean_s", pre, "s",
+                 None if pre is not None else no.format("prefill_time_s", "prefill-time"), source=src)
+        for stage, mean, feat in ((stages.QUEUE, queue, "metrics_queue_share"), (stages.PREFILL, pre, "metrics_prefill_share")):
+            share = mean / ttft if (mean is not None and ttft is not None and ttft > 0) else None
+            self.add(feat, share, "ratio of TTFT",
+                     None if share is not None else f"needs {stage} and TTFT means from the engine's metrics", source=src)
+        # engine busy with prompts / tokens (llama.cpp's prompt seconds, TGI's batch step sums)
+        for series, feat in ((S.SERIES_PREFILL_BUSY, "prefill_busy_ratio"), (S.SERIES_DECODE_BUSY, "decode_busy_ratio")):
+            d = self._weighted(series)
+            if len(d):  # time mean per entity (replica), then the mean over entities
+                val = float(d.groupby("entity")["value"].mean().mean())
+                self.add(feat, val, "s busy per s", source=src)
+            else:
+                self.add(feat, None, "s busy per s", f"no {series} series (engine counters of busy seconds)")
+        spt = self._wmean(S.SERIES_PREFILL_S_PER_TOKEN, S.SERIES_PROMPT_TOKENS_PER_S)
+        self.add("prefill_s_per_token", spt, "s/token", None if spt is not None else
+                 "no prefill_s_per_token series (engine counters of prompt seconds and prompt tokens)", source=src)
+        ptps = self._wmean(S.SERIES_PROMPT_TOKENS_PER_S)
+        self.add("prompt_tokens_per_s", ptps, "tokens/s", None if ptps is not None else "no prompt_tokens_per_s series",
+                 source=src)
+        # no request has a TTFT, but the engine's metrics describe the run: the series-only mode
+        total = int(self.f.value("requests_total_n", 0) or 0)
+        failed = int(self.f.value("requests_failed_n", 0) or 0)
+        all_failed = total > 0 and failed == total
+        have = any(len(self.series_values(n)) for n in (S.SERIES_TTFT_S, S.SERIES_QUEUE_TIME_S, S.SERIES_PREFILL_TIME_S,
+                                                         S.SERIES_ITL_S, S.SERIES_PREFILL_BUSY, S.SERIES_KV_USAGE,
+                                                         S.SERIES_PREEMPTIONS, S.SERIES_WAITING))
+        self.series_only = len(self.steady) == 0 and not all_failed and have and len(windows) > 0
+        self.add("series_only", 1.0 if self.series_only else 0.0, "bool",
+                 source="from engine metrics only, no per-request spans" if self.series_only else None)
+
+    def series_fallback(self) -> None:
+        """Series-only mode: TTFT percentiles, stage shares and the request count from the engine's
+        metrics (source "prometheus"). Never replaces a feature computed from requests."""
+        if not self.series_only:
+            return
+        S = stages
+        src = "prometheus"
+        w = S.SERIES_REQUESTS_PER_S
+        n = self.f.value("metrics_requests_n")
+        if n is not None:
+            self.add("requests_n", float(round(n)), "requests", source=src)
+        else:
+            self.add("requests_n", None, "requests", self.f.get("metrics_requests_n").reason)
+        # TTFT percentiles: request-weighted mean of the windowed percentiles (histogram bucket
+        # deltas); without buckets (TTFT derived from means, e.g. TGI) percentiles of the window means
+        for q in (50, 95, 99):
+            name = f"ttft_p{q}_s"
+            val = self._wmean(f"{S.SERIES_TTFT_S}_p{q}", w)
+            if val is None:
+                means = pd.to_numeric(self.series_values(S.SERIES_TTFT_S)["value"], errors="coerce").dropna()
+                val = float(np.percentile(means, q)) if len(means) else None
+            if val is not None:
+                self.add(name, val, "s", source=src)
+            else:
+                self.add(name, None, "s", "no request has a TTFT and the engine's metrics have no TTFT histogram")
+        ttft = self.f.value("metrics_ttft_mean_s")
+        if ttft is not None:
+            self.add("ttft_mean_s", ttft, "s", source=src)
+        shares: dict[str, float] = {}
+        means: dict[str, float] = {}
+        for stage, share, mean in ((S.QUEUE, "metrics_queue_share", "metrics_queue_time_mean_s"),
+                                   (S.PREFILL, "metrics_prefill_share", "metrics_prefill_time_mean_s")):
+            v = self.f.value(share)
+            if v is None:
+                continue
+            shares[stage] = min(max(float(v), 0.0), 1.0)
+            means[stage] = float(self.f.value(mean))
+            # one number for both: the metrics give means per window, not the slowest 5% of requests
+            self.add(f"{stage}_share_median", shares[stage], "ratio of TTFT", source=src)
+            self.add(f"{stage}_share_tail", shares[stage], "ratio of TTFT", source=src)
+        if shares:
+            self.add("stage_shares_median", dict(shares), "ratio of TTFT", source=src)
+            self.add("stage_shares_tail", dict(shares), "ratio of TTFT", source=src)
+            self.add("stage_tail_mean_s", means, "s", source=src)
+            self.add("unattributed_share_tail", max(0.0, 1.0 - sum(shares.values())), "ratio of TTFT", source=src)
+
     # -- populations --
     def populations(self) -> None:
         req = self.req_all
@@ -518,10 +676,19 @@ class _Builder:
         xs = curve.index.to_numpy(dtype="float64")
         base = max(y[0], 1e-9)
         self.add("ttft_concurrency_ratio", float(y[-1] / base), "ratio", source=source)
+        # The knee is the steepest step between adjacent levels. It is a *sharp* knee (a cliff,
+        # "TTFT suddenly worsens") when that single step is steeper than every step before it by
+        # ``knee_sharpness`` and larger than the whole rise before it; a curve that climbs from
+        # the lowest level on (a serialising server) has none.
+        steps = y[1:] / np.maximum(y[:-1], 1e-9)
+        k = int(np.argmax(steps))
+        before = float(steps[:k].max()) if k > 0 else 1.0
         flat = float(self.p["flat_factor"])
-        b = 0
-        while b + 1 < len(y) and y[b + 1] <= flat * base:
-            b += 1
+        sharp = k >= 1 and steps[k] >= float(self.p["knee_sharpness"]) * max(before, 1.0) and steps[k] >= y[k] / base
+        b = k if sharp else 0
+        if not sharp:
+            while b + 1 < len(y) and y[b + 1] <= flat * base:
+                b += 1
         if b < len(y) - 1:
             self.add("concurrency_knee", float(xs[b]), "requests", source=source)
             self.add("ttft_knee_jump_ratio", float(y[-1] / max(y[b], 1e-9)), "ratio", source=source)
@@ -569,6 +736,12 @@ class _Builder:
             prompt_seg = seg["prompt"].notna() if "prompt" in seg.columns else pd.Series(False, index=st.index)
             mask = (self.inflight_at <= 1) | prompt_seg
             how = "requests alone in flight (concurrency 1) or in a prompt sweep"
+            inflight = self.inflight_at.dropna()
+            steady_load = len(inflight) and float(inflight.quantile(0.9) - inflight.quantile(0.1)) <= 1.0
+            if int((mask & tokens.notna()).sum()) < int(self.p["min_fit_requests"]) and steady_load:
+                # a closed loop at a fixed concurrency: every request met the same load
+                mask = pd.Series(True, index=st.index)
+                how = f"requests at a steady concurrency (~{float(inflight.median()):g} in flight, closed loop)"
         mask &= tokens.notna() & y.notna()
         x = tokens[mask].to_numpy()
         yy = y[mask].to_numpy()
@@ -581,11 +754,13 @@ class _Builder:
                     "needs a prompt-length sweep")
             return
         slope, intercept, r2 = _linear_fit(x, yy)
-        med_y = float(np.median(yy))
         self.add("ttft_prompt_slope_ms_per_token", slope * 1e3, "ms/token", source=how)
         self.add("ttft_prompt_intercept_ms", intercept * 1e3, "ms", source=how)
         self.add("ttft_prompt_r2", max(0.0, r2), "ratio", source=how)
-        self.add("ttft_prompt_explained_frac", max(0.0, slope * float(np.median(x)) / med_y) if med_y > 0 else None, "ratio")
+        # time-weighted (means, not medians): in a mixed workload most requests are short, yet
+        # the long ones carry most of the TTFT time
+        mean_y = float(np.mean(yy))
+        self.add("ttft_prompt_explained_frac", max(0.0, slope * float(np.mean(x)) / mean_y) if mean_y > 0 else None, "ratio")
         self.add("ttft_prompt_fit_n", float(x.size), "requests")
 
     # -- device busy --
@@ -818,8 +993,9 @@ class _Builder:
                 self.add("itl_p90_s", float(np.percentile(_col(self.steady, "itl_p99_s").dropna(), 90)), "s")
                 self.add("itl_p99_s", float(np.percentile(_col(self.steady, "itl_p99_s").dropna(), 99)), "s")
                 self.add("itl_max_s", float(_col(self.steady, "itl_max_s").max()), "s")
-            else:
-                self.na(names, "needs token emission times (ttft.token_times_ns) with two or more tokens")
+            elif not self.itl_from_series(names):
+                self.na(names, "needs token emission times (ttft.token_times_ns) with two or more tokens, "
+                        "or an itl_s series from the engine's metrics")
         else:
             q = np.percentile(gaps["gap_s"].to_numpy(), [50, 90, 99])
             src = "client token times" if gaps is client else "server token times"
@@ -830,6 +1006,24 @@ class _Builder:
         self.add("tpot_p50_s", float(tpot.median()) if len(tpot) else None, "s", None if len(tpot) else "no request with 2+ output tokens")
         self.add("tpot_p99_s", float(np.percentile(tpot, 99)) if len(tpot) else None, "s", None if len(tpot) else "no request with 2+ output tokens")
         self.interference(server, client)
+
+    def itl_from_series(self, names: list[tuple[str, str]]) -> bool:
+        """ITL from the engine's itl_s histogram (windowed p50/p99, else the windowed mean), weighted by
+        generated tokens per window; False when the engine exports no ITL."""
+        S = stages
+        w = S.SERIES_GENERATION_TOKENS_PER_S
+        p50 = self._wmean(S.SERIES_ITL_S + "_p50", w)
+        how = "prometheus"
+        if p50 is None:
+            p50 = self._wmean(S.SERIES_ITL_S, w)  # e.g. llama.cpp: Δ generation s / Δ tokens (a mean)
+        if p50 is None:
+            return False
+        self.add("itl_p50_s", p50, "s", source=how)
+        p99 = self._wmean(S.SERIES_ITL_S + "_p99", w)
+        self.add("itl_p99_s", p99, "s", None if p99 is not None else "no itl_s_p99 series (ITL histogram buckets)",
+                 source=how)
+        self.na(names[1:2] + names[3:], "the engine's metrics give ITL p50/p99 only")
+        return True
 
     def interference(self, server: pd.DataFrame | None, client: pd.DataFrame | None) -> None:
         names = [("itl_during_prefill_p50_s", "s"), ("itl_during_prefill_mean_s", "s"), ("itl_without_prefill_p50_s", "s"),
@@ -1002,8 +1196,10 @@ class _Builder:
 
     def run(self) -> Features:
         self.populations()
+        self.engine_metrics()
         self.ttft()
         self.stage_shares()
+        self.series_fallback()
         self.inflight()
         self.concurrency()
         self.prompt_fit()

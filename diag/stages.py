@@ -82,6 +82,8 @@ ATTR_ERROR = "ttft.error"  # error kind, e.g. "http_503", "timeout", "disconnect
 ATTR_SEGMENT = "ttft.segment"  # a labelled sweep point / workload phase
 ATTR_WARMUP = "ttft.warmup"  # bool: excluded from results
 ATTR_PREEMPTIONS = "ttft.preemptions"  # int: times this request was preempted
+#: bool, on a ``queue`` span: a wait after preemption (re-queued for recompute), not the first
+ATTR_REQUEUE = "ttft.requeue"
 ATTR_TP_SIZE = "ttft.tp.size"
 ATTR_PROMPT_TEXT = "ttft.prompt.text"  # only when the user asks for prompt recording
 ATTR_DURATION_S = "ttft.duration_s"  # explicit stage duration when it differs from the span's
@@ -202,6 +204,14 @@ SERIES_PREEMPTIONS_PER_S = "preemptions_per_s"
 SERIES_PAUSED = "num_paused"  # TRT-LLM's paused requests (a gauge, not preemptions)
 SERIES_PROMPT_TOKENS_PER_S = "prompt_tokens_per_s"
 SERIES_GENERATION_TOKENS_PER_S = "generation_tokens_per_s"
+#: requests per second that reached their first token (Δ count of the engine's TTFT or queue
+#: histogram / Δt); windowed means of the series above are weighted by it
+SERIES_REQUESTS_PER_S = "requests_per_s"
+#: seconds of prompt processing per wall-clock second (Δ prompt seconds / Δt). Summed over
+#: slots or sequences by some engines (llama.cpp), so it can exceed 1 with parallel slots.
+SERIES_PREFILL_BUSY = "prefill_busy_ratio"
+SERIES_DECODE_BUSY = "decode_busy_ratio"  # the same for token generation (Δ generation s / Δt)
+SERIES_PREFILL_S_PER_TOKEN = "prefill_s_per_token"  # Δ prompt seconds / Δ prompt tokens (s/token)
 
 # GPU canonical series (NVML)
 SERIES_GPU_UTIL_PCT = "gpu_util_pct"

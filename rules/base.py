@@ -47,9 +47,21 @@ class RuleContext:
         share = min(max(float(share), 0.0), 1.0)
         return share * p95, share * 100.0
 
+    @property
+    def series_only(self) -> bool:
+        """No request has a TTFT: the features come from the engine's metrics alone."""
+        return bool(self.v("series_only"))
+
     def sample_factor(self) -> float:
-        n = float(self.v("requests_n", 0) or 0)
-        need = float(self.general.get("min_requests", 20))
+        """sqrt(n / min_requests) capped at 1; series-only captures without a request count use
+        the scrape windows instead (sqrt(windows / min_series_windows))."""
+        n_req = self.v("requests_n")
+        if n_req is None and self.series_only:
+            n = float(self.v("metrics_windows_n", 0) or 0)
+            need = float(self.general.get("min_series_windows", 6))
+        else:
+            n = float(n_req or 0)
+            need = float(self.general.get("min_requests", 20))
         return 1.0 if n >= need else math.sqrt(max(n, 0.0) / need)
 
     def confidence(self, directness: float, strengths: list[float], black_box: bool = False) -> float:

@@ -62,6 +62,7 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
     passed: list[Passed] = []
     notes: list[str] = []
     n_ok = int(feats.value("requests_n", 0) or 0)
+    series_only = bool(feats.value("series_only"))
 
     for rid, r in REGISTRY.items():
         why = missing_reason(r, feats)
@@ -82,6 +83,8 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
                 out.weight = max(float(general["min_weight"]), (out.explained_pct or 0.0) / 100.0)
             else:
                 out.weight = 1.0
+            if series_only:
+                _series_only(out, general)
             findings.append(out)
         else:
             passed.append(Passed(rid, str(out)))
@@ -123,7 +126,7 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
 
     p95 = feats.value("ttft_p95_s")
     hth = th["healthy"]
-    if n_ok == 0:
+    if n_ok == 0 and not series_only:
         verdict = _no_data(feats)
         skipped.append(Skipped(HEALTHY_ID, "skipped: needs completed requests"))
         return Diagnosis(verdict, [verdict] + findings, skipped, feats, passed, notes, th)
@@ -143,6 +146,10 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
         findings.append(_fallback(feats, slo_rows))
     else:
         passed.append(Passed(HEALTHY_ID, "findings above explain the TTFT or ITL" if all_met is None else "an SLO is broken"))
+    if series_only:
+        for f in findings:
+            if f.rule_id in (HEALTHY_ID, "slo_fallback"):
+                _series_only(f, general)
     if all_met is False and not any(f.category == HEALTHY_ID for f in findings):
         notes.append("an SLO is broken: " + ", ".join(f"{r.name} = {r.value if r.value is None else round(r.value * 1e3, 1)} ms"
                                                       for r in slo_rows if r.meaning == "broken"))
@@ -156,8 +163,21 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
                      + "); they are left out of TTFT")
     if black_box:
         notes.append("client-only capture: verdicts come from sweep evidence with lowered confidence")
+    if series_only:
+        notes.append(f"{SERIES_ONLY_NOTE}: no request in the capture has a TTFT, so TTFT, stage shares and the "
+                     "request count come from the engine's /metrics series (windowed means and percentiles); "
+                     "confidence lowered")
     findings.sort(key=lambda f: (f.tier, -f.score))
     return Diagnosis(findings[0], findings, skipped, feats, passed, notes, th)
+
+
+SERIES_ONLY_NOTE = "from engine metrics only, no per-request spans"
+
+
+def _series_only(f: Finding, general: Mapping[str, Any]) -> None:
+    """A finding drawn from the engine's metrics alone: lower confidence, say why."""
+    f.confidence = round(f.confidence * float(general["series_only_scale"]), 3)
+    f.note = f"{f.note}; {SERIES_ONLY_NOTE}" if f.note else SERIES_ONLY_NOTE
 
 
 def _no_data(feats: Any) -> Finding:

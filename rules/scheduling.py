@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rules.base import RuleContext, Outcome, ev, rule, strength, th_text
-from rules.model import Finding
+from rules.model import Evidence, Finding
 
 QUEUE_IDLE_CHECKS = [
     "queue wait share and the scheduler thread: take a CPU profile of the serving process (py-spy) "
@@ -20,6 +20,29 @@ QUEUE_BUSY_CHECKS = [
     "GPU utilisation alone says little: 90% utilisation can coexist with long queue waits and bad P99 TTFT",
     "KV usage and preemptions (see kv_cache) before adding GPUs",
 ]
+
+
+def _queue_metric_rows(ctx: RuleContext, share_from_metrics: bool) -> list[Evidence]:
+    """Queue depth and the engine's own queue-time histogram, as context (no thresholds)."""
+    rows: list[Evidence] = []
+    for name, label in (("waiting_seqs_p95", "requests waiting (p95)"), ("waiting_seqs_max", "requests waiting (max)")):
+        val = ctx.v(name)
+        if val is not None:
+            src = ctx.features.get(name).source
+            rows.append(ev(label, val, None, "requests",
+                           "the engine's waiting-requests gauge (num_waiting)" if src == "prometheus"
+                           else f"waiting sequences per engine step ({src})"))
+    q_mean = ctx.v("metrics_queue_time_mean_s")
+    if q_mean is not None:
+        q95 = ctx.v("metrics_queue_time_p95_s")
+        rows.append(ev("queue time (engine metric, mean)", q_mean, None, "s",
+                       "the engine's queue-time histogram (queue_time_s), request-weighted over scrape windows"
+                       + (f"; windowed p95 {q95 * 1e3:.0f} ms" if q95 is not None else "")))
+    share = ctx.v("metrics_queue_share")
+    if share is not None and not share_from_metrics:
+        rows.append(ev("queue share of TTFT (engine metrics)", share, None, "share",
+                       "mean queue time / mean TTFT from the engine's own histograms: the same story from /metrics"))
+    return rows
 
 
 @rule("queue", "queue", needs=(("queue_share_tail",), ("ttft_concurrency_ratio", "decode_speed_hold_ratio",
@@ -41,8 +64,12 @@ def queue(ctx: RuleContext) -> Outcome:
                     "the next step boundary, admission is prompt")
         idle_measure = busy_q if busy_q is not None else busy
         idle = idle_measure is not None and idle_measure < th["device_idle_max"]
-        evid = [ev("queue share of TTFT (slowest 5%)", qs, th_text(">=", th["share_min"], "share"), "share",
-                   "time requests wait for the scheduler before their prefill")]
+        from_metrics = ctx.features.get("queue_share_tail").source == "prometheus"
+        evid = [ev("queue share of TTFT (engine metrics)" if from_metrics else "queue share of TTFT (slowest 5%)", qs,
+                   th_text(">=", th["share_min"], "share"), "share",
+                   "time requests wait for the scheduler before their prefill"
+                   + (" (mean queue time / mean TTFT from the engine's histograms, request-weighted over scrape windows)"
+                      if from_metrics else ""))]
         strengths = [strength(qs, th["share_min"])]
         if wait_steps is not None:
             evid.append(ev("queue wait / step in flight", wait_steps, th_text(">=", th["wait_steps_min"], "x"), "x",
@@ -55,6 +82,7 @@ def queue(ctx: RuleContext) -> Outcome:
         if busy is not None:
             evid.append(ev("device busy fraction", busy, None, "share",
                            f"from {ctx.features.get('device_busy_frac').source}; utilisation alone says little"))
+        evid += _queue_metric_rows(ctx, from_metrics)
         if idle:
             strengths.append(strength(th["device_idle_max"], max(idle_measure, 1e-3)))
             title = "Requests wait in the queue while the device is mostly idle: the scheduler / CPU side holds them"
@@ -75,8 +103,8 @@ def queue(ctx: RuleContext) -> Outcome:
     if rise_steps is not None and rise_steps < th["wait_steps_min"]:
         return (f"TTFT rises x{ratio:.1f} with concurrency but only by {rise_steps:.1f} decode steps: new requests wait "
                 "for the step in flight, not in a queue")
-    if holds and flat >= 1:
-        return "TTFT is flat then jumps past a concurrency knee while decode speed holds: an admission limit (see kv_cache)"
+    if flat >= 1:
+        return "TTFT is flat then jumps past a concurrency knee: an admission limit above one request (see kv_cache)"
     curve = ctx.v("ttft_by_inflight") or {}
     ys = list(curve.values())
     evid = [ev("TTFT at highest / lowest concurrency", ratio, th_text(">=", th["bb_ttft_rise_min"], "x"), "x",
@@ -208,13 +236,15 @@ def kv_cache(ctx: RuleContext) -> Outcome:
     flat = ctx.v("concurrency_flat_levels", 0)
     hold = ctx.v("decode_speed_hold_ratio")
     jump = ctx.v("ttft_knee_jump_ratio")
-    if flat < th["bb_flat_levels_min"] or jump < th["knee_jump_min"] or hold < th["bb_decode_hold_min"]:
+    if flat < th["bb_flat_levels_min"] or jump < th["knee_jump_min"]:
         return (f"no knee: TTFT flat for {flat:g} levels, then x{jump:.1f}; per-stream decode speed x{hold:.2f}")
     knee = ctx.v("concurrency_knee")
+    holds = hold >= th["bb_decode_hold_min"]
     evid = [ev("TTFT past the knee / at the knee", jump, th_text(">=", th["knee_jump_min"], "x"), "x",
-               f"TTFT stays flat up to {knee:g} requests in flight, then jumps"),
-            ev("per-stream decode speed, highest / lowest concurrency", hold, th_text(">=", th["bb_decode_hold_min"], "x"),
-               "x", "running streams keep their speed: the extra requests are not admitted, they wait")]
+               f"TTFT stays nearly flat up to {knee:g} requests in flight, then jumps"),
+            ev("per-stream decode speed, highest / lowest concurrency", hold, None, "x",
+               "running streams keep their speed: the extra requests are not admitted, they wait" if holds else
+               "running streams slow too: preempted requests recompute their KV cache")]
     s, pct = ctx.explained(1.0 - 1.0 / jump)
     return Finding("kv_cache", "kv_cache",
                    f"TTFT jumps past {knee:g} concurrent requests while decode speed holds: an admission limit, "

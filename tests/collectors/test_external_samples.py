@@ -36,25 +36,20 @@ CANONICAL = {
              stages.SERIES_TTFT_S, stages.SERIES_ITL_S, stages.SERIES_E2E_S, stages.SERIES_KV_USAGE,
              stages.SERIES_WAITING, stages.SERIES_RUNNING, stages.SERIES_PREEMPTIONS,
              stages.SERIES_PREEMPTIONS_PER_S, stages.SERIES_PROMPT_TOKENS_PER_S,
-             stages.SERIES_GENERATION_TOKENS_PER_S, "ttft_s_p95", "queue_time_s_p99"},
+             stages.SERIES_GENERATION_TOKENS_PER_S, stages.SERIES_REQUESTS_PER_S, "ttft_s_p95", "queue_time_s_p99"},
     "sglang": {stages.SERIES_QUEUE_TIME_S, stages.SERIES_PREFILL_TIME_S, stages.SERIES_DECODE_TIME_S,
                stages.SERIES_TTFT_S, stages.SERIES_ITL_S, stages.SERIES_E2E_S, stages.SERIES_KV_USAGE,
                stages.SERIES_WAITING, stages.SERIES_RUNNING, stages.SERIES_PREEMPTIONS,
-               stages.SERIES_PROMPT_TOKENS_PER_S, stages.SERIES_GENERATION_TOKENS_PER_S},
+               stages.SERIES_PROMPT_TOKENS_PER_S, stages.SERIES_GENERATION_TOKENS_PER_S, stages.SERIES_REQUESTS_PER_S},
     "tgi": {stages.SERIES_QUEUE_TIME_S, stages.SERIES_PREFILL_TIME_S, stages.SERIES_DECODE_TIME_S,
             stages.SERIES_TTFT_S, stages.SERIES_ITL_S, stages.SERIES_E2E_S, stages.SERIES_KV_USAGE,
             stages.SERIES_WAITING, stages.SERIES_RUNNING, stages.SERIES_PROMPT_TOKENS_PER_S,
-            stages.SERIES_GENERATION_TOKENS_PER_S},
+            stages.SERIES_GENERATION_TOKENS_PER_S, stages.SERIES_REQUESTS_PER_S, stages.SERIES_PREFILL_BUSY,
+            stages.SERIES_DECODE_BUSY},
     "llamacpp": {stages.SERIES_ITL_S, stages.SERIES_WAITING, stages.SERIES_RUNNING,
-                 stages.SERIES_PROMPT_TOKENS_PER_S, stages.SERIES_GENERATION_TOKENS_PER_S},
+                 stages.SERIES_PROMPT_TOKENS_PER_S, stages.SERIES_GENERATION_TOKENS_PER_S,
+                 stages.SERIES_PREFILL_BUSY, stages.SERIES_PREFILL_S_PER_TOKEN, stages.SERIES_DECODE_BUSY},
 }
-
-SERIES_FALLBACK = (
-    "features read no request-level TTFT from the canonical series: {why}; diag/features.py needs a "
-    "series fallback (ttft_p95_s from ttft_s_p95, stage shares from queue_time_s / prefill_time_s over ttft_s, "
-    "requests_n from the histograms' counts) and rules/engine.py must not stop at no_data when series exist"
-)
-
 
 def _gen() -> ModuleType:
     spec = importlib.util.spec_from_file_location("make_external_samples", GENERATOR)
@@ -245,32 +240,13 @@ def test_span_files_are_otlp_json_lines():
 # --- the verdict --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", [
-    "vllm",
-    "sglang",
-    pytest.param("tgi", marks=pytest.mark.xfail(strict=True, reason=SERIES_FALLBACK.format(
-        why="TGI's spans give validation and queue but no TTFT (inference = prefill + decode), so no request "
-            "is 'completed' and the verdict is no_data although prefill_time_s / ttft_s ≈ 0.87"))),
-    pytest.param("llamacpp", marks=pytest.mark.xfail(strict=True, reason=SERIES_FALLBACK.format(
-        why="llama.cpp has no spans and its adapter maps no prefill series: collectors/prometheus_adapters.py "
-            "needs llamacpp:prompt_seconds_total as a prefill busy fraction (Δs/Δt) and seconds per prompt "
-            "token (Δprompt_seconds/Δprompt_tokens)"))),
-])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_analyze_names_the_category(engine, capsys):
     doc = _analyze_json(engine, capsys)
     assert doc["verdict"]["category"] == EXPECTED[engine]
 
 
-@pytest.mark.parametrize("engine", [
-    "vllm",
-    pytest.param("sglang", marks=pytest.mark.xfail(strict=True, reason=(
-        "the queue rule (rules/scheduling.py) cites only the span-derived queue share; it does not read the "
-        "engine's num_waiting series (feature waiting_seqs_p95, source prometheus) or the queue_time_s series"))),
-    pytest.param("tgi", marks=pytest.mark.xfail(strict=True, reason=SERIES_FALLBACK.format(
-        why="prefill_share_tail is only computed from request stage columns"))),
-    pytest.param("llamacpp", marks=pytest.mark.xfail(strict=True, reason=SERIES_FALLBACK.format(
-        why="no feature reads llamacpp prompt seconds (no canonical series for them yet)"))),
-])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_verdict_evidence_comes_from_the_engines_metrics(engine, capsys):
     doc = _analyze_json(engine, capsys)
     feats = doc["features"]
@@ -286,6 +262,49 @@ def test_verdict_evidence_comes_from_the_engines_metrics(engine, capsys):
         assert doc["verdict"]["category"] == "prefill_compute"
         assert "prefill" in names
         assert any(f.get("source") == "prometheus" for k, f in feats.items() if "prefill" in k)
+
+
+SERIES_ONLY = ("tgi", "llamacpp")  # no request has a TTFT: the verdict comes from /metrics alone
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_series_only_verdicts_say_so(engine, capsys):
+    doc = _analyze_json(engine, capsys)
+    feats, verdict = doc["features"], doc["verdict"]
+    if engine in SERIES_ONLY:
+        assert feats["series_only"]["value"] == 1.0
+        assert "from engine metrics only, no per-request spans" in verdict["note"]
+        assert any("from engine metrics only" in n for n in doc["notes"])
+        assert 0.15 <= verdict["confidence"] < 0.5  # lower than a verdict with per-request spans
+    else:  # spans with TTFT: the request-level features win, the series only add evidence
+        assert feats["series_only"]["value"] == 0.0
+        assert feats["ttft_p95_s"].get("source") != "prometheus"
+        assert feats["queue_share_tail"].get("source") != "prometheus"
+        assert verdict["confidence"] >= 0.8
+        assert "from engine metrics only" not in (verdict["note"] or "")
+
+
+def test_tgi_metrics_give_ttft_shares_and_requests(capsys):
+    feats = _analyze_json("tgi", capsys)["features"]
+    assert feats["prefill_share_tail"]["source"] == "prometheus" and feats["prefill_share_tail"]["value"] > 0.8
+    assert feats["queue_share_tail"]["value"] < 0.3
+    assert feats["ttft_p95_s"]["source"] == "prometheus" and 1.0 < feats["ttft_p95_s"]["value"] < 3.0
+    assert feats["requests_n"]["source"] == "prometheus"
+    assert feats["requests_n"]["value"] == pytest.approx(19, abs=1)  # 19 generate_stream spans
+    assert feats["itl_p50_s"]["source"] == "prometheus"
+
+
+def test_llamacpp_metrics_give_prefill_busy(capsys):
+    doc = _analyze_json("llamacpp", capsys)
+    feats = doc["features"]
+    assert feats["prefill_busy_ratio"]["value"] > 0.75
+    assert 1 / feats["prefill_s_per_token"]["value"] < 1500
+    assert not feats["ttft_p95_s"]["available"]  # llama.cpp has no TTFT histogram
+    assert not feats["requests_n"]["available"] and feats["metrics_windows_n"]["value"] == 12
+    names = [e["name"] for e in doc["verdict"]["evidence"]]
+    assert names[0].startswith("prefill busy")
+    assert doc["verdict"]["evidence"][0]["threshold"] is not None
+    assert doc["verdict"]["explained_s"] is None
 
 
 def test_vllm_verdict_outranks_the_queue_it_explains(capsys):

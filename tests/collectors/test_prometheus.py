@@ -65,6 +65,7 @@ VLLM_EXPECTED = {
     S.SERIES_TTFT_S: 0.28, S.SERIES_ITL_S: 0.02, S.SERIES_E2E_S: 2.3, S.SERIES_KV_USAGE: 0.42,
     S.SERIES_WAITING: 3, S.SERIES_RUNNING: 8, S.SERIES_PREEMPTIONS: 5, pa.SERIES_PREEMPTIONS_PER_S: 0.6,
     S.SERIES_PROMPT_TOKENS_PER_S: 1000, S.SERIES_GENERATION_TOKENS_PER_S: 200,
+    S.SERIES_REQUESTS_PER_S: 10 / 5,  # 10 TTFT observations in the 5 s window
     # windowed percentiles from bucket deltas: 8 obs in (0.1, 0.25], 2 in (0.5, 0.75]
     "ttft_s_p50": 0.1 + 0.15 * 5 / 8, "ttft_s_p95": 0.5 + 0.25 * 1.5 / 2, "ttft_s_p99": 0.5 + 0.25 * 1.9 / 2,
 }
@@ -76,23 +77,27 @@ EXPECTED: dict[str, dict[str, float]] = {
         S.SERIES_QUEUE_TIME_S: 0.08, S.SERIES_PREFILL_TIME_S: 0.15, S.SERIES_TTFT_S: 0.3, S.SERIES_ITL_S: 0.015,
         S.SERIES_E2E_S: 3.3, S.SERIES_DECODE_TIME_S: 3.0, S.SERIES_KV_USAGE: 0.65, S.SERIES_WAITING: 12,
         S.SERIES_RUNNING: 30, S.SERIES_PREEMPTIONS: 4, S.SERIES_PROMPT_TOKENS_PER_S: 4000,
-        S.SERIES_GENERATION_TOKENS_PER_S: 600,
+        S.SERIES_GENERATION_TOKENS_PER_S: 600, S.SERIES_REQUESTS_PER_S: 2.0,
     },
     "tgi": {
         S.SERIES_QUEUE_TIME_S: 0.05, S.SERIES_PREFILL_TIME_S: 0.1, S.SERIES_DECODE_TIME_S: 2.0,
         S.SERIES_TTFT_S: 0.002 + 0.05 + 0.1, S.SERIES_ITL_S: 0.02, S.SERIES_E2E_S: 2.2, S.SERIES_KV_USAGE: 0.3,
         S.SERIES_WAITING: 4, S.SERIES_RUNNING: 16, S.SERIES_PROMPT_TOKENS_PER_S: 1000,
-        S.SERIES_GENERATION_TOKENS_PER_S: 200,
+        S.SERIES_GENERATION_TOKENS_PER_S: 200, S.SERIES_REQUESTS_PER_S: 2.0,
+        # Δ seconds in prefill / decode batch steps over the 5 s window
+        S.SERIES_PREFILL_BUSY: 1.0 / 5, S.SERIES_DECODE_BUSY: 10.0 / 5,
     },
     "llamacpp": {
         S.SERIES_ITL_S: 0.02, S.SERIES_WAITING: 5, S.SERIES_RUNNING: 2, S.SERIES_PROMPT_TOKENS_PER_S: 1000,
         S.SERIES_GENERATION_TOKENS_PER_S: 200,
+        # prompt seconds 1 -> 6 and prompt tokens 1000 -> 6000 over 5 s; generation seconds 4 -> 24
+        S.SERIES_PREFILL_BUSY: 5.0 / 5, S.SERIES_PREFILL_S_PER_TOKEN: 5.0 / 5000, S.SERIES_DECODE_BUSY: 20.0 / 5,
     },
     "trtllm": {
         S.SERIES_QUEUE_TIME_S: 0.01, S.SERIES_PREFILL_TIME_S: 0.07, S.SERIES_DECODE_TIME_S: 1.5,
         S.SERIES_TTFT_S: 0.09, S.SERIES_ITL_S: 0.012, S.SERIES_E2E_S: 1.6, S.SERIES_KV_USAGE: 0.55,
         S.SERIES_WAITING: 2, S.SERIES_RUNNING: 6, pa.SERIES_PAUSED: 1, S.SERIES_PROMPT_TOKENS_PER_S: 500,
-        S.SERIES_GENERATION_TOKENS_PER_S: 300,
+        S.SERIES_GENERATION_TOKENS_PER_S: 300, S.SERIES_REQUESTS_PER_S: 2.0,
     },
 }
 
@@ -324,6 +329,14 @@ def test_promql_built_from_the_tables():
     assert g[S.SERIES_DECODE_TIME_S].startswith("(sum by (instance) (rate(tgi_request_inference_duration_sum[30s]))")
     assert ' - (' in g[S.SERIES_DECODE_TIME_S]
     assert "tgi_request_count" not in " ".join(g.values())
+    assert q[S.SERIES_REQUESTS_PER_S] == "sum by (instance) (rate(vllm:time_to_first_token_seconds_count[30s]))"
+    lc = pa.promql_queries(pa.LLAMACPP)
+    assert lc[S.SERIES_PREFILL_BUSY] == "sum by (instance) (rate(llamacpp:prompt_seconds_total[30s]))"
+    assert lc[S.SERIES_PREFILL_S_PER_TOKEN] == (
+        "sum by (instance) (rate(llamacpp:prompt_seconds_total[30s])) / "
+        "sum by (instance) (rate(llamacpp:prompt_tokens_total[30s]))"
+    )
+    assert g[S.SERIES_PREFILL_BUSY] == 'sum by (instance) (rate(tgi_batch_inference_duration_sum{method="prefill"}[30s]))'
     # every engine's table renders
     for adapter in pa.ADAPTERS:
         assert all(pa.promql_queries(adapter).values())

@@ -139,3 +139,132 @@ def test_failing_exporter_is_counted_not_raised():
     proc.force_flush()
     assert proc.dropped_spans == 1
     provider.shutdown()
+
+
+def _content(spans):
+    """Exported content of spans as OTLP JSON, ids replaced by their roles (root/child/own)."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from diag.otlp_json import request_to_dict
+
+    doc = request_to_dict(encode_spans(spans))
+    out = []
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                sp = dict(sp)
+                sp["traceId"] = len(sp["traceId"])
+                sp["spanId"] = len(sp["spanId"])
+                sp["parentSpanId"] = sp.get("parentSpanId", "")[:8]  # the caller's id or a local one
+                sp["parentSpanId"] = "caller" if sp["parentSpanId"] == "00f067aa" else bool(sp["parentSpanId"])
+                out.append((json.dumps(ss["scope"], sort_keys=True), json.dumps(sp, sort_keys=True)))
+    return sorted(out)
+
+
+def test_spans_have_the_same_content_as_the_sdks_own():
+    """What the cheap record path exports equals what Tracer.start_span/end would have made."""
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace as trace_api
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    sink = setup_tracing("svc", memory=True)
+    req = sink.start_request("r1", model="m", attributes={"a": 1, "l": [1, 2]}, traceparent=tp, start_ns=1000)
+    req.record_stage(stages.QUEUE, 2000, 3000)
+    req.record_stage(stages.PREFILL, 3000, 2500, {stages.ATTR_DURATION_S: 0.5})
+    req.add_token_time(4000)
+    req.add_token_time(5000)
+    req.set_attributes({"b": 2, "a": 3})
+    req.end(end_ns=6000, error="disconnect")
+    sink.record_step(10, 20, {stages.ATTR_STEP_INDEX: 1, stages.ATTR_STEP_KV_USAGE: 0.5})
+    sink.record_cold_start(30, 40, "load", {stages.GEN_AI_REQUEST_MODEL: "m"})
+    sink.start_request("c1", side="client", start_ns=7).end(end_ns=8)
+    sink.force_flush()
+    got = list(sink.memory.get_finished_spans())
+    assert req.traceparent().startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+
+    ref_sink = setup_tracing("svc", memory=True)  # the same resource + scope, spans made by the SDK
+    tracer = ref_sink.provider.get_tracer("ttft-diag")
+    parent = TraceContextTextMapPropagator().extract({"traceparent": tp})
+    root = tracer.start_span(stages.SPAN_REQUEST, context=parent, kind=SpanKind.SERVER, start_time=1000, attributes={
+        stages.ATTR_SIDE: "server", stages.ATTR_REQUEST_ID: "r1", stages.GEN_AI_REQUEST_MODEL: "m", "a": 1, "l": [1, 2]})
+    ctx = trace_api.set_span_in_context(root)
+    tracer.start_span(stages.QUEUE, context=ctx, start_time=2000).end(end_time=3000)
+    tracer.start_span(stages.PREFILL, context=ctx, start_time=3000, attributes={stages.ATTR_DURATION_S: 0.5}).end(end_time=3000)
+    root.set_attributes({"b": 2, "a": 3})
+    root.set_attribute(stages.ATTR_TOKEN_TIMES_NS, [4000, 5000])
+    root.set_attribute(stages.ATTR_FIRST_TOKEN_NS, 4000)
+    root.set_attribute(stages.ATTR_ERROR, "disconnect")
+    root.set_status(Status(StatusCode.ERROR, "disconnect"))
+    root.end(end_time=6000)
+    empty = otel_context.Context()
+    tracer.start_span(stages.SPAN_ENGINE_STEP, context=empty, start_time=10,
+                      attributes={stages.ATTR_STEP_INDEX: 1, stages.ATTR_STEP_KV_USAGE: 0.5}).end(end_time=20)
+    tracer.start_span(stages.SPAN_COLD_START, context=empty, start_time=30, attributes={
+        stages.ATTR_COLD_START_PHASE: "load", stages.GEN_AI_REQUEST_MODEL: "m"}).end(end_time=40)
+    tracer.start_span(stages.SPAN_CLIENT_REQUEST, context=empty, kind=SpanKind.CLIENT, start_time=7,
+                      attributes={stages.ATTR_SIDE: "client", stages.ATTR_REQUEST_ID: "c1"}).end(end_time=8)
+    ref_sink.force_flush()
+    ref = list(ref_sink.memory.get_finished_spans())
+
+    assert _content(got) == _content(ref)
+    by_name = {s.name: s for s in got}
+    assert by_name[stages.QUEUE].parent.span_id == by_name[stages.SPAN_REQUEST].context.span_id
+    assert by_name[stages.SPAN_REQUEST].parent.is_remote and by_name[stages.SPAN_REQUEST].parent.span_id == 0x00F067AA0BA902B7
+    assert by_name[stages.SPAN_REQUEST].context.trace_flags == root.get_span_context().trace_flags
+    assert by_name[stages.SPAN_ENGINE_STEP].context.trace_id != by_name[stages.SPAN_COLD_START].context.trace_id
+    sink.shutdown()
+    ref_sink.shutdown()
+
+
+def test_unsampled_caller_gives_ids_but_records_nothing():
+    sink = setup_tracing(memory=True)
+    req = sink.start_request("s1", traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")
+    assert req.enabled and req.trace_id_hex == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert req.traceparent().endswith("-00")
+    req.record_stage(stages.QUEUE, 1, 2)
+    req.end()
+    sink.force_flush()
+    assert sink.memory.get_finished_spans() == ()
+    sink.shutdown()
+
+
+def test_sdk_spans_are_built_on_the_materialiser_thread_not_the_callers(monkeypatch):
+    """The SDK spans are built on the materialiser thread, not in the record calls."""
+    import threading
+
+    import collectors.spans as spans_mod
+
+    builders: set[str] = set()
+    real = spans_mod.ReadableSpan
+
+    def spy(*a, **k):
+        builders.add(threading.current_thread().name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(spans_mod, "ReadableSpan", spy)
+    sink = setup_tracing(memory=True, export_interval_s=0.05)
+    for i in range(20):
+        _one_request(sink, i)
+        sink.record_step(1, 2, {stages.ATTR_STEP_INDEX: i})
+    deadline = time.time() + 5
+    while time.time() < deadline and len(sink.memory.get_finished_spans()) < 20 * 5:
+        time.sleep(0.02)
+    assert len(sink.memory.get_finished_spans()) == 20 * 5
+    assert builders == {"ttft-span-build"}
+    sink.shutdown()
+
+
+def test_full_record_queue_drops_and_counts_without_blocking():
+    sink = setup_tracing(memory=True, max_queue=50, export_interval_s=10)
+    t0 = time.perf_counter()
+    for i in range(500):
+        sink.record_step(1, 2, {stages.ATTR_STEP_INDEX: i})
+    assert time.perf_counter() - t0 < 0.5
+    assert sink.dropped_spans >= 400
+    sink.force_flush()
+    assert len(sink.memory.get_finished_spans()) + sink.dropped_spans == 500
+    sink.shutdown()
+    sink.record_step(1, 2, {})  # after shutdown: counted, never raised
+    assert len(sink.memory.get_finished_spans()) + sink.dropped_spans == 501

@@ -178,3 +178,19 @@ def test_arrow_fast_path_and_line_reader_agree(capture_dir, monkeypatch):
     tt_slow = [list(x) if x is not None else None for x in slow[stages.ATTR_TOKEN_TIMES_NS]]
     assert tt_fast == tt_slow
     assert fast["extra"].dropna().tolist() == slow["extra"].dropna().tolist() == [{"vendor.x": [1.5, 2.5]}] * 20
+
+
+def test_gzipped_spans_file_loads_the_same(capture_dir):
+    import gzip
+
+    _write(capture_dir, n=4)
+    plain = load_capture(capture_dir).spans
+    raw = (capture_dir / SPANS_FILE).read_bytes()
+    (capture_dir / SPANS_FILE).unlink()
+    (capture_dir / (SPANS_FILE + ".gz")).write_bytes(gzip.compress(raw))
+    packed = load_capture(capture_dir)
+    assert packed.warnings == []
+    assert sorted(packed.spans["span_id"].astype(str)) == sorted(plain["span_id"].astype(str))
+    (capture_dir / (SPANS_FILE + ".gz")).write_bytes(gzip.compress(raw)[:-20])  # cut short
+    cut = load_capture(capture_dir)
+    assert any("truncated" in w for w in cut.warnings)

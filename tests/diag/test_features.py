@@ -236,3 +236,126 @@ def test_window_filters_requests_steps_and_series(tmp_path: Path) -> None:
     cut = int(req["start_ns"].iloc[10])
     feats = compute_features(tables, window_ns=(int(req["start_ns"].min()), cut))
     assert feats.value("requests_n") == 10
+
+
+# --- engine metrics: the series fallback when no request has a TTFT ---------------------------
+
+
+def _engine_series(windows: list[dict[str, float]], dt_s: float = 5.0, t0: float = 1000.0, entity: str = "",
+                   first: dict[str, float] | None = None) -> pd.DataFrame:
+    """Canonical /metrics rows: a first scrape (gauges only) at ``t0``, then one scrape pair per window."""
+    rows = [(t0, "prometheus", name, entity, v) for name, v in (first or {stages.SERIES_WAITING: 0.0}).items()]
+    for k, w in enumerate(windows, start=1):
+        rows += [(t0 + k * dt_s, "prometheus", name, entity, v) for name, v in w.items()]
+    return pd.DataFrame(rows, columns=list(stages.SERIES_COLUMNS))
+
+
+S = stages
+QUEUE_WINDOW = {S.SERIES_REQUESTS_PER_S: 2.0, S.SERIES_TTFT_S: 1.0, S.SERIES_QUEUE_TIME_S: 0.8,
+                S.SERIES_PREFILL_TIME_S: 0.15, "ttft_s_p50": 0.9, "ttft_s_p95": 2.0, "ttft_s_p99": 2.5,
+                "queue_time_s_p95": 1.8, S.SERIES_ITL_S: 0.03, "itl_s_p50": 0.02, "itl_s_p99": 0.1,
+                S.SERIES_GENERATION_TOKENS_PER_S: 100.0, S.SERIES_WAITING: 6.0}
+
+
+def test_series_fallback_without_requests() -> None:
+    feats = compute_features(_tables(series=_engine_series([QUEUE_WINDOW] * 4)))
+    assert feats.value("series_only") == 1.0
+    assert feats.value("metrics_windows_n") == 4
+    assert feats.value("requests_n") == pytest.approx(4 * 2.0 * 5.0)  # requests_per_s x window length
+    assert feats.get("requests_n").source == "prometheus"
+    assert feats.value("ttft_p50_s") == pytest.approx(0.9) and feats.value("ttft_p95_s") == pytest.approx(2.0)
+    assert feats.value("ttft_p99_s") == pytest.approx(2.5) and feats.value("ttft_mean_s") == pytest.approx(1.0)
+    assert feats.value("queue_share_tail") == pytest.approx(0.8) == feats.value("queue_share_median")
+    assert feats.value("prefill_share_tail") == pytest.approx(0.15)
+    assert feats.value("stage_shares_tail") == pytest.approx({"queue": 0.8, "prefill": 0.15})
+    assert feats.value("unattributed_share_tail") == pytest.approx(0.05)
+    assert feats.value("stage_tail_mean_s")["queue"] == pytest.approx(0.8)
+    for name in ("ttft_p95_s", "queue_share_tail", "prefill_share_tail", "stage_shares_tail"):
+        assert feats.get(name).source == "prometheus", name
+    assert feats.value("metrics_queue_time_p95_s") == pytest.approx(1.8)
+    assert feats.get("waiting_seqs_p95").source == "prometheus" and feats.value("waiting_seqs_max") == 6
+    # stages the metrics do not give keep saying why
+    assert not feats.available("tokenize_share_tail") and feats.get("tokenize_share_tail").reason
+
+
+def test_series_means_are_weighted_by_requests_per_window() -> None:
+    a = {S.SERIES_REQUESTS_PER_S: 3.0, S.SERIES_TTFT_S: 1.0, S.SERIES_QUEUE_TIME_S: 0.0}
+    b = {S.SERIES_REQUESTS_PER_S: 1.0, S.SERIES_TTFT_S: 3.0, S.SERIES_QUEUE_TIME_S: 2.0}
+    feats = compute_features(_tables(series=_engine_series([a, b], dt_s=10.0)))
+    assert feats.value("requests_n") == pytest.approx(40)
+    assert feats.value("metrics_ttft_mean_s") == pytest.approx((3 * 1.0 + 1 * 3.0) / 4)
+    assert feats.value("metrics_queue_time_mean_s") == pytest.approx(0.5)
+    assert feats.value("queue_share_tail") == pytest.approx(0.5 / 1.5)
+    # without a request count every window weighs the same, and requests_n says why it is unknown
+    for w in (a, b):
+        del w[S.SERIES_REQUESTS_PER_S]
+    feats = compute_features(_tables(series=_engine_series([a, b])))
+    assert feats.value("metrics_ttft_mean_s") == pytest.approx(2.0)
+    assert not feats.available("requests_n") and "request count" in feats.get("requests_n").reason
+    # TTFT derived from means only (no buckets, e.g. TGI): percentiles of the window means
+    assert feats.value("ttft_p50_s") == pytest.approx(2.0) and feats.get("ttft_p50_s").source == "prometheus"
+
+
+def test_requests_with_ttft_keep_preferring_spans() -> None:
+    ttft = [0.010] * 95 + [0.100] * 5
+    req = _requests(ttft, queue_s=[0.001] * 95 + [0.080] * 5, prefill_s=[0.008] * 95 + [0.015] * 5)
+    feats = compute_features(_tables(req, series=_engine_series([QUEUE_WINDOW] * 4)))
+    assert feats.value("series_only") == 0.0
+    assert feats.value("requests_n") == 100 and feats.get("requests_n").source is None
+    assert feats.value("ttft_p50_s") == pytest.approx(0.010) and feats.get("ttft_p50_s").source is None
+    assert feats.value("queue_share_tail") == pytest.approx(0.8) and feats.get("queue_share_tail").source is None
+    assert feats.value("prefill_share_median") == pytest.approx(0.8)
+    # the engine's own numbers are still there, under their own names
+    assert feats.value("metrics_queue_share") == pytest.approx(0.8)
+    assert feats.value("metrics_requests_n") == pytest.approx(40)
+
+
+def test_no_series_only_when_all_failed_or_only_one_scrape() -> None:
+    req = _requests([np.nan] * 5, error=["http_503"] * 5)
+    feats = compute_features(_tables(req, series=_engine_series([QUEUE_WINDOW] * 3)))
+    assert feats.value("series_only") == 0.0 and not feats.available("ttft_p95_s")
+    first_only = _engine_series([], first={S.SERIES_WAITING: 3.0, S.SERIES_KV_USAGE: 0.5})
+    feats = compute_features(_tables(series=first_only))
+    assert feats.value("series_only") == 0.0 and feats.value("metrics_windows_n") == 0
+
+
+def test_itl_falls_back_to_the_engine_series() -> None:
+    req = _requests([0.01] * 10)  # requests with TTFT but no token times (e.g. vLLM's llm_request span)
+    fast = dict(QUEUE_WINDOW, **{"itl_s_p50": 0.01, S.SERIES_GENERATION_TOKENS_PER_S: 300.0})
+    feats = compute_features(_tables(req, series=_engine_series([QUEUE_WINDOW, fast])))
+    assert feats.get("itl_p50_s").source == "prometheus"
+    assert feats.value("itl_p50_s") == pytest.approx((100 * 0.02 + 300 * 0.01) / 400)  # weighted by tokens
+    assert feats.value("itl_p99_s") == pytest.approx(0.1)
+    assert not feats.available("itl_p90_s") and "p50/p99" in feats.get("itl_p90_s").reason
+    # no histogram percentiles (llama.cpp: Δ generation seconds / Δ tokens): the windowed mean
+    means_only = [{S.SERIES_ITL_S: 0.25, S.SERIES_GENERATION_TOKENS_PER_S: 10.0}] * 3
+    feats = compute_features(_tables(req, series=_engine_series(means_only)))
+    assert feats.value("itl_p50_s") == pytest.approx(0.25)
+    assert not feats.available("itl_p99_s")
+    # without the series: the old reason
+    assert "token emission times" in compute_features(_tables(req)).get("itl_p50_s").reason
+
+
+def test_itl_from_token_times_wins_over_series(tmp_path: Path) -> None:
+    dirs = simulate(tmp_path, Engine(), [Phase("a", 20, 64, 8, conc=1)], Client())
+    tables = tables_of(dirs)
+    base = compute_features(tables)
+    tables.series = _engine_series([QUEUE_WINDOW] * 3, t0=1.0)
+    feats = compute_features(tables)
+    assert feats.get("itl_p50_s").source == base.get("itl_p50_s").source != "prometheus"
+    assert feats.value("itl_p50_s") == pytest.approx(base.value("itl_p50_s"))
+
+
+def test_prefill_busy_from_engine_counters() -> None:
+    w1 = {S.SERIES_PREFILL_BUSY: 0.9, S.SERIES_PREFILL_S_PER_TOKEN: 0.002, S.SERIES_PROMPT_TOKENS_PER_S: 450.0,
+          S.SERIES_DECODE_BUSY: 0.2}
+    w2 = {S.SERIES_PREFILL_BUSY: 0.5, S.SERIES_PREFILL_S_PER_TOKEN: 0.001, S.SERIES_PROMPT_TOKENS_PER_S: 500.0,
+          S.SERIES_DECODE_BUSY: 0.4}
+    feats = compute_features(_tables(series=_engine_series([w1, w2])))
+    assert feats.value("series_only") == 1.0
+    assert feats.value("prefill_busy_ratio") == pytest.approx(0.7)
+    assert feats.value("decode_busy_ratio") == pytest.approx(0.3)
+    # Σ seconds / Σ tokens: weighted by the prompt tokens of each window
+    assert feats.value("prefill_s_per_token") == pytest.approx((450 * 0.002 + 500 * 0.001) / 950)
+    assert not feats.available("ttft_p95_s") and "no TTFT histogram" in feats.get("ttft_p95_s").reason
+    assert "prefill_busy_ratio" in compute_features(_tables()).get("prefill_busy_ratio").reason

@@ -41,7 +41,7 @@ SCENARIOS = {
                    "cold_start", "cold_start", ["first requests far above comparable ones"]),
     "network": (Engine(), [Phase("steady", 60, 64, 16, conc=2)], Client(net_s=10 * MS), "network", None,
                 ["client-server gap share of TTFT (slowest 5%)"]),
-    "loadgen": (Engine(), [Phase("steady", 60, 64, 16, conc=4)], Client(lag_s=5 * MS), "loadgen", "loadgen",
+    "loadgen": (Engine(), [Phase("steady", 60, 64, 16, conc=4)], Client(lag_s=40 * MS), "loadgen", "loadgen",
                 ["client event-loop lag p99 / TTFT p50"]),
 }
 
