@@ -1117,6 +1117,19 @@ class _Builder:
             return None
 
         lag = self.series_values(stages.SERIES_LOOP_LAG_S)
+        stall = from_meta("loop_stall")
+        if len(lag) >= 3:
+            # share of the sampled wall time the loop ran late, per client process (entity)
+            fracs = []
+            for _, g in lag.groupby(lag["entity"].astype(str)):
+                ts = pd.to_numeric(g["ts_s"]).to_numpy()
+                covered = float(ts.max() - ts.min())
+                if covered > 0:
+                    fracs.append(min(1.0, float(pd.to_numeric(g["value"]).iloc[1:].sum()) / covered))
+            stall = max(fracs) if fracs else stall
+        self.add("client_loop_stall_frac", stall, "ratio",
+                 None if stall is not None else "no client_loop_lag_s series or client_health loop_stall_frac",
+                 source="series" if len(lag) >= 3 else "meta")
         if len(lag):
             self.add("client_loop_lag_p99_s", float(np.percentile(pd.to_numeric(lag["value"]), 99)), "s", source="series")
         else:

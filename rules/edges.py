@@ -79,7 +79,7 @@ def network(ctx: RuleContext) -> Outcome:
                     "the TTFT boundary: client TTFT includes the network, server TTFT ends at the hand-off to the stream"])
 
 
-@rule("loadgen", "loadgen", needs=(("client_loop_lag_p99_s",), ("client_cpu_pct_p95",), ("client_send_lateness_p95_s",),
+@rule("loadgen", "loadgen", needs=(("client_loop_stall_frac",), ("client_loop_lag_p99_s",), ("client_cpu_pct_p95",), ("client_send_lateness_p95_s",),
                                    ("client_saturated_flag",)), tier=0)
 def loadgen(ctx: RuleContext) -> Outcome:
     """The load generator was the bottleneck: the measurement is invalid."""
@@ -88,10 +88,14 @@ def loadgen(ctx: RuleContext) -> Outcome:
     evid = []
     strengths = []
     lag = ctx.v("client_loop_lag_p99_s")
-    if lag is not None and p50 and lag >= th["loop_lag_floor_s"] and lag / p50 >= th["loop_lag_vs_ttft_min"]:
-        evid.append(ev("client event-loop lag p99 / TTFT p50", lag / p50, th_text(">=", th["loop_lag_vs_ttft_min"], "share"),
-                       "share", f"lag {lag * 1e3:.1f} ms: chunks sit unread, the client's TTFT is inflated"))
-        strengths.append(strength(lag / p50, th["loop_lag_vs_ttft_min"]))
+    stall = ctx.v("client_loop_stall_frac")
+    if stall is not None and stall >= th["loop_stall_frac_min"]:
+        evid.append(ev("client event loop stalled", stall, th_text(">=", th["loop_stall_frac_min"], "share"), "share",
+                       "share of the run the probe's event loop ran late: chunks sat unread, TTFT is inflated"))
+        strengths.append(strength(stall, th["loop_stall_frac_min"]))
+        if lag is not None and p50:
+            evid.append(ev("client event-loop lag p99 / TTFT p50", lag / p50, None, "share",
+                           f"lag p99 {lag * 1e3:.1f} ms against the TTFT being measured"))
     cpu = ctx.v("client_cpu_pct_p95")
     if cpu is not None and cpu >= th["cpu_pct_min"]:
         evid.append(ev("client CPU p95", cpu, th_text(">=", th["cpu_pct_min"], "%"), "%", "the client process is CPU-bound"))
@@ -102,7 +106,7 @@ def loadgen(ctx: RuleContext) -> Outcome:
                        th_text(">=", th["send_lateness_vs_ttft_min"], "share"), "share",
                        "the client cannot keep the arrival schedule"))
         strengths.append(strength(late / p50, th["send_lateness_vs_ttft_min"]))
-    if ctx.v("client_saturated_flag"):
+    if ctx.v("client_saturated_flag") and stall is None and not evid:
         evid.append(ev("client health says saturated", "yes", None, "", "the probe's own health check (meta.json)"))
         strengths.append(1.0)
     if not evid:

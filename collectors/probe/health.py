@@ -30,7 +30,7 @@ import pandas as pd
 from diag import stages
 
 #: Saturation thresholds (client_health.thresholds in meta.json).
-LOOP_LAG_P99_LIMIT_S = 0.020
+LOOP_STALL_FRAC_LIMIT = 0.15  # share of wall time the event loop ran late (a sustained stall)
 CPU_PCT_P90_LIMIT = 90.0
 CONN_WAIT_P99_LIMIT_S = 0.005
 
@@ -110,11 +110,23 @@ class HealthMonitor:
             last_wall, last_cpu = now, cpu
 
 
+def loop_stall_fraction(samples: Sequence[HealthSamples]) -> float | None:
+    """Share of the sampled wall time the event loop ran late: sum of lateness / time covered."""
+    stalled = covered = 0.0
+    for s in samples:
+        if len(s.ts_s) >= 2:
+            stalled += float(sum(s.lag_s[1:]))
+            covered += float(s.ts_s[-1] - s.ts_s[0])
+    return min(1.0, stalled / covered) if covered > 0 else None
+
+
 def summarize(samples: Sequence[HealthSamples], conn_waits_s: Iterable[float] = ()) -> dict[str, Any]:
     """meta.json's ``client_health``: lag and CPU figures and the ``saturated`` verdict.
 
-    Saturated when loop lag p99 > 20 ms, or CPU p90 >= 90 % of one core (a Python client
-    cannot use more), or the connection-pool wait p99 > 5 ms; ``reason`` says which.
+    Saturated when the event loop was stalled for >= 15 % of the wall time (the sum of its
+    lateness over the time sampled: a sustained stall, not one OS-scheduling hiccup), or CPU
+    p90 >= 90 % of one core (a Python client cannot use more), or the connection-pool wait
+    p99 > 5 ms; ``reason`` says which.
     """
     lag = np.asarray([v for s in samples for v in s.lag_s], dtype="float64")
     cpu = np.asarray([v for s in samples for v in s.cpu_pct], dtype="float64")
@@ -125,20 +137,22 @@ def summarize(samples: Sequence[HealthSamples], conn_waits_s: Iterable[float] = 
         "loop_lag_p50_s": float(np.percentile(lag, 50)) if lag.size else None,
         "loop_lag_p99_s": float(np.percentile(lag, 99)) if lag.size else None,
         "loop_lag_max_s": float(lag.max()) if lag.size else None,
+        "loop_stall_frac": loop_stall_fraction(samples),
         "cpu_pct_mean": float(cpu.mean()) if cpu.size else None,
         "cpu_pct_p90": float(np.percentile(cpu, 90)) if cpu.size else None,
         "cpu_pct_max": float(cpu.max()) if cpu.size else None,
         "conn_wait_p99_s": float(np.percentile(waits, 99)) if waits.size else None,
         "conn_wait_max_s": float(waits.max()) if waits.size else None,
         "thresholds": {
-            "loop_lag_p99_s": LOOP_LAG_P99_LIMIT_S,
+            "loop_stall_frac": LOOP_STALL_FRAC_LIMIT,
             "cpu_pct_p90": CPU_PCT_P90_LIMIT,
             "conn_wait_p99_s": CONN_WAIT_P99_LIMIT_S,
         },
     }
     reasons = []
-    if out["loop_lag_p99_s"] is not None and out["loop_lag_p99_s"] > LOOP_LAG_P99_LIMIT_S:
-        reasons.append(f"event-loop lag p99 {out['loop_lag_p99_s'] * 1e3:.1f} ms > {LOOP_LAG_P99_LIMIT_S * 1e3:.0f} ms")
+    if out["loop_stall_frac"] is not None and out["loop_stall_frac"] >= LOOP_STALL_FRAC_LIMIT:
+        reasons.append(f"event loop stalled {out['loop_stall_frac']:.0%} of the time >= {LOOP_STALL_FRAC_LIMIT:.0%} "
+                       f"(lag p99 {out['loop_lag_p99_s'] * 1e3:.1f} ms)")
     if out["cpu_pct_p90"] is not None and out["cpu_pct_p90"] >= CPU_PCT_P90_LIMIT:
         reasons.append(f"client CPU p90 {out['cpu_pct_p90']:.0f}% of one core >= {CPU_PCT_P90_LIMIT:.0f}%")
     if out["conn_wait_p99_s"] is not None and out["conn_wait_p99_s"] > CONN_WAIT_P99_LIMIT_S:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from collectors.probe.alongside import Alongside
 from collectors.probe.health import HealthMonitor, HealthSamples, summarize
 
@@ -31,10 +33,13 @@ def test_summary_verdicts():
     ok = HealthSamples("", [1.0, 2.0], [0.001, 0.002], [20.0, 30.0])
     h = summarize([ok], [0.0, 0.0])
     assert h["saturated"] is False and "healthy" in h["reason"]
-    busy = HealthSamples("", [1.0] * 10, [0.05] * 10, [99.0] * 10)
+    busy = HealthSamples("", [1.0 + 0.1 * i for i in range(10)], [0.05] * 10, [99.0] * 10)
     h = summarize([busy], [0.02])
-    assert h["saturated"] is True
-    assert "loop lag" in h["reason"] and "CPU" in h["reason"] and "pool wait" in h["reason"]
+    assert h["saturated"] is True and h["loop_stall_frac"] == pytest.approx(0.5)
+    assert "stalled" in h["reason"] and "CPU" in h["reason"] and "pool wait" in h["reason"]
+    # one OS-scheduling hiccup is not a saturated client
+    hiccup = HealthSamples("", [1.0 + 0.05 * i for i in range(40)], [0.001] * 39 + [0.03], [5.0] * 40)
+    assert summarize([hiccup], [0.0])["saturated"] is False
     assert summarize([], [])["reason"] == "no health samples"
 
 

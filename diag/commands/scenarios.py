@@ -1,0 +1,86 @@
+"""``ttft scenarios list|run|check``: reproducible bottlenecks on the bundled engine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from diag.cli import UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "scenarios",
+        help="reproducible bottleneck scenarios and the diagnosis matrix",
+        description="Each scenario runs the bundled engine (its own process) with a configuration and a probe "
+        "workload that produce one bottleneck class; loads and sizes come from a short calibration of this machine.",
+    )
+    ssub = p.add_subparsers(dest="scenarios_command", metavar="ACTION", required=True)
+    ssub.add_parser("list", help="list the scenarios and their ground truth")
+    r = ssub.add_parser("run", help="run one scenario into a directory of captures")
+    r.add_argument("name", help="scenario name (see `ttft scenarios list`)")
+    r.add_argument("-o", "--output", metavar="DIR", help="where to write (default: ./scenario-NAME)")
+    r.add_argument("--calibration", metavar="FILE", help="reuse (or write) a calibration JSON file")
+    c = ssub.add_parser("check", help="run scenarios and print the confusion table (server-side and client-only)")
+    c.add_argument("names", nargs="*", metavar="NAME", help="scenarios to check (default: all)")
+    c.add_argument("--fast", action="store_true", help="only the fast scenarios")
+    c.add_argument("-o", "--output", metavar="DIR", default="scenario-runs", help="where the runs go (default ./scenario-runs)")
+    c.add_argument("--calibration", metavar="FILE", help="reuse (or write) a calibration JSON file")
+    c.add_argument("--json", action="store_true", help="print the matrix as JSON")
+    m = ssub.add_parser("samples", help="regenerate samples/<scenario>/ (small captures, checked)")
+    m.add_argument("names", nargs="*", metavar="NAME", help="scenarios (default: all)")
+    m.add_argument("-o", "--output", metavar="DIR", default="samples", help="samples directory (default ./samples)")
+    m.add_argument("--calibration", metavar="FILE", help="reuse (or write) a calibration JSON file")
+    return p
+
+
+def _pick(names: list[str], fast: bool) -> list:
+    from diag.scenarios import SCENARIOS, get
+
+    try:
+        chosen = [get(n) for n in names] if names else list(SCENARIOS)
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from exc
+    return [s for s in chosen if s.fast] if fast else chosen
+
+
+def run(args: argparse.Namespace) -> int:
+    from diag.scenarios import SCENARIOS, calibrate, check, confusion_table, diagnose_run, run_scenario, rows_to_dict
+
+    if args.scenarios_command == "list":
+        for s in SCENARIOS:
+            print(f"{s.name:<22} -> {s.category:<16} {'' if s.fast else '(slow) '}{s.cause}")
+        return 0
+    log = (lambda m: print(m, file=sys.stderr, flush=True))
+    log("calibrating this machine with the bundled engine ...")
+    cal = calibrate(cache=args.calibration)
+    log(f"  prefill {cal.prefill_ms_per_token:.3f} ms/token, decode step {cal.decode_step_ms:.2f} ms, "
+        f"short-prompt TTFT {cal.ttft_short_ms:.1f} ms")
+    if args.scenarios_command == "run":
+        (sc,) = _pick([args.name], False)
+        out = Path(args.output or f"scenario-{sc.name}")
+        run_ = run_scenario(sc, out, cal, log=log)
+        for mode in ("server", "client-only"):
+            v = diagnose_run(run_, mode)
+            print(f"{sc.name} [{mode}]: {v.category} ({v.confidence:.2f}) - {v.title}")
+        print(f"captures: {', '.join(str(p) for p in run_.all_captures)}  (expected: {sc.category})")
+        return 0
+    t0 = time.monotonic()
+    if args.scenarios_command == "samples":
+        from diag.scenarios.samples import make_samples
+
+        rows = make_samples(_pick(args.names, False), args.output, cal, log=log)
+        print(confusion_table(rows))
+        return 0 if all(r.ok(m) for r in rows for m in ("server", "client-only")) else 1
+    rows = check(_pick(args.names, args.fast), args.output, cal, log=log)
+    wall = time.monotonic() - t0
+    if args.json:
+        json.dump({"matrix": rows_to_dict(rows), "wall_s": wall, "calibration": cal.to_dict()}, sys.stdout, indent=2)
+        print()
+    else:
+        print(confusion_table(rows))
+        print(f"matrix wall time: {wall:.0f} s")
+    return 0 if all(r.ok(m) for r in rows for m in ("server", "client-only")) else 1

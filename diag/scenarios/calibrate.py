@@ -1,0 +1,72 @@
+"""A short calibration of this machine with the bundled engine, so that scenario loads and
+sizes follow from measured speeds rather than constants tuned on one box.
+
+Measured (tiny model, default engine, concurrency 1):
+- ``ttft_short_ms``: TTFT of a short prompt (fixed overhead + a little prefill),
+- ``prefill_ms_per_token``: the TTFT slope between a short and a long prompt,
+- ``decode_step_ms``: the inter-token latency of one running sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from diag.scenarios.engine_process import EngineProcess
+
+SHORT_TOKENS = 32
+LONG_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Speeds of this machine for the tiny model (milliseconds)."""
+
+    ttft_short_ms: float
+    prefill_ms_per_token: float
+    decode_step_ms: float
+    device: str = "cpu"
+
+    def to_dict(self) -> dict[str, float | str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, float | str]) -> "Calibration":
+        return cls(**{k: d[k] for k in ("ttft_short_ms", "prefill_ms_per_token", "decode_step_ms", "device") if k in d})  # type: ignore[arg-type]
+
+
+def _p50_ms(result: object, key: str) -> float:
+    dist = result.metrics[key]  # type: ignore[attr-defined]
+    if not dist.get("count"):
+        raise RuntimeError(f"calibration: no {key} measured")
+    return float(dist["p50"]) * 1e3
+
+
+def calibrate(device: str = "cpu", cache: str | Path | None = None) -> Calibration:
+    """Measure the machine (about 10-20 s on 2 CPU cores); reuse ``cache`` when it exists."""
+    if cache is not None and Path(cache).exists():
+        return Calibration.from_dict(json.loads(Path(cache).read_text()))
+    from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
+
+    with EngineProcess(["--device", device]) as eng:
+        def measure(inp: int, out: int, n: int) -> object:
+            cfg = ProbeConfig(eng.url, load=LoadSpec(concurrency=1, requests=n, warmup_requests=1),
+                              workload=WorkloadSpec(LengthSpec("fixed", inp), LengthSpec("fixed", out)), output=None)
+            return run_probe(cfg)
+
+        short = measure(SHORT_TOKENS, 4, 6)
+        long = measure(LONG_TOKENS, 4, 6)
+        decode = measure(SHORT_TOKENS, 48, 3)
+    ttft_short = _p50_ms(short, "ttft_s")
+    ttft_long = _p50_ms(long, "ttft_s")
+    cal = Calibration(
+        ttft_short_ms=ttft_short,
+        prefill_ms_per_token=max((ttft_long - ttft_short) / (LONG_TOKENS - SHORT_TOKENS), 1e-4),
+        decode_step_ms=_p50_ms(decode, "itl_s"),
+        device=device,
+    )
+    if cache is not None:
+        Path(cache).parent.mkdir(parents=True, exist_ok=True)
+        Path(cache).write_text(json.dumps(cal.to_dict(), indent=2))
+    return cal

@@ -1,0 +1,187 @@
+"""The scenario catalog: one reproducible bottleneck per category, sized from a calibration.
+
+A scenario is a plan of phases; each phase is one bundled-engine process (its ``ttft serve``
+arguments) and the probe steps run against it. The ground truth of each scenario is written
+down here, next to the cause it injects, so ``ttft scenarios check`` can score the verdicts.
+Sizes come from :class:`~diag.scenarios.calibrate.Calibration` (measured prefill ms/token and
+decode step), never from constants tuned on one machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag.scenarios.calibrate import Calibration
+
+
+@dataclass(frozen=True)
+class ProbeStep:
+    """One probe (or sweep) against the phase's engine. Lengths in tokens."""
+
+    concurrency: int = 1
+    requests: int | None = None
+    input_tokens: str = "fixed:64"
+    output_tokens: str = "fixed:16"
+    sweep: str | None = None  # "prompt" | "concurrency" | "rate"
+    sweep_values: tuple[float, ...] = ()
+    requests_per_point: int | None = None
+    prompts: tuple[tuple[int, int], ...] = ()  # (input tokens, max tokens) cycled: a mixed workload
+    warmup: int = 1
+    segment: str | None = None
+    starve_client: bool = False  # a CPU hog in the client's own process (loadgen scenario)
+    rate_rps: float | None = None
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One engine process and what the probe does against it."""
+
+    serve_args: tuple[str, ...]
+    steps: tuple[ProbeStep, ...]
+    probe_while_loading: bool = False  # start probing before the engine is ready (cold start)
+
+
+@dataclass(frozen=True)
+class Plan:
+    phases: tuple[Phase, ...]
+    slo: str | None = None  # the SLO the scenario's users hold (ttft_p99=..,tpot_p99=..)
+    injected: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named bottleneck with its ground truth and how to build it on this machine."""
+
+    name: str
+    category: str  # the verdict a correct diagnosis names
+    cause: str  # what the scenario does to cause it (the ground truth, in words)
+    build: Callable[[Calibration], Plan]
+    fast: bool = True  # part of the default test run
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3g}ms"
+
+
+def _slo(cal: Calibration, ttft_ms: float, tpot_ms: float) -> str:
+    return f"ttft_p99={_ms(ttft_ms)},tpot_p99={_ms(tpot_ms)}"
+
+
+def _healthy(cal: Calibration) -> Plan:
+    step = ProbeStep(concurrency=2, requests=24, input_tokens="fixed:32", output_tokens="fixed:16")
+    # users' targets: TTFT well above a short prompt's own cost, TPOT a few single-stream steps
+    return Plan((Phase((), (step,)),), slo=_slo(cal, 20 * cal.ttft_short_ms + 64 * cal.prefill_ms_per_token,
+                                                   6 * cal.decode_step_ms))
+
+
+def _queue(cal: Calibration) -> Plan:
+    # the server admits one sequence at a time: arrivals above its capacity wait in the queue
+    step = ProbeStep(sweep="concurrency", sweep_values=(1, 2, 4, 8), requests_per_point=8,
+                     input_tokens="fixed:32", output_tokens="fixed:24")
+    return Plan((Phase(("--max-running", "1"), (step,)),), injected={"max_running": 1})
+
+
+def _tokenize(cal: Calibration) -> Plan:
+    per_token_ms = max(3 * cal.prefill_ms_per_token, 0.5 * cal.decode_step_ms)
+    step = ProbeStep(sweep="prompt", sweep_values=(32, 64, 128, 256), requests_per_point=4, output_tokens="fixed:8")
+    return Plan((Phase(("--inject", f"tokenize_ms_per_token={per_token_ms:.3g}"), (step,)),),
+                injected={"tokenize_ms_per_token": round(per_token_ms, 3)})
+
+
+def _prefill(cal: Calibration) -> Plan:
+    step = ProbeStep(sweep="prompt", sweep_values=(64, 128, 256, 512, 1024), requests_per_point=4, output_tokens="fixed:8")
+    return Plan((Phase((), (step,)),))
+
+
+def _kv_cache(cal: Calibration) -> Plan:
+    inp, out, block = 256, 48, 16
+    fits = 3  # sequences that fit in the KV budget
+    blocks = fits * math.ceil((inp + out) / block)
+    step = ProbeStep(sweep="concurrency", sweep_values=(1, 2, 3, 6, 12), requests_per_point=8,
+                     input_tokens=f"fixed:{inp}", output_tokens=f"fixed:{out}")
+    return Plan((Phase(("--kv-blocks", str(blocks), "--block-size", str(block)), (step,)),),
+                injected={"kv_blocks": blocks})
+
+
+def _comm(cal: Calibration) -> Plan:
+    inp = 256
+    layers = 4  # the tiny preset; two all-reduces per layer per forward
+    per_allreduce_ms = max(1.0, inp * cal.prefill_ms_per_token / (2 * layers))
+    step = ProbeStep(concurrency=1, requests=6, input_tokens=f"fixed:{inp}", output_tokens="fixed:4")
+    return Plan(
+        (
+            Phase(("--tp", "1"), (ProbeStep(**{**step.__dict__, "segment": "tp=1"}),)),
+            Phase(("--tp", "2", "--inject", f"collective_latency_ms={per_allreduce_ms:.3g}"),
+                  (ProbeStep(**{**step.__dict__, "segment": "tp=2"}),)),
+        ),
+        injected={"collective_latency_ms": round(per_allreduce_ms, 3), "tp": [1, 2]},
+    )
+
+
+def _decode(cal: Calibration) -> Plan:
+    step = ProbeStep(concurrency=16, requests=48, input_tokens="fixed:16", output_tokens="fixed:64")
+    # TTFT target generous, per-token target two single-stream steps: many long generations break it
+    return Plan((Phase((), (step,)),), slo=_slo(cal, 40 * cal.ttft_short_ms + 256 * cal.prefill_ms_per_token,
+                                                   2 * cal.decode_step_ms))
+
+
+def _mixed_prompts(cal: Calibration) -> tuple[tuple[int, int], ...]:
+    """Running decodes (short prompt, long output) with long prompts of several lengths arriving."""
+    return ((16, 96), (16, 96), (256, 4), (16, 96), (16, 96), (512, 4), (16, 96), (16, 96), (768, 4))
+
+
+def _interference(cal: Calibration) -> Plan:
+    step = ProbeStep(concurrency=6, requests=45, prompts=_mixed_prompts(cal))
+    return Plan((Phase(("--policy", "prefill-first"), (step,)),))
+
+
+def _interference_chunked(cal: Calibration) -> Plan:
+    step = ProbeStep(concurrency=6, requests=45, prompts=_mixed_prompts(cal))
+    return Plan((Phase(("--policy", "chunked", "--chunk-size", "64"), (step,)),))
+
+
+def _cold_start(cal: Calibration) -> Plan:
+    delay_s = max(2.0, 100 * cal.ttft_short_ms / 1e3)
+    step = ProbeStep(concurrency=1, requests=12, input_tokens="fixed:32", output_tokens="fixed:8", warmup=0)
+    return Plan((Phase(("--lazy-load", "--inject", f"load_delay_s={delay_s:.3g}"), (step,), probe_while_loading=True),),
+                injected={"load_delay_s": round(delay_s, 3)})
+
+
+def _network(cal: Calibration) -> Plan:
+    delay_ms = max(20.0, 5 * cal.ttft_short_ms)
+    step = ProbeStep(sweep="prompt", sweep_values=(32, 64, 128), requests_per_point=6, output_tokens="fixed:16")
+    return Plan((Phase(("--inject", f"network_delay_ms={delay_ms:.3g}"), (step,)),),
+                injected={"network_delay_ms": round(delay_ms, 3)})
+
+
+def _loadgen(cal: Calibration) -> Plan:
+    step = ProbeStep(concurrency=4, requests=40, input_tokens="fixed:32", output_tokens="fixed:16", starve_client=True)
+    return Plan((Phase((), (step,)),), injected={"client_cpu_hog": True})
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("healthy", "healthy", "default engine, light load, SLOs with headroom", _healthy),
+    Scenario("queue", "queue", "the engine admits one sequence at a time (--max-running 1) under a concurrency sweep", _queue),
+    Scenario("tokenize", "tokenize", "a slow tokenizer (tokenize_ms_per_token) under a prompt sweep", _tokenize),
+    Scenario("prefill_compute", "prefill_compute", "long prompts: a prompt-length sweep at concurrency 1", _prefill),
+    Scenario("kv_cache", "kv_cache", "a KV budget for 3 sequences (--kv-blocks) under a concurrency sweep", _kv_cache, fast=False),
+    Scenario("comm", "comm", "TP 2 with a slow collective link (collective_latency_ms) against TP 1", _comm, fast=False),
+    Scenario("decode", "decode", "16 concurrent long generations against a per-token SLO", _decode, fast=False),
+    Scenario("interference", "interference", "prefill-first: long prompts arriving into running decodes", _interference, fast=False),
+    Scenario("interference_chunked", "prefill_compute",
+             "the same workload under chunked prefill: decodes keep their cadence, the long prompts' own prefill remains",
+             _interference_chunked, fast=False),
+    Scenario("cold_start", "cold_start", "first requests arrive while a slow model load (load_delay_s) is under way", _cold_start, fast=False),
+    Scenario("network", "network", "a slow network: every SSE chunk delayed (network_delay_ms) after the engine", _network, fast=False),
+    Scenario("loadgen", "loadgen", "a starved client: a CPU hog in the load generator's own process", _loadgen, fast=False),
+)
+
+
+def get(name: str) -> Scenario:
+    for s in SCENARIOS:
+        if s.name == name:
+            return s
+    raise KeyError(f"unknown scenario {name!r}; known: {', '.join(s.name for s in SCENARIOS)}")

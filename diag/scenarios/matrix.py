@@ -1,0 +1,100 @@
+"""The diagnosis matrix: every scenario's verdict, with server spans and client-only.
+
+``check`` runs (or reuses) each scenario, analyses ``client + servers`` and ``client`` alone,
+and scores the verdict against the scenario's ground truth. 100% on the diagonal is the bar.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag.scenarios.calibrate import Calibration
+from diag.scenarios.catalog import SCENARIOS, Scenario
+from diag.scenarios.runner import ScenarioRun, run_scenario
+
+MODES = ("server", "client-only")
+
+
+@dataclass
+class Verdict:
+    category: str
+    confidence: float
+    title: str
+
+
+@dataclass
+class MatrixRow:
+    scenario: str
+    expected: str
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def ok(self, mode: str) -> bool:
+        v = self.verdicts.get(mode)
+        return v is not None and v.category == self.expected
+
+
+def diagnose_run(run: ScenarioRun, mode: str) -> Verdict:
+    """The verdict on a scenario run, with server spans or from the client side alone."""
+    from diag.analysis import analyze_paths
+
+    paths = run.all_captures if mode == "server" else [run.client]
+    a = analyze_paths(paths)  # the scenario's SLO is recorded in its client capture
+    v = a.diagnosis.verdict
+    return Verdict(v.category, float(v.confidence), v.title)
+
+
+def check(scenarios: Sequence[Scenario], out_root: str | Path, cal: Calibration,
+          log: Callable[[str], None] | None = None) -> list[MatrixRow]:
+    rows = []
+    for sc in scenarios:
+        t0 = time.monotonic()
+        if log:
+            log(f"scenario {sc.name} (expect {sc.category}) ...")
+        run = run_scenario(sc, Path(out_root) / sc.name, cal, log=log)
+        row = MatrixRow(sc.name, sc.category)
+        for mode in MODES:
+            row.verdicts[mode] = diagnose_run(run, mode)
+        row.wall_s = time.monotonic() - t0
+        if log:
+            log("  " + "  ".join(f"{m}: {v.category} ({v.confidence:.2f})" for m, v in row.verdicts.items())
+                + f"  [{row.wall_s:.1f}s]")
+        rows.append(row)
+    return rows
+
+
+def confusion_table(rows: Sequence[MatrixRow]) -> str:
+    """scenario x verdict per mode, with confidences, and the diagonal score."""
+    lines = [f"{'scenario':<22} {'expected':<16} {'server-side verdict':<28} {'client-only verdict':<28} {'wall':>6}"]
+    for r in rows:
+        cells = []
+        for mode in MODES:
+            v = r.verdicts.get(mode)
+            mark = "ok " if r.ok(mode) else "XX "
+            cells.append(f"{mark}{v.category} ({v.confidence:.2f})" if v else "-")
+        lines.append(f"{r.scenario:<22} {r.expected:<16} {cells[0]:<28} {cells[1]:<28} {r.wall_s:5.1f}s")
+    for mode in MODES:
+        good = sum(r.ok(mode) for r in rows)
+        lines.append(f"{mode}: {good}/{len(rows)} on the diagonal ({100 * good / max(1, len(rows)):.0f}%)")
+    cats = sorted({r.expected for r in rows} | {v.category for r in rows for v in r.verdicts.values()})
+    lines.append("")
+    lines.append("confusion (rows: expected, columns: verdict; server-side/client-only counts)")
+    lines.append(f"{'':<16}" + "".join(f"{c[:10]:>11}" for c in cats))
+    for exp in sorted({r.expected for r in rows}):
+        counts = []
+        for c in cats:
+            s = sum(1 for r in rows if r.expected == exp and r.verdicts.get("server") and r.verdicts["server"].category == c)
+            k = sum(1 for r in rows if r.expected == exp and r.verdicts.get("client-only") and r.verdicts["client-only"].category == c)
+            counts.append(f"{s}/{k}" if s or k else ".")
+        lines.append(f"{exp:<16}" + "".join(f"{x:>11}" for x in counts))
+    return "\n".join(lines)
+
+
+def rows_to_dict(rows: Sequence[MatrixRow]) -> list[dict[str, Any]]:
+    return [{"scenario": r.scenario, "expected": r.expected, "wall_s": r.wall_s,
+             "verdicts": {m: vars(v) for m, v in r.verdicts.items()},
+             "ok": {m: r.ok(m) for m in MODES}} for r in rows]

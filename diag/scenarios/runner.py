@@ -1,0 +1,167 @@
+"""Run a scenario: engine processes + the probe, into one client capture and server captures.
+
+Layout of a scenario run directory::
+
+    OUT/client/      the probe's capture (client spans, client health, the scenario in meta.json)
+    OUT/server-N/    the engine's capture for phase N (server spans, engine steps, cold start)
+    OUT/prompts.jsonl  the mixed workload, when the scenario uses one
+
+Threading: everything runs on the calling thread except the engine (its own process) and,
+for the loadgen scenario, a CPU-hog thread in this process that starves the probe on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag.capture import CaptureWriter
+from diag.scenarios.calibrate import Calibration
+from diag.scenarios.catalog import Phase, ProbeStep, Scenario
+from diag.scenarios.engine_process import EngineProcess
+
+
+@dataclass
+class ScenarioRun:
+    """Where a scenario's captures are, and what was planned."""
+
+    scenario: Scenario
+    out_dir: Path
+    client: Path
+    servers: list[Path] = field(default_factory=list)
+    slo: str | None = None
+    wall_s: float = 0.0
+
+    @property
+    def all_captures(self) -> list[Path]:
+        return [self.client, *self.servers]
+
+
+def _prompt_text(tokens: int, rng: random.Random) -> str:
+    """Text of about ``tokens`` tokens for the bundled tokenizer (trimmed to the exact count)."""
+    from diag.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.bundled()
+    words = ["data", "model", "token", "river", "cloud", "paper", "light", "stone", "green", "quick", "table", "music"]
+    text = f"{rng.randrange(10**6)} " + " ".join(rng.choice(words) for _ in range(tokens * 2))
+    ids = tok.encode(text)[:tokens]
+    return tok.decode(ids)
+
+
+def write_prompts(path: Path, prompts: tuple[tuple[int, int], ...], seed: int = 0) -> Path:
+    """A JSONL mixed workload: one line per (input tokens, max tokens), cycled by the probe."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as fh:
+        for inp, out in prompts:
+            fh.write(json.dumps({"prompt": _prompt_text(inp, rng), "max_tokens": out}) + "\n")
+    return path
+
+
+class _ClientHog:
+    """Starves this process's event loop: a busy thread and a long GIL switch interval."""
+
+    def __init__(self, switch_interval_s: float = 0.05) -> None:
+        self._stop = threading.Event()
+        self._interval = switch_interval_s
+        self._old = sys.getswitchinterval()
+        self._thread = threading.Thread(target=self._spin, name="ttft-client-hog", daemon=True)
+
+    def _spin(self) -> None:
+        x = 0
+        while not self._stop.is_set():
+            for i in range(20000):
+                x ^= i
+
+    def __enter__(self) -> "_ClientHog":
+        sys.setswitchinterval(self._interval)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        sys.setswitchinterval(self._old)
+
+
+def _run_step(url: str, step: ProbeStep, writer: CaptureWriter, prompts_file: Path | None, slo: dict[str, float] | None) -> Any:
+    from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, SweepSpec, WorkloadSpec, run_probe, run_sweep
+
+    load = LoadSpec(concurrency=step.concurrency, requests=step.requests, warmup_requests=step.warmup,
+                    rate_rps=step.rate_rps)
+    workload = WorkloadSpec(LengthSpec.parse(step.input_tokens), LengthSpec.parse(step.output_tokens),
+                            prompts_file=str(prompts_file) if prompts_file else None)
+    cfg = ProbeConfig(url, load=load, workload=workload, output=None, segment=step.segment, slo=slo, timeout_s=120)
+    if step.sweep:
+        spec = SweepSpec(step.sweep, values=[float(v) for v in step.sweep_values] or None,
+                         requests_per_point=step.requests_per_point)
+        return run_sweep(cfg, spec, writer)
+    return run_probe(cfg, writer)
+
+
+def run_scenario(scenario: Scenario, out_dir: str | Path, cal: Calibration,
+                 log: Callable[[str], None] | None = None) -> ScenarioRun:
+    """Run every phase of ``scenario`` into ``out_dir`` (replaced if it exists)."""
+    from diag.slo import parse_slo
+
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    plan = scenario.build(cal)
+    slo = parse_slo(plan.slo) if plan.slo else None
+    meta: dict[str, Any] = {"scenario": {"name": scenario.name, "expected_category": scenario.category,
+                                         "cause": scenario.cause, "injected": plan.injected, "calibration": cal.to_dict()}}
+    if plan.slo:
+        meta["slo"] = plan.slo  # the targets its users hold; analyze applies them unless --slo overrides
+    run = ScenarioRun(scenario, out, out / "client", slo=plan.slo)
+    writer = CaptureWriter(run.client, meta=meta)
+    t0 = time.monotonic()
+    try:
+        for i, phase in enumerate(plan.phases):
+            server_dir = out / f"server-{i}"
+            run.servers.append(server_dir)
+            prompts = None
+            if any(s.prompts for s in phase.steps):
+                prompts = write_prompts(out / f"prompts-{i}.jsonl", next(s.prompts for s in phase.steps if s.prompts))
+            _run_phase(phase, server_dir, writer, prompts, slo, log)
+    finally:
+        writer.close()
+    run.wall_s = time.monotonic() - t0
+    for server_dir in run.servers:
+        if server_dir.exists():
+            _merge_meta(server_dir, meta)
+    return run
+
+
+def _run_phase(phase: Phase, server_dir: Path, writer: CaptureWriter, prompts: Path | None,
+               slo: dict[str, float] | None, log: Callable[[str], None] | None) -> None:
+    eng = EngineProcess(phase.serve_args, capture_dir=server_dir).start()
+    try:
+        if log:
+            log(f"  engine {' '.join(phase.serve_args) or '(defaults)'} at {eng.url}")
+        for step in phase.steps:
+            if step.starve_client:
+                with _ClientHog():
+                    _run_step(eng.url, step, writer, prompts, slo)
+            else:
+                _run_step(eng.url, step, writer, prompts, slo)
+    finally:
+        eng.stop()
+
+
+def _merge_meta(capture: Path, fields: dict[str, Any]) -> None:
+    path = capture / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        meta = {}
+    meta.update(fields)
+    path.write_text(json.dumps(meta, indent=2, default=str, sort_keys=True))
