@@ -182,7 +182,8 @@ class TTFTApp(App[int]):
     @work(thread=True, group="rules", exit_on_error=False)
     def _rules_worker(self, snap: Snapshot, key: tuple[int, tuple[int, int]]) -> None:
         try:
-            run = adapters.run_rules(snap.tables, snap.window_ns, slo=self.slo, rules_file=self.rules_file)
+            slo = snap.slo if snap.slo is not None else self.slo  # the demo's phase holds its own SLOs
+            run = adapters.run_rules(snap.tables, snap.window_ns, slo=slo, rules_file=self.rules_file)
         except Exception as exc:  # e.g. a bad rules file: say so, keep the dashboard
             run = adapters.RulesRun(adapters.fallback_diagnosis(snap.tables, f"rules failed: {exc}"),
                                     snap.window_ns, 0, 0, 0.0)
@@ -275,7 +276,7 @@ class TTFTApp(App[int]):
         try:
             path = adapters.write_report(snap.tables, None if vm.whole else vm.window_ns, vm.diagnosis,
                                          self.report_dir, str(getattr(self.source, "path", snap.title)),
-                                         slo=self.slo)
+                                         slo=snap.slo if snap.slo is not None else self.slo)
             self.last_report = path
             msg = f"report written: {path}"
         except Exception as exc:

@@ -145,7 +145,12 @@ class LiveCollection:
         self.pump_interval_s = pump_interval_s
         self.notes: list[str] = []
         self._monitors: list[Monitor] = []
-        self.scraper: Any = None
+        self.scraper: Any = None  # the most recently started scraper
+        #: scrapers by series source name; stopped ones keep their rows and are written once more
+        self.scrapers: dict[str, Any] = {}
+        self._stopped_scrapers: set[str] = set()
+        self._written_final: set[str] = set()
+        self._scrapers_lock = threading.Lock()
         self.nvml: Any = None
         self.receiver: Any = None
         self.probe: ProbeThread | None = None
@@ -155,8 +160,9 @@ class LiveCollection:
 
     # --- collectors ----------------------------------------------------------------------------
 
-    def start_prometheus(self, url: str, interval_s: float = 1.0) -> bool:
-        """Scrape ``url`` (``/metrics`` appended when missing)."""
+    def start_prometheus(self, url: str, interval_s: float = 1.0, source: str = "prometheus") -> bool:
+        """Scrape ``url`` (``/metrics`` appended when missing) into ``series/<source>.parquet``.
+        One scraper per ``source``; the demo starts one per engine process."""
         try:
             from collectors.prometheus import PrometheusScraper
         except ImportError as exc:
@@ -165,22 +171,36 @@ class LiveCollection:
         if "/metrics" not in url:
             url = url.rstrip("/") + "/metrics"
         try:
-            self.scraper = PrometheusScraper(url, interval_s=interval_s)
-            self.scraper.start()
+            scraper = PrometheusScraper(url, interval_s=interval_s)
+            scraper.start()
         except Exception as exc:
             self.notes.append(f"/metrics scraper failed to start: {type(exc).__name__}: {exc}")
-            self.scraper = None
             return False
-        scraper = self.scraper
+        with self._scrapers_lock:
+            self.scrapers[source] = scraper
+            self._stopped_scrapers.discard(source)
+            self._written_final.discard(source)
+        self.scraper = scraper
 
         def check() -> str | None:
-            if scraper.consecutive_errors >= 3:
+            if source not in self._stopped_scrapers and scraper.consecutive_errors >= 3:
                 return f"/metrics {url}: {scraper.last_error or 'failing'}"
             return None
 
-        self._monitors.append(CallableMonitor("metrics", check))
+        self._monitors.append(CallableMonitor(f"metrics {source}", check))
         self.writer.update_meta(live={"metrics_url": url})
         return True
+
+    def stop_prometheus(self, source: str = "prometheus") -> None:
+        """Stop one scraper (its engine is going away); its rows are written once more and kept."""
+        with self._scrapers_lock:
+            scraper = self.scrapers.get(source)
+            self._stopped_scrapers.add(source)
+        if scraper is not None:
+            try:
+                scraper.stop()
+            except Exception:
+                pass
 
     def start_nvml(self, interval_s: float = 0.5) -> bool:
         """Sample GPU counters (a note when there is no GPU or no NVML)."""
@@ -248,7 +268,12 @@ class LiveCollection:
 
     def pump_once(self) -> None:
         """Rewrite the series files from the collectors' buffers (pump thread or caller)."""
-        for source, obj in (("prometheus", self.scraper), ("nvml", self.nvml)):
+        with self._scrapers_lock:
+            feeds: list[tuple[str, Any]] = [(src, sc) for src, sc in self.scrapers.items()
+                                            if src not in self._written_final]
+            stopped = set(self._stopped_scrapers)
+        feeds.append(("nvml", self.nvml))
+        for source, obj in feeds:
             if obj is None:
                 continue
             fn = getattr(obj, "frame", None) or getattr(obj, "to_frame", None)
@@ -257,6 +282,9 @@ class LiveCollection:
             frame = fn()
             if frame is not None and len(frame):
                 self.writer.write_series(source, frame)
+            if source in stopped:
+                with self._scrapers_lock:
+                    self._written_final.add(source)
 
     def _pump_main(self) -> None:
         while not self._pump_stop.wait(self.pump_interval_s):
@@ -281,11 +309,8 @@ class LiveCollection:
         self._pump_stop.set()
         if self._pump is not None:
             self._pump.join(5)
-        if self.scraper is not None:
-            try:
-                self.scraper.stop()
-            except Exception:
-                pass
+        for source in list(self.scrapers):
+            self.stop_prometheus(source)
         if self.nvml is not None:
             try:
                 self.nvml.stop()
@@ -301,8 +326,10 @@ class LiveCollection:
         except Exception:
             pass
         stats: dict[str, Any] = {"notes": list(self.notes), "ended_unix_s": time.time()}
-        if self.scraper is not None:
+        if len(self.scrapers) == 1 and self.scraper is not None:
             stats["metrics"] = self.scraper.stats()
+        elif self.scrapers:
+            stats["metrics"] = {src: sc.stats() for src, sc in self.scrapers.items()}
         if self.receiver is not None:
             stats["otlp"] = self.receiver.stats()
         if self.probe is not None:

@@ -165,6 +165,7 @@ class ViewModel:
     title: str = ""
     live: bool = False
     phase: str | None = None
+    window_label: str | None = None  # how the header names the window (the demo's "this phase")
     window_ns: tuple[int, int] = (0, 0)
     extent_ns: tuple[int, int] = (0, 0)
     whole: bool = False
@@ -657,7 +658,8 @@ def build_view_model(snap: Snapshot, rules: adapters.RulesRun | None = None, sta
     window = snap.window_ns
     rows = p.req_rows(window)
     srows = p.step_rows(window)
-    vm = ViewModel(title=snap.title, live=snap.live, phase=snap.phase, window_ns=window,
+    vm = ViewModel(title=snap.title, live=snap.live, phase=snap.phase,
+                   window_label=getattr(snap, "window_label", None), window_ns=window,
                    extent_ns=snap.extent_ns, whole=snap.whole, generation=snap.generation,
                    notes=list(snap.notes), errors=list(snap.errors), diagnosis=diagnosis)
     vm.verdict = verdict_vm(diagnosis)

@@ -63,6 +63,25 @@ class Snapshot:
     phase: str | None = None
     #: True when the window covers the whole capture (``view`` before the cursor moves)
     whole: bool = False
+    #: SLOs the rules should hold this window to (the demo's phase), overriding the app's
+    slo: dict[str, float] | None = None
+    #: how the header names the window (None: "last N s" live, offsets in a capture)
+    window_label: str | None = None
+
+
+@dataclass(frozen=True)
+class PhaseInfo:
+    """What a live source's ``phase_fn`` may return instead of a plain label: the label, when
+    the phase began (the live window starts there, so the verdict covers this phase only)
+    and the SLOs its rules use."""
+
+    label: str
+    start_unix_s: float | None = None
+    slo: dict[str, float] | None = None
+    #: set once the phase is over (the window stays on it until the next one starts)
+    end_unix_s: float | None = None
+    #: how the header names the window, e.g. "this phase"
+    window_label: str | None = None
 
 
 class Source(Protocol):
@@ -313,13 +332,15 @@ class LiveSource:
     The window is the last ``window_s`` seconds of wall-clock time, so a feed that stops
     shows up as an emptying window. Spans older than ``retention_s`` are dropped to bound
     memory and frame time. ``monitors`` report dead feeds; ``phase_fn`` names the demo's
-    current phase (called on the worker thread; must be cheap and thread-safe).
+    current phase (called on the worker thread; must be cheap and thread-safe): a label, or a
+    :class:`PhaseInfo` whose start clips the window to the phase and whose SLOs go to the rules.
     """
 
     live = True
 
     def __init__(self, path: str | os.PathLike[str], window_s: float = 60.0, retention_s: float = 900.0,
-                 monitors: list[Monitor] | None = None, phase_fn: Callable[[], str | None] | None = None,
+                 monitors: list[Monitor] | None = None,
+                 phase_fn: Callable[[], str | PhaseInfo | None] | None = None,
                  title: str | None = None, clock_ns: Callable[[], int] = time.time_ns) -> None:
         self.path = Path(path)
         self.title = title or f"ttft watch {self.path}"
@@ -441,17 +462,32 @@ class LiveSource:
                 errors.append(why)
         if self._tail.last_error:
             notes.append(f"{self._tail.bad_lines} unreadable span lines (last: {self._tail.last_error})")
-        phase = None
+        info: str | PhaseInfo | None = None
         if self.phase_fn is not None:
             try:
-                phase = self.phase_fn()
+                info = self.phase_fn()
             except Exception:  # the phase label is cosmetic
-                phase = None
+                info = None
         assert self._tables is not None
-        window = (now - int(self.window_s * NS), now)
+        lo, hi = now - int(self.window_s * NS), now
+        slo = None
+        label = None
+        if isinstance(info, PhaseInfo):
+            if info.end_unix_s is not None:
+                hi = min(int(info.end_unix_s * NS), now)
+                lo = hi - int(self.window_s * NS)
+            if info.start_unix_s is not None:
+                lo = max(lo, min(int(info.start_unix_s * NS), hi - 1))
+            slo = info.slo
+            label = info.window_label
+            phase: str | None = info.label
+        else:
+            phase = info
+        window = (lo, hi)
         extent = _extent(self._tables)
         return Snapshot(self._tables, window, (min(extent[0], window[0]), max(extent[1], now)), self._generation,
-                        True, self.title, notes=notes, errors=errors, phase=phase)
+                        True, self.title, notes=notes, errors=errors, phase=phase, slo=slo,
+                        window_label=label)
 
     def move(self, steps: int) -> bool:
         return False  # the live window follows now; use `ttft view` on the capture to scroll

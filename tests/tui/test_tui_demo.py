@@ -12,22 +12,39 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_demo_headless_prints_a_verdict_per_phase(tmp_path: Path) -> None:
+def test_demo_headless_gets_the_expected_verdict_per_phase(tmp_path: Path) -> None:
+    """Each phase runs on its own engine process; the rules over each phase's window name the
+    bottleneck the phase causes. On a shared 2-core box one phase may be judged otherwise
+    (another process starves the probe: a load-generator verdict), so 3 of 4 is the bar."""
+    import json
+    import re
+
     out = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "diag", "demo", "--no-tui", "--duration", "40", "-o", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        [sys.executable, "-m", "diag", "demo", "--no-tui", "--duration", "48", "-o", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=400,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
-    phases = [ln for ln in lines if ln.startswith("phase ")]
-    verdicts = [ln for ln in lines if ln.strip().startswith("verdict:")]
-    assert len(phases) == 4, proc.stdout
-    assert len(verdicts) == 4, proc.stdout
-    assert "tokenize" in verdicts[-1] or "tokeniz" in proc.stdout.lower()
+    pat = re.compile(r"^phase (\d)/4 (.+?): expected (\S+), verdict (\S+) \(confidence ([0-9.]+)\) \[(ok|MISS)\]")
+    rows = [m.groups() for m in map(pat.match, proc.stdout.splitlines()) if m]
+    assert [r[1] for r in rows] == ["healthy", "long prompts", "KV pressure", "slow tokenizer"], proc.stdout
+    assert [r[2] for r in rows] == ["healthy", "prefill_compute", "kv_cache", "tokenize"], proc.stdout
+    hits = [r for r in rows if r[2] == r[3]]
+    assert len(hits) >= 3, proc.stdout
+    assert all(float(r[4]) > 0.3 for r in hits), proc.stdout
     assert (out / "spans.otlp.jsonl").stat().st_size > 0
-    assert (out / "meta.json").exists()
+    meta = json.loads((out / "meta.json").read_text())
+    phases = meta["demo"]["phases"]
+    assert [p["phase"] for p in phases] == [r[1] for r in rows]
+    for p, r in zip(phases, rows):
+        assert p["expected"] == r[2] and p["verdict"]["category"] == r[3]
+        assert p["start_unix_s"] < p["end_unix_s"]
+        assert isinstance(p["serve_args"], list)
+    assert any("--kv-blocks" in p["serve_args"] for p in phases)
+    assert (out / "calibration.json").exists()
+    report = [ln.split("report: ", 1)[1] for ln in proc.stdout.splitlines() if ln.startswith("report: ")]
+    assert len(report) == 1 and Path(report[0]).exists(), proc.stdout
 
 
 def test_demo_parser_has_its_flags() -> None:

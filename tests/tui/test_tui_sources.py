@@ -62,3 +62,43 @@ def test_view_model_numbers(tmp_path: Path) -> None:
     assert vm.busy.steps == 40 and vm.gpus == []
     assert vm.throughput.kv_usage_ratio is not None
     assert "queue" in (vm.verdict.category + vm.verdict.title).lower()
+
+
+def test_live_source_window_follows_the_demo_phase(tmp_path: Path) -> None:
+    """A PhaseInfo clips the window to the phase (frozen once the phase ended) and carries
+    the phase's SLOs and window label to the snapshot."""
+    from tui.sources import PhaseInfo
+
+    cap = tmp_path / "live"
+    cap.mkdir()
+    now_s = 1_800_000_000.0
+    info = {"v": PhaseInfo("1/4 healthy", now_s - 5, {"ttft_p99": 0.2}, None, "this phase")}
+    src = LiveSource(cap, window_s=60, phase_fn=lambda: info["v"], clock_ns=lambda: int(now_s * 1e9))
+    snap = src.poll()
+    assert snap.window_ns == (int((now_s - 5) * 1e9), int(now_s * 1e9))
+    assert snap.slo == {"ttft_p99": 0.2} and snap.window_label == "this phase" and snap.phase == "1/4 healthy"
+    info["v"] = PhaseInfo("2/4 long prompts · starting", now_s - 20, None, now_s - 8, "last phase")
+    snap = src.poll()
+    assert snap.window_ns == (int((now_s - 20) * 1e9), int((now_s - 8) * 1e9))
+    info["v"] = "a plain label"
+    snap = src.poll()
+    assert snap.window_ns[1] - snap.window_ns[0] == 60 * 10**9 and snap.slo is None
+
+
+def test_demo_phases_come_from_the_scenario_catalog() -> None:
+    """The demo's phases reuse the catalog's plans: engine arguments, sweeps, SLOs, truth."""
+    from diag.commands.demo import build_plans, step_chunks
+    from diag.scenarios.calibrate import Calibration
+
+    plans = build_plans(Calibration(ttft_short_ms=7.0, prefill_ms_per_token=0.09, decode_step_ms=3.5))
+    assert [p.expected for p in plans] == ["healthy", "prefill_compute", "kv_cache", "tokenize"]
+    assert plans[0].slo and not plans[1].slo
+    assert "--kv-blocks" in plans[2].serve_args
+    assert any(a.startswith("tokenize_ms_per_token=") for a in plans[3].serve_args)
+    chunks = step_chunks(plans[1].steps[0], plans[1].name)
+    assert [c[2] for c in chunks] == ["prompt=64", "prompt=128", "prompt=256", "prompt=512", "prompt=1024"]
+    assert all(c[0].concurrency == 1 and c[1] is not None for c in chunks)
+    kv = step_chunks(plans[2].steps[0], plans[2].name)
+    assert [c[0].concurrency for c in kv] == [1, 2, 3, 6, 12] and all(c[1] is None for c in kv)
+    (load, inp, seg), = step_chunks(plans[0].steps[0], plans[0].name)
+    assert seg == "healthy" and inp is None and load.requests == 24

@@ -128,7 +128,9 @@ class StatusBar(Widget):
         lo, hi = vm.window_ns
         width_s = (hi - lo) / 1e9
         t.append("  window ", style="dim")
-        if vm.whole:
+        if vm.window_label:
+            t.append(f"{vm.window_label} ({fmt_s(width_s)})")
+        elif vm.whole:
             t.append(f"whole capture ({fmt_s(width_s)})")
         elif vm.live:
             t.append(f"last {fmt_s(width_s)}")
@@ -360,28 +362,39 @@ class BusyOrGpuPanel(Panel):
         self._note = ""
 
     def show_parts(self, gpus: list[GpuVM], busy: BusyVM, note: str) -> None:
+        """Keep the parts and repaint, unless nothing changed (UI thread)."""
+        if (gpus, busy, note) == (self._gpus, self._busy, self._note):
+            return
         self._gpus, self._busy, self._note = gpus, busy, note
-        self.border_title = "GPU" if gpus else "engine busy timeline (no GPU counters)"
+        title = "GPU" if gpus else "engine busy timeline (no GPU counters)"
+        if self.border_title != title:
+            self.border_title = title
         self.refresh()
 
     def render(self) -> RenderResult:
         w = self.inner_width
         if self._gpus:
-            tab = Table.grid(padding=(0, 1))
-            for col in ("gpu", "util", "", "HBM", "bw", "NVLink", "PCIe"):
-                tab.add_column(col)
-            tab.add_row(*(Text(c, style="bold dim") for c in ("gpu", "util", "util over window", "HBM used",
-                                                                 "mem bw", "NVLink", "PCIe")))
+            # plain padded text, not a rich Table: a Table measures every cell on every
+            # repaint (~10 ms for 8 GPUs, a fifth of the frame budget); this is ~1 ms
             sw = max(6, w - 58)
+            rows: list[tuple[str, ...]] = [("gpu", "util", "util over window", "HBM used", "mem bw", "NVLink", "PCIe")]
             for g in self._gpus:
                 hbm = fmt_bytes(g.hbm_used_bytes)
                 if is_num(g.hbm_total_bytes):
                     hbm += f"/{fmt_bytes(g.hbm_total_bytes)}"
-                tab.add_row(g.entity, fmt_pct(g.util_pct), Text(sparkline(g.util_spark, sw, 0, 100), style="green"),
-                            hbm, f"{fmt_pct(g.membw_pct)} {g.membw_label}" if is_num(g.membw_pct) else "-",
-                            fmt_rate(g.nvlink_bytes_per_s, "B/s") if g.nvlink_bytes_per_s is not None else "-",
-                            fmt_rate(g.pcie_bytes_per_s, "B/s") if g.pcie_bytes_per_s is not None else "-")
-            return tab
+                rows.append((g.entity, fmt_pct(g.util_pct), sparkline(g.util_spark, sw, 0, 100), hbm,
+                             f"{fmt_pct(g.membw_pct)} {g.membw_label}" if is_num(g.membw_pct) else "-",
+                             fmt_rate(g.nvlink_bytes_per_s, "B/s") if g.nvlink_bytes_per_s is not None else "-",
+                             fmt_rate(g.pcie_bytes_per_s, "B/s") if g.pcie_bytes_per_s is not None else "-"))
+            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+            t = Text(no_wrap=True, overflow="ellipsis")
+            for k, r in enumerate(rows):
+                if k:
+                    t.append("\n")
+                for i, (cell, cw) in enumerate(zip(r, widths)):
+                    style = "bold dim" if k == 0 else ("green" if i == 2 else "")
+                    t.append(cell.ljust(cw) + (" " if i < len(widths) - 1 else ""), style=style)
+            return t
         b = self._busy
         t = Text()
         if b is None or not b.steps:
