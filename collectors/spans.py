@@ -191,7 +191,7 @@ class SpanMaterializer:
             self.dropped_spans += 1
             return
         q.append(record)
-        if len(q) >= self._batch:
+        if len(q) >= self._batch and not self._wake.is_set():
             self._wake.set()
 
     def new_root(

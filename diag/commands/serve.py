@@ -49,12 +49,22 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--capture", metavar="DIR", default=None, help="write a capture (spans + meta.json) to DIR")
     p.add_argument("--otlp", metavar="URL", default=None, help="export spans over OTLP/HTTP to URL (e.g. http://127.0.0.1:4318)")
     p.add_argument("--seed", type=int, default=0, help="seed for random preset weights and unseeded sampling")
+    p.add_argument(
+        "--lazy-load",
+        action="store_true",
+        help="bind and print the listening line first, then load the model in the background; requests "
+        "wait until it is ready and /health answers 503 {\"status\": \"loading\"} meanwhile (scale from zero)",
+    )
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads per rank (default cores // tp)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start the server, print the listening line, serve until SIGINT/SIGTERM. Exit code 0/2."""
+    """Start the server, print the listening line, serve until SIGINT/SIGTERM.
+
+    Exit code 0; 2 for bad flags or a failed (eager) start; 1 when a ``--lazy-load`` model load
+    failed (the server kept answering 503 until stopped).
+    """
     try:
         faults = parse_injections(args.inject)
     except FaultError as exc:
@@ -83,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         num_threads=args.threads,
         faults=faults,
+        lazy_load=args.lazy_load,
     )
 
     def ready(srv: object) -> None:
@@ -94,10 +105,18 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    failed: list[BaseException] = []
+
+    def load_failed(exc: BaseException) -> None:
+        failed.append(exc)
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"ttft serve: error: model failed to load: {msg} (serving 503s until stopped)", file=sys.stderr, flush=True)
+
     try:
         config.validate()
-        serve(config, host=args.host, port=args.port, capture_dir=args.capture, otlp_endpoint=args.otlp, on_ready=ready)
+        serve(config, host=args.host, port=args.port, capture_dir=args.capture, otlp_endpoint=args.otlp,
+              on_ready=ready, on_load_failed=load_failed)
     except (ValueError, CheckpointError, TokenizerError, TPError, OSError) as exc:
         print(f"ttft serve: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    return 1 if failed else 0

@@ -80,7 +80,8 @@ def start_server(
 ) -> "ServerThread":
     """Build + load + start an engine and its HTTP server in background threads.
 
-    Returns once the socket is bound; ``port=0`` picks a free port (``.port``/``.url``).
+    Returns once the socket is bound (with ``lazy_load=True`` before the model is loaded:
+    requests wait until it is, ``/health`` says ``loading``); ``port=0`` picks a free port (``.port``/``.url``).
     ``overrides`` are EngineConfig fields. Call ``.stop()`` to shut everything down.
     """
     from diag.engine.engine import EngineConfig, build_engine
@@ -108,8 +109,14 @@ def serve(
     otlp_endpoint: str | None = None,
     on_ready: "Callable[[ServerThread], None] | None" = None,
     stop_event: threading.Event | None = None,
+    on_load_failed: "Callable[[BaseException], None] | None" = None,
 ) -> None:
-    """Run the server until SIGINT/SIGTERM (main thread) or ``stop_event`` is set; then clean up."""
+    """Run the server until SIGINT/SIGTERM (main thread) or ``stop_event`` is set; then clean up.
+
+    ``on_ready`` is called once the socket is bound (with ``lazy_load`` the model may still be
+    loading). If a lazy load fails, ``on_load_failed(exc)`` is called once and the server keeps
+    answering (503s, ``/health`` says why) until stopped; a dead step loop ends the run.
+    """
     srv = start_server(config, host=host, port=port, capture_dir=capture_dir, otlp_endpoint=otlp_endpoint)
     stop = stop_event or threading.Event()
     old: dict[int, Any] = {}
@@ -119,7 +126,13 @@ def serve(
     try:
         if on_ready is not None:
             on_ready(srv)
-        while not stop.wait(0.5):
+        reported = False
+        while not stop.wait(0.2):
+            if srv.engine.load_error is not None:
+                if not reported and on_load_failed is not None:
+                    on_load_failed(srv.engine.load_error)
+                reported = True
+                continue
             if not srv.engine.running:
                 break
     finally:

@@ -9,6 +9,10 @@ Threading contract:
   traces after submission) is touched only by the step-loop thread.
 - Output events are delivered by calling the request's ``on_event`` callback **on the loop
   thread**; it must be quick and must not block (see :class:`AsyncEventStream`).
+- With ``lazy_load`` the tokenizer loads in :meth:`Engine.start` and the model loads (and warms
+  up) on the loop thread itself; requests submitted meanwhile wait in the inbox (they count as
+  waiting and their ``queue`` span covers the wait) and run once the model is ready. State
+  changes ("ready", "failed") are announced to :meth:`Engine.add_state_listener` callbacks.
 
 Tracing goes only through the span helpers (``collectors.spans``); with tracing off
 (``NULL_SINK``) the loop skips every span call. Times on spans are Unix ns (``time.time_ns``).
@@ -85,6 +89,8 @@ class EngineConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
     warmup: bool = True
     served_model_name: str | None = None
+    #: bind/serve first, load the model on the loop thread; requests wait until it is ready
+    lazy_load: bool = False
 
     def model_spec(self) -> ModelSpec:
         dtype = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
@@ -229,6 +235,12 @@ def _new_request_id() -> str:
     return uuid.uuid4().hex[:24]
 
 
+def _one_line(exc: BaseException) -> str:
+    """``exc`` as one line: its message (or type name), newlines folded."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text
+
+
 class Engine:
     """The bundled reference engine. Build with :func:`build_engine` (loads, warms up, starts)."""
 
@@ -254,9 +266,14 @@ class Engine:
         self._requests: dict[str, _Request] = {}
         self._step_index = itertools.count()
         self._seed_counter = itertools.count()
-        self._num_inbox_adds = 0
+        self._num_inbox_adds = 0  # "add" items in the inbox (guarded by _inbox_lock)
         self.loop_error: BaseException | None = None
+        #: why the model failed to load (lazy load); then every submit is refused with it
+        self.load_error: BaseException | None = None
         self.cold_start_s: dict[str, float] = {}
+        self._ready = threading.Event()  # set once the model is loaded and warmed up
+        self._load_t0_ns: int | None = None
+        self._state_listeners: list[Callable[[], None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -268,18 +285,29 @@ class Engine:
         """Swap the sink (benchmarks). Only between requests; affects requests submitted after."""
         self.sink = sink or NULL_SINK
 
+    def _load_tokenizer(self) -> None:
+        """Load the tokenizer (tens of ms); the ``load`` cold-start span starts here."""
+        if self._load_t0_ns is None:
+            self._load_t0_ns = time.time_ns()
+        if self.tokenizer is None:
+            if self.spec.is_preset():
+                self.tokenizer = Tokenizer.bundled()
+            else:
+                self.tokenizer = Tokenizer.from_checkpoint(self.spec.model, self.model_config.eos_token_ids)
+
     def load(self) -> None:
         """Load tokenizer and weights (+ ``load_delay_s``), build the runner, warm up.
 
-        Records ``cold_start`` spans (phase load / warmup). Call once, before :meth:`start`.
+        Records ``cold_start`` spans (phase load / warmup). Call once, before :meth:`start`
+        (with ``lazy_load`` the loop thread calls it). The ``load_delay_s`` wait ends early
+        (EngineStoppedError) when the engine is shut down meanwhile.
         """
         cfg = self.config
-        t0 = time.time_ns()
-        if self.spec.is_preset():
-            self.tokenizer = Tokenizer.bundled()
-        else:
-            self.tokenizer = Tokenizer.from_checkpoint(self.spec.model, self.model_config.eos_token_ids)
-        sleep_ms(self.faults.load_delay_s * 1000.0)
+        self._load_tokenizer()
+        assert self._load_t0_ns is not None
+        t0 = self._load_t0_ns
+        if self.faults.load_delay_s > 0 and self._stop.wait(self.faults.load_delay_s):
+            raise EngineStoppedError("shut down while loading the model")
         self.runner = make_runner(
             self.spec,
             CacheSpec(self.blocks.num_blocks, self.blocks.block_size),
@@ -312,6 +340,7 @@ class Engine:
                 kv_bytes_per_token=self.model_config.kv_bytes_per_token(),
                 cold_start_s=dict(self.cold_start_s),
             )
+        self._ready.set()
 
     def _warmup(self) -> None:
         """One prefill and one decode through the real path, then free the blocks."""
@@ -326,11 +355,17 @@ class Engine:
             self.blocks.free(wid)
 
     def start(self) -> None:
-        """Start the step-loop thread (loads first if :meth:`load` was not called)."""
-        if self.runner is None:
-            self.load()
+        """Start the step-loop thread (loads first if :meth:`load` was not called).
+
+        With ``config.lazy_load`` only the tokenizer loads here; the model loads on the loop
+        thread and this returns at once (see :attr:`state`).
+        """
         if self._thread is not None:
             return
+        if self.config.lazy_load and self.runner is None:
+            self._load_tokenizer()
+        elif self.runner is None:
+            self.load()
         self._thread = threading.Thread(target=self._loop_main, name="ttft-engine-loop", daemon=True)
         self._thread.start()
 
@@ -359,7 +394,44 @@ class Engine:
 
     @property
     def running(self) -> bool:
+        """The loop thread is alive and accepting requests (true while a lazy load runs)."""
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    @property
+    def ready(self) -> bool:
+        """The model is loaded and warmed up."""
+        return self._ready.is_set()
+
+    @property
+    def state(self) -> str:
+        """``"loading"``, ``"ready"``, ``"failed"`` (model load failed) or ``"stopped"``."""
+        if self.load_error is not None:
+            return "failed"
+        if not self.running:
+            return "stopped"
+        return "ready" if self._ready.is_set() else "loading"
+
+    def add_state_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the model is ready or failed to load (now, if it already is).
+
+        Called on the loop thread (or the caller's, if already settled): it must be quick and
+        must not block; read :attr:`state` inside.
+        """
+        with self._inbox_lock:
+            settled = self._ready.is_set() or self.load_error is not None
+            if not settled:
+                self._state_listeners.append(callback)
+        if settled:
+            callback()
+
+    def _notify_state(self) -> None:
+        with self._inbox_lock:
+            listeners, self._state_listeners = self._state_listeners, []
+        for cb in listeners:
+            try:
+                cb()
+            except Exception:  # a listener must never take the loop down
+                log.exception("engine state listener failed")
 
     # -- submission (any thread) -------------------------------------------------------------
 
@@ -372,7 +444,13 @@ class Engine:
 
     def num_waiting(self) -> int:
         """Requests queued but not yet running (approximate when read off the loop thread)."""
-        return len(self._inbox) + len(self.scheduler.waiting)
+        return self._num_inbox_adds + len(self.scheduler.waiting)
+
+    def unavailable_reason(self) -> str:
+        """One line: why requests are refused (a failed model load, or not running)."""
+        if self.load_error is not None:
+            return f"model failed to load: {_one_line(self.load_error)}"
+        return "engine is not running"
 
     def submit(
         self,
@@ -394,7 +472,7 @@ class Engine:
         EngineStoppedError (-> 503). Thread-safe.
         """
         if not self.running:
-            raise EngineStoppedError("engine is not running")
+            raise EngineStoppedError(self.unavailable_reason())
         assert self.tokenizer is not None
         arrival_ns = arrival_ns or time.time_ns()
         rid = request_id or _new_request_id()
@@ -443,13 +521,16 @@ class Engine:
             )
             with self._inbox_lock:
                 if not self.running:
-                    raise EngineStoppedError("engine is not running")
+                    raise EngineStoppedError(self.unavailable_reason())
                 if self.num_waiting() >= self.config.max_waiting:
                     raise QueueFullError(
                         f"server overloaded: {self.config.max_waiting} requests already waiting (max_waiting)"
                     )
                 req.queue_start_ns = time.time_ns()
                 self._inbox.append(("add", req))
+                self._num_inbox_adds += 1
+            if not self._ready.is_set():  # the loop is busy loading: keep /metrics current
+                self.metrics.waiting.set(self.num_waiting())
             self._wake.set()
         except QueueFullError:
             self.metrics.rejected("queue_full")
@@ -500,6 +581,7 @@ class Engine:
         with self._inbox_lock:
             items = list(self._inbox)
             self._inbox.clear()
+            self._num_inbox_adds = 0
         for kind, payload in items:
             if kind == "add":
                 req: _Request = payload
@@ -513,7 +595,47 @@ class Engine:
                     self.metrics.aborted.inc()
                     self._finish(r, "abort", time.time_ns(), error=reason)
 
+    def _lazy_load(self) -> bool:
+        """Load the model on the loop thread (lazy load). False when it failed or was stopped.
+
+        On failure the queued requests end with a one-line error (their spans with
+        ``http_503``), :attr:`load_error` says why, and later submits are refused with it.
+        """
+        try:
+            self.load()
+        except BaseException as exc:
+            stopped = self._stop.is_set()
+            if not stopped:
+                log.error("model failed to load: %s", _one_line(exc))
+                self.load_error = exc
+            with self._inbox_lock:
+                self._stop.set()  # no new submissions from here on
+                items = list(self._inbox)
+                self._inbox.clear()
+                self._num_inbox_adds = 0
+            msg = self.unavailable_reason() if not stopped else "server shut down while the model was loading"
+            now = time.time_ns()
+            for kind, payload in items:
+                if kind != "add":
+                    continue
+                req: _Request = payload
+                self.metrics.rejected("load_failed" if not stopped else "stopped")
+                if req.trace is not None:
+                    req.trace.end(end_ns=now, error="http_503")
+                seq = req.seq
+                self._deliver(req, TokenEvent(seq.seq_id, "", None, len(seq.prompt_ids), 0, finished=True,
+                                              finish_reason="error", error=msg))
+            self.metrics.waiting.set(0)
+            self._notify_state()
+            return False
+        if self._stop.is_set():
+            return False
+        self._notify_state()
+        return True
+
     def _loop_main(self) -> None:
+        if self.runner is None and not self._lazy_load():
+            return
         try:
             while not self._stop.is_set():
                 self._wake.clear()
@@ -566,7 +688,7 @@ class Engine:
                         r.trace.record_stage(stages.QUEUE, r.queue_start_ns, t_start)
                 elif r.requeue_ns is not None:
                     if r.trace is not None:
-                        r.trace.record_stage(stages.QUEUE, r.requeue_ns, t_start, {"ttft.requeue": True})
+                        r.trace.record_stage(stages.QUEUE, r.requeue_ns, t_start, {stages.ATTR_REQUEUE: True})
                     r.requeue_ns = None
             inputs.append(
                 SeqInput(
@@ -732,6 +854,8 @@ def build_engine(
     **overrides: Any,
 ) -> Engine:
     """Build, load (cold start), warm up and start an engine.
+
+    With ``lazy_load=True`` it returns once the loop runs; the model loads on the loop thread.
 
     ``overrides`` are EngineConfig fields (``build_engine(model="tiny", policy="chunked")``).
     Tracing: pass ``trace_sink``, or ``capture_dir``/``otlp_endpoint``/``trace_memory`` to make

@@ -12,6 +12,10 @@ Each knob adds a real delay at the place the cause would act; every measurement 
 - ``detokenize_ms_per_token``: sleep this many ms per detokenized output token on the step
   loop (a slow detokenizer; moves ``detokenize`` and ITL).
 - ``load_delay_s``: added to model loading (a slow disk; moves ``cold_start``).
+- ``network_delay_ms``: every SSE chunk (and a non-streamed response) reaches the client this
+  long after the server has it ready, pipelined: chunks do not wait for each other's delay
+  (a slow network between engine and client; moves ``network`` = client TTFT - server TTFT,
+  not ITL; the step loop is untouched).
 
 Thread-safe: a :class:`FaultConfig` is immutable.
 """
@@ -30,6 +34,7 @@ FAULTS: dict[str, tuple[float, str]] = {
     "collective_latency_ms": (60_000.0, "ms added to every tensor-parallel all-reduce"),
     "detokenize_ms_per_token": (60_000.0, "ms of extra detokenizer time per output token"),
     "load_delay_s": (3600.0, "s added to model loading (cold start)"),
+    "network_delay_ms": (60_000.0, "ms between a response chunk being ready and the client getting it (pipelined)"),
 }
 
 
@@ -46,6 +51,7 @@ class FaultConfig:
     collective_latency_ms: float = 0.0
     detokenize_ms_per_token: float = 0.0
     load_delay_s: float = 0.0
+    network_delay_ms: float = 0.0
 
     def active(self) -> dict[str, float]:
         """Only the knobs that are on, for the capture's meta.json."""

@@ -9,6 +9,15 @@ Binds 127.0.0.1 by default; bodies are capped (``max_body_bytes``); malformed re
 header makes the request span join the caller's trace. When a client goes away (mid-stream or
 while queued) its request is aborted and its KV blocks are freed.
 
+Lazy load (``EngineConfig.lazy_load``): the server answers while the model loads; requests are
+submitted (tokenized, queued) at once and their handlers wait, without sending headers, until
+the engine is ready, then run normally; if loading fails they get a 503 naming the cause.
+``/health`` is 503 ``{"status": "loading"}`` until ready, then 200 ``{"status": "ok", ...}``.
+
+Fault ``network_delay_ms``: every SSE write (headers, each chunk) and each non-streamed response
+goes to the client that long after it is ready, pipelined (see :class:`_DelayedWriter`), so it
+adds to the client's TTFT but not to its inter-token gaps, and never touches the step loop.
+
 Threading: handlers run on the server's asyncio loop; tokenization runs on a one-thread
 executor (``Engine.submit``); engine events come back through ``AsyncEventStream``.
 :class:`ServerThread` runs the whole server on its own loop in a background thread.
@@ -215,6 +224,8 @@ class EngineServer:
         self.max_body_bytes = max_body_bytes
         self._pool = concurrent.futures.ThreadPoolExecutor(tokenizer_threads, thread_name_prefix="ttft-tokenize")
         self._runner: web.AppRunner | None = None
+        self._engine_settled: asyncio.Event | None = None  # ready or failed (lazy load)
+        self.network_delay_s = engine.faults.network_delay_ms / 1000.0
         names = {engine.model_name, engine.config.model}
         self.served_names: tuple[str, ...] = (engine.model_name, *sorted(names - {engine.model_name}))
         self.app = web.Application(client_max_size=max_body_bytes)
@@ -234,6 +245,17 @@ class EngineServer:
 
     async def start(self) -> None:
         """Bind and serve; ``port=0`` picks a free port (read it from :attr:`port`)."""
+        loop = asyncio.get_running_loop()
+        settled = asyncio.Event()
+        self._engine_settled = settled
+
+        def on_state() -> None:  # loop thread of the engine -> this server's loop
+            try:
+                loop.call_soon_threadsafe(settled.set)
+            except RuntimeError:  # our loop is closed already
+                pass
+
+        self.engine.add_state_listener(on_state)
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -252,9 +274,25 @@ class EngineServer:
     # -- handlers ------------------------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
-        if self.engine.running:
-            return web.json_response({"status": "ok", **self.engine.stats()})
+        engine = self.engine
+        state = engine.state
+        if state == "ready":
+            return web.json_response({"status": "ok", **engine.stats()})
+        if state == "loading":
+            return web.json_response({"status": "loading", "waiting": engine.num_waiting()}, status=503)
+        if state == "failed":
+            return web.json_response({"status": "failed", "error": engine.unavailable_reason()}, status=503)
         return error_response("engine is not running", 503)
+
+    async def _wait_engine_ready(self) -> str | None:
+        """Wait (lazy load) until the engine is ready; the one-line reason when it never will be."""
+        if self.engine.ready:
+            return None
+        if self._engine_settled is not None:
+            await self._engine_settled.wait()
+        if self.engine.ready:
+            return None
+        return self.engine.unavailable_reason()
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -336,6 +374,11 @@ class EngineServer:
             return error_response(str(exc), 400)
         finished = False
         try:
+            if not engine.ready:  # lazy load: hold the response (no headers yet) until ready
+                why = await self._wait_engine_ready()
+                if why is not None:
+                    finished = True
+                    return error_response(why, 503)
             if parsed.stream:
                 resp = await self._stream(request, parsed, rid, submitted.num_prompt_tokens, stream)
             else:
@@ -372,12 +415,36 @@ class EngineServer:
             status=200,
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": rid},
         )
-        await resp.prepare(request)
         created = int(time.time())
+        delayed: _DelayedWriter | None = None
+        if self.network_delay_s > 0:
+            delayed = _DelayedWriter(resp, request, self.network_delay_s)
 
-        async def send(obj: dict[str, Any]) -> None:
-            await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+            async def send(obj: dict[str, Any]) -> None:
+                assert delayed is not None
+                delayed.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+        else:
+            await resp.prepare(request)
 
+            async def send(obj: dict[str, Any]) -> None:
+                await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+        try:
+            return await self._stream_events(resp, parsed, rid, created, stream, send, delayed)
+        finally:
+            if delayed is not None:
+                delayed.cancel()  # no-op once closed; stops the writer if the handler failed
+
+    async def _stream_events(
+        self,
+        resp: web.StreamResponse,
+        parsed: ParsedRequest,
+        rid: str,
+        created: int,
+        stream: AsyncEventStream,
+        send: Any,
+        delayed: "_DelayedWriter | None",
+    ) -> web.StreamResponse:
         if parsed.chat:
             await send(self._chunk(parsed, rid, created, None, None, role=True))
         last: TokenEvent | None = None
@@ -399,6 +466,10 @@ class EngineServer:
             cid = f"chatcmpl-{rid}" if parsed.chat else f"cmpl-{rid}"
             obj = "chat.completion.chunk" if parsed.chat else "text_completion"
             await send({"id": cid, "object": obj, "created": created, "model": self.engine.model_name, "choices": [], "usage": usage})
+        if delayed is not None:
+            delayed.write(b"data: [DONE]\n\n")
+            await delayed.close()
+            return resp
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -419,6 +490,8 @@ class EngineServer:
             "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
         }
         created = int(time.time())
+        if self.network_delay_s > 0:  # fault: the whole response reaches the client late
+            await asyncio.sleep(self.network_delay_s)
         if parsed.chat:
             body = {
                 "id": f"chatcmpl-{rid}",
@@ -440,6 +513,60 @@ class EngineServer:
                 "usage": usage,
             }
         return web.json_response(body, headers={"X-Request-Id": rid})
+
+
+class _DelayedWriter:
+    """The ``network_delay_ms`` fault for one SSE response: a link with latency, not a slow one.
+
+    :meth:`write` (server loop, never blocks) stamps each chunk's ready time; one writer task
+    sends the headers and then each chunk at ``ready + delay_s`` (loop clock, s), in order.
+    Chunks do not wait for each other's delay, so gaps between chunks stay as they were.
+    A write error (client gone) is raised from the next :meth:`write` or :meth:`close`.
+    """
+
+    def __init__(self, resp: web.StreamResponse, request: web.Request, delay_s: float) -> None:
+        self._resp = resp
+        self._request = request
+        self._delay_s = delay_s
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
+        self._prepare_due = self._loop.time() + delay_s  # the headers are ready now
+        self._task = asyncio.ensure_future(self._run())
+
+    def _check(self) -> None:
+        if self._task.done() and not self._task.cancelled() and self._task.exception() is not None:
+            raise self._task.exception()  # type: ignore[misc]
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data`` for ``now + delay_s``."""
+        self._check()
+        self._queue.put_nowait((self._loop.time() + self._delay_s, data))
+
+    async def close(self) -> None:
+        """Queue the end of the stream and wait until everything is written (or raise)."""
+        self._check()
+        self._queue.put_nowait((self._loop.time() + self._delay_s, None))
+        await asyncio.shield(self._task)
+
+    def cancel(self) -> None:
+        if not self._task.done():
+            self._task.cancel()
+
+    async def _sleep_until(self, due: float) -> None:
+        wait = due - self._loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    async def _run(self) -> None:
+        await self._sleep_until(self._prepare_due)
+        await self._resp.prepare(self._request)
+        while True:
+            due, data = await self._queue.get()
+            await self._sleep_until(due)
+            if data is None:
+                await self._resp.write_eof()
+                return
+            await self._resp.write(data)
 
 
 class ServerThread:
