@@ -63,7 +63,8 @@ class Scenario:
 
 
 def _ms(x: float) -> str:
-    return f"{x:.3g}ms"
+    """Milliseconds as an SLO value (diag.slo accepts plain decimals only)."""
+    return f"{x:.2f}ms"
 
 
 def _slo(cal: Calibration, ttft_ms: float, tpot_ms: float) -> str:
