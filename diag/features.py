@@ -753,14 +753,29 @@ class _Builder:
             self.na(names, f"only {np.unique(x).size} distinct prompt lengths ({x.min():g}..{x.max():g} tokens); "
                     "needs a prompt-length sweep")
             return
-        slope, intercept, r2 = _linear_fit(x, yy)
+        # When prompt lengths repeat (a sweep, a prompt file), fit the median TTFT of each length:
+        # robust to the few requests that waited behind another one.
+        lengths, counts = np.unique(x, return_counts=True)
+        repeated = counts >= 2
+        if repeated.sum() >= 3 and counts[repeated].sum() >= 0.8 * x.size:
+            fx = lengths[repeated].astype("float64")
+            fy = np.array([np.median(yy[x == v]) for v in lengths[repeated]])
+            slope, intercept, r2 = _linear_fit(fx, fy)
+            weights = counts[repeated]
+            expl = slope * float((weights * fx).sum()) / max(float((weights * fy).sum()), 1e-12)
+            how += ", median TTFT per prompt length"
+        else:
+            slope, intercept, r2 = _linear_fit(x, yy)
+            expl = None
         self.add("ttft_prompt_slope_ms_per_token", slope * 1e3, "ms/token", source=how)
         self.add("ttft_prompt_intercept_ms", intercept * 1e3, "ms", source=how)
         self.add("ttft_prompt_r2", max(0.0, r2), "ratio", source=how)
         # time-weighted (means, not medians): in a mixed workload most requests are short, yet
         # the long ones carry most of the TTFT time
         mean_y = float(np.mean(yy))
-        self.add("ttft_prompt_explained_frac", max(0.0, slope * float(np.mean(x)) / mean_y) if mean_y > 0 else None, "ratio")
+        if expl is None:
+            expl = slope * float(np.mean(x)) / mean_y if mean_y > 0 else None
+        self.add("ttft_prompt_explained_frac", max(0.0, expl) if expl is not None else None, "ratio")
         self.add("ttft_prompt_fit_n", float(x.size), "requests")
 
     # -- device busy --

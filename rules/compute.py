@@ -65,9 +65,12 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         if fit_ok and ps >= th["share_min"]:
             directness, strengths = 0.9, [strength(ps, th["share_min"]), strength(r2, th["r2_min"]),
                                           strength(expl, th["explained_frac_min"])]
-        elif ps >= th["share_only_min"] and r2 is not None and r2 < th["r2_contradicts_max"]:
-            return (f"prefill is {ps:.0%} of the slowest TTFTs but does not follow each request's own prompt length "
-                    f"(R² {r2:.2f}): other requests' prefills share its steps (see interference)")
+        elif ps >= th["share_only_min"] and r2 is not None and (
+                r2 < th["r2_contradicts_max"] or (expl is not None and expl < th["explained_frac_min"])):
+            # a prompt-length fit exists and says the request's own prompt is not what costs the time
+            return (f"prefill is {ps:.0%} of the slowest TTFTs but each request's own prompt length explains little "
+                    f"of it (R² {r2:.2f}, prompt-proportional part {expl or 0:.0%}): other requests' prefills share "
+                    "its steps (see interference)")
         elif ps >= th["share_only_min"]:
             directness, strengths = 0.7, [strength(ps, th["share_only_min"])]
         else:

@@ -30,19 +30,69 @@ def cold_start(ctx: RuleContext) -> Outcome:
         return f"{n_out:g} cold-start outliers; start-up spans {load:.3g} s"
     title = (f"Cold start: {n_out:g} first request(s) paid model load / warm-up" if n_out
              else f"Cold start: {load:.3g} s of model load / warm-up before serving")
+    # Requests that really waited for the start-up, far longer than any steady TTFT: this is
+    # what users felt, so it ranks with the TTFT findings (still never counted as TTFT).
+    excess = ctx.v("cold_start_outlier_excess_s", 0.0) or 0.0
+    p95 = ctx.v("ttft_p95_s")
+    dominant = bool(n_out) and p95 and excess >= th["dominant_vs_ttft_p95_min"] * p95
     return Finding("cold_start", "cold_start", title + " (start-up cost, reported apart, not TTFT)",
                    ctx.confidence(0.9, strengths), None, None, evid,
                    ["warm the server up before it takes traffic (a warm-up request, compile ahead of time)",
                     "model load, GPU initialisation and weight reads are start-up / scale-out cost: with weights "
                     "resident in GPU memory, faster SSDs do nothing for TTFT",
                     "keep replicas warm (minimum replicas) when scale-out cold starts reach users"],
-                   note="not counted as TTFT: these requests are excluded from the TTFT statistics", tier=4)
+                   note="not counted as TTFT: these requests are excluded from the TTFT statistics"
+                   + (f"; they waited {excess / p95:.0f}x the steady TTFT p95, so it ranks with the TTFT findings"
+                      if dominant else ""), tier=2 if dominant else 4)
 
 
-@rule("network", "network", needs=(("client_server_gap_p50_s", "client_server_ttft_ratio"), ("detokenize_share_tail",)))
-def network(ctx: RuleContext) -> Outcome:
-    """Client TTFT well above server TTFT, or detokenize / serialization share high."""
+NETWORK_CHECKS = [
+    "detokenization, transfer back to the serving process and the network send (the article's last "
+    "stage): incremental detokenizer, SSE flush per chunk",
+    "proxies, load balancers or gateways that buffer streamed responses; TLS and connection reuse",
+]
+
+
+def _network_black_box(ctx: RuleContext) -> Outcome:
+    """Client only: a fixed per-request latency that neither prompt length nor load explains.
+
+    The engine's own per-request work for a short prompt costs about one decode step; a TTFT
+    intercept many decode steps long that makes up most of TTFT lies outside its compute.
+    """
     th = ctx.th
+    intercept_s = ctx.v("ttft_prompt_intercept_ms", 0.0) / 1e3
+    itl = ctx.v("itl_p50_s")
+    p50 = ctx.v("ttft_p50_s")
+    if not itl or not p50:
+        return "needs ITL and TTFT to judge a fixed latency"
+    steps = intercept_s / itl
+    share = intercept_s / p50
+    if steps < th["bb_intercept_itl_min"] or share < th["bb_intercept_share_min"]:
+        return (f"TTFT's fixed part (prompt-fit intercept {intercept_s * 1e3:.1f} ms) is {steps:.1f} decode steps "
+                f"and {share:.0%} of TTFT p50: no outside latency stands out")
+    evid = [ev("fixed part of TTFT / ITL p50", steps, th_text(">=", th["bb_intercept_itl_min"], "x"), "decode steps",
+               f"the TTFT-vs-prompt intercept {intercept_s * 1e3:.1f} ms: latency no prompt token explains"),
+            ev("fixed part of TTFT / TTFT p50", share, th_text(">=", th["bb_intercept_share_min"], "share"), "share",
+               "most of what users wait for is not prompt processing")]
+    s, pct = ctx.explained(min(share, 1.0))
+    return Finding("network", "network",
+                   "A fixed latency outside the engine's compute dominates TTFT: network, proxy or front end (black box)",
+                   ctx.confidence(0.7, [strength(steps, th["bb_intercept_itl_min"]),
+                                        strength(share, th["bb_intercept_share_min"])], black_box=True),
+                   s, pct, evid, NETWORK_CHECKS + ["join a server capture (OTLP spans) to split network from the "
+                                                   "server's front end"],
+                   note="client-only evidence: the split between network and the server's front end is not "
+                        "observed; confidence lowered", black_box=True)
+
+
+@rule("network", "network", needs=(("client_server_gap_p50_s", "client_server_ttft_ratio"), ("detokenize_share_tail",),
+                                   ("ttft_prompt_intercept_ms", "itl_p50_s")))
+def network(ctx: RuleContext) -> Outcome:
+    """Client TTFT well above server TTFT, or detokenize / serialization share high; client
+    only: a fixed latency many decode steps long that prompt length does not explain."""
+    th = ctx.th
+    if not ctx.has("client_server_gap_p50_s") and not ctx.has("detokenize_share_tail"):
+        return _network_black_box(ctx)
     gap_share = ctx.v("network_share_tail")
     ratio = ctx.v("client_server_ttft_ratio")
     det = ctx.v("detokenize_share_tail")
@@ -73,9 +123,7 @@ def network(ctx: RuleContext) -> Outcome:
              if gap_share is not None and gap_share >= th["gap_share_min"] or (ratio or 0) >= th["ttft_ratio_min"]
              else "Detokenization / response streaming takes a large share of TTFT")
     return Finding("network", "network", title, ctx.confidence(0.9, strengths), s, pct, evid,
-                   ["detokenization, transfer back to the serving process and the network send (the article's last "
-                    "stage): incremental detokenizer, SSE flush per chunk",
-                    "proxies, load balancers or gateways that buffer streamed responses; TLS and connection reuse",
+                   [*NETWORK_CHECKS,
                     "the TTFT boundary: client TTFT includes the network, server TTFT ends at the hand-off to the stream"])
 
 

@@ -76,7 +76,8 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
             skipped.append(Skipped(rid, f"skipped: rule failed on this capture ({type(exc).__name__}: {exc})"))
             continue
         if isinstance(out, Finding):
-            out.tier = r.tier
+            # the rule's registered tier, unless the finding promoted itself (a dominant cold start)
+            out.tier = min(out.tier, r.tier) if out.category == "cold_start" else r.tier
             if out.category in ITL_CATEGORIES:
                 out.weight = float(general["itl_weight"])
             elif out.category in TTFT_CATEGORIES:
@@ -105,7 +106,13 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
     if "interference" in by_cat and "decode" in by_cat:
         _demote(by_cat["decode"], "interference", "the slow tokens are stalls behind other requests' prefills", demote)
     all_met, ttft_met, slo_rows = _slo_state(feats)
-    ttft_bad = [f for f in findings if f.category in TTFT_CATEGORIES and f.confidence >= strong]
+    if ttft_met and not all_met:
+        # the article's "TTFT fine, ITL bad" row: TTFT findings say where TTFT goes, not what is wrong
+        for f in findings:
+            if f.category in TTFT_CATEGORIES:
+                _demote(f, "slo", "TTFT meets its SLO: this is where TTFT goes, not the problem", demote)
+                f.tier = max(f.tier, 3)  # the broken (ITL) SLO's findings come first
+    ttft_bad = [] if ttft_met else [f for f in findings if f.category in TTFT_CATEGORIES and f.confidence >= strong]
     if "decode" in by_cat and (ttft_bad or ttft_met is False):
         _demote(by_cat["decode"], ttft_bad[0].category if ttft_bad else "slo",
                 "TTFT is not fine, so slow tokens are not the main story", demote)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-_LISTENING = re.compile(r"listening on (http://\S+)")
+_LISTENING = re.compile(r"listening on (http://\S+)(?: \(model=([^,)]+))?")
 
 
 class EngineProcessError(RuntimeError):
@@ -34,6 +34,7 @@ class EngineProcess:
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
+        self.model = ""  # the served model name, from the listening line
         self._stderr: list[str] = []
 
     def command(self) -> list[str]:
@@ -60,6 +61,7 @@ class EngineProcess:
             m = _LISTENING.search(line)
             if m:
                 self.url = m.group(1)
+                self.model = m.group(2) or ""
                 threading.Thread(target=self._drain_stdout, daemon=True).start()
                 return self
         self.kill()

@@ -91,14 +91,19 @@ class _ClientHog:
         sys.setswitchinterval(self._old)
 
 
-def _run_step(url: str, step: ProbeStep, writer: CaptureWriter, prompts_file: Path | None, slo: dict[str, float] | None) -> Any:
+def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prompts_file: Path | None, slo: dict[str, float] | None) -> Any:
     from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, SweepSpec, WorkloadSpec, run_probe, run_sweep
 
     load = LoadSpec(concurrency=step.concurrency, requests=step.requests, warmup_requests=step.warmup,
                     rate_rps=step.rate_rps)
     workload = WorkloadSpec(LengthSpec.parse(step.input_tokens), LengthSpec.parse(step.output_tokens),
                             prompts_file=str(prompts_file) if prompts_file else None)
-    cfg = ProbeConfig(url, load=load, workload=workload, output=None, segment=step.segment, slo=slo, timeout_s=120)
+    # the engine's own tokenizer sizes the prompts exactly (and no calibration requests go first)
+    tokenizer = Path(__file__).resolve().parents[1] / "engine" / "data" / "tokenizer.json"
+    # api and model given: no detection request reaches the engine before the measured ones
+    cfg = ProbeConfig(url, api="completions", model=model or None, load=load, workload=workload, output=None,
+                      segment=step.segment, slo=slo, timeout_s=120,
+                      tokenizer_path=str(tokenizer) if tokenizer.exists() else None)
     if step.sweep:
         spec = SweepSpec(step.sweep, values=[float(v) for v in step.sweep_values] or None,
                          requests_per_point=step.requests_per_point)
@@ -150,9 +155,9 @@ def _run_phase(phase: Phase, server_dir: Path, writer: CaptureWriter, prompts: P
         for step in phase.steps:
             if step.starve_client:
                 with _ClientHog():
-                    _run_step(eng.url, step, writer, prompts, slo)
+                    _run_step(eng.url, eng.model, step, writer, prompts, slo)
             else:
-                _run_step(eng.url, step, writer, prompts, slo)
+                _run_step(eng.url, eng.model, step, writer, prompts, slo)
     finally:
         eng.stop()
 
