@@ -992,9 +992,14 @@ class _Builder:
         same = owner[1:] == owner[:-1]
         g_start = flat[:-1][same]
         g_end = flat[1:][same]
+        tid_of = rows["trace_id"].to_numpy(dtype=object)
+        seg_by_tid = dict(zip(self.steady["trace_id"].to_numpy(dtype=object), self.steady["segment"].to_numpy(dtype=object))) \
+            if "segment" in self.steady.columns and "trace_id" in self.steady.columns else {}
+        seg = np.array([seg_by_tid.get(t) for t in tid_of], dtype=object)
         return pd.DataFrame({"start_ns": g_start.astype("float64"), "end_ns": g_end.astype("float64"),
                              "gap_s": (g_end - g_start) / NS,
-                             "req": owner[1:][same]})
+                             "req": owner[1:][same],
+                             "segment": seg[owner[1:][same]]})
 
     def itl(self) -> None:
         client = self._token_gaps(stages.SPAN_CLIENT_REQUEST)
@@ -1043,6 +1048,7 @@ class _Builder:
     def interference(self, server: pd.DataFrame | None, client: pd.DataFrame | None) -> None:
         names = [("itl_during_prefill_p50_s", "s"), ("itl_during_prefill_mean_s", "s"), ("itl_without_prefill_p50_s", "s"),
                  ("itl_interference_ratio", "ratio"), ("itl_prefill_stall_share", "ratio of decode time"),
+                 ("itl_tail_during_prefill_frac", "ratio"), ("itl_tail_gaps_n", "gaps"),
                  ("itl_during_prefill_frac", "ratio")]
         steps = self.steps
         windows: tuple[np.ndarray, np.ndarray] | None = None
@@ -1077,6 +1083,12 @@ class _Builder:
             self.na(names[:5], f"too few token gaps to compare ({n_d} during prefills, {n_w} without; needs {min_n} each)")
             return
         g = gaps["gap_s"].to_numpy()
+        if "segment" in gaps.columns and gaps["segment"].nunique(dropna=True) >= 2:
+            # different phases (sweep points, TP degrees) run at different speeds: compare each
+            # gap with its own phase's typical gap so the slower phase is not read as stalls
+            seg = gaps["segment"].astype(str)
+            scale = pd.Series(g).groupby(seg.to_numpy()).transform("median").to_numpy()
+            g = g / np.where(scale > 0, scale, 1.0) * float(np.median(g))
         d50 = float(np.median(g[during]))
         dmean = float(g[during].mean())
         w50 = float(np.median(g[~during]))
@@ -1088,6 +1100,10 @@ class _Builder:
         total = float(g.sum())
         lost = float(np.clip(g[during] - w50, 0, None).sum())
         self.add("itl_prefill_stall_share", lost / total if total > 0 else None, "ratio of decode time", source=src)
+        # the ITL tail: which share of the slowest 1% of token gaps overlap a prefill
+        tail = g >= np.percentile(g, 99)
+        self.add("itl_tail_during_prefill_frac", float(during[tail].mean()) if tail.any() else None, "ratio", source=src)
+        self.add("itl_tail_gaps_n", float(tail.sum()), "gaps", source=src)
 
     # -- cold start spans --
     def cold_start_spans(self) -> None:

@@ -70,11 +70,22 @@ def interference(ctx: RuleContext) -> Outcome:
     th = ctx.th
     ratio = ctx.v("itl_interference_ratio")
     stall = ctx.v("itl_prefill_stall_share")
-    if ratio < th["itl_ratio_min"] or stall < th["stall_share_min"]:
+    tail = ctx.v("itl_tail_during_prefill_frac")
+    bb = "black box" in (ctx.features.get("itl_interference_ratio").source or "")
+    # with the client's stand-ins for prefill windows (other requests' TTFT windows, which also
+    # hold their queueing) the tail must be made of enough gaps to mean something
+    tail_n = ctx.v("itl_tail_gaps_n", 0) or 0
+    # The tail criterion explains a broken ITL/TPOT SLO (the tail users were promised); without
+    # one, only the share of decode time lost counts.
+    checks = ctx.v("slo_checks") or {}
+    itl_slo_broken = any(k.startswith(("itl", "tpot")) and c.get("met") is False for k, c in checks.items())
+    tail_caused = (itl_slo_broken and tail is not None and tail >= th["tail_during_prefill_min"]
+                   and (not bb or tail_n >= th["bb_tail_gaps_min"]))
+    if ratio < th["itl_ratio_min"] or (stall < th["stall_share_min"] and not tail_caused):
         return (f"token gaps during other requests' prefills are {ratio:.1f}x the others (threshold "
-                f"{th['itl_ratio_min']:g}x) and cost {stall:.0%} of decode time (threshold {th['stall_share_min']:.0%})")
+                f"{th['itl_ratio_min']:g}x) and cost {stall:.0%} of decode time (threshold {th['stall_share_min']:.0%}); "
+                f"{tail or 0:.0%} of the slowest 1% of gaps overlap a prefill (threshold {th['tail_during_prefill_min']:.0%})")
     src = ctx.features.get("itl_interference_ratio").source or ""
-    bb = "black box" in src
     evid = [
         ev("ITL during prefills / ITL otherwise", ratio, th_text(">=", th["itl_ratio_min"], "x"), "x",
            f"mean gap {ctx.v('itl_during_prefill_mean_s', 0) * 1e3:.1f} ms against a median "
@@ -83,10 +94,16 @@ def interference(ctx: RuleContext) -> Outcome:
            "running requests wait while new prompts are prefilled"),
         ev("token gaps overlapping a prefill", ctx.v("itl_during_prefill_frac"), None, "share", "how often it happens"),
     ]
+    if tail_caused:
+        evid.insert(2, ev("slowest 1% of token gaps that overlap a prefill", tail,
+                          th_text(">=", th["tail_during_prefill_min"], "share"), "share",
+                          "the ITL tail that breaks its SLO is made of stalls behind other requests' prefills"))
+    strengths = [strength(ratio, th["itl_ratio_min"]),
+                 max(strength(stall, th["stall_share_min"]),
+                     strength(tail, th["tail_during_prefill_min"]) if tail_caused else 0.0)]
     return Finding("interference", "interference",
                    "Prefill-decode interference: running requests' tokens stall while new prompts prefill",
-                   ctx.confidence(0.85 if not bb else 0.7, [strength(ratio, th["itl_ratio_min"]),
-                                                            strength(stall, th["stall_share_min"])], black_box=bb),
+                   ctx.confidence(0.85 if not bb else 0.7, strengths, black_box=bb),
                    None, None, evid, INTERFERENCE_CHECKS,
                    note="explains ITL spikes, not TTFT" + ("; client-only evidence (other requests' TTFT windows "
                                                            "stand in for their prefills)" if bb else ""),

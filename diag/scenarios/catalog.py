@@ -145,7 +145,7 @@ def _interference_slo(cal: Calibration) -> str:
     company), but a running stream must not stall for more than a few decode steps."""
     longest = _mixed_prompts(cal)[-1][0]
     return (f"ttft_p99={_ms(4 * longest * cal.prefill_ms_per_token + 20 * cal.ttft_short_ms)},"
-            f"itl_p99={_ms(4 * cal.decode_step_ms + 128 * cal.prefill_ms_per_token)}")
+            f"itl_p99={_ms(8 * cal.decode_step_ms + 128 * cal.prefill_ms_per_token)}")
 
 
 def _interference(cal: Calibration) -> Plan:
