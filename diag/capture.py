@@ -451,7 +451,7 @@ def read_spans_file(path: Path, warnings: list[str]) -> pd.DataFrame:
     if last_line and not acc.frames:
         return empty_span_table()
     frames = acc.frames
-    df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True, copy=False)
+    df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
     for col in ("name", "service"):
         df[col] = df[col].astype("category")
     return df

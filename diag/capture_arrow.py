@@ -134,12 +134,49 @@ def _looks_like_export_lines(path: Path) -> bool:
 def _read(path: Path, known: frozenset[str], columns: tuple[str, ...]) -> pd.DataFrame | None:
     if not _looks_like_export_lines(path):
         return None
-    source: Any = pa.input_stream(str(path), compression="gzip") if path.suffix == ".gz" else path
-    table = pj.read_json(
-        source,
-        read_options=pj.ReadOptions(block_size=_BLOCK_BYTES, use_threads=True),
-        parse_options=pj.ParseOptions(newlines_in_values=False),
-    )
+
+    def source() -> Any:
+        return pa.input_stream(str(path), compression="gzip") if path.suffix == ".gz" else str(path)
+
+    read_options = pj.ReadOptions(block_size=_BLOCK_BYTES, use_threads=True)
+    parse_options = pj.ParseOptions(newlines_in_values=False)
+    # Streaming block by block bounds memory to one block's nested table at a time. The schema
+    # comes from the first block; a later block with new fields fails the stream, and the whole
+    # file is then read at once (one schema inferred over everything).
+    try:
+        parts = []
+        for batch in pj.open_json(source(), read_options=read_options, parse_options=parse_options):
+            part = _frame(pa.Table.from_batches([batch]), known, path)
+            if part is None:
+                return None
+            parts.append(part)
+    except pa.ArrowInvalid:
+        part = _frame(pj.read_json(source(), read_options=read_options, parse_options=parse_options), known, path)
+        if part is None:
+            return None
+        parts = [part]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        df = parts[0]
+    else:
+        from pandas.api.types import union_categoricals
+
+        cats = {c: union_categoricals([p[c] for p in parts]) for c in ("name", "service")}
+        partial = {c for p in parts for c in p.columns} - set.intersection(*(set(p.columns) for p in parts))
+        df = pd.concat([p.drop(columns=["name", "service"]) for p in parts], ignore_index=True)
+        for c, values in cats.items():
+            df[c] = values
+        for col in partial:  # concat fills a column absent from some blocks with NaN: keep None
+            if df[col].dtype == object:
+                df[col] = df[col].where(df[col].notna(), None)
+        parts.clear()
+    df["source_file"] = pd.Categorical.from_codes(np.zeros(len(df), dtype="int8"), categories=[str(path)])
+    return df
+
+
+def _frame(table: pa.Table, known: frozenset[str], path: Path) -> pd.DataFrame | None:
+    """Flatten one table of export requests (any number of lines) into span rows."""
     if "resourceSpans" not in table.column_names or table.num_columns != 1:
         return None
     rs_list = table.column("resourceSpans").combine_chunks()
@@ -215,7 +252,6 @@ def _read(path: Path, known: frozenset[str], columns: tuple[str, ...]) -> pd.Dat
             for row, d in extra.items():
                 col[row] = d
             df["extra"] = col
-    df["source_file"] = str(path)
     return df
 
 

@@ -150,20 +150,28 @@ def test_random_and_corrupted_captures_raise_only_capture_error(tmp_path_factory
     stage_decomposition(build_tables(cap).requests)
 
 
-def test_arrow_fast_path_and_line_reader_agree(capture_dir, monkeypatch):
-    sink = setup_tracing("svc", capture_dir=capture_dir)
+@pytest.mark.parametrize("block_bytes", [None, 1 << 14], ids=["one-block", "streamed-blocks"])
+def test_arrow_fast_path_and_line_reader_agree(capture_dir, monkeypatch, block_bytes):
+    import diag.capture_arrow as ca
+
+    if block_bytes:
+        monkeypatch.setattr(ca, "_BLOCK_BYTES", block_bytes)
+    sink = setup_tracing("svc", capture_dir=capture_dir, export_interval_s=0.001)
     for i in range(20):
+        if i == 10:
+            sink.force_flush()  # more lines, and attributes the first block has not seen
         r = sink.start_request(f"r{i}", attributes={stages.GEN_AI_USAGE_INPUT_TOKENS: i, "vendor.x": [1.5, 2.5],
                                                     stages.ATTR_WARMUP: i == 0, stages.ATTR_SEGMENT: f"prompt={i}"})
         t0 = time.time_ns()
         r.record_stage("queue", t0, t0 + 1_000_000)
         r.add_token_time(t0 + 2_000_000)
         r.add_token_time(t0 + 3_000_000)
+        if i >= 10:
+            r.set_attributes({stages.ATTR_PREEMPTIONS: i})
         r.end(error="timeout" if i == 3 else None)
     sink.shutdown()
     fast = load_capture(capture_dir).spans
-    import diag.capture_arrow as ca
-
+    assert ca.read_spans_arrow(capture_dir / SPANS_FILE, frozenset(), ()) is not None  # the fast path was taken
     monkeypatch.setattr(ca, "read_spans_arrow", lambda *a, **k: None)
     slow = load_capture(capture_dir).spans
     key = ["trace_id", "span_id"]
@@ -172,7 +180,8 @@ def test_arrow_fast_path_and_line_reader_agree(capture_dir, monkeypatch):
     assert set(fast.columns) == set(slow.columns)
     for col in ("trace_id", "span_id", "parent_span_id", "name", "service", "start_ns", "end_ns", "status_code", "kind"):
         assert fast[col].astype(str).tolist() == slow[col].astype(str).tolist(), col
-    for col in (stages.GEN_AI_USAGE_INPUT_TOKENS, stages.ATTR_WARMUP, stages.ATTR_SEGMENT, stages.ATTR_ERROR):
+    for col in (stages.GEN_AI_USAGE_INPUT_TOKENS, stages.ATTR_WARMUP, stages.ATTR_SEGMENT, stages.ATTR_ERROR,
+                stages.ATTR_PREEMPTIONS):
         assert fast[col].tolist() == slow[col].tolist(), col
     tt_fast = [list(x) if x is not None else None for x in fast[stages.ATTR_TOKEN_TIMES_NS]]
     tt_slow = [list(x) if x is not None else None for x in slow[stages.ATTR_TOKEN_TIMES_NS]]
