@@ -284,13 +284,8 @@ def write_report(tables: Tables, window_ns: tuple[int, int] | None, diagnosis: A
     path = directory / f"ttft-report-{stamp}.json"
     doc = analysis.to_dict()
     doc["window_ns"] = list(window_ns) if window_ns else None
-    path.write_text(json.dumps(doc, indent=2, default=_json_default), encoding="utf-8")
+    from diag.summary import json_safe
+
+    path.write_text(json.dumps(json_safe(doc), indent=2), encoding="utf-8")
     return path
 
-
-def _json_default(o: object) -> object:
-    if isinstance(o, np.generic):
-        return o.item()
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    return str(o)

@@ -31,19 +31,11 @@ def run(args: argparse.Namespace) -> int:
         slo = parse_slo(args.slo)
     analysis = analyze_paths(args.captures, rules_file=args.rules, slo=slo)
     if args.json:
-        json.dump(analysis.to_dict(), sys.stdout, indent=2, default=_json_default)
+        from diag.summary import json_safe
+
+        json.dump(json_safe(analysis.to_dict()), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(format_analysis(analysis))
     return 0
 
-
-def _json_default(o: object) -> object:
-    try:
-        import numpy as np
-
-        if isinstance(o, np.generic):
-            return o.item()
-    except ImportError:  # pragma: no cover
-        pass
-    return str(o)

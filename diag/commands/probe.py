@@ -183,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.finish()
     if args.json:
-        json.dump(result.to_dict(), sys.stdout, indent=2, default=_json_default)
+        from diag.summary import json_safe
+
+        json.dump(json_safe(result.to_dict()), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     ep = result.endpoint
@@ -204,13 +206,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"capture: {result.capture_path}  (ttft analyze {result.capture_path} [SERVER_CAPTURE])")
     return 0
 
-
-def _json_default(o: object) -> object:
-    try:
-        import numpy as np
-
-        if isinstance(o, np.generic):
-            return o.item()
-    except ImportError:  # pragma: no cover
-        pass
-    return str(o)

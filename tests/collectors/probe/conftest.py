@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-FIRST_CONTENT_DELAY_S = 0.08  # role-only chunk at once, first content after this
-SLOW_S = 0.1
+from probe_timings import FIRST_CONTENT_DELAY_S, SLOW_S  # noqa: E402
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collectors.probe import LoadSpec, ProbeConfig, WorkloadSpec, LengthSpec, ru
 from collectors.probe.client import Endpoint, StreamingClient, resolve_endpoint, split_url
 from collectors.probe.workload import PromptItem
 
-from conftest import FIRST_CONTENT_DELAY_S
+from probe_timings import FIRST_CONTENT_DELAY_S
 
 
 def _probe(url: str, api: str = "completions", n: int = 3, **kw):

@@ -7,7 +7,7 @@ import pytest
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
 
-from conftest import SLOW_S
+from probe_timings import SLOW_S
 
 
 def _cfg(url, load, out=2, **kw):
