@@ -41,7 +41,6 @@ class Phase:
 
     serve_args: tuple[str, ...]
     steps: tuple[ProbeStep, ...]
-    probe_while_loading: bool = False  # start probing before the engine is ready (cold start)
 
 
 @dataclass(frozen=True)
@@ -161,7 +160,9 @@ def _interference_chunked(cal: Calibration) -> Plan:
 def _cold_start(cal: Calibration) -> Plan:
     delay_s = max(2.0, 100 * cal.ttft_short_ms / 1e3)
     step = ProbeStep(concurrency=1, requests=12, input_tokens="fixed:32", output_tokens="fixed:8", warmup=0)
-    return Plan((Phase(("--lazy-load", "--inject", f"load_delay_s={delay_s:.3g}"), (step,), probe_while_loading=True),),
+    # --lazy-load: the engine listens at once and loads behind it, so the probe's first request
+    # arrives while the model is still loading
+    return Plan((Phase(("--lazy-load", "--inject", f"load_delay_s={delay_s:.3g}"), (step,)),),
                 injected={"load_delay_s": round(delay_s, 3)})
 
 
