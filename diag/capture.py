@@ -161,6 +161,16 @@ class CaptureWriter:
             frame.to_parquet(out, index=False)
         return out
 
+    def append_series(self, source: str, frame: pd.DataFrame) -> Path:
+        """Add rows to ``series/<source>.parquet``, keeping what an earlier run wrote there
+        (several probe runs or phases sharing one capture)."""
+        existing = self.path / SERIES_DIR / f"{source}.parquet"
+        if existing.exists():
+            with self._lock:
+                old = pd.read_parquet(existing)
+            frame = pd.concat([old, frame.loc[:, list(stages.SERIES_COLUMNS)]], ignore_index=True)
+        return self.write_series(source, frame)
+
     def profile_dir(self) -> Path:
         p = self.path / PROFILE_DIR
         p.mkdir(exist_ok=True)

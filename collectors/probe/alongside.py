@@ -76,7 +76,7 @@ class Alongside:
                 if callable(stats) and isinstance(self.notes.get(name), dict):
                     self.notes[name].update(stats())
                 if writer is not None and frame is not None and len(frame):
-                    writer.write_series(name, frame)
+                    writer.append_series(name, frame)
                 if isinstance(self.notes.get(name), dict):
                     self.notes[name]["rows"] = 0 if frame is None else int(len(frame))
             except Exception as exc:

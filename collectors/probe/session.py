@@ -186,7 +186,7 @@ class ProbeSession:
             if frames:
                 import pandas as pd
 
-                self.writer.write_series("client", pd.concat(frames, ignore_index=True))
+                self.writer.append_series("client", pd.concat(frames, ignore_index=True))
             self.writer.update_meta(alongside=along, client_health=self.client_health())
             if self._own_writer:
                 self.writer.close()

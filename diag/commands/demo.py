@@ -140,6 +140,9 @@ class _QueueWriter:
         self.queue.put(("series", source, frame))
         return Path(f"{source}.parquet")
 
+    def append_series(self, source: str, frame: Any) -> Path:
+        return self.write_series(source, frame)  # the director appends: one file per phase
+
     def update_meta(self, **fields: Any) -> None:
         self.queue.put(("meta", fields))
 
@@ -416,7 +419,7 @@ class Director:
             if kind == "spans":
                 writer.append_span_lines(msg[1])
             elif kind == "series":
-                writer.write_series(f"client-{k}" if msg[1] == "client" else f"{msg[1]}-{k}", msg[2])
+                writer.append_series(f"client-{k}" if msg[1] == "client" else f"{msg[1]}-{k}", msg[2])
             elif kind == "meta":
                 # the probe's health verdict is this phase's, not the capture's: kept per phase
                 fields = {key: v for key, v in msg[1].items() if key not in ("kind", "client_health", "alongside")}

@@ -203,3 +203,13 @@ def test_gzipped_spans_file_loads_the_same(capture_dir):
     (capture_dir / (SPANS_FILE + ".gz")).write_bytes(gzip.compress(raw)[:-20])  # cut short
     cut = load_capture(capture_dir)
     assert any("truncated" in w for w in cut.warnings)
+
+
+def test_append_series_keeps_earlier_rows(capture_dir):
+    w = CaptureWriter(capture_dir)
+    one = pd.DataFrame({"ts_s": [1.0], "source": "client", "series": stages.SERIES_LOOP_LAG_S, "entity": "", "value": [0.1]})
+    w.append_series("client", one)
+    w.append_series("client", one.assign(ts_s=2.0, value=0.2))
+    w.close()
+    cap = load_capture(capture_dir)
+    assert cap.series["value"].tolist() == [0.1, 0.2]
