@@ -41,23 +41,18 @@ from typing import Any, Iterable
 
 from diag import stages as S
 
-# --- CPU stages (what a sample is attributed to) ---------------------------------------------
-# The ones that are request stages reuse diag.stages' names; the rest are CPU-profile-only
-# (TODO(lead): move CPU_* into diag/stages.py if other modules need them).
+# --- CPU stages (what a sample is attributed to): defined in diag.stages ----------------------
 CPU_TOKENIZE = S.TOKENIZE  # prompt -> ids, chat template, input processing
-CPU_SCHEDULER = "scheduler"  # batch planning, KV-block allocation, engine-loop bookkeeping
-CPU_SERIALIZATION = "serialization"  # json / msgspec / pickle / protobuf / pydantic
-CPU_HTTP = "http"  # HTTP server, request handling, socket transports
-CPU_FORWARD = "forward"  # model forward: Python side of the passes, launch overhead
+CPU_SCHEDULER = S.CPU_SCHEDULER
+CPU_SERIALIZATION = S.CPU_SERIALIZATION
+CPU_HTTP = S.CPU_HTTP
+CPU_FORWARD = S.CPU_FORWARD
 CPU_COMM = S.COMM  # torch.distributed collectives (CPU-side wait/launch)
 CPU_SAMPLE = S.SAMPLE  # logits -> token (top-k/top-p, penalties, grammar masks)
 CPU_DETOKENIZE = S.DETOKENIZE  # ids -> text
-CPU_IDLE = "idle"  # blocked in select/poll/queue.get/Condition.wait/...
-CPU_OTHER = "other"  # no rule matched any frame
-CPU_STAGES: tuple[str, ...] = (
-    CPU_TOKENIZE, CPU_SCHEDULER, CPU_SERIALIZATION, CPU_HTTP, CPU_FORWARD, CPU_COMM,
-    CPU_SAMPLE, CPU_DETOKENIZE, CPU_IDLE, CPU_OTHER,
-)
+CPU_IDLE = S.CPU_IDLE
+CPU_OTHER = S.CPU_OTHER
+CPU_STAGES: tuple[str, ...] = S.CPU_STAGES
 
 PROFILE_DIR = "profile"
 RAW_FILE = "pyspy.raw.txt"

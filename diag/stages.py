@@ -48,6 +48,17 @@ STAGE_DESCRIPTIONS: dict[str, str] = {
     LUMPED: "stages the engine does not separate (see the adapter's note)",
 }
 
+# --- CPU-profile stages (py-spy samples of a serving process; see collectors.pyspy) ---------
+#: The request stages reuse the names above; these hold what a profile adds.
+CPU_SCHEDULER = "scheduler"  # batch planning, KV-block allocation, engine-loop bookkeeping
+CPU_SERIALIZATION = "serialization"  # json / msgspec / pickle / protobuf / pydantic
+CPU_HTTP = "http"  # HTTP server, request handling, socket transports
+CPU_FORWARD = "forward"  # model forward: Python side of the passes, launch overhead
+CPU_IDLE = "idle"  # blocked in select/poll/queue.get/Condition.wait/...
+CPU_OTHER = "other"  # no rule matched any frame
+CPU_STAGES: tuple[str, ...] = (TOKENIZE, CPU_SCHEDULER, CPU_SERIALIZATION, CPU_HTTP, CPU_FORWARD, COMM, SAMPLE,
+                               DETOKENIZE, CPU_IDLE, CPU_OTHER)
+
 # --- span names -----------------------------------------------------------------------------
 
 SPAN_REQUEST = "ttft.request"  # server-side root of one request
