@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from diag import stages
-from pathlib import Path
-
 from diag.capture import META_FILE, SERIES_DIR, SPANS_FILE, SPANS_FILE_GZ, Capture, CaptureError, load_capture
+from diag.humanize import fmt_s
 from diag.tables import Tables, build_tables, stage_decomposition
 
 
@@ -107,31 +107,23 @@ def analyze_paths(paths: list[str | os.PathLike[str]], rules_file: str | None = 
     return analyze_captures(load_captures(paths), rules_file, slo, run_rules)
 
 
-def _fmt_s(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if v >= 1:
-        return f"{v:.2f}s"
-    return f"{v * 1e3:.1f}ms"
-
-
 def format_decomposition(dec: dict[str, Any]) -> str:
     """The per-stage TTFT decomposition as an aligned text table."""
     lines = []
     t = dec["ttft_s"]
     lines.append(
-        f"TTFT over {dec['requests']} requests: p50 {_fmt_s(t['p50'])}  p95 {_fmt_s(t['p95'])}  p99 {_fmt_s(t['p99'])}"
+        f"TTFT over {dec['requests']} requests: p50 {fmt_s(t['p50'])}  p95 {fmt_s(t['p95'])}  p99 {fmt_s(t['p99'])}"
     )
     for side in ("server_ttft_s", "client_ttft_s"):
         s = dec.get(side)
         if s and s.get("count"):
-            lines.append(f"  {side[:-7]:6s} TTFT: p50 {_fmt_s(s['p50'])}  p95 {_fmt_s(s['p95'])}  p99 {_fmt_s(s['p99'])}  (n={s['count']})")
+            lines.append(f"  {side[:-7]:6s} TTFT: p50 {fmt_s(s['p50'])}  p95 {fmt_s(s['p95'])}  p99 {fmt_s(s['p99'])}  (n={s['count']})")
     lines.append("")
     lines.append(f"{'stage':<11} {'count':>7} {'p50':>9} {'p95':>9} {'p99':>9} {'share':>7}")
     for st, row in dec["stages"].items():
         share = row.get("share_of_ttft")
         share_s = f"{share * 100:6.1f}%" if share is not None else "      -"
-        lines.append(f"{st:<11} {row['count']:>7} {_fmt_s(row['p50']):>9} {_fmt_s(row['p95']):>9} {_fmt_s(row['p99']):>9} {share_s}")
+        lines.append(f"{st:<11} {row['count']:>7} {fmt_s(row['p50']):>9} {fmt_s(row['p95']):>9} {fmt_s(row['p99']):>9} {share_s}")
     if not dec["stages"]:
         lines.append("(no stage spans: a client-only capture, or no server instrumentation)")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from collectors.probe.client import ERROR_KINDS, RequestResult
+from diag.humanize import fmt_s
 
 DEFINITIONS: dict[str, str] = {
     "ttft_s": "time to first token: request start (just before a connection is taken and the request "
@@ -190,17 +191,6 @@ def slo_report(m: dict[str, Any], ok: Sequence[RequestResult], measured: Sequenc
 
 
 # --- text output --------------------------------------------------------------------------------
-
-
-def fmt_s(v: float | None) -> str:
-    """Seconds as a short human string (us / ms / s)."""
-    if v is None:
-        return "-"
-    if v < 1e-3:
-        return f"{v * 1e6:.0f}us"
-    if v < 1:
-        return f"{v * 1e3:.1f}ms"
-    return f"{v:.2f}s"
 
 
 _ROWS = (("TTFT", "ttft_s"), ("TTFT+slot wait", "ttft_incl_slot_wait_s"), ("ITL (per chunk)", "itl_s"),
