@@ -37,7 +37,6 @@ from diag.summary import (
     SLOResult,
     Timeline,
     busy_timeline,
-    describe,
     evaluate_slo,
     inflight_at_arrival,
     json_safe,
@@ -48,6 +47,7 @@ from diag.summary import (
     resource_summary,
     time_origin_ns,
 )
+from diag.tables import describe
 from diag.svg import esc, fmt_duration_s, fmt_num, fmt_pct
 
 FORMATS: dict[str, str] = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown", ".json": "json"}

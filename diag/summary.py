@@ -18,10 +18,9 @@ import pandas as pd
 
 from diag import stages
 from diag.capture import attribute
-from diag.tables import Tables
+from diag.tables import Tables, describe
 
 NS = 1e9
-PCTS: tuple[tuple[str, float], ...] = (("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99))
 #: SLO metric -> the percentile table key that holds it.
 SLO_METRICS: dict[str, str] = {"ttft": "ttft_s", "itl": "itl_s", "tpot": "tpot_s", "e2e": "e2e_s"}
 
@@ -36,20 +35,6 @@ def ok_requests(req: pd.DataFrame) -> pd.DataFrame:
     if "ttft_s" in ok.columns:
         ok = ok.loc[ok["ttft_s"].notna()]
     return ok
-
-
-def describe(values: Any) -> dict[str, Any]:
-    """count, p50/p90/p95/p99, max and mean (None when there is no finite value)."""
-    v = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce").dropna(), dtype="float64")
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return {"count": 0, **{k: None for k, _ in PCTS}, "max": None, "mean": None}
-    q = np.percentile(v, [p for _, p in PCTS])
-    out: dict[str, Any] = {"count": int(v.size)}
-    out.update({k: float(x) for (k, _), x in zip(PCTS, q)})
-    out["max"] = float(v.max())
-    out["mean"] = float(v.mean())
-    return out
 
 
 def itl_gaps_s(tables: Tables, trace_ids: pd.Series | None = None) -> np.ndarray:

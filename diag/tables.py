@@ -449,9 +449,9 @@ def stage_decomposition(req: pd.DataFrame) -> dict[str, Any]:
     ok = ok.loc[ok["ttft_s"].notna()]
     out: dict[str, Any] = {
         "requests": int(len(ok)),
-        "ttft_s": _pcts(ok["ttft_s"]),
-        "server_ttft_s": _pcts(ok["server_ttft_s"]) if "server_ttft_s" in ok else None,
-        "client_ttft_s": _pcts(ok["client_ttft_s"]) if "client_ttft_s" in ok else None,
+        "ttft_s": describe(ok["ttft_s"]),
+        "server_ttft_s": describe(ok["server_ttft_s"]) if "server_ttft_s" in ok else None,
+        "client_ttft_s": describe(ok["client_ttft_s"]) if "client_ttft_s" in ok else None,
         "stages": {},
     }
     for st in stages.DECOMPOSITION_STAGES:
@@ -464,15 +464,25 @@ def stage_decomposition(req: pd.DataFrame) -> dict[str, Any]:
             continue
         denom = ok.loc[have, "ttft_s"].sum()
         out["stages"][st] = {
-            **_pcts(vals),
+            **describe(vals),
             "share_of_ttft": float(vals[have].sum() / denom) if denom > 0 else None,
         }
     return out
 
 
-def _pcts(s: pd.Series) -> dict[str, Any]:
-    v = pd.to_numeric(s, errors="coerce").dropna()
-    if v.empty:
-        return {"count": 0, "p50": None, "p95": None, "p99": None, "mean": None}
-    q = np.percentile(v.to_numpy(), [50, 95, 99])
-    return {"count": int(len(v)), "p50": float(q[0]), "p95": float(q[1]), "p99": float(q[2]), "mean": float(v.mean())}
+#: the percentiles every latency summary reports
+PCTS: tuple[tuple[str, float], ...] = (("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99))
+
+
+def describe(values: Any) -> dict[str, Any]:
+    """count, p50/p90/p95/p99, max and mean of the finite values (None when there is none)."""
+    v = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce").dropna(), dtype="float64")
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return {"count": 0, **{k: None for k, _ in PCTS}, "max": None, "mean": None}
+    q = np.percentile(v, [p for _, p in PCTS])
+    out: dict[str, Any] = {"count": int(v.size)}
+    out.update({k: float(x) for (k, _), x in zip(PCTS, q)})
+    out["max"] = float(v.max())
+    out["mean"] = float(v.mean())
+    return out

@@ -15,6 +15,7 @@ import numpy as np
 
 from collectors.probe.client import ERROR_KINDS, RequestResult
 from diag.humanize import fmt_s
+from diag.tables import describe
 
 DEFINITIONS: dict[str, str] = {
     "ttft_s": "time to first token: request start (just before a connection is taken and the request "
@@ -37,18 +38,9 @@ DEFINITIONS: dict[str, str] = {
     "given with --tokenizer over the streamed text, else the number of content chunks.",
 }
 
-PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
-
-
 def distribution(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
-    """count, mean, p50/p90/p95/p99 and max of ``values`` (None when empty)."""
-    v = np.asarray(values, dtype="float64")
-    v = v[~np.isnan(v)] if v.size else v
-    if v.size == 0:
-        return {"count": 0, "mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None}
-    q = np.percentile(v, PERCENTILES)
-    return {"count": int(v.size), "mean": float(v.mean()), **{f"p{p}": float(x) for p, x in zip(PERCENTILES, q)},
-            "max": float(v.max())}
+    """count, mean, p50/p90/p95/p99 and max of ``values`` (None when empty): diag.tables.describe."""
+    return describe(values)
 
 
 def _stat(values: Sequence[float], which: str) -> float | None:
