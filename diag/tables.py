@@ -64,13 +64,15 @@ def in_own_server_traces(spans: pd.DataFrame) -> np.ndarray:
     return own[codes]
 
 
-def stage_durations(spans: pd.DataFrame) -> pd.DataFrame:
-    """Sum of each stage span's duration per trace: index trace_id, one column per stage.
+def stage_durations(spans: pd.DataFrame, own: np.ndarray | None = None) -> pd.DataFrame:
+    """Sum of each stage span's duration per trace: index trace_id, one column per stage
+    (``own``: the in_own_server_traces mask, when the caller has it already).
 
     Only traces with our ``ttft.request`` root count: an external engine may name its own
     spans like ours (SGLang's ``tokenize``); its adapter maps those.
     """
-    st = spans.loc[spans["name"].isin(stages.ALL_STAGES) & in_own_server_traces(spans)]
+    own = in_own_server_traces(spans) if own is None else own
+    st = spans.loc[spans["name"].isin(stages.ALL_STAGES) & own]
     if st.empty:
         return pd.DataFrame(index=pd.Index([], name="trace_id", dtype=object))
     dur = _span_durations_s(st)
@@ -193,7 +195,7 @@ def _client_rows(spans: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _external_rows(spans: pd.DataFrame, notes: dict[str, str]) -> pd.DataFrame:
+def _external_rows(spans: pd.DataFrame, notes: dict[str, str], own_traces: np.ndarray) -> pd.DataFrame:
     """Requests from external engines' spans (vLLM, SGLang, TGI), via collectors' adapters."""
     try:
         from collectors import engine_spans  # lazily: collectors depend on diag, not the reverse
@@ -204,7 +206,7 @@ def _external_rows(spans: pd.DataFrame, notes: dict[str, str]) -> pd.DataFrame:
         return pd.DataFrame()
     own = spans["name"].isin(
         (stages.SPAN_REQUEST, stages.SPAN_CLIENT_REQUEST, stages.SPAN_ENGINE_STEP, stages.SPAN_COLD_START)
-    ) | in_own_server_traces(spans)
+    ) | own_traces
     other = spans.loc[~own]
     if other.empty:
         return pd.DataFrame()
@@ -263,7 +265,8 @@ def request_table(spans: pd.DataFrame, warnings: list[str] | None = None, notes:
     notes = notes if notes is not None else {}
     server = _server_rows(spans)
     client = _client_rows(spans)
-    ext = _external_rows(spans, notes)
+    own_traces = in_own_server_traces(spans)  # once: factorizing 1M trace ids is not free
+    ext = _external_rows(spans, notes, own_traces)
     if not ext.empty:
         server = pd.concat([server, ext], ignore_index=True) if not server.empty else ext
     if server.empty and client.empty:
@@ -318,7 +321,7 @@ def request_table(spans: pd.DataFrame, warnings: list[str] | None = None, notes:
     req["ttft_s"] = req["client_ttft_s"].where(req["client_ttft_s"].notna(), req["server_ttft_s"])
     req["e2e_s"] = req["client_e2e_s"].where(req["client_e2e_s"].notna(), req["server_e2e_s"])
 
-    durs = stage_durations(spans)
+    durs = stage_durations(spans, own_traces)
     if not durs.empty:
         durs.index = durs.index.astype(str)
         req = req.merge(durs, left_on="trace_id", right_index=True, how="left", suffixes=("", "_span"))
