@@ -22,7 +22,7 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -422,26 +422,38 @@ def read_spans_file(path: Path, warnings: list[str]) -> pd.DataFrame:
         fast = read_spans_arrow(path, _KNOWN_SET, SPAN_COLUMNS)
         if fast is not None:
             return fast
-    acc = _SpanColumns(str(path))
     bad = 0
-    last_line = 0
-    for lineno, line in _iter_lines(path):
-        last_line = lineno
+
+    def on_bad(lineno: int, why: str) -> None:
+        nonlocal bad
+        bad += 1
+        if bad <= 5:
+            warnings.append(f"{path}:{lineno}: {why}")
+
+    df = parse_span_lines(_iter_lines(path), str(path), on_bad)
+    if bad > 5:
+        warnings.append(f"{path}: {bad} bad lines in all (first 5 shown)")
+    return df if df is not None else empty_span_table()
+
+
+def parse_span_lines(lines: Iterable[tuple[int, bytes]], source: str,
+                     on_bad: Callable[[int, str], None]) -> pd.DataFrame | None:
+    """OTLP JSON export lines (line number, bytes) -> a span table, or None when no span.
+
+    A bad line is reported through ``on_bad(lineno, why)`` and skipped; the rest still loads.
+    Used by the file loader's careful path and by the TUI's incremental tail.
+    """
+    acc = _SpanColumns(source)
+    for lineno, line in lines:
         if not line.strip():
             continue
         try:
             doc = _loads(line)
         except ValueError:
-            bad += 1
-            if bad <= 5:
-                truncated = not line.endswith(b"\n")
-                why = "truncated last line" if truncated else "not valid JSON"
-                warnings.append(f"{path}:{lineno}: {why}; line skipped")
+            on_bad(lineno, ("truncated last line" if not line.endswith(b"\n") else "not valid JSON") + "; line skipped")
             continue
         if not isinstance(doc, dict) or "resourceSpans" not in doc:
-            bad += 1
-            if bad <= 5:
-                warnings.append(f"{path}:{lineno}: not an OTLP ExportTraceServiceRequest; line skipped")
+            on_bad(lineno, "not an OTLP ExportTraceServiceRequest; line skipped")
             continue
         try:
             for rs in doc["resourceSpans"] or ():
@@ -450,18 +462,11 @@ def read_spans_file(path: Path, warnings: list[str]) -> pd.DataFrame:
                     for span in ss.get("spans") or ():
                         acc.add(span, service)
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            bad += 1
-            if bad <= 5:
-                warnings.append(f"{path}:{lineno}: malformed span ({type(exc).__name__}: {exc}); rest of line skipped")
-    if bad > 5:
-        warnings.append(f"{path}: {bad} bad lines in all (first 5 shown)")
+            on_bad(lineno, f"malformed span ({type(exc).__name__}: {exc}); rest of line skipped")
     acc.flush()
     if not acc.frames:
-        return empty_span_table()
-    if last_line and not acc.frames:
-        return empty_span_table()
-    frames = acc.frames
-    df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        return None
+    df = acc.frames[0] if len(acc.frames) == 1 else pd.concat(acc.frames, ignore_index=True)
     for col in ("name", "service"):
         df[col] = df[col].astype("category")
     return df

@@ -284,7 +284,7 @@ class SpanTail:
 
     def read_new(self) -> pd.DataFrame | None:
         """New spans as a span table, or None when nothing new arrived."""
-        from diag.capture import _loads, _SpanColumns  # the loader's own column accumulator
+        from diag.capture import parse_span_lines  # the loader's own line parser
 
         try:
             size = self.path.stat().st_size
@@ -302,28 +302,16 @@ class SpanTail:
             return None  # a partial line: wait for its end
         chunk = chunk[: cut + 1]
         self.offset += len(chunk)
-        acc = _SpanColumns(str(self.path))
-        for line in chunk.splitlines():
-            if not line.strip():
-                continue
-            self.lines_read += 1
-            try:
-                doc = _loads(line)
-                for rs in doc["resourceSpans"] or ():
-                    service = ""
-                    for kv in (rs.get("resource") or {}).get("attributes") or ():
-                        if kv.get("key") == "service.name":
-                            service = str((kv.get("value") or {}).get("stringValue", ""))
-                    for ss in rs.get("scopeSpans") or ():
-                        for span in ss.get("spans") or ():
-                            acc.add(span, service)
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                self.bad_lines += 1
-                self.last_error = f"{self.path}: line {self.lines_read}: {type(exc).__name__}; skipped"
-        acc.flush()
-        if not acc.frames:
-            return None
-        return acc.frames[0] if len(acc.frames) == 1 else pd.concat(acc.frames, ignore_index=True)
+        first = self.lines_read
+        lines = [ln for ln in chunk.splitlines() if ln.strip()]
+        self.lines_read += len(lines)
+
+        def on_bad(lineno: int, why: str) -> None:
+            self.bad_lines += 1
+            self.last_error = f"{self.path}: line {first + lineno}: {why}"
+
+        # the chunk ends at a newline, so every line here is complete
+        return parse_span_lines(((i, ln + b"\n") for i, ln in enumerate(lines, 1)), str(self.path), on_bad)
 
 
 class LiveSource:
