@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from diag import stages
@@ -20,3 +26,25 @@ def spans_by_request(spans) -> dict[int, dict[str, list[Any]]]:
     for s in spans:
         out[s.context.trace_id][s.name].append(s)
     return {k: v for k, v in out.items() if stages.SPAN_REQUEST in v}
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@contextlib.contextmanager
+def serve_process(cmd: list[str]) -> Iterator[tuple[subprocess.Popen, str]]:
+    """Run a ``ttft serve`` command line from the repository root; yield (process, its first
+    stdout line). On exit: SIGINT (the engine flushes its capture), 30 s to exit, then kill;
+    ``process.returncode`` holds the exit code."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield proc, proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

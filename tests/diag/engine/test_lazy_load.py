@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -19,9 +16,8 @@ import aiohttp
 
 from diag import stages
 from diag.engine import SamplingParams, ServerThread, SyncEventStream, build_engine, parse_injections
-from engine_testutil import finished_spans
+from engine_testutil import finished_spans, serve_process
 
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _get(url: str) -> tuple[int, dict]:
@@ -63,14 +59,9 @@ def _attr(span: dict, key: str):
 def test_serve_lazy_load_subprocess(tmp_path):
     """The scenario runner's use: probe as soon as the listening line appears."""
     cap = tmp_path / "cap"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "diag", "serve", "--port", "0", "--lazy-load", "--inject", "load_delay_s=1.5",
-         "--capture", str(cap)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        line = proc.stdout.readline()
+    cmd = [sys.executable, "-m", "diag", "serve", "--port", "0", "--lazy-load", "--inject", "load_delay_s=1.5",
+           "--capture", str(cap)]
+    with serve_process(cmd) as (proc, line):
         m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
         assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
         url = m.group(1)
@@ -78,13 +69,7 @@ def test_serve_lazy_load_subprocess(tmp_path):
         (ttft1, rid1), health_while_loading = first
         ttft2, rid2 = asyncio.run(_stream_ttft(url))
         assert _get(url + "/health")[0] == 200
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            rc = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
+    rc = proc.returncode
     assert rc == 0, proc.stderr.read()
     assert health_while_loading == (503, "loading")
     assert ttft1 >= 1.5 - 0.1  # it waited for the load (minus what passed before it was sent)

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from diag.commands import serve
+from engine_testutil import serve_process
 
-ROOT = Path(__file__).resolve().parents[3]
 LAUNCH = (
     "import argparse, sys; from diag.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "
     "sub = p.add_subparsers(); serve.add_parser(sub); sys.exit(serve.run(p.parse_args(sys.argv[1:])))"
@@ -63,14 +59,9 @@ def test_bad_flags_exit_2_with_one_line(capsys, argv, msg):
 
 def test_serve_subprocess_end_to_end(tmp_path):
     cap = tmp_path / "cap"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--capture", str(cap), "--policy", "chunked",
-         "--inject", "tokenize_ms_per_token=0.5"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        line = proc.stdout.readline()
+    cmd = [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--capture", str(cap), "--policy", "chunked",
+           "--inject", "tokenize_ms_per_token=0.5"]
+    with serve_process(cmd) as (proc, line):
         m = re.fullmatch(r"ttft serve: listening on (http://127\.0\.0\.1:(\d+)) \(model=tiny, device=cpu, tp=1\)\n", line)
         assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
         url = m.group(1)
@@ -78,13 +69,7 @@ def test_serve_subprocess_end_to_end(tmp_path):
                                      headers={"Content-Type": "application/json"})
         body = json.loads(urllib.request.urlopen(req, timeout=30).read())
         assert body["usage"]["completion_tokens"] >= 1
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            rc = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
+    rc = proc.returncode
     assert rc == 0, proc.stderr.read()
     meta = json.loads((cap / "meta.json").read_text())
     assert meta["faults_injected"] == {"tokenize_ms_per_token": 0.5}
