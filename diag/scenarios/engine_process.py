@@ -3,6 +3,11 @@
 The scenario runner uses a separate process so the engine's threads never share an
 interpreter lock with the probe measuring it. ``EngineProcess`` starts it, waits for the
 "listening on" line, and on ``stop()`` sends SIGINT so the engine flushes its capture.
+
+Unless its arguments say ``--threads``, the engine gets one torch thread fewer than the
+machine has cores, so the probe (and the TUI) keep a core: on a 2-core box, a 2-thread engine
+beside a busy client stalls in its threads' barriers for tens of milliseconds now and then,
+which shows up as token-gap spikes that no scenario put there.
 """
 
 from __future__ import annotations
@@ -18,6 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 _LISTENING = re.compile(r"listening on (http://\S+)(?: \(model=([^,)]+))?")
+
+
+def engine_threads(cores: int | None = None) -> int:
+    """Torch threads for an engine that shares this machine with its client: all cores but one."""
+    n = cores if cores is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    return max(1, (n or 1) - 1)
 
 
 class EngineProcessError(RuntimeError):
@@ -39,6 +50,8 @@ class EngineProcess:
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "diag", "serve", "--port", "0", *self.args]
+        if "--threads" not in self.args:
+            cmd += ["--threads", str(engine_threads())]
         if self.capture_dir is not None:
             cmd += ["--capture", str(self.capture_dir)]
         return cmd
