@@ -5,11 +5,16 @@ Measured (tiny model, default engine, concurrency 1):
 - ``ttft_short_ms``: TTFT of a short prompt (fixed overhead + a little prefill),
 - ``prefill_ms_per_token``: the TTFT slope between a short and a long prompt,
 - ``decode_step_ms``: the inter-token latency of one running sequence.
+
+Each is the median of ``ROUNDS`` interleaved rounds, so that a few seconds of a noisy
+neighbour do not set the sizes of every scenario after it. The engine runs as the scenarios
+run it (:class:`EngineProcess`: all cores but one for torch).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -17,6 +22,7 @@ from diag.scenarios.engine_process import EngineProcess
 
 SHORT_TOKENS = 32
 LONG_TOKENS = 512
+ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -44,28 +50,26 @@ def _p50_ms(result: object, key: str) -> float:
 
 
 def calibrate(device: str = "cpu", cache: str | Path | None = None) -> Calibration:
-    """Measure the machine (about 10-20 s on 2 CPU cores); reuse ``cache`` when it exists."""
+    """Measure the machine (about 15 s on 2 CPU cores); reuse ``cache`` when it exists."""
     if cache is not None and Path(cache).exists():
         return Calibration.from_dict(json.loads(Path(cache).read_text()))
     from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
 
+    rounds: list[tuple[float, float, float]] = []
     with EngineProcess(["--device", device]) as eng:
         def measure(inp: int, out: int, n: int) -> object:
             cfg = ProbeConfig(eng.url, load=LoadSpec(concurrency=1, requests=n, warmup_requests=1),
                               workload=WorkloadSpec(LengthSpec("fixed", inp), LengthSpec("fixed", out)), output=None)
             return run_probe(cfg)
 
-        short = measure(SHORT_TOKENS, 4, 6)
-        long = measure(LONG_TOKENS, 4, 6)
-        decode = measure(SHORT_TOKENS, 48, 3)
-    ttft_short = _p50_ms(short, "ttft_s")
-    ttft_long = _p50_ms(long, "ttft_s")
-    cal = Calibration(
-        ttft_short_ms=ttft_short,
-        prefill_ms_per_token=max((ttft_long - ttft_short) / (LONG_TOKENS - SHORT_TOKENS), 1e-4),
-        decode_step_ms=_p50_ms(decode, "itl_s"),
-        device=device,
-    )
+        for _ in range(ROUNDS):
+            ttft_short = _p50_ms(measure(SHORT_TOKENS, 4, 6), "ttft_s")
+            ttft_long = _p50_ms(measure(LONG_TOKENS, 4, 6), "ttft_s")
+            rounds.append((ttft_short, (ttft_long - ttft_short) / (LONG_TOKENS - SHORT_TOKENS),
+                           _p50_ms(measure(SHORT_TOKENS, 48, 3), "itl_s")))
+    short, per_token, step = (statistics.median(r[i] for r in rounds) for i in range(3))
+    cal = Calibration(ttft_short_ms=short, prefill_ms_per_token=max(per_token, 1e-4), decode_step_ms=step,
+                      device=device)
     if cache is not None:
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
         Path(cache).write_text(json.dumps(cal.to_dict(), indent=2))
