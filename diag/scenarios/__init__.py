@@ -6,8 +6,8 @@ Front door: :data:`SCENARIOS` (the catalog), :func:`calibrate`, :func:`run_scena
 
 from diag.scenarios.calibrate import Calibration, calibrate
 from diag.scenarios.catalog import SCENARIOS, Scenario, get
-from diag.scenarios.matrix import MODES, MatrixRow, check, confusion_table, diagnose_run, rows_to_dict
+from diag.scenarios.matrix import MODES, MatrixRow, Verdict, check, confusion_table, diagnose_run, rows_to_dict
 from diag.scenarios.runner import ScenarioRun, run_scenario
 
-__all__ = ["Calibration", "MODES", "MatrixRow", "SCENARIOS", "Scenario", "ScenarioRun", "calibrate", "check",
+__all__ = ["Calibration", "MODES", "MatrixRow", "SCENARIOS", "Scenario", "ScenarioRun", "Verdict", "calibrate", "check",
            "confusion_table", "diagnose_run", "get", "rows_to_dict", "run_scenario"]

@@ -1,12 +1,20 @@
 """The diagnosis matrix: each scenario, run for real on the bundled engine, gets its verdict,
-server-side and client-only. Fast scenarios run by default; all run in CI (-m "not gpu")."""
+server-side and client-only. Fast scenarios run by default; all run in CI (-m "not gpu").
+
+Scenario sizes follow a calibration taken once per session; a noisy neighbour on a shared
+2-core machine can slow the calibration or one run past a scenario's margins. A scenario that
+misses gets one more run on a fresh calibration; two misses fail, and the message shows both.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from diag.analysis import analyze_paths
-from diag.scenarios import MODES, SCENARIOS, calibrate, diagnose_run, run_scenario
+from diag.scenarios import (MODES, SCENARIOS, Calibration, Scenario, ScenarioRun, Verdict, calibrate, diagnose_run,
+                            run_scenario)
 
 
 @pytest.fixture(scope="session")
@@ -20,11 +28,23 @@ def _params():
         yield pytest.param(sc, id=sc.name, marks=marks)
 
 
+def _run(scenario: Scenario, out: Path, cal: Calibration) -> tuple[ScenarioRun, dict[str, Verdict]]:
+    run = run_scenario(scenario, out, cal)
+    return run, {mode: diagnose_run(run, mode) for mode in MODES}
+
+
+def _on_diagonal(verdicts: dict[str, Verdict], scenario: Scenario) -> bool:
+    return all(v.category == scenario.category for v in verdicts.values())
+
+
 @pytest.mark.parametrize("scenario", list(_params()))
 def test_scenario_gets_its_verdict_server_side_and_client_only(scenario, calibration, tmp_path):
-    run = run_scenario(scenario, tmp_path / scenario.name, calibration)
-    verdicts = {mode: diagnose_run(run, mode) for mode in MODES}
-    assert {m: v.category for m, v in verdicts.items()} == {m: scenario.category for m in MODES}, verdicts
+    run, verdicts = _run(scenario, tmp_path / scenario.name, calibration)
+    first = None
+    if not _on_diagonal(verdicts, scenario):
+        first = (calibration, verdicts)
+        run, verdicts = _run(scenario, tmp_path / f"{scenario.name}-again", calibrate())
+    assert {m: v.category for m, v in verdicts.items()} == {m: scenario.category for m in MODES}, (verdicts, first)
     assert verdicts["server"].confidence >= verdicts["client-only"].confidence - 1e-9
     # the verdict carries its evidence, and the capture says what was injected
     a = analyze_paths(run.all_captures)
