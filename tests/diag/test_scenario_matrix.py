@@ -8,6 +8,7 @@ misses gets one more run on a fresh calibration; two misses fail, and the messag
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,9 @@ def test_scenario_gets_its_verdict_server_side_and_client_only(scenario, calibra
     if not _on_diagonal(verdicts, scenario):
         first = (calibration, verdicts)
         run, verdicts = _run(scenario, tmp_path / f"{scenario.name}-again", calibrate())
+        if _on_diagonal(verdicts, scenario):  # say so in the run's warnings: a margin to widen
+            warnings.warn(f"scenario {scenario.name}: first run missed ({first}); passed on a fresh calibration",
+                          stacklevel=1)
     assert {m: v.category for m, v in verdicts.items()} == {m: scenario.category for m in MODES}, (verdicts, first)
     assert verdicts["server"].confidence >= verdicts["client-only"].confidence - 1e-9
     # the verdict carries its evidence, and the capture says what was injected
