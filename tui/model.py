@@ -235,17 +235,28 @@ class Buckets:
         bad = np.isnan(idx)
         self.idx = np.clip(np.where(bad, 0, idx), 0, n - 1).astype(np.intp)
         self.valid = ~bad
+        self._all_valid = not bad.any()
+        self._counts: np.ndarray | None = None  # per-bucket counts when every time is valid
 
     def agg(self, values: np.ndarray, how: str = "mean") -> list[float]:
         """Per-bucket mean (NaN for empty buckets) or sum of ``values`` (NaN values skipped)."""
-        ok = self.valid & ~np.isnan(values)
-        if not ok.any():
-            return [float("nan")] * self.n
-        idx = self.idx[ok]
-        sums = np.bincount(idx, weights=values[ok], minlength=self.n)
-        if how == "sum":
-            return sums.tolist()
-        counts = np.bincount(idx, minlength=self.n)
+        nan = np.isnan(values)
+        if self._all_valid and not nan.any():  # the common case: no masking, counts computed once
+            sums = np.bincount(self.idx, weights=values, minlength=self.n)
+            if how == "sum":
+                return sums.tolist()
+            if self._counts is None:
+                self._counts = np.bincount(self.idx, minlength=self.n)
+            counts = self._counts
+        else:
+            ok = self.valid & ~nan
+            if not ok.any():
+                return [float("nan")] * self.n
+            idx = self.idx[ok]
+            sums = np.bincount(idx, weights=values[ok], minlength=self.n)
+            if how == "sum":
+                return sums.tolist()
+            counts = np.bincount(idx, minlength=self.n)
         with np.errstate(invalid="ignore", divide="ignore"):
             return (sums / counts).tolist()
 
@@ -622,7 +633,9 @@ def slowest_vm(p: Prepared, req: pd.DataFrame, rows: np.ndarray | slice, ok: np.
         pick += [int(i) for i in errs[-(n - len(pick)):]] if len(errs) else []
     out = []
     cols = [c for c in ("trace_id", "request_id", "error") if c in req.columns]
-    sub = req.iloc[pick][cols].to_dict("records") if pick else []
+    # the few columns first, then the rows: taking rows of the whole table copies every column
+    sub = [dict(zip(cols, vals)) for vals in zip(*(req[c].iloc[pick].tolist() for c in cols))] if cols else \
+        [{} for _ in pick]
     for i, rec in zip(pick, sub):
         top, top_s = "", None
         vals = np.array([c[i] for c in p.stage_cols], dtype="float64")
