@@ -59,6 +59,11 @@ def test_view_model_numbers(tmp_path: Path) -> None:
     assert abs(sum(shares.values()) - 1.0) < 0.01
     assert max(shares, key=shares.get) == "queue"
     assert vm.slowest[0].top_stage == "queue"
+    # the slowest table: highest TTFT first, each row naming its own request
+    req = snap.tables.requests.set_index("trace_id")
+    assert [r.ttft_s for r in vm.slowest] == sorted((r.ttft_s for r in vm.slowest), reverse=True)
+    for r in vm.slowest:
+        assert r.trace_id in req.index and abs(float(req.loc[r.trace_id, "ttft_s"]) - r.ttft_s) < 1e-9
     assert vm.busy.steps == 40 and vm.gpus == []
     assert vm.throughput.kv_usage_ratio is not None
     assert "queue" in (vm.verdict.category + vm.verdict.title).lower()
@@ -102,3 +107,20 @@ def test_demo_phases_come_from_the_scenario_catalog() -> None:
     assert [c[0].concurrency for c in kv] == [1, 2, 3, 6, 12] and all(c[1] is None for c in kv)
     (load, inp, seg), = step_chunks(plans[0].steps[0], plans[0].name)
     assert seg == "healthy" and inp is None and load.requests == 24
+
+
+def test_bucket_means_with_and_without_missing_values() -> None:
+    import numpy as np
+
+    t = np.array([0, 1, 2, 3, 8, 9], dtype="float64")
+    b = model.Buckets(t, (0, 10), n=2)  # [0, 5) and [5, 10)
+    assert b.agg(np.array([1, 2, 3, 4, 10, 20.0])) == [2.5, 15.0]
+    assert b.agg(np.array([1, 2, 3, 4, 10, 20.0]), how="sum") == [10.0, 30.0]
+    # a missing value is skipped, and does not disturb the counts reused by the next array
+    assert b.agg(np.array([1, np.nan, np.nan, np.nan, 10, 20.0])) == [1.0, 15.0]
+    assert b.agg(np.array([2, 2, 2, 2, 4, 6.0])) == [2.0, 5.0]
+    # a time that is missing puts its value nowhere
+    tb = model.Buckets(np.array([0, np.nan, 9.0]), (0, 10), n=2)
+    assert tb.agg(np.array([1.0, 100.0, 3.0])) == [1.0, 3.0]
+    empty = tb.agg(np.array([np.nan, np.nan, np.nan]))
+    assert all(np.isnan(x) for x in empty)
