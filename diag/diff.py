@@ -10,7 +10,7 @@ diagnosis when TTFT grew and in A's when it shrank. All durations are seconds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -368,11 +368,14 @@ def _story(r: DiffResult, ttft_moved: MetricDelta | None, itl: MetricDelta | Non
     return L
 
 
-def diff_paths(a: str, b: str, rules_file: str | None = None) -> DiffResult:
-    """Load, analyse and diff two captures."""
+def diff_paths(a: str | Sequence[str], b: str | Sequence[str], rules_file: str | None = None) -> DiffResult:
+    """Load, analyse and diff two sides; each is one capture path or several joined by trace id."""
     from diag.analysis import analyze_paths
 
-    return diff_analyses(analyze_paths([a], rules_file=rules_file), analyze_paths([b], rules_file=rules_file))
+    def side(x: str | Sequence[str]) -> list[str]:
+        return [x] if isinstance(x, str) else list(x)
+
+    return diff_analyses(analyze_paths(side(a), rules_file=rules_file), analyze_paths(side(b), rules_file=rules_file))
 
 
 __all__ = ["DiffResult", "MetricDelta", "StageDelta", "STAGE_CATEGORIES", "diff_analyses", "diff_paths"]

@@ -112,3 +112,19 @@ def test_diff_with_the_real_rule_engine(base: Path, tmp_path: Path) -> None:
     text = r.format_text()
     assert "rule engine did not run" not in text
     assert ("Explained by" in text) or ("No queue/kv_cache finding" in text)
+
+
+def test_diff_sides_join_client_and_server_captures(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each side may be client,server captures joined by trace id: the server's stages show,
+    which the client captures alone cannot."""
+    root = Path(__file__).resolve().parents[2] / "samples"
+    a = f"{root / 'interference' / 'client'},{root / 'interference' / 'server-0'}"
+    b = f"{root / 'interference_chunked' / 'client'},{root / 'interference_chunked' / 'server-0'}"
+    assert main(["diff", a, b, "--json"]) == 0
+    joined = json.loads(capsys.readouterr().out)
+    assert {"prefill", "queue"} <= set(joined["stages"])
+    assert joined["verdict_a"]["category"] == "interference" and joined["verdict_b"]["category"] == "healthy"
+    assert main(["diff", str(root / "interference" / "client"), str(root / "interference_chunked" / "client"), "--json"]) == 0
+    client_only = json.loads(capsys.readouterr().out)
+    assert not client_only["stages"]
+    assert main(["diff", f"{a},{root / 'missing'}", b]) == 2
