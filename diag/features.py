@@ -404,12 +404,17 @@ class _Builder:
             share = mean / ttft if (mean is not None and ttft is not None and ttft > 0) else None
             self.add(feat, share, "ratio of TTFT",
                      None if share is not None else f"needs {stage} and TTFT means from the engine's metrics", source=src)
-        # engine busy with prompts / tokens (llama.cpp's prompt seconds, TGI's batch step sums)
+        # engine busy with prompts / tokens (llama.cpp's prompt seconds, TGI's batch step sums).
+        # llama.cpp adds a request's prompt seconds when its prompt is done (one window may hold
+        # 3 s/s, its neighbours 0), and sums its slots, which share one batched forward: so the
+        # run's mean per replica is clipped at 1 s/s (always busy), never read as "4x busy"
         for series, feat in ((S.SERIES_PREFILL_BUSY, "prefill_busy_ratio"), (S.SERIES_DECODE_BUSY, "decode_busy_ratio")):
             d = self._weighted(series)
-            if len(d):  # time mean per entity (replica), then the mean over entities
-                val = float(d.groupby("entity")["value"].mean().mean())
-                self.add(feat, val, "s busy per s", source=src)
+            if len(d):  # time mean per entity (replica), clipped, then the mean over entities
+                per_entity = d.groupby("entity")["value"].mean()
+                val = float(per_entity.clip(upper=1.0).mean())
+                self.add(feat, val, "s busy per s", source=src + ("; above 1 s/s (slots summed) clipped at 1"
+                                                                  if bool((per_entity > 1.0).any()) else ""))
             else:
                 self.add(feat, None, "s busy per s", f"no {series} series (engine counters of busy seconds)")
         spt = self._wmean(S.SERIES_PREFILL_S_PER_TOKEN, S.SERIES_PROMPT_TOKENS_PER_S)

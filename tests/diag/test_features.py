@@ -359,3 +359,17 @@ def test_prefill_busy_from_engine_counters() -> None:
     assert feats.value("prefill_s_per_token") == pytest.approx((450 * 0.002 + 500 * 0.001) / 950)
     assert not feats.available("ttft_p95_s") and "no TTFT histogram" in feats.get("ttft_p95_s").reason
     assert "prefill_busy_ratio" in compute_features(_tables()).get("prefill_busy_ratio").reason
+
+
+def test_busy_seconds_summed_over_slots_count_as_always_busy_not_more() -> None:
+    """llama.cpp with --parallel 4: four slots prefilling in one batched forward add 4 s/s, and a
+    prompt's seconds land in the window where it finished (3.6 there, 0 around it)."""
+    late = [{S.SERIES_PREFILL_BUSY: 0.0, S.SERIES_DECODE_BUSY: 0.2}, {S.SERIES_PREFILL_BUSY: 3.6, S.SERIES_DECODE_BUSY: 0.2},
+            {S.SERIES_PREFILL_BUSY: 0.0, S.SERIES_DECODE_BUSY: 0.2}]
+    feats = compute_features(_tables(series=_engine_series(late)))
+    assert feats.value("prefill_busy_ratio") == pytest.approx(1.0)  # the run's mean 1.2, clipped; not 0.33 per window
+    assert "clipped" in feats.get("prefill_busy_ratio").source
+    assert feats.value("decode_busy_ratio") == pytest.approx(0.2)
+    assert "clipped" not in (feats.get("decode_busy_ratio").source or "")
+    spread = [{S.SERIES_PREFILL_BUSY: 0.0}, {S.SERIES_PREFILL_BUSY: 1.5}, {S.SERIES_PREFILL_BUSY: 0.0}]
+    assert compute_features(_tables(series=_engine_series(spread))).value("prefill_busy_ratio") == pytest.approx(0.5)
