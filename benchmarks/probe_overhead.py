@@ -20,7 +20,9 @@ streams deliver chunks). An open loop, not a closed one: a faster client in a cl
 would load the server harder and be judged on a busier server. Both clocks are
 ``CLOCK_REALTIME`` on one host. A warm-up of ``--concurrency`` requests opens the connections.
 
-* probe: ``collectors.probe`` (aiohttp, a span per request, the full timing path);
+* probe: ``collectors.probe`` (aiohttp, a span per request, the full timing path) on its
+  default loop (uvloop when installed), and the same on the stdlib asyncio loop
+  (``probe-asyncio``, ``TTFT_EVENT_LOOP=asyncio``) to show what the loop is worth;
 * baseline: the ``openai`` package's ``AsyncOpenAI`` streaming client (httpx), with its
   connection limits raised to the concurrency; TTFT ends when its stream yields the first
   chunk with non-empty text.
@@ -84,6 +86,22 @@ def run_probe_round(base: str, concurrency: int, requests: int, chunks: int, tag
           f"{health['cpu_pct_p90']:.0f}% of a core, {res.metrics['throughput']['requests_per_s']:.0f} req/s")
     return {r.request_id: (r.start_ns, r.first_content_ns) for r in res.results
             if not r.warmup and r.error is None and r.first_content_ns}
+
+
+def run_probe_asyncio_round(base: str, concurrency: int, requests: int, chunks: int, tag: str,
+                            rate: float) -> dict[str, tuple[int, int]]:
+    """The probe on the stdlib event loop."""
+    from collectors.probe import eventloop
+
+    old = os.environ.get(eventloop.ENV_VAR)
+    os.environ[eventloop.ENV_VAR] = "asyncio"
+    try:
+        return run_probe_round(base, concurrency, requests, chunks, tag, rate)
+    finally:
+        if old is None:
+            del os.environ[eventloop.ENV_VAR]
+        else:
+            os.environ[eventloop.ENV_VAR] = old
 
 
 def run_openai_round(base: str, concurrency: int, requests: int, chunks: int, tag: str, rate: float) -> dict[str, tuple[int, int]]:
@@ -177,7 +195,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="client-added delay on TTFT: the probe vs the openai client")
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--requests", type=int, default=1024, help="measured requests per client per round")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--itl-ms", type=float, default=20.0)
     ap.add_argument("--rate", type=float, help="requests/s (default: concurrency / stream duration)")
@@ -186,12 +204,12 @@ def main() -> int:
     stream_s = max(1e-3, (a.chunks - 1) * a.itl_ms / 1e3)
     rate = a.rate or a.concurrency / stream_s
     proc, base = start_server(a.chunks, a.itl_ms)
-    got: dict[str, dict[str, tuple[int, int]]] = {"probe": {}, "openai": {}}
+    clients = [("probe", run_probe_round), ("probe-asyncio", run_probe_asyncio_round), ("openai", run_openai_round)]
+    got: dict[str, dict[str, tuple[int, int]]] = {name: {} for name, _ in clients}
     srv: dict[str, list[int]] = {}
     try:
         for k in range(a.rounds):
-            for name, fn in (("probe", run_probe_round), ("openai", run_openai_round)) if k % 2 == 0 else (
-                    ("openai", run_openai_round), ("probe", run_probe_round)):
+            for name, fn in clients[k % 3:] + clients[:k % 3]:  # each round in another order
                 got[name].update(fn(base, a.concurrency, a.requests, a.chunks, f"{name}{k}", rate))
                 srv.update(fetch_records(base))
     finally:
@@ -202,16 +220,16 @@ def main() -> int:
                               "loadavg_1m": os.getloadavg()[0]}
     print(f"\nclient-added delay on TTFT, ~{a.concurrency} concurrent streams ({rate:.0f} req/s Poisson), "
           f"{a.chunks} chunks {a.itl_ms:g} ms apart; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'client':8} {'n':>6} {'added p50':>10} {'added p99':>10} {'send p99':>9} {'recv p99':>9} {'TTFT p50':>9} {'TTFT p99':>9}")
-    for name in ("probe", "openai"):
+    print(f"{'client':13} {'n':>6} {'added p50':>10} {'added p99':>10} {'send p99':>9} {'recv p99':>9} {'TTFT p50':>9} {'TTFT p99':>9}")
+    for name in got:
         d = added_delays(got[name], srv)
         if not d["added"].size:
-            print(f"{name:8} no matched requests")
+            print(f"{name:13} no matched requests")
             continue
         row = {f"{k}_p{p}_ms": float(np.percentile(v, p) * 1e3) for k, v in d.items() for p in (50, 99)}
         row["n"] = int(d["added"].size)
         report[name] = row
-        print(f"{name:8} {row['n']:>6} {row['added_p50_ms']:>8.3f}ms {row['added_p99_ms']:>8.3f}ms "
+        print(f"{name:13} {row['n']:>6} {row['added_p50_ms']:>8.3f}ms {row['added_p99_ms']:>8.3f}ms "
               f"{row['send_p99_ms']:>7.3f}ms {row['recv_p99_ms']:>7.3f}ms {row['ttft_p50_ms']:>7.3f}ms {row['ttft_p99_ms']:>7.3f}ms")
     if "probe" in report and "openai" in report:
         for p in (50, 99):
@@ -219,6 +237,12 @@ def main() -> int:
             report[f"ratio_openai_over_probe_p{p}"] = r
         print(f"ratio openai/probe: p50 {report['ratio_openai_over_probe_p50']:.2f}x, p99 "
               f"{report['ratio_openai_over_probe_p99']:.2f}x")
+        if "probe-asyncio" in report:
+            for p in (50, 99):
+                report[f"ratio_asyncio_over_uvloop_p{p}"] = (report["probe-asyncio"][f"added_p{p}_ms"]
+                                                             / max(report["probe"][f"added_p{p}_ms"], 1e-9))
+            print(f"ratio probe on asyncio / probe on its default loop: p50 "
+                  f"{report['ratio_asyncio_over_uvloop_p50']:.2f}x, p99 {report['ratio_asyncio_over_uvloop_p99']:.2f}x")
         ok = report["probe"]["added_p99_ms"] < 1.0
         report["budget_met"] = ok
         print(f"budget (< 1 ms at p99): {'met' if ok else 'NOT met'}")

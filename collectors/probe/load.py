@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from collectors.probe import eventloop
 from collectors.probe.client import RequestResult, StreamingClient
 from collectors.probe.health import HealthMonitor, HealthSamples
 from collectors.probe.workload import Workload
@@ -282,7 +283,7 @@ def _worker_main(job: WorkerJob, barrier: Any) -> None:
             finally:
                 await client.close()
 
-        outcome = asyncio.run(main())
+        outcome = eventloop.run(main())
         payload["results"] = [r.to_dict() for r in outcome.results]
         payload["health"] = [h.to_dict() for h in outcome.health]
         payload["start_ns"], payload["end_ns"] = outcome.start_ns, outcome.end_ns

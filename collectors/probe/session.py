@@ -2,8 +2,8 @@
 client, write the capture (client spans, client-health series, server-side series) and
 meta.json, and compute the metrics.
 
-Threading: a :class:`ProbeSession` runs on one event loop (``asyncio.run`` in
-:func:`run_probe` / :func:`run_sweep`, or the caller's loop with the ``*_async`` forms).
+Threading: a :class:`ProbeSession` runs on one event loop (:func:`.eventloop.run`, uvloop when
+installed, in :func:`run_probe` / :func:`run_sweep`, or the caller's loop with the ``*_async`` forms).
 With ``workers > 1`` each phase runs in spawned processes, awaited from a thread-pool thread
 so the loop stays free.
 """
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors.probe import eventloop
 from collectors.probe import health as health_mod
 from collectors.probe.alongside import Alongside
 from collectors.probe.client import Endpoint, RequestResult, StreamingClient, resolve_endpoint
@@ -206,6 +207,7 @@ class ProbeSession:
                 "workload": cfg.workload.describe(),
                 "prompt_length_method": self.workload.length_method,
                 "workers": cfg.workers,
+                "event_loop": eventloop.loop_name(),
                 "timeout_s": cfg.timeout_s,
                 "slo": cfg.slo,
                 "record_prompts": cfg.record_prompts,
@@ -333,7 +335,7 @@ def run_probe(config: ProbeConfig, writer: CaptureWriter | None = None) -> Probe
     """Probe ``config.url`` with ``config.load`` and ``config.workload``; write the capture to
     ``config.output`` (or into ``writer``). Blocks until done; must not be called from a
     running event loop (use :func:`run_probe_async` there)."""
-    return asyncio.run(run_probe_async(config, writer))
+    return eventloop.run(run_probe_async(config, writer))
 
 
 async def run_sweep_async(config: ProbeConfig, sweep: SweepSpec, writer: CaptureWriter | None = None) -> ProbeResult:
@@ -366,7 +368,7 @@ async def run_sweep_async(config: ProbeConfig, sweep: SweepSpec, writer: Capture
 
 def run_sweep(config: ProbeConfig, sweep: SweepSpec, writer: CaptureWriter | None = None) -> ProbeResult:
     """Run a sweep (prompt | concurrency | rate) into one capture; blocks until done."""
-    return asyncio.run(run_sweep_async(config, sweep, writer))
+    return eventloop.run(run_sweep_async(config, sweep, writer))
 
 
 __all__ = ["ProbeConfig", "ProbeResult", "ProbeSession", "run_probe", "run_probe_async", "run_sweep",

@@ -27,7 +27,6 @@ headless loop.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import threading
 import time
@@ -156,6 +155,8 @@ def _probe_child(plan: PhasePlan, phase_s: float, inbox: Any, outbox: Any, stop:
     dashboard, the OTLP receiver and the scraper never delay its event loop."""
     import os
 
+    from collectors.probe import eventloop
+
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # nothing may scribble over the dashboard
     os.dup2(devnull, 2)
@@ -163,7 +164,7 @@ def _probe_child(plan: PhasePlan, phase_s: float, inbox: Any, outbox: Any, stop:
         url = inbox.get()
         if url is None:
             return
-        asyncio.run(_drive(url, plan, phase_s, outbox, stop))
+        eventloop.run(_drive(url, plan, phase_s, outbox, stop))
     except BaseException as exc:  # reported to the demo, shown on screen
         outbox.put(("error", f"probe: {type(exc).__name__}: {exc}"))
     finally:

@@ -50,6 +50,7 @@ def test_meta_and_client_health_series(server, tmp_path):
     assert meta["kind"] == "probe"
     assert meta["probe"]["api"] == "chat" and meta["probe"]["model"] == "fake-model"
     assert meta["probe"]["load"]["concurrency"] == 2 and meta["probe"]["workload"]["input_tokens"] == "fixed:24"
+    assert meta["probe"]["event_loop"] in ("uvloop", "asyncio")  # which loop timed the requests
     assert "role-only" in meta["ttft_boundary"]["client_note"]
     assert meta["ttft_boundary"]["client"] == stages.CLIENT_BOUNDARY.to_dict()
     assert meta["token_counts"]["source"] == "server"
