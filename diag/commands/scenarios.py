@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     cal = calibrate(cache=args.calibration)
     log(f"  prefill {cal.prefill_ms_per_token:.3f} ms/token, decode step {cal.decode_step_ms:.2f} ms, "
         f"short-prompt TTFT {cal.ttft_short_ms:.1f} ms")
+    if cal.noisy:
+        log(f"  warning: the calibration rounds differed {cal.spread:.1f}x: something else is using this machine; "
+            "scenario sizes keep about 2x of margin, so verdicts may miss")
     if args.scenarios_command == "run":
         (sc,) = _pick([args.name], False)
         out = Path(args.output or f"scenario-{sc.name}")

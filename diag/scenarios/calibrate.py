@@ -23,6 +23,7 @@ from diag.scenarios.engine_process import EngineProcess
 SHORT_TOKENS = 32
 LONG_TOKENS = 512
 ROUNDS = 3
+NOISY_SPREAD = 1.5
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,21 @@ class Calibration:
     prefill_ms_per_token: float
     decode_step_ms: float
     device: str = "cpu"
+    #: slowest / fastest round (short-prompt TTFT or decode step, whichever varied more): 1.0
+    #: on a quiet machine; above :data:`NOISY_SPREAD` the machine was busy while it was measured
+    spread: float = 1.0
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > NOISY_SPREAD
 
     def to_dict(self) -> dict[str, float | str]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, float | str]) -> "Calibration":
-        return cls(**{k: d[k] for k in ("ttft_short_ms", "prefill_ms_per_token", "decode_step_ms", "device") if k in d})  # type: ignore[arg-type]
+        keys = ("ttft_short_ms", "prefill_ms_per_token", "decode_step_ms", "device", "spread")
+        return cls(**{k: d[k] for k in keys if k in d})  # type: ignore[arg-type]
 
 
 def _p50_ms(result: object, key: str) -> float:
@@ -68,8 +77,9 @@ def calibrate(device: str = "cpu", cache: str | Path | None = None) -> Calibrati
             rounds.append((ttft_short, (ttft_long - ttft_short) / (LONG_TOKENS - SHORT_TOKENS),
                            _p50_ms(measure(SHORT_TOKENS, 48, 3), "itl_s")))
     short, per_token, step = (statistics.median(r[i] for r in rounds) for i in range(3))
+    spread = max(max(r[i] for r in rounds) / max(min(r[i] for r in rounds), 1e-9) for i in (0, 2))
     cal = Calibration(ttft_short_ms=short, prefill_ms_per_token=max(per_token, 1e-4), decode_step_ms=step,
-                      device=device)
+                      device=device, spread=round(spread, 3))
     if cache is not None:
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
         Path(cache).write_text(json.dumps(cal.to_dict(), indent=2))

@@ -75,3 +75,11 @@ def test_engines_beside_their_client_leave_it_a_core():
     assert EngineProcess([]).command()[-2:] == ["--threads", str(engine_threads())]
     cmd = EngineProcess(["--threads", "3"]).command()
     assert cmd.count("--threads") == 1 and cmd[cmd.index("--threads") + 1] == "3"
+
+
+def test_a_calibration_file_without_a_spread_still_reads_and_a_noisy_one_says_so():
+    old = {"ttft_short_ms": 6.0, "prefill_ms_per_token": 0.09, "decode_step_ms": 2.5, "device": "cpu"}
+    cal = Calibration.from_dict(old)
+    assert cal.spread == 1.0 and not cal.noisy
+    noisy = Calibration.from_dict({**old, "spread": 2.4})
+    assert noisy.noisy and Calibration.from_dict(noisy.to_dict()) == noisy
