@@ -15,6 +15,11 @@ class SLOError(CaptureError):
     """A malformed SLO spec (one line, naming the item)."""
 
 
+def slo_option(spec: str | None) -> dict[str, float] | None:
+    """A command's ``--slo`` value: None when it was not given, else :func:`parse_slo`."""
+    return parse_slo(spec) if spec else None
+
+
 def parse_slo(spec: str) -> dict[str, float]:
     """Parse a comma-separated SLO spec into {"ttft_p99": seconds, ...}."""
     out: dict[str, float] = {}

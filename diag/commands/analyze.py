@@ -24,11 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    slo = None
-    if args.slo:
-        from diag.slo import parse_slo
+    from diag.slo import slo_option
 
-        slo = parse_slo(args.slo)
+    slo = slo_option(args.slo)
     analysis = analyze_paths(args.captures, rules_file=args.rules, slo=slo)
     if args.json:
         from diag.summary import json_safe

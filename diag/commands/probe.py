@@ -120,11 +120,9 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
         out = LengthSpec.parse(args.output_tokens or ("fixed:16" if args.sweep == "prompt" else "fixed:64"))
     except ValueError as exc:
         raise _usage(str(exc)) from exc
-    slo = None
-    if args.slo:
-        from diag.slo import parse_slo
+    from diag.slo import slo_option
 
-        slo = parse_slo(args.slo)
+    slo = slo_option(args.slo)
     if args.workers < 1:
         raise _usage("--workers must be >= 1")
     if args.timeout <= 0:

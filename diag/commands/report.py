@@ -34,11 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     report_format(args.output)  # fail on a bad suffix before any work
-    slo = None
-    if args.slo:
-        from diag.slo import parse_slo
+    from diag.slo import slo_option
 
-        slo = parse_slo(args.slo)
+    slo = slo_option(args.slo)
     analysis = analyze_paths(args.captures, rules_file=args.rules, slo=slo)
     result = write_report(analysis, args.output, slo=slo, title=args.title)
     print(f"report written to {result.path} ({result.format}); {result.verdict_line}")

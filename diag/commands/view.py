@@ -30,11 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from tui.sources import open_capture_source
 
-    slo = None
-    if args.slo:
-        from diag.slo import parse_slo
+    from diag.slo import slo_option
 
-        slo = parse_slo(args.slo)
+    slo = slo_option(args.slo)
     source = open_capture_source(args.capture, args.window)
     if args.no_tui or not (sys.stdin.isatty() and sys.stdout.isatty()):
         from diag.analysis import analyze_paths, format_analysis

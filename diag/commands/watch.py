@@ -48,11 +48,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.probe_rate < 0 or args.window <= 0 or args.refresh <= 0:
         raise UsageError("--probe-rate must be >= 0, --window and --refresh > 0")
-    slo = None
-    if args.slo:
-        from diag.slo import parse_slo
+    from diag.slo import slo_option
 
-        slo = parse_slo(args.slo)
+    slo = slo_option(args.slo)
     out = args.output or f"ttft-watch-{time.strftime('%Y%m%d-%H%M%S')}"
     from tui.collect import LiveCollection, ProbePlan, steady_plan
     from tui.sources import LiveSource
