@@ -154,6 +154,23 @@ async def _closed_loop(client: StreamingClient, workload: Workload, concurrency:
     await asyncio.gather(*(slot() for _ in range(concurrency)))
 
 
+async def sleep_until_perf_ns(t_ns: int) -> None:
+    """Sleep until ``time.perf_counter_ns() >= t_ns``, never earlier.
+
+    Event-loop timers may fire early by up to the loop's clock resolution: uvloop's libuv
+    timers count whole milliseconds from a time cached at the start of each loop iteration,
+    so a 30.4 ms sleep can end 0.2-1 ms short. An open loop that sent on such a wake-up would
+    send before its scheduled time and offer more than the asked rate, so this sleeps again
+    for whatever is left (a sub-millisecond remainder becomes a zero-length sleep, i.e. a yield
+    to the loop, until the time has come).
+    """
+    while True:
+        delay_s = (t_ns - time.perf_counter_ns()) / 1e9
+        if delay_s <= 0:
+            return
+        await asyncio.sleep(delay_s)
+
+
 async def _open_loop(client: StreamingClient, workload: Workload, load: LoadSpec, n: int | None,
                      start_perf_ns: int, segment: str | None, ids: Any, out: list[RequestResult],
                      on_result: OnResult | None) -> None:
@@ -182,9 +199,7 @@ async def _open_loop(client: StreamingClient, workload: Workload, load: LoadSpec
             t_ns += int(rng.gammavariate(shape, scale_s) * 1e9)
         if horizon_ns is not None and t_ns >= horizon_ns:
             break
-        delay_s = (t_ns - time.perf_counter_ns()) / 1e9
-        if delay_s > 0:
-            await asyncio.sleep(delay_s)
+        await sleep_until_perf_ns(t_ns)
         item = workload.next_item()
         await sem.acquire()  # waiting here is slot wait: t_ns stays the scheduled time
         task = asyncio.get_running_loop().create_task(one(item, next(ids), t_ns))

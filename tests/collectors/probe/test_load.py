@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
+import time
+
+from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, eventloop, run_probe
+from collectors.probe.load import sleep_until_perf_ns
 
 from probe_timings import SLOW_S
 
@@ -36,6 +39,25 @@ def test_slot_wait_measured_under_overload(server):
     assert m["ttft_incl_slot_wait_s"]["p99"] > m["ttft_s"]["p99"] + 0.2
     for r in rs:
         assert r.start_ns >= r.scheduled_ns
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_open_loop_never_wakes_before_its_scheduled_time(loop, monkeypatch):
+    # uvloop's millisecond timers end a sleep up to ~1 ms early; an open loop that sent then
+    # would start a request before its scheduled time and offer more than the asked rate
+    monkeypatch.setenv("TTFT_EVENT_LOOP", loop)
+    if eventloop.loop_name() != loop:
+        pytest.skip(f"{loop} not installed")
+
+    async def lateness_ns() -> list[int]:
+        late = []
+        for i in range(60):
+            t_ns = time.perf_counter_ns() + int((0.3 + (i % 7) * 0.37) * 1e6)
+            await sleep_until_perf_ns(t_ns)
+            late.append(time.perf_counter_ns() - t_ns)
+        return late
+
+    assert min(eventloop.run(lateness_ns())) >= 0
 
 
 def test_poisson_arrivals_have_the_right_rate(server):
