@@ -33,17 +33,24 @@ def _clean(v: Any) -> Any:
 
 @dataclass
 class Evidence:
-    """One number behind a finding, with the threshold it crossed and what it means."""
+    """One number behind a finding, with the threshold it was judged against and what it means.
+
+    ``threshold`` is a number in ``unit`` (with ``op``, one of ``>=``, ``>``, ``<=``, ``<``, the
+    comparison that fires the rule) or, for rows not yet judged by a helper, a text. ``crossed``
+    says whether ``value`` crossed it: True, False, or None for a context row (no threshold).
+    """
 
     name: str
     value: float | str | None
     threshold: float | str | None
     unit: str
     meaning: str
+    op: str | None = None
+    crossed: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "value": _clean(self.value), "threshold": _clean(self.threshold),
-                "unit": self.unit, "meaning": self.meaning}
+                "op": self.op, "crossed": self.crossed, "unit": self.unit, "meaning": self.meaning}
 
 
 @dataclass
