@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import stages
+from diag import external_spans, stages
 from diag.capture import Capture, attribute
 
 NS = 1e9
@@ -196,14 +196,7 @@ def _client_rows(spans: pd.DataFrame) -> pd.DataFrame:
 
 
 def _external_rows(spans: pd.DataFrame, notes: dict[str, str], own_traces: np.ndarray) -> pd.DataFrame:
-    """Requests from external engines' spans (vLLM, SGLang, TGI), via collectors' adapters."""
-    try:
-        from collectors import engine_spans  # lazily: collectors depend on diag, not the reverse
-    except ImportError:
-        return pd.DataFrame()
-    adapt = getattr(engine_spans, "adapt_spans_frame", None)
-    if adapt is None:
-        return pd.DataFrame()
+    """Requests from external engines' spans (vLLM, SGLang, TGI), via :mod:`diag.external_spans`."""
     own = spans["name"].isin(
         (stages.SPAN_REQUEST, stages.SPAN_CLIENT_REQUEST, stages.SPAN_ENGINE_STEP, stages.SPAN_COLD_START)
     ) | own_traces
@@ -213,13 +206,13 @@ def _external_rows(spans: pd.DataFrame, notes: dict[str, str], own_traces: np.nd
     table = other.copy()
     table["attributes"] = _attributes_dicts(other)
     try:
-        ext = adapt(table)
+        ext = external_spans.adapt_spans_frame(table)
     except Exception:  # an adapter bug must not hide our own spans
         return pd.DataFrame()
     if ext is None or len(ext) == 0:
         return pd.DataFrame()
     present = set(ext["engine"].astype(str)) if "engine" in ext.columns else set()
-    all_notes = getattr(engine_spans, "adapter_notes", lambda: {})()
+    all_notes = external_spans.adapter_notes()
     notes.update({eng: note for eng, note in all_notes.items() if eng in present})
     ext = ext.copy()
     ext["trace_id"] = ext["trace_id"].astype(str)

@@ -15,10 +15,9 @@ import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors import engine_spans
 from collectors import prometheus_adapters as pa
 from collectors.prometheus import adapt_texts, parse_exposition
-from diag import cli, stages
+from diag import cli, external_spans, stages
 from diag.capture import load_capture
 from diag.tables import build_tables
 
@@ -342,7 +341,7 @@ def test_rust_durations_and_cpp_doubles_round_trip():
     g = _gen()
     for s in (0.0123, 1.5, 0.00085, 2.000000001, 3e-9, 0.0):
         text = g._rust_duration(s)
-        assert engine_spans.parse_rust_duration_s(text) == pytest.approx(s, abs=1e-9)
+        assert external_spans.parse_rust_duration_s(text) == pytest.approx(s, abs=1e-9)
     assert g._rust_duration(0.0015) == "1.5ms"
     assert g._rust_duration(0.00085) == "850µs"
     assert g._rust_duration(2.0) == "2s"

@@ -265,7 +265,7 @@ def test_receive_command_end_to_end(tmp_path):
     """vLLM-shaped spans from the real exporter -> ``ttft receive`` -> capture -> adapters."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from collectors.engine_spans import adapt_spans_frame
+    from diag.external_spans import adapt_spans_frame
     from diag.capture import load_capture
     from diag.commands import receive
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors import engine_spans as es
+from diag import external_spans as es
 from diag import stages
 
 VLLM_ATTRS = {
