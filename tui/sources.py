@@ -16,7 +16,6 @@ lock guards the cursor). Times: Unix epoch nanoseconds (``_ns``) and seconds (``
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,8 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
+# The feed types live with the collectors (floor 2); named here too for the TUI's callers.
+from collectors.feeds import CallableMonitor, Monitor, PhaseInfo, ProcessMonitor  # noqa: F401
 from diag import stages
 from diag.capture import (
     META_FILE,
@@ -69,21 +70,6 @@ class Snapshot:
     window_label: str | None = None
 
 
-@dataclass(frozen=True)
-class PhaseInfo:
-    """What a live source's ``phase_fn`` may return instead of a plain label: the label, when
-    the phase began (the live window starts there, so the verdict covers this phase only)
-    and the SLOs its rules use."""
-
-    label: str
-    start_unix_s: float | None = None
-    slo: dict[str, float] | None = None
-    #: set once the phase is over (the window stays on it until the next one starts)
-    end_unix_s: float | None = None
-    #: how the header names the window, e.g. "this phase"
-    window_label: str | None = None
-
-
 class Source(Protocol):
     """What the app needs from a data source."""
 
@@ -108,52 +94,6 @@ class Source(Protocol):
 
     def close(self) -> None:
         ...
-
-
-class Monitor(Protocol):
-    """One feed of a live source (an engine process, a collector thread)."""
-
-    name: str
-
-    def check(self) -> str | None:
-        """None while alive; a one-line reason once it died (any thread, must be cheap)."""
-        ...
-
-
-@dataclass
-class ProcessMonitor:
-    """Watches a subprocess: dead once it exited."""
-
-    name: str
-    process: subprocess.Popen[bytes] | subprocess.Popen[str]
-    stderr_path: Path | None = None
-
-    def check(self) -> str | None:
-        code = self.process.poll()
-        if code is None:
-            return None
-        tail = ""
-        if self.stderr_path is not None:
-            try:
-                lines = [ln for ln in self.stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
-                tail = f": {lines[-1].strip()[:140]}" if lines else ""
-            except OSError:
-                pass
-        return f"{self.name} exited with code {code}{tail}"
-
-
-@dataclass
-class CallableMonitor:
-    """Wraps a callable that returns None while alive and a reason once dead."""
-
-    name: str
-    fn: Callable[[], str | None]
-
-    def check(self) -> str | None:
-        try:
-            return self.fn()
-        except Exception as exc:  # a monitor's bug must not kill the frame
-            return f"{self.name}: monitor failed: {type(exc).__name__}: {exc}"
 
 
 def _extent(tables: Tables) -> tuple[int, int]:

@@ -256,7 +256,7 @@ class Director:
     def phase_info(self) -> Any:
         """The header's phase label, the window (the current phase; between phases, the one
         that just ended) and the phase's SLOs, as a PhaseInfo."""
-        from tui.sources import PhaseInfo
+        from collectors.feeds import PhaseInfo
 
         with self._lock:
             cur = dict(self._current) if self._current is not None else None
@@ -464,8 +464,9 @@ def run(args: argparse.Namespace) -> int:
     duration = args.duration if args.duration is not None else (60.0 if headless else None)
     phase_s = duration / len(PHASES) if duration is not None else DASHBOARD_PHASE_S
     out = Path(args.output or f"ttft-demo-{time.strftime('%Y%m%d-%H%M%S')}")
-    from tui.collect import LiveCollection
-    from tui.sources import CallableMonitor, LiveSource
+    from collectors.feeds import CallableMonitor
+    from collectors.live import LiveCollection
+    from tui.sources import LiveSource
 
     live = LiveCollection(out, meta={"kind": "demo"})
     device = _pick_device(args.device)

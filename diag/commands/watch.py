@@ -1,6 +1,6 @@
 """``ttft watch URL``: the live dashboard on an external stack.
 
-Starts, each when its module imports and it comes up (else a one-line note on screen): a
+Starts, each when it comes up (else a one-line note on screen): a
 low-rate probe against the OpenAI-compatible URL (client TTFT), /metrics scraping, an OTLP
 receiver for the engine's own spans, and NVML with ``--gpu``. Everything goes into one capture
 (``-o``, default ``./ttft-watch-<time>``) that ``ttft view`` / ``ttft analyze`` read later.
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     slo = slo_option(args.slo)
     out = args.output or f"ttft-watch-{time.strftime('%Y%m%d-%H%M%S')}"
-    from tui.collect import LiveCollection, ProbePlan, steady_plan
+    from collectors.live import LiveCollection, ProbePlan, steady_plan
     from tui.sources import LiveSource
 
     live = LiveCollection(out, meta={"kind": "watch", "watch": {"url": args.url}})

@@ -1,12 +1,12 @@
 """Collectors feeding one capture directory while a live view (``watch``, ``demo``) reads it.
 
 :class:`LiveCollection` owns the :class:`~diag.capture.CaptureWriter` and starts, each only
-if its module imports and it comes up: the probe (client TTFT, ``collectors.probe``), the
-/metrics scraper (``collectors.prometheus``), the OTLP receiver (``collectors.otlp_receiver``)
-and the NVML sampler (``collectors.nvml``). Anything missing or failing becomes a one-line
-note, never an exception. A pump thread rewrites ``series/<source>.parquet`` from the
-scraper and the sampler every ``pump_interval_s`` so :class:`tui.sources.LiveSource` sees
-them; the probe appends its spans after each short load chunk.
+if it comes up: the probe (client TTFT, ``collectors.probe``), the /metrics scraper
+(``collectors.prometheus``), the OTLP receiver (``collectors.otlp_receiver``) and the NVML
+sampler (``collectors.nvml``). A collector failing to start becomes a one-line note, never an
+exception. A pump thread rewrites ``series/<source>.parquet`` from the scraper and the
+sampler every ``pump_interval_s`` so a live reader (``tui.sources.LiveSource``) sees them;
+the probe appends its spans after each short load chunk.
 
 Threading: ``start_*``/``stop`` from one owner thread (the command's main thread). The probe
 runs its own asyncio loop on a daemon thread; the pump is a daemon thread; ``monitors()``
@@ -24,8 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from collectors import probe as probe_client
+from collectors.feeds import CallableMonitor, Monitor
+from collectors.nvml import NvmlSampler
+from collectors.otlp_receiver import OTLPReceiver
+from collectors.prometheus import PrometheusScraper
 from diag.capture import CaptureWriter
-from tui.sources import CallableMonitor, Monitor
 
 #: what the probe should send now: (load, workload-or-None, segment); None = stop
 PlanFn = Callable[[Any], "tuple[Any, Any, str | None] | None"]
@@ -93,13 +97,12 @@ class ProbeThread:
             loop.close()
 
     async def _run(self) -> None:
-        from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, ProbeSession, WorkloadSpec
-
-        cfg = ProbeConfig(self.url, model=self.model, load=LoadSpec(concurrency=self.concurrency, requests=1),
-                          workload=WorkloadSpec(LengthSpec("fixed", self.input_tokens),
-                                                LengthSpec("fixed", self.output_tokens)),
-                          timeout_s=60.0)
-        async with ProbeSession(cfg, self.writer, pool_size=64) as session:
+        pc = probe_client
+        cfg = pc.ProbeConfig(self.url, model=self.model, load=pc.LoadSpec(concurrency=self.concurrency, requests=1),
+                             workload=pc.WorkloadSpec(pc.LengthSpec("fixed", self.input_tokens),
+                                                      pc.LengthSpec("fixed", self.output_tokens)),
+                             timeout_s=60.0)
+        async with pc.ProbeSession(cfg, self.writer, pool_size=64) as session:
             self.started.set()
             while not self._stop.is_set():
                 step = self.plan(session)
@@ -163,11 +166,6 @@ class LiveCollection:
     def start_prometheus(self, url: str, interval_s: float = 1.0, source: str = "prometheus") -> bool:
         """Scrape ``url`` (``/metrics`` appended when missing) into ``series/<source>.parquet``.
         One scraper per ``source``; the demo starts one per engine process."""
-        try:
-            from collectors.prometheus import PrometheusScraper
-        except ImportError as exc:
-            self.notes.append(f"/metrics scraping unavailable: {exc}")
-            return False
         if "/metrics" not in url:
             url = url.rstrip("/") + "/metrics"
         try:
@@ -205,11 +203,6 @@ class LiveCollection:
     def start_nvml(self, interval_s: float = 0.5) -> bool:
         """Sample GPU counters (a note when there is no GPU or no NVML)."""
         try:
-            from collectors.nvml import NvmlSampler
-        except ImportError as exc:
-            self.notes.append(f"NVML unavailable: {exc}")
-            return False
-        try:
             sampler = NvmlSampler(interval_s=interval_s)
         except Exception as exc:
             self.notes.append(f"NVML failed: {type(exc).__name__}: {exc}")
@@ -225,11 +218,6 @@ class LiveCollection:
 
     def start_otlp(self, port: int) -> int | None:
         """Receive OTLP/HTTP spans on 127.0.0.1:``port`` into the capture; returns the port."""
-        try:
-            from collectors.otlp_receiver import OTLPReceiver
-        except ImportError as exc:
-            self.notes.append(f"OTLP receiver unavailable: {exc}")
-            return None
         try:
             self.receiver = OTLPReceiver(self.writer.append_span_request, port=port)
             _, bound = self.receiver.start()
@@ -247,12 +235,7 @@ class LiveCollection:
 
     def start_probe(self, url: str, plan: PlanFn, input_tokens: int = 64, output_tokens: int = 16,
                     concurrency: int = 4, model: str | None = None) -> bool:
-        """Probe ``url`` (client TTFT) following ``plan``; a note if the probe is missing."""
-        try:
-            import collectors.probe  # noqa: F401
-        except ImportError as exc:
-            self.notes.append(f"probe unavailable (no client TTFT): {exc}")
-            return False
+        """Probe ``url`` (client TTFT) following ``plan``."""
         self.probe = ProbeThread(url, self.writer, plan, input_tokens, output_tokens, concurrency, model)
         self.probe.start()
         self._monitors.append(CallableMonitor("probe", self.probe.check))
@@ -342,8 +325,6 @@ def steady_plan(p: ProbePlan) -> PlanFn:
     """A plan that probes at a constant low rate forever (``ttft watch``)."""
 
     def plan(session: Any) -> tuple[Any, Any, str | None]:
-        from collectors.probe import LoadSpec
-
-        return LoadSpec(concurrency=p.concurrency, rate_rps=p.rate_rps, duration_s=p.chunk_s), None, p.segment
+        return probe_client.LoadSpec(concurrency=p.concurrency, rate_rps=p.rate_rps, duration_s=p.chunk_s), None, p.segment
 
     return plan
