@@ -284,7 +284,7 @@ def write_report(tables: Tables, window_ns: tuple[int, int] | None, diagnosis: A
     path = directory / f"ttft-report-{stamp}.json"
     doc = analysis.to_dict()
     doc["window_ns"] = list(window_ns) if window_ns else None
-    from diag.summary import json_safe
+    from diag.units import json_safe
 
     path.write_text(json.dumps(json_safe(doc), indent=2), encoding="utf-8")
     return path

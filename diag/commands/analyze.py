@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     slo = slo_option(args.slo)
     analysis = analyze_paths(args.captures, rules_file=args.rules, slo=slo)
     if args.json:
-        from diag.summary import json_safe
+        from diag.units import json_safe
 
         json.dump(json_safe(analysis.to_dict()), sys.stdout, indent=2)
         sys.stdout.write("\n")

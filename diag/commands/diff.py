@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from diag.diff import diff_paths
+from diag.report.diff import diff_paths
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.finish()
     if args.json:
-        from diag.summary import json_safe
+        from diag.units import json_safe
 
         json.dump(json_safe(result.to_dict()), sys.stdout, indent=2)
         sys.stdout.write("\n")

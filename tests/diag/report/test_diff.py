@@ -9,8 +9,9 @@ import pytest
 
 from diag.analysis import analyze_paths
 from diag.cli import main
-from diag.diff import diff_analyses
-from reportcap import Evidence, FakeDiagnosis, Features, Finding, Skipped, Workload, write_capture
+from diag.report.diff import diff_analyses
+from rules import Diagnosis, Evidence, Skipped
+from workload import Workload, diagnosis_of, finding, write_capture
 
 
 @pytest.fixture
@@ -22,9 +23,9 @@ def _a(path: Path):
     return analyze_paths([path], run_rules=False)
 
 
-def _diag(category: str, title: str, conf: float = 0.8) -> FakeDiagnosis:
-    f = Finding(category, category, title, conf, 0.05, 50.0, [Evidence("x", 1.0, 0.5, "ratio", "m")], ["check"])
-    return FakeDiagnosis(f, [f], [Skipped("comm", "needs TP")], Features({}))
+def _diag(category: str, title: str, conf: float = 0.8) -> Diagnosis:
+    f = finding(category, title, conf, [Evidence("x", 1.0, 0.5, "share", "m", ">=", True)], ["check"])
+    return diagnosis_of(f, skipped=[Skipped("comm", "needs TP")])
 
 
 def test_diff_names_the_grown_queue_stage(base: Path, tmp_path: Path) -> None:
@@ -117,7 +118,7 @@ def test_diff_with_the_real_rule_engine(base: Path, tmp_path: Path) -> None:
 def test_diff_sides_join_client_and_server_captures(capsys: pytest.CaptureFixture[str]) -> None:
     """Each side may be client,server captures joined by trace id: the server's stages show,
     which the client captures alone cannot."""
-    root = Path(__file__).resolve().parents[2] / "samples"
+    root = Path(__file__).resolve().parents[3] / "samples"
     a = f"{root / 'interference' / 'client'},{root / 'interference' / 'server-0'}"
     b = f"{root / 'interference_chunked' / 'client'},{root / 'interference_chunked' / 'server-0'}"
     assert main(["diff", a, b, "--json"]) == 0

@@ -1,4 +1,4 @@
-"""diag.svg: hand-built charts are well-formed XML, escape their text and stay small."""
+"""diag.report.svg: hand-built charts are well-formed XML, escape their text and stay small."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from diag import svg
+from diag.report import svg
 
 EVIL = '<script>alert("x")</script> & co'
 

@@ -101,7 +101,7 @@ def evaluate_slo(percentiles: dict[str, dict[str, Any]], slo: dict[str, float],
     values win when present, so the gate agrees with the verdict (the rules leave cold-start
     outliers out of TTFT). Otherwise the values come from ``percentiles``.
     """
-    from diag.svg import fmt_duration_s
+    from diag.report.svg import fmt_duration_s
 
     results = []
     for key, target in slo.items():
@@ -330,22 +330,3 @@ def resource_summary(tables: Tables) -> dict[str, Any]:
     pre = pd.to_numeric(req["preemptions"], errors="coerce") if "preemptions" in req else pd.Series(dtype="float64")
     out["preemptions"] = float(pre.sum()) if pre.notna().any() else None
     return out
-
-
-def json_safe(obj: Any) -> Any:
-    """Recursively turn numpy scalars into Python ones and NaN/inf into None (strict JSON)."""
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return [json_safe(v) for v in obj.tolist()]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if obj is pd.NA or obj is pd.NaT:
-        return None
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return str(obj)

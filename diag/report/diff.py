@@ -2,7 +2,7 @@
 
 Front door: :func:`diff_analyses` (two :class:`diag.analysis.Analysis`) returns a
 :class:`DiffResult` with ``to_dict()`` and ``format_text()``. Latency, throughput and
-resource numbers come from :mod:`diag.summary`; per-stage numbers from the analyses'
+resource numbers come from :mod:`diag.report.summary`; per-stage numbers from the analyses'
 decompositions. The stage whose mean time moved most in the direction TTFT moved is matched
 to the finding whose category owns that stage (:data:`STAGE_CATEGORIES`), looked up in B's
 diagnosis when TTFT grew and in A's when it shrank. All durations are seconds.
@@ -16,8 +16,9 @@ from typing import Any
 
 from diag import stages
 from diag.report import FindingView, rule_field
-from diag.summary import json_safe, latency_percentiles, resource_summary
-from diag.svg import fmt_duration_s, fmt_pct
+from diag.report.summary import latency_percentiles, resource_summary
+from diag.units import json_safe
+from diag.report.svg import fmt_duration_s, fmt_pct
 
 #: Which finding categories own a stage's time, most specific first.
 STAGE_CATEGORIES: dict[str, tuple[str, ...]] = {

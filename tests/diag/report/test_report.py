@@ -13,7 +13,7 @@ import pytest
 from diag.analysis import analyze_paths
 from diag.cli import main
 from diag.report import ReportError, build_report, md_esc, render_markdown, write_report
-from reportcap import EVIL, Workload, fake_diagnosis, write_capture
+from workload import EVIL, Workload, sample_diagnosis, write_capture
 
 # --- well-formedness ------------------------------------------------------------------------
 
@@ -111,7 +111,7 @@ def test_html_without_rules_is_decomposition_only(cap: Path, tmp_path: Path) -> 
 
 def test_html_with_verdict_first_and_evidence(cap: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.html"
-    res = write_report(_analysis(cap, fake_diagnosis()), out)
+    res = write_report(_analysis(cap, sample_diagnosis()), out)
     assert res.verdict_line.startswith("verdict: queue")
     html = out.read_text()
     p = check_html(html)
@@ -134,7 +134,7 @@ def test_html_with_verdict_first_and_evidence(cap: Path, tmp_path: Path) -> None
 
 def test_html_escapes_trace_strings(evil_cap: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.html"
-    write_report(_analysis(evil_cap, fake_diagnosis(EVIL)), out)
+    write_report(_analysis(evil_cap, sample_diagnosis(EVIL)), out)
     html = out.read_text()
     p = check_html(html)
     assert "script" not in p.tags and "img" not in p.tags
@@ -194,7 +194,7 @@ def test_bad_suffix_is_a_one_line_error(cap: Path, tmp_path: Path) -> None:
 
 def test_markdown_has_the_same_content(evil_cap: Path, cap: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.md"
-    write_report(_analysis(cap, fake_diagnosis()), out, slo={"ttft_p99": 10.0, "itl_p50": 0.001})
+    write_report(_analysis(cap, sample_diagnosis()), out, slo={"ttft_p99": 10.0, "itl_p50": 0.001})
     md = out.read_text()
     assert md.splitlines()[2].startswith("40 requests")
     order = ["## Verdict", "## SLOs", "## Other findings", "## Latency percentiles", "## Where TTFT goes",
@@ -206,7 +206,7 @@ def test_markdown_has_the_same_content(evil_cap: Path, cap: Path, tmp_path: Path
     assert any(ch in md for ch in "▁▂▃▄▅▆▇█")  # sparklines for the timelines
     # escaping: a trace string cannot break a table or inject markup
     out2 = tmp_path / "evil.md"
-    write_report(_analysis(evil_cap, fake_diagnosis(EVIL)), out2)
+    write_report(_analysis(evil_cap, sample_diagnosis(EVIL)), out2)
     md2 = out2.read_text()
     assert "<script" not in md2 and "<img" not in md2
     assert "&lt;script&gt;" in md2
@@ -219,7 +219,7 @@ def test_markdown_has_the_same_content(evil_cap: Path, cap: Path, tmp_path: Path
 
 def test_json_report(cap: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    write_report(_analysis(cap, fake_diagnosis()), out, slo={"ttft_p50": 1.0})
+    write_report(_analysis(cap, sample_diagnosis()), out, slo={"ttft_p50": 1.0})
     doc = json.loads(out.read_text())
     assert doc["verdict"]["category"] == "queue"
     assert set(doc["percentiles"]) >= {"ttft_s", "itl_s", "tpot_s", "e2e_s"}

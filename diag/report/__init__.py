@@ -12,7 +12,7 @@ requests; the device-busy / KV-usage / queue timelines; what the capture holds.
 
 Security: every string that came from a trace or a capture (request ids, services, models,
 segment labels, error kinds, attribute values, evidence text, warnings, meta) is escaped
-where it is written (:func:`diag.svg.esc` for HTML/SVG, :func:`md_esc` for Markdown). The
+where it is written (:func:`diag.report.svg.esc` for HTML/SVG, :func:`md_esc` for Markdown). The
 HTML carries a Content-Security-Policy that forbids scripts and any network load, and has
 no external references: it opens offline.
 """
@@ -31,15 +31,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import stages, svg
+from diag import stages
+from diag.report import svg
 from diag.capture import CaptureError
-from diag.summary import (
+from diag.report.summary import (
     SLOResult,
     Timeline,
     busy_timeline,
     evaluate_slo,
     inflight_at_arrival,
-    json_safe,
     kv_timeline,
     latency_percentiles,
     ok_requests,
@@ -48,7 +48,8 @@ from diag.summary import (
     time_origin_ns,
 )
 from diag.tables import describe
-from diag.svg import esc, fmt_duration_s, fmt_num, fmt_pct
+from diag.units import json_safe
+from diag.report.svg import esc, fmt_duration_s, fmt_num, fmt_pct
 
 FORMATS: dict[str, str] = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown", ".json": "json"}
 SLOWEST_N = 10
