@@ -71,6 +71,7 @@ def fetch_records(base: str) -> dict[str, list[int]]:
 def run_probe_round(base: str, concurrency: int, requests: int, chunks: int, tag: str, rate: float) -> dict[str, tuple[int, int]]:
     """Our client: returns {request_id: (start_ns, first_content_ns)} (Unix ns)."""
     from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
+    from collectors.probe.client import request_id_header
 
     cfg = ProbeConfig(base, api="completions", model="instant",
                       load=LoadSpec(concurrency=concurrency * 2, rate_rps=rate, requests=requests,
@@ -84,7 +85,8 @@ def run_probe_round(base: str, concurrency: int, requests: int, chunks: int, tag
     health = res.client_health
     print(f"  [{tag}] probe client: loop lag p99 {health['loop_lag_p99_s'] * 1e3:.2f} ms, CPU p90 "
           f"{health['cpu_pct_p90']:.0f}% of a core, {res.metrics['throughput']['requests_per_s']:.0f} req/s")
-    return {r.request_id: (r.start_ns, r.first_content_ns) for r in res.results
+    # the probe's X-Request-Id is its trace id as a UUID (what the instant server records)
+    return {request_id_header(r.trace_id): (r.start_ns, r.first_content_ns) for r in res.results
             if not r.warmup and r.error is None and r.first_content_ns}
 
 

@@ -28,6 +28,7 @@ import asyncio
 import errno
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -211,6 +212,36 @@ def split_url(url: str) -> tuple[str, str | None]:
     return urlunsplit((parts.scheme, parts.netloc, path, "", "")), api
 
 
+#: What the probe sends that a server may refuse, each with the probe flag that turns it off.
+#: A server that validates ``X-Request-Id`` as a UUID, or rejects unknown body fields
+#: (``min_tokens``/``ignore_eos`` are vLLM/SGLang extensions; ``stream_options`` is newer than
+#: some servers), answers 4xx to every request; the compatibility check finds which one.
+OPTIONAL_ELEMENTS: dict[str, str] = {
+    "x_request_id": "--no-request-id",
+    "traceparent": "--no-traceparent",
+    "exact_output": "--no-exact-output",
+    "stream_options": "--no-stream-options",
+}
+#: How each optional element reads in a message to the user.
+OPTIONAL_ELEMENT_TEXT: dict[str, str] = {
+    "x_request_id": "the X-Request-Id header",
+    "traceparent": "the W3C traceparent header",
+    "exact_output": "min_tokens/ignore_eos in the body",
+    "stream_options": "stream_options.include_usage in the body",
+}
+
+
+def request_id_header(trace_id_hex: str) -> str:
+    """The ``X-Request-Id`` value: the request's trace id as a UUID (any server accepts a UUID,
+    and the id then names the same request as its trace); a random UUID without a trace."""
+    if len(trace_id_hex) == 32:
+        try:
+            return str(uuid.UUID(hex=trace_id_hex))
+        except ValueError:
+            pass
+    return str(uuid.uuid4())
+
+
 class _Timing(SimpleNamespace):
     """Per-request timestamps filled by the TraceConfig hooks (perf_counter_ns)."""
 
@@ -267,7 +298,8 @@ class StreamingClient:
     ``concurrency`` sizes the connection pool; ``timeout_s`` bounds each wait for bytes
     (connect, first byte, between chunks). ``keep_text`` keeps the streamed output text on
     results (for tokenizer counts; never written to the capture). ``record_prompts`` puts the
-    prompt on the span (off by default).
+    prompt on the span (off by default). ``dropped`` names :data:`OPTIONAL_ELEMENTS` not to send
+    (what the compatibility check found the server refuses, or the user turned off).
     """
 
     READ_BUFSIZE_BYTES = 4 * 1024 * 1024
@@ -283,13 +315,17 @@ class StreamingClient:
         keep_text: bool = False,
         record_prompts: bool = False,
         extra_body: dict[str, Any] | None = None,
+        dropped: frozenset[str] | set[str] = frozenset(),
     ) -> None:
+        unknown = set(dropped) - set(OPTIONAL_ELEMENTS)
+        if unknown:
+            raise ValueError(f"unknown optional element(s) {sorted(unknown)}; known: {sorted(OPTIONAL_ELEMENTS)}")
         self.endpoint = endpoint
         self.concurrency = max(1, int(concurrency))
         self.timeout_s = float(timeout_s)
         self.sink = sink
         self.api_key = api_key
-        self.exact_output = exact_output
+        self.dropped: frozenset[str] = frozenset(dropped) | (frozenset() if exact_output else {"exact_output"})
         self.keep_text = keep_text
         self.record_prompts = record_prompts
         self.extra_body = dict(extra_body or {})
@@ -301,6 +337,11 @@ class StreamingClient:
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+
+    @property
+    def exact_output(self) -> bool:
+        """Whether bodies ask for exactly ``max_tokens`` (min_tokens + ignore_eos)."""
+        return "exact_output" not in self.dropped
 
     def unix_ns(self, perf_ns: int) -> int:
         """Convert a perf_counter_ns reading to Unix ns (the offset taken at construction)."""
@@ -348,7 +389,8 @@ class StreamingClient:
                 body["min_tokens"] = int(item.max_tokens)
                 body["ignore_eos"] = True
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        if "stream_options" not in self.dropped:
+            body["stream_options"] = {"include_usage": True}
         body.update(self.extra_body)
         return body
 
@@ -383,14 +425,15 @@ class StreamingClient:
                                            start_ns=dispatch_ns + off, side="client")
             tp = span.traceparent()
             headers = dict(headers)
-            if tp:
+            if tp and "traceparent" not in self.dropped:
                 headers["traceparent"] = tp
             res.trace_id = span.trace_id_hex
             if self.record_prompts:
                 span.set_attributes({stages.ATTR_PROMPT_TEXT: item.text_for_completions()[:65536]})
         else:
             headers = dict(headers)
-        headers["X-Request-Id"] = request_id
+        if "x_request_id" not in self.dropped:
+            headers["X-Request-Id"] = request_id_header(res.trace_id)
         timing = _Timing()
         start = time.perf_counter_ns()
         res.start_ns = start + off

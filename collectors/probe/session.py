@@ -20,7 +20,8 @@ from typing import Any
 from collectors.probe import eventloop
 from collectors.probe import health as health_mod
 from collectors.probe.alongside import Alongside
-from collectors.probe.client import Endpoint, RequestResult, StreamingClient, resolve_endpoint
+from collectors.probe.client import (OPTIONAL_ELEMENT_TEXT, OPTIONAL_ELEMENTS, Endpoint, RequestResult,
+                                     StreamingClient, resolve_endpoint)
 from collectors.probe.load import LoadSpec, PhaseOutcome, run_phase, run_phase_in_workers
 from collectors.probe.metrics import DEFINITIONS, compute_metrics
 from collectors.probe.spans_io import drain_span_lines
@@ -61,6 +62,14 @@ class ProbeConfig:
     progress: Progress | None = None
     concurrency_set: bool = False  # the user chose --concurrency (a cap in rate sweeps)
     extra_body: dict[str, Any] = field(default_factory=dict)
+    #: optional request elements not to send (keys of client.OPTIONAL_ELEMENTS)
+    dropped: frozenset[str] = frozenset()
+    #: on a first request refused with 4xx, find which optional element the server refuses
+    compat_check: bool = True
+
+
+#: 4xx answers that no optional element causes: auth, path, method, rate limits.
+_NOT_ELEMENT_STATUSES = frozenset({401, 403, 404, 405, 429})
 
 
 @dataclass
@@ -117,6 +126,10 @@ class ProbeSession:
         self.alongside = Alongside(config.metrics_url, config.gpu)
         self._done_in_phase = 0
         self._since_flush = 0
+        self.dropped: frozenset[str] = frozenset(config.dropped) | (
+            frozenset() if config.workload.exact_output else frozenset({"exact_output"}))
+        #: what the compatibility check found (meta.json ``probe.compat``)
+        self.compat: dict[str, Any] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -133,12 +146,60 @@ class ProbeSession:
         self.client = StreamingClient(self.endpoint, self.pool_size, **self._client_kwargs(), sink=self.sink)
         self.client.count_tokens = count
         await self.client.open()
+        if cfg.compat_check:
+            await self._check_compat()
         if self.tokenizer is None and not cfg.workload.prompts_file:
             await self._calibrate()
         self.monitor = health_mod.HealthMonitor()
         self.monitor.start()
         self.alongside.start()
         return self
+
+    async def _check_compat(self) -> None:
+        """One short warm-up request; when the server refuses it with a 4xx, retry without each
+        optional element in turn (then without all of them) and keep the run going without
+        what the server refused. The finding goes into the notes (one line, with the flag that
+        turns the element off) and into meta.json ``probe.compat``."""
+        from collectors.probe.workload import PromptItem
+
+        assert self.client is not None
+        item = PromptItem(prompt=self.workload.calibration_text(16), max_tokens=2)
+        first = await self.client.request(item, "compat-0", "compat", warmup=True)
+        self.compat = {"first_status": first.status, "first_error": first.error, "dropped": sorted(self.dropped),
+                       "refused": []}
+        if first.error != "http_4xx" or first.status in _NOT_ELEMENT_STATUSES:
+            self._record_compat()
+            return
+        base = self.dropped
+        candidates = [e for e in OPTIONAL_ELEMENTS if e not in base]
+        trials = [frozenset({e}) for e in candidates] + ([frozenset(candidates)] if len(candidates) > 1 else [])
+        refused: frozenset[str] | None = None
+        for i, extra in enumerate(trials, 1):
+            self.client.dropped = base | extra
+            res = await self.client.request(item, f"compat-{i}", "compat", warmup=True)
+            if res.error != "http_4xx":
+                refused = extra
+                break
+        detail = first.error_detail or f"HTTP {first.status}"
+        if refused is None:
+            self.client.dropped = base
+            self.notes.append(f"compatibility: the server refused the first request ({detail}), and still did "
+                              "without every optional element: the request itself is refused (model name, "
+                              "prompt length, API path?)")
+        else:
+            self.dropped = base | refused
+            self.client.dropped = self.dropped
+            what = " and ".join(OPTIONAL_ELEMENT_TEXT[e] for e in candidates if e in refused)
+            flags = " ".join(OPTIONAL_ELEMENTS[e] for e in candidates if e in refused)
+            self.notes.append(f"compatibility: the server refuses {what} ({detail}); the run goes on without "
+                              f"it (pass {flags} to skip this check)")
+            self.compat["refused"] = sorted(refused)
+        self.compat["dropped"] = sorted(self.dropped)
+        self._record_compat()
+
+    def _record_compat(self) -> None:
+        if self.writer is not None:
+            self.writer.update_meta(probe={"compat": self.compat})
 
     async def _calibrate(self) -> None:
         """Two one-token requests (100 and 300 words, warm-up spans) give the server's tokens
@@ -163,7 +224,7 @@ class ProbeSession:
 
     def _client_kwargs(self) -> dict[str, Any]:
         cfg = self.config
-        return {"timeout_s": cfg.timeout_s, "api_key": cfg.api_key, "exact_output": cfg.workload.exact_output,
+        return {"timeout_s": cfg.timeout_s, "api_key": cfg.api_key, "dropped": self.dropped,
                 "keep_text": self.tokenizer is not None, "record_prompts": cfg.record_prompts,
                 "extra_body": cfg.extra_body}
 
@@ -302,8 +363,8 @@ class ProbeSession:
                           "tokenizer": self.tokenizer.path if self.tokenizer else None,
                           "discrepancy": tok.get("discrepancy")},
             output_lengths={"requested": str(self.config.workload.output_tokens),
-                            "exact_requested": self.config.workload.exact_output,
-                            "how": "max_tokens + min_tokens + ignore_eos" if self.config.workload.exact_output
+                            "exact_requested": "exact_output" not in self.dropped,
+                            "how": "max_tokens + min_tokens + ignore_eos" if "exact_output" not in self.dropped
                             else "max_tokens only",
                             **overall["output_lengths"]},
             probe_results={"overall": _slim(overall), "segments": {s: _slim(m) for s, m in self.segments}},

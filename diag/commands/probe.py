@@ -46,6 +46,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--output-tokens", metavar="SPEC", help=f"output {HELP_SPEC} (default fixed:64; 16 in prompt sweeps)")
     p.add_argument("--no-exact-output", action="store_true",
                    help="do not send min_tokens/ignore_eos (for servers that reject them)")
+    p.add_argument("--no-request-id", action="store_true",
+                   help="do not send an X-Request-Id header (the probe's is a UUID; the trace id joins anyway)")
+    p.add_argument("--no-traceparent", action="store_true",
+                   help="do not send the W3C traceparent header (client and server traces then do not join)")
+    p.add_argument("--no-stream-options", action="store_true",
+                   help="do not send stream_options.include_usage (token counts then come from the stream)")
+    p.add_argument("--no-compat-check", action="store_true",
+                   help="skip the first-request check that finds which optional element a server refuses")
     p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
                    help="a deliberate N-token prefix shared by every prompt (default 0: every prompt starts differently)")
     p.add_argument("--prompts", metavar="FILE.jsonl", help='JSONL prompts: {"prompt": ...} or {"messages": [...]}, optional max_tokens')
@@ -150,6 +158,9 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
         load=load, workload=wl, tokenizer_path=args.tokenizer, timeout_s=args.timeout, workers=args.workers,
         output=output, slo=slo, metrics_url=args.metrics, gpu=args.gpu, record_prompts=args.record_prompts,
         concurrency_set=args.concurrency is not None or args.max_concurrency is not None,
+        dropped=frozenset(e for e, off in (("x_request_id", args.no_request_id), ("traceparent", args.no_traceparent),
+                                           ("stream_options", args.no_stream_options)) if off),
+        compat_check=not args.no_compat_check,
     )
     sweep = None
     if args.sweep:

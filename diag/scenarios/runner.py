@@ -100,9 +100,11 @@ def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prom
                             prompts_file=str(prompts_file) if prompts_file else None)
     # the engine's own tokenizer sizes the prompts exactly (and no calibration requests go first)
     tokenizer = Path(__file__).resolve().parents[1] / "engine" / "data" / "tokenizer.json"
-    # api and model given: no detection request reaches the engine before the measured ones
+    # api and model given: no detection request reaches the engine before the measured ones; nor
+    # a compatibility check (the bundled engine takes every optional element, and a request
+    # sent first would meet an injected cold start in the users' place)
     cfg = ProbeConfig(url, api="completions", model=model or None, load=load, workload=workload, output=None,
-                      segment=step.segment, slo=slo, timeout_s=120,
+                      segment=step.segment, slo=slo, timeout_s=120, compat_check=False,
                       tokenizer_path=str(tokenizer) if tokenizer.exists() else None)
     if step.sweep:
         spec = SweepSpec(step.sweep, values=[float(v) for v in step.sweep_values] or None,

@@ -3,7 +3,10 @@
 The server runs on its own event loop in a background thread (so tests can call the
 blocking ``run_probe``). Behaviour is chosen by a path prefix: ``{base}/{mode}/v1/...``.
 Modes: ok, slow, http400, http503, malformed, empty, midclose, hang, json, nousage, short,
-crlf, flaky (every 3rd request 503), cap2 (503 when more than 2 are in flight).
+crlf, flaky (every 3rd request 503), cap2 (503 when more than 2 are in flight), and servers that
+refuse one optional element as real ones do: uuid-rid (400, empty body, unless X-Request-Id is
+a UUID), no-tp (400 on a traceparent header), strict (422 on min_tokens/ignore_eos, as
+``transformers serve``), no-so (400 on stream_options), strict-all (all four at once).
 Every request is logged (headers, arrival time, first content send time).
 """
 
@@ -14,6 +17,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,9 +92,32 @@ def make_app(state: FakeServer) -> web.Application:
         finally:
             state.in_flight -= 1
 
+    def refusal(request: web.Request, mode: str, body: dict[str, Any]) -> web.Response | None:
+        strict = mode == "strict-all"
+        if mode == "uuid-rid" or strict:
+            rid = request.headers.get("X-Request-Id")
+            try:
+                ok = rid is None or str(uuid.UUID(rid)) == rid.lower()
+            except ValueError:
+                ok = False
+            if not ok or (strict and rid is not None):
+                return web.Response(status=400)  # a middleware's answer: no body at all
+        if (mode == "no-tp" or strict) and "traceparent" in request.headers:
+            return web.json_response({"error": "traceparent not allowed"}, status=400)
+        unexpected = {"min_tokens", "ignore_eos"} & set(body)
+        if (mode == "strict" or strict) and unexpected:
+            return web.json_response({"detail": f"Unexpected fields in the request: {sorted(unexpected)}"},
+                                     status=422)
+        if (mode == "no-so" or strict) and "stream_options" in body:
+            return web.json_response({"error": {"message": "unknown field stream_options"}}, status=400)
+        return None
+
     async def _respond(request: web.Request, mode: str, chat: bool, body: dict[str, Any], seen: Seen,
                        n: int) -> web.StreamResponse:
         max_tokens = int(body.get("max_tokens") or 4)
+        refused = refusal(request, mode, body)
+        if refused is not None:
+            return refused
         if mode == "http400":
             return web.json_response({"error": {"message": "bad request: max_tokens too large"}}, status=400)
         if mode == "http503" or (mode == "flaky" and n % 3 == 0) or (mode == "cap2" and state.in_flight > 2):

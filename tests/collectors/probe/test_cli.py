@@ -33,6 +33,21 @@ def test_failed_requests_still_exit_zero_with_a_summary(server, tmp_path, capsys
     assert "error http_5xx: 2" in out and "client:" in out
 
 
+def test_a_refusing_server_gets_one_line_naming_the_flag(server, tmp_path, capsys):
+    # like transformers serve: 422 "Unexpected fields" on min_tokens/ignore_eos
+    rc = _main([server.url("strict"), "-n", "2", "--warmup", "0", "-o", str(tmp_path / "c"), "--no-progress"])
+    assert rc == 0
+    cap = capsys.readouterr()
+    text = cap.out + cap.err
+    lines = [ln for ln in text.splitlines() if "compatibility:" in ln]
+    assert len(lines) == 1 and "--no-exact-output" in lines[0] and "Unexpected fields" in lines[0]
+    assert "error http_4xx" not in text
+    # the flag the line names skips the check, and the run still completes
+    rc = _main([server.url("strict"), "-n", "2", "--warmup", "0", "--no-capture", "--no-progress",
+                "--no-exact-output", "--no-compat-check"])
+    assert rc == 0 and "compatibility:" not in capsys.readouterr().out
+
+
 def test_sweep_text_output(server, tmp_path, capsys):
     rc = _main([server.url("ok"), "--sweep", "prompt", "--sweep-values", "32,64", "-n", "1", "--warmup", "0",
                 "-o", str(tmp_path / "c"), "--progress"])

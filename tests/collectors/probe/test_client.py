@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 
 from collectors.probe import LoadSpec, ProbeConfig, WorkloadSpec, LengthSpec, run_probe
-from collectors.probe.client import Endpoint, StreamingClient, resolve_endpoint, split_url
+from collectors.probe.client import Endpoint, StreamingClient, request_id_header, resolve_endpoint, split_url
 from collectors.probe.workload import PromptItem
 
 from probe_timings import FIRST_CONTENT_DELAY_S
@@ -38,7 +39,8 @@ def test_usage_counts_and_traceparent_reach_server(server):
     assert all(r.token_source == "server" and r.usage_input_tokens == 17 for r in res.results)
     seen = {s.headers["x-request-id"]: s for s in server.log if "x-request-id" in s.headers}
     for r in res.results:
-        s = seen[r.request_id]
+        s = seen[request_id_header(r.trace_id)]  # a UUID any server accepts: the trace id
+        assert str(uuid.UUID(s.headers["x-request-id"])) == s.headers["x-request-id"]
         tp = s.headers["traceparent"]
         assert tp.split("-")[1] == r.trace_id and len(r.trace_id) == 32
         assert s.body["stream_options"] == {"include_usage": True}

@@ -25,12 +25,13 @@ def test_prompt_sweep_against_bundled_engine_joins_traces(tmp_path):
 
     client_ids = set(load_capture(cli).spans["trace_id"].astype(str))
     server_ids = set(load_capture(srv).spans["trace_id"].astype(str))
-    # 2 length-calibration requests + 3 warm-ups + 6 measured; each has the server's spans too
-    assert len(client_ids) == 11 and client_ids <= server_ids
+    # the compatibility check + 2 length calibrations + 3 warm-ups + 6 measured; each has the
+    # server's spans too
+    assert len(client_ids) == 12 and client_ids <= server_ids
 
     analysis = analyze_paths([cli, srv], run_rules=False)
     req = analysis.tables.requests
-    both = req.loc[req["has_client"] & req["has_server"] & (req["segment"] != "calibrate")]
+    both = req.loc[req["has_client"] & req["has_server"] & ~req["segment"].isin(["calibrate", "compat"])]
     assert len(both) == 9
     assert both["network_s"].notna().all() and (both["network_s"] > -0.005).all()
     assert (both["client_ttft_s"] >= both["server_ttft_s"] - 0.005).all()

@@ -90,7 +90,7 @@ def test_warmup_excluded(server):
     res = run_probe(_cfg(server.url("ok"), LoadSpec(concurrency=2, requests=4, warmup_requests=2)))
     assert sum(r.warmup for r in res.results) == 2
     assert res.metrics["requests"]["total"] == 4 and res.metrics["requests"]["warmup_excluded"] == 2
-    assert len(server.log) == 2 + 6  # two length-calibration requests, 2 warm-up, 4 measured
+    assert len(server.log) == 1 + 2 + 6  # the compatibility check, two length calibrations, 2 warm-up, 4 measured
 
 
 def test_duration_bound(server):
@@ -122,7 +122,7 @@ def test_workers_merge_results_and_spans(server, tmp_path):
     assert len({r.request_id for r in res.results}) == 10
     assert res.client_health["processes"] >= 2
     req = build_tables(load_capture(tmp_path / "cap")).requests
-    req = req.loc[req["segment"] != "calibrate"]
+    req = req.loc[~req["segment"].isin(["calibrate", "compat"])]
     assert len(req) == 10 and req["client_ttft_s"].notna().all()
     traced = {s.headers["traceparent"].split("-")[1] for s in server.log}
     assert set(req["trace_id"]) <= traced

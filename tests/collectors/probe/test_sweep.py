@@ -20,10 +20,11 @@ def test_prompt_sweep_segments_in_one_capture(server, tmp_path):
     res = run_sweep(_cfg(server.url("ok"), tmp_path, warmup=1), SweepSpec("prompt", [64, 128, 256], requests_per_point=2))
     assert [s for s, _ in res.segments] == ["prompt=64", "prompt=128", "prompt=256"]
     assert server.max_in_flight == 1
-    words = sorted({len(s.body["prompt"].split()) for s in server.log})
+    assert server.log[0].body["max_tokens"] == 2  # the compatibility check goes first
+    words = sorted({len(s.body["prompt"].split()) for s in server.log[1:]})
     assert words[0] >= 60 and words[-1] >= 250
     req = build_tables(load_capture(tmp_path / "cap")).requests
-    req = req.loc[req["segment"] != "calibrate"]
+    req = req.loc[~req["segment"].isin(["calibrate", "compat"])]
     measured = req.loc[~req["warmup"]]
     assert measured.groupby("segment").size().to_dict() == {"prompt=64": 2, "prompt=128": 2, "prompt=256": 2}
     assert req["warmup"].sum() == 3 and measured["client_ttft_s"].notna().all()
