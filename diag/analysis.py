@@ -1,7 +1,8 @@
 """Front door for offline analysis: captures -> tables -> decomposition (+ verdict).
 
-``analyze_paths`` is what ``ttft analyze``, ``ttft report`` and the TUI call. The rule engine
-(``rules``) is optional at import time so that the decomposition works on its own.
+``analyze_paths`` is what ``ttft analyze``, ``ttft report`` and the TUI call; it returns an
+:class:`Analysis` whose ``diagnosis`` is the rule engine's :class:`rules.Diagnosis` (None only
+when the caller asked for the decomposition alone, ``run_rules=False``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any
 
 from diag import stages
 from diag.capture import META_FILE, SERIES_DIR, SPANS_FILE, SPANS_FILE_GZ, Capture, CaptureError, load_capture
-from diag.humanize import fmt_s
+from diag.report.text import format_diagnosis
 from diag.tables import Tables, build_tables, stage_decomposition
+from diag.units import fmt_s, fmt_value
+import rules
 
 
 @dataclass
@@ -24,7 +27,7 @@ class Analysis:
     paths: list[str]
     tables: Tables
     decomposition: dict[str, Any]
-    diagnosis: Any = None  # rules.Diagnosis when the rule engine ran
+    diagnosis: rules.Diagnosis | None = None  # None when the rules were not run
     warnings: list[str] = field(default_factory=list)
     slo: dict[str, float] | None = None  # the SLO applied (given, or recorded in the capture)
 
@@ -90,14 +93,7 @@ def analyze_captures(caps: list[Capture], rules_file: str | None = None, slo: di
     if slo is None:
         slo = recorded_slo(caps)
     decomposition = stage_decomposition(tables.requests)
-    diagnosis = None
-    if run_rules:
-        try:
-            import rules as rule_engine
-        except ImportError:
-            rule_engine = None
-        if rule_engine is not None and hasattr(rule_engine, "diagnose"):
-            diagnosis = rule_engine.diagnose(tables, rules_file=rules_file, slo=slo)
+    diagnosis = rules.diagnose(tables, rules_file=rules_file, slo=slo) if run_rules else None
     return Analysis([str(c.path) for c in caps], tables, decomposition, diagnosis, list(tables.warnings), slo)
 
 
@@ -122,7 +118,7 @@ def format_decomposition(dec: dict[str, Any]) -> str:
     lines.append(f"{'stage':<11} {'count':>7} {'p50':>9} {'p95':>9} {'p99':>9} {'share':>7}")
     for st, row in dec["stages"].items():
         share = row.get("share_of_ttft")
-        share_s = f"{share * 100:6.1f}%" if share is not None else "      -"
+        share_s = f"{fmt_value(share, 'share'):>7}"
         lines.append(f"{st:<11} {row['count']:>7} {fmt_s(row['p50']):>9} {fmt_s(row['p95']):>9} {fmt_s(row['p99']):>9} {share_s}")
     if not dec["stages"]:
         lines.append("(no stage spans: a client-only capture, or no server instrumentation)")
@@ -132,7 +128,7 @@ def format_decomposition(dec: dict[str, Any]) -> str:
 def format_analysis(a: Analysis) -> str:
     parts = []
     if a.diagnosis is not None:
-        parts.append(a.diagnosis.format_text())
+        parts.append(format_diagnosis(a.diagnosis))
         parts.append("")
     parts.append(format_decomposition(a.decomposition))
     if a.tables.lumped_notes:

@@ -4,7 +4,7 @@ Front door::
 
     from rules import diagnose
     d = diagnose(tables, rules_file=None, slo={"ttft_p99": 2.0})
-    d.verdict.category, d.verdict.confidence, d.to_dict(), d.format_text()
+    d.verdict.category, d.verdict.confidence, d.to_dict()  # text: diag.report.text.format_diagnosis(d)
 
 Rules live in small modules (``scheduling``, ``compute``, ``itl``, ``edges``) and register
 themselves in :data:`REGISTRY`; thresholds come from ``defaults.toml``, overridden by a

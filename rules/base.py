@@ -93,7 +93,7 @@ def ev(name: str, value: Any, threshold: Any, unit: str, meaning: str) -> Eviden
 
 def th_text(op: str, value: Any, unit: str = "") -> str:
     """A threshold as text, e.g. '>= 30%'."""
-    from rules.model import fmt_value
+    from diag.units import fmt_value
 
     return f"{op} {fmt_value(value, unit)}"
 

@@ -96,6 +96,7 @@ def _headless(source: object, duration_s: float, slo: dict[str, float] | None, r
     for e in snap.errors:
         print(f"source died: {e}")
     run = adapters.run_rules(snap.tables, snap.window_ns, slo=slo, rules_file=rules_file)
-    text = getattr(run.diagnosis, "format_text", None)
-    print(text() if callable(text) else run.diagnosis)
+    from diag.report.text import format_diagnosis
+
+    print(format_diagnosis(run.diagnosis))
     return 0

@@ -12,6 +12,7 @@ from collectors.spans import setup_tracing
 from diag import stages
 from diag.analysis import analyze_paths
 from diag.capture import CaptureError, CaptureWriter, load_capture
+from diag.report.text import format_diagnosis
 from diag.tables import build_tables
 from rules import NO_DATA, REGISTRY, RulesFileError, default_thresholds, diagnose, load_thresholds
 from simcap import Client, Engine, Phase, simulate, tables_of
@@ -47,7 +48,7 @@ def test_empty_capture_has_nothing_to_judge(tmp_path: Path) -> None:
     assert {s.rule_id for s in d.skipped} >= {"queue", "prefill_compute", "decode", "healthy"}
     assert all(s.reason.startswith("skipped: needs ") for s in d.skipped)
     json.dumps(d.to_dict(), allow_nan=False)
-    assert d.format_text().startswith("verdict: no_data")
+    assert format_diagnosis(d).startswith("verdict: no_data")
 
 
 def test_all_requests_failed(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from diag.report.text import format_diagnosis
 from rules import CATEGORIES, diagnose
 from simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
 
@@ -69,7 +70,7 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Pa
 def test_verdict_with_both_sides(captures: dict[str, dict[str, Path]], name: str) -> None:
     expected, evidence = SCENARIOS[name][3], SCENARIOS[name][5]
     d = diagnose(_tables(captures[name]))
-    assert d.verdict.category == expected, d.format_text()
+    assert d.verdict.category == expected, format_diagnosis(d)
     assert d.verdict.category in CATEGORIES
     assert 0.3 <= d.verdict.confidence <= 1.0
     names = {e.name for e in d.verdict.evidence}
@@ -80,7 +81,7 @@ def test_verdict_with_both_sides(captures: dict[str, dict[str, Path]], name: str
         assert 0 <= d.verdict.explained_pct <= 100
         assert d.verdict.explained_s <= d.features.value("ttft_p95_s") + 1e-12
     json.dumps(d.to_dict(), allow_nan=False)
-    assert d.verdict.title in d.format_text()
+    assert d.verdict.title in format_diagnosis(d)
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -92,7 +93,7 @@ def test_verdict_client_only(captures: dict[str, dict[str, Path]], name: str) ->
     if expected is None:  # the client alone cannot tell: it must not claim the server-side cause
         assert d.verdict.category != SCENARIOS[name][3] or name == "healthy"
         return
-    assert d.verdict.category == expected, d.format_text()
+    assert d.verdict.category == expected, format_diagnosis(d)
     if expected not in ("healthy", "cold_start", "loadgen"):
         assert d.verdict.black_box
         assert d.verdict.confidence < full.verdict.confidence

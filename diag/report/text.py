@@ -1,0 +1,67 @@
+"""``ttft analyze``'s text: the verdict, its evidence and next checks, other findings, skipped rules.
+
+Moved out of :class:`rules.Diagnosis` (the model holds data, renderers format it). Evidence
+rows read as in every other renderer (:mod:`diag.report.cells`). Pure functions, any thread.
+"""
+
+from __future__ import annotations
+
+from diag.report.cells import evidence_cells, fmt_confidence, fmt_explained
+from rules import Diagnosis, Finding
+
+
+def evidence_line(name: str, value: str, threshold: str, mark: str, meaning: str) -> str:
+    """One aligned evidence line: name, value, ``(threshold ≥ 30%, ✓ crossed)``, meaning."""
+    judged = ", ".join(x for x in (f"threshold {threshold}" if threshold else "", mark) if x)
+    th = f"  ({judged})" if judged else ""
+    return f"    {name:<34} {value:>12}{th}  {meaning}".rstrip()
+
+
+def finding_body(f: Finding, ttft_p95_s: float | None, brief: bool = False) -> list[str]:
+    """The lines under a finding's headline: time explained, note, evidence, next checks.
+
+    ``brief`` (other findings) shows the first three evidence rows and no next checks.
+    """
+    lines: list[str] = []
+    if f.explained_s is not None and f.explained_pct is not None:
+        lines.append(f"  explains {fmt_explained(f, ttft_p95_s)}")
+    if f.note:
+        lines.append(f"  note: {f.note}")
+    rows = f.evidence[:3] if brief else f.evidence
+    if rows:
+        if not brief:
+            lines.append("  evidence:")
+        for e in rows:
+            c = evidence_cells(e)
+            lines.append(evidence_line(c.name, c.value, c.threshold, c.mark, c.meaning))
+    if f.next_checks and not brief:
+        lines.append("  check next:")
+        lines.extend(f"    - {c}" for c in f.next_checks)
+    return lines
+
+
+def format_diagnosis(d: Diagnosis) -> str:
+    """The whole diagnosis as text (what ``ttft analyze`` prints above the decomposition)."""
+    out: list[str] = []
+    v = d.verdict
+    p95 = d.features.value("ttft_p95_s")
+    out.append(f"verdict: {v.category} (confidence {fmt_confidence(v.confidence)}) - {v.title}")
+    out.extend(finding_body(v, p95))
+    others = [f for f in d.findings if f is not v]
+    if others:
+        out.append("")
+        out.append("other findings (ranked; explained times overlap and are never added up):")
+        for i, f in enumerate(others, 2):
+            out.append(f"  {i}. {f.category} (confidence {fmt_confidence(f.confidence)}) - {f.title}")
+            out.extend("  " + line for line in finding_body(f, p95, brief=True))
+    if d.notes:
+        out.append("")
+        out.extend(f"note: {n}" for n in d.notes)
+    if d.skipped:
+        out.append("")
+        out.append("skipped rules:")
+        out.extend(f"  {s.rule_id:<16} {s.reason}" for s in d.skipped)
+    return "\n".join(out)
+
+
+__all__ = ["format_diagnosis", "finding_body", "evidence_line"]
