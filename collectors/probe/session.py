@@ -192,7 +192,7 @@ class ProbeSession:
             what = " and ".join(OPTIONAL_ELEMENT_TEXT[e] for e in candidates if e in refused)
             flags = " ".join(OPTIONAL_ELEMENTS[e] for e in candidates if e in refused)
             self.notes.append(f"compatibility: the server refuses {what} ({detail}); the run goes on without "
-                              f"it (pass {flags} to skip this check)")
+                              f"it ({flags} turns it off up front)")
             self.compat["refused"] = sorted(refused)
         self.compat["dropped"] = sorted(self.dropped)
         self._record_compat()
