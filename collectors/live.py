@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors import probe as probe_client
+from collectors.base import SeriesCollector
 from collectors.feeds import CallableMonitor, Monitor
 from collectors.nvml import NvmlSampler
 from collectors.otlp_receiver import OTLPReceiver
@@ -136,8 +137,25 @@ class ProbeThread:
         return None
 
 
+@dataclass
+class _Feed:
+    """One collector of the session and where its rows go (``series/<source>.parquet``)."""
+
+    source: str
+    collector: SeriesCollector
+    stopped: bool = False
+    #: its rows were written once after it stopped: the pump leaves it alone from then on
+    written_final: bool = False
+
+
 class LiveCollection:
-    """The collectors of one live session, writing into ``capture_dir``."""
+    """The collectors of one live session, writing into ``capture_dir``.
+
+    Every time-series collector is a :class:`~collectors.base.SeriesCollector` under a source
+    name (:meth:`add_collector`); the pump and :meth:`stop` drive them through that protocol
+    only. ``start_prometheus``/``start_nvml`` build the collector, note why it could not start,
+    and add it; the OTLP receiver and the probe write spans, not series, and are started apart.
+    """
 
     def __init__(self, capture_dir: str | os.PathLike[str], meta: dict[str, Any] | None = None,
                  pump_interval_s: float = 1.0, writer: CaptureWriter | None = None) -> None:
@@ -148,20 +166,45 @@ class LiveCollection:
         self.pump_interval_s = pump_interval_s
         self.notes: list[str] = []
         self._monitors: list[Monitor] = []
-        self.scraper: Any = None  # the most recently started scraper
-        #: scrapers by series source name; stopped ones keep their rows and are written once more
-        self.scrapers: dict[str, Any] = {}
-        self._stopped_scrapers: set[str] = set()
-        self._written_final: set[str] = set()
-        self._scrapers_lock = threading.Lock()
-        self.nvml: Any = None
-        self.receiver: Any = None
+        #: series collectors by source name, in the order they were added (pump thread reads it)
+        self._feeds: dict[str, _Feed] = {}
+        self._feeds_lock = threading.Lock()
+        self.scraper: PrometheusScraper | None = None  # the most recently started scraper
+        #: the /metrics scrapers by source name (for meta.json's stats)
+        self.scrapers: dict[str, PrometheusScraper] = {}
+        self.nvml: NvmlSampler | None = None
+        self.receiver: OTLPReceiver | None = None
         self.probe: ProbeThread | None = None
         self._pump_stop = threading.Event()
         self._pump: threading.Thread | None = None
         self.pump_error = ""
 
-    # --- collectors ----------------------------------------------------------------------------
+    # --- series collectors ----------------------------------------------------------------------
+
+    def add_collector(self, source: str, collector: SeriesCollector) -> None:
+        """Start ``collector`` and pump its rows into ``series/<source>.parquet`` (owner thread).
+        A collector already under ``source`` is replaced (its file is rewritten by the new one).
+        Raises what ``collector.start()`` raises; then nothing is added."""
+        collector.start()
+        with self._feeds_lock:
+            self._feeds[source] = _Feed(source, collector)
+
+    def stop_collector(self, source: str) -> None:
+        """Stop one collector (its engine is going away); its rows are written once more and kept."""
+        with self._feeds_lock:
+            feed = self._feeds.get(source)
+            if feed is not None:
+                feed.stopped = True
+        if feed is not None:
+            try:
+                feed.collector.stop()
+            except Exception:
+                pass
+
+    def collectors(self) -> list[SeriesCollector]:
+        """The series collectors added so far, stopped ones included (any thread)."""
+        with self._feeds_lock:
+            return [f.collector for f in self._feeds.values()]
 
     def start_prometheus(self, url: str, interval_s: float = 1.0, source: str = "prometheus") -> bool:
         """Scrape ``url`` (``/metrics`` appended when missing) into ``series/<source>.parquet``.
@@ -170,35 +213,24 @@ class LiveCollection:
             url = url.rstrip("/") + "/metrics"
         try:
             scraper = PrometheusScraper(url, interval_s=interval_s)
-            scraper.start()
+            self.add_collector(source, scraper)
         except Exception as exc:
             self.notes.append(f"/metrics scraper failed to start: {type(exc).__name__}: {exc}")
             return False
-        with self._scrapers_lock:
-            self.scrapers[source] = scraper
-            self._stopped_scrapers.discard(source)
-            self._written_final.discard(source)
+        self.scrapers[source] = scraper
         self.scraper = scraper
 
         def check() -> str | None:
-            if source not in self._stopped_scrapers and scraper.consecutive_errors >= 3:
+            with self._feeds_lock:
+                feed = self._feeds.get(source)
+                stopped = feed is not None and feed.stopped
+            if not stopped and scraper.consecutive_errors >= 3:
                 return f"/metrics {url}: {scraper.last_error or 'failing'}"
             return None
 
         self._monitors.append(CallableMonitor(f"metrics {source}", check))
         self.writer.update_meta(live={"metrics_url": url})
         return True
-
-    def stop_prometheus(self, source: str = "prometheus") -> None:
-        """Stop one scraper (its engine is going away); its rows are written once more and kept."""
-        with self._scrapers_lock:
-            scraper = self.scrapers.get(source)
-            self._stopped_scrapers.add(source)
-        if scraper is not None:
-            try:
-                scraper.stop()
-            except Exception:
-                pass
 
     def start_nvml(self, interval_s: float = 0.5) -> bool:
         """Sample GPU counters (a note when there is no GPU or no NVML)."""
@@ -211,10 +243,12 @@ class LiveCollection:
             self.notes.append(sampler.note or "NVML unavailable")
             self.writer.update_meta(nvml=sampler.device_info())
             return False
-        sampler.start()
+        self.add_collector("nvml", sampler)
         self.nvml = sampler
         self.writer.update_meta(nvml=sampler.device_info())
         return True
+
+    # --- span feeds ---------------------------------------------------------------------------
 
     def start_otlp(self, port: int) -> int | None:
         """Receive OTLP/HTTP spans on 127.0.0.1:``port`` into the capture; returns the port."""
@@ -250,24 +284,16 @@ class LiveCollection:
     # --- the series pump ----------------------------------------------------------------------
 
     def pump_once(self) -> None:
-        """Rewrite the series files from the collectors' buffers (pump thread or caller)."""
-        with self._scrapers_lock:
-            feeds: list[tuple[str, Any]] = [(src, sc) for src, sc in self.scrapers.items()
-                                            if src not in self._written_final]
-            stopped = set(self._stopped_scrapers)
-        feeds.append(("nvml", self.nvml))
-        for source, obj in feeds:
-            if obj is None:
-                continue
-            fn = getattr(obj, "frame", None) or getattr(obj, "to_frame", None)
-            if fn is None:
-                continue
-            frame = fn()
-            if frame is not None and len(frame):
-                self.writer.write_series(source, frame)
-            if source in stopped:
-                with self._scrapers_lock:
-                    self._written_final.add(source)
+        """Rewrite the series files from the collectors' rows (pump thread or caller)."""
+        with self._feeds_lock:
+            due = [(feed, feed.stopped) for feed in self._feeds.values() if not feed.written_final]
+        for feed, stopped in due:
+            frame = feed.collector.collect()
+            if len(frame):
+                self.writer.write_series(feed.source, frame)
+            if stopped:
+                with self._feeds_lock:
+                    feed.written_final = True
 
     def _pump_main(self) -> None:
         while not self._pump_stop.wait(self.pump_interval_s):
@@ -292,13 +318,10 @@ class LiveCollection:
         self._pump_stop.set()
         if self._pump is not None:
             self._pump.join(5)
-        for source in list(self.scrapers):
-            self.stop_prometheus(source)
-        if self.nvml is not None:
-            try:
-                self.nvml.stop()
-            except Exception:
-                pass
+        with self._feeds_lock:
+            sources = list(self._feeds)
+        for source in sources:
+            self.stop_collector(source)
         if self.receiver is not None:
             try:
                 self.receiver.stop()

@@ -119,8 +119,9 @@ def adapt_texts(texts: Sequence[tuple[float, str]], engine: str | None = None, e
 class PrometheusScraper:
     """Polls one /metrics URL into canonical rows (Unix-second timestamps).
 
-    Threading: :meth:`start` runs :meth:`scrape_once` every ``interval_s`` on a daemon
-    thread; :meth:`frame`, :meth:`stats` and :meth:`drain` may be called from any thread.
+    A :class:`collectors.base.SeriesCollector`. Threading: :meth:`start` runs
+    :meth:`scrape_once` every ``interval_s`` on a daemon thread; :meth:`collect` and
+    :meth:`stats` may be called from any thread.
     Errors (connection refused, timeouts, HTTP errors, malformed text) are counted in
     ``errors`` and kept as a one-line ``last_error``; the previous good scrape is kept, so the
     next good one's deltas span the gap. ``on_rows`` (optional) is called on the scraper
@@ -235,16 +236,10 @@ class PrometheusScraper:
             t.join(self.timeout_s + 1.0 if timeout_s is None else timeout_s)
         self._thread = None
 
-    def frame(self) -> pd.DataFrame:
-        """All rows so far as a SERIES_COLUMNS frame (source="prometheus")."""
+    def collect(self) -> pd.DataFrame:
+        """All rows so far as a SERIES_COLUMNS frame (source="prometheus"; any thread)."""
         with self._lock:
             rows = list(self._rows)
-        return rows_to_frame(rows)
-
-    def drain(self) -> pd.DataFrame:
-        """Like :meth:`frame`, then forget the rows (for periodic writers)."""
-        with self._lock:
-            rows, self._rows = self._rows, []
         return rows_to_frame(rows)
 
     def stats(self) -> dict[str, Any]:

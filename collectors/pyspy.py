@@ -19,7 +19,10 @@ torch kernels launched from Python) is charged to the Python frame that called t
 
 Front door: :class:`PySpySampler` (``record()``, or ``start()`` then ``wait()``/``stop()``;
 ``save(capture_dir)``), :func:`parse_raw`, :func:`attribute`, :data:`PATTERN_SETS`.
-Threading: a sampler object is used from one thread; py-spy itself runs as a child process.
+The sampler is a :class:`collectors.base.SeriesCollector`: once its window ended,
+``collect()`` gives the window's samples per stage as series rows (one timestamp, the end).
+Threading: a sampler object is driven from one owner thread (``collect()`` from any);
+py-spy itself runs as a child process.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+import pandas as pd
+
+from collectors.base import empty_series_frame
 from diag import stages as S
 
 # --- CPU stages (what a sample is attributed to): defined in diag.stages ----------------------
@@ -53,6 +59,10 @@ CPU_DETOKENIZE = S.DETOKENIZE  # ids -> text
 CPU_IDLE = S.CPU_IDLE
 CPU_OTHER = S.CPU_OTHER
 CPU_STAGES: tuple[str, ...] = S.CPU_STAGES
+
+#: the series rows of a window: source, series name (value: samples), entity "pid<PID>/<stage>"
+SOURCE = "pyspy"
+SERIES_CPU_SAMPLES = "cpu_samples"
 
 PROFILE_DIR = "profile"
 RAW_FILE = "pyspy.raw.txt"
@@ -444,8 +454,10 @@ class PySpySampler:
     """Records one window of a process with py-spy and attributes it to CPU stages.
 
     ``duration_s`` is rounded up to whole seconds (py-spy's ``--duration`` is an integer);
-    ``stop()`` ends a window early (SIGINT: py-spy writes what it has). ``available`` is False
-    with a one-line ``note`` when py-spy is not installed. Not thread-safe: one owner thread.
+    ``stop()`` ends a window early (SIGINT: py-spy writes what it has) and keeps the result in
+    :attr:`profile` (a py-spy failure in :attr:`error`, raised again by :meth:`wait`).
+    ``available`` is False with a one-line ``note`` when py-spy is not installed. One owner
+    thread drives it; :meth:`collect` may be called from any thread.
     """
 
     def __init__(
@@ -474,6 +486,9 @@ class PySpySampler:
                      "py-spy unavailable: the py-spy executable is not installed (pip install py-spy)")
         self.raw_text = ""
         self.profile: StageProfile | None = None
+        #: one line when the window failed (py-spy could not attach, no output); "" otherwise
+        self.error = ""
+        self._failure: PySpyError | ValueError | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._out: Path | None = None
@@ -523,6 +538,8 @@ class PySpySampler:
         """Wait for the window to end (default: its duration + 30 s) and attribute it."""
         if self.profile is not None:
             return self.profile
+        if self._failure is not None:
+            raise self._failure
         if self._proc is None:
             raise PySpyError("py-spy was not started")
         limit = self.duration_s + 30.0 if timeout_s is None else timeout_s
@@ -535,17 +552,44 @@ class PySpySampler:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 out, err = self._proc.communicate()
-        return self._finish(out, err)
+        try:
+            return self._finish(out, err)
+        except (PySpyError, ValueError) as exc:  # no output, or output py-spy garbled
+            self._failure, self.error = exc, str(exc)
+            raise
 
-    def stop(self, timeout_s: float = 10.0) -> StageProfile:
-        """End the window now (py-spy writes the samples so far) and attribute it."""
-        if self.profile is not None:
-            return self.profile
-        if self._proc is None:
-            raise PySpyError("py-spy was not started")
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End the window now (py-spy writes the samples so far) and attribute it into
+        :attr:`profile`. Owner thread; waits at most about ``timeout_s`` (+10 s if py-spy
+        ignores SIGINT); idempotent, a no-op when never started; a py-spy failure is kept in
+        :attr:`error` instead of raised."""
+        if self.profile is not None or self._failure is not None or self._proc is None:
+            return
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGINT)
-        return self.wait(timeout_s)
+        try:
+            self.wait(timeout_s)
+        except (PySpyError, ValueError):
+            pass  # kept in self.error
+
+    def collect(self) -> pd.DataFrame:
+        """The window's samples per CPU stage once it ended, else no rows (any thread).
+
+        One row per stage of :data:`CPU_STAGES`: ``ts_s`` = the window's end (Unix s),
+        ``source`` = ``"pyspy"``, ``series`` = ``"cpu_samples"``, ``entity`` =
+        ``"pid<PID>/<stage>"``, ``value`` = samples (thread-samples, see :class:`StageProfile`).
+        """
+        prof = self.profile
+        if prof is None:
+            return empty_series_frame()
+        names = list(prof.counts)
+        return pd.DataFrame({
+            "ts_s": [float(self._ended_unix_s)] * len(names),
+            "source": [SOURCE] * len(names),
+            "series": [SERIES_CPU_SAMPLES] * len(names),
+            "entity": [f"pid{self.pid}/{name}" for name in names],
+            "value": [float(prof.counts[name]) for name in names],
+        }, columns=list(S.SERIES_COLUMNS))
 
     def record(self, capture_dir: str | Path | None = None) -> StageProfile:
         """start() + wait(); with ``capture_dir``, also save() into it."""

@@ -396,7 +396,7 @@ class Director:
                 if record["start_unix_s"] is not None and record["end_unix_s"] is None:
                     record["end_unix_s"] = time.time()
             self._engine_stopping = True
-            self.live.stop_prometheus(source)
+            self.live.stop_collector(source)
             eng.stop()  # SIGINT: the engine flushes its last spans to the receiver
             with self._lock:
                 self._current = None

@@ -62,14 +62,14 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
             if deadline is not None and now >= deadline:
                 break
             if now - last_flush >= FLUSH_EVERY_S:
-                writer.write_series(SOURCE, scraper.frame())
+                writer.write_series(SOURCE, scraper.collect())
                 last_flush = now
             stop.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - now)))
     except KeyboardInterrupt:
         pass
     finally:
         scraper.stop()
-        frame = scraper.frame()
+        frame = scraper.collect()
         writer.write_series(SOURCE, frame)
         stats = scraper.stats()
         writer.update_meta(prometheus_scrape=stats)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_pynvml import FakeClock, FakeGpu, FakeNvml, make_fake  # noqa: E402
 
+from collectors.base import SeriesCollector  # noqa: E402
 from collectors.nvml import NvmlSampler  # noqa: E402
 from diag import stages as S  # noqa: E402
 
@@ -47,7 +48,7 @@ def test_frame_shape_and_basic_values(rig):
     assert s.available and s.note.startswith("NVML: 3 GPU(s)")
     t0 = clock()
     run(s, clock, 3)
-    df = s.to_frame()
+    df = s.collect()
     assert tuple(df.columns) == S.SERIES_COLUMNS
     assert set(df.source) == {"nvml"}
     assert df.ts_s.min() == pytest.approx(t0)
@@ -71,7 +72,7 @@ def test_nvlink_and_pcie_rates_from_counter_deltas_over_field_timestamps(rig):
         s.sample_once()
         clock.advance(dt)
     s.sample_once()
-    df = s.to_frame()
+    df = s.collect()
     for gpu, base in (("gpu0", 1000.0), ("gpu1", 2000.0)):
         for link in range(4):
             tx = rows(df, S.SERIES_NVLINK_TX_BYTES_PER_S, f"{gpu}/nvlink{link}")
@@ -108,7 +109,7 @@ def test_every_field_value_path_gives_the_same_rates(path):
                fast_path=(path == "c_entry_point"))
     s = NvmlSampler(nvml=fake, clock=clock)
     run(s, clock, 4)
-    df = s.to_frame()
+    df = s.collect()
     assert rows(df, S.SERIES_NVLINK_TX_BYTES_PER_S, "gpu0/nvlink3").tolist() == pytest.approx([4000 * KIB] * 3)
     assert rows(df, S.SERIES_NVLINK_RX_BYTES_PER_S, "gpu0/nvlink1").empty
     assert rows(df, S.SERIES_PCIE_RX_BYTES_PER_S, "gpu0").tolist() == pytest.approx([1.5e9] * 3)
@@ -140,7 +141,7 @@ def test_rates_exact_for_any_positive_intervals(dts):
         s.sample_once()
         clock.advance(dt)
     s.sample_once()
-    df = s.to_frame()
+    df = s.collect()
     tx = rows(df, S.SERIES_NVLINK_TX_BYTES_PER_S, "gpu1/nvlink2")
     # a sample that lands in the same 20 ms driver refresh as the previous one gives no row
     assert 1 <= len(tx) <= len(dts)
@@ -155,7 +156,7 @@ def test_unrefreshed_counter_gives_no_row_never_zero(rig):
     clock.advance(0.1)
     s.sample_once()
     s.sample_once()  # same instant: NVML has the same timestamp, so no new rate
-    df = s.to_frame()
+    df = s.collect()
     tx = rows(df, S.SERIES_NVLINK_TX_BYTES_PER_S, "gpu0/nvlink0")
     assert tx.tolist() == pytest.approx([1000.0 * KIB])
 
@@ -165,7 +166,7 @@ def test_counter_reset_restarts_the_baseline(rig):
     run(s, clock, 2, 0.1)
     fake.boot_s = clock() - 1.0  # counters fall back (driver reload / wrap)
     run(s, clock, 3, 0.1)
-    tx = rows(s.to_frame(), S.SERIES_NVLINK_TX_BYTES_PER_S, "gpu0/nvlink1")
+    tx = rows(s.collect(), S.SERIES_NVLINK_TX_BYTES_PER_S, "gpu0/nvlink1")
     assert tx.tolist() == pytest.approx([2000.0 * KIB] * 3)  # the reset sample is skipped
     assert (tx > 0).all()
 
@@ -173,7 +174,7 @@ def test_counter_reset_restarts_the_baseline(rig):
 def test_unsupported_counters_reported_once_never_as_zero(rig):
     fake, clock, s = rig
     run(s, clock, 10)
-    df = s.to_frame()
+    df = s.collect()
     g2 = df[df.entity.str.startswith("gpu2")]
     assert S.SERIES_POWER_W not in set(g2.series)
     assert not g2.series.isin([S.SERIES_NVLINK_TX_BYTES_PER_S, S.SERIES_NVLINK_RX_BYTES_PER_S,
@@ -199,7 +200,7 @@ def test_per_field_error_drops_only_that_field_and_stops_asking():
     fake = FakeNvml([gpu0, FakeGpu()], clock)
     s = NvmlSampler(nvml=fake, clock=clock)
     run(s, clock, 4)
-    df = s.to_frame()
+    df = s.collect()
     assert rows(df, S.SERIES_NVLINK_TX_BYTES_PER_S, "gpu0/nvlink2").empty
     assert len(rows(df, S.SERIES_NVLINK_RX_BYTES_PER_S, "gpu0/nvlink2")) == 3
     assert len(rows(df, S.SERIES_NVLINK_TX_BYTES_PER_S, "gpu0/nvlink3")) == 3
@@ -214,7 +215,7 @@ def test_gpm_metric_error_drops_that_metric_only():
     fake = FakeNvml([FakeGpu(gpm_metric_errors={pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: pynvml.NVML_ERROR_NOT_SUPPORTED})], clock)
     s = NvmlSampler(nvml=fake, clock=clock)
     run(s, clock, 4)
-    df = s.to_frame()
+    df = s.collect()
     assert rows(df, S.SERIES_TENSOR_UTIL_PCT, "gpu0").empty
     assert rows(df, S.SERIES_DRAM_BW_UTIL_PCT, "gpu0").tolist() == [55.5] * 3
     assert "NOT_SUPPORTED" in s.not_supported()["gpu0"][S.SERIES_TENSOR_UTIL_PCT]
@@ -227,7 +228,7 @@ def test_missing_functions_fall_back_to_older_entry_points():
                                         "nvmlDeviceGetCurrentClocksEventReasons"})
     s = NvmlSampler(nvml=fake, clock=clock)
     run(s, clock, 5)
-    df = s.to_frame()
+    df = s.collect()
     assert rows(df, S.SERIES_HBM_USED_BYTES, "gpu1").tolist() == [21 * 2**30] * 5
     assert rows(df, S.SERIES_CLOCK_EVENT_REASONS, "gpu1").tolist() == [4.0] * 5
     assert s.not_supported() == {"gpu0": {}, "gpu1": {}}
@@ -243,7 +244,7 @@ def test_missing_gpm_function_means_not_supported():
     s = NvmlSampler(nvml=fake, clock=clock)
     run(s, clock, 3)
     assert "FUNCTION_NOT_FOUND" in s.not_supported()["gpu0"][S.SERIES_SM_UTIL_PCT]
-    assert rows(s.to_frame(), S.SERIES_SM_UTIL_PCT, "gpu0").empty
+    assert rows(s.collect(), S.SERIES_SM_UTIL_PCT, "gpu0").empty
     s.stop()
 
 
@@ -260,37 +261,37 @@ def test_transient_errors_skip_samples_then_give_up_after_a_run(rig, monkeypatch
 
     monkeypatch.setattr(fake, "nvmlDeviceGetTemperature", flaky)
     run(s, clock, 4)
-    assert rows(s.to_frame(), S.SERIES_TEMPERATURE_C, "gpu0").tolist() == [61.0] * 2
+    assert rows(s.collect(), S.SERIES_TEMPERATURE_C, "gpu0").tolist() == [61.0] * 2
     assert S.SERIES_TEMPERATURE_C not in s.not_supported()["gpu0"]
     fail["n"] = 100
     run(s, clock, 8)
     reason = s.not_supported()["gpu0"][S.SERIES_TEMPERATURE_C]
     assert reason.startswith("failed 5 times in a row")
     assert fail["n"] == 95  # given up: not asked any more
-    assert len(rows(s.to_frame(), S.SERIES_TEMPERATURE_C, "gpu1")) == 12
+    assert len(rows(s.collect(), S.SERIES_TEMPERATURE_C, "gpu1")) == 12
 
 
-def test_collect_returns_only_new_rows(rig):
+def test_collect_new_returns_only_new_rows(rig):
     fake, clock, s = rig
-    assert s.collect().empty
+    assert s.collect_new().empty
     run(s, clock, 2)
-    a = s.collect()
+    a = s.collect_new()
     run(s, clock, 3)
-    b = s.collect()
-    assert s.collect().empty
+    b = s.collect_new()
+    assert s.collect_new().empty
     assert a.ts_s.nunique() == 2 and b.ts_s.nunique() == 3
     assert a.ts_s.max() < b.ts_s.min()
-    assert len(s.to_frame()) == len(a) + len(b)
+    assert len(s.collect()) == len(a) + len(b)
 
 
 def test_many_samples_cross_buffer_chunks(rig):
     fake, clock, s = rig
     run(s, clock, 1100, 0.1)
-    first = s.collect()
+    first = s.collect_new()
     run(s, clock, 30, 0.1)
-    df = s.to_frame()
+    df = s.collect()
     assert df.ts_s.nunique() == 1130
-    assert len(df) == len(first) + len(s.collect())
+    assert len(df) == len(first) + len(s.collect_new())
     power = rows(df, S.SERIES_POWER_W, "gpu1")
     assert len(power) == 1130 and (power == 350.0).all()
 
@@ -321,11 +322,11 @@ def test_background_thread_samples_and_stops_cleanly():
     deadline = time.monotonic() + 5.0
     got = []
     while time.monotonic() < deadline and s.samples_taken < 8:
-        got.append(s.collect())  # concurrent with the sampling thread
+        got.append(s.collect_new())  # concurrent with the sampling thread
         time.sleep(0.01)
     s.stop()
     s.stop()
-    got.append(s.collect())
+    got.append(s.collect_new())
     assert s.samples_taken >= 8
     df = pd.concat(got)
     assert df.ts_s.nunique() == s.samples_taken
@@ -335,6 +336,25 @@ def test_background_thread_samples_and_stops_cleanly():
     assert s.device_info()["sampler_cpu_s"] > 0
     s.sample_once()  # after stop: a no-op, no crash
     assert s.samples_taken == df.ts_s.nunique()
+
+
+def test_sampler_is_a_series_collector_start_collect_stop():
+    fake, _clock = make_fake(2)
+    s = NvmlSampler(interval_s=0.01, nvml=fake)  # fake pynvml; real clock, real thread
+    assert isinstance(s, SeriesCollector)
+    assert s.collect().empty and tuple(s.collect().columns) == S.SERIES_COLUMNS
+    s.start()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and s.samples_taken < 3:
+        time.sleep(0.01)
+    during = s.collect()  # while the thread samples
+    s.stop()
+    s.stop()  # idempotent
+    df = s.collect()
+    assert s.samples_taken >= 3 and len(during) > 0
+    assert tuple(df.columns) == S.SERIES_COLUMNS and set(df.source) == {"nvml"}
+    assert df.ts_s.nunique() == s.samples_taken  # collect() is every row so far, not only new ones
+    assert df.iloc[: len(during)].equals(during) and s.collect().equals(df)
 
 
 # --- no driver / no library / no GPU ---------------------------------------------------------
@@ -348,8 +368,8 @@ def _assert_unavailable(s: NvmlSampler) -> None:
     s.start()
     assert threading.active_count() == n and s._thread is None
     s.sample_once()
-    assert tuple(s.to_frame().columns) == S.SERIES_COLUMNS and s.to_frame().empty
-    assert s.collect().empty
+    assert tuple(s.collect().columns) == S.SERIES_COLUMNS and s.collect().empty
+    assert s.collect_new().empty
     json.dumps(s.device_info())
     s.stop()
 
@@ -394,7 +414,7 @@ def test_a_gpu_without_permission_is_skipped(monkeypatch):
     s = NvmlSampler(nvml=fake, clock=clock)
     assert s.available
     run(s, clock, 2)
-    assert set(s.to_frame().entity.str.split("/").str[0]) == {"gpu1"}
+    assert set(s.collect().entity.str.split("/").str[0]) == {"gpu1"}
     (warning,) = s.device_info()["warnings"]
     assert warning.startswith("gpu0 skipped: NVML_ERROR_NO_PERMISSION")
     s.stop()
@@ -416,7 +436,7 @@ def test_bad_arguments():
         NvmlSampler(nvml=fake, clock=clock, device_indices=[5])
     s = NvmlSampler(nvml=fake, clock=clock, device_indices=[1])
     run(s, clock, 2)
-    assert set(s.to_frame().entity.str.split("/").str[0]) == {"gpu1"}
+    assert set(s.collect().entity.str.split("/").str[0]) == {"gpu1"}
     s.stop()
 
 
@@ -431,7 +451,7 @@ def test_real_gpu_sampler():
     s.start()
     time.sleep(1.0)
     s.stop()
-    df = s.to_frame()
+    df = s.collect()
     info = s.device_info()
     print(json.dumps(info, indent=1))
     print(df.groupby(["series", "entity"]).value.agg(["count", "min", "max"]).to_string())

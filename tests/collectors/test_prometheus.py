@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from collectors import prometheus_adapters as pa
+from collectors.base import SeriesCollector
 from collectors.prometheus import (
     ExpositionError,
     PrometheusAPIReader,
@@ -219,7 +220,7 @@ def test_dead_endpoint_is_counted_not_raised():
     s.start()
     time.sleep(0.15)
     s.stop()
-    assert s.errors >= 3 and len(s.frame()) == 0
+    assert s.errors >= 3 and len(s.collect()) == 0
     assert s.stats()["consecutive_errors"] == s.errors
 
 
@@ -269,15 +270,36 @@ def test_scraper_thread_against_http_endpoint():
         s = PrometheusScraper(srv.url, interval_s=0.05, timeout_s=1.0)
         s.start()
         deadline = time.time() + 3
-        while time.time() < deadline and not (s.frame()["series"] == S.SERIES_TTFT_S).any():
+        while time.time() < deadline and not (s.collect()["series"] == S.SERIES_TTFT_S).any():
             time.sleep(0.02)
         s.stop()
-        df = s.frame()
+        df = s.collect()
         assert s.engine == "sglang" and s.errors == 0
         assert (df["series"] == S.SERIES_TTFT_S).any() and (df["series"] == S.SERIES_KV_USAGE).any()
         assert df["ts_s"].is_monotonic_increasing
         bad = PrometheusScraper(srv.url.replace("/metrics", "/nope"))
         assert bad.scrape_once() == [] and "HTTP 404" in bad.last_error
+    finally:
+        srv.close()
+
+
+def test_scraper_is_a_series_collector_start_collect_stop():
+    srv = _MetricsServer("vllm")
+    try:
+        s = PrometheusScraper(srv.url, interval_s=0.05, timeout_s=1.0)
+        assert isinstance(s, SeriesCollector)
+        assert s.collect().empty and tuple(s.collect().columns) == S.SERIES_COLUMNS
+        s.start()
+        deadline = time.time() + 3
+        while time.time() < deadline and srv.hits < 3:
+            time.sleep(0.02)
+        during = s.collect()  # while the thread scrapes
+        s.stop()
+        s.stop()  # idempotent
+        df = s.collect()
+        assert s.engine == "vllm" and s.errors == 0 and len(during) > 0
+        assert tuple(df.columns) == S.SERIES_COLUMNS and set(df.source) == {"prometheus"}
+        assert df.iloc[: len(during)].equals(during) and s.collect().equals(df)  # every row so far
     finally:
         srv.close()
 

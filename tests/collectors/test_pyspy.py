@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from collectors import pyspy as P
+from collectors.base import SeriesCollector
 from collectors.pyspy import (
     CPU_COMM, CPU_DETOKENIZE, CPU_FORWARD, CPU_HTTP, CPU_IDLE, CPU_OTHER, CPU_SAMPLE,
     CPU_SCHEDULER, CPU_SERIALIZATION, CPU_STAGES, CPU_TOKENIZE, Frame, PySpyError,
     PySpyPermissionError, PySpySampler, PySpyUnavailable, attribute, attribute_raw, parse_raw,
 )
+from diag import stages as S
 
 # --- the raw format ------------------------------------------------------------------------------
 
@@ -241,7 +243,14 @@ def test_fake_pyspy_command_line_and_capture_files(tmp_path):
         """))
     s = PySpySampler(os.getpid(), duration_s=1.2, rate_hz=250, gil=True, idle=True, nonblocking=True, py_spy=exe)
     cap = tmp_path / "cap"
+    assert isinstance(s, SeriesCollector)
+    assert s.collect().empty and tuple(s.collect().columns) == S.SERIES_COLUMNS
     prof = s.record(cap)
+    rows = s.collect().set_index("entity")
+    assert tuple(s.collect().columns) == S.SERIES_COLUMNS and set(rows.source) == {"pyspy"}
+    assert set(rows.series) == {P.SERIES_CPU_SAMPLES} and rows.ts_s.nunique() == 1
+    assert rows.loc[f"pid{os.getpid()}/{CPU_TOKENIZE}", "value"] == 30.0
+    assert rows.loc[f"pid{os.getpid()}/{CPU_IDLE}", "value"] == 10.0 and rows.value.sum() == 40.0
     args = args_file.read_text().split()
     assert args[:9] == ["record", "--pid", str(os.getpid()), "--duration", "2", "--rate", "250", "--format", "raw"]
     assert args[9] == "-o" and {"--gil", "--idle", "--nonblocking"} <= set(args[11:])
@@ -254,6 +263,21 @@ def test_fake_pyspy_command_line_and_capture_files(tmp_path):
     again = P.load_profile(cap)
     assert again.counts == prof.counts and again.engine == "bundled"
     assert P.load_profile(cap, "vllm").counts[CPU_OTHER] == 30  # re-attributed with vLLM's rules
+
+
+def test_stop_keeps_a_failure_instead_of_raising(tmp_path):
+    exe = _fake_pyspy(tmp_path, "echo \"Permission Denied: Try running again with elevated permissions\" >&2\nexit 1\n")
+    s = PySpySampler(os.getpid(), duration_s=1, py_spy=exe)
+    s.stop()  # never started: a no-op
+    s.start()
+    deadline = time.monotonic() + 10
+    while s.running and time.monotonic() < deadline:  # let it fail on its own, not by our SIGINT
+        time.sleep(0.01)
+    s.stop()
+    assert s.profile is None and "ptrace not permitted" in s.error and "\n" not in s.error
+    assert s.collect().empty
+    with pytest.raises(PySpyPermissionError, match="ptrace not permitted"):
+        s.wait()
 
 
 def test_pyspy_missing_gives_a_note(monkeypatch):
@@ -366,10 +390,15 @@ def test_real_stop_ends_the_window_early(workload):
     s.start()
     assert s.running
     time.sleep(1.5)
-    prof = s.stop()
+    s.stop()
+    prof = s.profile
     assert time.monotonic() - t0 < 20
-    assert not s.running and prof.samples_total > 20
-    assert s.stop() is prof  # idempotent
+    assert prof is not None and not s.running and prof.samples_total > 20
+    s.stop()
+    assert s.profile is prof  # idempotent
+    rows = s.collect()  # the protocol's view of the window: samples per stage
+    assert isinstance(s, SeriesCollector) and rows.value.sum() == prof.samples_total
+    assert rows.set_index("entity").loc[f"pid{proc.pid}/{CPU_TOKENIZE}", "value"] == prof.counts[CPU_TOKENIZE]
 
 
 @needs_pyspy
