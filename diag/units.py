@@ -16,6 +16,7 @@ counts         13 requests, 512 tokens, 3 steps, 4 (``count``); whole numbers pr
 ``tokens/s``   850 tokens/s, 1.2k tokens/s, 3.4M tokens/s
 ``s/s``        0.93 s/s
 ``bytes``      512 B, 1.5 KiB, 1.5 GiB
+rates          :func:`fmt_rate`: 12.5 requests/s, 3.4k steps/s, 1.5 GiB/s
 ``""``         0.123 (3 significant digits)
 =============  ======================================================
 
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Unit", "MISSING", "unit_of", "is_num", "fmt_value", "fmt_s", "fmt_threshold",
-           "op_text", "crossed_mark", "json_safe"]
+           "fmt_rate", "op_text", "crossed_mark", "json_safe"]
 
 #: What a missing value prints as.
 MISSING = "-"
@@ -147,15 +148,14 @@ def _fmt_count(x: float, unit: Unit) -> str:
     return f"{text} {one if text == '1' else many}"
 
 
-def _fmt_rate(x: float) -> str:
+def _scaled(x: float) -> str:
+    """A rate's number with a k/M suffix from 1,000 up."""
     a = abs(x)
     if a >= 1e6 and round(a / 1e6, 1) >= 1:
-        text = f"{x / 1e6:.1f}M"
-    elif a >= 1e3 or round(a) >= 1000:
-        text = f"{x / 1e3:.1f}k"
-    else:
-        text = _sig3(x)
-    return f"{text} tokens/s"
+        return f"{x / 1e6:.1f}M"
+    if a >= 1e3 or round(a) >= 1000:
+        return f"{x / 1e3:.1f}k"
+    return _sig3(x) if a >= 100 or x == int(x) else f"{x:.3g}"
 
 
 def _fmt_bytes(x: float) -> str:
@@ -198,13 +198,30 @@ def fmt_value(value: Any, unit: Unit | str | None = Unit.NONE) -> str:
     if u in _COUNTS or u is Unit.COUNT:
         return _fmt_count(x, u)  # type: ignore[arg-type]
     if u is Unit.TOKENS_PER_S:
-        return _fmt_rate(x)
+        return f"{_scaled(x)} tokens/s"
     if u is Unit.S_PER_S:
         return f"{x:.2f} s/s"
     if u is Unit.BYTES:
         return _fmt_bytes(x)
     text = _sig3(x)
     return f"{text} {raw}" if raw else text
+
+
+def fmt_rate(value: Any, unit: Unit | str) -> str:
+    """A count per second of wall time: ``fmt_rate(12.5, "requests")`` reads ``12.5 requests/s``;
+    bytes take binary prefixes (``1.5 GiB/s``); ``count`` reads ``3.4k/s``."""
+    if value is None or isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return fmt_value(value, unit)
+    x = float(value)
+    if math.isnan(x):
+        return MISSING
+    u = unit_of(unit)
+    if u is Unit.BYTES:
+        return _fmt_bytes(x) + "/s"
+    if u is Unit.COUNT or u is Unit.NONE:
+        return f"{_scaled(x)}/s"
+    name = _COUNTS[u][1] if u in _COUNTS else (unit.value if isinstance(unit, Unit) else str(unit))
+    return f"{_scaled(x)} {name}/s"
 
 
 _OPS = {">=": "≥", "<=": "≤", ">": ">", "<": "<", "==": "=", "!=": "≠"}

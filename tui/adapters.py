@@ -1,82 +1,27 @@
-"""The one place the TUI touches the rule engine, the feature extractor and the report writer.
+"""The TUI's calls into the rule engine and the report writer, cut to the frame's window.
 
-``rules.diagnose`` / ``diag.features.compute_features`` / ``diag.report.write_report`` are
-used when they import; otherwise (or when they fail) a small fallback verdict is derived
-from the stage decomposition so the screen still says where TTFT goes, and the fallback
-says so in its note.
+``run_rules`` gives the rules the window's tables (at most :data:`RULES_MAX_REQUESTS`
+requests) and returns their :class:`rules.Diagnosis` as it is; ``write_report`` writes the
+window's HTML report with :func:`diag.report.write_report`.
 
 Threading: every function here runs on a worker thread (they do pandas work and I/O).
 """
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from diag import stages
-from diag.tables import Tables
+import rules
+from diag.analysis import Analysis
+from diag.report import write_report as write
+from diag.tables import Tables, stage_decomposition
 
 NS = 1_000_000_000
-
-
-@dataclass
-class FallbackEvidence:
-    name: str
-    value: float | None
-    threshold: float | None
-    unit: str
-    meaning: str
-
-
-@dataclass
-class FallbackFinding:
-    rule_id: str
-    category: str
-    title: str
-    confidence: float
-    explained_s: float | None
-    explained_pct: float | None
-    evidence: list[FallbackEvidence] = field(default_factory=list)
-    next_checks: list[str] = field(default_factory=list)
-    note: str = ""
-    basis: str = "mean TTFT"
-
-
-@dataclass
-class FallbackDiagnosis:
-    """A Diagnosis-shaped verdict from the stage shares only (no thresholds, no rules)."""
-
-    verdict: FallbackFinding
-    findings: list[FallbackFinding]
-    skipped: list[Any] = field(default_factory=list)
-    features: Any = None
-
-    def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return {"verdict": asdict(self.verdict), "findings": [asdict(f) for f in self.findings], "skipped": []}
-
-    def format_text(self) -> str:
-        v = self.verdict
-        return f"verdict: {v.title} ({v.category}, confidence {v.confidence:.0%})\n{v.note}"
-
-
-_NEXT_CHECKS: dict[str, list[str]] = {
-    stages.QUEUE: ["queue wait share of TTFT", "scheduler thread CPU profile", "max_num_seqs and KV-cache space"],
-    stages.TOKENIZE: ["tokenizer time per prompt token", "CPU profile of the serving process"],
-    stages.PREFILL: ["TTFT against prompt length (slope)", "GPU compute utilisation during prefill"],
-    stages.COMM: ["comm share of prefill", "NVLink/PCIe counters and topology"],
-    stages.SAMPLE: ["sampler settings (top-k/top-p over a large vocabulary)"],
-    stages.DETOKENIZE: ["detokenizer time per token", "CPU profile of the serving process"],
-    stages.NETWORK: ["client-server network path", "response serialization and HTTP stack"],
-    stages.LUMPED: ["engine-internal stages the engine does not separate"],
-}
 
 
 def window_tables(tables: Tables, window_ns: tuple[int, int] | None) -> Tables:
@@ -112,86 +57,11 @@ def window_tables(tables: Tables, window_ns: tuple[int, int] | None) -> Tables:
     )
 
 
-def rule_engine_available() -> bool:
-    try:
-        import rules
-    except ImportError:
-        return False
-    return hasattr(rules, "diagnose")
-
-
 def diagnose(tables: Tables, window_ns: tuple[int, int] | None, slo: dict[str, float] | None = None,
-             rules_file: str | None = None, windowed: Tables | None = None) -> Any:
-    """Run the rule engine over the window; fall back to the stage shares when it is missing
-    or fails. ``windowed`` is ``window_tables(tables, window_ns)`` when the caller has it."""
-    problem = ""
-    try:
-        import rules
-    except ImportError:
-        rules = None  # type: ignore[assignment]
-    fn = getattr(rules, "diagnose", None) if rules is not None else None
-    if fn is not None:
-        try:
-            return fn(tables, rules_file=rules_file, slo=slo, window_ns=window_ns)
-        except TypeError as exc:
-            if "window_ns" not in str(exc):
-                problem = f"rule engine failed: TypeError: {exc}"
-            else:  # an older signature without window_ns: give it the windowed tables
-                try:
-                    return fn(windowed or window_tables(tables, window_ns), rules_file=rules_file, slo=slo)
-                except Exception as exc2:
-                    problem = f"rule engine failed: {type(exc2).__name__}: {exc2}"
-        except Exception as exc:  # a rule's bug must not blank the screen
-            problem = f"rule engine failed: {type(exc).__name__}: {str(exc)[:120]}"
-    else:
-        problem = "rule engine not available"
-    return fallback_diagnosis(windowed if windowed is not None else window_tables(tables, window_ns), problem)
-
-
-def fallback_diagnosis(tables: Tables, problem: str) -> FallbackDiagnosis:
-    """The largest stage share as the verdict (confidence scaled by the share)."""
-    req = tables.requests
-    ok = req
-    if len(ok) and "error" in ok.columns:
-        ok = ok.loc[ok["error"].isna()]
-    if len(ok) and "ttft_s" in ok.columns:
-        ok = ok.loc[ok["ttft_s"].notna()]
-    note = f"{problem}: verdict from the stage shares only" if problem else "verdict from the stage shares only"
-    if not len(ok):
-        f = FallbackFinding("fallback.no_data", "no_data", "No completed requests in this window", 0.0, None, None,
-                            note=note)
-        return FallbackDiagnosis(f, [f])
-    ttft = ok["ttft_s"].to_numpy(dtype="float64")
-    total = float(np.nansum(ttft))
-    shares: list[tuple[float, str, float]] = []
-    for st in stages.DECOMPOSITION_STAGES:
-        col = stages.stage_column(st)
-        if col not in ok.columns:
-            continue
-        v = ok[col].to_numpy(dtype="float64")
-        have = ~np.isnan(v)
-        if not have.any():
-            continue
-        denom = float(ttft[have].sum())
-        if denom <= 0:
-            continue
-        shares.append((float(v[have].sum()) / denom, st, float(v[have].mean())))
-    shares.sort(reverse=True)
-    findings: list[FallbackFinding] = []
-    n = len(ok)
-    for share, st, mean_s in shares[:3]:
-        findings.append(FallbackFinding(
-            rule_id=f"fallback.{st}", category=st,
-            title=f"{st} takes {share:.0%} of TTFT", confidence=round(min(0.9, share), 2),
-            explained_s=mean_s, explained_pct=share * 100,
-            evidence=[FallbackEvidence(f"{st}_share", share * 100, None, "%", f"share of TTFT over {n} requests"),
-                      FallbackEvidence(f"{st}_mean_s", mean_s, None, "s", "mean per request")],
-            next_checks=_NEXT_CHECKS.get(st, []), note=note))
-    if not findings:
-        f = FallbackFinding("fallback.no_stages", "unknown", "No stage spans: TTFT cannot be decomposed", 0.0,
-                            total / n, None, note=note)
-        findings = [f]
-    return FallbackDiagnosis(findings[0], findings)
+             rules_file: str | None = None) -> rules.Diagnosis:
+    """The rule engine over ``tables`` for the window (worker thread). Raises what the rules raise
+    (e.g. :class:`rules.RulesFileError`); the caller shows it."""
+    return rules.diagnose(tables, rules_file=rules_file, slo=slo, window_ns=window_ns)
 
 
 #: The rules see at most this many requests: a larger window is cut to its most recent part
@@ -202,15 +72,19 @@ RULES_MAX_REQUESTS = 20_000
 
 @dataclass
 class RulesRun:
-    """One run of the rules over a window (worker thread result)."""
+    """One run of the rules over a window (worker thread result).
 
-    diagnosis: Any
+    ``diagnosis`` is None only when the rules failed; ``error`` then says why (one line).
+    """
+
+    diagnosis: rules.Diagnosis | None
     #: the window the rules saw (Unix ns): the frame's window, or its most recent part
     window_ns: tuple[int, int] | None
     requests: int  # requests the rules saw
     total: int  # requests in the frame's window
     elapsed_s: float
     note: str = ""
+    error: str = ""
 
 
 def rules_input(tables: Tables, window_ns: tuple[int, int] | None,
@@ -251,41 +125,20 @@ def run_rules(tables: Tables, window_ns: tuple[int, int] | None, slo: dict[str, 
     """Features + rules over the window (worker thread), on at most ``max_requests`` requests."""
     t0 = time.perf_counter()
     cut, win, seen, total = rules_input(tables, window_ns, max_requests)
-    diagnosis = diagnose(cut, win, slo=slo, rules_file=rules_file, windowed=cut)
+    diagnosis = diagnose(cut, win, slo=slo, rules_file=rules_file)
     note = ""
     if seen < total:
         note = f"verdict over the most recent {seen:,} of {total:,} requests in the window (sampled window)"
     return RulesRun(diagnosis, win, seen, total, time.perf_counter() - t0, note)
 
 
-def write_report(tables: Tables, window_ns: tuple[int, int] | None, diagnosis: Any, directory: Path,
-                 source_path: str, slo: dict[str, float] | None = None) -> Path:
-    """Write a report for the window: ``diag.report.write_report`` when it exists (HTML), else
-    the diagnosis as JSON. Returns the path written (raises OSError on a write failure)."""
-    from diag.analysis import Analysis
-    from diag.tables import stage_decomposition
-
+def write_report(tables: Tables, window_ns: tuple[int, int] | None, diagnosis: rules.Diagnosis | None,
+                 directory: Path, source_path: str, slo: dict[str, float] | None = None) -> Path:
+    """Write the window's HTML report into ``directory`` and return its path (worker thread;
+    raises OSError or :class:`diag.report.ReportError` on a write failure)."""
     windowed = window_tables(tables, window_ns)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     analysis = Analysis([source_path], windowed, stage_decomposition(windowed.requests), diagnosis,
                         list(tables.warnings))
-    try:
-        from diag import report  # type: ignore[attr-defined]
-    except ImportError:
-        report = None  # type: ignore[assignment]
-    writer = getattr(report, "write_report", None) if report is not None else None
     directory.mkdir(parents=True, exist_ok=True)
-    if writer is not None:
-        path = directory / f"ttft-report-{stamp}.html"
-        out = writer(analysis, path, slo=slo)
-        if isinstance(out, (str, Path)):
-            return Path(out)
-        return Path(getattr(out, "path", path))
-    path = directory / f"ttft-report-{stamp}.json"
-    doc = analysis.to_dict()
-    doc["window_ns"] = list(window_ns) if window_ns else None
-    from diag.units import json_safe
-
-    path.write_text(json.dumps(json_safe(doc), indent=2), encoding="utf-8")
-    return path
-
+    return write(analysis, directory / f"ttft-report-{stamp}.html", slo=slo).path

@@ -185,8 +185,8 @@ class TTFTApp(App[int]):
             slo = snap.slo if snap.slo is not None else self.slo  # the demo's phase holds its own SLOs
             run = adapters.run_rules(snap.tables, snap.window_ns, slo=slo, rules_file=self.rules_file)
         except Exception as exc:  # e.g. a bad rules file: say so, keep the dashboard
-            run = adapters.RulesRun(adapters.fallback_diagnosis(snap.tables, f"rules failed: {exc}"),
-                                    snap.window_ns, 0, 0, 0.0)
+            run = adapters.RulesRun(None, snap.window_ns, 0, 0, 0.0,
+                                    error=f"rules failed: {type(exc).__name__}: {str(exc)[:160]}")
         try:
             self.call_from_thread(self._rules_done, run, key)
         except RuntimeError:

@@ -1,7 +1,8 @@
 """Snapshot (tables + window) + diagnosis -> a plain view model the widgets only render.
 
 All of a frame's data work happens here, on a worker thread: slicing the window, running the
-rules (via :mod:`tui.adapters`), percentiles, sparklines, the stage breakdown, throughput, KV,
+rules (via :mod:`tui.adapters`; their :class:`rules.Diagnosis` as it is), percentiles,
+sparklines, the stage breakdown, throughput, KV,
 GPU / engine-busy panels and the slowest requests. The resulting :class:`ViewModel` holds
 only plain Python values (str, float, lists), so the UI thread never touches pandas.
 
@@ -20,10 +21,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import rules
 from diag import stages
 from diag.tables import Tables
+from diag.report.cells import evidence_cells, fmt_explained
+from diag.units import Unit, fmt_value, is_num
 from tui import adapters
-from tui.fmt import fmt_value, is_num
 from tui.sources import Snapshot
 
 NS = 1_000_000_000
@@ -37,10 +40,13 @@ BAR_STAGES: tuple[str, ...] = stages.DECOMPOSITION_STAGES
 
 @dataclass
 class EvidenceVM:
+    """An evidence row's cells as every renderer shows them (:mod:`diag.report.cells`)."""
+
     name: str
     value: str
     threshold: str
     meaning: str
+    mark: str = ""  # "✓ crossed", "✗ not crossed" or "" (context row)
 
 
 @dataclass
@@ -63,8 +69,8 @@ class VerdictVM:
     note: str = ""
     others: list[FindingVM] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    fallback: bool = False
-    basis: str = "TTFT p95"  # what explained_pct is a share of
+    #: the rules failed (``note`` says why): no verdict
+    failed: bool = False
     #: no verdict yet (the first rules run is under way)
     pending: bool = False
     #: the verdict is from an earlier window or data; a new one is being computed
@@ -182,7 +188,7 @@ class ViewModel:
     slowest: list[SlowRowVM] = field(default_factory=list)
     #: time spent in this frame's parts, ms: rules, view, total
     timings_ms: dict[str, float] = field(default_factory=dict)
-    diagnosis: Any = None  # kept for the report key (not rendered)
+    diagnosis: rules.Diagnosis | None = None  # kept for the report key (not rendered)
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -384,63 +390,32 @@ def prepared(tables: Tables) -> Prepared:
 # --- the parts ------------------------------------------------------------------------------
 
 
-def verdict_vm(diagnosis: Any) -> VerdictVM:
-    """Any Diagnosis-shaped object -> VerdictVM (attribute access with defaults, so a partial
-    rule engine cannot break the screen)."""
+def verdict_vm(diagnosis: rules.Diagnosis | None, error: str = "") -> VerdictVM:
+    """The rules' :class:`rules.Diagnosis` -> VerdictVM; None means the first run is under way,
+    or, with ``error``, that the rules failed (the screen says why and keeps the other panels)."""
     if diagnosis is None:
+        if error:
+            return VerdictVM(title="no verdict: the rules failed", note=error, failed=True)
         return VerdictVM(title="computing the verdict…", pending=True)
-    v = getattr(diagnosis, "verdict", None)
-    if v is None:
-        return VerdictVM(title="no verdict")
-    exp_s = _f(getattr(v, "explained_s", None))
-    exp_pct = _f(getattr(v, "explained_pct", None))
-    explained = ""
-    if exp_s is not None or exp_pct is not None:
-        parts = []
-        if exp_s is not None:
-            parts.append(fmt_value(exp_s, "s"))
-        basis = str(getattr(v, "basis", "TTFT p95"))
-        if exp_pct is not None:
-            parts.append(f"{exp_pct:.0f}% of {basis}")
-        explained = "explains " + (f"{parts[0]} ({parts[1]})" if len(parts) == 2 else parts[0])
+    v = diagnosis.verdict
+    explained = f"explains {fmt_explained(v)}" if v.explained_s is not None else ""
     evidence = []
-    for e in list(getattr(v, "evidence", None) or [])[:6]:
-        unit = getattr(e, "unit", "") or ""
-        thr = getattr(e, "threshold", None)
-        evidence.append(EvidenceVM(
-            name=str(getattr(e, "name", "")),
-            value=fmt_value(getattr(e, "value", None), unit),
-            threshold="" if thr is None else fmt_value(thr, unit),
-            meaning=str(getattr(e, "meaning", "") or ""),
-        ))
-    others = []
-    for f in list(getattr(diagnosis, "findings", None) or []):
-        if f is v or getattr(f, "rule_id", None) == getattr(v, "rule_id", object()):
-            continue
-        pct = _f(getattr(f, "explained_pct", None))
-        others.append(FindingVM(str(getattr(f, "title", "")), str(getattr(f, "category", "")),
-                                _f(getattr(f, "confidence", 0)) or 0.0, f"{pct:.0f}%" if pct is not None else ""))
-        if len(others) >= 3:
-            break
-    skipped = []
-    for s in list(getattr(diagnosis, "skipped", None) or [])[:6]:
-        rid = getattr(s, "rule_id", None) or getattr(s, "rule", None) or ""
-        why = getattr(s, "reason", None) or getattr(s, "needs", None) or ""
-        if isinstance(why, (list, tuple)):
-            why = "needs " + ", ".join(map(str, why))
-        skipped.append(f"{rid}: {why}" if rid else str(s))
+    for e in v.evidence[:6]:
+        c = evidence_cells(e)
+        evidence.append(EvidenceVM(c.name, c.value, c.threshold, c.meaning, c.mark))
+    others = [FindingVM(f.title, f.category, f.confidence, fmt_value(f.explained_pct, Unit.PCT) if f.explained_pct is not None else "")
+              for f in diagnosis.findings if f is not v and f.rule_id != v.rule_id][:3]
     return VerdictVM(
-        title=str(getattr(v, "title", "")),
-        category=str(getattr(v, "category", "")),
-        rule_id=str(getattr(v, "rule_id", "")),
-        confidence=_f(getattr(v, "confidence", 0)) or 0.0,
+        title=v.title,
+        category=v.category,
+        rule_id=v.rule_id,
+        confidence=v.confidence,
         explained=explained,
         evidence=evidence,
-        next_checks=[str(c) for c in list(getattr(v, "next_checks", None) or [])[:4]],
-        note=str(getattr(v, "note", "") or ""),
+        next_checks=list(v.next_checks[:4]),
+        note=v.note or "",
         others=others,
-        skipped=skipped,
-        fallback=isinstance(diagnosis, adapters.FallbackDiagnosis),
+        skipped=[f"{s.rule_id}: {s.reason}" for s in diagnosis.skipped[:6]],
     )
 
 
@@ -662,11 +637,11 @@ def build_view_model_with_rules(snap: Snapshot, slo: dict[str, float] | None = N
     return build_view_model(snap, run)
 
 
-def build_view_model(snap: Snapshot, rules: adapters.RulesRun | None = None, stale: bool = False) -> ViewModel:
+def build_view_model(snap: Snapshot, run: adapters.RulesRun | None = None, stale: bool = False) -> ViewModel:
     """One frame's data work (worker thread): everything but the rules, whose latest result
-    (``rules``, possibly for an earlier window when ``stale``) is only formatted."""
+    (``run``, possibly for an earlier window when ``stale``) is only formatted."""
     t1 = time.perf_counter()
-    diagnosis = rules.diagnosis if rules is not None else None
+    diagnosis = run.diagnosis if run is not None else None
     p = prepared(snap.tables)
     window = snap.window_ns
     rows = p.req_rows(window)
@@ -675,13 +650,13 @@ def build_view_model(snap: Snapshot, rules: adapters.RulesRun | None = None, sta
                    window_label=getattr(snap, "window_label", None), window_ns=window,
                    extent_ns=snap.extent_ns, whole=snap.whole, generation=snap.generation,
                    notes=list(snap.notes), errors=list(snap.errors), diagnosis=diagnosis)
-    vm.verdict = verdict_vm(diagnosis)
-    if rules is not None:
+    vm.verdict = verdict_vm(diagnosis, run.error if run is not None else "")
+    if run is not None:
         vm.verdict.stale = stale
-        vm.verdict.scope = rules.note
-        vm.verdict.rules_ms = rules.elapsed_s * 1e3
-        if snap.live and rules.window_ns is not None:
-            vm.verdict.as_of = time.strftime("%H:%M:%S", time.localtime(rules.window_ns[1] / NS))
+        vm.verdict.scope = run.note
+        vm.verdict.rules_ms = run.elapsed_s * 1e3
+        if snap.live and run.window_ns is not None:
+            vm.verdict.as_of = time.strftime("%H:%M:%S", time.localtime(run.window_ns[1] / NS))
     vm.latency, ok = latency_vm(p, rows, window)
     vm.stages = stages_vm(p, rows, ok)
     vm.throughput = throughput_vm(p, rows, srows, ok, window)
@@ -694,7 +669,7 @@ def build_view_model(snap: Snapshot, rules: adapters.RulesRun | None = None, sta
     vm.slowest = slowest_vm(p, snap.tables.requests, rows, ok, window)
     t2 = time.perf_counter()
     vm.timings_ms = {"view": (t2 - t1) * 1e3, "total": (t2 - t1) * 1e3,
-                     "rules": rules.elapsed_s * 1e3 if rules is not None else float("nan")}
+                     "rules": run.elapsed_s * 1e3 if run is not None else float("nan")}
     return vm
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from collectors.probe.client import ERROR_KINDS, RequestResult
-from diag.humanize import fmt_s
+from diag.units import fmt_s
 from diag.tables import describe
 
 DEFINITIONS: dict[str, str] = {

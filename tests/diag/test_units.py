@@ -132,3 +132,14 @@ def test_json_safe_pandas_missing():
     pd = pytest.importorskip("pandas")
     assert json_safe([pd.NA, pd.NaT, pd.Timestamp("2026-01-01")]) == [None, None, "2026-01-01 00:00:00"]
     assert math.isclose(json_safe(np.float32(0.5)), 0.5)
+
+
+def test_rates():
+    from diag.units import fmt_rate
+
+    assert fmt_rate(12.5, "requests") == "12.5 requests/s"
+    assert fmt_rate(3400, Unit.STEPS) == "3.4k steps/s"
+    assert fmt_rate(1234, "tokens") == "1.2k tokens/s" == fmt_value(1234, "tokens/s")
+    assert fmt_rate(1.5 * 2**30, "bytes") == "1.5 GiB/s"
+    assert fmt_rate(None, "requests") == "-" and fmt_rate(float("nan"), "bytes") == "-"
+    assert fmt_rate(2.345, "tokens") == "2.35 tokens/s"

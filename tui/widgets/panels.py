@@ -20,7 +20,8 @@ from textual.binding import Binding
 from textual.message import Message
 
 from diag import stages
-from tui.fmt import fmt_bytes, fmt_pct, fmt_rate, fmt_s, gauge, is_num, sparkline
+from diag.units import Unit, fmt_rate, fmt_s, fmt_value, is_num
+from tui.fmt import gauge, sparkline
 from tui.model import (
     BusyVM,
     GpuVM,
@@ -208,9 +209,11 @@ class VerdictPanel(Panel):
             grid.add_column(ratio=3, no_wrap=False)
             grid.add_column(justify="right", no_wrap=True)
             grid.add_column(no_wrap=True, style="dim")
+            grid.add_column(no_wrap=True)
             grid.add_column(ratio=4, style="italic dim")
             for e in v.evidence:
-                grid.add_row("  " + e.name, Text(e.value, style="bold"), e.threshold, e.meaning)
+                mark = Text(e.mark, style="red" if e.mark.startswith("✓") else "dim")
+                grid.add_row("  " + e.name, Text(e.value, style="bold"), e.threshold, mark, e.meaning)
             parts.append(grid)
             t = Text()
             parts.append(t)
@@ -223,7 +226,7 @@ class VerdictPanel(Panel):
             t.append("; ".join(f"{o.title} ({o.confidence:.0%})" for o in v.others), style="dim")
             t.append("\n")
         if v.note:
-            t.append(v.note + "\n", style="italic yellow" if v.fallback else "italic dim")
+            t.append(v.note + "\n", style="italic yellow" if v.failed else "italic dim")
         if v.scope:
             t.append(v.scope, style="italic cyan")
         t.rstrip()
@@ -295,7 +298,7 @@ class StagePanel(Panel):
         t.append("\n")
         col = 0
         for s in v.stages:
-            item = f"{s.stage} {fmt_s(s.mean_s)} {s.share:.0%}"
+            item = f"{s.stage} {fmt_s(s.mean_s)} {fmt_value(s.share, Unit.SHARE)}"
             if col and col + len(item) + 4 > width:
                 t.append("\n")
                 col = 0
@@ -320,11 +323,11 @@ class ThroughputPanel(Panel):
             return Text("")
         t = Text()
         t.append("in ", style="dim")
-        t.append(fmt_rate(v.input_tok_per_s, " tok/s"), style="bold")
+        t.append(fmt_value(v.input_tok_per_s, Unit.TOKENS_PER_S), style="bold")
         t.append("  out ", style="dim")
-        t.append(fmt_rate(v.output_tok_per_s, " tok/s"), style="bold")
+        t.append(fmt_value(v.output_tok_per_s, Unit.TOKENS_PER_S), style="bold")
         t.append("  ", style="dim")
-        t.append(fmt_rate(v.req_per_s, " req/s"))
+        t.append(fmt_rate(v.req_per_s, Unit.REQUESTS))
         t.append("\n")
         run = f"{v.running:.0f}" if is_num(v.running) else "-"
         wait = f"{v.waiting:.0f}" if is_num(v.waiting) else "-"
@@ -341,9 +344,9 @@ class ThroughputPanel(Panel):
         style = "red" if is_num(kv) and (kv or 0) >= 0.9 else "yellow" if is_num(kv) and (kv or 0) >= 0.7 else "green"
         t.append("KV ", style="dim")
         t.append(gauge(kv, gw), style=style)
-        t.append(f" {fmt_pct(kv * 100 if is_num(kv) else None)}", style="bold")
+        t.append(f" {fmt_value(kv, Unit.SHARE)}", style="bold")
         if is_num(v.kv_max_ratio):
-            t.append(f" max {fmt_pct((v.kv_max_ratio or 0) * 100)}", style="dim")
+            t.append(f" max {fmt_value(v.kv_max_ratio, Unit.SHARE)}", style="dim")
         if is_num(v.preemptions) and v.preemptions:
             t.append(f"\npreemptions {v.preemptions:.0f}", style="bold red")
         if v.source:
@@ -379,13 +382,13 @@ class BusyOrGpuPanel(Panel):
             sw = max(6, w - 58)
             rows: list[tuple[str, ...]] = [("gpu", "util", "util over window", "HBM used", "mem bw", "NVLink", "PCIe")]
             for g in self._gpus:
-                hbm = fmt_bytes(g.hbm_used_bytes)
+                hbm = fmt_value(g.hbm_used_bytes, Unit.BYTES)
                 if is_num(g.hbm_total_bytes):
-                    hbm += f"/{fmt_bytes(g.hbm_total_bytes)}"
-                rows.append((g.entity, fmt_pct(g.util_pct), sparkline(g.util_spark, sw, 0, 100), hbm,
-                             f"{fmt_pct(g.membw_pct)} {g.membw_label}" if is_num(g.membw_pct) else "-",
-                             fmt_rate(g.nvlink_bytes_per_s, "B/s") if g.nvlink_bytes_per_s is not None else "-",
-                             fmt_rate(g.pcie_bytes_per_s, "B/s") if g.pcie_bytes_per_s is not None else "-"))
+                    hbm += f"/{fmt_value(g.hbm_total_bytes, Unit.BYTES)}"
+                rows.append((g.entity, fmt_value(g.util_pct, Unit.PCT), sparkline(g.util_spark, sw, 0, 100), hbm,
+                             f"{fmt_value(g.membw_pct, Unit.PCT)} {g.membw_label}" if is_num(g.membw_pct) else "-",
+                             fmt_rate(g.nvlink_bytes_per_s, Unit.BYTES) if g.nvlink_bytes_per_s is not None else "-",
+                             fmt_rate(g.pcie_bytes_per_s, Unit.BYTES) if g.pcie_bytes_per_s is not None else "-"))
             widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
             t = Text(no_wrap=True, overflow="ellipsis")
             for k, r in enumerate(rows):
@@ -402,10 +405,10 @@ class BusyOrGpuPanel(Panel):
             return t
         sw = max(8, w - 10)
         t.append("busy ", style="dim")
-        t.append(fmt_pct(b.busy_pct), style="bold")
-        t.append(f"  {fmt_rate(b.steps_per_s, ' steps/s')}  mean step {fmt_s(b.mean_step_s)}")
+        t.append(fmt_value(b.busy_pct, Unit.PCT), style="bold")
+        t.append(f"  {fmt_rate(b.steps_per_s, Unit.STEPS)}  mean step {fmt_s(b.mean_step_s)}")
         if is_num(b.prefill_step_pct):
-            t.append(f"  steps with prefill {fmt_pct(b.prefill_step_pct)}")
+            t.append(f"  steps with prefill {fmt_value(b.prefill_step_pct, Unit.PCT)}")
         t.append("\n")
         t.append("busy%   ", style="dim")
         t.append(sparkline(b.busy_spark, sw, 0, 100), style="green")

@@ -10,7 +10,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Static
 
-from tui.fmt import fmt_s
+from diag.units import fmt_s
 from tui.model import WaterfallVM
 
 HELP_TEXT = """\

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from collectors.spans import setup_tracing
 from diag import stages
-from diag.features import Feature, Features
+from rules.features import Feature, Features
 from rules import Diagnosis, Evidence, Finding, Skipped
 
 MS = 1_000_000
