@@ -1,0 +1,116 @@
+"""Hugging Face ``transformers serve`` as a real third-party engine for the tests.
+
+:func:`build_tiny_llama` saves a random-weight Llama (2 layers, hidden 64) with the bundled
+engine's byte-level BPE tokenizer and a plain chat template — no hub access.
+:class:`TransformersServe` runs ``transformers serve MODEL_DIR`` as a subprocess on a free
+loopback port (plain, one request at a time; or ``--continuous-batching``) and stops it.
+
+What this engine exposes (transformers 5.2x, ``transformers/cli/serve.py``): no ``/metrics``,
+no traces; ``usage`` in the last chunk of a stream; a role-only chunk sent before the prompt's
+forward (TTFT must not end there); HTTP 422 "Unexpected fields" for ``min_tokens`` and
+``ignore_eos`` (the probe's compatibility check drops them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+TOKENIZER_JSON = Path(__file__).resolve().parents[2] / "diag" / "engine" / "data" / "tokenizer.json"
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def build_tiny_llama(out_dir: Path, seed: int = 0) -> Path:
+    """Save a random-weight tiny Llama and its tokenizer in ``out_dir``; returns it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_JSON))
+    tok.add_special_tokens({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"})
+    tok.chat_template = CHAT_TEMPLATE
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_command() -> list[str]:
+    """The ``transformers`` CLI of the running interpreter's environment."""
+    exe = Path(sys.executable).with_name("transformers")
+    return [str(exe)] if exe.exists() else [shutil.which("transformers") or "transformers"]
+
+
+class TransformersServe:
+    """``with TransformersServe(model_dir, continuous_batching=False) as srv: srv.url``.
+
+    Starts the server, waits until ``/health`` answers (``start_timeout_s``), and on exit sends
+    SIGINT, then kills it if it has not stopped within 10 s. The log is ``srv.log_path``.
+    """
+
+    def __init__(self, model_dir: Path, continuous_batching: bool = False, start_timeout_s: float = 90.0,
+                 extra_args: list[str] | None = None) -> None:
+        self.model_dir = Path(model_dir)
+        self.continuous_batching = continuous_batching
+        self.start_timeout_s = start_timeout_s
+        self.extra_args = list(extra_args or [])
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = self.model_dir.parent / f"serve-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_s: float | None = None
+
+    def __enter__(self) -> TransformersServe:
+        cmd = [*serve_command(), "serve", str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port),
+               "--device", "cpu", *self.extra_args]
+        if self.continuous_batching:
+            cmd.append("--continuous-batching")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        log = open(self.log_path, "wb")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        while time.monotonic() - t0 < self.start_timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"transformers serve exited ({self.proc.returncode}): {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        self.started_s = time.monotonic() - t0
+                        return self
+            except OSError:
+                time.sleep(0.25)
+        self.__exit__()
+        raise RuntimeError(f"transformers serve did not answer /health in {self.start_timeout_s:g} s: {self.log_tail()}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def log_tail(self, n_chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n_chars:]
+        except OSError:
+            return "(no log)"
