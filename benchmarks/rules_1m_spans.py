@@ -139,7 +139,7 @@ import json, resource, sys, time
 import pandas, numpy  # imports are not part of the measurement
 from diag.capture import load_capture
 from diag.tables import build_tables
-from diag.features import compute_features
+from rules.features import compute_features
 import rules
 path = sys.argv[1]
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.features import Features
+from rules.features import Features
 from rules.model import Evidence, Finding
 
 Outcome = Finding | str  # a finding, or the reason it did not fire

@@ -5,6 +5,7 @@ This is the only I/O the rule engine does.
 
 from __future__ import annotations
 
+import functools
 import os
 from importlib import resources
 from typing import Any
@@ -23,10 +24,20 @@ class RulesFileError(CaptureError):
     """A rules file that cannot be used; one line naming the file and the key."""
 
 
-def default_thresholds() -> Thresholds:
-    """The shipped defaults (a fresh copy)."""
+@functools.lru_cache(maxsize=1)
+def _shipped() -> Thresholds:
     text = resources.files("rules").joinpath("defaults.toml").read_text(encoding="utf-8")
     return {k: dict(v) for k, v in tomllib.loads(text).items()}
+
+
+def default_thresholds() -> Thresholds:
+    """The shipped defaults (a fresh copy)."""
+    return {k: dict(v) for k, v in _shipped().items()}
+
+
+def default_feature_params() -> dict[str, Any]:
+    """The shipped ``[features]`` table: the parameters of :mod:`rules.features` (a fresh copy)."""
+    return dict(_shipped()["features"])
 
 
 def merge_thresholds(base: Thresholds, override: dict[str, Any], where: str = "rules file") -> Thresholds:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from diag import stages
-from diag.features import compute_features
+from rules.features import compute_features
 from diag.tables import Tables
 from rules import compute, edges, itl, scheduling  # noqa: F401  (register the rules)
 from rules.base import REGISTRY, RuleContext, missing_reason

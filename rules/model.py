@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.features import Features
+from rules.features import Features
 from diag.units import json_safe
 
 #: Bottleneck categories, in the article's order plus the extras.

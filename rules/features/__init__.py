@@ -1,0 +1,99 @@
+"""Features: the numbers the triage rules read, computed once per capture (or time window).
+
+Front door: :func:`compute_features` (tables -> :class:`Features`). Pure pandas/numpy, no I/O,
+vectorised over spans and token gaps (per-request Python work is bounded to a few dozen
+cold-start candidates). Every feature says whether it could be computed and, when not, why
+(``Feature.reason``), so a rule can answer "skipped: needs …" instead of passing silently.
+Every feature name, its theme and its unit are in :mod:`rules.features.catalog`.
+
+Populations:
+
+* *ok* requests: not warm-up, no error, with a TTFT.
+* *steady* requests: ok minus cold-start outliers (the first request(s) far above the rest);
+  TTFT percentiles, stage shares and fits are on the steady population. Cold-start outliers
+  are reported apart (``cold_start_*``) and never counted as TTFT.
+
+Themes (one module each; a theme is a function taking the shared
+:class:`~rules.features.context.FeatureContext` and adding features), run in the order of
+:data:`THEMES`:
+
+* ``populations`` — request counts, error rate, sides, the steady population, cold start;
+* ``engine_metrics`` — the engine's /metrics series, the series-only mode and its fallback;
+* ``latency`` — TTFT / e2e percentiles, the client-server gap, the SLO checks;
+* ``stage_shares`` — each stage's share of TTFT (slowest 5% and median);
+* ``concurrency`` — requests in flight, TTFT vs concurrency, the knee, decode speed by level;
+* ``prompt_fit`` — TTFT vs prompt length, a prompt token against a decode step;
+* ``device`` — device busy, step times, KV usage and preemptions, queue depth, TP comm, CPU profile;
+* ``itl`` — inter-token latency, TPOT, prefill-decode interference;
+* ``client`` — the load generator's health.
+
+Parameters (``tail_quantile``, ``min_fit_requests``, …) are the ``[features]`` table of
+``rules/defaults.toml`` (read through :mod:`rules.config`), overridden by ``params``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from diag.tables import Tables
+from rules.config import default_feature_params
+from rules.features import (client, concurrency, device, engine_metrics, itl, latency, populations, prompt_fit,
+                            stage_shares)
+from rules.features.catalog import CATALOG, FeatureSpec
+from rules.features.context import FeatureContext
+from rules.features.feature import Feature, Features
+
+Theme = Callable[[FeatureContext], None]
+
+#: The themes in the order they run; each reads what the ones before it wrote (see FeatureContext).
+THEMES: tuple[Theme, ...] = (
+    populations.populations,  # writes ctx.ok, ctx.steady
+    engine_metrics.engine_metrics,  # writes ctx.series_only
+    latency.ttft,
+    stage_shares.stage_shares,
+    engine_metrics.series_fallback,  # series-only: TTFT, stage shares, request count from the series
+    concurrency.inflight,  # writes ctx.inflight_at
+    concurrency.concurrency,
+    prompt_fit.prompt_fit,  # reads ctx.inflight_at
+    device.device_busy,  # writes ctx.busy
+    device.kv,
+    device.comm_tp,
+    itl.itl,
+    populations.cold_start_spans,
+    latency.network,
+    client.client_health,
+    device.cpu_profile,
+    prompt_fit.prompt_slope_per_itl,  # reads the prompt fit and ITL
+    latency.slo_checks,  # reads ITL
+)
+
+
+def theme_name(theme: Theme) -> str:
+    """The theme's module name (``"device"``), as the catalogue names producers."""
+    return theme.__module__.rsplit(".", 1)[-1]
+
+
+def compute_features(tables: Tables, window_ns: tuple[int, int] | None = None, slo: Mapping[str, float] | None = None,
+                     *, params: Mapping[str, float] | None = None) -> Features:
+    """All features of a capture (optionally only requests starting in ``window_ns``, Unix ns).
+
+    ``slo`` maps ``"ttft_p99"``-style keys to seconds (``diag.slo.parse_slo``); ``params``
+    overrides the ``[features]`` defaults. Never raises on missing data: such features are
+    unavailable with a reason. Runs on the calling thread; no shared state.
+    """
+    ctx = run_themes(tables, window_ns, slo, params)
+    return ctx.features
+
+
+def run_themes(tables: Tables, window_ns: tuple[int, int] | None = None, slo: Mapping[str, float] | None = None,
+               params: Mapping[str, float] | None = None) -> FeatureContext:
+    """Run :data:`THEMES` in order on a fresh context and return it (features and who produced them)."""
+    ctx = FeatureContext(tables, window_ns, slo, {**default_feature_params(), **(params or {})})
+    for theme in THEMES:
+        ctx.theme = theme_name(theme)
+        theme(ctx)
+    return ctx
+
+
+__all__ = ["CATALOG", "Feature", "FeatureContext", "FeatureSpec", "Features", "THEMES", "compute_features",
+           "run_themes", "theme_name"]

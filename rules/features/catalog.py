@@ -1,0 +1,104 @@
+"""The one catalogue of feature names: each name once, with the theme that produces it and its unit.
+
+``CATALOG[name]`` is a :class:`FeatureSpec`. Units are from the closed set (``diag.units``:
+``"s"``, ``"share"``, ``"%"``, ``"x"``, ``"requests"``, ``"tokens"``, ``"steps"``,
+``"tokens/s"``, ``"s/s"``, ``"bytes"``, ``"count"``, ``""``). A theme writes a feature through
+``FeatureContext.add``, which takes the unit from here, so a name missing from the catalogue
+fails at once. The theme is the module in :mod:`rules.features` that first writes the
+feature; ``engine_metrics.series_fallback`` may later replace TTFT and stage-share features
+in a series-only capture.
+
+Two names keep milliseconds (``ttft_prompt_slope_ms_per_token``, ``ttft_prompt_intercept_ms``):
+their values are pinned by name, so they carry ``""`` and the name says the unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diag.units import Unit
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One feature name: the theme (module of :mod:`rules.features`) that produces it, and its unit."""
+
+    name: str
+    theme: str
+    unit: str
+
+
+#: (theme, unit, names): every feature name spelt out once
+_TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("populations", "requests", ("requests_total_n", "requests_failed_n", "errors_by_kind", "sides_n", "requests_n",
+                                 "cold_start_outliers_n")),
+    ("populations", "share", ("error_rate",)),
+    ("populations", "", ("client_only",)),
+    ("populations", "s", ("cold_start_outlier_ttft_s", "cold_start_outlier_excess_s", "cold_start_s",
+                          "cold_start_by_phase_s")),
+    ("engine_metrics", "count", ("metrics_windows_n",)),
+    ("engine_metrics", "requests", ("metrics_requests_n",)),
+    ("engine_metrics", "s", ("metrics_ttft_mean_s", "metrics_queue_time_mean_s", "metrics_queue_time_p95_s",
+                             "metrics_prefill_time_mean_s", "prefill_s_per_token")),
+    ("engine_metrics", "share", ("metrics_queue_share", "metrics_prefill_share")),
+    ("engine_metrics", "s/s", ("prefill_busy_ratio", "decode_busy_ratio")),
+    ("engine_metrics", "tokens/s", ("prompt_tokens_per_s",)),
+    ("engine_metrics", "", ("series_only",)),
+    ("latency", "s", ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "server_ttft_p50_s", "server_ttft_p95_s",
+                      "server_ttft_p99_s", "client_ttft_p50_s", "client_ttft_p95_s", "client_ttft_p99_s", "ttft_mean_s",
+                      "e2e_p50_s", "client_server_gap_p50_s", "client_server_gap_p95_s", "slo_checks")),
+    ("latency", "x", ("client_server_ttft_ratio",)),
+    ("stage_shares", "share", ("stage_shares_median", "stage_shares_tail", "unattributed_share_tail",
+                               "tokenize_share_median", "tokenize_share_tail", "queue_share_median", "queue_share_tail",
+                               "prefill_share_median", "prefill_share_tail", "comm_share_median", "comm_share_tail",
+                               "sample_share_median", "sample_share_tail", "detokenize_share_median",
+                               "detokenize_share_tail", "lumped_share_median", "lumped_share_tail",
+                               "network_share_median", "network_share_tail")),
+    ("stage_shares", "s", ("stage_tail_mean_s",)),
+    ("concurrency", "requests", ("inflight_at_arrival_p50", "inflight_at_arrival_max", "concurrency_knee")),
+    ("concurrency", "s", ("ttft_by_inflight", "itl_at_top_concurrency_s")),
+    ("concurrency", "x", ("ttft_concurrency_ratio", "ttft_knee_jump_ratio", "ttft_pre_knee_rise",
+                          "decode_speed_hold_ratio")),
+    ("concurrency", "count", ("concurrency_flat_levels",)),
+    ("concurrency", "steps", ("ttft_rise_per_itl",)),
+    ("concurrency", "tokens/s", ("decode_speed_by_inflight",)),
+    ("prompt_fit", "", ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms")),
+    ("prompt_fit", "share", ("ttft_prompt_r2", "ttft_prompt_explained_frac")),
+    ("prompt_fit", "requests", ("ttft_prompt_fit_n",)),
+    ("prompt_fit", "x", ("prompt_slope_per_itl",)),
+    ("device", "share", ("device_busy_frac", "engine_busy_frac", "device_busy_frac_while_queued", "kv_usage_p95",
+                         "kv_usage_max", "kv_time_above_high_frac", "preempted_requests_frac", "comm_share_of_prefill",
+                         "cpu_profile_shares")),
+    ("device", "s", ("engine_step_p50_s", "engine_step_in_flight_s", "decode_step_p50_s", "ttft_by_tp")),
+    ("device", "count", ("preemptions_total", "tp_size")),
+    ("device", "requests", ("waiting_seqs_p95", "waiting_seqs_max", "running_seqs_p95", "running_seqs_max")),
+    ("device", "x", ("tp_ttft_ratio",)),
+    ("itl", "s", ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s", "tpot_p50_s", "tpot_p99_s",
+                  "itl_during_prefill_p50_s", "itl_during_prefill_mean_s", "itl_without_prefill_p50_s")),
+    ("itl", "x", ("itl_interference_ratio",)),
+    ("itl", "share", ("itl_prefill_stall_share", "itl_tail_during_prefill_frac", "itl_during_prefill_frac")),
+    ("itl", "count", ("itl_tail_gaps_n",)),
+    ("client", "", ("client_health_flags", "client_saturated_flag")),
+    ("client", "share", ("client_loop_stall_frac",)),
+    ("client", "s", ("client_loop_lag_p99_s", "client_slot_wait_p95_s", "client_send_lateness_p95_s")),
+    ("client", "%", ("client_cpu_pct_p95",)),
+)
+
+
+def _build() -> dict[str, FeatureSpec]:
+    out: dict[str, FeatureSpec] = {}
+    closed = {u.value for u in Unit}
+    for theme, unit, names in _TABLE:
+        if unit not in closed:
+            raise ValueError(f"unit {unit!r} of {names[0]} is not in the closed set (diag.units.Unit)")
+        for name in names:
+            if name in out:
+                raise ValueError(f"feature {name} is catalogued twice")
+            out[name] = FeatureSpec(name, theme, unit)
+    return out
+
+
+#: feature name -> its spec
+CATALOG: dict[str, FeatureSpec] = _build()
+
+__all__ = ["CATALOG", "FeatureSpec"]

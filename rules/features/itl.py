@@ -1,0 +1,171 @@
+"""Theme: tokens after the first. Inter-token gaps from token emission times (client first, else
+server; else per-request statistics, else the engine's ITL histogram), TPOT, and prefill-decode
+interference: gaps that overlap another request's prefill against those that do not.
+Units: seconds, x, shares 0..1 of decode time or of gaps, counts of gaps.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+
+from diag import stages
+from rules.features.context import FeatureContext
+from rules.features.numeric import NS, Coverage, name_is, num_col
+
+
+def _token_gaps(ctx: FeatureContext, span_name: str) -> pd.DataFrame | None:
+    """Gaps between consecutive tokens of steady requests (ns start/end, ``gap_s``), or None."""
+    sp = ctx.spans
+    key = stages.ATTR_TOKEN_TIMES_NS
+    if sp is None or sp.empty or key not in sp.columns:
+        return None
+    rows = sp.loc[name_is(sp, span_name), ["trace_id", key]]
+    rows = rows.loc[rows[key].notna()]
+    if rows.empty:
+        return None
+    tids = rows["trace_id"].to_numpy(dtype=object)
+    # keep steady requests only: drop the (usually few) excluded ones by set lookup; string
+    # isin on pyarrow strings is a Python loop in pandas, far slower at 1M spans
+    all_ids = ctx.tables.requests["trace_id"].to_numpy(dtype=object) if "trace_id" in ctx.tables.requests.columns else []
+    steady_ids = set(ctx.steady["trace_id"].to_numpy(dtype=object)) if "trace_id" in ctx.steady.columns else set()
+    excluded = set(all_ids) - steady_ids if len(steady_ids) != len(all_ids) else set()
+    keep = np.fromiter((t not in excluded and t in steady_ids for t in tids), dtype=bool, count=len(tids)) \
+        if excluded or not steady_ids else np.ones(len(tids), dtype=bool)
+    if ctx.window_ns is not None or len(steady_ids) < len(all_ids):
+        keep &= np.fromiter((t in steady_ids for t in tids), dtype=bool, count=len(tids))
+    rows = rows.loc[keep]
+    first = ~pd.Series(rows["trace_id"].to_numpy(dtype=object)).duplicated().to_numpy()
+    rows = rows.loc[first]
+    if rows.empty:
+        return None
+    arrays = rows[key].to_numpy()
+    lens = np.fromiter((len(a) if isinstance(a, (list, tuple, np.ndarray)) else 0 for a in arrays),
+                       dtype=np.int64, count=len(arrays))
+    flat = np.fromiter(itertools.chain.from_iterable(a for a, n in zip(arrays, lens) if n), dtype=np.int64,
+                       count=int(lens.sum()))
+    if flat.size == 0:
+        return None
+    owner = np.repeat(np.arange(len(arrays)), lens)
+    same = owner[1:] == owner[:-1]
+    g_start = flat[:-1][same]
+    g_end = flat[1:][same]
+    tid_of = rows["trace_id"].to_numpy(dtype=object)
+    seg_by_tid = dict(zip(ctx.steady["trace_id"].to_numpy(dtype=object), ctx.steady["segment"].to_numpy(dtype=object))) \
+        if "segment" in ctx.steady.columns and "trace_id" in ctx.steady.columns else {}
+    seg = np.array([seg_by_tid.get(t) for t in tid_of], dtype=object)
+    return pd.DataFrame({"start_ns": g_start.astype("float64"), "end_ns": g_end.astype("float64"),
+                         "gap_s": (g_end - g_start) / NS,
+                         "req": owner[1:][same],
+                         "segment": seg[owner[1:][same]]})
+
+
+def itl(ctx: FeatureContext) -> None:
+    """ITL percentiles and max, TPOT p50/p99 (seconds), then the interference comparison."""
+    client = _token_gaps(ctx, stages.SPAN_CLIENT_REQUEST)
+    server = _token_gaps(ctx, stages.SPAN_REQUEST)
+    gaps = client if client is not None and len(client) else server
+    names = ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s")
+    if gaps is None or gaps.empty:
+        p50 = num_col(ctx.steady, "itl_p50_s").dropna()
+        if len(p50):  # per-request statistics when the raw token times are gone
+            ctx.add("itl_p50_s", float(p50.median()), source="per-request medians")
+            ctx.add("itl_p90_s", float(np.percentile(num_col(ctx.steady, "itl_p99_s").dropna(), 90)))
+            ctx.add("itl_p99_s", float(np.percentile(num_col(ctx.steady, "itl_p99_s").dropna(), 99)))
+            ctx.add("itl_max_s", float(num_col(ctx.steady, "itl_max_s").max()))
+        elif not _itl_from_series(ctx, names):
+            ctx.na(names, "needs token emission times (ttft.token_times_ns) with two or more tokens, "
+                   "or an itl_s series from the engine's metrics")
+    else:
+        q = np.percentile(gaps["gap_s"].to_numpy(), [50, 90, 99])
+        src = "client token times" if gaps is client else "server token times"
+        for n, v in zip(names, q):
+            ctx.add(n, v, source=src)
+        ctx.add("itl_max_s", float(gaps["gap_s"].max()), source=src)
+    tpot = num_col(ctx.steady, "tpot_s").dropna()
+    ctx.add("tpot_p50_s", float(tpot.median()) if len(tpot) else None, None if len(tpot) else "no request with 2+ output tokens")
+    ctx.add("tpot_p99_s", float(np.percentile(tpot, 99)) if len(tpot) else None, None if len(tpot) else "no request with 2+ output tokens")
+    interference(ctx, server, client)
+
+
+def _itl_from_series(ctx: FeatureContext, names: tuple[str, ...]) -> bool:
+    """ITL from the engine's itl_s histogram (windowed p50/p99, else the windowed mean), weighted by
+    generated tokens per window; False when the engine exports no ITL."""
+    S = stages
+    w = S.SERIES_GENERATION_TOKENS_PER_S
+    p50 = ctx.wmean(S.SERIES_ITL_S + "_p50", w)
+    how = "prometheus"
+    if p50 is None:
+        p50 = ctx.wmean(S.SERIES_ITL_S, w)  # e.g. llama.cpp: Δ generation s / Δ tokens (a mean)
+    if p50 is None:
+        return False
+    ctx.add("itl_p50_s", p50, source=how)
+    p99 = ctx.wmean(S.SERIES_ITL_S + "_p99", w)
+    ctx.add("itl_p99_s", p99, None if p99 is not None else "no itl_s_p99 series (ITL histogram buckets)",
+            source=how)
+    ctx.na(names[1:2] + names[3:], "the engine's metrics give ITL p50/p99 only")
+    return True
+
+
+def interference(ctx: FeatureContext, server: pd.DataFrame | None, client: pd.DataFrame | None) -> None:
+    """Token gaps overlapping a prefill (engine steps, prefill spans, or other requests' TTFT windows)
+    against the others; called by :func:`itl` with its gaps."""
+    names = ("itl_during_prefill_p50_s", "itl_during_prefill_mean_s", "itl_without_prefill_p50_s",
+             "itl_interference_ratio", "itl_prefill_stall_share", "itl_tail_during_prefill_frac", "itl_tail_gaps_n",
+             "itl_during_prefill_frac")
+    steps = ctx.steps
+    windows: tuple[np.ndarray, np.ndarray] | None = None
+    gaps = None
+    src = ""
+    if server is not None and len(server) and len(steps) and (num_col(steps, "prefill_tokens") > 0).any():
+        ps = steps.loc[num_col(steps, "prefill_tokens") > 0]
+        windows = (ps["start_ns"].to_numpy(dtype="float64"), ps["end_ns"].to_numpy(dtype="float64"))
+        gaps, src = server, "engine steps with prefill tokens vs server token times"
+    elif server is not None and len(server) and ctx.spans is not None and len(ctx.spans):
+        pre = ctx.spans.loc[name_is(ctx.spans, stages.PREFILL)]
+        if len(pre):
+            windows = (pre["start_ns"].to_numpy(dtype="float64"), pre["end_ns"].to_numpy(dtype="float64"))
+            gaps, src = server, "prefill stage spans vs server token times"
+    if windows is None and client is not None and len(client):
+        st = ctx.steady
+        a = num_col(st, "start_ns").to_numpy()
+        b = (a + num_col(st, "ttft_s").to_numpy() * NS)
+        good = np.isfinite(a) & np.isfinite(b)
+        windows = (a[good], b[good])
+        gaps, src = client, "other requests' TTFT windows vs client token times (black box)"
+    if windows is None or gaps is None:
+        ctx.na(names, "needs token times and prefill windows (engine steps, prefill spans or other requests' arrivals)")
+        return
+    cov = Coverage(*windows)
+    overlap = cov.between(gaps["start_ns"].to_numpy(), gaps["end_ns"].to_numpy())
+    during = overlap > 0
+    min_n = int(ctx.params["min_itl_gaps"])
+    n_d, n_w = int(during.sum()), int((~during).sum())
+    ctx.add("itl_during_prefill_frac", float(during.mean()), source=src)
+    if n_d < min_n or n_w < min_n:
+        ctx.na(names[:5], f"too few token gaps to compare ({n_d} during prefills, {n_w} without; needs {min_n} each)")
+        return
+    g = gaps["gap_s"].to_numpy()
+    if "segment" in gaps.columns and gaps["segment"].nunique(dropna=True) >= 2:
+        # different phases (sweep points, TP degrees) run at different speeds: compare each
+        # gap with its own phase's typical gap so the slower phase is not read as stalls
+        seg = gaps["segment"].astype(str)
+        scale = pd.Series(g).groupby(seg.to_numpy()).transform("median").to_numpy()
+        g = g / np.where(scale > 0, scale, 1.0) * float(np.median(g))
+    d50 = float(np.median(g[during]))
+    dmean = float(g[during].mean())
+    w50 = float(np.median(g[~during]))
+    ctx.add("itl_during_prefill_p50_s", d50, source=src)
+    ctx.add("itl_during_prefill_mean_s", dmean, source=src)
+    ctx.add("itl_without_prefill_p50_s", w50, source=src)
+    # mean, not median, of the gaps during prefills: a few long prompts stall many gaps a lot
+    ctx.add("itl_interference_ratio", dmean / w50 if w50 > 0 else None, source=src)
+    total = float(g.sum())
+    lost = float(np.clip(g[during] - w50, 0, None).sum())
+    ctx.add("itl_prefill_stall_share", lost / total if total > 0 else None, source=src)
+    # the ITL tail: which share of the slowest 1% of token gaps overlap a prefill
+    tail = g >= np.percentile(g, 99)
+    ctx.add("itl_tail_during_prefill_frac", float(during[tail].mean()) if tail.any() else None, source=src)
+    ctx.add("itl_tail_gaps_n", float(tail.sum()), source=src)

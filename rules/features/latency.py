@@ -1,0 +1,75 @@
+"""Theme: latency percentiles of the steady requests: TTFT (either side), end-to-end, the
+client-server gap, and the SLO checks. Units: seconds (``client_server_ttft_ratio``: x).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rules.features.context import FeatureContext
+from rules.features.numeric import bool_col, num_col
+
+
+def ttft(ctx: FeatureContext) -> None:
+    """TTFT p50/p95/p99 (as seen, server side, client side), TTFT mean and e2e p50, in seconds."""
+    st = ctx.steady
+    for col, names in (("ttft_s", ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s")),
+                       ("server_ttft_s", ("server_ttft_p50_s", "server_ttft_p95_s", "server_ttft_p99_s")),
+                       ("client_ttft_s", ("client_ttft_p50_s", "client_ttft_p95_s", "client_ttft_p99_s"))):
+        v = num_col(st, col).dropna().to_numpy()
+        if v.size == 0:
+            why = "no completed requests" if len(st) == 0 else f"no request has {col} (that side was not captured)"
+            ctx.na(names, why)
+            continue
+        q = np.percentile(v, [50, 95, 99])
+        for name, x in zip(names, q):
+            ctx.add(name, x)
+    v = num_col(st, "ttft_s").dropna()
+    ctx.add("ttft_mean_s", float(v.mean()) if len(v) else None, None if len(v) else "no completed requests")
+    e2e = num_col(st, "e2e_s").dropna()
+    ctx.add("e2e_p50_s", float(e2e.median()) if len(e2e) else None, None if len(e2e) else "no request end times")
+
+
+def network(ctx: FeatureContext) -> None:
+    """Client TTFT minus server TTFT on requests seen by both sides (seconds), and their ratio."""
+    st = ctx.steady
+    both = st.loc[bool_col(st, "has_server") & bool_col(st, "has_client")] if len(st) else st
+    names = ("client_server_gap_p50_s", "client_server_gap_p95_s", "client_server_ttft_ratio")
+    if len(both) == 0:
+        ctx.na(names, "needs requests seen by both the client and the server (join a client and a server capture)")
+        return
+    gap = num_col(both, "client_ttft_s") - num_col(both, "server_ttft_s")
+    ctx.add("client_server_gap_p50_s", float(gap.median()))
+    ctx.add("client_server_gap_p95_s", float(np.percentile(gap.dropna(), 95)) if gap.notna().any() else None)
+    srv = float(num_col(both, "server_ttft_s").median())
+    ctx.add("client_server_ttft_ratio", float(num_col(both, "client_ttft_s").median()) / srv if srv > 0 else None)
+
+
+def slo_checks(ctx: FeatureContext) -> None:
+    """Each SLO given (``ctx.slo``): target, measured value (seconds) and whether it is met. Runs last (reads ITL)."""
+    if not ctx.slo:
+        ctx.add("slo_checks", None, "no SLO given")
+        return
+    st = ctx.steady
+    gaps_p = {"p50": "itl_p50_s", "p90": "itl_p90_s", "p99": "itl_p99_s", "max": "itl_max_s"}
+    out: dict[str, dict[str, Any]] = {}
+    for key, target in ctx.slo.items():
+        metric, _, pct = key.partition("_")
+        val: float | None = None
+        if metric == "itl" and pct in gaps_p:
+            val = ctx.features.value(gaps_p[pct])
+        else:
+            col = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "itl": "itl_mean_s"}.get(metric)
+            v = num_col(st, col).dropna() if col else pd.Series(dtype="float64")
+            if len(v):
+                if pct == "max":
+                    val = float(v.max())
+                elif pct == "mean":
+                    val = float(v.mean())
+                elif pct.startswith("p"):
+                    val = float(np.percentile(v, float(pct[1:])))
+        out[key] = {"target_s": float(target), "value_s": val, "met": None if val is None else bool(val <= target)}
+    ctx.add("slo_checks", out)

@@ -1,0 +1,98 @@
+"""Theme: who counts. Requests by outcome (completed, failed, warm-up), the client/server sides,
+the steady population (cold-start outliers taken out), and the cold-start spans reported apart.
+
+Writes ``ctx.ok`` and ``ctx.steady`` (every later theme reads them). Units: counts of requests,
+seconds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from rules.features.context import FeatureContext
+from rules.features.numeric import bool_col, num_col
+
+
+def populations(ctx: FeatureContext) -> None:
+    """Request counts, error rate, sides; the ok and steady populations (writes ``ctx.ok``, ``ctx.steady``)."""
+    req = ctx.req_all
+    n_total = len(req)
+    warm = bool_col(req, "warmup")
+    err = req["error"].notna() if "error" in req.columns else pd.Series(False, index=req.index)
+    if "error" in req.columns:
+        err &= req["error"].astype(str).str.len() > 0
+    ttft = num_col(req, "ttft_s")
+    ok = req.loc[~warm & ~err & ttft.notna() & (ttft >= 0)]
+    ctx.ok = ok.sort_values("start_ns", kind="stable").reset_index(drop=True) if len(ok) else ok
+    measured = req.loc[~warm]
+    ctx.add("requests_total_n", float(len(measured)))
+    ctx.add("requests_failed_n", float(int(err[~warm].sum())))
+    ctx.add("error_rate", float(err[~warm].mean()) if len(measured) else None,
+            None if len(measured) else "no requests in the capture")
+    kinds = req.loc[err & ~warm, "error"].astype(str).value_counts().head(10) if "error" in req.columns else pd.Series(dtype=int)
+    ctx.add("errors_by_kind", {str(k): int(v) for k, v in kinds.items()})
+    has_server = bool_col(req, "has_server")
+    has_client = bool_col(req, "has_client")
+    ctx.add("sides_n", {"server": int(has_server.sum()), "client": int(has_client.sum()),
+                        "joined": int((has_server & has_client).sum()), "total": n_total})
+    server_side = bool(has_server.any())
+    client_side = bool(has_client.any())
+    ctx.add("client_only", 1.0 if (client_side and not server_side) else 0.0)
+    cold_start_outliers(ctx)
+    ctx.add("requests_n", float(len(ctx.steady)))
+
+
+def cold_start_outliers(ctx: FeatureContext) -> None:
+    """First requests far above comparable ones: counted apart, removed from ``ctx.steady``."""
+    ok = ctx.ok
+    n = len(ok)
+    ctx.steady = ok
+    names = ("cold_start_outliers_n", "cold_start_outlier_ttft_s", "cold_start_outlier_excess_s")
+    if n < 6:
+        ctx.add("cold_start_outliers_n", 0.0 if n else None,
+                None if n else "no completed requests")
+        ctx.na(names[1:], f"too few requests ({n}) to tell first requests from the rest" if n else "no completed requests")
+        return
+    head_n = int(min(50, max(3, math.ceil(0.02 * n))))
+    head = ok.iloc[:head_n]
+    rest = ok.iloc[head_n:]
+    ttft_rest = num_col(rest, "ttft_s").to_numpy()
+    tok_rest = num_col(rest, "input_tokens").to_numpy()
+    med_all = float(np.median(ttft_rest))
+    p99_rest = float(np.percentile(ttft_rest, 99))
+    factor = float(ctx.params["cold_start_factor"])
+    out_idx: list[int] = []
+    excess: list[float] = []
+    for i, (ttft_i, tok_i) in enumerate(zip(num_col(head, "ttft_s").to_numpy(), num_col(head, "input_tokens").to_numpy())):
+        ref = med_all
+        if np.isfinite(tok_i) and tok_i > 0:
+            near = (tok_rest >= 0.5 * tok_i) & (tok_rest <= 2 * tok_i)
+            if near.sum() >= 3:
+                ref = float(np.median(ttft_rest[near]))
+        if ttft_i > factor * ref and ttft_i > p99_rest:
+            out_idx.append(i)
+            excess.append(float(ttft_i - ref))
+    ctx.add("cold_start_outliers_n", float(len(out_idx)))
+    if out_idx:
+        ctx.steady = ok.drop(index=ok.index[out_idx]).reset_index(drop=True)
+        ctx.add("cold_start_outlier_ttft_s", float(num_col(head, "ttft_s").to_numpy()[out_idx].max()))
+        ctx.add("cold_start_outlier_excess_s", float(max(excess)))
+    else:
+        ctx.add("cold_start_outlier_ttft_s", 0.0)
+        ctx.add("cold_start_outlier_excess_s", 0.0)
+
+
+def cold_start_spans(ctx: FeatureContext) -> None:
+    """Start-up time (model load, warm-up) from the cold_start spans, in seconds, by phase."""
+    cs = ctx.tables.cold_starts
+    if cs is None or len(cs) == 0:
+        ctx.add("cold_start_s", 0.0, source="no cold_start spans")
+        ctx.add("cold_start_by_phase_s", {})
+        return
+    d = pd.to_numeric(cs["duration_s"], errors="coerce").fillna(0)
+    phase = cs["phase"].fillna("unknown").astype(str) if "phase" in cs.columns else pd.Series("unknown", index=cs.index)
+    ctx.add("cold_start_s", float(d.sum()), source="cold_start spans")
+    ctx.add("cold_start_by_phase_s", {str(k): float(v) for k, v in d.groupby(phase).sum().items()})

@@ -1,0 +1,89 @@
+"""Theme: TTFT against prompt length. A least-squares line of TTFT on prompt tokens over the
+requests that did not queue (slope in ms per token, intercept in ms, R², the prompt-proportional
+share of TTFT), and the cost of a prompt token against one decode step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from rules.features.context import FeatureContext
+from rules.features.numeric import bool_col, linear_fit, num_col, segment_numbers
+
+
+def prompt_fit(ctx: FeatureContext) -> None:
+    """TTFT = intercept + slope x prompt tokens on comparable requests (needs a prompt-length sweep)."""
+    st = ctx.steady
+    names = ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_r2",
+             "ttft_prompt_explained_frac", "ttft_prompt_fit_n")
+    if len(st) == 0:
+        ctx.na(names, "no completed requests")
+        return
+    tokens = num_col(st, "input_tokens")
+    if tokens.notna().sum() == 0:
+        ctx.na(names, "no request carries its prompt token count (gen_ai.usage.input_tokens)")
+        return
+    has_server = bool_col(st, "has_server")
+    y = num_col(st, "server_ttft_s").where(has_server, num_col(st, "ttft_s"))
+    queue = num_col(st, "queue_s")
+    if queue.notna().any():
+        mask = queue.fillna(0) <= float(ctx.params["queue_small_frac"]) * y
+        how = "requests that did not queue"
+    else:
+        seg = segment_numbers(st["segment"]) if "segment" in st.columns else pd.DataFrame(index=st.index)
+        prompt_seg = seg["prompt"].notna() if "prompt" in seg.columns else pd.Series(False, index=st.index)
+        mask = (ctx.inflight_at <= 1) | prompt_seg
+        how = "requests alone in flight (concurrency 1) or in a prompt sweep"
+        inflight = ctx.inflight_at.dropna()
+        steady_load = len(inflight) and float(inflight.quantile(0.9) - inflight.quantile(0.1)) <= 1.0
+        if int((mask & tokens.notna()).sum()) < int(ctx.params["min_fit_requests"]) and steady_load:
+            # a closed loop at a fixed concurrency: every request met the same load
+            mask = pd.Series(True, index=st.index)
+            how = f"requests at a steady concurrency (~{float(inflight.median()):g} in flight, closed loop)"
+    mask &= tokens.notna() & y.notna()
+    x = tokens[mask].to_numpy()
+    yy = y[mask].to_numpy()
+    min_n = int(ctx.params["min_fit_requests"])
+    if x.size < min_n:
+        ctx.na(names, f"only {x.size} {how} with a token count (needs {min_n})")
+        return
+    if np.unique(x).size < 3 or (x.max() - x.min()) < 0.2 * max(x.mean(), 1e-9):
+        ctx.na(names, f"only {np.unique(x).size} distinct prompt lengths ({x.min():g}..{x.max():g} tokens); "
+               "needs a prompt-length sweep")
+        return
+    # When prompt lengths repeat (a sweep, a prompt file), fit the median TTFT of each length:
+    # robust to the few requests that waited behind another one.
+    lengths, counts = np.unique(x, return_counts=True)
+    repeated = counts >= 2
+    if repeated.sum() >= 3 and counts[repeated].sum() >= 0.8 * x.size:
+        fx = lengths[repeated].astype("float64")
+        fy = np.array([np.median(yy[x == v]) for v in lengths[repeated]])
+        slope, intercept, r2 = linear_fit(fx, fy)
+        weights = counts[repeated]
+        expl = slope * float((weights * fx).sum()) / max(float((weights * fy).sum()), 1e-12)
+        how += ", median TTFT per prompt length"
+    else:
+        slope, intercept, r2 = linear_fit(x, yy)
+        expl = None
+    ctx.add("ttft_prompt_slope_ms_per_token", slope * 1e3, source=how)
+    ctx.add("ttft_prompt_intercept_ms", intercept * 1e3, source=how)
+    ctx.add("ttft_prompt_r2", max(0.0, r2), source=how)
+    # time-weighted (means, not medians): in a mixed workload most requests are short, yet
+    # the long ones carry most of the TTFT time
+    mean_y = float(np.mean(yy))
+    if expl is None:
+        expl = slope * float(np.mean(x)) / mean_y if mean_y > 0 else None
+    ctx.add("ttft_prompt_explained_frac", max(0.0, expl) if expl is not None else None)
+    ctx.add("ttft_prompt_fit_n", float(x.size))
+
+
+def prompt_slope_per_itl(ctx: FeatureContext) -> None:
+    """TTFT cost of one prompt token / one decode step (ITL p50), x; runs after the ITL theme."""
+    slope = ctx.features.value("ttft_prompt_slope_ms_per_token")
+    itl = ctx.features.value("itl_p50_s")
+    if slope is not None and itl:
+        ctx.add("prompt_slope_per_itl", (slope / 1e3) / itl,
+                source="prompt-token cost over one decode step: a parallel prefill keeps this far below 1")
+    else:
+        ctx.add("prompt_slope_per_itl", None, "needs a prompt-length fit and ITL")

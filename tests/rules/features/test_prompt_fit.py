@@ -1,0 +1,29 @@
+"""rules.features.prompt_fit: TTFT against prompt length."""
+
+from __future__ import annotations
+
+import pytest
+from featcap import make_requests, make_tables
+
+from rules.features import compute_features
+
+
+def test_prompt_fit_on_requests_that_did_not_queue() -> None:
+    tokens = [100, 200, 400, 800, 1600] * 4
+    ttft = [0.002 + 0.0001 * t for t in tokens]
+    queue = [0.0] * 20
+    # two queued requests far off the line are left out of the fit
+    tokens += [100, 100]
+    ttft += [1.0, 1.0]
+    queue += [0.99, 0.99]
+    feats = compute_features(make_tables(make_requests(ttft, input_tokens=tokens, queue_s=queue)))
+    assert feats.value("ttft_prompt_slope_ms_per_token") == pytest.approx(0.1, rel=1e-6)
+    assert feats.value("ttft_prompt_intercept_ms") == pytest.approx(2.0, rel=1e-6)
+    assert feats.value("ttft_prompt_r2") == pytest.approx(1.0)
+    assert feats.value("ttft_prompt_fit_n") == 20
+
+
+def test_prompt_fit_needs_varied_prompts() -> None:
+    feats = compute_features(make_tables(make_requests([0.01] * 20, input_tokens=[64] * 20, queue_s=[0.0] * 20)))
+    assert not feats.available("ttft_prompt_r2")
+    assert "prompt-length sweep" in feats.get("ttft_prompt_r2").reason
