@@ -6,6 +6,10 @@ Layout of a scenario run directory::
     OUT/server-N/    the engine's capture for phase N (server spans, engine steps, cold start)
     OUT/prompts.jsonl  the mixed workload, when the scenario uses one
 
+:func:`step_load`, :func:`step_sweep` and :func:`step_chunks` turn a catalog
+:class:`~diag.scenarios.catalog.ProbeStep` into the probe's loads, for this runner and for the
+demo's live phases alike.
+
 Threading: everything runs on the calling thread except the engine (its own process) and,
 for the loadgen scenario, a CPU-hog thread in this process that starves the probe on purpose.
 """
@@ -23,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, SweepSpec, WorkloadSpec, run_probe, run_sweep
+from collectors.probe.sweep import label, point_load
 from diag.capture import CaptureWriter
 from diag.scenarios.calibrate import Calibration
 from diag.scenarios.catalog import Phase, ProbeStep, Scenario
@@ -91,11 +97,38 @@ class _ClientHog:
         sys.setswitchinterval(self._old)
 
 
-def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prompts_file: Path | None, slo: dict[str, float] | None) -> Any:
-    from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, SweepSpec, WorkloadSpec, run_probe, run_sweep
+def step_load(step: ProbeStep, **fields: Any) -> LoadSpec:
+    """The step's load: its concurrency, request count and open-loop rate, plus ``fields``
+    (the scenario runner adds the warm-up, the demo a duration for a step without a count)."""
+    return LoadSpec(concurrency=step.concurrency, requests=step.requests, rate_rps=step.rate_rps, **fields)
 
-    load = LoadSpec(concurrency=step.concurrency, requests=step.requests, warmup_requests=step.warmup,
-                    rate_rps=step.rate_rps)
+
+def step_sweep(step: ProbeStep) -> SweepSpec | None:
+    """The step's sweep (None when it is a single probe)."""
+    if not step.sweep:
+        return None
+    return SweepSpec(step.sweep, values=[float(v) for v in step.sweep_values] or None,
+                     requests_per_point=step.requests_per_point)
+
+
+def step_chunks(step: ProbeStep, default_segment: str) -> list[tuple[LoadSpec, LengthSpec | None, str]]:
+    """A step as short probe chunks (the demo's live phases): (LoadSpec, input LengthSpec or
+    None, segment). A sweep becomes one chunk per point, labelled as ``ttft probe --sweep``
+    labels them; a step without a request count runs 4 s."""
+    base = step_load(step, duration_s=None if step.requests else 4.0)
+    spec = step_sweep(step)
+    if spec is None:
+        return [(base, None, step.segment or default_segment)]
+    out = []
+    for v in spec.point_values():
+        load = point_load(spec, v, base, user_set_concurrency=False)
+        inp = LengthSpec("fixed", int(v)) if step.sweep == "prompt" else None
+        out.append((load, inp, label(step.sweep, v)))
+    return out
+
+
+def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prompts_file: Path | None, slo: dict[str, float] | None) -> Any:
+    load = step_load(step, warmup_requests=step.warmup)
     workload = WorkloadSpec(LengthSpec.parse(step.input_tokens), LengthSpec.parse(step.output_tokens),
                             prompts_file=str(prompts_file) if prompts_file else None)
     # the engine's own tokenizer sizes the prompts exactly (and no calibration requests go first)
@@ -106,9 +139,8 @@ def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prom
     cfg = ProbeConfig(url, api="completions", model=model or None, load=load, workload=workload, output=None,
                       segment=step.segment, slo=slo, timeout_s=120, compat_check=False,
                       tokenizer_path=str(tokenizer) if tokenizer.exists() else None)
-    if step.sweep:
-        spec = SweepSpec(step.sweep, values=[float(v) for v in step.sweep_values] or None,
-                         requests_per_point=step.requests_per_point)
+    spec = step_sweep(step)
+    if spec is not None:
         return run_sweep(cfg, spec, writer)
     return run_probe(cfg, writer)
 

@@ -90,25 +90,6 @@ def test_live_source_window_follows_the_demo_phase(tmp_path: Path) -> None:
     assert snap.window_ns[1] - snap.window_ns[0] == 60 * 10**9 and snap.slo is None
 
 
-def test_demo_phases_come_from_the_scenario_catalog() -> None:
-    """The demo's phases reuse the catalog's plans: engine arguments, sweeps, SLOs, truth."""
-    from diag.commands.demo import build_plans, step_chunks
-    from diag.scenarios.calibrate import Calibration
-
-    plans = build_plans(Calibration(ttft_short_ms=7.0, prefill_ms_per_token=0.09, decode_step_ms=3.5))
-    assert [p.expected for p in plans] == ["healthy", "prefill_compute", "kv_cache", "tokenize"]
-    assert plans[0].slo and not plans[1].slo
-    assert "--kv-blocks" in plans[2].serve_args
-    assert any(a.startswith("tokenize_ms_per_token=") for a in plans[3].serve_args)
-    chunks = step_chunks(plans[1].steps[0], plans[1].name)
-    assert [c[2] for c in chunks] == ["prompt=64", "prompt=128", "prompt=256", "prompt=512", "prompt=1024"]
-    assert all(c[0].concurrency == 1 and c[1] is not None for c in chunks)
-    kv = step_chunks(plans[2].steps[0], plans[2].name)
-    assert [c[0].concurrency for c in kv] == [1, 2, 3, 6, 12] and all(c[1] is None for c in kv)
-    (load, inp, seg), = step_chunks(plans[0].steps[0], plans[0].name)
-    assert seg == "healthy" and inp is None and load.requests == 24
-
-
 def test_bucket_means_with_and_without_missing_values() -> None:
     import numpy as np
 
