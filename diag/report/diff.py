@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diag import stages
-from diag.report import FindingView, rule_field
+from diag.analysis import Analysis, analyze_paths
 from diag.report.summary import latency_percentiles, resource_summary
-from diag.units import json_safe
-from diag.report.svg import fmt_duration_s, fmt_pct
+from diag.units import Unit, fmt_rate, fmt_s, fmt_value, json_safe
+from rules import Finding
 
 #: Which finding categories own a stage's time, most specific first.
 STAGE_CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -37,12 +37,12 @@ STAGE_CATEGORIES: dict[str, tuple[str, ...]] = {
 MATERIAL_REL = 0.05
 MATERIAL_ABS_S = 0.0005
 #: Deltas below these print as "0" (clock rounding, float noise), per unit.
-_NOISE: dict[str, float] = {"s": 1e-6, "ratio": 1e-4, "count": 1e-9, "per_s": 1e-9}
+_NOISE: dict[str, float] = {"s": 1e-6, "share": 1e-4, "count": 1e-9, "per_s": 1e-9}
 
 
 @dataclass
 class MetricDelta:
-    """One metric in A and in B; ``unit`` is "s", "ratio", "count" or "per_s"."""
+    """One metric in A and in B; ``unit`` is "s", "share" (0..1), "count" or "per_s" (a count per second)."""
 
     name: str
     unit: str
@@ -61,15 +61,9 @@ class MetricDelta:
         return d / abs(self.a)
 
     def fmt(self, v: float | None) -> str:
-        if v is None:
-            return "-"
-        if self.unit == "s":
-            return fmt_duration_s(v)
-        if self.unit == "ratio":
-            return fmt_pct(v)
-        if self.unit == "count":
-            return f"{v:.3g}" if v != int(v) else f"{int(v)}"
-        return f"{v:.3g}/s"
+        if self.unit == "per_s":
+            return fmt_rate(v, Unit.COUNT)
+        return fmt_value(v, self.unit)
 
     def fmt_delta(self) -> str:
         d = self.delta
@@ -77,12 +71,12 @@ class MetricDelta:
             return "-"
         if abs(d) < _NOISE.get(self.unit, 0.0):
             return "0"
-        if self.unit == "ratio":
+        if self.unit == "share":
             body = f"{d * 100:+.3g} pts"
         else:
             body = ("+" if d >= 0 else "-") + self.fmt(abs(d))
         rel = self.rel
-        return body + (f" ({rel * 100:+.0f}%)" if rel is not None and self.unit != "ratio" else "")
+        return body + (f" ({rel * 100:+.0f}%)" if rel is not None and self.unit != "share" else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "unit": self.unit, "a": self.a, "b": self.b, "delta": self.delta, "rel": self.rel}
@@ -126,16 +120,16 @@ class DiffResult:
     b_paths: list[str]
     metrics: list[MetricDelta]
     stages: list[StageDelta]
-    verdict_a: FindingView | None
-    verdict_b: FindingView | None
+    verdict_a: Finding | None
+    verdict_b: Finding | None
     direction: str  # "grew" | "shrank" | "unchanged"
     moved: str | None  # the stage (or "itl") that moved most
     moved_delta_s: float | None
     owner_categories: tuple[str, ...]
-    explaining: FindingView | None
+    explaining: Finding | None
     explaining_side: str | None  # "a" | "b"
     explaining_new: bool | None  # the finding fires on one side only
-    itl_finding: FindingView | None = None  # a decode/interference finding when ITL moved too
+    itl_finding: Finding | None = None  # a decode/interference finding when ITL moved too
     summary: list[str] = field(default_factory=list)
 
     def metric(self, name: str) -> MetricDelta | None:
@@ -148,7 +142,7 @@ class DiffResult:
         return ca != cb
 
     def to_dict(self) -> dict[str, Any]:
-        def fv(f: FindingView | None) -> dict[str, Any] | None:
+        def fv(f: Finding | None) -> dict[str, Any] | None:
             if f is None:
                 return None
             return {"rule_id": f.rule_id, "category": f.category, "title": f.title, "confidence": f.confidence,
@@ -192,18 +186,18 @@ class DiffResult:
                 d = 0.0 if d is not None and abs(d) < _NOISE["s"] else d
                 L.append(
                     f"{s.stage:<11}  {_fd(s.p50_a):>9}  {_fd(s.p50_b):>9}  "
-                    f"{(('+' if d > 0 else '-' if d < 0 else '') + fmt_duration_s(abs(d))) if d is not None else '-':>12}  "
+                    f"{(('+' if d > 0 else '-' if d < 0 else '') + fmt_s(abs(d))) if d is not None else '-':>12}  "
                     f"{_fp(s.share_a):>8}  {_fp(s.share_b):>8}"
                 )
         return "\n".join(L)
 
 
 def _fd(v: float | None) -> str:
-    return fmt_duration_s(v) if v is not None else "-"
+    return fmt_s(v)
 
 
 def _fp(v: float | None) -> str:
-    return fmt_pct(v) if v is not None else "-"
+    return fmt_value(v, Unit.SHARE)
 
 
 def _material(m: MetricDelta | None) -> bool:
@@ -212,28 +206,23 @@ def _material(m: MetricDelta | None) -> bool:
     return abs(m.delta) > MATERIAL_ABS_S and (m.rel is None or abs(m.rel) > MATERIAL_REL)
 
 
-def _findings(analysis: Any) -> list[FindingView]:
+def _findings(analysis: Analysis) -> list[Finding]:
+    """The verdict first, then the other findings (none when the rules did not run)."""
     d = analysis.diagnosis
     if d is None:
         return []
-    out = []
-    v = rule_field(d, "verdict")
-    if v is not None:
-        out.append(FindingView.of(v))
-    for f in rule_field(d, "findings", None) or []:
-        fv = FindingView.of(f)
-        if not any(x.rule_id == fv.rule_id and x.title == fv.title for x in out):
-            out.append(fv)
+    out = [d.verdict]
+    for f in d.findings:
+        if not any(x.rule_id == f.rule_id and x.title == f.title for x in out):
+            out.append(f)
     return out
 
 
-def _verdict(analysis: Any) -> FindingView | None:
-    d = analysis.diagnosis
-    v = rule_field(d, "verdict") if d is not None else None
-    return FindingView.of(v) if v is not None else None
+def _verdict(analysis: Analysis) -> Finding | None:
+    return analysis.diagnosis.verdict if analysis.diagnosis is not None else None
 
 
-def _metrics(a: Any, b: Any) -> list[MetricDelta]:
+def _metrics(a: Analysis, b: Analysis) -> list[MetricDelta]:
     pa, pb = latency_percentiles(a.tables), latency_percentiles(b.tables)
     ra, rb = resource_summary(a.tables), resource_summary(b.tables)
     out = [MetricDelta("requests ok", "count", float(ra["ok_requests"]), float(rb["ok_requests"])),
@@ -246,9 +235,9 @@ def _metrics(a: Any, b: Any) -> list[MetricDelta]:
     out += [
         MetricDelta("requests", "per_s", ra["requests_per_s"], rb["requests_per_s"]),
         MetricDelta("output tokens", "per_s", ra["output_tokens_per_s"], rb["output_tokens_per_s"]),
-        MetricDelta("device busy", "ratio", ra["device_busy_frac"], rb["device_busy_frac"]),
-        MetricDelta("KV usage p95", "ratio", ra["kv_usage_p95"], rb["kv_usage_p95"]),
-        MetricDelta("KV usage max", "ratio", ra["kv_usage_max"], rb["kv_usage_max"]),
+        MetricDelta("device busy", "share", ra["device_busy_frac"], rb["device_busy_frac"]),
+        MetricDelta("KV usage p95", "share", ra["kv_usage_p95"], rb["kv_usage_p95"]),
+        MetricDelta("KV usage max", "share", ra["kv_usage_max"], rb["kv_usage_max"]),
         MetricDelta("waiting mean", "count", ra["waiting_mean"], rb["waiting_mean"]),
         MetricDelta("waiting max", "count", ra["waiting_max"], rb["waiting_max"]),
         MetricDelta("preemptions", "count", ra["preemptions"], rb["preemptions"]),
@@ -256,7 +245,7 @@ def _metrics(a: Any, b: Any) -> list[MetricDelta]:
     return out
 
 
-def _stage_deltas(a: Any, b: Any) -> list[StageDelta]:
+def _stage_deltas(a: Analysis, b: Analysis) -> list[StageDelta]:
     sa: Mapping[str, Any] = a.decomposition.get("stages") or {}
     sb: Mapping[str, Any] = b.decomposition.get("stages") or {}
     out = []
@@ -269,7 +258,7 @@ def _stage_deltas(a: Any, b: Any) -> list[StageDelta]:
     return out
 
 
-def diff_analyses(a: Any, b: Any) -> DiffResult:
+def diff_analyses(a: Analysis, b: Analysis) -> DiffResult:
     """Compare two analyses (A = before/baseline, B = after) and attribute the change."""
     metrics = _metrics(a, b)
     sdeltas = _stage_deltas(a, b)
@@ -336,7 +325,7 @@ def _story(r: DiffResult, ttft_moved: MetricDelta | None, itl: MetricDelta | Non
         s = next(x for x in r.stages if x.stage == r.moved)
         verb = "grew" if r.direction == "grew" else "shrank"
         d = r.moved_delta_s or 0.0
-        L.append(f"{r.moved} {verb} most: mean {('+' if d >= 0 else '-')}{fmt_duration_s(abs(d))}, "
+        L.append(f"{r.moved} {verb} most: mean {('+' if d >= 0 else '-')}{fmt_s(abs(d))}, "
                  f"p50 {_fd(s.p50_a)} -> {_fd(s.p50_b)}, share of TTFT {_fp(s.share_a)} -> {_fp(s.share_b)} "
                  f"({stages.STAGE_DESCRIPTIONS.get(r.moved, '')})")
     if r.direction != "unchanged" and r.moved is not None:
@@ -347,7 +336,7 @@ def _story(r: DiffResult, ttft_moved: MetricDelta | None, itl: MetricDelta | Non
             f = r.explaining
             where = "B" if r.explaining_side == "b" else "A"
             fresh = (" - new in B" if where == "B" else " - gone in B") if r.explaining_new else f" - also in {'A' if where == 'B' else 'B'}"
-            conf = f", confidence {f.confidence:.0%}" if f.confidence is not None else ""
+            conf = f", confidence {fmt_value(f.confidence, Unit.SHARE)}"
             L.append(f"Explained by {where}'s finding [{f.category}] {f.title}{conf}{fresh}")
         else:
             L.append(f"No {owners} finding on the {'B' if r.direction == 'grew' else 'A'} side: the change is below "
@@ -371,8 +360,6 @@ def _story(r: DiffResult, ttft_moved: MetricDelta | None, itl: MetricDelta | Non
 
 def diff_paths(a: str | Sequence[str], b: str | Sequence[str], rules_file: str | None = None) -> DiffResult:
     """Load, analyse and diff two sides; each is one capture path or several joined by trace id."""
-    from diag.analysis import analyze_paths
-
     def side(x: str | Sequence[str]) -> list[str]:
         return [x] if isinstance(x, str) else list(x)
 
