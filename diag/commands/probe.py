@@ -77,12 +77,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _usage(msg: str) -> Exception:
-    try:
-        from diag.cli import UsageError
+    from diag.cli import UsageError
 
-        return UsageError(msg)
-    except ImportError:  # pragma: no cover
-        return ValueError(msg)
+    return UsageError(msg)
 
 
 class ProgressLine:
