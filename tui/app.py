@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from textual import on, work
 from textual.app import App, ComposeResult

@@ -9,7 +9,6 @@ the only per-row Python loop is over requests' token-time arrays (pooled ITL).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ import pandas as pd
 from diag import stages
 from diag.capture import attribute
 from diag.tables import Tables, describe
+from diag.units import fmt_s
 
 NS = 1e9
 #: SLO metric -> the percentile table key that holds it.
@@ -101,8 +101,6 @@ def evaluate_slo(percentiles: dict[str, dict[str, Any]], slo: dict[str, float],
     values win when present, so the gate agrees with the verdict (the rules leave cold-start
     outliers out of TTFT). Otherwise the values come from ``percentiles``.
     """
-    from diag.report.svg import fmt_duration_s
-
     results = []
     for key, target in slo.items():
         metric, _, stat = key.partition("_")
@@ -119,7 +117,7 @@ def evaluate_slo(percentiles: dict[str, dict[str, Any]], slo: dict[str, float],
         passed = bool(actual <= target)
         op = "<=" if passed else ">"
         results.append(SLOResult(key, target, float(actual), passed,
-                                 f"{fmt_duration_s(actual)} {op} {fmt_duration_s(target)} (n={row.get('count', 0)})"))
+                                 f"{fmt_s(actual)} {op} {fmt_s(target)} (n={row.get('count', 0)})"))
     return results
 
 

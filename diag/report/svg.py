@@ -5,6 +5,7 @@ Every function returns one self-contained ``<svg>`` element as a string, meant t
 in HTML5 (so it carries no ``xmlns``); it uses no scripts, no external fonts and no links, so
 a report opens with no network. Every piece of text that goes into the SVG (titles, labels,
 legends, tooltips) is XML-escaped here, so callers may pass strings that came from a trace.
+Numbers on axes and tooltips are formatted by the caller's ``Fmt`` (a :mod:`diag.units` formatter).
 Charts scale with their container (``viewBox`` + ``width: 100%``). Large inputs are thinned
 before drawing (``max_points``), so a chart stays a few hundred kilobytes at most.
 Coordinates are pixels of the viewBox; data values are in the caller's units.
@@ -17,6 +18,8 @@ import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from diag.units import Unit, fmt_value
 
 Fmt = Callable[[float], str]
 
@@ -34,41 +37,8 @@ def esc(text: object) -> str:
 
 
 def fmt_num(v: float) -> str:
-    """A compact number: 3 significant digits, k/M suffixes."""
-    if v is None or not math.isfinite(v):
-        return "-"
-    a = abs(v)
-    if a >= 1e6:
-        return f"{v / 1e6:.3g}M"
-    if a >= 1e4:
-        return f"{v / 1e3:.3g}k"
-    if a >= 100 or v == int(v):
-        return f"{v:.0f}"
-    return f"{v:.3g}"
-
-
-def fmt_duration_s(v: float) -> str:
-    """Seconds as a short human duration: 850us, 12.3ms, 1.25s, 2.1min."""
-    if v is None or not math.isfinite(v):
-        return "-"
-    a = abs(v)
-    if a == 0:
-        return "0"
-    # thresholds just below each unit so that 999.9us reads "1ms", never "1e+03us"
-    if a < 0.9995e-3:
-        return f"{v * 1e6:.3g}us"
-    if a < 0.9995:
-        return f"{v * 1e3:.3g}ms"
-    if a < 119.5:
-        return f"{v:.3g}s"
-    return f"{v / 60:.3g}min"
-
-
-def fmt_pct(v: float) -> str:
-    """A 0..1 ratio as a percentage."""
-    if v is None or not math.isfinite(v):
-        return "-"
-    return f"{v * 100:.3g}%"
+    """An axis or bar number, as :func:`diag.units.fmt_value` writes a dimensionless one."""
+    return fmt_value(v, Unit.NONE)
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:

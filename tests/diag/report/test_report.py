@@ -122,8 +122,9 @@ def test_html_with_verdict_first_and_evidence(cap: Path, tmp_path: Path) -> None
         assert first < html.index(later), later
     assert body.index("Requests wait for the scheduler") < body.index("Latency percentiles")
     assert "82%" in body  # confidence
-    assert "9.9ms" in body and "41% of TTFT p95" in body  # time explained
-    assert "queue share of TTFT (median)" in body and "60%" in body and "30%" in body  # evidence with threshold
+    assert "9.9 ms (41% of TTFT p95)" in body  # time explained, as diag.report.cells writes it
+    assert "queue share of TTFT (median)" in body and "60%" in body and "≥ 30%" in body  # evidence with threshold
+    assert "✓ crossed" in body  # the crossed mark of a judged row
     assert "< 0.5" in body
     assert "What to check next" in body and "CPU profile of the serving process" in body
     assert "prefill_compute" in body  # other finding
@@ -201,15 +202,17 @@ def test_markdown_has_the_same_content(evil_cap: Path, cap: Path, tmp_path: Path
              "## TTFT against prompt length", "## Device, KV cache and queue", "## The capture"]
     idx = [md.index(h) for h in order]
     assert idx == sorted(idx)
-    assert "| evidence | value | threshold | what it means |" in md
+    assert "| evidence | value | threshold | crossed | what it means |" in md
+    assert "| queue share of TTFT (median) | 60% | ≥ 30% | ✓ crossed | most of TTFT is waiting |" in md
     assert "1 of 2 broken" in md and "FAIL" in md
     assert any(ch in md for ch in "▁▂▃▄▅▆▇█")  # sparklines for the timelines
     # escaping: a trace string cannot break a table or inject markup
     out2 = tmp_path / "evil.md"
     write_report(_analysis(evil_cap, sample_diagnosis(EVIL)), out2)
     md2 = out2.read_text()
-    assert "<script" not in md2 and "<img" not in md2
-    assert "&lt;script&gt;" in md2
+    assert not re.search(r"(?<!\\)[<>]", md2)  # every angle bracket is backslash-escaped: no raw HTML
+    assert "\\<script\\>alert(1)\\</script\\>" in md2
+    assert "&lt;" not in md2 and "&amp;" not in md2  # no HTML entities in Markdown
     assert "seg\\|" in md2  # the pipe in the segment label is escaped
     for line in md2.splitlines():
         if line.startswith("| "):

@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from diag.report import svg
+from diag.units import fmt_s, fmt_value
 
 EVIL = '<script>alert("x")</script> & co'
 
@@ -24,7 +25,7 @@ def _texts(root: ET.Element) -> str:
 
 def test_line_chart_well_formed_and_escaped() -> None:
     s = svg.line_chart([svg.Series(EVIL, [0, 1, 2, 3], [0.1, 0.5, 0.2, 0.9]), svg.Series("b", [0, 3], [0, 1])],
-                       title=f"title {EVIL}", x_label="t", y_label=EVIL, y_fmt=svg.fmt_pct, y_min=0, y_max=1)
+                       title=f"title {EVIL}", x_label="t", y_label=EVIL, y_fmt=lambda v: fmt_value(v, "share"), y_min=0, y_max=1)
     root = _parse(s)
     assert "<script" not in s and "&lt;script&gt;" in s
     assert EVIL in _texts(root)
@@ -67,14 +68,14 @@ def test_thinning_keeps_spikes() -> None:
 
 def test_stacked_hbar_proportions_and_labels() -> None:
     rows = [("req <1>", [("queue", 0.03), ("prefill", 0.01)]), ("r2", [("queue", 0.01), ("prefill", 0.01), ("x", float("nan"))])]
-    s = svg.stacked_hbar(rows, title="stages", colors={"queue": "#E69F00"}, value_fmt=svg.fmt_duration_s)
+    s = svg.stacked_hbar(rows, title="stages", colors={"queue": "#E69F00"}, value_fmt=fmt_s)
     root = _parse(s)
     bars = [r for r in root.iter("rect") if r.find("title") is not None]
     widths = {r.find("title").text: float(r.get("width")) for r in bars}
-    assert widths["req <1>: queue 30ms"] == pytest.approx(3 * widths["req <1>: prefill 10ms"], rel=1e-3)
-    assert widths["r2: queue 10ms"] == pytest.approx(widths["req <1>: prefill 10ms"], rel=1e-3)
+    assert widths["req <1>: queue 30.0 ms"] == pytest.approx(3 * widths["req <1>: prefill 10.0 ms"], rel=1e-3)
+    assert widths["r2: queue 10.0 ms"] == pytest.approx(widths["req <1>: prefill 10.0 ms"], rel=1e-3)
     assert "req &lt;1&gt;" in s
-    assert "40ms" in _texts(root)  # row total
+    assert "40.0 ms" in _texts(root)  # row total
     assert any(r.get("fill") == "#E69F00" for r in bars)
 
 
@@ -90,13 +91,10 @@ def test_bar_chart_and_empty_inputs() -> None:
 
 
 def test_formatters_and_ticks() -> None:
-    assert svg.fmt_duration_s(0.000999893) == "1ms"
-    assert svg.fmt_duration_s(0.0000123) == "12.3us"
-    assert svg.fmt_duration_s(1.5) == "1.5s"
-    assert svg.fmt_duration_s(600) == "10min"
-    assert svg.fmt_duration_s(float("nan")) == "-"
-    assert svg.fmt_pct(0.123) == "12.3%"
-    assert svg.fmt_num(12345) == "12.3k"
+    # axis numbers are diag.units' dimensionless numbers (durations and shares: tests/diag/test_units.py)
+    assert svg.fmt_num(12345) == "12345"
+    assert svg.fmt_num(0.0123) == "0.0123"
+    assert svg.fmt_num(float("nan")) == "-"
     ticks = svg.nice_ticks(0, 0.037, 4)
     assert ticks[0] == 0 and 0.02 < ticks[-1] <= 0.037 and all(b > a for a, b in zip(ticks, ticks[1:]))
     assert svg.nice_ticks(5, 5) and math.isfinite(svg.nice_ticks(5, 5)[0])
