@@ -4,15 +4,24 @@ A rule is declarative in spirit: an id, a category, the features it needs (alter
 the rule runs when every feature of at least one alternative is available, else it is
 "skipped: needs …"), and an ``evaluate(ctx)`` that returns a :class:`Finding`, or a string
 saying why it did not fire.
+
+A rule reads as the article's triage row: it holds one :class:`Triage`, and each check is one
+call — :meth:`Triage.crossed` (value at or past a threshold), :meth:`Triage.below` (at or under
+one), :meth:`Triage.judged` (a row shown either way), :meth:`Triage.context` (a number without
+a threshold) — that adds the evidence row (numeric ``threshold`` with its ``op`` and whether it
+``crossed``), its strength, and the reason when it did not cross. The rule builds its result with
+:func:`finding`; the engine fills the finding's ``rule_id`` and ``category`` from the decorator.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag.units import fmt_value
 from rules.features import Features
 from rules.model import Evidence, Finding
 
@@ -88,13 +97,102 @@ def strength(value: float | None, threshold: float, higher_is_worse: bool = True
 
 
 def ev(name: str, value: Any, threshold: Any, unit: str, meaning: str) -> Evidence:
+    """A hand-built evidence row (threshold as given: None, a number or a text)."""
     return Evidence(name, value, threshold, unit, meaning)
 
 
-def th_text(op: str, value: Any, unit: str = "") -> str:
-    """A threshold as text, e.g. '>= 30%'."""
-    from diag.units import fmt_value
+_OPS: dict[str, Callable[[Any, Any], bool]] = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
+
+@dataclass
+class Triage:
+    """One rule's evidence as it is read: rows in order, the strength of each check that counts,
+    and the reasons of the checks that did not cross.
+
+    ``key`` names the rule's threshold (``ctx.th[key]``); ``threshold`` gives the number instead
+    (an SLO target, another table's value). A value of None never crosses and adds no row to
+    :meth:`crossed`. Strength: :func:`strength` of value against threshold, higher is worse for
+    ``>=``/``>``, lower for ``<=``/``<``. One rule evaluation, one thread.
+    """
+
+    ctx: RuleContext
+    evidence: list[Evidence] = field(default_factory=list)
+    strengths: list[float] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)
+
+    def _limit(self, key: str | None, threshold: float | None) -> Any:
+        if threshold is not None:
+            return threshold
+        if key is None:
+            raise ValueError("a check needs a threshold key or a threshold")
+        return self.ctx.th[key]
+
+    def _weigh(self, value: Any, limit: Any, op: str) -> None:
+        self.strengths.append(strength(value, limit, higher_is_worse=op in (">=", ">")))
+
+    def crossed(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
+                threshold: float | None = None, miss: str | None = None, weigh: bool = True) -> bool:
+        """When ``value op threshold``: a crossed row and (``weigh``) its strength; True. Else False,
+        and ``miss`` (a ``str.format`` template of ``value`` and ``threshold``) joins the pass
+        reason when the value is known."""
+        limit = self._limit(key, threshold)
+        hit = value is not None and _OPS[op](value, limit)
+        if hit:
+            self.evidence.append(Evidence(name, value, limit, unit, meaning, op=op, crossed=True))
+            if weigh:
+                self._weigh(value, limit, op)
+        elif value is not None and miss is not None:
+            self.misses.append(miss.format(value=value, threshold=limit))
+        return hit
+
+    def below(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = "<=",
+              threshold: float | None = None, miss: str | None = None, weigh: bool = True) -> bool:
+        """:meth:`crossed` for a value that fires at or under its threshold (lower is worse)."""
+        return self.crossed(name, value, key, unit, meaning, op=op, threshold=threshold, miss=miss, weigh=weigh)
+
+    def judged(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
+               threshold: float | None = None, weigh: bool = False) -> bool:
+        """A row shown whether or not ``value op threshold`` (``crossed`` says which); its strength
+        only when ``weigh``. Returns whether it crossed."""
+        limit = self._limit(key, threshold)
+        hit = value is not None and _OPS[op](value, limit)
+        self.evidence.append(Evidence(name, value, limit, unit, meaning, op=op, crossed=hit))
+        if weigh:
+            self._weigh(value, limit, op)
+        return hit
+
+    def context(self, name: str, value: Any, unit: str, meaning: str) -> None:
+        """A row without a threshold: what the number says about the cause."""
+        self.evidence.append(Evidence(name, value, None, unit, meaning))
+
+    def add(self, row: Evidence, strength_: float | None = None) -> None:
+        """A hand-built row (e.g. an SLO with its target as text), with a strength when it counts."""
+        self.evidence.append(row)
+        if strength_ is not None:
+            self.strengths.append(strength_)
+
+    def add_strength(self, value: float) -> None:
+        """A strength that no single row gives (a flag, a max over rows)."""
+        self.strengths.append(value)
+
+    def pass_reason(self, default: str = "") -> str:
+        """Why the rule did not fire: the misses joined, else ``default``."""
+        return "; ".join(self.misses) or default
+
+    def confidence(self, directness: float, black_box: bool = False) -> float:
+        """:meth:`RuleContext.confidence` over the strengths collected."""
+        return self.ctx.confidence(directness, self.strengths, black_box=black_box)
+
+
+def finding(title: str, confidence: float, explained_s: float | None, explained_pct: float | None,
+            evidence: list[Evidence], next_checks: list[str], **kw: Any) -> Finding:
+    """The running rule's :class:`Finding`; the engine fills ``rule_id`` and ``category`` from the
+    rule's decorator (``@rule(id, category, …)``)."""
+    return Finding("", "", title, confidence, explained_s, explained_pct, evidence, next_checks, **kw)
+
+
+def th_text(op: str, value: Any, unit: str = "") -> str:
+    """A threshold as text, e.g. '>= 30%' (for hand-built rows; :class:`Triage` stores numbers)."""
     return f"{op} {fmt_value(value, unit)}"
 
 

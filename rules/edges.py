@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from rules.base import RuleContext, Outcome, ev, rule, strength, th_text
-from rules.model import Finding
+from rules.base import Outcome, RuleContext, Triage, finding, rule
 
 
 @rule("cold_start", "cold_start", needs=(("cold_start_outliers_n",), ("cold_start_s", "ttft_p50_s")), tier=4)
@@ -14,19 +13,16 @@ def cold_start(ctx: RuleContext) -> Outcome:
     load = ctx.v("cold_start_s", 0.0) or 0.0
     p50 = ctx.v("ttft_p50_s")
     load_ratio = load / p50 if p50 else None
-    evid = []
-    strengths = []
-    if n_out >= th["outliers_min"]:
-        evid.append(ev("first requests far above comparable ones", n_out, th_text(">=", th["outliers_min"], "requests"),
-                       "requests", f"worst {ctx.v('cold_start_outlier_ttft_s', 0):.3g} s, "
-                       f"{ctx.v('cold_start_outlier_excess_s', 0):.3g} s above comparable requests; excluded from TTFT statistics"))
-        strengths.append(1.0)
-    if load_ratio is not None and load_ratio >= th["load_vs_ttft_min"]:
-        phases = ctx.v("cold_start_by_phase_s") or {}
-        evid.append(ev("cold-start spans / TTFT p50", load_ratio, th_text(">=", th["load_vs_ttft_min"], "x"), "x",
-                       f"{load:.3g} s of start-up (" + ", ".join(f"{k} {v:.3g} s" for k, v in phases.items()) + ")"))
-        strengths.append(strength(load_ratio, th["load_vs_ttft_min"]))
-    if not evid:
+    t = Triage(ctx)
+    if t.crossed("first requests far above comparable ones", n_out, "outliers_min", "requests",
+                 f"worst {ctx.v('cold_start_outlier_ttft_s', 0):.3g} s, "
+                 f"{ctx.v('cold_start_outlier_excess_s', 0):.3g} s above comparable requests; excluded from TTFT statistics",
+                 weigh=False):
+        t.add_strength(1.0)  # any outlier is the cause itself
+    phases = ctx.v("cold_start_by_phase_s") or {}
+    t.crossed("cold-start spans / TTFT p50", load_ratio, "load_vs_ttft_min", "x",
+              f"{load:.3g} s of start-up (" + ", ".join(f"{k} {v:.3g} s" for k, v in phases.items()) + ")")
+    if not t.evidence:
         return f"{n_out:g} cold-start outliers; start-up spans {load:.3g} s"
     title = (f"Cold start: {n_out:g} first request(s) paid model load / warm-up" if n_out
              else f"Cold start: {load:.3g} s of model load / warm-up before serving")
@@ -35,8 +31,8 @@ def cold_start(ctx: RuleContext) -> Outcome:
     excess = ctx.v("cold_start_outlier_excess_s", 0.0) or 0.0
     p95 = ctx.v("ttft_p95_s")
     dominant = bool(n_out) and p95 and excess >= th["dominant_vs_ttft_p95_min"] * p95
-    return Finding("cold_start", "cold_start", title + " (start-up cost, reported apart, not TTFT)",
-                   ctx.confidence(0.9, strengths), None, None, evid,
+    return finding(title + " (start-up cost, reported apart, not TTFT)",
+                   t.confidence(0.9), None, None, t.evidence,
                    ["warm the server up before it takes traffic (a warm-up request, compile ahead of time)",
                     "model load, GPU initialisation and weight reads are start-up / scale-out cost: with weights "
                     "resident in GPU memory, faster SSDs do nothing for TTFT",
@@ -70,16 +66,14 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     if steps < th["bb_intercept_itl_min"] or share < th["bb_intercept_share_min"]:
         return (f"TTFT's fixed part (prompt-fit intercept {intercept_s * 1e3:.1f} ms) is {steps:.1f} decode steps "
                 f"and {share:.0%} of TTFT p50: no outside latency stands out")
-    evid = [ev("fixed part of TTFT / ITL p50", steps, th_text(">=", th["bb_intercept_itl_min"], "x"), "decode steps",
-               f"the TTFT-vs-prompt intercept {intercept_s * 1e3:.1f} ms: latency no prompt token explains"),
-            ev("fixed part of TTFT / TTFT p50", share, th_text(">=", th["bb_intercept_share_min"], "share"), "share",
-               "most of what users wait for is not prompt processing")]
+    t = Triage(ctx)
+    t.crossed("fixed part of TTFT / ITL p50", steps, "bb_intercept_itl_min", "steps",
+              f"the TTFT-vs-prompt intercept {intercept_s * 1e3:.1f} ms: latency no prompt token explains")
+    t.crossed("fixed part of TTFT / TTFT p50", share, "bb_intercept_share_min", "share",
+              "most of what users wait for is not prompt processing")
     s, pct = ctx.explained(min(share, 1.0))
-    return Finding("network", "network",
-                   "A fixed latency outside the engine's compute dominates TTFT: network, proxy or front end (black box)",
-                   ctx.confidence(0.7, [strength(steps, th["bb_intercept_itl_min"]),
-                                        strength(share, th["bb_intercept_share_min"])], black_box=True),
-                   s, pct, evid, NETWORK_CHECKS + ["join a server capture (OTLP spans) to split network from the "
+    return finding("A fixed latency outside the engine's compute dominates TTFT: network, proxy or front end (black box)",
+                   t.confidence(0.7, black_box=True), s, pct, t.evidence, NETWORK_CHECKS + ["join a server capture (OTLP spans) to split network from the "
                                                    "server's front end"],
                    note="client-only evidence: the split between network and the server's front end is not "
                         "observed; confidence lowered", black_box=True)
@@ -96,33 +90,22 @@ def network(ctx: RuleContext) -> Outcome:
     gap_share = ctx.v("network_share_tail")
     ratio = ctx.v("client_server_ttft_ratio")
     det = ctx.v("detokenize_share_tail")
-    evid = []
-    strengths = []
-    if gap_share is not None and gap_share >= th["gap_share_min"]:
-        evid.append(ev("client-server gap share of TTFT (slowest 5%)", gap_share, th_text(">=", th["gap_share_min"], "share"),
-                       "share", "network, serialization, HTTP and client parsing between the two TTFT boundaries"))
-        strengths.append(strength(gap_share, th["gap_share_min"]))
-    if ratio is not None and ratio >= th["ttft_ratio_min"]:
-        evid.append(ev("client TTFT p50 / server TTFT p50", ratio, th_text(">=", th["ttft_ratio_min"], "x"), "x",
-                       f"median gap {ctx.v('client_server_gap_p50_s', 0) * 1e3:.1f} ms"))
-        strengths.append(strength(ratio, th["ttft_ratio_min"]))
-    if det is not None and det >= th["detokenize_share_min"]:
-        evid.append(ev("detokenize share of TTFT (slowest 5%)", det, th_text(">=", th["detokenize_share_min"], "share"),
-                       "share", "first token id -> text, ready for the stream"))
-        strengths.append(strength(det, th["detokenize_share_min"]))
-    if not evid:
-        parts = []
-        if gap_share is not None:
-            parts.append(f"client-server gap {gap_share:.0%} of TTFT")
-        if det is not None:
-            parts.append(f"detokenize {det:.0%} of TTFT")
-        return "; ".join(parts) or "client and server TTFT agree"
+    t = Triage(ctx)
+    t.crossed("client-server gap share of TTFT (slowest 5%)", gap_share, "gap_share_min", "share",
+              "network, serialization, HTTP and client parsing between the two TTFT boundaries",
+              miss="client-server gap {value:.0%} of TTFT")
+    t.crossed("client TTFT p50 / server TTFT p50", ratio, "ttft_ratio_min", "x",
+              f"median gap {ctx.v('client_server_gap_p50_s', 0) * 1e3:.1f} ms")
+    t.crossed("detokenize share of TTFT (slowest 5%)", det, "detokenize_share_min", "share",
+              "first token id -> text, ready for the stream", miss="detokenize {value:.0%} of TTFT")
+    if not t.evidence:
+        return t.pass_reason("client and server TTFT agree")
     shares = [x for x in (gap_share, det) if x is not None]
     s, pct = ctx.explained(sum(shares) if shares else (1 - 1 / ratio if ratio else None))
     title = ("Network / serialization: the client sees the first token well after the server produced it"
              if gap_share is not None and gap_share >= th["gap_share_min"] or (ratio or 0) >= th["ttft_ratio_min"]
              else "Detokenization / response streaming takes a large share of TTFT")
-    return Finding("network", "network", title, ctx.confidence(0.9, strengths), s, pct, evid,
+    return finding(title, t.confidence(0.9), s, pct, t.evidence,
                    [*NETWORK_CHECKS,
                     "the TTFT boundary: client TTFT includes the network, server TTFT ends at the hand-off to the stream"])
 
@@ -131,39 +114,28 @@ def network(ctx: RuleContext) -> Outcome:
                                    ("client_saturated_flag",)), tier=0)
 def loadgen(ctx: RuleContext) -> Outcome:
     """The load generator was the bottleneck: the measurement is invalid."""
-    th = ctx.th
     p50 = ctx.v("ttft_p50_s")
-    evid = []
-    strengths = []
+    t = Triage(ctx)
     lag = ctx.v("client_loop_lag_p99_s")
     stall = ctx.v("client_loop_stall_frac")
-    if stall is not None and stall >= th["loop_stall_frac_min"]:
-        evid.append(ev("client event loop stalled", stall, th_text(">=", th["loop_stall_frac_min"], "share"), "share",
-                       "share of the run the probe's event loop ran late: chunks sat unread, TTFT is inflated"))
-        strengths.append(strength(stall, th["loop_stall_frac_min"]))
+    if t.crossed("client event loop stalled", stall, "loop_stall_frac_min", "share",
+                 "share of the run the probe's event loop ran late: chunks sat unread, TTFT is inflated"):
         if lag is not None and p50:
-            evid.append(ev("client event-loop lag p99 / TTFT p50", lag / p50, None, "share",
-                           f"lag p99 {lag * 1e3:.1f} ms against the TTFT being measured"))
-    cpu = ctx.v("client_cpu_pct_p95")
-    if cpu is not None and cpu >= th["cpu_pct_min"]:
-        evid.append(ev("client CPU p95", cpu, th_text(">=", th["cpu_pct_min"], "%"), "%", "the client process is CPU-bound"))
-        strengths.append(strength(cpu, th["cpu_pct_min"]))
+            t.context("client event-loop lag p99 / TTFT p50", lag / p50, "share",
+                      f"lag p99 {lag * 1e3:.1f} ms against the TTFT being measured")
+    t.crossed("client CPU p95", ctx.v("client_cpu_pct_p95"), "cpu_pct_min", "%", "the client process is CPU-bound")
     late = ctx.v("client_send_lateness_p95_s")
-    if late is not None and p50 and late / p50 >= th["send_lateness_vs_ttft_min"]:
-        evid.append(ev("sends late against the schedule p95 / TTFT p50", late / p50,
-                       th_text(">=", th["send_lateness_vs_ttft_min"], "share"), "share",
-                       "the client cannot keep the arrival schedule"))
-        strengths.append(strength(late / p50, th["send_lateness_vs_ttft_min"]))
-    if ctx.v("client_saturated_flag") and stall is None and not evid:
-        evid.append(ev("client health says saturated", "yes", None, "", "the probe's own health check (meta.json)"))
-        strengths.append(1.0)
-    if not evid:
+    t.crossed("sends late against the schedule p95 / TTFT p50", late / p50 if late is not None and p50 else None,
+              "send_lateness_vs_ttft_min", "share", "the client cannot keep the arrival schedule")
+    if ctx.v("client_saturated_flag") and stall is None and not t.evidence:
+        t.context("client health says saturated", "yes", "", "the probe's own health check (meta.json)")
+        t.add_strength(1.0)
+    if not t.evidence:
         return "the client kept up (event-loop lag, CPU and send schedule within bounds)"
     share = min(lag / ctx.ttft_p95_s, 1.0) if lag is not None and ctx.ttft_p95_s else None
     s, pct = ctx.explained(share)
-    return Finding("loadgen", "loadgen",
-                   "The load generator was the bottleneck: the measurement is invalid, do not blame the server yet",
-                   ctx.confidence(0.9, strengths), s, pct, evid,
+    return finding("The load generator was the bottleneck: the measurement is invalid, do not blame the server yet",
+                   t.confidence(0.9), s, pct, t.evidence,
                    ["run the probe with more worker processes, fewer streams per process, or on another machine",
                     "re-run until client event-loop lag and CPU stay low, then diagnose the server",
                     "the connection pool size against the concurrency"], tier=0)

@@ -1,7 +1,8 @@
 """Runs the registered rules over a capture's features and ranks what they find.
 
 Order of work: thresholds -> features -> each rule (or "skipped: needs …") -> cross-rule
-adjustments (the load generator, KV admission, TTFT-not-fine, SLO met) -> healthy / fallback
+adjustments (the table of :mod:`rules.overrides`: the load generator, KV admission,
+TTFT-not-fine, SLO met) -> healthy / fallback
 -> ranking by tier, then confidence x weight. Overlapping explanations are never summed.
 """
 
@@ -11,24 +12,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from diag import stages
-from rules.features import compute_features
 from diag.tables import Tables
 from rules import compute, edges, itl, scheduling  # noqa: F401  (register the rules)
 from rules.base import REGISTRY, RuleContext, missing_reason
 from rules.config import load_thresholds
+from rules.features import compute_features
 from rules.model import ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Diagnosis, Evidence, Finding, Passed, Skipped
+from rules.overrides import apply_overrides
 
 HEALTHY_ID = "healthy"
 _STAGE_CATEGORY = {
     stages.QUEUE: "queue", stages.TOKENIZE: "tokenize", stages.PREFILL: "prefill_compute", stages.COMM: "comm",
     stages.SAMPLE: "prefill_compute", stages.DETOKENIZE: "network", stages.NETWORK: "network", stages.LUMPED: "queue",
 }
-
-
-def _demote(f: Finding, by: str, why: str, factor: float) -> None:
-    f.confidence = round(f.confidence * factor, 3)
-    f.demoted_by.append(by)
-    f.add_note(f"demoted: {why}")
 
 
 def _slo_state(feats: Any) -> tuple[bool | None, bool | None, list[Evidence]]:
@@ -76,6 +72,7 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
             skipped.append(Skipped(rid, f"skipped: rule failed on this capture ({type(exc).__name__}: {exc})"))
             continue
         if isinstance(out, Finding):
+            out.rule_id, out.category = r.id, r.category  # declared once, by the rule's decorator
             # the rule's registered tier, unless the finding promoted itself (a dominant cold start)
             out.tier = min(out.tier, r.tier) if out.category == "cold_start" else r.tier
             if out.category in ITL_CATEGORIES:
@@ -90,40 +87,8 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
         else:
             passed.append(Passed(rid, str(out)))
 
-    demote = float(general["demote_factor"])
-    by_cat = {f.category: f for f in findings}
-    strong = float(general["strong_confidence"])
-    # The load generator: the server-blaming findings are unreliable.
-    if "loadgen" in by_cat:
-        for f in findings:
-            if f.category in TTFT_CATEGORIES | ITL_CATEGORIES:
-                _demote(f, "loadgen", "the load generator was saturated, so this server-side blame is unreliable",
-                        demote)
-    # Waiting for KV blocks is queue time: the KV finding owns it.
-    if "kv_cache" in by_cat and "queue" in by_cat:
-        _demote(by_cat["queue"], "kv_cache", "the queue time here is waiting for KV-cache space (see kv_cache)", demote)
-    # ITL spikes explained by prefills are not a decode problem.
-    if "interference" in by_cat and "decode" in by_cat:
-        _demote(by_cat["decode"], "interference", "the slow tokens are stalls behind other requests' prefills", demote)
     all_met, ttft_met, slo_rows = _slo_state(feats)
-    if ttft_met and not all_met:
-        # the article's "TTFT fine, ITL bad" row: TTFT findings say where TTFT goes, not what is wrong
-        for f in findings:
-            if f.category in TTFT_CATEGORIES:
-                _demote(f, "slo", "TTFT meets its SLO: this is where TTFT goes, not the problem", demote)
-                f.tier = max(f.tier, 3)  # the broken (ITL) SLO's findings come first
-    ttft_bad = [] if ttft_met else [f for f in findings if f.category in TTFT_CATEGORIES and f.confidence >= strong]
-    if "decode" in by_cat and (ttft_bad or ttft_met is False):
-        _demote(by_cat["decode"], ttft_bad[0].category if ttft_bad else "slo",
-                "TTFT is not fine, so slow tokens are not the main story", demote)
-    if ttft_bad:  # TTFT is not fine: ITL findings come after the TTFT ones
-        for f in findings:
-            if f.category in ITL_CATEGORIES:
-                f.tier = 3
-    if all_met:
-        for f in findings:
-            if f.category in TTFT_CATEGORIES | ITL_CATEGORIES:
-                _demote(f, "slo", "every SLO given is met: this is where the time goes, not a problem", demote)
+    apply_overrides(findings, all_met, ttft_met, general)
 
     min_conf = float(general["min_confidence"])
     for f in list(findings):

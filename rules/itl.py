@@ -6,8 +6,7 @@ Their findings explain ITL, not TTFT (``explained_s`` is None); the engine ranks
 
 from __future__ import annotations
 
-from rules.base import RuleContext, Outcome, ev, rule, strength, th_text
-from rules.model import Finding
+from rules.base import Outcome, RuleContext, Triage, ev, finding, rule, strength, th_text
 
 DECODE_CHECKS = [
     "ITL percentiles against running sequences and the decode step time",
@@ -27,39 +26,34 @@ INTERFERENCE_CHECKS = [
 @rule("decode", "decode", needs=(("itl_p50_s", "ttft_p50_s"),))
 def decode(ctx: RuleContext) -> Outcome:
     """TTFT fine, ITL bad: the tokens after the first come slowly."""
-    th = ctx.th
     itl = ctx.v("itl_p50_s")
     ttft = ctx.v("ttft_p50_s")
-    evid = []
-    strengths = []
+    t = Triage(ctx)
     ratio = itl / ttft if ttft else None
-    if ratio is not None and ratio >= th["itl_ttft_ratio_min"]:
-        evid.append(ev("ITL p50 / TTFT p50", ratio, th_text(">=", th["itl_ttft_ratio_min"], "x"), "x",
-                       f"each later token ({itl * 1e3:.1f} ms) takes as long as the first"))
-        strengths.append(strength(ratio, th["itl_ttft_ratio_min"]))
+    t.crossed("ITL p50 / TTFT p50", ratio, "itl_ttft_ratio_min", "x",
+              f"each later token ({itl * 1e3:.1f} ms) takes as long as the first")
     hold = ctx.v("decode_speed_hold_ratio")
-    if hold is not None and hold <= th["decode_hold_max"]:
-        evid.append(ev("per-stream decode speed, highest / lowest concurrency", hold,
-                       th_text("<=", th["decode_hold_max"], "x"), "x", "streams slow down as concurrency grows"))
-        strengths.append(strength(hold, th["decode_hold_max"], higher_is_worse=False))
+    t.below("per-stream decode speed, highest / lowest concurrency", hold, "decode_hold_max", "x",
+            "streams slow down as concurrency grows")
     for key, target in (ctx.slo or {}).items():
         metric = key.split("_")[0]
         if metric in ("itl", "tpot"):
             check = (ctx.v("slo_checks") or {}).get(key) or {}
             if check.get("met") is False:
-                evid.append(ev(f"SLO {key}", check.get("value_s"), th_text("<=", target, "s"), "s", "ITL SLO broken"))
-                strengths.append(strength(check.get("value_s"), target))
-    if not evid:
+                # the SLO's target, as the user gave it (the row is broken, not crossed upward)
+                t.add(ev(f"SLO {key}", check.get("value_s"), th_text("<=", target, "s"), "s", "ITL SLO broken"),
+                      strength(check.get("value_s"), target))
+    if not t.evidence:
         return (f"ITL p50 {itl * 1e3:.1f} ms is {ratio:.2f}x TTFT p50" if ratio is not None else "ITL within bounds") + (
             f"; decode speed holds x{hold:.2f} across concurrency" if hold is not None else "")
-    for name, unit, meaning in (("running_seqs_p95", "sequences", "running sequences per step (p95)"),
+    for name, unit, meaning in (("running_seqs_p95", "requests", "running sequences per step (p95)"),
                                 ("decode_step_p50_s", "s", "decode-only engine step time"),
                                 ("itl_p99_s", "s", "ITL p99 over all token gaps")):
         val = ctx.v(name)
         if val is not None:
-            evid.append(ev(name, val, None, unit, meaning))
-    return Finding("decode", "decode", "Decode: TTFT is fine but the tokens after the first come slowly (ITL)",
-                   ctx.confidence(0.85, strengths, black_box=ctx.black_box), None, None, evid, DECODE_CHECKS,
+            t.context(name, val, unit, meaning)
+    return finding("Decode: TTFT is fine but the tokens after the first come slowly (ITL)",
+                   t.confidence(0.85, black_box=ctx.black_box), None, None, t.evidence, DECODE_CHECKS,
                    note="explains ITL, not TTFT" + ("; client-only evidence" if ctx.black_box else ""),
                    black_box=ctx.black_box)
 
@@ -86,25 +80,22 @@ def interference(ctx: RuleContext) -> Outcome:
                 f"{th['itl_ratio_min']:g}x) and cost {stall:.0%} of decode time (threshold {th['stall_share_min']:.0%}); "
                 f"{tail or 0:.0%} of the slowest 1% of gaps overlap a prefill (threshold {th['tail_during_prefill_min']:.0%})")
     src = ctx.features.get("itl_interference_ratio").source or ""
-    evid = [
-        ev("ITL during prefills / ITL otherwise", ratio, th_text(">=", th["itl_ratio_min"], "x"), "x",
-           f"mean gap {ctx.v('itl_during_prefill_mean_s', 0) * 1e3:.1f} ms against a median "
-           f"{ctx.v('itl_without_prefill_p50_s', 0) * 1e3:.1f} ms ({src})"),
-        ev("decode time lost to prefill stalls", stall, th_text(">=", th["stall_share_min"], "share"), "share",
-           "running requests wait while new prompts are prefilled"),
-        ev("token gaps overlapping a prefill", ctx.v("itl_during_prefill_frac"), None, "share", "how often it happens"),
-    ]
+    t = Triage(ctx)
+    t.judged("ITL during prefills / ITL otherwise", ratio, "itl_ratio_min", "x",
+             f"mean gap {ctx.v('itl_during_prefill_mean_s', 0) * 1e3:.1f} ms against a median "
+             f"{ctx.v('itl_without_prefill_p50_s', 0) * 1e3:.1f} ms ({src})", weigh=True)
+    t.judged("decode time lost to prefill stalls", stall, "stall_share_min", "share",
+             "running requests wait while new prompts are prefilled")
     if tail_caused:
-        evid.insert(2, ev("slowest 1% of token gaps that overlap a prefill", tail,
-                          th_text(">=", th["tail_during_prefill_min"], "share"), "share",
-                          "the ITL tail that breaks its SLO is made of stalls behind other requests' prefills"))
-    strengths = [strength(ratio, th["itl_ratio_min"]),
-                 max(strength(stall, th["stall_share_min"]),
-                     strength(tail, th["tail_during_prefill_min"]) if tail_caused else 0.0)]
-    return Finding("interference", "interference",
-                   "Prefill-decode interference: running requests' tokens stall while new prompts prefill",
-                   ctx.confidence(0.85 if not bb else 0.7, strengths, black_box=bb),
-                   None, None, evid, INTERFERENCE_CHECKS,
+        t.judged("slowest 1% of token gaps that overlap a prefill", tail, "tail_during_prefill_min", "share",
+                 "the ITL tail that breaks its SLO is made of stalls behind other requests' prefills")
+    t.context("token gaps overlapping a prefill", ctx.v("itl_during_prefill_frac"), "share", "how often it happens")
+    # the time lost, or (an ITL SLO broken) the tail made of stalls: whichever says it louder
+    t.add_strength(max(strength(stall, th["stall_share_min"]),
+                       strength(tail, th["tail_during_prefill_min"]) if tail_caused else 0.0))
+    return finding("Prefill-decode interference: running requests' tokens stall while new prompts prefill",
+                   t.confidence(0.85 if not bb else 0.7, black_box=bb),
+                   None, None, t.evidence, INTERFERENCE_CHECKS,
                    note="explains ITL spikes, not TTFT" + ("; client-only evidence (other requests' TTFT windows "
                                                            "stand in for their prefills)" if bb else ""),
                    black_box=bb)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from rules.base import RuleContext, Outcome, ev, rule, strength, th_text
-from rules.model import Evidence, Finding
+from rules.base import Outcome, RuleContext, Triage, finding, rule, strength
 
 QUEUE_IDLE_CHECKS = [
     "queue wait share and the scheduler thread: take a CPU profile of the serving process (py-spy) "
@@ -22,27 +21,25 @@ QUEUE_BUSY_CHECKS = [
 ]
 
 
-def _queue_metric_rows(ctx: RuleContext, share_from_metrics: bool) -> list[Evidence]:
+def _queue_metric_rows(t: Triage, share_from_metrics: bool) -> None:
     """Queue depth and the engine's own queue-time histogram, as context (no thresholds)."""
-    rows: list[Evidence] = []
+    ctx = t.ctx
     for name, label in (("waiting_seqs_p95", "requests waiting (p95)"), ("waiting_seqs_max", "requests waiting (max)")):
         val = ctx.v(name)
         if val is not None:
             src = ctx.features.get(name).source
-            rows.append(ev(label, val, None, "requests",
-                           "the engine's waiting-requests gauge (num_waiting)" if src == "prometheus"
-                           else f"waiting sequences per engine step ({src})"))
+            t.context(label, val, "requests", "the engine's waiting-requests gauge (num_waiting)" if src == "prometheus"
+                      else f"waiting sequences per engine step ({src})")
     q_mean = ctx.v("metrics_queue_time_mean_s")
     if q_mean is not None:
         q95 = ctx.v("metrics_queue_time_p95_s")
-        rows.append(ev("queue time (engine metric, mean)", q_mean, None, "s",
-                       "the engine's queue-time histogram (queue_time_s), request-weighted over scrape windows"
-                       + (f"; windowed p95 {q95 * 1e3:.0f} ms" if q95 is not None else "")))
+        t.context("queue time (engine metric, mean)", q_mean, "s",
+                  "the engine's queue-time histogram (queue_time_s), request-weighted over scrape windows"
+                  + (f"; windowed p95 {q95 * 1e3:.0f} ms" if q95 is not None else ""))
     share = ctx.v("metrics_queue_share")
     if share is not None and not share_from_metrics:
-        rows.append(ev("queue share of TTFT (engine metrics)", share, None, "share",
-                       "mean queue time / mean TTFT from the engine's own histograms: the same story from /metrics"))
-    return rows
+        t.context("queue share of TTFT (engine metrics)", share, "share",
+                  "mean queue time / mean TTFT from the engine's own histograms: the same story from /metrics")
 
 
 @rule("queue", "queue", needs=(("queue_share_tail",), ("ttft_concurrency_ratio", "decode_speed_hold_ratio",
@@ -65,33 +62,30 @@ def queue(ctx: RuleContext) -> Outcome:
         idle_measure = busy_q if busy_q is not None else busy
         idle = idle_measure is not None and idle_measure < th["device_idle_max"]
         from_metrics = ctx.features.get("queue_share_tail").source == "prometheus"
-        evid = [ev("queue share of TTFT (engine metrics)" if from_metrics else "queue share of TTFT (slowest 5%)", qs,
-                   th_text(">=", th["share_min"], "share"), "share",
-                   "time requests wait for the scheduler before their prefill"
-                   + (" (mean queue time / mean TTFT from the engine's histograms, request-weighted over scrape windows)"
-                      if from_metrics else ""))]
-        strengths = [strength(qs, th["share_min"])]
-        if wait_steps is not None:
-            evid.append(ev("queue wait / step in flight", wait_steps, th_text(">=", th["wait_steps_min"], "x"), "x",
-                           "queued for several engine steps, not just the one in flight when it arrived"))
-            strengths.append(strength(wait_steps, th["wait_steps_min"]))
+        t = Triage(ctx)
+        t.crossed("queue share of TTFT (engine metrics)" if from_metrics else "queue share of TTFT (slowest 5%)", qs,
+                  "share_min", "share", "time requests wait for the scheduler before their prefill"
+                  + (" (mean queue time / mean TTFT from the engine's histograms, request-weighted over scrape windows)"
+                     if from_metrics else ""))
+        t.crossed("queue wait / step in flight", wait_steps, "wait_steps_min", "x",
+                  "queued for several engine steps, not just the one in flight when it arrived")
         if busy_q is not None:
-            evid.append(ev("device busy while requests queued", busy_q, th_text("<", th["device_idle_max"], "share"),
-                           "share", "idle device while requests wait: the hold-up is not the GPU" if idle else
-                           "the device was working while requests waited: capacity"))
+            t.judged("device busy while requests queued", busy_q, "device_idle_max", "share",
+                     "idle device while requests wait: the hold-up is not the GPU" if idle else
+                     "the device was working while requests waited: capacity", op="<")
         if busy is not None:
-            evid.append(ev("device busy fraction", busy, None, "share",
-                           f"from {ctx.features.get('device_busy_frac').source}; utilisation alone says little"))
-        evid += _queue_metric_rows(ctx, from_metrics)
-        if idle:
-            strengths.append(strength(th["device_idle_max"], max(idle_measure, 1e-3)))
+            t.context("device busy fraction", busy, "share",
+                      f"from {ctx.features.get('device_busy_frac').source}; utilisation alone says little")
+        _queue_metric_rows(t, from_metrics)
+        if idle:  # how idle: the further below the idle line, the stronger
+            t.add_strength(strength(th["device_idle_max"], max(idle_measure, 1e-3)))
             title = "Requests wait in the queue while the device is mostly idle: the scheduler / CPU side holds them"
             checks = QUEUE_IDLE_CHECKS
         else:
             title = "Requests queue behind a busy device: arrivals exceed what the engine admits per step"
             checks = QUEUE_BUSY_CHECKS
         s, pct = ctx.explained(ctx.v("queue_share_tail"))
-        return Finding("queue", "queue", title, ctx.confidence(0.95, strengths), s, pct, evid, checks)
+        return finding(title, t.confidence(0.95), s, pct, t.evidence, checks)
     # black box: TTFT against concurrency and per-stream decode speed
     ratio = ctx.v("ttft_concurrency_ratio")
     hold = ctx.v("decode_speed_hold_ratio")
@@ -107,14 +101,15 @@ def queue(ctx: RuleContext) -> Outcome:
         return "TTFT is flat then jumps past a concurrency knee: an admission limit above one request (see kv_cache)"
     curve = ctx.v("ttft_by_inflight") or {}
     ys = list(curve.values())
-    evid = [ev("TTFT at highest / lowest concurrency", ratio, th_text(">=", th["bb_ttft_rise_min"], "x"), "x",
-               f"median TTFT by in-flight requests: {', '.join(f'{k}: {v * 1e3:.0f} ms' for k, v in curve.items())}"),
-            ev("per-stream decode speed, highest / lowest concurrency", hold,
-               th_text(">=" if holds else "<", th["bb_decode_hold_min"], "x"), "x",
-               "decode speed holds: the server does not batch the extra requests, it makes them wait" if holds
-               else "decode slows as well: the server is at capacity"),
-            ev("TTFT rise / ITL at the highest concurrency", rise_steps, th_text(">=", th["wait_steps_min"], "x"),
-               "decode steps", "new requests wait many steps, not just the one in flight")]
+    t = Triage(ctx)
+    t.crossed("TTFT at highest / lowest concurrency", ratio, "bb_ttft_rise_min", "x",
+              f"median TTFT by in-flight requests: {', '.join(f'{k}: {v * 1e3:.0f} ms' for k, v in curve.items())}")
+    # the comparison that holds is the one shown: decode speed held (>=) or fell (<)
+    t.judged("per-stream decode speed, highest / lowest concurrency", hold, "bb_decode_hold_min", "x",
+             "decode speed holds: the server does not batch the extra requests, it makes them wait" if holds
+             else "decode slows as well: the server is at capacity", op=">=" if holds else "<")
+    t.judged("TTFT rise / ITL at the highest concurrency", rise_steps, "wait_steps_min", "steps",
+             "new requests wait many steps, not just the one in flight")
     if holds:
         title = "TTFT rises with concurrency from the start while per-stream decode speed holds: the server serialises or admits too few (black box)"
         checks = ["the server's admission limits (max_num_seqs, worker count, a global lock) and its queue-time metric",
@@ -124,10 +119,9 @@ def queue(ctx: RuleContext) -> Outcome:
         checks = QUEUE_BUSY_CHECKS[:3]
     share = (ys[-1] - ys[0]) / ys[-1] if ys and ys[-1] > 0 else None
     s, pct = ctx.explained(share)
-    f = Finding("queue", "queue", title, ctx.confidence(0.8, [strength(ratio, th["bb_ttft_rise_min"])], black_box=True),
-                s, pct, evid, checks, note="client-only evidence: the queue is inferred from the concurrency sweep, "
-                "not measured; confidence lowered", black_box=True)
-    return f
+    return finding(title, t.confidence(0.8, black_box=True), s, pct, t.evidence, checks,
+                   note="client-only evidence: the queue is inferred from the concurrency sweep, not measured; "
+                   "confidence lowered", black_box=True)
 
 
 @rule("tokenize", "tokenize", needs=(("tokenize_share_tail",), ("prompt_slope_per_itl", "ttft_prompt_r2")))
@@ -145,36 +139,33 @@ def tokenize(ctx: RuleContext) -> Outcome:
         fires = ts >= th["share_min"] or (prof_tok is not None and prof_tok >= th["cpu_profile_share_min"])
         if not fires:
             return f"tokenize share of the slowest 5% is {ts:.0%} (< {th['share_min']:.0%})"
-        evid = [ev("tokenize share of TTFT (slowest 5%)", ts, th_text(">=", th["share_min"], "share"), "share",
-                   "prompt text -> token ids on the serving CPU")]
-        strengths = [strength(ts, th["share_min"])]
+        t = Triage(ctx)  # either may fire it: both rows are shown, both strengths count
+        t.judged("tokenize share of TTFT (slowest 5%)", ts, "share_min", "share",
+                 "prompt text -> token ids on the serving CPU", weigh=True)
         if prof_tok is not None:
-            evid.append(ev("tokenizer share of CPU samples", prof_tok, th_text(">=", th["cpu_profile_share_min"], "share"),
-                           "share", "py-spy samples of the serving process"))
-            strengths.append(strength(prof_tok, th["cpu_profile_share_min"]))
+            t.judged("tokenizer share of CPU samples", prof_tok, "cpu_profile_share_min", "share",
+                     "py-spy samples of the serving process", weigh=True)
         slope = ctx.v("ttft_prompt_slope_ms_per_token")
         if slope is not None:
-            evid.append(ev("TTFT slope", slope, None, "ms/token", "grows with prompt length, like the tokenizer's work"))
+            t.context("TTFT slope", slope, "ms/token", "grows with prompt length, like the tokenizer's work")
         s, pct = ctx.explained(ts)
-        return Finding("tokenize", "tokenize", "Tokenization on the serving CPU takes a large share of TTFT",
-                       ctx.confidence(0.95, strengths), s, pct, evid, checks)
+        return finding("Tokenization on the serving CPU takes a large share of TTFT",
+                       t.confidence(0.95), s, pct, t.evidence, checks)
     ratio = ctx.v("prompt_slope_per_itl")
     r2 = ctx.v("ttft_prompt_r2")
     if r2 < th["bb_r2_min"] or ratio < th["bb_slope_per_itl_min"]:
         return (f"a prompt token costs {ratio:.2f} of a decode step (< {th['bb_slope_per_itl_min']:g}) or TTFT is "
                 f"not linear in prompt length (R² {r2:.2f})")
     slope = ctx.v("ttft_prompt_slope_ms_per_token")
-    evid = [ev("TTFT per prompt token / ITL p50", ratio, th_text(">=", th["bb_slope_per_itl_min"], "x"), "x",
-               "each prompt token costs a sizeable part of a whole decode step: sequential per-token CPU work, "
-               "not a parallel prefill"),
-            ev("TTFT vs prompt tokens R²", r2, th_text(">=", th["bb_r2_min"], ""), "", f"slope {slope:.3g} ms/token")]
+    t = Triage(ctx)
+    t.crossed("TTFT per prompt token / ITL p50", ratio, "bb_slope_per_itl_min", "x",
+              "each prompt token costs a sizeable part of a whole decode step: sequential per-token CPU work, "
+              "not a parallel prefill")
+    t.crossed("TTFT vs prompt tokens R²", r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token")
     share = ctx.v("ttft_prompt_explained_frac")
     s, pct = ctx.explained(min(share, 1.0) if share is not None else None)
-    return Finding("tokenize", "tokenize",
-                   "TTFT grows per prompt token far faster than a parallel prefill would: tokenization (black box)",
-                   ctx.confidence(0.7, [strength(ratio, th["bb_slope_per_itl_min"]), strength(r2, th["bb_r2_min"])],
-                                  black_box=True),
-                   s, pct, evid, checks, black_box=True,
+    return finding("TTFT grows per prompt token far faster than a parallel prefill would: tokenization (black box)",
+                   t.confidence(0.7, black_box=True), s, pct, t.evidence, checks, black_box=True,
                    note="client-only evidence: per-token cost compared with the decode step; a server-side capture "
                    "tells tokenizer from prefill directly")
 
@@ -201,37 +192,29 @@ def kv_cache(ctx: RuleContext) -> Outcome:
     jump = ctx.v("ttft_knee_jump_ratio") if ctx.has("concurrency_knee") else None
     qs = ctx.v("queue_share_tail")
     if pressure_known:
-        pressure: list[tuple[str, float, float, str]] = []
-        if usage is not None and usage >= th["usage_p95_min"]:
-            pressure.append(("KV usage p95", usage, th["usage_p95_min"], "share"))
-        if above is not None and above >= th["time_above_min"]:
-            pressure.append(("time with KV usage near capacity", above, th["time_above_min"], "share"))
-        if pre is not None and pre >= th["preemptions_min"]:
-            pressure.append(("preemptions", pre, th["preemptions_min"], "preemptions"))
-        effect: list[tuple[str, float, float, str]] = []
-        if jump is not None and jump >= th["knee_jump_min"]:
-            effect.append(("TTFT past the knee / at the knee", jump, th["knee_jump_min"], "x"))
-        if qs is not None and qs >= th["queue_share_min"]:
-            effect.append(("queue share of TTFT (slowest 5%)", qs, th["queue_share_min"], "share"))
-        if not pressure:
+        # two groups, each must show: the pressure (usage, time near capacity, preemptions) and its
+        # effect on TTFT (a knee, queueing); the strongest row of each counts
+        pressure, effect = Triage(ctx), Triage(ctx)
+        pressure.crossed("KV usage p95", usage, "usage_p95_min", "share",
+                         "all active requests' KV caches together near the capacity")
+        pressure.crossed("time with KV usage near capacity", above, "time_above_min", "share",
+                         "share of engine time at or above the near-capacity level")
+        pressure.crossed("preemptions", pre, "preemptions_min", "count",
+                         "running requests evicted to free blocks (their work is redone)")
+        effect.crossed("TTFT past the knee / at the knee", jump, "knee_jump_min", "x",
+                       f"TTFT jumps past {ctx.v('concurrency_knee', 0):g} requests in flight")
+        effect.crossed("queue share of TTFT (slowest 5%)", qs, "queue_share_min", "share",
+                       "new requests wait for free KV blocks")
+        if not pressure.evidence:
             return (f"KV usage p95 {usage if usage is not None else float('nan'):.0%}, preemptions "
                     f"{pre if pre is not None else 0:g}: no KV pressure")
-        if not effect:
+        if not effect.evidence:
             return "KV usage near capacity, but TTFT shows no knee and little queueing"
-        meanings = {
-            "KV usage p95": "all active requests' KV caches together near the capacity",
-            "time with KV usage near capacity": "share of engine time at or above the near-capacity level",
-            "preemptions": "running requests evicted to free blocks (their work is redone)",
-            "TTFT past the knee / at the knee": f"TTFT jumps past {ctx.v('concurrency_knee', 0):g} requests in flight",
-            "queue share of TTFT (slowest 5%)": "new requests wait for free KV blocks",
-        }
-        evid = [ev(n, v, th_text(">=", t, u), u, meanings[n]) for n, v, t, u in pressure + effect]
-        strengths = [max(strength(v, t) for _, v, t, _ in pressure), max(strength(v, t) for _, v, t, _ in effect)]
+        t = Triage(ctx, pressure.evidence + effect.evidence, [max(pressure.strengths), max(effect.strengths)])
         share = qs if qs is not None else (1.0 - 1.0 / jump if jump else None)
         s, pct = ctx.explained(share)
-        return Finding("kv_cache", "kv_cache",
-                       "KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
-                       ctx.confidence(0.9, strengths), s, pct, evid, KV_CHECKS)
+        return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
+                       t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
     # black box: flat, then a jump, while decode speed holds
     flat = ctx.v("concurrency_flat_levels", 0)
     hold = ctx.v("decode_speed_hold_ratio")
@@ -240,15 +223,15 @@ def kv_cache(ctx: RuleContext) -> Outcome:
         return (f"no knee: TTFT flat for {flat:g} levels, then x{jump:.1f}; per-stream decode speed x{hold:.2f}")
     knee = ctx.v("concurrency_knee")
     holds = hold >= th["bb_decode_hold_min"]
-    evid = [ev("TTFT past the knee / at the knee", jump, th_text(">=", th["knee_jump_min"], "x"), "x",
-               f"TTFT stays nearly flat up to {knee:g} requests in flight, then jumps"),
-            ev("per-stream decode speed, highest / lowest concurrency", hold, None, "x",
-               "running streams keep their speed: the extra requests are not admitted, they wait" if holds else
-               "running streams slow too: preempted requests recompute their KV cache")]
+    t = Triage(ctx)
+    t.crossed("TTFT past the knee / at the knee", jump, "knee_jump_min", "x",
+              f"TTFT stays nearly flat up to {knee:g} requests in flight, then jumps")
+    t.context("per-stream decode speed, highest / lowest concurrency", hold, "x",
+              "running streams keep their speed: the extra requests are not admitted, they wait" if holds else
+              "running streams slow too: preempted requests recompute their KV cache")
     s, pct = ctx.explained(1.0 - 1.0 / jump)
-    return Finding("kv_cache", "kv_cache",
-                   f"TTFT jumps past {knee:g} concurrent requests while decode speed holds: an admission limit, "
+    return finding(f"TTFT jumps past {knee:g} concurrent requests while decode speed holds: an admission limit, "
                    "likely KV-cache capacity (black box)",
-                   ctx.confidence(0.75, [strength(jump, th["knee_jump_min"])], black_box=True), s, pct, evid, KV_CHECKS,
+                   t.confidence(0.75, black_box=True), s, pct, t.evidence, KV_CHECKS,
                    note="client-only evidence: KV usage is not observed; the same knee comes from a max_num_seqs "
                    "limit; scrape the server's /metrics (KV usage, preemptions) to confirm", black_box=True)

@@ -1,0 +1,97 @@
+"""Which finding overrides which: a declared table (winner, losers, why), applied by one loop.
+
+A row's *winner* is a finding's category (it applies when that finding fired) or a state of
+the diagnosis:
+
+* ``"slo_ttft_met"`` — the TTFT SLOs are met and another SLO is broken (the article's
+  "TTFT fine, ITL bad" row);
+* ``"ttft_strong"`` — a TTFT finding at least ``general.strong_confidence`` sure (TTFT is not
+  fine), unless a TTFT SLO is met; the winner is the first such finding;
+* ``"ttft_not_fine"`` — ``ttft_strong``, or a TTFT SLO broken;
+* ``"slo_all_met"`` — every SLO given is met.
+
+Each loser (a finding whose category is in ``losers``) is demoted (confidence x
+``general.demote_factor``, ``demoted_by`` and a note saying ``why``) and/or pushed down to at
+least ``tier``. Rows apply in order and each winner is judged when its row applies, so a row
+sees the demotions of the rows above it. Runs on the engine's thread, on its own findings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rules.model import CATEGORIES, ITL_CATEGORIES, TTFT_CATEGORIES, Finding
+
+_SERVER = TTFT_CATEGORIES | ITL_CATEGORIES
+
+
+@dataclass(frozen=True)
+class Override:
+    """One row: when ``winner`` holds, every finding of a ``losers`` category is demoted and/or re-tiered."""
+
+    winner: str
+    losers: frozenset[str]
+    why: str
+    demote: bool = True
+    tier: int | None = None  #: losers rank at this tier or later
+
+
+OVERRIDES: tuple[Override, ...] = (
+    # the load generator: the server-blaming findings are unreliable
+    Override("loadgen", _SERVER, "the load generator was saturated, so this server-side blame is unreliable"),
+    # waiting for KV blocks is queue time: the KV finding owns it
+    Override("kv_cache", frozenset({"queue"}), "the queue time here is waiting for KV-cache space (see kv_cache)"),
+    # ITL spikes explained by prefills are not a decode problem
+    Override("interference", frozenset({"decode"}), "the slow tokens are stalls behind other requests' prefills"),
+    # TTFT findings say where TTFT goes, not what is wrong; the broken (ITL) SLO's findings come first
+    Override("slo_ttft_met", TTFT_CATEGORIES, "TTFT meets its SLO: this is where TTFT goes, not the problem", tier=3),
+    Override("ttft_not_fine", frozenset({"decode"}), "TTFT is not fine, so slow tokens are not the main story"),
+    # TTFT is not fine: ITL findings come after the TTFT ones
+    Override("ttft_strong", ITL_CATEGORIES, "TTFT is not fine: ITL findings rank after the TTFT ones", demote=False,
+             tier=3),
+    Override("slo_all_met", _SERVER, "every SLO given is met: this is where the time goes, not a problem"),
+)
+
+
+def demote(f: Finding, by: str, why: str, factor: float) -> None:
+    """Lower ``f``'s confidence by ``factor``, record who did it and why."""
+    f.confidence = round(f.confidence * factor, 3)
+    f.demoted_by.append(by)
+    f.add_note(f"demoted: {why}")
+
+
+def winner(name: str, findings: list[Finding], all_met: bool | None, ttft_met: bool | None,
+           strong: float) -> str | None:
+    """Who wins row ``name`` now (the ``demoted_by`` name), or None when the row does not apply."""
+    if name in CATEGORIES:
+        return name if any(f.category == name for f in findings) else None
+    if name == "slo_ttft_met":
+        return "slo" if ttft_met and not all_met else None
+    if name in ("ttft_strong", "ttft_not_fine"):
+        bad = [] if ttft_met else [f for f in findings if f.category in TTFT_CATEGORIES and f.confidence >= strong]
+        if bad:
+            return bad[0].category
+        return "slo" if name == "ttft_not_fine" and ttft_met is False else None
+    if name == "slo_all_met":
+        return "slo" if all_met else None
+    raise ValueError(f"unknown override winner {name!r}")
+
+
+def apply_overrides(findings: list[Finding], all_met: bool | None, ttft_met: bool | None,
+                    general: Mapping[str, Any], table: tuple[Override, ...] = OVERRIDES) -> None:
+    """Apply ``table`` to ``findings`` in place (``all_met``/``ttft_met``: the SLO state, None when none applies)."""
+    factor = float(general["demote_factor"])
+    strong = float(general["strong_confidence"])
+    for row in table:
+        by = winner(row.winner, findings, all_met, ttft_met, strong)
+        if by is None:
+            continue
+        for f in findings:
+            if f.category not in row.losers:
+                continue
+            if row.demote:
+                demote(f, by, row.why, factor)
+            if row.tier is not None:
+                f.tier = max(f.tier, row.tier)

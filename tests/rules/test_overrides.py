@@ -1,0 +1,70 @@
+"""rules.overrides: which finding demotes which, as a table applied by one loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from rules.model import Finding
+from rules.overrides import OVERRIDES, Override, apply_overrides, winner
+
+GENERAL = {"demote_factor": 0.5, "strong_confidence": 0.5}
+
+
+def _f(category: str, confidence: float = 0.8, tier: int = 2) -> Finding:
+    return Finding(category, category, f"{category} title", confidence, None, None, [], [], tier=tier)
+
+
+def test_the_table_names_known_winners_and_categories() -> None:
+    for row in OVERRIDES:
+        winner(row.winner, [], None, None, 0.5)  # raises on an unknown winner
+        assert row.losers and row.why
+
+
+def test_a_finding_winner_demotes_its_losers_only_when_it_fired() -> None:
+    q, kv, dec = _f("queue"), _f("kv_cache"), _f("decode")
+    apply_overrides([q, kv, dec], None, None, GENERAL)
+    assert q.confidence == pytest.approx(0.4) and q.demoted_by == ["kv_cache"]
+    assert "waiting for KV-cache space" in q.note
+    assert kv.confidence == 0.8 and kv.demoted_by == []
+    q2 = _f("queue")
+    apply_overrides([q2], None, None, GENERAL)
+    assert q2.demoted_by == []
+
+
+def test_the_load_generator_demotes_every_server_finding() -> None:
+    fs = [_f("loadgen"), _f("queue"), _f("interference"), _f("cold_start")]
+    apply_overrides(fs, None, None, GENERAL)
+    assert [f.demoted_by for f in fs] == [[], ["loadgen"], ["loadgen"], []]
+
+
+def test_ttft_met_other_slo_broken_pushes_ttft_findings_down() -> None:
+    q, inter = _f("queue"), _f("interference")
+    apply_overrides([q, inter], all_met=False, ttft_met=True, general=GENERAL)
+    assert q.demoted_by == ["slo"] and q.tier == 3
+    assert inter.demoted_by == [] and inter.tier == 2
+
+
+def test_a_strong_ttft_finding_demotes_decode_and_ranks_itl_after_it() -> None:
+    pre, dec = _f("prefill_compute", 0.9), _f("decode", 0.6)
+    apply_overrides([pre, dec], None, None, GENERAL)
+    assert dec.demoted_by == ["prefill_compute"] and dec.tier == 3
+    assert pre.demoted_by == []
+    # a broken TTFT SLO without a strong finding: "slo" wins, and the ITL findings keep their tier
+    dec = _f("decode")
+    apply_overrides([_f("queue", 0.3), dec], all_met=False, ttft_met=False, general=GENERAL)
+    assert dec.demoted_by == ["slo"] and dec.tier == 2
+
+
+def test_every_slo_met_demotes_all_server_findings_and_rows_see_earlier_demotions() -> None:
+    q, dec = _f("queue", 0.9), _f("decode")
+    apply_overrides([q, dec], all_met=True, ttft_met=None, general=GENERAL)
+    assert q.demoted_by == ["slo"]
+    assert dec.demoted_by == ["queue", "slo"]  # TTFT not fine (judged before the SLO row), then every SLO met
+    assert dec.confidence == pytest.approx(0.2)
+
+
+def test_a_custom_table_is_applied_in_order() -> None:
+    a, b = _f("network"), _f("tokenize")
+    table = (Override("network", frozenset({"tokenize"}), "why", demote=False, tier=4),)
+    apply_overrides([a, b], None, None, GENERAL, table)
+    assert b.tier == 4 and b.demoted_by == [] and b.confidence == 0.8

@@ -1,0 +1,94 @@
+"""rules.base: a rule's triage row in one call per check (Triage), and the finding the engine completes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diag.capture import load_capture
+from diag.tables import build_tables
+from rules import REGISTRY, diagnose
+from rules.base import RuleContext, Triage, finding, strength
+from rules.features import Feature, Features
+from rules.model import Evidence
+
+
+def _ctx(th: dict[str, float], requests_n: float = 100.0) -> RuleContext:
+    feats = Features()
+    feats.add(Feature("requests_n", requests_n, "requests", True))
+    return RuleContext(feats, th, {"min_requests": 20, "black_box_scale": 0.6}, {}, False)
+
+
+def test_a_crossed_row_has_its_number_op_and_strength() -> None:
+    t = Triage(_ctx({"share_min": 0.3}))
+    assert t.crossed("queue share", 0.6, "share_min", "share", "waits for the scheduler")
+    assert t.evidence == [Evidence("queue share", 0.6, 0.3, "share", "waits for the scheduler", op=">=", crossed=True)]
+    assert t.strengths == [pytest.approx(1.0)]  # 2x the threshold
+    assert t.pass_reason("nothing") == "nothing"
+
+
+def test_a_check_that_does_not_cross_adds_no_row_and_says_why() -> None:
+    t = Triage(_ctx({"share_min": 0.3, "ratio_min": 1.2}))
+    assert not t.crossed("comm share", 0.1, "share_min", "share", "", miss="comm share {value:.0%} (< {threshold:.0%})")
+    assert not t.crossed("TP ratio", None, "ratio_min", "x", "", miss="TP ratio {value:.2f}")  # unknown: no reason
+    assert not t.crossed("TP ratio", 1.1, "ratio_min", "x", "", miss="TP ratio {value:.2f} (< {threshold:g})")
+    assert t.evidence == [] and t.strengths == []
+    assert t.pass_reason() == "comm share 10% (< 30%); TP ratio 1.10 (< 1.2)"
+
+
+def test_a_below_row_is_stronger_the_lower_the_value() -> None:
+    t = Triage(_ctx({"hold_max": 0.5}))
+    assert t.below("decode speed hold", 0.25, "hold_max", "x", "streams slow down")
+    row = t.evidence[0]
+    assert (row.op, row.threshold, row.crossed) == ("<=", 0.5, True)
+    assert t.strengths == [pytest.approx(strength(0.25, 0.5, higher_is_worse=False))] == [pytest.approx(1.0)]
+    assert not t.below("decode speed hold", 0.9, "hold_max", "x", "")
+    assert len(t.evidence) == 1
+
+
+def test_a_judged_row_is_shown_either_way_and_weighs_only_when_asked() -> None:
+    t = Triage(_ctx({"idle_max": 0.5, "r2_min": 0.6}))
+    assert not t.judged("device busy while queued", 0.8, "idle_max", "share", "working", op="<")
+    assert t.judged("R²", 0.9, "r2_min", "", "linear", weigh=True)
+    assert [(e.name, e.op, e.threshold, e.crossed) for e in t.evidence] == [
+        ("device busy while queued", "<", 0.5, False), ("R²", ">=", 0.6, True)]
+    assert t.strengths == [pytest.approx(strength(0.9, 0.6))]
+
+
+def test_a_context_row_has_no_threshold_and_no_strength() -> None:
+    t = Triage(_ctx({}))
+    t.context("device busy fraction", 0.42, "share", "utilisation alone says little")
+    assert t.evidence == [Evidence("device busy fraction", 0.42, None, "share", "utilisation alone says little")]
+    assert t.evidence[0].op is None and t.evidence[0].crossed is None and t.strengths == []
+
+
+def test_an_explicit_threshold_replaces_the_key() -> None:
+    t = Triage(_ctx({}))
+    assert t.crossed("ITL p99 vs SLO", 0.3, None, "s", "", threshold=0.1)
+    assert t.evidence[0].threshold == 0.1
+    with pytest.raises(ValueError):
+        t.crossed("no threshold", 1.0, None, "", "")
+
+
+def test_confidence_is_directness_times_mean_strength_times_sample_size() -> None:
+    t = Triage(_ctx({"a": 1.0}, requests_n=5))
+    t.crossed("a", 2.0, "a", "x", "")
+    t.add_strength(0.5)
+    assert t.confidence(0.8) == pytest.approx(round(0.8 * 0.75 * (5 / 20) ** 0.5, 3))
+    assert t.confidence(0.8, black_box=True) == pytest.approx(round(0.8 * 0.75 * (5 / 20) ** 0.5 * 0.6, 3))
+
+
+def test_finding_leaves_id_and_category_to_the_engine() -> None:
+    f = finding("a title", 0.5, 1.0, 50.0, [], ["check"], note="n")
+    assert (f.rule_id, f.category, f.title, f.note) == ("", "", "a title", "n")
+
+
+@pytest.mark.parametrize("sample", ["queue", "kv_cache", "interference", "loadgen"])
+def test_the_engine_fills_id_and_category_from_the_decorator(sample: str) -> None:
+    root = Path(__file__).resolve().parents[2] / "samples" / sample
+    d = diagnose(build_tables([load_capture(p) for p in sorted(root.iterdir()) if p.is_dir()]))
+    rule_findings = [f for f in d.findings if f.rule_id in REGISTRY]
+    assert rule_findings and d.verdict.rule_id == d.verdict.category == sample
+    for f in rule_findings:
+        assert f.category == REGISTRY[f.rule_id].category
