@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
     slo = slo_option(args.slo)
     out = args.output or f"ttft-watch-{time.strftime('%Y%m%d-%H%M%S')}"
-    from collectors.live import LiveCollection, ProbePlan, steady_plan
+    from collectors.live import LiveCollection
+    from collectors.live_probe import ProbePlan, steady_plan
     from tui.sources import LiveSource
 
     live = LiveCollection(out, meta={"kind": "watch", "watch": {"url": args.url}})

@@ -104,3 +104,13 @@ def test_nvml_runs_as_one_of_the_collectors(tmp_path, monkeypatch):
     assert fake_rows > 0 and len(gpu) >= fake_rows and set(gpu.entity.str.split("/").str[0]) == {"gpu0", "gpu1"}
     meta = json.loads((cap / "meta.json").read_text())
     assert meta["nvml"]["available"] is True and [g["entity"] for g in meta["nvml"]["gpus"]] == ["gpu0", "gpu1"]
+
+
+def test_steady_plan_probes_at_a_constant_low_rate():
+    from collectors.live_probe import ProbePlan, steady_plan
+    from collectors.probe import LoadSpec
+
+    plan = steady_plan(ProbePlan(rate_rps=2.0, chunk_s=3.0, concurrency=2, segment="w"))
+    for _ in range(2):  # the same chunk every time, forever
+        load, workload, segment = plan(None)
+        assert load == LoadSpec(concurrency=2, rate_rps=2.0, duration_s=3.0) and workload is None and segment == "w"
