@@ -101,9 +101,6 @@ def test_diff_command_text_and_json(base: Path, tmp_path: Path, capsys: pytest.C
 
 
 def test_diff_with_the_real_rule_engine(base: Path, tmp_path: Path) -> None:
-    rules = pytest.importorskip("rules")
-    if not hasattr(rules, "diagnose"):
-        pytest.skip("rule engine not built yet")
     b = write_capture(tmp_path / "b", Workload(queue_ms=40))
     r = diff_analyses(analyze_paths([base]), analyze_paths([b]))
     assert r.verdict_a is not None and r.verdict_b is not None

@@ -1,0 +1,39 @@
+"""diag.report.gather: what a report shows, taken from the analysis and its rules.Diagnosis as they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diag.report import build_report
+from reportkit import analysis_of
+from rules.features import Feature
+from workload import sample_diagnosis
+
+
+def test_the_report_holds_the_rules_objects(cap: Path) -> None:
+    d = sample_diagnosis()
+    r = build_report(analysis_of(cap, d), {"ttft_p99": 10.0})
+    assert r.verdict is d.verdict and r.findings == d.findings[1:] and r.skipped == d.skipped
+    assert r.verdict_line == "verdict: queue - Requests wait for the scheduler (confidence 82%)"
+    assert r.prompt_fit is not None and r.prompt_fit[:2] == pytest.approx((0.02e-3, 11e-3))
+    assert r.prompt_fit[2] == "rules' fit: 0.02 ms/token, R\u00b2 0.25"
+    assert r.feature("concurrency_knee") == 2.0 and r.feature("not_a_feature") is None
+    assert [s.key for s in r.slo] == ["ttft_p99"] and r.slo[0].passed
+    assert r.latency_rows()[0][0] == "TTFT" and r.latency_rows()[0][1] == 40
+
+
+def test_cold_start_outliers_get_a_note(cap: Path) -> None:
+    d = sample_diagnosis()
+    d.features.add(Feature("cold_start_outliers_n", 2.0, "requests", True))
+    r = build_report(analysis_of(cap, d))
+    assert any(n.startswith("2 cold-start outlier request(s)") for n in r.notes)
+    assert not any("outlier" in n for n in d.notes)  # the diagnosis itself is left as it is
+
+
+def test_without_rules_the_largest_stage_is_named(cap: Path) -> None:
+    r = build_report(analysis_of(cap))
+    assert r.verdict is None and r.findings == [] and r.skipped == []
+    assert r.verdict_line.startswith("no verdict (rule engine not run); largest stage: ")
+    assert r.prompt_fit is not None and r.prompt_fit[2].startswith("least-squares fit, all requests")
