@@ -25,7 +25,7 @@ from diag import stages
 from diag.report import svg
 from diag.report.cells import evidence_cells, fmt_confidence, fmt_explained
 from diag.report.gather import ReportData, finite, request_label, stage_cols, top_stage
-from diag.units import Unit, fmt_s, fmt_value
+from diag.units import Unit, fmt_rate, fmt_s, fmt_value
 
 #: Stage colours, shared by every chart (and by the diff).
 STAGE_COLORS: dict[str, str] = {
@@ -74,11 +74,10 @@ def _latency(r: ReportData) -> dict[str, Any]:
     res = r.resources
     thr = []
     if res.get("requests_per_s") is not None:
-        thr.append(f"{res['requests_per_s']:.3g} req/s")
-    if res.get("output_tokens_per_s") is not None:
-        thr.append(f"{res['output_tokens_per_s']:.4g} output tokens/s")
-    if res.get("input_tokens_per_s") is not None:
-        thr.append(f"{res['input_tokens_per_s']:.4g} input tokens/s")
+        thr.append(fmt_rate(res["requests_per_s"], Unit.REQUESTS))
+    for side in ("output", "input"):
+        if res.get(f"{side}_tokens_per_s") is not None:
+            thr.append(f"{side} {fmt_value(res[f'{side}_tokens_per_s'], Unit.TOKENS_PER_S)}")
     return {"rows": r.latency_rows(), "side": r.context.get("ttft_side"), "throughput": ", ".join(thr),
             "window": fmt_s(res.get("window_s")), "histogram": _histogram(r)}
 

@@ -20,6 +20,7 @@ from textual.binding import Binding
 from textual.message import Message
 
 from diag import stages
+from diag.report.cells import fmt_confidence
 from diag.units import Unit, fmt_rate, fmt_s, fmt_value, is_num
 from tui.fmt import gauge, sparkline
 from tui.model import (
@@ -198,7 +199,7 @@ class VerdictPanel(Panel):
         if v.category:
             t.append(f"{v.category}", style="bold cyan")
             t.append("  confidence ", style="dim")
-            t.append(f"{v.confidence:.0%}", style=_conf_style(v.confidence))
+            t.append(fmt_confidence(v.confidence), style=_conf_style(v.confidence))
             if v.explained:
                 t.append("  " + v.explained, style="dim")
             t.append("\n")
@@ -223,7 +224,7 @@ class VerdictPanel(Panel):
                 t.append(f"  → {c}\n")
         if v.others:
             t.append("also: ", style="bold dim")
-            t.append("; ".join(f"{o.title} ({o.confidence:.0%})" for o in v.others), style="dim")
+            t.append("; ".join(f"{o.title} ({fmt_confidence(o.confidence)})" for o in v.others), style="dim")
             t.append("\n")
         if v.note:
             t.append(v.note + "\n", style="italic yellow" if v.failed else "italic dim")
@@ -292,7 +293,7 @@ class StagePanel(Panel):
         t = Text()
         t.append(f"mean TTFT {fmt_s(v.ttft_mean_s)}", style="bold")
         if v.covered_share is not None and v.covered_share < 0.95:
-            t.append(f"   (stages cover {v.covered_share:.0%}; the rest is untraced)", style="dim")
+            t.append(f"   (stages cover {fmt_value(v.covered_share, Unit.SHARE)}; the rest is untraced)", style="dim")
         t.append("\n")
         t.append_text(bar)
         t.append("\n")
