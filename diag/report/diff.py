@@ -16,8 +16,9 @@ from typing import Any
 
 from diag import stages
 from diag.analysis import Analysis, analyze_paths
+from diag.report.deltas import NOISE, MetricDelta, StageDelta, material
 from diag.report.summary import latency_percentiles, resource_summary
-from diag.units import Unit, fmt_rate, fmt_s, fmt_value, json_safe
+from diag.units import Unit, fmt_s, fmt_value, json_safe
 from rules import Finding
 
 #: Which finding categories own a stage's time, most specific first.
@@ -33,85 +34,6 @@ STAGE_CATEGORIES: dict[str, tuple[str, ...]] = {
     "itl": ("decode", "interference", "kv_cache"),
     "ttft": ("queue", "prefill_compute", "kv_cache", "network", "tokenize", "comm", "loadgen"),
 }
-#: A change smaller than both of these is noise, not a change (relative, absolute seconds).
-MATERIAL_REL = 0.05
-MATERIAL_ABS_S = 0.0005
-#: Deltas below these print as "0" (clock rounding, float noise), per unit.
-_NOISE: dict[str, float] = {"s": 1e-6, "share": 1e-4, "count": 1e-9, "per_s": 1e-9}
-
-
-@dataclass
-class MetricDelta:
-    """One metric in A and in B; ``unit`` is "s", "share" (0..1), "count" or "per_s" (a count per second)."""
-
-    name: str
-    unit: str
-    a: float | None
-    b: float | None
-
-    @property
-    def delta(self) -> float | None:
-        return None if self.a is None or self.b is None else self.b - self.a
-
-    @property
-    def rel(self) -> float | None:
-        d = self.delta
-        if d is None or not self.a:
-            return None
-        return d / abs(self.a)
-
-    def fmt(self, v: float | None) -> str:
-        if self.unit == "per_s":
-            return fmt_rate(v, Unit.COUNT)
-        return fmt_value(v, self.unit)
-
-    def fmt_delta(self) -> str:
-        d = self.delta
-        if d is None:
-            return "-"
-        if abs(d) < _NOISE.get(self.unit, 0.0):
-            return "0"
-        if self.unit == "share":
-            body = f"{d * 100:+.3g} pts"
-        else:
-            body = ("+" if d >= 0 else "-") + self.fmt(abs(d))
-        rel = self.rel
-        return body + (f" ({rel * 100:+.0f}%)" if rel is not None and self.unit != "share" else "")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "unit": self.unit, "a": self.a, "b": self.b, "delta": self.delta, "rel": self.rel}
-
-
-@dataclass
-class StageDelta:
-    """A stage's p50, mean and share of TTFT in A and in B (seconds; share 0..1)."""
-
-    stage: str
-    p50_a: float | None
-    p50_b: float | None
-    mean_a: float | None
-    mean_b: float | None
-    share_a: float | None
-    share_b: float | None
-
-    @property
-    def mean_delta_s(self) -> float | None:
-        if self.mean_a is None and self.mean_b is None:
-            return None
-        return (self.mean_b or 0.0) - (self.mean_a or 0.0)
-
-    @property
-    def p50_delta_s(self) -> float | None:
-        if self.p50_a is None and self.p50_b is None:
-            return None
-        return (self.p50_b or 0.0) - (self.p50_a or 0.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "p50_a_s": self.p50_a, "p50_b_s": self.p50_b, "p50_delta_s": self.p50_delta_s,
-                "mean_a_s": self.mean_a, "mean_b_s": self.mean_b, "mean_delta_s": self.mean_delta_s,
-                "share_a": self.share_a, "share_b": self.share_b}
-
-
 @dataclass
 class DiffResult:
     """What changed from A to B and the attribution."""
@@ -183,7 +105,7 @@ class DiffResult:
             L.append(f"{'stage':<11}  {'p50 A':>9}  {'p50 B':>9}  {'mean change':>12}  {'share A':>8}  {'share B':>8}")
             for s in self.stages:
                 d = s.mean_delta_s
-                d = 0.0 if d is not None and abs(d) < _NOISE["s"] else d
+                d = 0.0 if d is not None and abs(d) < NOISE["s"] else d
                 L.append(
                     f"{s.stage:<11}  {_fd(s.p50_a):>9}  {_fd(s.p50_b):>9}  "
                     f"{(('+' if d > 0 else '-' if d < 0 else '') + fmt_s(abs(d))) if d is not None else '-':>12}  "
@@ -198,12 +120,6 @@ def _fd(v: float | None) -> str:
 
 def _fp(v: float | None) -> str:
     return fmt_value(v, Unit.SHARE)
-
-
-def _material(m: MetricDelta | None) -> bool:
-    if m is None or m.delta is None:
-        return False
-    return abs(m.delta) > MATERIAL_ABS_S and (m.rel is None or abs(m.rel) > MATERIAL_REL)
 
 
 def _findings(analysis: Analysis) -> list[Finding]:
@@ -264,11 +180,11 @@ def diff_analyses(a: Analysis, b: Analysis) -> DiffResult:
     sdeltas = _stage_deltas(a, b)
     by = {m.name: m for m in metrics}
     t50, t95 = by["TTFT p50"], by["TTFT p95"]
-    ttft_moved = t50 if _material(t50) else (t95 if _material(t95) else None)
+    ttft_moved = t50 if material(t50) else (t95 if material(t95) else None)
     direction = "unchanged"
     if ttft_moved is not None and ttft_moved.delta is not None:
         direction = "grew" if ttft_moved.delta > 0 else "shrank"
-    itl = by["ITL p50"] if _material(by["ITL p50"]) else (by["ITL p99"] if _material(by["ITL p99"]) else None)
+    itl = by["ITL p50"] if material(by["ITL p50"]) else (by["ITL p99"] if material(by["ITL p99"]) else None)
 
     moved: str | None = None
     moved_delta: float | None = None
