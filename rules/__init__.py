@@ -6,9 +6,12 @@ Front door::
     d = diagnose(tables, rules_file=None, slo={"ttft_p99": 2.0})
     d.verdict.category, d.verdict.confidence, d.to_dict()  # text: diag.report.text.format_diagnosis(d)
 
-Rules live in small modules (``scheduling``, ``compute``, ``itl``, ``edges``) and register
-themselves in :data:`REGISTRY`; thresholds come from ``defaults.toml``, overridden by a
-user TOML file. The rule engine does no I/O other than reading that file.
+The numbers rules read are computed by :mod:`rules.features` (one module per theme, one
+catalogue of feature names and units). Rules live in small modules (``scheduling``,
+``compute``, ``itl``, ``edges``), read as triage rows through :class:`rules.base.Triage`, and
+register themselves in :data:`REGISTRY`; which finding overrides which is the table in
+:mod:`rules.overrides`; thresholds and feature parameters come from ``defaults.toml``,
+overridden by a user TOML file. The rule engine does no I/O other than reading that file.
 """
 
 from __future__ import annotations

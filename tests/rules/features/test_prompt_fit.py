@@ -27,3 +27,15 @@ def test_prompt_fit_needs_varied_prompts() -> None:
     feats = compute_features(make_tables(make_requests([0.01] * 20, input_tokens=[64] * 20, queue_s=[0.0] * 20)))
     assert not feats.available("ttft_prompt_r2")
     assert "prompt-length sweep" in feats.get("ttft_prompt_r2").reason
+
+
+def test_parameters_come_from_the_rules_toml_and_params_override_them() -> None:
+    from rules.config import default_feature_params, default_thresholds
+
+    assert default_feature_params() == default_thresholds()["features"]
+    assert default_feature_params()["min_fit_requests"] == 5
+    tokens = [100, 200, 400, 800, 1600] * 4
+    req = make_requests([0.002 + 0.0001 * t for t in tokens], input_tokens=tokens, queue_s=[0.0] * 20)
+    assert compute_features(make_tables(req)).available("ttft_prompt_r2")
+    feats = compute_features(make_tables(req), params={"min_fit_requests": 1000})
+    assert not feats.available("ttft_prompt_r2") and "needs 1000" in feats.get("ttft_prompt_r2").reason
