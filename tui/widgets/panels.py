@@ -23,7 +23,7 @@ from diag import stages
 from diag.report.cells import fmt_confidence
 from diag.units import Unit, fmt_rate, fmt_s, fmt_value, is_num
 from tui.fmt import gauge, sparkline
-from tui.model import (
+from tui.viewmodels import (
     BusyVM,
     GpuVM,
     LatencyVM,

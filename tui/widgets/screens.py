@@ -11,7 +11,7 @@ from textual.widget import Widget
 from textual.widgets import Footer, Static
 
 from diag.units import fmt_s
-from tui.model import WaterfallVM
+from tui.viewmodels import WaterfallVM
 
 HELP_TEXT = """\
 [b]ttft-diag[/b] — why is time-to-first-token high?
