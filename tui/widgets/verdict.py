@@ -1,0 +1,87 @@
+"""The verdict panel: the rules' verdict, its evidence rows (as every renderer shows them), next checks
+and the other findings. UI thread only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import RenderResult
+
+from diag.report.cells import fmt_confidence
+from tui.viewmodels import VerdictVM
+from tui.widgets.panels import CATEGORY_STYLE, Panel, conf_style
+
+
+class VerdictPanel(Panel):
+    """The top finding: title, confidence, time explained, evidence vs threshold, next checks."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("verdict", id=id)
+
+    def show(self, vm: Any) -> None:
+        title = "verdict"
+        if getattr(vm, "as_of", ""):
+            title += f" (as of {vm.as_of})"
+        elif getattr(vm, "stale", False):
+            title += " (updating…)"
+        if self.border_title != title:
+            self.border_title = title
+        super().show(vm)
+
+    def _shape(self, vm: Any) -> Any:
+        if vm is None:
+            return None
+        return (vm.pending, vm.title, vm.explained, tuple((e.name, e.meaning) for e in vm.evidence),
+                tuple(vm.next_checks), tuple(o.title for o in vm.others), vm.note, vm.scope)
+
+    def render(self) -> RenderResult:
+        v: VerdictVM | None = self._vm
+        if v is None:
+            return Text("waiting for the first frame…", style="italic")
+        t = Text()
+        if v.pending:
+            t.append(v.title, style="italic")
+            return t
+        cat_style = CATEGORY_STYLE.get(v.category, "bold")
+        t.append(v.title or "no verdict", style=cat_style + " underline" if v.title else "dim")
+        t.append("\n")
+        if v.category:
+            t.append(f"{v.category}", style="bold cyan")
+            t.append("  confidence ", style="dim")
+            t.append(fmt_confidence(v.confidence), style=conf_style(v.confidence))
+            if v.explained:
+                t.append("  " + v.explained, style="dim")
+            t.append("\n")
+        parts: list[Any] = [t]
+        if v.evidence:
+            t.append("evidence", style="bold")
+            grid = Table.grid(padding=(0, 1), expand=True)
+            grid.add_column(ratio=3, no_wrap=False)
+            grid.add_column(justify="right", no_wrap=True)
+            grid.add_column(no_wrap=True, style="dim")
+            grid.add_column(no_wrap=True)
+            grid.add_column(ratio=4, style="italic dim")
+            for e in v.evidence:
+                mark = Text(e.mark, style="red" if e.mark.startswith("✓") else "dim")
+                grid.add_row("  " + e.name, Text(e.value, style="bold"), e.threshold, mark, e.meaning)
+            parts.append(grid)
+            t = Text()
+            parts.append(t)
+        if v.next_checks:
+            t.append("check next\n", style="bold")
+            for c in v.next_checks:
+                t.append(f"  → {c}\n")
+        if v.others:
+            t.append("also: ", style="bold dim")
+            t.append("; ".join(f"{o.title} ({fmt_confidence(o.confidence)})" for o in v.others), style="dim")
+            t.append("\n")
+        if v.note:
+            t.append(v.note + "\n", style="italic yellow" if v.failed else "italic dim")
+        if v.scope:
+            t.append(v.scope, style="italic cyan")
+        t.rstrip()
+        return Group(*parts)
