@@ -22,17 +22,14 @@ from diag import stages
 from diag.report.cells import fmt_confidence
 from diag.report.summary import (
     SLOResult,
-    Timeline,
-    busy_timeline,
     evaluate_slo,
     inflight_at_arrival,
-    kv_timeline,
     latency_percentiles,
     ok_requests,
-    queue_timelines,
     resource_summary,
     time_origin_ns,
 )
+from diag.report.timelines import Timeline, busy_timeline, kv_timeline, queue_timelines
 from diag.tables import describe
 from diag.units import Unit, fmt_s, fmt_value
 from rules import Diagnosis, Finding, Passed, Skipped
