@@ -315,7 +315,7 @@ def build_view_model(snap: Snapshot, run: adapters.RulesRun | None = None, stale
     rows = p.req_rows(window)
     srows = p.step_rows(window)
     vm = ViewModel(title=snap.title, live=snap.live, phase=snap.phase,
-                   window_label=getattr(snap, "window_label", None), window_ns=window,
+                   window_label=snap.window_label, window_ns=window,
                    extent_ns=snap.extent_ns, whole=snap.whole, generation=snap.generation,
                    notes=list(snap.notes), errors=list(snap.errors), diagnosis=diagnosis)
     vm.verdict = verdict_vm(diagnosis, run.error if run is not None else "")

@@ -22,11 +22,11 @@ class VerdictPanel(Panel):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__("verdict", id=id)
 
-    def show(self, vm: Any) -> None:
+    def show(self, vm: VerdictVM | None) -> None:
         title = "verdict"
-        if getattr(vm, "as_of", ""):
+        if vm is not None and vm.as_of:
             title += f" (as of {vm.as_of})"
-        elif getattr(vm, "stale", False):
+        elif vm is not None and vm.stale:
             title += " (updating…)"
         if self.border_title != title:
             self.border_title = title
