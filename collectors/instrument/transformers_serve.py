@@ -1,0 +1,366 @@
+"""Zero-code stage spans on Hugging Face ``transformers serve`` (plain and ``--continuous-batching``).
+
+Patched public functions (read in transformers 5.24.0, ``transformers/cli/serving/`` and
+``transformers/generation/``; the range the patches know is :data:`SUPPORTED`):
+
+=====================  =========================================================  ==============
+stage                  hook (file, 5.24.0)                                        thread
+=====================  =========================================================  ==============
+request span, join     ``server.build_server``: our ASGI middleware outermost;     event loop
+                       ``traceparent`` read from the HTTP request
+(span start)           ``chat_completion/completion.*Handler.handle_request``     event loop
+tokenize               ``tokenization_utils_base.PreTrainedTokenizerBase           event loop
+                       .apply_chat_template`` / ``__call__``,
+                       ``processing_utils.ProcessorMixin.apply_chat_template``
+queue                  tokenize end -> first forward over the request (plain: the  generation
+                       model's forward pre-hook after ``DirectStreamer.put`` got
+                       the prompt; CB: start of the ``_generation_step`` whose
+                       batch holds it, see :mod:`.transformers_cb`)
+prefill                first forward start -> end of the forward that produced    generation
+                       the first token (torch forward hook on the loaded model)
+sample                 that forward's end -> first token id on the host (plain:   generation
+                       ``DirectStreamer.put`` entry; CB: ``update_batch`` end)
+detokenize             ``utils.DirectStreamer.put`` / ``CBStreamer.put`` that     inference /
+                       decoded the first token (``DecodeStream.step``, enqueue)   event loop
+cold start (load)      ``model_manager.ModelManager.load_model_and_processor``    main / loop
+cold start (warmup)    CB only: ``CBGenerateManager.init_cb``,                    loop / CB
+                       ``ContinuousBatchingManager._create_batch_processor``
+=====================  =========================================================  ==============
+
+Token times (the server TTFT end) are the ends of the streamer ``put`` calls. What a mode cannot
+measure is written to meta.json ``instrument.unmeasured``. Every hook body runs under
+``HookStats.guard`` (exceptions swallowed and counted) and calls the original exactly once.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from types import ModuleType
+from typing import Any
+
+from collectors.instrument import tx_request as rq
+from collectors.instrument.runtime import Instrumentation, say
+from diag import stages
+
+#: transformers versions whose serving code the patches were written against
+SUPPORTED = (5, 20), (6, 0)
+SUPPORTED_TEXT = ">=5.20,<6"
+TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+_SERVING = "transformers.cli.serving."
+_PLAIN_WARMUP_NOTE = ("plain mode has no warm-up phase: the first request pays lazy initialisation inside "
+                      "its own stages (--continuous-batching records init_cb and the KV-cache allocation)")
+
+
+def version_supported(version: str) -> bool:
+    """``version`` (e.g. "5.24.0", "5.21.0.dev0") lies in :data:`SUPPORTED`."""
+    parts: list[int] = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            return False
+        parts.append(int(digits))
+    key = tuple(parts + [0] * (2 - len(parts)))
+    return SUPPORTED[0] <= key < SUPPORTED[1]
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def install(inst: Instrumentation, version: str | None = None) -> bool:
+    """Register the import hooks; False (one line on stderr, nothing patched) for an unknown version."""
+    version = installed_version() if version is None else version
+    if version is None:
+        return False  # not a transformers process: nothing to do, nothing to say
+    if not version_supported(version):
+        say(f"transformers {version} is not in the range these patches know ({SUPPORTED_TEXT}); "
+            "the server runs uninstrumented")
+        return False
+    from collectors.instrument import transformers_cb
+
+    p = _Patches(inst, version)
+    hooks = inst.hooks
+    hooks.register(_SERVING + "server", p.patch_server)
+    hooks.register(_SERVING + "chat_completion", p.patch_handler("ChatCompletionHandler"))
+    hooks.register(_SERVING + "completion", p.patch_handler("CompletionHandler"))
+    hooks.register(_SERVING + "model_manager", p.patch_model_manager)
+    hooks.register(_SERVING + "utils", p.patch_utils)
+    hooks.register("transformers.tokenization_utils_base", p.patch_tokenizer_base)
+    hooks.register("transformers.processing_utils", p.patch_processor)
+    hooks.register("transformers.generation.continuous_batching.continuous_api",
+                   lambda m: transformers_cb.patch_continuous_api(p, m))
+    hooks.install()
+    return True
+
+
+class _Patches:
+    """The patchers; each wraps public callables of one module (see the module docstring)."""
+
+    def __init__(self, inst: Instrumentation, version: str) -> None:
+        self.inst = inst
+        self.stats = inst.stats
+        self.version = version
+
+    @property
+    def sink(self) -> Any:
+        return self.inst.sink
+
+    def activate(self) -> None:
+        """A serving module is being imported: this process is ``transformers serve``."""
+        self.inst.activate(rq.ENGINE, self.version)
+
+    def wrap(self, owner: Any, name: str, make: Any) -> None:
+        from collectors.instrument.hooks import wrap_method
+
+        wrap_method(owner, name, make, self.stats, f"{getattr(owner, '__name__', owner)}.{name}")
+
+    # -- transformers/cli/serving/server.py: build_server -> ASGI middleware ---------------------
+
+    def patch_server(self, mod: ModuleType) -> None:
+        self.activate()
+        patches = self
+
+        def make(orig: Any) -> Any:
+            def build_server(*args: Any, **kwargs: Any) -> Any:
+                app = orig(*args, **kwargs)
+                with patches.stats.guard("build_server"):
+                    app.add_middleware(TraceMiddleware, patches=patches)
+                return app
+            return build_server
+
+        self.wrap(mod, "build_server", make)
+
+    # -- chat_completion.py / completion.py: handle_request opens the request span ---------------
+
+    def patch_handler(self, cls_name: str) -> Any:
+        def patcher(mod: ModuleType) -> None:
+            self.activate()
+            patches = self
+
+            def make(orig: Any) -> Any:
+                async def handle_request(handler: Any, body: dict, request_id: str, *a: Any, **kw: Any) -> Any:
+                    req = rq.CURRENT.get()
+                    if req is not None and req.trace is None and patches.sink is not None:
+                        with patches.stats.guard("handle_request"):
+                            req.start(patches.sink, request_id, body)
+                    return await orig(handler, body, request_id, *a, **kw)
+                return handle_request
+
+            self.wrap(getattr(mod, cls_name), "handle_request", make)
+        return patcher
+
+    # -- tokenization_utils_base.py / processing_utils.py: tokenize ------------------------------
+
+    def _make_tokenize(self, orig: Any) -> Any:
+        stats = self.stats
+
+        def tokenize(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            req = rq.CURRENT.get()
+            if req is None or req.trace is None or req.tokenizing or req.tokenize_end_ns is not None:
+                return orig(obj, *args, **kwargs)
+            req.tokenizing = True  # the outermost call only (apply_chat_template calls __call__)
+            t0 = time.time_ns()
+            try:
+                return orig(obj, *args, **kwargs)
+            finally:
+                t1 = time.time_ns()
+                req.tokenizing = False
+                with stats.guard("tokenize"):
+                    req.tokenized(t0, t1)
+        return tokenize
+
+    def patch_tokenizer_base(self, mod: ModuleType) -> None:
+        self.wrap(mod.PreTrainedTokenizerBase, "apply_chat_template", self._make_tokenize)
+        self.wrap(mod.PreTrainedTokenizerBase, "__call__", self._make_tokenize)
+
+    def patch_processor(self, mod: ModuleType) -> None:
+        self.wrap(mod.ProcessorMixin, "apply_chat_template", self._make_tokenize)
+
+    # -- model_manager.py: model load = cold start; forward hooks on the loaded model ------------
+
+    def patch_model_manager(self, mod: ModuleType) -> None:
+        self.activate()
+        patches = self
+
+        def make(orig: Any) -> Any:
+            def load_model_and_processor(manager: Any, model_id: str, *args: Any, **kwargs: Any) -> Any:
+                before = set(getattr(manager, "loaded_models", {}) or {})
+                t0 = time.time_ns()
+                result = orig(manager, model_id, *args, **kwargs)
+                t1 = time.time_ns()
+                with patches.stats.guard("load_model"):
+                    loaded = set(getattr(manager, "loaded_models", {}) or {}) - before
+                    if loaded and patches.sink is not None:
+                        patches.sink.record_cold_start(t0, t1, "load", {stages.GEN_AI_REQUEST_MODEL: str(model_id)})
+                    patches.hook_forward(result[0])
+                return result
+            return load_model_and_processor
+
+        self.wrap(mod.ModelManager, "load_model_and_processor", make)
+
+    def hook_forward(self, model: Any) -> None:
+        """torch forward (pre-)hooks on the top-level model; they run on the generation thread."""
+        if getattr(model, "_ttft_hooked", False) or not hasattr(model, "register_forward_hook"):
+            return
+        stats = self.stats
+
+        def pre(_module: Any, _args: Any) -> None:
+            with stats.guard("forward_pre"):
+                t = time.time_ns()
+                rq.THREAD.forward_start_ns = t
+                req = getattr(rq.THREAD, "req", None)
+                if req is not None:
+                    if req.prefill_start_ns is None:
+                        req.first_forward(t)
+                    elif req.prefill_end_ns is not None and req.sample_end_ns is None:
+                        req.sampled(t)  # deferred stop check: the next forward starts before put()
+            return None
+
+        def post(_module: Any, _args: Any, _output: Any) -> None:
+            with stats.guard("forward_post"):
+                t = time.time_ns()
+                rq.THREAD.forward_end_ns = t
+                req = getattr(rq.THREAD, "req", None)
+                if req is not None and req.prefill_end_ns is None:
+                    req.prefill_done(t)
+            return None
+
+        model.register_forward_pre_hook(pre)
+        model.register_forward_hook(post)
+        model._ttft_hooked = True
+
+    # -- utils.py: generate managers and streamers ------------------------------------------------
+
+    def patch_utils(self, mod: ModuleType) -> None:
+        self.activate()
+        from collectors.instrument import transformers_cb
+
+        patches = self
+        stats = self.stats
+
+        def make_init(orig: Any) -> Any:
+            def __init__(streamer: Any, *args: Any, **kwargs: Any) -> None:
+                orig(streamer, *args, **kwargs)
+                req = rq.CURRENT.get()  # built in generate_streaming, in the handler's context
+                if req is not None and req.trace is not None:
+                    streamer._ttft_req = req
+            return __init__
+
+        def make_put(orig: Any) -> Any:
+            def put(streamer: Any, value: Any) -> Any:
+                req = getattr(streamer, "_ttft_req", None)
+                if req is None:
+                    return orig(streamer, value)
+                if not req.prompt_seen:  # plain mode: generate() hands over the prompt first
+                    with stats.guard("put_prompt"):
+                        req.prompt_seen = True
+                        rq.THREAD.req = req
+                    return orig(streamer, value)
+                before = streamer.total_tokens
+                t0 = time.time_ns()
+                try:
+                    return orig(streamer, value)
+                finally:
+                    t1 = time.time_ns()
+                    with stats.guard("put"):
+                        if req.prefill_end_ns is not None and req.sample_end_ns is None:
+                            req.sampled(t0)
+                        req.tokens_out(t0, t1, streamer.total_tokens - before)
+            return put
+
+        def make_end(orig: Any) -> Any:
+            def end(streamer: Any) -> Any:
+                with stats.guard("streamer_end"):
+                    if getattr(rq.THREAD, "req", None) is getattr(streamer, "_ttft_req", False):
+                        rq.THREAD.req = None
+                return orig(streamer)
+            return end
+
+        def make_generate_streaming(orig: Any) -> Any:
+            def generate_streaming(manager: Any, *args: Any, **kwargs: Any) -> Any:
+                req = rq.CURRENT.get()
+                if req is not None and req.trace is not None:
+                    with stats.guard("generate_streaming"):
+                        inputs = kwargs.get("inputs", args[2] if len(args) > 2 else None)
+                        ids = inputs["input_ids"] if inputs is not None else None
+                        if ids is not None:
+                            req.input_tokens = len(ids) if isinstance(ids, list) else int(ids.shape[-1])
+                        rq.BY_REQUEST_ID[req.request_id] = req  # before add_request: the CB loop looks it up
+                        if isinstance(manager, mod.GenerateManager):
+                            patches.inst.note_unmeasured("cold_start.warmup", _PLAIN_WARMUP_NOTE)
+                return orig(manager, *args, **kwargs)
+            return generate_streaming
+
+        def make_cb_put(orig: Any) -> Any:
+            def put(streamer: Any, output: Any) -> Any:
+                req = getattr(streamer, "_ttft_req", None)
+                if req is None:
+                    return orig(streamer, output)
+                before = streamer.total_tokens
+                t0 = time.time_ns()
+                try:
+                    return orig(streamer, output)
+                finally:
+                    t1 = time.time_ns()
+                    with stats.guard("cb_put"):
+                        req.tokens_out(t0, t1, streamer.total_tokens - before)
+            return put
+
+        for cls in (mod.DirectStreamer, mod.CBStreamer):
+            self.wrap(cls, "__init__", make_init)
+        self.wrap(mod.DirectStreamer, "put", make_put)
+        self.wrap(mod.DirectStreamer, "end", make_end)
+        self.wrap(mod.CBStreamer, "put", make_cb_put)
+        for cls in (mod.GenerateManager, mod.CBGenerateManager):
+            self.wrap(cls, "generate_streaming", make_generate_streaming)
+        transformers_cb.patch_cb_manager(patches, mod)
+
+
+class TraceMiddleware:
+    """Pure ASGI middleware (outermost): one :class:`ServeRequest` per traced HTTP request.
+
+    Runs on the event-loop thread; reads ``traceparent`` from the request headers, puts the
+    request in :data:`tx_request.CURRENT` for the handler, notes the response status and ends the
+    request span when the last body chunk is sent (or the request fails or is cancelled).
+    It never awaits anything of its own: the app runs exactly as without it.
+    """
+
+    def __init__(self, app: Any, patches: _Patches) -> None:
+        self.app = app
+        self.patches = patches
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        req = None
+        token = None
+        stats = self.patches.stats
+        if scope.get("type") == "http" and scope.get("path") in TRACED_PATHS and self.patches.sink is not None:
+            with stats.guard("asgi_request"):
+                tp = next((v for k, v in scope.get("headers") or () if k == b"traceparent"), None)
+                req = rq.ServeRequest(tp.decode("latin-1") if tp else None, scope["path"])
+                token = rq.CURRENT.set(req)
+        if req is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def traced_send(message: dict) -> None:
+            with stats.guard("asgi_send"):
+                if message.get("type") == "http.response.start":
+                    req.status = int(message.get("status", 0))
+            await send(message)
+            if message.get("type") == "http.response.body" and not message.get("more_body", False):
+                with stats.guard("asgi_finish"):
+                    req.finish()
+
+        error: str | None = "disconnect"
+        try:
+            await self.app(scope, receive, traced_send)
+            error = None
+        finally:
+            with stats.guard("asgi_finish"):
+                req.finish(error=error if not req.ended else None)
+            if token is not None:
+                rq.CURRENT.reset(token)

@@ -1,0 +1,139 @@
+"""``ttft instrument --capture SRV -- transformers serve MODEL`` on real processes: the probe's client
+capture and the instrumented server's capture join into full stage decompositions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers[serving] is a test dependency")
+
+from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe  # noqa: E402
+from diag import stages  # noqa: E402
+from diag.analysis import analyze_paths  # noqa: E402
+
+from hf_serve import _free_port, build_tiny_llama, serve_command  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+MEASURED = ("tokenize_s", "queue_s", "prefill_s", "sample_s", "detokenize_s")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return build_tiny_llama(tmp_path_factory.mktemp("hf") / "tiny-llama")
+
+
+def _ttft_command() -> list[str]:
+    exe = Path(sys.executable).with_name("ttft")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "diag"]
+
+
+class InstrumentedServe:
+    """``ttft instrument --capture SRV -- transformers serve MODEL …`` on a free port; SIGINT on exit."""
+
+    def __init__(self, model_dir: Path, capture: Path, continuous_batching: bool) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = capture.parent / f"instrumented-{self.port}.log"
+        self.cmd = [*_ttft_command(), "instrument", "--capture", str(capture), "--",
+                    *serve_command(), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port),
+                    "--device", "cpu"]
+        if continuous_batching:  # a small paged KV cache: the default sizes it from free memory
+            self.cmd += ["--continuous-batching", "--cb-num-blocks", "128", "--cb-block-size", "32"]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.killed = False
+
+    def __enter__(self) -> InstrumentedServe:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log_tail()
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.25)
+        self.stop()
+        raise AssertionError(f"no /health in 90 s: {self.log_tail()}")
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        # transformers serve --continuous-batching does not exit on SIGINT by itself (its CB loop
+        # thread is not a daemon; the same without us): SIGTERM follows, as a supervisor would send
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
+                try:
+                    self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
+        if self.proc.poll() is None:
+            self.killed = True
+            self.proc.kill()
+            self.proc.wait(5)
+        return self.proc.returncode
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return "(no log)"
+
+
+@pytest.mark.parametrize("continuous_batching", [False, True], ids=["plain", "continuous-batching"])
+def test_instrumented_transformers_serve_joins_every_stage(tiny_llama, tmp_path, continuous_batching):
+    srv_dir, cli_dir = tmp_path / "srv", tmp_path / "cli"
+    with InstrumentedServe(tiny_llama, srv_dir, continuous_batching) as srv:
+        cfg = ProbeConfig(srv.url, api="chat", load=LoadSpec(concurrency=2, requests=6, warmup_requests=1),
+                          workload=WorkloadSpec(LengthSpec.parse("32"), LengthSpec.parse("6")),
+                          timeout_s=60, output=cli_dir)
+        res = run_probe(cfg)
+        rc = srv.stop()
+    log = srv.log_tail()
+    assert res.metrics["requests"]["ok"] == 6, (res.metrics["errors"], log)
+    # it stopped on SIGINT (plain: the CLI says "Aborted!", exit 1) or SIGTERM (CB), never SIGKILL
+    assert rc is not None and not srv.killed, (rc, log)
+
+    meta = json.loads((srv_dir / "meta.json").read_text())
+    inst = meta["instrument"]
+    assert inst["target"] == "transformers" and inst["hook_errors_total"] == 0, inst
+    assert "stopped_unix_s" in inst  # written by the exit path
+    assert not (srv_dir / ".instrument.lock").exists()
+
+    a = analyze_paths([cli_dir, srv_dir], run_rules=False)
+    req = a.tables.requests
+    joined = req.loc[req["has_server"] & req["has_client"] & ~req["warmup"]]
+    assert len(joined) == 6, req[["trace_id", "has_server", "has_client", "warmup"]]
+    for col in MEASURED:
+        assert joined[col].notna().all() and (joined[col] >= 0).all(), (col, joined[list(MEASURED)])
+    assert (joined["network_s"].notna()).all() and (joined["network_s"] >= 0).all()
+    assert (joined["server_ttft_s"] <= joined["client_ttft_s"]).all()
+    # the measured stages lie inside server TTFT (the CB hand-off to the event loop is in no stage)
+    assert (joined[list(MEASURED)].sum(axis=1) <= joined["server_ttft_s"] + 1e-6).all()
+    assert (joined["output_tokens"] >= 1).all()
+    # cold start is recorded apart, never inside a request
+    colds = a.tables.cold_starts
+    assert "load" in set(colds["phase"])
+    if continuous_batching:
+        assert "warmup" in set(colds["phase"])
+        assert (a.tables.steps.shape[0] > 0)
+    else:
+        assert "cold_start.warmup" in inst["unmeasured"]
+    # prompt text is never recorded
+    assert stages.ATTR_PROMPT_TEXT not in (srv_dir / "spans.otlp.jsonl").read_text()
