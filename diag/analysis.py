@@ -2,7 +2,8 @@
 
 ``analyze_paths`` is what ``ttft analyze``, ``ttft report`` and the TUI call; it returns an
 :class:`Analysis` whose ``diagnosis`` is the rule engine's :class:`rules.Diagnosis` (None only
-when the caller asked for the decomposition alone, ``run_rules=False``).
+when the caller asked for the decomposition alone, ``run_rules=False``). Rendering lives in
+:mod:`diag.report` (``ttft analyze``'s text: :func:`diag.report.text.format_analysis`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from typing import Any
 
 from diag import stages
 from diag.capture import META_FILE, SERIES_DIR, SPANS_FILE, SPANS_FILE_GZ, Capture, CaptureError, load_capture
-from diag.report.text import format_diagnosis
 from diag.tables import Tables, build_tables, stage_decomposition
-from diag.units import fmt_s, fmt_value
 import rules
 
 
@@ -103,45 +102,4 @@ def analyze_paths(paths: list[str | os.PathLike[str]], rules_file: str | None = 
     return analyze_captures(load_captures(paths), rules_file, slo, run_rules)
 
 
-def format_decomposition(dec: dict[str, Any]) -> str:
-    """The per-stage TTFT decomposition as an aligned text table."""
-    lines = []
-    t = dec["ttft_s"]
-    lines.append(
-        f"TTFT over {dec['requests']} requests: p50 {fmt_s(t['p50'])}  p95 {fmt_s(t['p95'])}  p99 {fmt_s(t['p99'])}"
-    )
-    for side in ("server_ttft_s", "client_ttft_s"):
-        s = dec.get(side)
-        if s and s.get("count"):
-            lines.append(f"  {side[:-7]:6s} TTFT: p50 {fmt_s(s['p50'])}  p95 {fmt_s(s['p95'])}  p99 {fmt_s(s['p99'])}  (n={s['count']})")
-    lines.append("")
-    lines.append(f"{'stage':<11} {'count':>7} {'p50':>9} {'p95':>9} {'p99':>9} {'share':>7}")
-    for st, row in dec["stages"].items():
-        share = row.get("share_of_ttft")
-        share_s = f"{fmt_value(share, 'share'):>7}"
-        lines.append(f"{st:<11} {row['count']:>7} {fmt_s(row['p50']):>9} {fmt_s(row['p95']):>9} {fmt_s(row['p99']):>9} {share_s}")
-    if not dec["stages"]:
-        lines.append("(no stage spans: a client-only capture, or no server instrumentation)")
-    return "\n".join(lines)
-
-
-def format_analysis(a: Analysis) -> str:
-    parts = []
-    if a.diagnosis is not None:
-        parts.append(format_diagnosis(a.diagnosis))
-        parts.append("")
-    parts.append(format_decomposition(a.decomposition))
-    if a.tables.lumped_notes:
-        parts.append("")
-        for eng, note in a.tables.lumped_notes.items():
-            parts.append(f"note ({eng}): {note}")
-    if a.tables.clock_offsets:
-        parts.append("")
-        parts.append("clock offsets (server - client, estimated): " + ", ".join(
-            f"{k} {v * 1e3:+.3f} ms" for k, v in a.tables.clock_offsets.items()))
-    for w in a.warnings[:20]:
-        parts.append(f"warning: {w}")
-    return "\n".join(parts)
-
-
-__all__ = ["Analysis", "analyze_paths", "analyze_captures", "format_analysis", "format_decomposition", "stages"]
+__all__ = ["Analysis", "analyze_paths", "analyze_captures", "expand_capture_paths", "load_captures", "recorded_slo"]

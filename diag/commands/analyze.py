@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from diag.analysis import analyze_paths, format_analysis
+from diag.analysis import analyze_paths
+from diag.report.text import format_analysis
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     slo = slo_option(args.slo)
     source = open_capture_source(args.capture, args.window)
     if args.no_tui or not (sys.stdin.isatty() and sys.stdout.isatty()):
-        from diag.analysis import analyze_paths, format_analysis
+        from diag.analysis import analyze_paths
+        from diag.report.text import format_analysis
 
         if not args.no_tui:
             print("ttft view: no terminal; printing the analysis instead (ttft analyze)", file=sys.stderr)

@@ -27,8 +27,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from diag.analysis import Analysis
 from diag.capture import CaptureError
 from diag.report.gather import ReportData, build_report
 from diag.report.html import STAGE_COLORS, render_html
@@ -36,8 +36,6 @@ from diag.report.jsondoc import render_json
 from diag.report.markdown import md_esc, render_markdown
 from diag.report.summary import SLOResult
 
-if TYPE_CHECKING:  # diag.analysis imports diag.report.text: no import cycle at run time
-    from diag.analysis import Analysis
 
 FORMATS: dict[str, str] = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown", ".json": "json"}
 

@@ -13,12 +13,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from diag import stages
+from diag.analysis import Analysis
 from diag.report.cells import fmt_confidence
 from diag.report.summary import (
     SLOResult,
@@ -34,8 +35,6 @@ from diag.tables import describe
 from diag.units import Unit, fmt_s, fmt_value
 from rules import Diagnosis, Finding, Passed, Skipped
 
-if TYPE_CHECKING:  # diag.analysis imports diag.report (the text renderer): no import cycle at run time
-    from diag.analysis import Analysis
 
 #: Rows of the slowest-requests table and chart.
 SLOWEST_N = 10

@@ -1,4 +1,5 @@
-"""``ttft analyze``'s text: the verdict, its evidence and next checks, other findings, skipped rules.
+"""``ttft analyze``'s text: the verdict, its evidence and next checks, other findings, skipped rules,
+then the per-stage decomposition.
 
 Moved out of :class:`rules.Diagnosis` (the model holds data, renderers format it). Evidence
 rows read as in every other renderer (:mod:`diag.report.cells`). Pure functions, any thread.
@@ -6,7 +7,11 @@ rows read as in every other renderer (:mod:`diag.report.cells`). Pure functions,
 
 from __future__ import annotations
 
+from typing import Any
+
+from diag.analysis import Analysis
 from diag.report.cells import evidence_cells, fmt_confidence, fmt_explained
+from diag.units import Unit, fmt_s, fmt_value
 from rules import Diagnosis, Finding
 
 
@@ -64,4 +69,46 @@ def format_diagnosis(d: Diagnosis) -> str:
     return "\n".join(out)
 
 
-__all__ = ["format_diagnosis", "finding_body", "evidence_line"]
+def format_decomposition(dec: dict[str, Any]) -> str:
+    """The per-stage TTFT decomposition as an aligned text table."""
+    lines = []
+    t = dec["ttft_s"]
+    lines.append(
+        f"TTFT over {dec['requests']} requests: p50 {fmt_s(t['p50'])}  p95 {fmt_s(t['p95'])}  p99 {fmt_s(t['p99'])}"
+    )
+    for side in ("server_ttft_s", "client_ttft_s"):
+        s = dec.get(side)
+        if s and s.get("count"):
+            lines.append(f"  {side[:-7]:6s} TTFT: p50 {fmt_s(s['p50'])}  p95 {fmt_s(s['p95'])}  p99 {fmt_s(s['p99'])}  (n={s['count']})")
+    lines.append("")
+    lines.append(f"{'stage':<11} {'count':>7} {'p50':>9} {'p95':>9} {'p99':>9} {'share':>7}")
+    for st, row in dec["stages"].items():
+        share = row.get("share_of_ttft")
+        share_s = f"{fmt_value(share, Unit.SHARE):>7}"
+        lines.append(f"{st:<11} {row['count']:>7} {fmt_s(row['p50']):>9} {fmt_s(row['p95']):>9} {fmt_s(row['p99']):>9} {share_s}")
+    if not dec["stages"]:
+        lines.append("(no stage spans: a client-only capture, or no server instrumentation)")
+    return "\n".join(lines)
+
+
+def format_analysis(a: Analysis) -> str:
+    """What ``ttft analyze`` prints: the diagnosis, the decomposition, notes, clock offsets, warnings."""
+    parts = []
+    if a.diagnosis is not None:
+        parts.append(format_diagnosis(a.diagnosis))
+        parts.append("")
+    parts.append(format_decomposition(a.decomposition))
+    if a.tables.lumped_notes:
+        parts.append("")
+        for eng, note in a.tables.lumped_notes.items():
+            parts.append(f"note ({eng}): {note}")
+    if a.tables.clock_offsets:
+        parts.append("")
+        parts.append("clock offsets (server - client, estimated): " + ", ".join(
+            f"{k} {v * 1e3:+.3f} ms" for k, v in a.tables.clock_offsets.items()))
+    for w in a.warnings[:20]:
+        parts.append(f"warning: {w}")
+    return "\n".join(parts)
+
+
+__all__ = ["format_analysis", "format_decomposition", "format_diagnosis", "finding_body", "evidence_line"]

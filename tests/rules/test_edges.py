@@ -147,7 +147,7 @@ def test_analysis_front_door(tmp_path: Path) -> None:
     assert {"verdict", "findings", "skipped", "stages", "features"} <= set(out)
     assert {"category", "confidence", "title"} <= set(out["verdict"])
     json.dumps(out, allow_nan=False)
-    from diag.analysis import format_analysis
+    from diag.report.text import format_analysis
 
     assert format_analysis(a).startswith("verdict: ")
 
