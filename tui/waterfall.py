@@ -25,9 +25,9 @@ def request_waterfall(tables: Tables, trace_id: str) -> WaterfallVM:
         vm.title = f"request {r.get('request_id') or trace_id[:16]}"
         for label, key, unit in (("TTFT", "ttft_s", "s"), ("server TTFT", "server_ttft_s", "s"),
                                  ("client TTFT", "client_ttft_s", "s"), ("e2e", "e2e_s", "s"),
-                                 ("input tokens", "input_tokens", ""), ("output tokens", "output_tokens", ""),
+                                 ("input tokens", "input_tokens", "count"), ("output tokens", "output_tokens", "count"),
                                  ("ITL p50", "itl_p50_s", "s"), ("ITL p99", "itl_p99_s", "s"),
-                                 ("preemptions", "preemptions", ""), ("segment", "segment", None),
+                                 ("preemptions", "preemptions", "count"), ("segment", "segment", None),
                                  ("error", "error", None)):
             v = r.get(key)
             if v is None or (isinstance(v, float) and np.isnan(v)):
