@@ -246,7 +246,7 @@ def build_report(analysis: Analysis, slo: Mapping[str, float] | None = None, tit
     notes = list(d.notes) if d is not None else []
     outliers = finite(d.features.value("cold_start_outliers_n")) if d is not None else None
     if outliers:
-        notes.append(f"{outliers:g} cold-start outlier request(s) (the first requests, far above the rest) are left out "
+        notes.append(f"{fmt_value(outliers, Unit.COUNT)} cold-start outlier request(s) (the first requests, far above the rest) are left out "
                      "of the rules' TTFT and the SLO checks; the latency table below counts them.")
     pct = latency_percentiles(tables)
     checks = d.features.value("slo_checks") if d is not None else None

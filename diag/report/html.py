@@ -160,7 +160,8 @@ def _load(r: ReportData) -> dict[str, Any]:
         notes.append(f"Dashed line: {r.prompt_fit[2]}; intercept {fmt_s(r.prompt_fit[1])}.")
     knee = r.feature("concurrency_knee")
     if knee is not None:
-        where = f"the sweep's concurrency {knee:g}" if r.feature_source("concurrency_knee") == "segments" else f"{knee:g} requests in flight"
+        where = (f"the sweep's concurrency {fmt_value(knee, Unit.COUNT)}" if r.feature_source("concurrency_knee") == "segments"
+                 else f"{fmt_value(knee, Unit.REQUESTS)} in flight")
         notes.append(f"The rules place the concurrency knee (where TTFT starts to climb) at {where}.")
     out["notes"] = " ".join(notes)
     out["segments"] = [(s["segment"], s["requests"], fmt_s(s["ttft_p50_s"]), fmt_s(s["ttft_p95_s"]), fmt_s(s["itl_p50_s"]),

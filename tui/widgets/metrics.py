@@ -111,8 +111,8 @@ class ThroughputPanel(Panel):
         t.append("  ", style="dim")
         t.append(fmt_rate(v.req_per_s, Unit.REQUESTS))
         t.append("\n")
-        run = f"{v.running:.0f}" if is_num(v.running) else "-"
-        wait = f"{v.waiting:.0f}" if is_num(v.waiting) else "-"
+        run = fmt_value(v.running, Unit.COUNT)
+        wait = fmt_value(v.waiting, Unit.COUNT)
         t.append("running ", style="dim")
         t.append(run, style="bold")
         t.append("  waiting ", style="dim")
@@ -130,7 +130,7 @@ class ThroughputPanel(Panel):
         if is_num(v.kv_max_ratio):
             t.append(f" max {fmt_value(v.kv_max_ratio, Unit.SHARE)}", style="dim")
         if is_num(v.preemptions) and v.preemptions:
-            t.append(f"\npreemptions {v.preemptions:.0f}", style="bold red")
+            t.append(f"\npreemptions {fmt_value(v.preemptions, Unit.COUNT)}", style="bold red")
         if v.source:
             t.append(f"\nfrom {v.source}", style="dim italic")
         return t

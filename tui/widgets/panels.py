@@ -135,9 +135,9 @@ class StatusBar(Widget):
             t.append(" LIVE ", style="bold black on green")
         else:
             t.append(" CAPTURE ", style="bold black on blue")
-        t.append(f"  frame {vm.timings_ms.get('total', 0):.0f} ms", style="dim")
+        t.append(f"  frame {fmt_s(vm.timings_ms.get('total', 0) / 1e3)}", style="dim")
         if vm.verdict.rules_ms is not None:
-            t.append(f" · rules {vm.verdict.rules_ms:.0f} ms", style="dim")
+            t.append(f" · rules {fmt_s(vm.verdict.rules_ms / 1e3)}", style="dim")
         t.append("  " + time.strftime("%H:%M:%S"), style="dim")
         if self.message:
             t.append("\n" + self.message, style="italic cyan")

@@ -9,7 +9,7 @@ from textual.app import RenderResult
 from textual.binding import Binding
 from textual.message import Message
 
-from diag.units import fmt_s, is_num
+from diag.units import Unit, fmt_s, fmt_value
 from tui.viewmodels import SlowRowVM
 from tui.widgets.panels import STAGE_COLORS, Panel
 
@@ -98,8 +98,8 @@ class SlowestTable(Panel):
             base = "reverse" if cur else ("underline" if i == self.cursor_row else "")
             ttft = fmt_s(r.ttft_s) if not r.error else f"err {r.error}"
             cells = (ttft, f"{r.top_stage} {fmt_s(r.top_stage_s)}" if r.top_stage else "-",
-                     f"{r.input_tokens:.0f}" if is_num(r.input_tokens) else "-",
-                     f"{r.output_tokens:.0f}" if is_num(r.output_tokens) else "-",
+                     fmt_value(r.input_tokens, Unit.COUNT),
+                     fmt_value(r.output_tokens, Unit.COUNT),
                      f"+{fmt_s(r.offset_s)}", r.request_id or r.trace_id)
             styles = ("bold" if not r.error else "red", STAGE_COLORS.get(r.top_stage, ""), "", "", "dim", "")
             for c, w, st in zip(cells, widths, styles):
