@@ -6,9 +6,14 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from diag.cli import UsageError
+
+if TYPE_CHECKING:
+    from diag.scenarios.calibrate import Calibration
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -30,6 +35,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", metavar="DIR", default="scenario-runs", help="where the runs go (default ./scenario-runs)")
     c.add_argument("--calibration", metavar="FILE", help="reuse (or write) a calibration JSON file")
     c.add_argument("--json", action="store_true", help="print the matrix as JSON")
+    c.add_argument("--random", type=int, metavar="N", help="run N random draws (wide parameter ranges, mixes, "
+                   "near-misses; ground truth from the injection) instead of the catalogue")
+    c.add_argument("--seed", type=int, metavar="S", help="seed of the random draws (default: a fresh one, printed)")
+    c.add_argument("--draw", type=int, metavar="I", default=0, help="first draw index (default 0): "
+                   "--random 1 --seed S --draw I reproduces one draw")
+    c.add_argument("--repeat", type=int, metavar="K", default=1, help="run each draw K times and report the flip rate")
+    c.add_argument("--mode", choices=("server", "client", "both"), default="both",
+                   help="diagnose with server spans, client-only, or both (default)")
     m = ssub.add_parser("samples", help="regenerate samples/<scenario>/ (small captures, checked)")
     m.add_argument("names", nargs="*", metavar="NAME", help="scenarios (default: all)")
     m.add_argument("-o", "--output", metavar="DIR", default="samples", help="samples directory (default ./samples)")
@@ -78,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         rows = make_samples(_pick(args.names, False), args.output, cal, log=log)
         print(confusion_table(rows))
         return 0 if all(r.ok(m) for r in rows for m in ("server", "client-only")) else 1
+    if args.random is not None:
+        return _check_random(args, cal, log)
     rows = check(_pick(args.names, args.fast), args.output, cal, log=log)
     wall = time.monotonic() - t0
     if args.json:
@@ -87,3 +102,34 @@ def run(args: argparse.Namespace) -> int:
         print(confusion_table(rows))
         print(f"matrix wall time: {wall:.0f} s")
     return 0 if all(r.ok(m) for r in rows for m in ("server", "client-only")) else 1
+
+
+def _check_random(args: argparse.Namespace, cal: Calibration, log: Callable[[str], None]) -> int:
+    """``check --random N``: draws of one seed, scored per mode; 0 when none missed."""
+    import random
+
+    from diag.scenarios.random_matrix import RandomResult, check_random
+
+    if args.random < 1 or args.repeat < 1 or args.draw < 0:
+        raise UsageError("--random and --repeat must be >= 1, --draw >= 0")
+    if args.names or args.fast:
+        raise UsageError("--random draws its own scenarios: no NAME or --fast with it")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+    modes = {"server": ("server",), "client": ("client-only",), "both": ("server", "client-only")}[args.mode]
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    cal_file = args.calibration or str(out / "calibration.json")
+    if not args.calibration:  # the reproduce commands reuse this run's calibration
+        Path(cal_file).write_text(json.dumps(cal.to_dict(), indent=2))
+    log(f"random draws: seed {seed}, draws {args.draw}..{args.draw + args.random - 1}, repeat {args.repeat}")
+    t0 = time.monotonic()
+    results = check_random(seed, range(args.draw, args.draw + args.random), out / f"random-{seed}", cal,
+                           modes=modes, repeat=args.repeat, log=log)
+    res = RandomResult(seed, cal, modes, results, mode_arg=args.mode, calibration_file=cal_file,
+                       wall_s=time.monotonic() - t0)
+    if args.json:
+        json.dump(res.to_dict(), sys.stdout, indent=2, default=str)
+        print()
+    else:
+        print(res.format_text())
+    return 0 if not res.misses() else 1

@@ -67,8 +67,8 @@ def check(scenarios: Sequence[Scenario], out_root: str | Path, cal: Calibration,
     return rows
 
 
-def confusion_table(rows: Sequence[MatrixRow]) -> str:
-    """scenario x verdict per mode, with confidences, and the diagonal score."""
+def confusion_table(rows: Sequence[MatrixRow], modes: Sequence[str] = MODES) -> str:
+    """scenario x verdict per mode, with confidences, and the diagonal score (for ``modes``)."""
     lines = [f"{'scenario':<22} {'expected':<16} {'server-side verdict':<28} {'client-only verdict':<28} {'wall':>6}"]
     for r in rows:
         cells = []
@@ -77,7 +77,7 @@ def confusion_table(rows: Sequence[MatrixRow]) -> str:
             mark = "ok " if r.ok(mode) else "XX "
             cells.append(f"{mark}{v.category} ({v.confidence:.2f})" if v else "-")
         lines.append(f"{r.scenario:<22} {r.expected:<16} {cells[0]:<28} {cells[1]:<28} {r.wall_s:5.1f}s")
-    for mode in MODES:
+    for mode in modes:
         good = sum(r.ok(mode) for r in rows)
         lines.append(f"{mode}: {good}/{len(rows)} on the diagonal ({100 * good / max(1, len(rows)):.0f}%)")
     cats = sorted({r.expected for r in rows} | {v.category for r in rows for v in r.verdicts.values()})

@@ -1,0 +1,223 @@
+"""Random scenario draws: parameters nobody tuned thresholds to, with ground truth from the injection.
+
+A draw is a pure function of ``(seed, index)``: :func:`draw` returns a :class:`Draw` whose
+parameters are in **calibration units** (prompt tokens, decode steps, multiples of the
+measured prefill ms/token, of the short-prompt TTFT, of one stream's capacity), so a draw
+means the same on a faster machine; :mod:`diag.scenarios.random_plans` turns it into the
+catalogue's :class:`~diag.scenarios.catalog.Plan` for a calibration, and the one runner runs it.
+
+Each draw picks a **family** (every category of the catalogue, ``healthy`` included) and a
+**kind**: ``plain`` (the family's cause, at a magnitude drawn around the catalogue's), ``mix``
+(the family's cause dominant over a second, weaker injected cause) or ``near-miss`` (the
+family's cause injected too weakly to matter: ground truth ``healthy``). The ground truth is
+written here, at draw time, from what is injected and how strongly; no rule is read.
+
+How the ranges were chosen (the catalogue's value is the centre; ``logU`` = log-uniform):
+
+- **Cause magnitudes** span about 0.6x..3x the catalogue's calibrated value (logU): the low
+  end is the weakest that still is, by construction, the largest cost in TTFT (a tokenizer at
+  >= 1.8 prefill-costs per token, a network delay >= 12 decode steps, a collective link adding
+  >= 0.7 prefill-times per all-reduce pair); the high end stops where a draw would outlast its
+  CI share. Near-miss magnitudes sit 10x or more below the plain range (a tokenizer at
+  0.03-0.15 prefill-costs per token, a network delay of 0.05-0.3 decode steps, a KV budget
+  for more sequences than ever run, a start-up before the server listens, chunked prefill).
+- **Mixes**: the second cause is drawn at 5-25% of the dominant one's TTFT cost, so the
+  dominant cause explains >= 4x the other's share by the engine's own stage accounting.
+- **Lengths**: prompts logU over 16..384 tokens (long-prompt families 512..1536), outputs
+  4..96, spread 0 (fixed) or uniform +-10..60%; every prompt + output fits the engine's
+  2048-token context on any calibration (the tiny model's own cap).
+- **Load**: concurrency 1..8 (decode 16..28, under the engine's 32-sequence cap); open-loop
+  rates as a share of one stream's capacity (0.2..0.7 healthy; 1.5..3x the admitted
+  capacity for a queue); request counts 6..54, sized so 12 draws x 2 modes run in minutes.
+- **Engine and probe**: policy (prefill-first / decode-first / chunked with a chunk of
+  0.5..4 decode steps of prefill), TP 2 (the tiny model's 2 KV heads allow no more), KV
+  block size 8/16/32, warm-up 1..3 requests (0 for cold start, whose users are the first
+  requests), and the probe design: a sweep, one closed-loop level, or one open-loop level,
+  where the family's cause is identifiable from the client side under that design.
+- **SLOs** (the users' targets): 1..3x a generous base (5x the worst lone-request TTFT at
+  that concurrency; 3 + concurrency decode steps per token), so ``healthy`` draws keep 2x
+  of headroom; a decode draw's per-token target 1.2..1.8 lone-stream steps.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+#: every category of the catalogue (the families a draw picks from, uniformly)
+FAMILIES: tuple[str, ...] = ("healthy", "queue", "tokenize", "prefill_compute", "kv_cache", "comm", "decode",
+                             "interference", "cold_start", "network", "loadgen")
+KINDS = ("plain", "mix", "near-miss")
+#: the second cause of a mix, per dominant family
+MIX_SECOND: dict[str, tuple[str, ...]] = {
+    "queue": ("tokenize", "network"), "tokenize": ("network",), "prefill_compute": ("network", "tokenize"),
+    "network": ("tokenize",), "decode": ("tokenize",), "cold_start": ("network",),
+}
+#: families with a too-weak variant (ground truth healthy)
+NEAR_MISS: tuple[str, ...] = ("queue", "tokenize", "kv_cache", "decode", "interference", "cold_start", "network")
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One random scenario: its family, kind, ground truth and parameters (calibration units)."""
+
+    seed: int
+    index: int
+    family: str
+    kind: str
+    expected: str  # the ground truth: the category a correct verdict names
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"r{self.index:03d}-{self.family}" + ("" if self.kind == "plain" else f"-{self.kind}")
+
+    def describe(self) -> str:
+        p = self.params
+        faults = ", ".join(f"{k}={v:.3g}" for k, v in sorted(p.get("faults", {}).items()))
+        return (f"{self.family} ({self.kind}) design={p['design']} c={p['concurrency']} in={p['input_tokens']}"
+                f"±{p['input_spread']:.0%} out={p['output_tokens']} policy={p['policy']}"
+                + (f" faults: {faults}" if faults else ""))
+
+
+def _rng(seed: int, index: int) -> random.Random:
+    return random.Random(f"ttft-random:{seed}:{index}")  # str seeds hash stably across runs
+
+
+def _logu(r: random.Random, lo: float, hi: float) -> float:
+    return math.exp(r.uniform(math.log(lo), math.log(hi)))
+
+
+def _base(r: random.Random) -> dict[str, Any]:
+    """What every draw has: lengths and spread, probe design, policy, warm-up, SLO headroom."""
+    policy = r.choice(("prefill-first", "prefill-first", "decode-first", "chunked"))
+    return {"input_tokens": int(_logu(r, 16, 384)), "input_spread": r.choice((0.0, 0.0, r.uniform(0.1, 0.6))),
+            "output_tokens": r.randint(8, 48), "output_spread": r.choice((0.0, r.uniform(0.1, 0.5))),
+            "concurrency": r.randint(1, 4), "design": r.choice(("closed", "open", "sweep")),
+            "load": r.uniform(0.2, 0.7), "requests": r.randint(16, 32), "warmup": r.randint(1, 3),
+            "policy": policy, "chunk_steps": r.uniform(0.5, 4.0), "slo_headroom": r.uniform(1.0, 3.0),
+            "tpot_headroom": r.uniform(1.2, 2.5), "sweep": "concurrency", "sweep_values": [],
+            "requests_per_point": r.randint(6, 10), "faults": {}}
+
+
+def _open_cap(p: dict[str, Any]) -> None:
+    """An open loop's in-flight cap stays above what its arrivals need (>= 4): arrivals never
+    wait in the client for a free slot, only in the server (what a queue draw injects)."""
+    if p["design"] == "open":
+        p["concurrency"] = max(p["concurrency"], 4)
+
+
+def _plain(family: str, r: random.Random, p: dict[str, Any]) -> None:
+    """The family's cause at a magnitude around the catalogue's (see the module docstring)."""
+    f = p["faults"]
+    if family == "healthy":
+        if p["design"] == "sweep":
+            p["sweep_values"] = sorted({1, r.randint(2, 3), 4})[: r.randint(2, 3)]
+        p["input_tokens"] = min(p["input_tokens"], 256)
+    elif family == "queue":
+        m = r.choice((1, 1, 2))
+        p.update(max_running=m, concurrency=m * r.randint(3, 6), load=r.uniform(1.5, 3.0),
+                 input_tokens=min(p["input_tokens"], 128), output_tokens=r.randint(16, 48))
+        p["design"] = r.choice(("closed", "open", "sweep", "sweep"))
+        p["sweep"] = r.choice(("concurrency", "rate"))
+        p["sweep_values"] = ([m, 2 * m, 4 * m, r.randint(6, 8) * m] if p["sweep"] == "concurrency"
+                             else [round(x, 2) for x in (0.5, 1.0, r.uniform(1.8, 2.5), r.uniform(3.0, 4.0))])
+    elif family == "tokenize":
+        f["tokenize_x"] = _logu(r, 0.6, 3.0)  # x the catalogue's max(3 prefill-costs, one step) per token
+        p.update(concurrency=r.randint(1, 2), design=r.choice(("sweep", "closed")), sweep="prompt")
+        lo = r.choice((16, 24, 32))
+        p["sweep_values"] = [lo * 2**k for k in range(r.randint(3, 4))]
+        p.update(input_tokens=r.randint(96, 256), input_spread=r.uniform(0.5, 0.8))  # closed: a slope within one level
+    elif family == "prefill_compute":
+        p.update(concurrency=1, design=r.choice(("sweep", "closed")), sweep="prompt", output_tokens=r.randint(4, 12),
+                 input_tokens=r.randint(640, 1536), input_spread=r.choice((0.0, r.uniform(0.1, 0.3))),
+                 requests=r.randint(8, 12), requests_per_point=r.randint(3, 5))
+        lo, hi = r.randint(48, 96), r.randint(768, 1536)
+        p["sweep_values"] = sorted({int(lo * 2**k) for k in range(8) if lo * 2**k < hi} | {hi})
+    elif family == "kv_cache":
+        fits = r.randint(2, 4)
+        p.update(kv_fits=fits, block_size=r.choice((8, 16, 32)), input_tokens=r.randint(128, 384), input_spread=0.0,
+                 output_tokens=r.randint(32, 64), output_spread=0.0, design=r.choice(("sweep", "closed")),
+                 concurrency=min(16, fits * r.randint(3, 4)), sweep="concurrency")
+        p["sweep_values"] = sorted({1, fits, 2 * fits, min(16, 4 * fits)})
+        p["requests"] = 3 * p["concurrency"]
+    elif family == "comm":
+        f["collective_x"] = _logu(r, 0.7, 3.0)  # x the catalogue's prefill/(2 layers) per all-reduce
+        p.update(tp=2, concurrency=r.randint(1, 2), design="closed", input_tokens=r.randint(128, 512),
+                 output_tokens=r.randint(4, 8), requests=r.randint(4, 8), input_spread=0.0)
+    elif family == "decode":
+        p.update(concurrency=r.randint(16, 28), design="closed", input_tokens=r.randint(8, 32),
+                 output_tokens=r.randint(48, 96), tpot_steps=r.uniform(1.2, 1.8), policy=r.choice(("prefill-first", "decode-first")))
+        p["requests"] = 2 * p["concurrency"]
+    elif family == "interference":
+        p.update(policy="prefill-first", design="closed", concurrency=r.randint(3, 5), stall_steps=r.uniform(48, 96),
+                 itl_steps=r.uniform(24, 36), requests=r.randint(36, 54), streams=r.randint(1, 3))
+    elif family == "cold_start":
+        f["load_delay_x"] = r.uniform(0.7, 2.0)  # x the catalogue's max(2 s, 100 short-prompt TTFTs)
+        p.update(lazy_load=True, warmup=0, concurrency=r.randint(1, 2), design=r.choice(("closed", "open")),
+                 requests=r.randint(8, 16), input_tokens=r.randint(16, 64), output_tokens=r.randint(4, 16))
+    elif family == "network":
+        f["network_x"] = _logu(r, 0.6, 3.0)  # x the catalogue's max(20 ms, 5 short TTFTs, 60 steps)
+        p.update(sweep="prompt", concurrency=min(p["concurrency"], 3), input_tokens=min(p["input_tokens"], 256))
+        p["sweep_values"] = [32 * 2**k for k in range(r.randint(2, 4))]
+    elif family == "loadgen":
+        p.update(starve_client=True, concurrency=r.randint(3, 8), design=r.choice(("closed", "open")),
+                 requests=r.randint(30, 48), input_tokens=r.randint(16, 64), output_tokens=r.randint(8, 24),
+                 load=r.uniform(0.5, 1.0))
+
+
+def _mix(family: str, r: random.Random, p: dict[str, Any]) -> str:
+    """Add a second, weaker cause (5-25% of the dominant one's TTFT cost); returns its name."""
+    second = r.choice(MIX_SECOND[family])
+    p["mix_share"] = r.uniform(0.05, 0.25)
+    p["mix_second"] = second
+    return second
+
+
+def _near_miss(family: str, r: random.Random, p: dict[str, Any]) -> None:
+    """The family's cause, too weak to matter: ground truth healthy (see the module docstring)."""
+    f = p["faults"]
+    p.update(design=r.choice(("closed", "open")), concurrency=r.randint(1, 4), input_tokens=min(p["input_tokens"], 256))
+    _open_cap(p)
+    if family == "queue":
+        p["max_running"] = p["concurrency"] + r.randint(0, 2)  # the cap never binds
+    elif family == "tokenize":
+        f.clear()
+        f["tokenize_pf"] = r.uniform(0.03, 0.15)  # prefill-costs per token
+    elif family == "kv_cache":
+        p.update(kv_fits=p["concurrency"] + r.randint(2, 4), block_size=r.choice((8, 16, 32)),
+                 input_spread=0.0, output_spread=0.0)
+    elif family == "decode":
+        p.update(design="closed", tpot_steps=r.uniform(15, 25))  # many streams, a target they meet
+    elif family == "interference":
+        p.update(policy="chunked", design="closed", chunk_steps=r.uniform(0.7, 1.5))
+    elif family == "cold_start":
+        f.clear()
+        f["load_delay_x"] = r.uniform(0.5, 1.5)  # loaded before the server listens: users never meet it
+        p.update(lazy_load=False, warmup=r.randint(0, 2))
+    elif family == "network":
+        f.clear()
+        f["network_steps"] = r.uniform(0.05, 0.3)
+
+
+def draw(seed: int, index: int) -> Draw:
+    """Draw ``index`` of ``seed``: a pure function of the two (no calibration, no rules)."""
+    r = _rng(seed, index)
+    family = r.choice(FAMILIES)
+    p = _base(r)
+    _plain(family, r, p)
+    kinds = ["plain", "plain", "plain"] + (["mix"] if family in MIX_SECOND else []) + (["near-miss"] if family in NEAR_MISS else [])
+    _open_cap(p)
+    kind = "plain" if family == "healthy" else r.choice(kinds)
+    if kind == "mix":
+        _mix(family, r, p)
+    elif kind == "near-miss":
+        _near_miss(family, r, p)
+    expected = "healthy" if kind == "near-miss" else family
+    return Draw(seed, index, family, kind, expected, p)
+
+
+def draws(seed: int, n: int) -> list[Draw]:
+    return [draw(seed, i) for i in range(n)]

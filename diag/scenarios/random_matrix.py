@@ -1,0 +1,166 @@
+"""The random scenario matrix: run draws, score them, and say how far a confidence can be trusted.
+
+:func:`check_random` runs each :class:`~diag.scenarios.random_draws.Draw` with the one runner
+(:func:`~diag.scenarios.runner.run_scenario`), ``repeat`` times, and diagnoses each run
+server-side and/or client-only (:func:`~diag.scenarios.matrix.diagnose_run`). The result
+(:class:`RandomResult`) gives per-category accuracy per mode, the confusion table
+(:func:`~diag.scenarios.matrix.confusion_table`), a reliability table (confidence bins
+against the share right), the flip rate over repeats, and for every miss the command that
+reproduces that one draw. Accuracy counts every run of every draw (repeats included).
+
+Threading: everything runs on the calling thread (the engine in its own process).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag.scenarios.calibrate import Calibration
+from diag.scenarios.matrix import MODES, MatrixRow, Verdict, confusion_table, diagnose_run
+from diag.scenarios.random_draws import Draw, draw
+from diag.scenarios.random_plans import build_plan, scenario
+from diag.scenarios.runner import run_scenario
+
+#: confidence bins of the reliability table: [lo, hi)
+BINS: tuple[tuple[float, float], ...] = ((0.0, 0.5), (0.5, 0.6), (0.6, 0.7), (0.7, 0.8), (0.8, 0.9), (0.9, 1.01))
+
+
+@dataclass
+class DrawResult:
+    """One draw and its verdicts per mode, one per repeat."""
+
+    draw: Draw
+    verdicts: dict[str, list[Verdict]] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def ok(self, mode: str, k: int = 0) -> bool:
+        return self.verdicts[mode][k].category == self.draw.expected
+
+    def flipped(self, mode: str) -> bool:
+        return len({v.category for v in self.verdicts[mode]}) > 1
+
+
+def reproduce_command(d: Draw, mode_arg: str = "both", calibration: str | None = None) -> str:
+    """The command line that runs this one draw again."""
+    cmd = ["ttft", "scenarios", "check", "--random", "1", "--seed", str(d.seed), "--draw", str(d.index)]
+    if mode_arg != "both":
+        cmd += ["--mode", mode_arg]
+    if calibration:
+        cmd += ["--calibration", calibration]
+    return shlex.join(cmd)
+
+
+@dataclass
+class RandomResult:
+    seed: int
+    calibration: Calibration
+    modes: tuple[str, ...]
+    results: list[DrawResult]
+    mode_arg: str = "both"
+    calibration_file: str | None = None
+    wall_s: float = 0.0
+
+    def _runs(self, mode: str) -> list[tuple[DrawResult, Verdict]]:
+        return [(r, v) for r in self.results for v in r.verdicts.get(mode, [])]
+
+    def accuracy(self, mode: str, category: str | None = None) -> tuple[int, int]:
+        runs = [(r, v) for r, v in self._runs(mode) if category is None or r.draw.expected == category]
+        return sum(v.category == r.draw.expected for r, v in runs), len(runs)
+
+    def reliability(self) -> list[dict[str, Any]]:
+        """Per confidence bin: runs, share right (both modes pooled)."""
+        out = []
+        for lo, hi in BINS:
+            hits = [v.category == r.draw.expected for m in self.modes for r, v in self._runs(m) if lo <= v.confidence < hi]
+            out.append({"bin": [lo, min(hi, 1.0)], "runs": len(hits), "right": sum(hits),
+                        "accuracy": (sum(hits) / len(hits)) if hits else None})
+        return out
+
+    def flip_rate(self, mode: str) -> float | None:
+        rs = [r for r in self.results if len(r.verdicts.get(mode, [])) > 1]
+        return (sum(r.flipped(mode) for r in rs) / len(rs)) if rs else None
+
+    def misses(self) -> list[tuple[DrawResult, str, Verdict]]:
+        return [(r, m, v) for r in self.results for m in self.modes for v in r.verdicts.get(m, [])
+                if v.category != r.draw.expected]
+
+    def rows(self) -> list[MatrixRow]:
+        """First repeat of each draw as a matrix row (for the confusion table)."""
+        return [MatrixRow(r.draw.name, r.draw.expected, {m: vs[0] for m, vs in r.verdicts.items()}, r.wall_s)
+                for r in self.results]
+
+    def command(self, d: Draw) -> str:
+        return reproduce_command(d, self.mode_arg, self.calibration_file)
+
+    def to_dict(self) -> dict[str, Any]:
+        cats = sorted({r.draw.expected for r in self.results})
+        return {
+            "seed": self.seed, "calibration": self.calibration.to_dict(), "modes": list(self.modes), "wall_s": self.wall_s,
+            "accuracy": {m: {"right": self.accuracy(m)[0], "runs": self.accuracy(m)[1],
+                             "per_category": {c: dict(zip(("right", "runs"), self.accuracy(m, c))) for c in cats}}
+                         for m in self.modes},
+            "reliability": self.reliability(), "flip_rate": {m: self.flip_rate(m) for m in self.modes},
+            "draws": [{"index": r.draw.index, "name": r.draw.name, "family": r.draw.family, "kind": r.draw.kind,
+                       "expected": r.draw.expected, "params": r.draw.params, "wall_s": r.wall_s,
+                       "injected": build_plan(r.draw, self.calibration).injected,
+                       "verdicts": {m: [vars(v) for v in vs] for m, vs in r.verdicts.items()},
+                       "reproduce": self.command(r.draw)} for r in self.results],
+            "misses": [{"draw": r.draw.index, "mode": m, "expected": r.draw.expected, "verdict": v.category,
+                        "confidence": v.confidence, "reproduce": self.command(r.draw)} for r, m, v in self.misses()],
+        }
+
+    def format_text(self) -> str:
+        c = self.calibration
+        lines = [f"random matrix: seed {self.seed}, {len(self.results)} draws, modes {', '.join(self.modes)}",
+                 f"calibration: prefill {c.prefill_ms_per_token:.3f} ms/token, decode step {c.decode_step_ms:.2f} ms, "
+                 f"short-prompt TTFT {c.ttft_short_ms:.1f} ms, spread {c.spread:.2f} ({c.device})", ""]
+        lines.append(confusion_table(self.rows(), self.modes))
+        lines += ["", "accuracy per category (right/runs):"]
+        cats = sorted({r.draw.expected for r in self.results})
+        lines.append(f"{'category':<16}" + "".join(f"{m:>14}" for m in self.modes))
+        for cat in [*cats, None]:
+            cells = ["{}/{}".format(*self.accuracy(m, cat)) for m in self.modes]
+            lines.append(f"{cat or 'all':<16}" + "".join(f"{x:>14}" for x in cells))
+        lines += ["", "reliability (confidence bin: right/runs, share right; modes pooled):"]
+        for b in self.reliability():
+            acc = "-" if b["accuracy"] is None else f"{100 * b['accuracy']:.0f}%"
+            lines.append(f"  [{b['bin'][0]:.1f}, {b['bin'][1]:.1f}{']' if b['bin'][1] >= 1 else ')'}  "
+                         f"{b['right']}/{b['runs']}  {acc}")
+        for m in self.modes:
+            fr = self.flip_rate(m)
+            if fr is not None:
+                lines.append(f"flip rate {m}: {100 * fr:.0f}% of draws changed verdict over repeats")
+        misses = self.misses()
+        lines += ["", f"misses: {len(misses)}"]
+        for r, m, v in misses:
+            lines.append(f"  {r.draw.name} [{m}] expected {r.draw.expected}, got {v.category} ({v.confidence:.2f}): "
+                         f"{r.draw.describe()}")
+            lines.append(f"    reproduce: {self.command(r.draw)}")
+        lines.append(f"wall time: {self.wall_s:.0f} s")
+        return "\n".join(lines)
+
+
+def check_random(seed: int, indices: Sequence[int], out_root: str | Path, cal: Calibration,
+                 modes: Sequence[str] = MODES, repeat: int = 1, log: Callable[[str], None] | None = None) -> list[DrawResult]:
+    """Run draws ``indices`` of ``seed`` ``repeat`` times each; diagnose every run in ``modes``."""
+    out = []
+    for i in indices:
+        d = draw(seed, i)
+        res = DrawResult(d, {m: [] for m in modes})
+        t0 = time.monotonic()
+        for k in range(repeat):
+            if log:
+                log(f"draw {d.name} (expect {d.expected}){f' repeat {k + 1}/{repeat}' if repeat > 1 else ''}: {d.describe()}")
+            run = run_scenario(scenario(d), Path(out_root) / (d.name if repeat == 1 else f"{d.name}-{k}"), cal, log=log)
+            for m in modes:
+                res.verdicts[m].append(diagnose_run(run, m))
+            if log:
+                log("  " + "  ".join(f"{m}: {vs[-1].category} ({vs[-1].confidence:.2f})" for m, vs in res.verdicts.items()))
+        res.wall_s = time.monotonic() - t0
+        out.append(res)
+    return out

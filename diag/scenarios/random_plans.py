@@ -1,0 +1,191 @@
+"""A random draw as the catalogue's :class:`~diag.scenarios.catalog.Plan`, sized for a calibration.
+
+:func:`build_plan` converts a :class:`~diag.scenarios.random_draws.Draw`'s parameters
+(calibration units) into ``ttft serve`` arguments, probe steps and the users' SLOs, with the
+catalogue's own sizing helpers where the catalogue has one (the interference mix, the chunk
+of about one decode step). :func:`scenario` wraps a draw as a catalogue
+:class:`~diag.scenarios.catalog.Scenario`, so the one runner runs it. Pure functions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from diag.scenarios.calibrate import Calibration
+from diag.scenarios.catalog import Phase, Plan, ProbeStep, Scenario
+from diag.scenarios.random_draws import Draw
+
+#: the bundled engine's context (prompt + output tokens); a draw never asks for more
+MAX_CONTEXT_TOKENS = 2048
+LAYERS = 4  # the tiny preset: two all-reduces per layer per forward
+
+
+def length_spec(tokens: int, spread: float) -> str:
+    """``fixed:N`` or ``uniform:LO-HI`` (+-spread around N)."""
+    if spread <= 0:
+        return f"fixed:{tokens}"
+    lo, hi = max(1, int(tokens * (1 - spread))), max(1, int(math.ceil(tokens * (1 + spread))))
+    return f"uniform:{lo}-{hi}"
+
+
+def max_tokens(spec: str) -> int:
+    return int(spec.split(":")[-1].split("-")[-1])
+
+
+def service_ms(cal: Calibration, inp: int, out: int) -> float:
+    """One lone request's time in the engine: its TTFT and its decode steps (ms)."""
+    return cal.ttft_short_ms + inp * cal.prefill_ms_per_token + out * cal.decode_step_ms
+
+
+def chunk_tokens(cal: Calibration, steps: float) -> int:
+    """A prefill chunk that costs ``steps`` decode steps (a multiple of 16, 16..512 tokens)."""
+    return int(min(512, max(16, 16 * round(steps * cal.decode_step_ms / cal.prefill_ms_per_token / 16))))
+
+
+def _ms(x: float) -> str:
+    return f"{x:.2f}ms"
+
+
+def _healthy_slo(cal: Calibration, p: dict[str, Any], inp_max: int) -> str:
+    c = p["concurrency"]
+    ttft = 5 * (cal.ttft_short_ms + c * inp_max * cal.prefill_ms_per_token + 2 * cal.decode_step_ms) * p["slo_headroom"]
+    if p["policy"] == "chunked":  # each chunk a step of its own: the prompt's prefill takes longer
+        ttft += 5 * (inp_max / chunk_tokens(cal, p["chunk_steps"]) + 1) * cal.decode_step_ms
+    tpot = (3 + c) * cal.decode_step_ms * p["tpot_headroom"]
+    return f"ttft_p99={_ms(ttft)},tpot_p99={_ms(tpot)}"
+
+
+def dominant_cost_ms(d: Draw, cal: Calibration) -> float:
+    """The dominant cause's cost per request, by design (ms): what a mix's second cause is a share of."""
+    p, f = d.params, d.params["faults"]
+    inp, out = p["input_tokens"], p["output_tokens"]
+    if d.family == "queue":
+        return max(1.0, (p["concurrency"] / p["max_running"] - 1) / 2) * service_ms(cal, inp, out)
+    if d.family == "tokenize":
+        return inp * tokenize_ms_per_token(cal, f["tokenize_x"])
+    if d.family == "prefill_compute":
+        return inp * cal.prefill_ms_per_token
+    if d.family == "network":
+        return network_ms(cal, f["network_x"])
+    if d.family == "cold_start":
+        return load_delay_s(cal, f["load_delay_x"]) * 1e3
+    return out * cal.decode_step_ms  # decode: the stream's own token time
+
+
+def tokenize_ms_per_token(cal: Calibration, x: float) -> float:
+    return x * max(3 * cal.prefill_ms_per_token, cal.decode_step_ms)
+
+
+def network_ms(cal: Calibration, x: float) -> float:
+    return x * max(20.0, 5 * cal.ttft_short_ms, 60 * cal.decode_step_ms)
+
+
+def load_delay_s(cal: Calibration, x: float) -> float:
+    return x * max(2.0, 100 * cal.ttft_short_ms / 1e3)
+
+
+def faults_ms(d: Draw, cal: Calibration) -> dict[str, float]:
+    """The ``--inject`` knobs in the engine's units, the mix's second cause included."""
+    f, p = d.params["faults"], d.params
+    out: dict[str, float] = {}
+    if "tokenize_x" in f:
+        out["tokenize_ms_per_token"] = tokenize_ms_per_token(cal, f["tokenize_x"])
+    if "tokenize_pf" in f:
+        out["tokenize_ms_per_token"] = f["tokenize_pf"] * cal.prefill_ms_per_token
+    if "network_x" in f:
+        out["network_delay_ms"] = network_ms(cal, f["network_x"])
+    if "network_steps" in f:
+        out["network_delay_ms"] = f["network_steps"] * cal.decode_step_ms
+    if "collective_x" in f:
+        out["collective_latency_ms"] = f["collective_x"] * max(1.0, p["input_tokens"] * cal.prefill_ms_per_token / (2 * LAYERS))
+    if "load_delay_x" in f:
+        out["load_delay_s"] = load_delay_s(cal, f["load_delay_x"])
+    if d.kind == "mix":
+        share_ms = p["mix_share"] * dominant_cost_ms(d, cal)
+        if p["mix_second"] == "tokenize":
+            out["tokenize_ms_per_token"] = share_ms / p["input_tokens"]
+        else:
+            out["network_delay_ms"] = share_ms
+    return {k: round(v, 4) for k, v in out.items() if v > 0}
+
+
+def serve_args(d: Draw, cal: Calibration) -> list[str]:
+    p = d.params
+    args = ["--policy", p["policy"]]
+    if p["policy"] == "chunked":
+        args += ["--chunk-size", str(chunk_tokens(cal, p["chunk_steps"]))]
+    if "max_running" in p:
+        args += ["--max-running", str(p["max_running"])]
+    if "kv_fits" in p:
+        need = max_tokens(length_spec(p["input_tokens"], p["input_spread"])) + max_tokens(
+            length_spec(p["output_tokens"], p["output_spread"]))
+        args += ["--kv-blocks", str(p["kv_fits"] * math.ceil(need / p["block_size"])), "--block-size", str(p["block_size"])]
+    if p.get("lazy_load"):
+        args.append("--lazy-load")
+    for k, v in faults_ms(d, cal).items():
+        if k != "collective_latency_ms":
+            args += ["--inject", f"{k}={v:.4g}"]
+    return args
+
+
+def _step(d: Draw, cal: Calibration) -> ProbeStep:
+    p = d.params
+    inp, out = length_spec(p["input_tokens"], p["input_spread"]), length_spec(p["output_tokens"], p["output_spread"])
+    common = dict(input_tokens=inp, output_tokens=out, warmup=p["warmup"], starve_client=bool(p.get("starve_client")))
+    if p["design"] == "sweep":
+        values = tuple(float(v) for v in p["sweep_values"])
+        if p["sweep"] == "rate":  # shares of the admitted capacity -> requests/s
+            cap = p.get("max_running", 1) / (service_ms(cal, p["input_tokens"], p["output_tokens"]) / 1e3)
+            values = tuple(round(v * cap, 3) for v in values)
+        return ProbeStep(sweep=p["sweep"], sweep_values=values, requests_per_point=p["requests_per_point"],
+                         concurrency=p["concurrency"], **common)
+    rate = None
+    if p["design"] == "open":
+        admitted = p["max_running"] if d.family == "queue" and d.kind != "near-miss" else 1  # a share of one stream
+        rate = round(p["load"] * admitted * 1e3 / service_ms(cal, p["input_tokens"], p["output_tokens"]), 3)
+    return ProbeStep(concurrency=p["concurrency"], requests=p["requests"], rate_rps=rate, **common)
+
+
+def _interference_prompts(cal: Calibration, p: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+    longest = int(min(1792, max(384, p["stall_steps"] * cal.decode_step_ms / cal.prefill_ms_per_token)))
+    stream = (16, 32)
+    block = (stream,) * p["streams"]
+    return (*block, (3 * longest // 5, 4), *block, (4 * longest // 5, 4), *block, (longest, 4))
+
+
+def build_plan(d: Draw, cal: Calibration) -> Plan:
+    """The draw as a plan on this calibration (engine arguments, probe steps, SLOs, injection)."""
+    p = d.params
+    injected: dict[str, Any] = {"draw": {"seed": d.seed, "index": d.index, "family": d.family, "kind": d.kind},
+                                **faults_ms(d, cal)}
+    args = serve_args(d, cal)
+    step = _step(d, cal)
+    slo: str | None = _healthy_slo(cal, p, max_tokens(step.input_tokens))
+    if d.family == "comm":
+        ms = faults_ms(d, cal)["collective_latency_ms"]
+        phases = (Phase((*args, "--tp", "1"), (ProbeStep(**{**step.__dict__, "segment": "tp=1"}),)),
+                  Phase((*args, "--tp", "2", "--inject", f"collective_latency_ms={ms:.4g}"),
+                        (ProbeStep(**{**step.__dict__, "segment": "tp=2"}),)))
+        return Plan(phases, slo=None, injected={**injected, "tp": [1, 2]})
+    if d.family == "interference":
+        prompts = _interference_prompts(cal, p)
+        longest = max(i for i, _ in prompts)
+        step = ProbeStep(concurrency=p["concurrency"], requests=p["requests"], prompts=prompts, warmup=p["warmup"])
+        slo = (f"ttft_p99={_ms(16 * longest * cal.prefill_ms_per_token + 20 * cal.ttft_short_ms)},"
+               f"itl_p99={_ms(p['itl_steps'] * cal.decode_step_ms)}")
+    elif d.family == "decode":
+        slo = (f"ttft_p99={_ms(80 * cal.ttft_short_ms + 256 * cal.prefill_ms_per_token)},"
+               f"tpot_p99={_ms(p['tpot_steps'] * cal.decode_step_ms)}")
+    elif d.family in ("queue", "kv_cache", "cold_start", "loadgen", "prefill_compute", "tokenize", "network") and d.kind != "near-miss":
+        slo = None  # the cause is the answer whatever the users hold, as in the catalogue
+    return Plan((Phase(tuple(args), (step,)),), slo=slo, injected=injected)
+
+
+def scenario(d: Draw) -> Scenario:
+    """The draw as a catalogue scenario (ground truth and cause), for the one runner."""
+    return Scenario(d.name, d.expected, d.describe(), lambda cal: build_plan(d, cal), fast=False)
+
+
+__all__ = ["MAX_CONTEXT_TOKENS", "build_plan", "chunk_tokens", "dominant_cost_ms", "faults_ms",
+           "length_spec", "max_tokens", "scenario", "serve_args", "service_ms"]

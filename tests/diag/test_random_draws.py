@@ -1,0 +1,184 @@
+"""Random scenario draws (no engine runs): every draw's plan is valid for the engine on any
+machine speed, draws are reproducible from (seed, index), every category, mix and near-miss
+appears, the ground truth is set from the injection alone, and the matrix's tables add up."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from collectors.probe import LengthSpec, LoadSpec, SweepSpec
+from diag.engine.engine import EngineConfig
+from diag.engine.faults import parse_injections
+from diag.scenarios import Calibration
+from diag.scenarios.matrix import MODES, Verdict
+from diag.scenarios.random_draws import FAMILIES, MIX_SECOND, NEAR_MISS, draw, draws
+from diag.scenarios.random_matrix import BINS, DrawResult, RandomResult, reproduce_command
+from diag.scenarios.random_plans import MAX_CONTEXT_TOKENS, build_plan, max_tokens, scenario
+from diag.slo import parse_slo
+
+#: a 2-core CPU box as measured here, one 3x slower, and a GPU-like one (fast prefill per token)
+MACHINES = {
+    "cpu": Calibration(ttft_short_ms=6.4, prefill_ms_per_token=0.092, decode_step_ms=2.4),
+    "slow-cpu": Calibration(ttft_short_ms=19.0, prefill_ms_per_token=0.28, decode_step_ms=7.3),
+    "gpu-like": Calibration(ttft_short_ms=4.0, prefill_ms_per_token=0.004, decode_step_ms=6.0, device="cuda"),
+}
+SEEDS = (0, 1, 7, 12012, 987654)
+N = 60
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    from diag.commands import serve
+
+    root = argparse.ArgumentParser()
+    return serve.add_parser(root.add_subparsers())
+
+
+def _tokens(step) -> list[int]:
+    if step.prompts:
+        return [inp + out for inp, out in step.prompts]
+    out = max_tokens(step.output_tokens)
+    if step.sweep == "prompt":
+        return [int(v) + out for v in step.sweep_values]
+    return [max_tokens(step.input_tokens) + out]
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+def test_every_draws_plan_is_valid_for_the_engine_and_fits_its_context(machine):
+    cal, parser = MACHINES[machine], _serve_parser()
+    for seed in SEEDS:
+        for d in draws(seed, N):
+            plan = build_plan(d, cal)
+            assert plan.phases, d
+            for phase in plan.phases:
+                a = parser.parse_args(list(phase.serve_args))
+                cfg = EngineConfig(tp=a.tp, policy=a.policy, chunk_size=a.chunk_size, kv_blocks=a.kv_blocks,
+                                   block_size=a.block_size, max_running=a.max_running, faults=parse_injections(a.inject),
+                                   lazy_load=a.lazy_load)
+                cfg.validate()
+                for step in phase.steps:
+                    longest = max(_tokens(step))
+                    assert longest <= min(cfg.max_context, MAX_CONTEXT_TOKENS), (d.name, step)
+                    # a KV budget always holds at least one whole sequence: pressure, never a refusal
+                    assert cfg.num_kv_blocks() * cfg.block_size >= longest, (d.name, step)
+                    LengthSpec.parse(step.input_tokens), LengthSpec.parse(step.output_tokens)
+                    LoadSpec(concurrency=step.concurrency, requests=step.requests, rate_rps=step.rate_rps)
+                    if step.sweep:
+                        assert len(SweepSpec(step.sweep, values=list(step.sweep_values)).point_values()) >= 2
+                    assert step.concurrency <= 32  # under the engine's running cap unless a draw sets one
+                    # sized for CI: a draw's requests stay in the tens
+                    n = step.requests or step.requests_per_point * len(step.sweep_values)
+                    assert n <= 64, (d.name, step)
+            if plan.slo:
+                assert all(v > 0 for v in parse_slo(plan.slo).values())
+
+
+def test_a_draw_is_a_pure_function_of_seed_and_index():
+    assert draw(5, 3) == draw(5, 3)
+    assert [d.params for d in draws(5, 20)] != [d.params for d in draws(6, 20)]
+    assert draw(5, 3) == draws(5, 4)[3]  # index i does not depend on the draws before it
+    cal = MACHINES["cpu"]
+    assert build_plan(draw(5, 3), cal) == build_plan(draw(5, 3), cal)
+    # the draws are in calibration units: a uniformly slower machine runs the same tokens
+    slow = replace(cal, ttft_short_ms=3 * cal.ttft_short_ms, prefill_ms_per_token=3 * cal.prefill_ms_per_token,
+                   decode_step_ms=3 * cal.decode_step_ms)
+    for d in draws(5, N):
+        a, b = build_plan(d, cal), build_plan(d, slow)
+        assert [[_tokens(s) for s in p.steps] for p in a.phases] == [[_tokens(s) for s in p.steps] for p in b.phases]
+        if a.slo:
+            sa, sb = parse_slo(a.slo), parse_slo(b.slo)
+            assert {k: pytest.approx(3 * v, rel=0.02) for k, v in sa.items()} == sb
+
+
+def test_every_category_is_drawn_with_mixes_and_near_misses():
+    ds = [d for seed in SEEDS for d in draws(seed, N)]
+    assert {d.family for d in ds} == set(FAMILIES)
+    assert {d.expected for d in ds} == set(FAMILIES)
+    kinds = Counter((d.family, d.kind) for d in ds)
+    for fam in MIX_SECOND:
+        assert kinds[(fam, "mix")], fam
+    for fam in NEAR_MISS:
+        assert kinds[(fam, "near-miss")], fam
+    for d in ds:
+        assert d.expected == ("healthy" if d.kind == "near-miss" else d.family)
+
+
+def test_near_misses_are_weak_and_mixes_dominated_by_their_family():
+    from diag.scenarios.random_plans import dominant_cost_ms, faults_ms
+
+    cal = MACHINES["cpu"]
+    for d in (d for seed in SEEDS for d in draws(seed, N)):
+        f = faults_ms(d, cal)
+        if d.kind == "near-miss" and d.family == "tokenize":
+            assert f["tokenize_ms_per_token"] <= 0.15 * cal.prefill_ms_per_token + 1e-9
+        if d.kind == "near-miss" and d.family == "network":
+            assert f["network_delay_ms"] <= 0.3 * cal.decode_step_ms + 1e-9
+        if d.kind == "near-miss" and d.family == "cold_start":
+            assert "--lazy-load" not in build_plan(d, cal).phases[0].serve_args
+        if d.kind == "mix":
+            dominant = dominant_cost_ms(d, cal)
+            second = (f["tokenize_ms_per_token"] * d.params["input_tokens"] if d.params["mix_second"] == "tokenize"
+                      else f["network_delay_ms"])
+            assert second <= 0.25 * dominant + 1e-6, d
+
+
+def test_ground_truth_never_comes_from_the_rules():
+    """The drawing and planning modules import nothing that diagnoses."""
+    root = Path(__file__).resolve().parents[2] / "diag" / "scenarios"
+    for name in ("random_draws.py", "random_plans.py"):
+        tree = ast.parse((root / name).read_text())
+        mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not {m for m in mods if m and (m.startswith("rules") or m.startswith("diag.analysis"))}, name
+    sc = scenario(draw(3, 2))
+    assert sc.category == draw(3, 2).expected
+
+
+def _result(verdicts: dict[int, list[tuple[str, float]]], seed: int = 4) -> RandomResult:
+    rs = []
+    for i, vs in verdicts.items():
+        d = draw(seed, i)
+        rs.append(DrawResult(d, {m: [Verdict(c if c != "=" else d.expected, conf, "t") for c, conf in vs] for m in MODES}))
+    return RandomResult(seed, MACHINES["cpu"], MODES, rs, calibration_file="runs/calibration.json")
+
+
+def test_the_matrix_scores_reliability_flips_and_misses():
+    res = _result({0: [("=", 0.85), ("=", 0.82)], 1: [("=", 0.95), ("zzz", 0.55)], 2: [("zzz", 0.65), ("zzz", 0.65)]})
+    for m in MODES:
+        assert res.accuracy(m) == (3, 6)
+        assert res.flip_rate(m) == pytest.approx(1 / 3)
+    rel = {tuple(b["bin"]): (b["right"], b["runs"]) for b in res.reliability()}
+    assert rel[(0.8, 0.9)] == (4, 4) and rel[(0.9, 1.0)] == (2, 2) and rel[(0.5, 0.6)] == (0, 2)
+    assert rel[(0.6, 0.7)] == (0, 4) and len(rel) == len(BINS)
+    assert len(res.misses()) == 6
+    text = res.format_text()
+    assert "seed 4" in text and "prefill 0.092 ms/token" in text and "flip rate server: 33%" in text
+    assert f"reproduce: ttft scenarios check --random 1 --seed 4 --draw 2 --calibration runs/calibration.json" in text
+    doc = json.loads(json.dumps(res.to_dict(), default=str))
+    assert doc["seed"] == 4 and doc["accuracy"]["server"]["right"] == 3 and len(doc["misses"]) == 6
+    assert doc["draws"][0]["injected"]["draw"] == {"seed": 4, "index": 0, "family": draw(4, 0).family,
+                                                   "kind": draw(4, 0).kind}
+
+
+def test_reproduce_command_names_one_draw():
+    d = draw(11, 7)
+    assert reproduce_command(d) == "ttft scenarios check --random 1 --seed 11 --draw 7"
+    assert reproduce_command(d, "client", "c.json").endswith("--draw 7 --mode client --calibration c.json")
+
+
+def test_check_random_refuses_names_and_bad_counts(capsys):
+    from diag.cli import main
+
+    cal = Path(__file__).parent / "_cal.json"
+    try:
+        cal.write_text(json.dumps(MACHINES["cpu"].to_dict()))
+        assert main(["scenarios", "check", "--random", "2", "healthy", "--calibration", str(cal)]) == 2
+        assert main(["scenarios", "check", "--random", "0", "--calibration", str(cal)]) == 2
+    finally:
+        cal.unlink()
