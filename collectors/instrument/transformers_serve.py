@@ -27,13 +27,16 @@ cold start (warmup)    CB only: ``CBGenerateManager.init_cb``,                  
                        ``ContinuousBatchingManager._create_batch_processor``
 =====================  =========================================================  ==============
 
-Token times (the server TTFT end) are the ends of the streamer ``put`` calls. What a mode cannot
+The streamer, generate-manager and forward hooks are in :mod:`.transformers_streamers`, the
+continuous-batching step hooks in :mod:`.transformers_cb`, the per-request state in
+:mod:`.tx_request`. Token times (the server TTFT end) are the ends of the streamer ``put`` calls. What a mode cannot
 measure is written to meta.json ``instrument.unmeasured``. Every hook body runs under
 ``HookStats.guard`` (exceptions swallowed and counted) and calls the original exactly once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import time
 from types import ModuleType
@@ -48,8 +51,8 @@ SUPPORTED = (5, 20), (6, 0)
 SUPPORTED_TEXT = ">=5.20,<6"
 TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _SERVING = "transformers.cli.serving."
-_PLAIN_WARMUP_NOTE = ("plain mode has no warm-up phase: the first request pays lazy initialisation inside "
-                      "its own stages (--continuous-batching records init_cb and the KV-cache allocation)")
+_NON_STREAMING_NOTE = ("requests with stream=false have no streamer: only their request span and tokenize "
+                       "are recorded (queue, prefill, sample, detokenize and token times need stream=true)")
 
 
 def version_supported(version: str) -> bool:
@@ -147,6 +150,8 @@ class _Patches:
                     if req is not None and req.trace is None and patches.sink is not None:
                         with patches.stats.guard("handle_request"):
                             req.start(patches.sink, request_id, body)
+                            if not req.streaming:
+                                patches.inst.note_unmeasured("non-streaming", _NON_STREAMING_NOTE)
                     return await orig(handler, body, request_id, *a, **kw)
                 return handle_request
 
@@ -203,121 +208,16 @@ class _Patches:
         self.wrap(mod.ModelManager, "load_model_and_processor", make)
 
     def hook_forward(self, model: Any) -> None:
-        """torch forward (pre-)hooks on the top-level model; they run on the generation thread."""
-        if getattr(model, "_ttft_hooked", False) or not hasattr(model, "register_forward_hook"):
-            return
-        stats = self.stats
+        from collectors.instrument import transformers_streamers
 
-        def pre(_module: Any, _args: Any) -> None:
-            with stats.guard("forward_pre"):
-                t = time.time_ns()
-                rq.THREAD.forward_start_ns = t
-                req = getattr(rq.THREAD, "req", None)
-                if req is not None:
-                    if req.prefill_start_ns is None:
-                        req.first_forward(t)
-                    elif req.prefill_end_ns is not None and req.sample_end_ns is None:
-                        req.sampled(t)  # deferred stop check: the next forward starts before put()
-            return None
-
-        def post(_module: Any, _args: Any, _output: Any) -> None:
-            with stats.guard("forward_post"):
-                t = time.time_ns()
-                rq.THREAD.forward_end_ns = t
-                req = getattr(rq.THREAD, "req", None)
-                if req is not None and req.prefill_end_ns is None:
-                    req.prefill_done(t)
-            return None
-
-        model.register_forward_pre_hook(pre)
-        model.register_forward_hook(post)
-        model._ttft_hooked = True
-
-    # -- utils.py: generate managers and streamers ------------------------------------------------
+        transformers_streamers.hook_forward(self, model)
 
     def patch_utils(self, mod: ModuleType) -> None:
         self.activate()
-        from collectors.instrument import transformers_cb
+        from collectors.instrument import transformers_cb, transformers_streamers
 
-        patches = self
-        stats = self.stats
-
-        def make_init(orig: Any) -> Any:
-            def __init__(streamer: Any, *args: Any, **kwargs: Any) -> None:
-                orig(streamer, *args, **kwargs)
-                req = rq.CURRENT.get()  # built in generate_streaming, in the handler's context
-                if req is not None and req.trace is not None:
-                    streamer._ttft_req = req
-            return __init__
-
-        def make_put(orig: Any) -> Any:
-            def put(streamer: Any, value: Any) -> Any:
-                req = getattr(streamer, "_ttft_req", None)
-                if req is None:
-                    return orig(streamer, value)
-                if not req.prompt_seen:  # plain mode: generate() hands over the prompt first
-                    with stats.guard("put_prompt"):
-                        req.prompt_seen = True
-                        rq.THREAD.req = req
-                    return orig(streamer, value)
-                before = streamer.total_tokens
-                t0 = time.time_ns()
-                try:
-                    return orig(streamer, value)
-                finally:
-                    t1 = time.time_ns()
-                    with stats.guard("put"):
-                        if req.prefill_end_ns is not None and req.sample_end_ns is None:
-                            req.sampled(t0)
-                        req.tokens_out(t0, t1, streamer.total_tokens - before)
-            return put
-
-        def make_end(orig: Any) -> Any:
-            def end(streamer: Any) -> Any:
-                with stats.guard("streamer_end"):
-                    if getattr(rq.THREAD, "req", None) is getattr(streamer, "_ttft_req", False):
-                        rq.THREAD.req = None
-                return orig(streamer)
-            return end
-
-        def make_generate_streaming(orig: Any) -> Any:
-            def generate_streaming(manager: Any, *args: Any, **kwargs: Any) -> Any:
-                req = rq.CURRENT.get()
-                if req is not None and req.trace is not None:
-                    with stats.guard("generate_streaming"):
-                        inputs = kwargs.get("inputs", args[2] if len(args) > 2 else None)
-                        ids = inputs["input_ids"] if inputs is not None else None
-                        if ids is not None:
-                            req.input_tokens = len(ids) if isinstance(ids, list) else int(ids.shape[-1])
-                        rq.BY_REQUEST_ID[req.request_id] = req  # before add_request: the CB loop looks it up
-                        if isinstance(manager, mod.GenerateManager):
-                            patches.inst.note_unmeasured("cold_start.warmup", _PLAIN_WARMUP_NOTE)
-                return orig(manager, *args, **kwargs)
-            return generate_streaming
-
-        def make_cb_put(orig: Any) -> Any:
-            def put(streamer: Any, output: Any) -> Any:
-                req = getattr(streamer, "_ttft_req", None)
-                if req is None:
-                    return orig(streamer, output)
-                before = streamer.total_tokens
-                t0 = time.time_ns()
-                try:
-                    return orig(streamer, output)
-                finally:
-                    t1 = time.time_ns()
-                    with stats.guard("cb_put"):
-                        req.tokens_out(t0, t1, streamer.total_tokens - before)
-            return put
-
-        for cls in (mod.DirectStreamer, mod.CBStreamer):
-            self.wrap(cls, "__init__", make_init)
-        self.wrap(mod.DirectStreamer, "put", make_put)
-        self.wrap(mod.DirectStreamer, "end", make_end)
-        self.wrap(mod.CBStreamer, "put", make_cb_put)
-        for cls in (mod.GenerateManager, mod.CBGenerateManager):
-            self.wrap(cls, "generate_streaming", make_generate_streaming)
-        transformers_cb.patch_cb_manager(patches, mod)
+        transformers_streamers.patch_utils(self, mod)
+        transformers_cb.patch_cb_manager(self, mod)
 
 
 class TraceMiddleware:
@@ -355,10 +255,15 @@ class TraceMiddleware:
                 with stats.guard("asgi_finish"):
                     req.finish()
 
-        error: str | None = "disconnect"
+        error: str | None = "disconnect"  # ended without its last body: the client went away
         try:
             await self.app(scope, receive, traced_send)
             error = None
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            error = "http_500"  # Starlette's ServerErrorMiddleware (outside us) answers 500
+            raise
         finally:
             with stats.guard("asgi_finish"):
                 req.finish(error=error if not req.ended else None)
