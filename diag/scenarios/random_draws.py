@@ -77,9 +77,11 @@ class Draw:
     def describe(self) -> str:
         p = self.params
         faults = ", ".join(f"{k}={v:.3g}" for k, v in sorted(p.get("faults", {}).items()))
-        return (f"{self.family} ({self.kind}) design={p['design']} c={p['concurrency']} in={p['input_tokens']}"
+        design = f"sweep {p['sweep']} {p['sweep_values']}" if p["design"] == "sweep" else p["design"]
+        return (f"{self.family} ({self.kind}) design={design} c={p['concurrency']} in={p['input_tokens']}"
                 f"±{p['input_spread']:.0%} out={p['output_tokens']} policy={p['policy']}"
-                + (f" faults: {faults}" if faults else ""))
+                + (f" faults: {faults}" if faults else "")
+                + (f" + {p['mix_second']} at {p['mix_share']:.0%} of its cost" if self.kind == "mix" else ""))
 
 
 def _rng(seed: int, index: int) -> random.Random:
@@ -179,6 +181,7 @@ def _mix(family: str, r: random.Random, p: dict[str, Any]) -> str:
 def _near_miss(family: str, r: random.Random, p: dict[str, Any]) -> None:
     """The family's cause, too weak to matter: ground truth healthy (see the module docstring)."""
     f = p["faults"]
+    streams = p["concurrency"]
     p.update(design=r.choice(("closed", "open")), concurrency=r.randint(1, 4), input_tokens=min(p["input_tokens"], 256))
     _open_cap(p)
     if family == "queue":
@@ -190,9 +193,9 @@ def _near_miss(family: str, r: random.Random, p: dict[str, Any]) -> None:
         p.update(kv_fits=p["concurrency"] + r.randint(2, 4), block_size=r.choice((8, 16, 32)),
                  input_spread=0.0, output_spread=0.0)
     elif family == "decode":
-        p.update(design="closed", tpot_steps=r.uniform(15, 25))  # many streams, a target they meet
+        p.update(design="closed", concurrency=streams, tpot_steps=r.uniform(15, 25))  # many streams, a target they meet
     elif family == "interference":
-        p.update(policy="chunked", design="closed", chunk_steps=r.uniform(0.7, 1.5))
+        p.update(policy="chunked", design="closed", concurrency=streams, chunk_steps=r.uniform(0.7, 1.5))
     elif family == "cold_start":
         f.clear()
         f["load_delay_x"] = r.uniform(0.5, 1.5)  # loaded before the server listens: users never meet it

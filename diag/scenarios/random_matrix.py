@@ -24,6 +24,7 @@ from diag.scenarios.calibrate import Calibration
 from diag.scenarios.matrix import MODES, MatrixRow, Verdict, confusion_table, diagnose_run
 from diag.scenarios.random_draws import Draw, draw
 from diag.scenarios.random_plans import build_plan, scenario
+from diag.scenarios.random_truth import accounted_truth
 from diag.scenarios.runner import run_scenario
 
 #: confidence bins of the reliability table: [lo, hi)
@@ -37,9 +38,15 @@ class DrawResult:
     draw: Draw
     verdicts: dict[str, list[Verdict]] = field(default_factory=dict)
     wall_s: float = 0.0
+    #: the ground truth of each repeat: the draw's, or a mix's by the engine's accounting
+    truths: list[str] = field(default_factory=list)
+    accounting: list[dict[str, float]] = field(default_factory=list)
+
+    def truth(self, k: int = 0) -> str:
+        return self.truths[k] if k < len(self.truths) else self.draw.expected
 
     def ok(self, mode: str, k: int = 0) -> bool:
-        return self.verdicts[mode][k].category == self.draw.expected
+        return self.verdicts[mode][k].category == self.truth(k)
 
     def flipped(self, mode: str) -> bool:
         return len({v.category for v in self.verdicts[mode]}) > 1
@@ -65,18 +72,22 @@ class RandomResult:
     calibration_file: str | None = None
     wall_s: float = 0.0
 
-    def _runs(self, mode: str) -> list[tuple[DrawResult, Verdict]]:
-        return [(r, v) for r in self.results for v in r.verdicts.get(mode, [])]
+    def _runs(self, mode: str) -> list[tuple[DrawResult, Verdict, str]]:
+        """(draw, verdict, ground truth) of every run in ``mode``."""
+        return [(r, v, r.truth(k)) for r in self.results for k, v in enumerate(r.verdicts.get(mode, []))]
+
+    def categories(self) -> list[str]:
+        return sorted({t for m in self.modes for _, _, t in self._runs(m)})
 
     def accuracy(self, mode: str, category: str | None = None) -> tuple[int, int]:
-        runs = [(r, v) for r, v in self._runs(mode) if category is None or r.draw.expected == category]
-        return sum(v.category == r.draw.expected for r, v in runs), len(runs)
+        runs = [(v, t) for _, v, t in self._runs(mode) if category is None or t == category]
+        return sum(v.category == t for v, t in runs), len(runs)
 
     def reliability(self) -> list[dict[str, Any]]:
         """Per confidence bin: runs, share right (both modes pooled)."""
         out = []
         for lo, hi in BINS:
-            hits = [v.category == r.draw.expected for m in self.modes for r, v in self._runs(m) if lo <= v.confidence < hi]
+            hits = [v.category == t for m in self.modes for _, v, t in self._runs(m) if lo <= v.confidence < hi]
             out.append({"bin": [lo, min(hi, 1.0)], "runs": len(hits), "right": sum(hits),
                         "accuracy": (sum(hits) / len(hits)) if hits else None})
         return out
@@ -85,20 +96,20 @@ class RandomResult:
         rs = [r for r in self.results if len(r.verdicts.get(mode, [])) > 1]
         return (sum(r.flipped(mode) for r in rs) / len(rs)) if rs else None
 
-    def misses(self) -> list[tuple[DrawResult, str, Verdict]]:
-        return [(r, m, v) for r in self.results for m in self.modes for v in r.verdicts.get(m, [])
-                if v.category != r.draw.expected]
+    def misses(self) -> list[tuple[DrawResult, str, Verdict, str]]:
+        """(draw, mode, verdict, ground truth) of every run that missed."""
+        return [(r, m, v, t) for m in self.modes for r, v, t in self._runs(m) if v.category != t]
 
     def rows(self) -> list[MatrixRow]:
         """First repeat of each draw as a matrix row (for the confusion table)."""
-        return [MatrixRow(r.draw.name, r.draw.expected, {m: vs[0] for m, vs in r.verdicts.items()}, r.wall_s)
+        return [MatrixRow(r.draw.name, r.truth(0), {m: vs[0] for m, vs in r.verdicts.items()}, r.wall_s)
                 for r in self.results]
 
     def command(self, d: Draw) -> str:
         return reproduce_command(d, self.mode_arg, self.calibration_file)
 
     def to_dict(self) -> dict[str, Any]:
-        cats = sorted({r.draw.expected for r in self.results})
+        cats = self.categories()
         return {
             "seed": self.seed, "calibration": self.calibration.to_dict(), "modes": list(self.modes), "wall_s": self.wall_s,
             "accuracy": {m: {"right": self.accuracy(m)[0], "runs": self.accuracy(m)[1],
@@ -106,12 +117,13 @@ class RandomResult:
                          for m in self.modes},
             "reliability": self.reliability(), "flip_rate": {m: self.flip_rate(m) for m in self.modes},
             "draws": [{"index": r.draw.index, "name": r.draw.name, "family": r.draw.family, "kind": r.draw.kind,
-                       "expected": r.draw.expected, "params": r.draw.params, "wall_s": r.wall_s,
+                       "expected": r.draw.expected, "truths": [r.truth(k) for k in range(max(1, len(r.truths)))],
+                       "accounting_s": r.accounting, "params": r.draw.params, "wall_s": r.wall_s,
                        "injected": build_plan(r.draw, self.calibration).injected,
                        "verdicts": {m: [vars(v) for v in vs] for m, vs in r.verdicts.items()},
                        "reproduce": self.command(r.draw)} for r in self.results],
-            "misses": [{"draw": r.draw.index, "mode": m, "expected": r.draw.expected, "verdict": v.category,
-                        "confidence": v.confidence, "reproduce": self.command(r.draw)} for r, m, v in self.misses()],
+            "misses": [{"draw": r.draw.index, "mode": m, "expected": t, "verdict": v.category,
+                        "confidence": v.confidence, "reproduce": self.command(r.draw)} for r, m, v, t in self.misses()],
         }
 
     def format_text(self) -> str:
@@ -121,7 +133,7 @@ class RandomResult:
                  f"short-prompt TTFT {c.ttft_short_ms:.1f} ms, spread {c.spread:.2f} ({c.device})", ""]
         lines.append(confusion_table(self.rows(), self.modes))
         lines += ["", "accuracy per category (right/runs):"]
-        cats = sorted({r.draw.expected for r in self.results})
+        cats = self.categories()
         lines.append(f"{'category':<16}" + "".join(f"{m:>14}" for m in self.modes))
         for cat in [*cats, None]:
             cells = ["{}/{}".format(*self.accuracy(m, cat)) for m in self.modes]
@@ -137,8 +149,8 @@ class RandomResult:
                 lines.append(f"flip rate {m}: {100 * fr:.0f}% of draws changed verdict over repeats")
         misses = self.misses()
         lines += ["", f"misses: {len(misses)}"]
-        for r, m, v in misses:
-            lines.append(f"  {r.draw.name} [{m}] expected {r.draw.expected}, got {v.category} ({v.confidence:.2f}): "
+        for r, m, v, t in misses:
+            lines.append(f"  {r.draw.name} [{m}] expected {t}, got {v.category} ({v.confidence:.2f}): "
                          f"{r.draw.describe()}")
             lines.append(f"    reproduce: {self.command(r.draw)}")
         lines.append(f"wall time: {self.wall_s:.0f} s")
@@ -157,6 +169,11 @@ def check_random(seed: int, indices: Sequence[int], out_root: str | Path, cal: C
             if log:
                 log(f"draw {d.name} (expect {d.expected}){f' repeat {k + 1}/{repeat}' if repeat > 1 else ''}: {d.describe()}")
             run = run_scenario(scenario(d), Path(out_root) / (d.name if repeat == 1 else f"{d.name}-{k}"), cal, log=log)
+            truth, accounting = accounted_truth(d, run.all_captures)
+            res.truths.append(truth)
+            res.accounting.append(accounting)
+            if log and truth != d.expected:
+                log(f"  the engine's accounting makes {truth} the dominant cause: {accounting}")
             for m in modes:
                 res.verdicts[m].append(diagnose_run(run, m))
             if log:

@@ -182,3 +182,30 @@ def test_check_random_refuses_names_and_bad_counts(capsys):
         assert main(["scenarios", "check", "--random", "0", "--calibration", str(cal)]) == 2
     finally:
         cal.unlink()
+
+
+def test_near_misses_of_many_stream_families_keep_their_streams():
+    for d in (d for seed in SEEDS for d in draws(seed, N)):
+        if d.family == "decode":
+            assert d.params["concurrency"] >= 16, d
+        if d.family == "interference":
+            assert 3 <= d.params["concurrency"] <= 5, d
+
+
+def test_a_mixs_truth_follows_the_engines_own_stage_accounting():
+    """On recorded captures: the cause whose stage holds more TTFT is the truth; other draws keep theirs."""
+    from diag.scenarios.random_truth import accounted_truth
+
+    samples = Path(__file__).resolve().parents[2] / "samples"
+    ds = [d for seed in SEEDS for d in draws(seed, N)]
+    queue_mix = next(d for d in ds if d.kind == "mix" and d.family == "queue" and d.params["mix_second"] == "tokenize")
+    net_mix = next(d for d in ds if d.kind == "mix" and d.family == "network" and d.params["mix_second"] == "tokenize")
+    caps = {name: [samples / name / "client", samples / name / "server-0"] for name in ("queue", "tokenize", "network")}
+    truth, means = accounted_truth(queue_mix, caps["queue"])
+    assert truth == "queue" and means["queue"] > means["tokenize"]
+    assert accounted_truth(net_mix, caps["network"])[0] == "network"
+    # where the second cause holds more of TTFT, it is the truth
+    truth, means = accounted_truth(net_mix, caps["tokenize"])
+    assert truth == "tokenize" and means["tokenize"] > means["network"]
+    plain = next(d for d in ds if d.kind == "plain" and d.family == "queue")
+    assert accounted_truth(plain, caps["tokenize"]) == ("queue", {})
