@@ -19,9 +19,9 @@ from __future__ import annotations
 from rules.base import REGISTRY, Rule, RuleContext
 from rules.config import RulesFileError, default_thresholds, load_thresholds
 from rules.engine import diagnose
-from rules.model import CATEGORIES, NO_DATA, Diagnosis, Evidence, Finding, Passed, Skipped
+from rules.model import CATEGORIES, FAILURES, INCONCLUSIVE, NO_DATA, OUTCOMES, Diagnosis, Evidence, Finding, Passed, Skipped
 
 __all__ = [
-    "CATEGORIES", "NO_DATA", "Diagnosis", "Evidence", "Finding", "Passed", "Skipped", "Rule", "RuleContext",
+    "CATEGORIES", "FAILURES", "INCONCLUSIVE", "NO_DATA", "OUTCOMES", "Diagnosis", "Evidence", "Finding", "Passed", "Skipped", "Rule", "RuleContext",
     "REGISTRY", "RulesFileError", "default_thresholds", "load_thresholds", "diagnose",
 ]

@@ -5,31 +5,68 @@ from __future__ import annotations
 from rules.base import Outcome, RuleContext, Triage, finding, rule
 
 
+def startup_note(ctx: RuleContext) -> str | None:
+    """The start-up line reported apart, e.g. "start-up 0.41 s: load 0.32 s, warm-up 0.10 s — not TTFT"."""
+    load = ctx.v("cold_start_s", 0.0) or 0.0
+    n_out = ctx.v("cold_start_outliers_n", 0) or 0
+    excess = ctx.v("cold_start_outlier_excess_s", 0.0) or 0.0
+    if not load and not n_out:
+        return None
+    parts = []
+    if load:
+        phases = ctx.v("cold_start_by_phase_s") or {}
+        parts.append(f"start-up {load:.2f} s" + (": " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
+                                                  if phases else ""))
+    if n_out:
+        parts.append(f"first request(s) +{excess * 1e3:.0f} ms over comparable ones (x{n_out:g}, left out of TTFT)")
+    return "; ".join(parts) + " — not TTFT"
+
+
 @rule("cold_start", "cold_start", needs=(("cold_start_outliers_n",), ("cold_start_s", "ttft_p50_s")), tier=4)
 def cold_start(ctx: RuleContext) -> Outcome:
-    """First request(s) pay model load / warm-up: start-up cost, reported apart, never TTFT."""
+    """Start-up (model load, warm-up) reached users materially: requests that arrived during it and
+    waited, or a first-request penalty large against the steady TTFT (relative and absolute) and
+    any TTFT SLO. Otherwise start-up is reported apart (a note), never the verdict. Never TTFT."""
     th = ctx.th
     n_out = ctx.v("cold_start_outliers_n", 0) or 0
     load = ctx.v("cold_start_s", 0.0) or 0.0
-    p50 = ctx.v("ttft_p50_s")
-    load_ratio = load / p50 if p50 else None
+    waited = ctx.v("cold_start_waited_n", 0) or 0
+    excess = ctx.v("cold_start_outlier_excess_s", 0.0) or 0.0
+    worst = ctx.v("cold_start_outlier_ttft_s", 0.0) or 0.0
+    p95 = ctx.v("ttft_p95_s")
     t = Triage(ctx)
-    if t.crossed("first requests far above comparable ones", n_out, "outliers_min", "requests",
-                 f"worst {ctx.v('cold_start_outlier_ttft_s', 0):.3g} s, "
-                 f"{ctx.v('cold_start_outlier_excess_s', 0):.3g} s above comparable requests; excluded from TTFT statistics",
-                 weigh=False):
-        t.add_strength(1.0)  # any outlier is the cause itself
-    phases = ctx.v("cold_start_by_phase_s") or {}
-    t.crossed("cold-start spans / TTFT p50", load_ratio, "load_vs_ttft_min", "x",
-              f"{load:.3g} s of start-up (" + ", ".join(f"{k} {v:.3g} s" for k, v in phases.items()) + ")")
+    if t.crossed("requests that arrived during start-up and waited", waited, "waited_min", "requests",
+                 f"they arrived while the model loaded / warmed up ({load:.3g} s of start-up) and got their first "
+                 "token after it", weigh=False):
+        t.add_strength(1.0)  # users waited for the start-up itself
+    penalty = excess / p95 if (n_out and p95) else None
+    slo_targets = [v for k, v in ctx.slo.items() if k.startswith("ttft")]
+    breaks_slo = None if not slo_targets else worst > min(slo_targets)
+    material_penalty = (penalty is not None and penalty >= th["penalty_vs_ttft_p95_min"]
+                        and excess >= th["penalty_min_s"] and breaks_slo is not False)
+    if material_penalty:
+        t.crossed("first requests far above comparable ones", n_out, "outliers_min", "requests",
+                  f"worst {worst:.3g} s, {excess:.3g} s above comparable requests; excluded from TTFT statistics",
+                  weigh=False)
+        t.crossed("first-request penalty / steady TTFT p95", penalty, "penalty_vs_ttft_p95_min", "x",
+                  "the start-up cost a first user paid against what every later one waits")
+        t.crossed("first-request penalty", excess, "penalty_min_s", "s", "an absolute floor: a few ms more is noise")
+        if breaks_slo:
+            t.context("first request against the TTFT SLO", worst, "s", f"breaks the TTFT SLO ({min(slo_targets):.3g} s)")
     if not t.evidence:
-        return f"{n_out:g} cold-start outliers; start-up spans {load:.3g} s"
-    title = (f"Cold start: {n_out:g} first request(s) paid model load / warm-up" if n_out
-             else f"Cold start: {load:.3g} s of model load / warm-up before serving")
+        reason = startup_note(ctx) or "no start-up seen"
+        if n_out and penalty is not None:
+            reason += (f" (penalty {excess * 1e3:.0f} ms = {penalty:.1f}x TTFT p95; material needs "
+                       f">= {th['penalty_vs_ttft_p95_min']:g}x and >= {th['penalty_min_s'] * 1e3:.0f} ms"
+                       + (", and past the TTFT SLO" if slo_targets else "") + ")")
+        return reason
+    if load:
+        phases = ctx.v("cold_start_by_phase_s") or {}
+        t.context("start-up spans", load, "s", ", ".join(f"{k} {v:.3g} s" for k, v in phases.items()) or "cold_start spans")
+    title = (f"Cold start: {waited:g} request(s) arrived during start-up and waited for it" if waited
+             else f"Cold start: {n_out:g} first request(s) paid model load / warm-up")
     # Requests that really waited for the start-up, far longer than any steady TTFT: this is
     # what users felt, so it ranks with the TTFT findings (still never counted as TTFT).
-    excess = ctx.v("cold_start_outlier_excess_s", 0.0) or 0.0
-    p95 = ctx.v("ttft_p95_s")
     dominant = bool(n_out) and p95 and excess >= th["dominant_vs_ttft_p95_min"] * p95
     return finding(title + " (start-up cost, reported apart, not TTFT)",
                    t.confidence(0.9), None, None, t.evidence,
@@ -40,6 +77,48 @@ def cold_start(ctx: RuleContext) -> Outcome:
                    note="not counted as TTFT: these requests are excluded from the TTFT statistics"
                    + (f"; they waited {excess / p95:.0f}x the steady TTFT p95, so it ranks with the TTFT findings"
                       if dominant else ""), tier=2 if dominant else 4)
+
+
+#: error kind -> what it points to
+FAILURE_CAUSES: dict[str, str] = {
+    "server_disconnected": "front-end limits: the server closed connections before answering (HTTP worker or "
+                           "connection pool full, listen backlog, keep-alive limits)",
+    "connect_refused": "front-end limits or a server down: connections refused",
+    "connect_error": "front-end limits or the network: connections could not be made or were reset",
+    "timeout": "timeouts: the server held requests past --timeout (a queue longer than the client waits)",
+    "http_5xx": "overload shedding or server errors (503 queue full, 500)",
+    "http_4xx": "requests refused (429 rate limit, 413/400 context too long, 422 unsupported fields)",
+    "closed_mid_stream": "streams cut off: the server or a proxy dropped running streams (timeouts, restarts, OOM)",
+}
+
+
+@rule("failures", "failures", needs=(("error_rate", "errors_by_kind"),), tier=2)
+def failures(ctx: RuleContext) -> Outcome:
+    """A material share of requests failed, was refused or cut off: say what, when and what it points to."""
+    th = ctx.th
+    rate = ctx.v("error_rate")
+    kinds: dict[str, int] = ctx.v("errors_by_kind") or {}
+    t = Triage(ctx)
+    if not t.crossed("requests that failed", rate, "share_min", "share",
+                     ", ".join(f"{k} x{v}" for k, v in kinds.items()) or "failed requests",
+                     miss="{value:.0%} of requests failed (< {threshold:.0%})"):
+        return t.pass_reason("no request failed")
+    by_seg = ctx.v("error_rate_by_segment") or {}
+    if by_seg:
+        t.context("failed share by load level", max(by_seg.values()), "share",
+                  "; ".join(f"{k}: {v:.0%}" for k, v in sorted(by_seg.items(), key=lambda kv: -kv[1])[:6]))
+    inflight = ctx.v("failed_inflight_p50")
+    if inflight is not None:
+        t.context("requests in flight when a failed request was sent (median)", inflight, "requests",
+                  f"against {ctx.v('inflight_at_arrival_p50', 0) or 0:g} for the completed ones")
+    points = [FAILURE_CAUSES.get(k, f"{k}: see the probe's error kinds") for k in kinds]
+    top = max(kinds.items(), key=lambda kv: kv[1])[0] if kinds else "unknown"
+    where = (" under " + max(by_seg.items(), key=lambda kv: kv[1])[0]) if by_seg else ""
+    return finding(f"{rate:.0%} of requests failed ({', '.join(f'{k} x{v}' for k, v in kinds.items())}){where}: "
+                   "the run is not healthy", t.confidence(0.9), None, None, t.evidence,
+                   [*points, "the failed requests are left out of TTFT: the TTFT of the others is not the users' "
+                    "whole experience; lower the load or raise the limit, then measure again"],
+                   note=f"mostly {top}; failures are not counted as TTFT")
 
 
 NETWORK_CHECKS = [

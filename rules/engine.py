@@ -2,8 +2,9 @@
 
 Order of work: thresholds -> features -> each rule (or "skipped: needs …") -> cross-rule
 adjustments (the table of :mod:`rules.overrides`: the load generator, KV admission,
-TTFT-not-fine, SLO met) -> healthy / fallback
--> ranking by tier, then confidence x weight. Overlapping explanations are never summed.
+TTFT-not-fine, SLO met) -> failures (never healthy) / inconclusive (:mod:`rules.inconclusive`)
+/ healthy / fallback -> ranking by tier, then confidence x weight. Overlapping explanations
+are never summed. Start-up that did not reach users is a note ("start-up 0.41 s: … — not TTFT").
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from rules import compute, edges, itl, scheduling  # noqa: F401  (register the r
 from rules.base import REGISTRY, RuleContext, missing_reason
 from rules.config import load_thresholds
 from rules.features import compute_features
-from rules.model import ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Diagnosis, Evidence, Finding, Passed, Skipped
+from rules.edges import startup_note
+from rules.inconclusive import inconclusive
+from rules.model import (FAILURES, ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Diagnosis, Evidence, Finding, Passed,
+                         Skipped)
 from rules.overrides import apply_overrides
 
 HEALTHY_ID = "healthy"
@@ -103,7 +107,15 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
         skipped.append(Skipped(HEALTHY_ID, "skipped: needs completed requests"))
         return Diagnosis(verdict, [verdict] + findings, skipped, feats, passed, notes, th)
     main = [f for f in findings if f.category in TTFT_CATEGORIES | ITL_CATEGORIES]
-    if all_met:
+    failing = any(f.category == FAILURES for f in findings)
+    undecided = None if main or failing or all_met else inconclusive(feats, skipped, th, slo_rows, black_box)
+    if failing:  # a run with a material share of failed requests is never healthy
+        passed.append(Passed(HEALTHY_ID, "a material share of requests failed (see failures)"))
+    elif undecided is not None:
+        findings.append(undecided)
+        passed.append(Passed(HEALTHY_ID, "the evidence that could show a problem is missing and TTFT is far above "
+                                         "what it should be (see inconclusive)"))
+    elif all_met:
         findings.append(Finding(HEALTHY_ID, "healthy", "Healthy: every SLO given is met",
                                 float(hth["slo_confidence"]) * (RuleContext(feats, {}, general, {}, black_box).sample_factor()),
                                 None, None, slo_rows, ["keep the SLOs in CI (`ttft report --slo …` exits non-zero when broken)"],
@@ -125,6 +137,10 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
     if all_met is False and not any(f.category == HEALTHY_ID for f in findings):
         notes.append("an SLO is broken: " + ", ".join(f"{r.name} = {r.value if r.value is None else round(r.value * 1e3, 1)} ms"
                                                       for r in slo_rows if r.meaning == "broken"))
+    if not any(f.category == "cold_start" for f in findings):
+        line = startup_note(RuleContext(feats, th.get("cold_start", {}), general, dict(slo or {}), black_box))
+        if line:
+            notes.append(line)
     n_cold = int(feats.value("cold_start_outliers_n", 0) or 0)
     if n_cold:
         notes.append(f"{n_cold} first request(s) excluded from the TTFT statistics as cold-start outliers")

@@ -18,6 +18,15 @@ CATEGORIES: tuple[str, ...] = (
 )
 #: The verdict's category when there is nothing to judge (no completed request).
 NO_DATA = "no_data"
+#: The verdict's category when the rules that could explain TTFT could not run and the capture's
+#: own numbers say TTFT is far above what it should be: not a bottleneck, not healthy; its next
+#: checks name the experiment that would decide.
+INCONCLUSIVE = "inconclusive"
+#: The category of the finding that a material share of requests failed, was refused or cut off
+#: (rules.edges.failures): not a TTFT bottleneck, and a run with it is never healthy.
+FAILURES = "failures"
+#: Verdict categories that are not bottleneck categories (no_data, inconclusive, failures).
+OUTCOMES: tuple[str, ...] = (NO_DATA, INCONCLUSIVE, FAILURES)
 #: Categories whose findings explain TTFT time (the others explain ITL or start-up).
 TTFT_CATEGORIES: frozenset[str] = frozenset({"queue", "tokenize", "prefill_compute", "kv_cache", "comm", "network"})
 ITL_CATEGORIES: frozenset[str] = frozenset({"decode", "interference"})

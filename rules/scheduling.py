@@ -42,8 +42,12 @@ def _queue_metric_rows(t: Triage, share_from_metrics: bool) -> None:
                   "mean queue time / mean TTFT from the engine's own histograms: the same story from /metrics")
 
 
-@rule("queue", "queue", needs=(("queue_share_tail",), ("ttft_concurrency_ratio", "decode_speed_hold_ratio",
-                                                        "concurrency_flat_levels", "ttft_rise_per_itl")))
+SINGLE_LEVEL = ("ttft_in_itl_steps_p50", "ttft_inline_ratio", "first_token_after_end_frac")
+AT_CAP = ("waiting_at_cap_frac", "ttft_vs_engine_prefill_ratio")
+SWEEP = ("ttft_concurrency_ratio", "decode_speed_hold_ratio", "concurrency_flat_levels", "ttft_rise_per_itl")
+
+
+@rule("queue", "queue", needs=(("queue_share_tail",), SWEEP, SINGLE_LEVEL, AT_CAP))
 def queue(ctx: RuleContext) -> Outcome:
     """TTFT spent waiting for the scheduler: high queue share, or TTFT rising with concurrency."""
     th = ctx.th
@@ -86,6 +90,8 @@ def queue(ctx: RuleContext) -> Outcome:
             checks = QUEUE_BUSY_CHECKS
         s, pct = ctx.explained(ctx.v("queue_share_tail"))
         return finding(title, t.confidence(0.95), s, pct, t.evidence, checks)
+    if not all(ctx.has(n) for n in SWEEP):
+        return _queue_one_level(ctx)
     # black box: TTFT against concurrency and per-stream decode speed
     ratio = ctx.v("ttft_concurrency_ratio")
     hold = ctx.v("decode_speed_hold_ratio")
@@ -122,6 +128,93 @@ def queue(ctx: RuleContext) -> Outcome:
     return finding(title, t.confidence(0.8, black_box=True), s, pct, t.evidence, checks,
                    note="client-only evidence: the queue is inferred from the concurrency sweep, not measured; "
                    "confidence lowered", black_box=True)
+
+
+def _queue_one_level(ctx: RuleContext) -> Outcome:
+    """One load level: requests served one after another (client timing), else the engine's gauges."""
+    reasons = []
+    if all(ctx.has(n) for n in SINGLE_LEVEL):
+        out = _queue_in_line(ctx)
+        if not isinstance(out, str):
+            return out
+        reasons.append(out)
+    if all(ctx.has(n) for n in AT_CAP):
+        out = _queue_at_cap(ctx)
+        if not isinstance(out, str):
+            return out
+        reasons.append(out)
+    return "; ".join(reasons)
+
+
+def _queue_in_line(ctx: RuleContext) -> Outcome:
+    """Client only, one load level: each request waits for the ones ahead of it to finish.
+
+    Three signs together: TTFT many decode steps long; TTFT about (requests ahead) x their
+    service time; first tokens arriving each just after another stream ended, far more often
+    than chance at this load gives.
+    """
+    th = ctx.th
+    steps = ctx.v("ttft_in_itl_steps_p50")
+    inline = ctx.v("ttft_inline_ratio")
+    after = ctx.v("first_token_after_end_frac")
+    control = ctx.v("first_token_after_end_control") or 0.0
+    if steps < th["bb_line_steps_min"]:
+        return f"TTFT p50 is {steps:.1f} decode steps (< {th['bb_line_steps_min']:g}): new requests start at once"
+    if not th["bb_inline_ratio_min"] <= inline <= th["bb_inline_ratio_max"]:
+        return (f"TTFT is {inline:.2f}x (requests ahead x their service time), outside "
+                f"{th['bb_inline_ratio_min']:g}..{th['bb_inline_ratio_max']:g}: not waiting in line")
+    if after < th["bb_after_end_min"] or after < th["bb_after_end_vs_chance_min"] * control:
+        return (f"{after:.0%} of waiting requests got their first token just after another stream ended "
+                f"(chance at this load: {control:.0%}): first tokens do not follow stream ends")
+    t = Triage(ctx)
+    t.crossed("TTFT p50 / ITL p50", steps, "bb_line_steps_min", "steps",
+              "a batching server starts a new request within a step or two; these waited many steps")
+    t.judged("TTFT / (requests ahead x their service time)", inline, "bb_inline_ratio_min", "x",
+             f"median service time {ctx.v('service_s_p50', 0) * 1e3:.0f} ms (e2e − TTFT): TTFT is what waiting "
+             "for every request ahead to finish would take", weigh=False)
+    t.crossed("first token just after another stream ended", after, "bb_after_end_min", "share",
+              f"first tokens come one after another, each when a stream ends (chance at this load: {control:.0%})")
+    t.context("requests in flight at arrival (median)", ctx.v("inflight_at_arrival_p50"), "requests",
+              "one load level: no concurrency sweep")
+    s, pct = ctx.explained(min(1.0 / inline, 1.0) if inline else None)
+    return finding("Requests wait in line: each starts when another finishes, as a server that runs one request "
+                   "at a time (or admits too few) makes them (black box, one load level)",
+                   t.confidence(float(th["bb_single_level_directness"]), black_box=True), s, pct, t.evidence,
+                   ["confirm with a concurrency sweep: `ttft probe URL --sweep concurrency` (TTFT rising from the "
+                    "lowest level while per-stream decode speed holds)",
+                    "the server's admission limits (max_num_seqs, worker count, a global lock, a plain mode without "
+                    "batching) and its queue-time metric",
+                    "instrument the server (OTLP spans or /metrics) to measure the queue share"],
+                   note="client-only evidence at one load level: the queue is inferred from the order of first "
+                   "tokens and stream ends, not measured; confidence lowered", black_box=True)
+
+
+def _queue_at_cap(ctx: RuleContext) -> Outcome:
+    """The engine's gauges at one level: requests waiting while running sits at its cap, and TTFT
+    far above the engine's own prefill time for the prompt (llama.cpp, TGI: no queue histogram)."""
+    th = ctx.th
+    at_cap = ctx.v("waiting_at_cap_frac")
+    ratio = ctx.v("ttft_vs_engine_prefill_ratio")
+    t = Triage(ctx)
+    if not t.crossed("scrapes with requests waiting while running is at its cap", at_cap, "cap_waiting_frac_min",
+                     "share", f"the running gauge at its highest ({ctx.v('running_seqs_max', 0):g}) with requests "
+                     "waiting: the engine admits no more", miss="requests waited at the running cap in {value:.0%} of "
+                     "scrapes (< {threshold:.0%})"):
+        return t.pass_reason()
+    if not t.crossed("TTFT p50 / the engine's prefill time", ratio, "ttft_vs_prefill_min", "x",
+                     "TTFT far above what the engine itself spends on the prompt: the rest is waiting",
+                     miss="TTFT is {value:.1f}x the engine's prefill time (< {threshold:g}x)"):
+        return t.pass_reason()
+    _queue_metric_rows(t, False)
+    s, pct = ctx.explained(1.0 - 1.0 / ratio if ratio and ratio > 1 else None)
+    return finding("Requests wait for a free slot: running sits at its cap while others wait, and TTFT is far above "
+                   "the engine's own prefill time (engine gauges, one load level)",
+                   t.confidence(float(th["at_cap_directness"])), s, pct, t.evidence,
+                   ["the engine's slot / batch limits (llama.cpp --parallel, TGI max_concurrent_requests / "
+                    "max_batch_total_tokens) against the offered load",
+                    *QUEUE_BUSY_CHECKS[:1], "confirm with a concurrency sweep: `ttft probe URL --sweep concurrency`"],
+                   note="from the engine's waiting/running gauges and prompt seconds; no queue-time histogram, so "
+                   "the wait is inferred, not measured")
 
 
 @rule("tokenize", "tokenize", needs=(("tokenize_share_tail",), ("prompt_slope_per_itl", "ttft_prompt_r2")))

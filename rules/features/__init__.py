@@ -21,7 +21,7 @@ Themes (one module each; a theme is a function taking the shared
 * ``engine_metrics`` — the engine's /metrics series, the series-only mode and its fallback;
 * ``latency`` — TTFT / e2e percentiles, the client-server gap, the SLO checks;
 * ``stage_shares`` — each stage's share of TTFT (slowest 5% and median);
-* ``concurrency`` — requests in flight, TTFT vs concurrency, the knee, decode speed by level;
+* ``concurrency`` — requests in flight, TTFT vs concurrency, the knee, decode speed by level, and what one load level shows (waiting in line);
 * ``prompt_fit`` — TTFT vs prompt length, a prompt token against a decode step;
 * ``device`` — device busy, step times, KV usage and preemptions, queue depth, TP comm, CPU profile;
 * ``itl`` — inter-token latency, TPOT, prefill-decode interference;
@@ -59,6 +59,7 @@ THEMES: tuple[Theme, ...] = (
     device.kv,
     device.comm_tp,
     itl.itl,
+    concurrency.single_level,  # reads ITL p50 and ctx.inflight_at
     populations.cold_start_spans,
     latency.network,
     client.client_health,

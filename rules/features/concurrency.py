@@ -109,3 +109,73 @@ def concurrency(ctx: FeatureContext) -> None:
         ctx.add("decode_speed_hold_ratio", float(scurve.iloc[-1] / scurve.iloc[0]) if scurve.iloc[0] > 0 else None)
     else:
         ctx.na(names[-2:], "too few requests with two or more output tokens per concurrency level")
+
+
+def single_level(ctx: FeatureContext) -> None:
+    """What one load level shows about waiting in line (runs after ``itl``: reads ITL p50).
+
+    * ``ttft_in_itl_steps_p50`` — TTFT p50 in decode steps (ITL p50): a batching engine starts
+      a new request within a step or two; many steps means it waited.
+    * ``ttft_inline_ratio`` — median TTFT / median((in flight at arrival − 1) × the others'
+      service time, e2e − TTFT): about 1 when each request waits for every one ahead of it to
+      finish, as a server that runs one request at a time makes it; far below 1 when batched.
+    * ``first_token_after_end_frac`` — of the requests that waited (TTFT ≥ 5 decode steps) with
+      others in flight, the share whose first token came within a short window (max(3 ITL, 10%
+      of the service time)) after another request ended during its wait: first tokens one
+      after another, each when a stream ends. ``first_token_after_end_control`` is the same
+      share half a service time earlier: what chance alone gives at this load.
+    Units: decode steps, x, shares. Closed or open loop alike; needs ITL and e2e times.
+    """
+    names = ("ttft_in_itl_steps_p50", "ttft_inline_ratio", "first_token_after_end_frac",
+             "first_token_after_end_control", "service_s_p50")
+    st = ctx.steady
+    itl_p50 = ctx.features.value("itl_p50_s")
+    if len(st) == 0:
+        ctx.na(names, "no completed requests")
+        return
+    ttft = num_col(st, "ttft_s").to_numpy()
+    if itl_p50 and itl_p50 > 0:
+        ctx.add("ttft_in_itl_steps_p50", float(np.nanmedian(ttft) / itl_p50))
+    else:
+        ctx.na(names[:1], "needs ITL (two or more streamed tokens per request)")
+    e2e = num_col(st, "e2e_s").to_numpy()
+    service = e2e - ttft
+    good_service = service[np.isfinite(service) & (service > 0)]
+    if len(good_service) < int(ctx.params["min_fit_requests"]):
+        ctx.na(names[1:], "needs end-to-end times of streamed requests (e2e − TTFT)")
+        return
+    svc = float(np.median(good_service))
+    ctx.add("service_s_p50", svc)
+    ahead = ctx.inflight_at.reindex(st.index).to_numpy(dtype="float64") - 1.0
+    lined = np.isfinite(ahead) & (ahead >= 1) & np.isfinite(ttft)
+    if lined.sum() < int(ctx.params["min_fit_requests"]):
+        ctx.na(names[1:4], "too few requests arrived with others in flight (a single stream at a time)")
+        return
+    ctx.add("ttft_inline_ratio", float(np.median(ttft[lined]) / max(np.median(ahead[lined]) * svc, 1e-9)))
+    if not itl_p50:
+        ctx.na(names[2:4], "needs ITL to tell a waiting request from a prompt one")
+        return
+    req = ctx.req_all
+    start_all = num_col(req, "start_ns").to_numpy()
+    e2e_all = num_col(req, "e2e_s").to_numpy()
+    ok_end = np.isfinite(start_all) & np.isfinite(e2e_all)
+    ends = np.sort(start_all[ok_end] + e2e_all[ok_end] * NS)
+    start = num_col(st, "start_ns").to_numpy()
+    first = start + ttft * NS
+    waited = lined & (ttft >= 5.0 * itl_p50) & np.isfinite(start)
+    if waited.sum() < int(ctx.params["min_fit_requests"]):  # nobody waited: nothing follows a stream end
+        why = f"only {int(waited.sum())} request(s) waited 5 decode steps or more"
+        ctx.add("first_token_after_end_frac", 0.0, source=why)
+        ctx.add("first_token_after_end_control", 0.0, source=why)
+        return
+    window_ns = max(3.0 * itl_p50, 0.1 * svc) * NS
+
+    def share_after_end(at: np.ndarray) -> float:
+        # the last end at or before ``at`` (strictly after the request's own start)
+        i = np.searchsorted(ends, at, side="right") - 1
+        last = np.where(i >= 0, ends[np.clip(i, 0, None)], -np.inf)
+        hit = (last > start[waited]) & (at - last <= window_ns)
+        return float(hit.mean())
+
+    ctx.add("first_token_after_end_frac", share_after_end(first[waited]))
+    ctx.add("first_token_after_end_control", share_after_end(first[waited] - 0.5 * svc * NS))

@@ -141,6 +141,41 @@ def kv(ctx: FeatureContext) -> None:
         else:
             ctx.na((p95_name, max_name),
                    f"needs {col} on engine steps or a {series_name} series")
+    waiting_at_cap(ctx)
+
+
+def waiting_at_cap(ctx: FeatureContext) -> None:
+    """An engine's gauges at one load level (llama.cpp, TGI: no queue-time histogram).
+
+    ``waiting_at_cap_frac``: share of scrapes with a request waiting while the running gauge
+    sits at its highest value (the cap the engine admits); ``ttft_vs_engine_prefill_ratio``:
+    TTFT p50 / the engine's own prefill time for that prompt (its prefill histogram's mean, or
+    its seconds per prompt token x the median prompt). Units: share, x. Reads the series only.
+    """
+    wait = ctx.series_values(stages.SERIES_WAITING)
+    run = ctx.series_values(stages.SERIES_RUNNING)
+    if len(wait) and len(run):
+        w = pd.DataFrame({"ts_s": pd.to_numeric(wait["ts_s"], errors="coerce"), "entity": wait["entity"].astype(str),
+                          "waiting": pd.to_numeric(wait["value"], errors="coerce")})
+        r = pd.DataFrame({"ts_s": pd.to_numeric(run["ts_s"], errors="coerce"), "entity": run["entity"].astype(str),
+                          "running": pd.to_numeric(run["value"], errors="coerce")})
+        j = w.merge(r, on=["ts_s", "entity"], how="inner")
+        cap = float(j["running"].max()) if len(j) else 0.0
+        if len(j) and cap >= 1:
+            ctx.add("waiting_at_cap_frac", float(((j["waiting"] >= 1) & (j["running"] >= cap)).mean()), source="prometheus")
+        else:
+            ctx.na(("waiting_at_cap_frac",), "the waiting and running gauges were never scraped together")
+    else:
+        ctx.na(("waiting_at_cap_frac",), f"needs {stages.SERIES_WAITING} and {stages.SERIES_RUNNING} series")
+    ttft = ctx.features.value("ttft_p50_s")
+    pre = ctx.features.value("metrics_prefill_time_mean_s")
+    if pre is None and ctx.features.value("prefill_s_per_token") is not None and len(ctx.steady):
+        tokens = num_col(ctx.steady, "input_tokens").dropna()
+        pre = float(ctx.features.value("prefill_s_per_token")) * float(tokens.median()) if len(tokens) else None
+    if ttft and pre and pre > 0:
+        ctx.add("ttft_vs_engine_prefill_ratio", float(ttft / pre), source="prometheus")
+    else:
+        ctx.na(("ttft_vs_engine_prefill_ratio",), "needs TTFT and the engine's prefill time (prompt seconds)")
 
 
 def comm_tp(ctx: FeatureContext) -> None:

@@ -34,6 +34,7 @@ def populations(ctx: FeatureContext) -> None:
             None if len(measured) else "no requests in the capture")
     kinds = req.loc[err & ~warm, "error"].astype(str).value_counts().head(10) if "error" in req.columns else pd.Series(dtype=int)
     ctx.add("errors_by_kind", {str(k): int(v) for k, v in kinds.items()})
+    errors_by_segment(ctx, err & ~warm, ~warm)
     has_server = bool_col(req, "has_server")
     has_client = bool_col(req, "has_client")
     ctx.add("sides_n", {"server": int(has_server.sum()), "client": int(has_client.sum()),
@@ -43,6 +44,33 @@ def populations(ctx: FeatureContext) -> None:
     ctx.add("client_only", 1.0 if (client_side and not server_side) else 0.0)
     cold_start_outliers(ctx)
     ctx.add("requests_n", float(len(ctx.steady)))
+
+
+def errors_by_segment(ctx: FeatureContext, err: pd.Series, measured: pd.Series) -> None:
+    """Failed share of requests per segment (load level), and the requests in flight when failures started.
+
+    ``error_rate_by_segment``: {segment: failed / sent} over segments with a failure;
+    ``failed_inflight_p50``: median requests in flight at a failed request's start (itself
+    included). Units: shares, requests.
+    """
+    req = ctx.req_all
+    if not bool(err.any()):
+        ctx.na(("error_rate_by_segment", "failed_inflight_p50"), "no failed requests")
+        return
+    seg = (req["segment"].astype(object).where(req["segment"].notna(), "(none)").astype(str) if "segment" in req.columns
+           else pd.Series("(none)", index=req.index))
+    rate = err[measured].groupby(seg[measured]).mean()
+    ctx.add("error_rate_by_segment", {str(k): float(v) for k, v in rate.items() if v > 0})
+    start = num_col(req, "start_ns").to_numpy()
+    e2e = num_col(req, "e2e_s").to_numpy()
+    dur = np.where(np.isfinite(e2e), e2e, 0.0)
+    good = np.isfinite(start)
+    s = np.sort(start[good])
+    e = np.sort(start[good] + dur[good] * 1e9)
+    q = start[err.to_numpy() & good]
+    n = np.searchsorted(s, q, side="right") - np.searchsorted(e, q, side="left")
+    ctx.add("failed_inflight_p50", float(np.median(np.maximum(n, 1))) if len(n) else None,
+            None if len(n) else "failed requests carry no start time")
 
 
 def cold_start_outliers(ctx: FeatureContext) -> None:
@@ -91,8 +119,18 @@ def cold_start_spans(ctx: FeatureContext) -> None:
     if cs is None or len(cs) == 0:
         ctx.add("cold_start_s", 0.0, source="no cold_start spans")
         ctx.add("cold_start_by_phase_s", {})
+        ctx.na(("cold_start_waited_n",), "no cold_start spans")
         return
     d = pd.to_numeric(cs["duration_s"], errors="coerce").fillna(0)
     phase = cs["phase"].fillna("unknown").astype(str) if "phase" in cs.columns else pd.Series("unknown", index=cs.index)
     ctx.add("cold_start_s", float(d.sum()), source="cold_start spans")
     ctx.add("cold_start_by_phase_s", {str(k): float(v) for k, v in d.groupby(phase).sum().items()})
+    # requests that arrived before start-up ended and got their first token after it: they waited for it
+    end_ns = float(pd.to_numeric(cs["end_ns"], errors="coerce").max())
+    ok = ctx.ok
+    if len(ok) == 0 or not np.isfinite(end_ns):
+        ctx.add("cold_start_waited_n", 0.0)
+        return
+    start = num_col(ok, "start_ns").to_numpy()
+    first = start + num_col(ok, "ttft_s").to_numpy() * 1e9
+    ctx.add("cold_start_waited_n", float(int(((start < end_ns) & (first > end_ns)).sum())))

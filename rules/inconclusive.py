@@ -1,0 +1,91 @@
+"""The honest answer when the data cannot decide: ``inconclusive``, with the experiment that would.
+
+``healthy`` means the evidence that could show a problem was there and showed none. When the
+rules that could explain TTFT were skipped (their inputs are missing) and the capture's own
+numbers say TTFT is far above what it should be, the verdict is :data:`rules.model.INCONCLUSIVE`
+instead: evidence rows of what was seen, and next checks that start with the one experiment
+that would decide. The measures of "far above" (any one suffices, thresholds in the
+``[inconclusive]`` table of ``rules/defaults.toml``):
+
+* TTFT p50 in decode steps (ITL p50): a batching engine starts a short prompt within a step or two;
+* TTFT p50 against the engine's own prefill time for the prompt (its prompt seconds);
+* TTFT against the service time of the requests in flight at arrival (waiting as long as a line would).
+
+Called by the engine on its own thread, after the rules ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rules.model import INCONCLUSIVE, Evidence, Finding, Skipped
+
+#: rules whose findings explain where TTFT goes; one of them skipped leaves TTFT unexplained
+TTFT_RULES: tuple[str, ...] = ("queue", "prefill_compute", "tokenize", "network", "kv_cache")
+
+
+def _experiment(feats: Any, black_box: bool) -> list[str]:
+    """The deciding experiment first, then the others that would help."""
+    sweep = ("run `ttft probe URL --sweep concurrency`: TTFT rising from the lowest level while per-stream "
+             "decode speed holds is a queue; flat TTFT is not")
+    prompt = ("run `ttft probe URL --sweep prompt`: TTFT growing with the prompt is prefill (or tokenization); "
+              "a fixed part many decode steps long is outside the engine (network, proxy, front end)")
+    join = "join the server's spans: `ttft analyze CLIENT SERVER` (the engine's OTLP spans split TTFT into stages)"
+    scrape = "scrape /metrics during the run (`ttft probe … --metrics URL`): queue depth, running requests, prompt seconds"
+    inline = feats.value("ttft_inline_ratio")
+    one_prompt = not feats.available("ttft_prompt_r2")
+    first: list[str]
+    if inline is not None and inline >= 0.25:
+        first = [sweep, prompt] if one_prompt else [sweep]
+    elif one_prompt:
+        first = [prompt, sweep]
+    else:
+        first = [sweep]
+    rest = [join, scrape] if black_box else [scrape, join]
+    if not black_box and feats.value("series_only"):
+        rest = [join]
+    return first[:1] + rest + first[1:]
+
+
+def inconclusive(feats: Any, skipped: list[Skipped], th: Mapping[str, Any], slo_rows: list[Evidence],
+                 black_box: bool) -> Finding | None:
+    """An :data:`INCONCLUSIVE` finding when TTFT rules were skipped and TTFT is far above what it
+    should be; None otherwise (healthy or the SLO fallback may then apply)."""
+    t = th["inconclusive"]
+    skipped_ids = [s.rule_id for s in skipped if s.rule_id in TTFT_RULES]
+    if not skipped_ids:
+        return None
+    rows: list[Evidence] = []
+    far = False
+    steps = feats.value("ttft_in_itl_steps_p50")
+    if steps is not None:
+        hit = steps >= float(t["ttft_steps_min"])
+        far |= hit
+        rows.append(Evidence("TTFT p50 / ITL p50", steps, float(t["ttft_steps_min"]), "steps",
+                             "a batching engine starts a short prompt within a step or two", op=">=", crossed=hit))
+    pre = feats.value("ttft_vs_engine_prefill_ratio")
+    if pre is not None:
+        hit = pre >= float(t["ttft_vs_prefill_min"])
+        far |= hit
+        rows.append(Evidence("TTFT p50 / the engine's prefill time", pre, float(t["ttft_vs_prefill_min"]), "x",
+                             "what the engine itself spends on the prompt (its prompt seconds)", op=">=", crossed=hit))
+    inline = feats.value("ttft_inline_ratio")
+    if inline is not None:
+        hit = inline >= float(t["inline_ratio_min"]) and (steps is None or steps >= float(t["inline_steps_min"]))
+        far |= hit
+        rows.append(Evidence("TTFT / (requests ahead x their service time)", inline, float(t["inline_ratio_min"]),
+                             "x", "as long as waiting for the requests in flight to finish would take", op=">=",
+                             crossed=hit))
+    if not far:
+        return None
+    p50 = feats.value("ttft_p50_s")
+    rows.insert(0, Evidence("TTFT p50", p50, None, "s", "over the steady requests"))
+    rows.append(Evidence("rules that could explain TTFT but could not run", float(len(skipped_ids)), None, "count",
+                         ", ".join(skipped_ids) + " (see skipped rules: what each needs)"))
+    rows.extend(slo_rows)
+    return Finding("inconclusive", INCONCLUSIVE,
+                   "Inconclusive: TTFT is far above what this capture says it should be, and the evidence that "
+                   "would say why is missing", float(t["confidence"]), None, None, rows, _experiment(feats, black_box),
+                   note="not healthy and not a bottleneck: the data cannot decide; the first check is the "
+                   "experiment that would", tier=3)

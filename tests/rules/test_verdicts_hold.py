@@ -1,0 +1,150 @@
+"""Verdicts that hold (issue 12, issue 13's failure rule), on captures of the cost-model simulator
+written through the real span helpers. Each test pins a class of case, not its numbers:
+
+* one load level, a server that serves one request at a time: ``queue`` (black box), never healthy;
+* a just-started, lightly loaded server whose first request paid a little: start-up reported
+  apart, the steady verdict stands, on every repeat;
+* a material share of failed requests: never healthy, the finding names the kinds;
+* TTFT many decode steps long and no rule able to tell why: ``inconclusive``, with the experiment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from diag.report.text import format_diagnosis
+from rules import FAILURES, INCONCLUSIVE, OUTCOMES, diagnose
+from simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
+
+
+def _diag(tmp: Path, engine: Engine, phases: list[Phase], client: Client | None = None, sides=("client",),
+          seed: int = 0, slo: dict[str, float] | None = None, **kw):  # noqa: ANN001, ANN202
+    dirs = simulate(tmp, engine, phases, client or Client(), seed=seed, **kw)
+    return diagnose(tables_of(dirs, sides), slo=slo)
+
+
+@pytest.mark.parametrize("cap,conc", [(1, 4), (1, 2), (2, 8)])
+def test_one_level_closed_loop_against_a_serialising_server_is_queue(tmp_path: Path, cap: int, conc: int) -> None:
+    d = _diag(tmp_path, Engine(max_running=cap), [Phase(f"concurrency={conc}", 60, 64, 16, conc=conc)])
+    assert d.verdict.category == "queue", format_diagnosis(d)
+    assert d.verdict.black_box and "one load level" in (d.verdict.note or "")
+    names = {e.name for e in d.verdict.evidence}
+    assert {"TTFT p50 / ITL p50", "first token just after another stream ended"} <= names
+    assert any("--sweep concurrency" in c for c in d.verdict.next_checks)
+    assert not any(f.category == "healthy" for f in d.findings)
+
+
+def test_one_level_confidence_is_below_a_sweeps(tmp_path: Path) -> None:
+    one = _diag(tmp_path / "one", Engine(max_running=1), [Phase("concurrency=4", 60, 64, 16, conc=4)])
+    sweep = _diag(tmp_path / "sweep", Engine(max_running=1),
+                  [Phase(f"concurrency={c}", 24, 64, 16, conc=c) for c in (1, 2, 4, 8)])
+    assert one.verdict.category == sweep.verdict.category == "queue"
+    assert one.verdict.confidence < sweep.verdict.confidence
+
+
+def test_open_loop_above_the_service_rate_is_queue(tmp_path: Path) -> None:
+    d = _diag(tmp_path, Engine(max_running=1), [Phase("rate=25", 80, 64, 16, conc=None, arrivals_s=poisson(80, 25))])
+    assert d.verdict.category == "queue", format_diagnosis(d)
+
+
+@pytest.mark.parametrize("conc,net_ms", [(4, 0.2), (16, 0.2), (4, 100)])
+def test_a_batching_server_at_one_level_is_not_called_a_queue(tmp_path: Path, conc: int, net_ms: float) -> None:
+    """Batched streams (first tokens within a step or two), or a fixed outside latency whose first
+    tokens do not follow stream ends: the one-level queue test must not fire."""
+    d = _diag(tmp_path, Engine(), [Phase(f"concurrency={conc}", 60, 64, 16, conc=conc)], Client(net_s=net_ms * MS))
+    assert d.verdict.category != "queue", format_diagnosis(d)
+    assert "queue" in {p.rule_id for p in d.passed}
+
+
+def test_a_light_just_started_server_reports_start_up_apart(tmp_path: Path) -> None:
+    """The failure seen: TTFT p95 of a few ms, a first request ~13 ms slower, load / warm-up spans:
+    not cold_start; the steady verdict stands, start-up is a note, on every repeat."""
+    verdicts = set()
+    for seed in range(3):
+        d = _diag(tmp_path / str(seed), Engine(cold_start_s=0.4, warmup_first_s=0.013),
+                  [Phase("steady", 40, 64, 16, conc=1)], sides=("client", "server"), seed=seed)
+        verdicts.add(d.verdict.category)
+        assert not any(f.category == "cold_start" for f in d.findings), format_diagnosis(d)
+        assert any(n.startswith("start-up 0.4") and n.endswith("not TTFT") for n in d.notes), d.notes
+        assert "cold_start" in {p.rule_id for p in d.passed}
+    assert verdicts == {"healthy"}
+
+
+def test_a_material_first_request_penalty_is_cold_start(tmp_path: Path) -> None:
+    d = _diag(tmp_path, Engine(cold_start_s=0.4, warmup_first_s=0.5), [Phase("steady", 40, 64, 16, conc=1)])
+    assert d.verdict.category == "cold_start", format_diagnosis(d)
+    assert d.verdict.explained_s is None
+
+
+def test_a_first_request_penalty_within_the_slo_is_reported_apart(tmp_path: Path) -> None:
+    d = _diag(tmp_path, Engine(cold_start_s=0.4, warmup_first_s=0.5), [Phase("steady", 40, 64, 16, conc=1)],
+              slo={"ttft_p99": 5.0})
+    assert d.verdict.category == "healthy", format_diagnosis(d)
+    assert any("not TTFT" in n for n in d.notes)
+
+
+def test_requests_that_arrived_during_start_up_make_it_the_verdict(tmp_path: Path) -> None:
+    """Requests sent while the model was still loading waited for it: cold_start however small the rest."""
+    from rules.base import RuleContext
+    from rules.config import load_thresholds
+    from rules.edges import cold_start
+    from rules.features import Feature, Features
+
+    feats = Features()
+    for name, value, unit in (("requests_n", 40.0, "requests"), ("cold_start_waited_n", 2.0, "requests"),
+                              ("cold_start_outliers_n", 0.0, "requests"), ("cold_start_s", 3.0, "s"),
+                              ("cold_start_by_phase_s", {"load": 3.0}, "s"), ("ttft_p95_s", 0.01, "s")):
+        feats.add(Feature(name, value, unit, True))
+    th = load_thresholds(None)
+    out = cold_start(RuleContext(feats, th["cold_start"], th["general"], {}, False))
+    assert not isinstance(out, str)
+    assert out.evidence[0].name == "requests that arrived during start-up and waited" and out.evidence[0].crossed
+
+
+def test_a_run_with_many_failed_requests_is_never_healthy(tmp_path: Path) -> None:
+    """~30% failed (every 3rd request a 503): the failure finding names the kinds and the load level."""
+    for sides in (("client",), ("client", "server")):
+        d = _diag(tmp_path / "+".join(sides), Engine(), [Phase("concurrency=4", 60, 64, 16, conc=4)], sides=sides,
+                  error_every=3)
+        assert d.verdict.category == FAILURES, format_diagnosis(d)
+        assert not any(f.category == "healthy" for f in d.findings)
+        assert "http_503" in d.verdict.title and "concurrency=4" in d.verdict.title
+        assert any("failed share by load level" == e.name for e in d.verdict.evidence)
+        json.dumps(d.to_dict(), allow_nan=False)
+
+
+def test_a_few_failures_do_not_make_the_finding(tmp_path: Path) -> None:
+    d = _diag(tmp_path, Engine(), [Phase("concurrency=4", 60, 64, 16, conc=4)], error_every=40)
+    assert d.verdict.category == "healthy", format_diagnosis(d)
+    assert "failures" in {p.rule_id for p in d.passed}
+
+
+def test_slow_first_tokens_no_rule_can_explain_are_inconclusive(tmp_path: Path) -> None:
+    """Client only, one level, one prompt length, TTFT ~60 decode steps: inconclusive, with the experiment."""
+    d = _diag(tmp_path, Engine(), [Phase("steady", 40, 64, 16, conc=1)], Client(net_s=100 * MS))
+    assert d.verdict.category == INCONCLUSIVE and INCONCLUSIVE in OUTCOMES, format_diagnosis(d)
+    assert d.verdict.next_checks[0].startswith("run `ttft probe URL --sweep")
+    assert any("ttft analyze CLIENT SERVER" in c for c in d.verdict.next_checks)
+    crossed = [e for e in d.verdict.evidence if e.crossed]
+    assert crossed and crossed[0].name == "TTFT p50 / ITL p50"
+    assert "healthy" in {p.rule_id for p in d.passed}
+    text = format_diagnosis(d)
+    assert "verdict: inconclusive" in text
+    assert json.loads(json.dumps(d.to_dict()))["verdict"]["category"] == INCONCLUSIVE
+
+
+def test_inconclusive_still_reports_a_broken_slo(tmp_path: Path) -> None:
+    d = _diag(tmp_path, Engine(), [Phase("steady", 40, 64, 16, conc=1)], Client(net_s=100 * MS),
+              slo={"ttft_p99": 0.05})
+    assert d.verdict.category == INCONCLUSIVE
+    assert any(e.name == "SLO ttft_p99" and e.meaning == "broken" for e in d.verdict.evidence)
+    assert any("SLO is broken" in n for n in d.notes)
+
+
+def test_the_same_capture_with_the_server_side_is_decided(tmp_path: Path) -> None:
+    d = _diag(tmp_path, Engine(), [Phase("steady", 40, 64, 16, conc=1)], Client(net_s=100 * MS),
+              sides=("client", "server"))
+    assert d.verdict.category == "network"
