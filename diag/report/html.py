@@ -33,7 +33,8 @@ STAGE_COLORS: dict[str, str] = {
     stages.SAMPLE: "#009E73", stages.DETOKENIZE: "#F0E442", stages.LUMPED: "#999999", stages.NETWORK: "#D55E00",
     "unattributed": "#DDDDDD",
 }
-CATEGORY_COLORS: dict[str, str] = {"healthy": "#009E73", "loadgen": "#999999", "cold_start": "#56B4E9"}
+CATEGORY_COLORS: dict[str, str] = {"healthy": "#009E73", "loadgen": "#999999", "cold_start": "#56B4E9",
+                                   "inconclusive": "#E69F00", "failures": "#D55E00", "no_data": "#999999"}
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 

@@ -31,7 +31,7 @@ STAGE_COLORS: dict[str, str] = {
     stages.DECODE: "bright_blue",
 }
 
-CATEGORY_STYLE = {"healthy": "bold green", "no_data": "dim"}
+CATEGORY_STYLE = {"healthy": "bold green", "no_data": "dim", "inconclusive": "bold yellow", "failures": "bold red"}
 
 
 def conf_style(conf: float) -> str:
