@@ -183,7 +183,7 @@ class Prepared:
         n = len(req)
         err = req["error"].notna().to_numpy() if "error" in req.columns and n else np.zeros(n, dtype=bool)
         if "error" in req.columns and n and bool(err.any()):
-            err &= req["error"].astype(str).str.len().to_numpy() > 0
+            err = err & (req["error"].astype(str).str.len().to_numpy() > 0)  # to_numpy() may be read-only
         warm = (req["warmup"].fillna(False).astype(bool).to_numpy() if "warmup" in req.columns and n
                 else np.zeros(n, dtype=bool))
         self.err = err

@@ -148,3 +148,55 @@ def test_the_same_capture_with_the_server_side_is_decided(tmp_path: Path) -> Non
     d = _diag(tmp_path, Engine(), [Phase("steady", 40, 64, 16, conc=1)], Client(net_s=100 * MS),
               sides=("client", "server"))
     assert d.verdict.category == "network"
+
+
+@pytest.mark.parametrize("case", ["inconclusive", "failures"])
+def test_the_outcomes_show_as_such_in_analyze_report_and_tui(tmp_path: Path, case: str, capsys) -> None:  # noqa: ANN001
+    """ttft analyze (text, --json), the report (HTML, Markdown) and the TUI take the outcome as it is."""
+    from diag.cli import main
+    from tui import model
+    from tui.sources import CaptureSource
+
+    if case == "inconclusive":
+        dirs = simulate(tmp_path / "cap", Engine(), [Phase("steady", 40, 64, 16, conc=1)], Client(net_s=100 * MS))
+    else:
+        dirs = simulate(tmp_path / "cap", Engine(), [Phase("concurrency=4", 60, 64, 16, conc=4)], Client(), error_every=3)
+    cap = str(dirs["client"])
+    assert main(["analyze", cap]) == 0
+    assert f"verdict: {case}" in capsys.readouterr().out
+    assert main(["analyze", cap, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"]["category"] == case
+    for ext in ("html", "md"):
+        out = tmp_path / f"r.{ext}"
+        main(["report", cap, "-o", str(out)])
+        capsys.readouterr()
+        assert case in out.read_text()
+    vm = model.build_view_model_with_rules(CaptureSource(cap).poll())
+    assert vm.verdict.category == case
+
+
+def _gauge_ctx(waiting_at_cap: float, ttft_vs_prefill: float):  # noqa: ANN202
+    from rules.base import RuleContext
+    from rules.config import load_thresholds
+    from rules.features import Feature, Features
+
+    feats = Features()
+    for name, value, unit in (("requests_n", 40.0, "requests"), ("waiting_at_cap_frac", waiting_at_cap, "share"),
+                              ("ttft_vs_engine_prefill_ratio", ttft_vs_prefill, "x"), ("running_seqs_max", 1.0, "requests"),
+                              ("ttft_p95_s", 1.0, "s")):
+        feats.add(Feature(name, value, unit, True, source="prometheus"))
+    th = load_thresholds(None)
+    return RuleContext(feats, th["queue"], th["general"], {}, False)
+
+
+def test_engine_gauges_at_one_level_name_a_queue() -> None:
+    """llama.cpp / TGI style: waiting gauge up while running sits at its cap, TTFT far above the
+    engine's prefill time -> queue; either sign missing -> no queue."""
+    from rules.scheduling import queue
+
+    out = queue(_gauge_ctx(0.8, 9.0))
+    assert not isinstance(out, str)
+    assert [e.name for e in out.evidence][:2] == ["scrapes with requests waiting while running is at its cap",
+                                                   "TTFT p50 / the engine's prefill time"]
+    assert isinstance(queue(_gauge_ctx(0.05, 9.0)), str)
+    assert isinstance(queue(_gauge_ctx(0.8, 1.2)), str)
