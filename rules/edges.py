@@ -169,6 +169,10 @@ def network(ctx: RuleContext) -> Outcome:
     gap_share = ctx.v("network_share_tail")
     ratio = ctx.v("client_server_ttft_ratio")
     det = ctx.v("detokenize_share_tail")
+    gap_p50, itl = ctx.v("client_server_gap_p50_s"), ctx.v("itl_p50_s")
+    if gap_p50 is not None and itl and gap_p50 / itl < th["gap_itl_min"]:
+        # in proportion: a gap shorter than a decode step or two is the hand-off to the stream, not a cause
+        gap_share = ratio = None
     t = Triage(ctx)
     t.crossed("client-server gap share of TTFT (slowest 5%)", gap_share, "gap_share_min", "share",
               "network, serialization, HTTP and client parsing between the two TTFT boundaries",
@@ -178,6 +182,9 @@ def network(ctx: RuleContext) -> Outcome:
     t.crossed("detokenize share of TTFT (slowest 5%)", det, "detokenize_share_min", "share",
               "first token id -> text, ready for the stream", miss="detokenize {value:.0%} of TTFT")
     if not t.evidence:
+        if gap_share is None and ratio is None and gap_p50 is not None and itl:
+            return (f"the client-server gap p50 {gap_p50 * 1e3:.1f} ms is {gap_p50 / itl:.1f} decode steps "
+                    f"(< {th['gap_itl_min']:g}): the hand-off to the stream, not a network problem")
         return t.pass_reason("client and server TTFT agree")
     shares = [x for x in (gap_share, det) if x is not None]
     s, pct = ctx.explained(sum(shares) if shares else (1 - 1 / ratio if ratio else None))

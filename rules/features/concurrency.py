@@ -120,10 +120,11 @@ def single_level(ctx: FeatureContext) -> None:
       service time, e2e − TTFT): about 1 when each request waits for every one ahead of it to
       finish, as a server that runs one request at a time makes it; far below 1 when batched.
     * ``first_token_after_end_frac`` — of the requests that waited (TTFT ≥ 5 decode steps) with
-      others in flight, the share whose first token came within a short window (max(3 ITL, 10%
-      of the service time)) after another request ended during its wait: first tokens one
-      after another, each when a stream ends. ``first_token_after_end_control`` is the same
-      share half a service time earlier: what chance alone gives at this load.
+      others in flight, the share whose first token came within a window (max(3 ITL,
+      ``line_window_service_frac`` x the service time): room for its own prefill) after another
+      request ended during its wait: first tokens one after another, each when a stream ends.
+      ``first_token_after_end_control`` is the same share half a service time earlier: what
+      chance alone gives at this load. ``service_s_p50``: the median e2e − TTFT, seconds.
     Units: decode steps, x, shares. Closed or open loop alike; needs ITL and e2e times.
     """
     names = ("ttft_in_itl_steps_p50", "ttft_inline_ratio", "first_token_after_end_frac",
@@ -168,7 +169,7 @@ def single_level(ctx: FeatureContext) -> None:
         ctx.add("first_token_after_end_frac", 0.0, source=why)
         ctx.add("first_token_after_end_control", 0.0, source=why)
         return
-    window_ns = max(3.0 * itl_p50, 0.1 * svc) * NS
+    window_ns = max(3.0 * itl_p50, float(ctx.params["line_window_service_frac"]) * svc) * NS
 
     def share_after_end(at: np.ndarray) -> float:
         # the last end at or before ``at`` (strictly after the request's own start)
