@@ -118,6 +118,10 @@ class Instrumentation:
         sink = self.sink
         if sink is None:
             return
+        if self.capture_dir is None and (self.stats.total_errors or self.unmeasured):
+            # --otlp only: no meta.json to carry these, so they go to stderr
+            say(f"hook errors swallowed: {self.stats.total_errors} {self.stats.errors or ''}; "
+                f"unmeasured: {', '.join(sorted(self.unmeasured)) or 'none'}")
         try:
             sink.force_flush()
             self.meta["stopped_unix_s"] = time.time()

@@ -137,3 +137,31 @@ def test_instrumented_transformers_serve_joins_every_stage(tiny_llama, tmp_path,
         assert "cold_start.warmup" in inst["unmeasured"]
     # prompt text is never recorded
     assert stages.ATTR_PROMPT_TEXT not in (srv_dir / "spans.otlp.jsonl").read_text()
+
+
+def test_instrumented_transformers_serve_exports_to_an_otlp_endpoint(tiny_llama, tmp_path):
+    """``--otlp URL``: the same spans reach an OTLP/HTTP receiver instead of a capture."""
+    from collectors.otlp_receiver import OTLPReceiver
+    from diag.capture import CaptureWriter
+
+    writer = CaptureWriter(tmp_path / "recv", meta={"command": "receive"})
+    receiver = OTLPReceiver(writer.append_span_request, host="127.0.0.1", port=0)
+    host, port = receiver.start()
+    srv = InstrumentedServe(tiny_llama, tmp_path / "unused", False)
+    i = srv.cmd.index("--capture")
+    srv.cmd[i:i + 2] = ["--otlp", f"http://{host}:{port}"]
+    try:
+        with srv:
+            cfg = ProbeConfig(srv.url, api="chat", load=LoadSpec(concurrency=1, requests=2, warmup_requests=0),
+                              workload=WorkloadSpec(LengthSpec.parse("16"), LengthSpec.parse("4"), exact_output=False),
+                              timeout_s=60, output=tmp_path / "cli")
+            res = run_probe(cfg)
+            srv.stop()
+    finally:
+        receiver.stop()
+        writer.close()
+    assert res.metrics["requests"]["ok"] == 2, srv.log_tail()
+    assert not (tmp_path / "unused").exists()
+    a = analyze_paths([tmp_path / "cli", tmp_path / "recv"], run_rules=False)
+    joined = a.tables.requests.loc[lambda r: r["has_server"] & r["has_client"] & ~r["warmup"]]
+    assert len(joined) == 2 and joined[list(MEASURED)].notna().all().all()
