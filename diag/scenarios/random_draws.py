@@ -21,8 +21,10 @@ How the ranges were chosen (the catalogue's value is the centre; ``logU`` = log-
   CI share. Near-miss magnitudes sit 10x or more below the plain range (a tokenizer at
   0.03-0.15 prefill-costs per token, a network delay of 0.05-0.3 decode steps, a KV budget
   for more sequences than ever run, a start-up before the server listens, chunked prefill).
-- **Mixes**: the second cause is drawn at 5-25% of the dominant one's TTFT cost, so the
-  dominant cause explains >= 4x the other's share by the engine's own stage accounting.
+- **Mixes**: the second cause is drawn at 5-25% of the dominant one's mean TTFT cost per
+  measured request (a cold start's load delay spread over the run's requests: it reaches the
+  first ones only), so the dominant cause explains >= 4x the other's share; where the engine
+  accounts both in stages, its accounting decides each run (:mod:`diag.scenarios.random_truth`).
 - **Lengths**: prompts logU over 16..384 tokens (long-prompt families 512..1536), outputs
   4..96, spread 0 (fixed) or uniform +-10..60%; every prompt + output fits the engine's
   2048-token context on any calibration (the tiny model's own cap).

@@ -147,6 +147,9 @@ class RandomResult:
             fr = self.flip_rate(m)
             if fr is not None:
                 lines.append(f"flip rate {m}: {100 * fr:.0f}% of draws changed verdict over repeats")
+        for m in self.modes:
+            n = sum(v.category == "inconclusive" for _, v, _ in self._runs(m))
+            lines.append(f"inconclusive {m}: {n}/{len(self._runs(m))} runs (scored as misses)")
         misses = self.misses()
         lines += ["", f"misses: {len(misses)}"]
         for r, m, v, t in misses:

@@ -57,7 +57,8 @@ def _healthy_slo(cal: Calibration, p: dict[str, Any], inp_max: int) -> str:
 
 
 def dominant_cost_ms(d: Draw, cal: Calibration) -> float:
-    """The dominant cause's cost per request, by design (ms): what a mix's second cause is a share of."""
+    """The dominant cause's mean cost per measured request, by design (ms): what a mix's second
+    cause is a share of (a second cause on every request must stay below the dominant one's mean)."""
     p, f = d.params, d.params["faults"]
     inp, out = p["input_tokens"], p["output_tokens"]
     if d.family == "queue":
@@ -68,8 +69,8 @@ def dominant_cost_ms(d: Draw, cal: Calibration) -> float:
         return inp * cal.prefill_ms_per_token
     if d.family == "network":
         return network_ms(cal, f["network_x"])
-    if d.family == "cold_start":
-        return load_delay_s(cal, f["load_delay_x"]) * 1e3
+    if d.family == "cold_start":  # the load reaches the first requests only: its mean over the run's requests
+        return load_delay_s(cal, f["load_delay_x"]) * 1e3 / p["requests"]
     return out * cal.decode_step_ms  # decode: the stream's own token time
 
 
