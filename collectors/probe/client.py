@@ -216,11 +216,14 @@ def split_url(url: str) -> tuple[str, str | None]:
 #: A server that validates ``X-Request-Id`` as a UUID, or rejects unknown body fields
 #: (``min_tokens``/``ignore_eos`` are vLLM/SGLang extensions; ``stream_options`` is newer than
 #: some servers), answers 4xx to every request; the compatibility check finds which one.
+#: The compatibility check tries them in this order: ``traceparent`` last, because a retry
+#: without it reaches a traced server as a request that joins no client trace (a server-only
+#: failure in the capture), so it is sent only when dropping the others did not help.
 OPTIONAL_ELEMENTS: dict[str, str] = {
     "x_request_id": "--no-request-id",
-    "traceparent": "--no-traceparent",
     "exact_output": "--no-exact-output",
     "stream_options": "--no-stream-options",
+    "traceparent": "--no-traceparent",
 }
 #: How each optional element reads in a message to the user.
 OPTIONAL_ELEMENT_TEXT: dict[str, str] = {

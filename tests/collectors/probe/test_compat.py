@@ -65,3 +65,12 @@ def test_user_dropped_elements_are_never_sent(server):
     res = run_probe(_cfg(server.url("ok"), dropped=frozenset({"x_request_id", "traceparent"})))
     assert res.metrics["requests"]["ok"] == 4
     assert not any("x-request-id" in s.headers or "traceparent" in s.headers for s in server.log)
+
+
+def test_traceparent_is_tried_last(server, tmp_path):
+    # a retry without traceparent would reach a traced server as an unjoined failure: the
+    # check drops it only after the other elements did not help
+    run_probe(_cfg(server.url("strict"), tmp_path / "cap"))
+    compat_requests = [s for s in server.log if s.body.get("max_tokens") == 2]
+    assert [("min_tokens" in s.body, "traceparent" in s.headers) for s in compat_requests] == [
+        (True, True), (True, True), (False, True)]  # as sent; no-request-id; no-exact-output
