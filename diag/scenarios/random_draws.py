@@ -38,7 +38,9 @@ How the ranges were chosen (the catalogue's value is the centre; ``logU`` = log-
   where the family's cause is identifiable from the client side under that design.
 - **SLOs** (the users' targets): 1..3x a generous base (5x the worst lone-request TTFT at
   that concurrency; 3 + concurrency decode steps per token), so ``healthy`` draws keep 2x
-  of headroom; a decode draw's per-token target 1.2..1.8 lone-stream steps.
+  of headroom; a decode draw's per-token target 1.2..1.8 lone-stream steps. Where a run
+  designed healthy breaks its users' TTFT/TPOT target anyway (chunked prefill under open-loop
+  arrivals can stall streams), that run is void, not scored (:mod:`diag.scenarios.random_truth`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from diag.scenarios.calibrate import Calibration
 from diag.scenarios.matrix import MODES, MatrixRow, Verdict, confusion_table, diagnose_run
 from diag.scenarios.random_draws import Draw, draw
 from diag.scenarios.random_plans import build_plan, scenario
-from diag.scenarios.random_truth import accounted_truth
+from diag.scenarios.random_truth import VOID, run_truth
 from diag.scenarios.runner import run_scenario
 
 #: confidence bins of the reliability table: [lo, hi)
@@ -73,8 +73,13 @@ class RandomResult:
     wall_s: float = 0.0
 
     def _runs(self, mode: str) -> list[tuple[DrawResult, Verdict, str]]:
-        """(draw, verdict, ground truth) of every run in ``mode``."""
-        return [(r, v, r.truth(k)) for r in self.results for k, v in enumerate(r.verdicts.get(mode, []))]
+        """(draw, verdict, ground truth) of every scored run in ``mode`` (void runs left out)."""
+        return [(r, v, r.truth(k)) for r in self.results for k, v in enumerate(r.verdicts.get(mode, []))
+                if r.truth(k) != VOID]
+
+    def voids(self) -> list[tuple[DrawResult, int]]:
+        """(draw, repeat) of the runs that did not come out as designed (not scored)."""
+        return [(r, k) for r in self.results for k in range(len(r.truths)) if r.truths[k] == VOID]
 
     def categories(self) -> list[str]:
         return sorted({t for m in self.modes for _, _, t in self._runs(m)})
@@ -103,7 +108,7 @@ class RandomResult:
     def rows(self) -> list[MatrixRow]:
         """First repeat of each draw as a matrix row (for the confusion table)."""
         return [MatrixRow(r.draw.name, r.truth(0), {m: vs[0] for m, vs in r.verdicts.items()}, r.wall_s)
-                for r in self.results]
+                for r in self.results if r.truth(0) != VOID]
 
     def command(self, d: Draw) -> str:
         return reproduce_command(d, self.mode_arg, self.calibration_file)
@@ -116,6 +121,7 @@ class RandomResult:
                              "per_category": {c: dict(zip(("right", "runs"), self.accuracy(m, c))) for c in cats}}
                          for m in self.modes},
             "reliability": self.reliability(), "flip_rate": {m: self.flip_rate(m) for m in self.modes},
+            "void": [{"draw": r.draw.index, "repeat": k, "broken_s": r.accounting[k]} for r, k in self.voids()],
             "draws": [{"index": r.draw.index, "name": r.draw.name, "family": r.draw.family, "kind": r.draw.kind,
                        "expected": r.draw.expected, "truths": [r.truth(k) for k in range(max(1, len(r.truths)))],
                        "accounting_s": r.accounting, "params": r.draw.params, "wall_s": r.wall_s,
@@ -150,6 +156,11 @@ class RandomResult:
         for m in self.modes:
             n = sum(v.category == "inconclusive" for _, v, _ in self._runs(m))
             lines.append(f"inconclusive {m}: {n}/{len(self._runs(m))} runs (scored as misses)")
+        voids = self.voids()
+        if voids:
+            lines.append(f"void (designed healthy, the users' SLO broke in the run; not scored): {len(voids)}")
+            for r, k in voids:
+                lines.append(f"  {r.draw.name}: {r.accounting[k]}; {r.draw.describe()}")
         misses = self.misses()
         lines += ["", f"misses: {len(misses)}"]
         for r, m, v, t in misses:
@@ -172,11 +183,12 @@ def check_random(seed: int, indices: Sequence[int], out_root: str | Path, cal: C
             if log:
                 log(f"draw {d.name} (expect {d.expected}){f' repeat {k + 1}/{repeat}' if repeat > 1 else ''}: {d.describe()}")
             run = run_scenario(scenario(d), Path(out_root) / (d.name if repeat == 1 else f"{d.name}-{k}"), cal, log=log)
-            truth, accounting = accounted_truth(d, run.all_captures)
+            truth, accounting = run_truth(d, run.slo, run.all_captures)
             res.truths.append(truth)
             res.accounting.append(accounting)
             if log and truth != d.expected:
-                log(f"  the engine's accounting makes {truth} the dominant cause: {accounting}")
+                log(f"  {'void: the users SLO broke' if truth == VOID else 'the engine accounting makes the truth ' + truth}:"
+                    f" {accounting}")
             for m in modes:
                 res.verdicts[m].append(diagnose_run(run, m))
             if log:

@@ -209,3 +209,20 @@ def test_a_mixs_truth_follows_the_engines_own_stage_accounting():
     assert truth == "tokenize" and means["tokenize"] > means["network"]
     plain = next(d for d in ds if d.kind == "plain" and d.family == "queue")
     assert accounted_truth(plain, caps["tokenize"]) == ("queue", {})
+
+
+def test_a_designed_healthy_run_whose_slo_broke_is_void_and_not_scored():
+    from diag.scenarios.random_truth import VOID, run_truth, slo_broken
+
+    samples = Path(__file__).resolve().parents[2] / "samples" / "healthy"
+    caps = [samples / "client", samples / "server-0"]
+    assert slo_broken("ttft_p99=1000s,tpot_p99=1000s", caps) == {}
+    broken = slo_broken("ttft_p99=0.001ms,tpot_p99=1000s", caps)
+    assert list(broken) == ["ttft_p99"] and broken["ttft_p99"][0] > broken["ttft_p99"][1]
+    healthy = next(d for d in draws(1, N) if d.expected == "healthy")
+    assert run_truth(healthy, "ttft_p99=0.001ms", caps)[0] == VOID
+    assert run_truth(healthy, "ttft_p99=1000s", caps) == ("healthy", {})
+    res = _result({healthy.index: [("zzz", 0.9)]}, seed=1)
+    res.results[0].truths, res.results[0].accounting = [VOID], [{"ttft_p99": 1.0}]
+    assert res.accuracy("server") == (0, 0) and not res.misses() and res.voids() == [(res.results[0], 0)]
+    assert "void (designed healthy" in res.format_text() and res.to_dict()["void"][0]["draw"] == healthy.index
