@@ -37,6 +37,16 @@ class RuleContext:
     general: Mapping[str, Any]
     slo: Mapping[str, float]
     black_box: bool
+    #: every rule's thresholds by table (for a rule that defers to another rule's judgement)
+    all_th: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def th_of(self, table: str) -> Mapping[str, Any]:
+        """Another table's thresholds (``[queue]`` …); the defaults when the engine gave none."""
+        if table in self.all_th:
+            return self.all_th[table]
+        from rules.config import load_thresholds
+
+        return load_thresholds(None)[table]
 
     def v(self, name: str, default: Any = None) -> Any:
         return self.features.value(name, default)

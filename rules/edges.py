@@ -142,6 +142,19 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
         return "needs ITL and TTFT to judge a fixed latency"
     steps = intercept_s / itl
     share = intercept_s / p50
+    slope = ctx.v("ttft_prompt_slope_ms_per_token")
+    if (slope is not None and slope < 0) or share > 1.05:
+        # TTFT falling with the prompt, or an intercept above TTFT itself: the fit over this prompt
+        # range is noise, and its intercept is an extrapolation, not a latency
+        return (f"the TTFT-vs-prompt fit has no meaningful fixed part (intercept {intercept_s * 1e3:.1f} ms = "
+                f"{share:.0%} of TTFT p50, slope {slope if slope is not None else float('nan'):.3g} ms/token)")
+    after, chance = ctx.v("first_token_after_end_frac"), ctx.v("first_token_after_end_control") or 0.0
+    qth = ctx.th_of("queue")
+    if (after is not None and (ctx.v("inflight_at_arrival_p50") or 1) > 1 and after >= qth["bb_after_end_min"]
+            and after >= qth["bb_after_end_vs_chance_min"] * chance):
+        # waiting in line is also a fixed part no prompt token explains: it is the queue's (see queue)
+        return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is waiting in line: {after:.0%} of the waiting "
+                "requests got their first token just after another stream ended (see queue)")
     if steps < th["bb_intercept_itl_min"] or share < th["bb_intercept_share_min"]:
         return (f"TTFT's fixed part (prompt-fit intercept {intercept_s * 1e3:.1f} ms) is {steps:.1f} decode steps "
                 f"and {share:.0%} of TTFT p50: no outside latency stands out")

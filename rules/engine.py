@@ -69,7 +69,7 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
         if why is not None:
             skipped.append(Skipped(rid, why))
             continue
-        ctx = RuleContext(feats, th.get(rid, {}), general, dict(slo or {}), black_box)
+        ctx = RuleContext(feats, th.get(rid, {}), general, dict(slo or {}), black_box, all_th=th)
         try:
             out = r.evaluate(ctx)
         except (TypeError, ZeroDivisionError, KeyError, ValueError) as exc:  # a rule bug must not hide the others
