@@ -7,9 +7,11 @@ run is the cause whose stage holds more of the measured requests' TTFT (mean sec
 engine recorded it. Read from the span tables (:mod:`diag.tables`), never from the rules.
 Other draws keep the truth they were drawn with.
 
-A draw designed ``healthy`` (plain or near-miss) is void in a run whose measured TTFT or TPOT
-broke the users' SLO (:func:`slo_broken`, from the request table): the injection did not
-make a healthy server there, so that run scores neither way and is listed apart.
+A draw designed ``healthy`` (plain or near-miss) is void in a run whose measured TTFT, TPOT or
+ITL broke the users' SLO (:func:`slo_broken`, from the request table and token times); an
+``interference`` or ``decode`` run, whose bottleneck is the target it breaks, is void when its
+SLO held. The injection did not make what it was designed to there, so that run scores
+neither way and is listed apart.
 Pure functions; the calling thread only.
 """
 
@@ -19,13 +21,18 @@ import math
 from pathlib import Path
 
 from diag import stages
-from diag.capture import load_capture
+import numpy as np
+import pandas as pd
+
+from diag.capture import attribute, load_capture
 from diag.scenarios.random_draws import Draw
 from diag.slo import parse_slo
 from diag.tables import build_tables
 
 #: the truth of a run that did not come out as designed (scored neither way)
 VOID = "void"
+#: causes whose bottleneck is defined by the users' target it breaks (the catalogue's too)
+SLO_DEFINED = ("interference", "decode")
 _PCT = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "max": 1.0}
 
 #: a cause -> the engine's stage that holds its time
@@ -56,8 +63,22 @@ def _measured(captures: list[Path]):  # -> pd.DataFrame: the measured (non-warm-
     return req
 
 
+def _token_gaps_s(captures: list[Path], measured_traces: set[str]) -> np.ndarray:
+    """Every token gap (s) of the measured requests, pooled (the client's token times first)."""
+    for cap in captures:  # the client capture comes first in a scenario run
+        spans = load_capture(cap).spans if Path(cap).exists() else None
+        if spans is None or spans.empty:
+            continue
+        times = attribute(spans, stages.ATTR_TOKEN_TIMES_NS)
+        gaps = [np.diff(np.asarray(tt, dtype="int64")) / 1e9 for tid, tt in zip(spans["trace_id"], times)
+                if str(tid) in measured_traces and isinstance(tt, (list, tuple, np.ndarray)) and len(tt) > 1]
+        if gaps:
+            return np.concatenate(gaps)
+    return np.asarray([], dtype="float64")
+
+
 def slo_broken(slo: str | None, captures: list[Path]) -> dict[str, tuple[float, float]]:
-    """The SLO items (TTFT and TPOT; ITL is not checked here) the measured requests broke:
+    """The SLO items (TTFT, TPOT, ITL over all token gaps pooled) the measured requests broke:
     {item: (measured s, target s)}."""
     if not slo:
         return {}
@@ -65,10 +86,13 @@ def slo_broken(slo: str | None, captures: list[Path]) -> dict[str, tuple[float, 
     out: dict[str, tuple[float, float]] = {}
     for item, target_s in parse_slo(slo).items():
         metric, pct = item.rsplit("_", 1)
-        col = {"ttft": "ttft_s", "tpot": "tpot_s"}.get(metric)
-        if col is None or col not in req.columns:
-            continue
-        vals = req[col].dropna()
+        if metric == "itl":
+            vals = pd.Series(_token_gaps_s(captures, {str(t) for t in req.get("trace_id", [])}))
+        else:
+            col = {"ttft": "ttft_s", "tpot": "tpot_s"}.get(metric)
+            if col is None or col not in req.columns:
+                continue
+            vals = req[col].dropna()
         if not len(vals):
             continue
         got = float(vals.mean()) if pct == "mean" else float(vals.quantile(_PCT.get(pct, 0.99)))
@@ -85,4 +109,6 @@ def run_truth(d: Draw, slo: str | None, captures: list[Path]) -> tuple[str, dict
         if broken:
             return VOID, {k: round(v[0], 6) for k, v in broken.items()}
         return d.expected, {}
+    if d.expected in SLO_DEFINED and slo and not slo_broken(slo, captures):
+        return VOID, {"slo_met": 1.0}  # the cause was there but did not hurt its users in this run
     return accounted_truth(d, captures)

@@ -226,3 +226,16 @@ def test_a_designed_healthy_run_whose_slo_broke_is_void_and_not_scored():
     res.results[0].truths, res.results[0].accounting = [VOID], [{"ttft_p99": 1.0}]
     assert res.accuracy("server") == (0, 0) and not res.misses() and res.voids() == [(res.results[0], 0)]
     assert "void (designed healthy" in res.format_text() and res.to_dict()["void"][0]["draw"] == healthy.index
+
+
+def test_an_slo_defined_cause_whose_slo_held_is_void():
+    """Interference is a bottleneck through the ITL target it breaks: pooled token gaps decide."""
+    from diag.scenarios.random_truth import VOID, run_truth, slo_broken
+
+    samples = Path(__file__).resolve().parents[2] / "samples" / "interference"
+    caps = [samples / "client", samples / "server-0"]
+    slo = json.loads((samples / "client" / "meta.json").read_text())["slo"]
+    assert "itl_p99" in slo_broken(slo, caps)  # the catalogue's interference breaks its ITL target
+    d = next(d for seed in SEEDS for d in draws(seed, N) if d.family == "interference" and d.kind == "plain")
+    assert run_truth(d, slo, caps) == ("interference", {})
+    assert run_truth(d, "itl_p99=1000s", caps)[0] == VOID
