@@ -63,6 +63,16 @@ def prompt_fit(ctx: FeatureContext) -> None:
         weights = counts[repeated]
         expl = slope * float((weights * fx).sum()) / max(float((weights * fy).sum()), 1e-12)
         how += ", median TTFT per prompt length"
+    elif (point := _sweep_points(st, mask)) is not None:
+        # a prompt sweep whose token counts vary a little per request (the server's tokenizer, a
+        # chat template): the median of each sweep point, robust the same way
+        labels = point[mask].to_numpy()
+        keys, counts = np.unique(labels, return_counts=True)
+        fx = np.array([np.median(x[labels == k]) for k in keys])
+        fy = np.array([np.median(yy[labels == k]) for k in keys])
+        slope, intercept, r2 = linear_fit(fx, fy)
+        expl = slope * float((counts * fx).sum()) / max(float((counts * fy).sum()), 1e-12)
+        how += ", median TTFT per prompt-sweep point"
     else:
         slope, intercept, r2 = linear_fit(x, yy)
         expl = None
@@ -87,3 +97,19 @@ def prompt_slope_per_itl(ctx: FeatureContext) -> None:
                 source="prompt-token cost over one decode step: a parallel prefill keeps this far below 1")
     else:
         ctx.add("prompt_slope_per_itl", None, "needs a prompt-length fit and ITL")
+
+
+def _sweep_points(st: pd.DataFrame, mask: pd.Series) -> pd.Series | None:
+    """The prompt-sweep point of each request (``prompt=N`` segments) when at least 3 points of
+    2+ requests each hold every fitted request; else None."""
+    if "segment" not in st.columns:
+        return None
+    seg = segment_numbers(st["segment"])
+    if "prompt" not in seg.columns:
+        return None
+    point = seg["prompt"]
+    fitted = point[mask]
+    if fitted.isna().any() or len(fitted) == 0:
+        return None
+    counts = fitted.value_counts()
+    return point if (counts >= 2).all() and len(counts) >= 3 else None

@@ -8,7 +8,20 @@ loopback port (plain, one request at a time; or ``--continuous-batching``) and s
 What this engine exposes (transformers 5.2x, ``transformers/cli/serve.py``): no ``/metrics``,
 no traces; ``usage`` in the last chunk of a stream; a role-only chunk sent before the prompt's
 forward (TTFT must not end there); HTTP 422 "Unexpected fields" for ``min_tokens`` and
-``ignore_eos`` (the probe's compatibility check drops them).
+``ignore_eos`` (the probe's compatibility check drops them). Seen from the probe, also: its
+text streamer emits text only up to the last space, so the first content of a random-weight
+model waits a random number of decode steps (``build_tiny_llama(spaced=True)`` makes every
+token space-led); its first ~20 requests after start run several times slower than the rest
+(a start-up with no span: the client sees only slow first requests); plain mode serves one
+request at a time.
+
+What the tool can and cannot say from it (client only; tests/thirdparty/test_transformers_verdicts.py):
+it can name ``queue`` in plain mode at one load level (first tokens each following another
+stream's end), ``prefill_compute`` from a prompt-length sweep at concurrency 1, ``healthy`` at
+light load, and report slow first requests apart; it cannot split TTFT into stages (no spans,
+no /metrics: tokenize, queue and prefill are one number), cannot tell network from the server's
+front end, cannot see the model load (no cold-start span), and at a single prompt length and
+concurrency 1 it can only say ``inconclusive`` when TTFT is many decode steps long.
 """
 
 from __future__ import annotations
@@ -28,19 +41,35 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
                  "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
-def build_tiny_llama(out_dir: Path, seed: int = 0) -> Path:
-    """Save a random-weight tiny Llama and its tokenizer in ``out_dir``; returns it."""
+def build_tiny_llama(out_dir: Path, seed: int = 0, *, hidden_size: int = 64, layers: int = 2,
+                     spaced: bool = False) -> Path:
+    """Save a random-weight tiny Llama and its tokenizer in ``out_dir``; returns it.
+
+    ``hidden_size``/``layers`` size it (a larger one makes a long prompt's prefill cost real time
+    on a CPU). ``spaced``: the output rows of the tokens that start with a space are scaled x100,
+    so the model (greedy or sampled) says a space-led token every step. The server's text
+    streamer emits text only up to the last space, so with random tokens the first content waits
+    a random number of decode steps; spaced, the first content comes a step after the first
+    token and TTFT measures the prompt's work, not the streamer's.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     tok = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_JSON))
     tok.add_special_tokens({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"})
     tok.chat_template = CHAT_TEMPLATE
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=4096, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
     torch.manual_seed(seed)
-    LlamaForCausalLM(cfg).save_pretrained(out_dir)
+    model = LlamaForCausalLM(cfg)
+    if spaced:
+        vocab = tok.convert_ids_to_tokens(list(range(len(tok))))
+        rows = [i for i, t in enumerate(vocab) if t.startswith("\u0120") and len(t) > 1]
+        with torch.no_grad():
+            model.lm_head.weight[rows] *= 100.0
+    model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return out_dir
 
