@@ -150,11 +150,13 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
                 f"{share:.0%} of TTFT p50, slope {slope if slope is not None else float('nan'):.3g} ms/token)")
     after, chance = ctx.v("first_token_after_end_frac"), ctx.v("first_token_after_end_control") or 0.0
     qth = ctx.th_of("queue")
-    if (after is not None and (ctx.v("inflight_at_arrival_p50") or 1) > 1 and after >= qth["bb_after_end_min"]
-            and after >= qth["bb_after_end_vs_chance_min"] * chance):
+    alone = ctx.v("decode_alone_frac")
+    in_line = after is not None and after >= qth["bb_after_end_min"] and after >= qth["bb_after_end_vs_chance_min"] * chance
+    in_line |= alone is not None and alone >= qth["bb_decode_alone_min"]
+    if in_line and (ctx.v("inflight_at_arrival_p50") or 1) > 1:
         # waiting in line is also a fixed part no prompt token explains: it is the queue's (see queue)
-        return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is waiting in line: {after:.0%} of the waiting "
-                "requests got their first token just after another stream ended (see queue)")
+        return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is waiting in line: requests are served one "
+                "after another (see queue)")
     if steps < th["bb_intercept_itl_min"] or share < th["bb_intercept_share_min"]:
         return (f"TTFT's fixed part (prompt-fit intercept {intercept_s * 1e3:.1f} ms) is {steps:.1f} decode steps "
                 f"and {share:.0%} of TTFT p50: no outside latency stands out")

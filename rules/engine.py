@@ -150,7 +150,7 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
         notes.append(f"{err:.0%} of requests failed (" + ", ".join(f"{k} x{v}" for k, v in kinds.items())
                      + "); they are left out of TTFT")
     if black_box:
-        notes.append("client-only capture: verdicts come from sweep evidence with lowered confidence")
+        notes.append("client-only capture: verdicts come from client timing (a sweep, or one load level) with lowered confidence")
     if series_only:
         notes.append(f"{SERIES_ONLY_NOTE}: no request in the capture has a TTFT, so TTFT, stage shares and the "
                      "request count come from the engine's /metrics series (windowed means and percentiles); "

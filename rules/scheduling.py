@@ -150,8 +150,9 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
     """Client only, one load level: each request waits for the ones ahead of it to finish.
 
     Three signs together: TTFT many decode steps long; TTFT about (requests ahead) x their
-    service time; first tokens arriving each just after another stream ended, far more often
-    than chance at this load gives.
+    service time; and requests served one after another: first tokens arriving each just after
+    another stream ended (far more often than chance at this load gives), or streams that
+    stream alone (no other stream's tokens between their first and last).
     """
     th = ctx.th
     steps = ctx.v("ttft_in_itl_steps_p50")
@@ -163,17 +164,25 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
     if not th["bb_inline_ratio_min"] <= inline <= th["bb_inline_ratio_max"]:
         return (f"TTFT is {inline:.2f}x (requests ahead x their service time), outside "
                 f"{th['bb_inline_ratio_min']:g}..{th['bb_inline_ratio_max']:g}: not waiting in line")
-    if after < th["bb_after_end_min"] or after < th["bb_after_end_vs_chance_min"] * control:
+    alone = ctx.v("decode_alone_frac")
+    follows = after >= th["bb_after_end_min"] and after >= th["bb_after_end_vs_chance_min"] * control
+    solo = alone is not None and alone >= th["bb_decode_alone_min"]
+    if not follows and not solo:
         return (f"{after:.0%} of waiting requests got their first token just after another stream ended "
-                f"(chance at this load: {control:.0%}): first tokens do not follow stream ends")
+                f"(chance at this load: {control:.0%}) and {alone or 0:.0%} streamed alone: requests are not "
+                "served one after another")
     t = Triage(ctx)
     t.crossed("TTFT p50 / ITL p50", steps, "bb_line_steps_min", "steps",
               "a batching server starts a new request within a step or two; these waited many steps")
     t.judged("TTFT / (requests ahead x their service time)", inline, "bb_inline_ratio_min", "x",
              f"median service time {ctx.v('service_s_p50', 0) * 1e3:.0f} ms (e2e − TTFT): TTFT is what waiting "
              "for every request ahead to finish would take", weigh=False)
-    t.crossed("first token just after another stream ended", after, "bb_after_end_min", "share",
-              f"first tokens come one after another, each when a stream ends (chance at this load: {control:.0%})")
+    t.judged("first token just after another stream ended", after, "bb_after_end_min", "share",
+             f"first tokens come one after another, each when a stream ends (chance at this load: {control:.0%})",
+             weigh=follows)
+    if alone is not None:
+        t.judged("waiting requests that streamed alone", alone, "bb_decode_alone_min", "share",
+                 "no other stream's tokens while this one streamed: one request served at a time", weigh=solo)
     t.context("requests in flight at arrival (median)", ctx.v("inflight_at_arrival_p50"), "requests",
               "one load level: no concurrency sweep")
     s, pct = ctx.explained(min(1.0 / inline, 1.0) if inline else None)

@@ -61,7 +61,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
                           "decode_speed_hold_ratio", "ttft_inline_ratio")),
     ("concurrency", "count", ("concurrency_flat_levels",)),
     ("concurrency", "steps", ("ttft_rise_per_itl", "ttft_in_itl_steps_p50")),
-    ("concurrency", "share", ("first_token_after_end_frac", "first_token_after_end_control")),
+    ("concurrency", "share", ("first_token_after_end_frac", "first_token_after_end_control", "decode_alone_frac")),
     ("concurrency", "tokens/s", ("decode_speed_by_inflight",)),
     ("prompt_fit", "", ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms")),
     ("prompt_fit", "share", ("ttft_prompt_r2", "ttft_prompt_explained_frac")),

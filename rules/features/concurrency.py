@@ -124,7 +124,9 @@ def single_level(ctx: FeatureContext) -> None:
       ``line_window_service_frac`` x the service time): room for its own prefill) after another
       request ended during its wait: first tokens one after another, each when a stream ends.
       ``first_token_after_end_control`` is the same share half a service time earlier: what
-      chance alone gives at this load. ``service_s_p50``: the median e2e − TTFT, seconds.
+      chance alone gives at this load. ``decode_alone_frac``: of those waiting requests, the share
+      that streamed alone (no other stream's first-to-last-token window overlaps theirs): one
+      request served at a time. ``service_s_p50``: the median e2e − TTFT, seconds.
     Units: decode steps, x, shares. Closed or open loop alike; needs ITL and e2e times.
     """
     names = ("ttft_in_itl_steps_p50", "ttft_inline_ratio", "first_token_after_end_frac",
@@ -132,7 +134,7 @@ def single_level(ctx: FeatureContext) -> None:
     st = ctx.steady
     itl_p50 = ctx.features.value("itl_p50_s")
     if len(st) == 0:
-        ctx.na(names, "no completed requests")
+        ctx.na(names + ("decode_alone_frac",), "no completed requests")
         return
     ttft = num_col(st, "ttft_s").to_numpy()
     if itl_p50 and itl_p50 > 0:
@@ -143,18 +145,18 @@ def single_level(ctx: FeatureContext) -> None:
     service = e2e - ttft
     good_service = service[np.isfinite(service) & (service > 0)]
     if len(good_service) < int(ctx.params["min_fit_requests"]):
-        ctx.na(names[1:], "needs end-to-end times of streamed requests (e2e − TTFT)")
+        ctx.na(names[1:] + ("decode_alone_frac",), "needs end-to-end times of streamed requests (e2e − TTFT)")
         return
     svc = float(np.median(good_service))
     ctx.add("service_s_p50", svc)
     ahead = ctx.inflight_at.reindex(st.index).to_numpy(dtype="float64") - 1.0
     lined = np.isfinite(ahead) & (ahead >= 1) & np.isfinite(ttft)
     if lined.sum() < int(ctx.params["min_fit_requests"]):
-        ctx.na(names[1:4], "too few requests arrived with others in flight (a single stream at a time)")
+        ctx.na(names[1:4] + ("decode_alone_frac",), "too few requests arrived with others in flight (a single stream at a time)")
         return
     ctx.add("ttft_inline_ratio", float(np.median(ttft[lined]) / max(np.median(ahead[lined]) * svc, 1e-9)))
     if not itl_p50:
-        ctx.na(names[2:4], "needs ITL to tell a waiting request from a prompt one")
+        ctx.na(names[2:4] + ("decode_alone_frac",), "needs ITL to tell a waiting request from a prompt one")
         return
     req = ctx.req_all
     start_all = num_col(req, "start_ns").to_numpy()
@@ -166,8 +168,8 @@ def single_level(ctx: FeatureContext) -> None:
     waited = lined & (ttft >= 5.0 * itl_p50) & np.isfinite(start)
     if waited.sum() < int(ctx.params["min_fit_requests"]):  # nobody waited: nothing follows a stream end
         why = f"only {int(waited.sum())} request(s) waited 5 decode steps or more"
-        ctx.add("first_token_after_end_frac", 0.0, source=why)
-        ctx.add("first_token_after_end_control", 0.0, source=why)
+        for name in ("first_token_after_end_frac", "first_token_after_end_control", "decode_alone_frac"):
+            ctx.add(name, 0.0, source=why)
         return
     window_ns = max(3.0 * itl_p50, float(ctx.params["line_window_service_frac"]) * svc) * NS
 
@@ -180,3 +182,12 @@ def single_level(ctx: FeatureContext) -> None:
 
     ctx.add("first_token_after_end_frac", share_after_end(first[waited]))
     ctx.add("first_token_after_end_control", share_after_end(first[waited] - 0.5 * svc * NS))
+    # streams that decode alone: no other stream's tokens between this one's first and last token
+    ttft_all = num_col(req, "ttft_s").to_numpy()
+    ok_dec = ok_end & np.isfinite(ttft_all)
+    ft_all = np.sort(start_all[ok_dec] + ttft_all[ok_dec] * NS)
+    end_all = np.sort(start_all[ok_dec] + e2e_all[ok_dec] * NS)
+    eps = itl_p50 * NS
+    lo, hi = first[waited] + eps, (start + e2e * NS)[waited] - eps
+    others = np.searchsorted(ft_all, hi, side="left") - np.searchsorted(end_all, lo, side="right")
+    ctx.add("decode_alone_frac", float(np.mean(others <= 1)))  # itself only
