@@ -194,6 +194,25 @@ class Triage:
         return self.ctx.confidence(directness, self.strengths, black_box=black_box)
 
 
+def beyond_chance(share: float | None, chance: float, n: float | None, p_max: float) -> bool:
+    """Whether ``share`` of ``n`` trials is more than ``chance`` alone gives: the one-sided
+    binomial tail P(X >= hits | n, chance) is at most ``p_max``. Unlike a ratio to chance, this
+    holds at any base rate (a share can never be 2x a chance of 60%) and weighs the sample size."""
+    if share is None or not n or n <= 0:
+        return False
+    n = int(round(n))  # a count, though features carry it as a float
+    hits = int(round(share * n))
+    if hits == 0:
+        return False
+    p0 = min(max(float(chance), 0.0), 1.0)
+    if p0 <= 0.0:
+        return True
+    if p0 >= 1.0:
+        return False
+    tail = sum(math.comb(n, k) * p0 ** k * (1.0 - p0) ** (n - k) for k in range(hits, n + 1))
+    return tail <= p_max
+
+
 def finding(title: str, confidence: float, explained_s: float | None, explained_pct: float | None,
             evidence: list[Evidence], next_checks: list[str], **kw: Any) -> Finding:
     """The running rule's :class:`Finding`; the engine fills ``rule_id`` and ``category`` from the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rules.base import Outcome, RuleContext, Triage, finding, rule
+from rules.scheduling import served_in_line
 
 
 def startup_note(ctx: RuleContext) -> str | None:
@@ -148,12 +149,7 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
         # range is noise, and its intercept is an extrapolation, not a latency
         return (f"the TTFT-vs-prompt fit has no meaningful fixed part (intercept {intercept_s * 1e3:.1f} ms = "
                 f"{share:.0%} of TTFT p50, slope {slope if slope is not None else float('nan'):.3g} ms/token)")
-    after, chance = ctx.v("first_token_after_end_frac"), ctx.v("first_token_after_end_control") or 0.0
-    qth = ctx.th_of("queue")
-    alone = ctx.v("decode_alone_frac")
-    in_line = after is not None and after >= qth["bb_after_end_min"] and after >= qth["bb_after_end_vs_chance_min"] * chance
-    in_line |= alone is not None and alone >= qth["bb_decode_alone_min"]
-    if in_line and (ctx.v("inflight_at_arrival_p50") or 1) > 1:
+    if any(served_in_line(ctx)) and (ctx.v("inflight_at_arrival_p50") or 1) > 1:
         # waiting in line is also a fixed part no prompt token explains: it is the queue's (see queue)
         return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is waiting in line: requests are served one "
                 "after another (see queue)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, finding, rule, strength
+from rules.base import Outcome, RuleContext, Triage, beyond_chance, finding, rule, strength
 
 QUEUE_IDLE_CHECKS = [
     "queue wait share and the scheduler thread: take a CPU profile of the serving process (py-spy) "
@@ -103,7 +103,7 @@ def queue(ctx: RuleContext) -> Outcome:
     if rise_steps is not None and rise_steps < th["wait_steps_min"]:
         return (f"TTFT rises x{ratio:.1f} with concurrency but only by {rise_steps:.1f} decode steps: new requests wait "
                 "for the step in flight, not in a queue")
-    if flat >= 1:
+    if flat >= 1 and closed_loop(ctx):
         return "TTFT is flat then jumps past a concurrency knee: an admission limit above one request (see kv_cache)"
     curve = ctx.v("ttft_by_inflight") or {}
     ys = list(curve.values())
@@ -146,12 +146,38 @@ def _queue_one_level(ctx: RuleContext) -> Outcome:
     return "; ".join(reasons)
 
 
+def closed_loop(ctx: RuleContext) -> bool:
+    """Whether the client held the concurrency (each request sent as another ended). Only then is
+    a knee in TTFT against requests in flight a limit at that count (KV space, max running);
+    under open-loop arrivals the number in flight grows *because* requests wait, and a knee is
+    where arrivals outrun the server: a queue's curve. Unknown counts as closed (as before)."""
+    frac = ctx.v("starts_after_end_frac")
+    if frac is None:
+        return True
+    return beyond_chance(frac, ctx.v("starts_after_end_control") or 0.0, ctx.v("starts_n"),
+                         float(ctx.th_of("queue")["closed_loop_p_max"]))
+
+
+def served_in_line(ctx: RuleContext) -> tuple[bool, bool]:
+    """(first tokens follow stream ends beyond chance, waiting streams streamed alone): the two
+    signs that requests are served one after another. Reads the ``[queue]`` thresholds from any
+    rule (the network rule asks too: waiting in line is a fixed part no prompt token explains)."""
+    qth = ctx.th_of("queue")
+    after = ctx.v("first_token_after_end_frac")
+    follows = (after is not None and after >= qth["bb_after_end_min"]
+               and beyond_chance(after, ctx.v("first_token_after_end_control") or 0.0,
+                                 ctx.v("first_token_after_end_n"), float(qth["bb_after_end_p_max"])))
+    alone = ctx.v("decode_alone_frac")
+    return follows, alone is not None and alone >= qth["bb_decode_alone_min"]
+
+
 def _queue_in_line(ctx: RuleContext) -> Outcome:
     """Client only, one load level: each request waits for the ones ahead of it to finish.
 
     Three signs together: TTFT many decode steps long; TTFT about (requests ahead) x their
     service time; and requests served one after another: first tokens arriving each just after
-    another stream ended (far more often than chance at this load gives), or streams that
+    another stream ended (more often than chance at this load gives, by a binomial test over the
+    waiting requests), or streams that
     stream alone (no other stream's tokens between their first and last).
     """
     th = ctx.th
@@ -165,8 +191,7 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
         return (f"TTFT is {inline:.2f}x (requests ahead x their service time), outside "
                 f"{th['bb_inline_ratio_min']:g}..{th['bb_inline_ratio_max']:g}: not waiting in line")
     alone = ctx.v("decode_alone_frac")
-    follows = after >= th["bb_after_end_min"] and after >= th["bb_after_end_vs_chance_min"] * control
-    solo = alone is not None and alone >= th["bb_decode_alone_min"]
+    follows, solo = served_in_line(ctx)
     if not follows and not solo:
         return (f"{after:.0%} of waiting requests got their first token just after another stream ended "
                 f"(chance at this load: {control:.0%}) and {alone or 0:.0%} streamed alone: requests are not "
@@ -317,7 +342,12 @@ def kv_cache(ctx: RuleContext) -> Outcome:
         s, pct = ctx.explained(share)
         return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
                        t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
-    # black box: flat, then a jump, while decode speed holds
+    # black box: flat, then a jump, while decode speed holds -- against a concurrency the client held
+    if not closed_loop(ctx):
+        return ("TTFT jumps past a knee in requests in flight, but the arrivals were open loop: the number in "
+                f"flight grew because requests waited ({ctx.v('starts_after_end_frac'):.0%} of requests were sent "
+                f"as another ended, {ctx.v('starts_after_end_control') or 0:.0%} by chance), a queue's curve (see "
+                "queue), not a limit at that count")
     flat = ctx.v("concurrency_flat_levels", 0)
     hold = ctx.v("decode_speed_hold_ratio")
     jump = ctx.v("ttft_knee_jump_ratio")

@@ -13,10 +13,15 @@ from rules.features.numeric import NS, as_float, num_col, segment_numbers
 
 
 def inflight(ctx: FeatureContext) -> None:
-    """In-flight requests at each arrival (itself included), from start/end intervals."""
+    """In-flight requests at each arrival (itself included), from start/end intervals; and
+    ``starts_after_end_frac``, the share of the ``starts_n`` steady requests sent within
+    ``closed_loop_gap_s`` after another's end (high in a closed loop, where the client holds the
+    concurrency), and ``starts_after_end_control``, the same window two gaps earlier (what
+    chance gives: an open loop's arrivals do not wait for ends)."""
     req = ctx.req_all
     ctx.inflight_at = pd.Series(np.nan, index=ctx.steady.index, dtype="float64")
     if len(req) == 0:
+        ctx.na(("starts_after_end_frac", "starts_after_end_control", "starts_n"), "no requests")
         return
     start = num_col(req, "start_ns").to_numpy()
     e2e = num_col(req, "e2e_s").to_numpy()
@@ -29,6 +34,24 @@ def inflight(ctx: FeatureContext) -> None:
     n_started = np.searchsorted(s, q, side="right")
     n_ended = np.searchsorted(e, q, side="right")
     ctx.inflight_at = pd.Series(np.maximum(n_started - n_ended, 1).astype("float64"), index=ctx.steady.index)
+    # closed or open loop, from the arrivals themselves (any load generator): a closed loop sends
+    # the next request the moment one ends, so starts follow ends within a small gap far more
+    # often than the same window a little earlier does (the control: what chance gives)
+    gap_ns = float(ctx.params["closed_loop_gap_s"]) * NS
+    qs = q[np.isfinite(q)]
+    names = ("starts_after_end_frac", "starts_after_end_control", "starts_n")
+    if len(qs) < int(ctx.params["min_fit_requests"]) or not len(e):
+        ctx.na(names, "too few requests to tell a closed loop from an open one")
+        return
+
+    def share_after_end(at: np.ndarray) -> float:
+        i = np.searchsorted(e, at, side="right") - 1
+        last = np.where(i >= 0, e[np.clip(i, 0, None)], -np.inf)
+        return float(np.mean(at - last <= gap_ns))
+
+    ctx.add("starts_after_end_frac", share_after_end(qs))
+    ctx.add("starts_after_end_control", share_after_end(qs - 2 * gap_ns))
+    ctx.add("starts_n", int(len(qs)))
 
 
 def concurrency(ctx: FeatureContext) -> None:
@@ -126,7 +149,9 @@ def single_level(ctx: FeatureContext) -> None:
       ``first_token_after_end_control`` is the same share half a service time earlier: what
       chance alone gives at this load. ``decode_alone_frac``: of those waiting requests, the share
       that streamed alone (no other stream's first-to-last-token window overlaps theirs): one
-      request served at a time. ``service_s_p50``: the median e2e − TTFT, seconds.
+      request served at a time. ``first_token_after_end_n``: how many waiting requests those
+      shares are over (a count: the rules judge "beyond chance" by it). ``service_s_p50``: the
+      median e2e − TTFT, seconds.
     Units: decode steps, x, shares. Closed or open loop alike; needs ITL and e2e times.
     """
     names = ("ttft_in_itl_steps_p50", "ttft_inline_ratio", "first_token_after_end_frac",
@@ -134,7 +159,7 @@ def single_level(ctx: FeatureContext) -> None:
     st = ctx.steady
     itl_p50 = ctx.features.value("itl_p50_s")
     if len(st) == 0:
-        ctx.na(names + ("decode_alone_frac",), "no completed requests")
+        ctx.na(names + ("decode_alone_frac", "first_token_after_end_n"), "no completed requests")
         return
     ttft = num_col(st, "ttft_s").to_numpy()
     if itl_p50 and itl_p50 > 0:
@@ -145,18 +170,18 @@ def single_level(ctx: FeatureContext) -> None:
     service = e2e - ttft
     good_service = service[np.isfinite(service) & (service > 0)]
     if len(good_service) < int(ctx.params["min_fit_requests"]):
-        ctx.na(names[1:] + ("decode_alone_frac",), "needs end-to-end times of streamed requests (e2e − TTFT)")
+        ctx.na(names[1:] + ("decode_alone_frac", "first_token_after_end_n"), "needs end-to-end times of streamed requests (e2e − TTFT)")
         return
     svc = float(np.median(good_service))
     ctx.add("service_s_p50", svc)
     ahead = ctx.inflight_at.reindex(st.index).to_numpy(dtype="float64") - 1.0
     lined = np.isfinite(ahead) & (ahead >= 1) & np.isfinite(ttft)
     if lined.sum() < int(ctx.params["min_fit_requests"]):
-        ctx.na(names[1:4] + ("decode_alone_frac",), "too few requests arrived with others in flight (a single stream at a time)")
+        ctx.na(names[1:4] + ("decode_alone_frac", "first_token_after_end_n"), "too few requests arrived with others in flight (a single stream at a time)")
         return
     ctx.add("ttft_inline_ratio", float(np.median(ttft[lined]) / max(np.median(ahead[lined]) * svc, 1e-9)))
     if not itl_p50:
-        ctx.na(names[2:4] + ("decode_alone_frac",), "needs ITL to tell a waiting request from a prompt one")
+        ctx.na(names[2:4] + ("decode_alone_frac", "first_token_after_end_n"), "needs ITL to tell a waiting request from a prompt one")
         return
     req = ctx.req_all
     start_all = num_col(req, "start_ns").to_numpy()
@@ -170,6 +195,7 @@ def single_level(ctx: FeatureContext) -> None:
         why = f"only {int(waited.sum())} request(s) waited 5 decode steps or more"
         for name in ("first_token_after_end_frac", "first_token_after_end_control", "decode_alone_frac"):
             ctx.add(name, 0.0, source=why)
+        ctx.add("first_token_after_end_n", int(waited.sum()), source=why)
         return
     window_ns = max(3.0 * itl_p50, float(ctx.params["line_window_service_frac"]) * svc) * NS
 
@@ -180,6 +206,7 @@ def single_level(ctx: FeatureContext) -> None:
         hit = (last > start[waited]) & (at - last <= window_ns)
         return float(hit.mean())
 
+    ctx.add("first_token_after_end_n", int(waited.sum()))
     ctx.add("first_token_after_end_frac", share_after_end(first[waited]))
     ctx.add("first_token_after_end_control", share_after_end(first[waited] - 0.5 * svc * NS))
     # streams that decode alone: no other stream's tokens between this one's first and last token

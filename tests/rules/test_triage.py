@@ -92,3 +92,17 @@ def test_the_engine_fills_id_and_category_from_the_decorator(sample: str) -> Non
     assert rule_findings and d.verdict.rule_id == d.verdict.category == sample
     for f in rule_findings:
         assert f.category == REGISTRY[f.rule_id].category
+
+
+def test_beyond_chance_holds_at_any_base_rate_and_weighs_the_sample() -> None:
+    from rules.base import beyond_chance
+
+    # 88% against a 47% chance over 16 waiting requests: far beyond chance, though not 2x it
+    assert beyond_chance(0.88, 0.47, 16, 0.01) and beyond_chance(0.88, 0.47, 16.0, 0.01)  # a count as a float
+    # the same shares over 3 requests prove nothing
+    assert not beyond_chance(1.0, 0.47, 3, 0.01)
+    # what chance gives is not beyond it, however many requests
+    assert not beyond_chance(0.50, 0.47, 200, 0.01)
+    # no chance at all: any hit is beyond it; no hit never is
+    assert beyond_chance(0.2, 0.0, 10, 0.01) and not beyond_chance(0.0, 0.0, 10, 0.01)
+    assert not beyond_chance(None, 0.3, 10, 0.01) and not beyond_chance(0.9, 0.3, 0, 0.01)

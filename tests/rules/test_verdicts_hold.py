@@ -200,3 +200,22 @@ def test_engine_gauges_at_one_level_name_a_queue() -> None:
                                                    "TTFT p50 / the engine's prefill time"]
     assert isinstance(queue(_gauge_ctx(0.05, 9.0)), str)
     assert isinstance(queue(_gauge_ctx(0.8, 1.2)), str)
+
+
+def test_a_knee_under_open_loop_arrivals_is_a_queue_not_a_kv_limit(tmp_path: Path) -> None:
+    # the same KV-limited engine: a concurrency sweep (the client holds the count in flight)
+    # shows a limit at that count; a rate sweep past its capacity shows requests waiting
+    # because arrivals outrun it -- the count in flight is the queue's doing, not a limit's
+    kv = Engine(kv_tokens=4 * (128 + 32))
+    held = _diag(tmp_path / "c", kv, [Phase(f"concurrency={c}", 40, 128, 32, conc=c) for c in (1, 2, 4, 8, 16)])
+    f = held.features
+    assert f.value("starts_after_end_frac") > 0.8 and f.value("starts_after_end_control") < 0.3
+    assert held.verdict.category == "kv_cache"
+    rates = (5, 10, 20, 40, 80)
+    offered = _diag(tmp_path / "r", kv, [Phase(f"rate={r}", 40, 128, 32, conc=None, arrivals_s=poisson(40, r, seed=r))
+                                         for r in rates])
+    f = offered.features
+    assert f.value("starts_after_end_frac") < f.value("starts_after_end_control") + 0.1
+    assert offered.verdict.category == "queue", format_diagnosis(offered)
+    kv_passed = next(p for p in offered.passed if p.rule_id == "kv_cache")
+    assert "open loop" in kv_passed.reason
