@@ -154,8 +154,11 @@ def closed_loop(ctx: RuleContext) -> bool:
     frac = ctx.v("starts_after_end_frac")
     if frac is None:
         return True
-    return beyond_chance(frac, ctx.v("starts_after_end_control") or 0.0, ctx.v("starts_n"),
-                         float(ctx.th_of("queue")["closed_loop_p_max"]))
+    qth = ctx.th_of("queue")
+    # most requests sent as another ended, and more often than chance: an open loop under a
+    # client cap also sends some requests as slots free, but not most of them
+    return frac >= float(qth["closed_loop_starts_min"]) and beyond_chance(
+        frac, ctx.v("starts_after_end_control") or 0.0, ctx.v("starts_n"), float(qth["closed_loop_p_max"]))
 
 
 def served_in_line(ctx: RuleContext) -> tuple[bool, bool]:
