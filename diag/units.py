@@ -91,6 +91,15 @@ def is_num(v: object) -> bool:
     return False
 
 
+def as_float(v: Any) -> float | None:
+    """``v`` as a finite float (numbers, numpy scalars, numeric strings), else None."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
 def _sig3(x: float) -> str:
     """A number: whole numbers whole, else 3 significant digits (no exponent below 1e6)."""
     if x == int(x) and abs(x) < 1e15:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from diag import stages
 from diag.tables import Tables
+from diag.units import as_float  # noqa: F401  (the view model imports it from here)
 
 NS = 1_000_000_000
 #: sparkline buckets across the window
@@ -23,14 +24,6 @@ BUCKETS = 48
 #: stages of the stacked bar, in request order (lumped only appears for external engines)
 BAR_STAGES: tuple[str, ...] = stages.DECOMPOSITION_STAGES
 
-
-def as_float(v: Any) -> float | None:
-    """``v`` as a finite float, else None."""
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if np.isfinite(x) else None
 
 
 def num_column(df: pd.DataFrame, name: str) -> np.ndarray:

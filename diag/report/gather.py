@@ -21,6 +21,7 @@ import pandas as pd
 from diag import stages
 from diag.analysis import Analysis
 from diag.report.cells import fmt_confidence
+from diag.units import as_float
 from diag.report.summary import (
     SLOResult,
     evaluate_slo,
@@ -84,7 +85,7 @@ class ReportData:
         """A numeric feature of the diagnosis (None when absent, unavailable or not finite)."""
         if self.diagnosis is None:
             return None
-        return finite(self.diagnosis.features.value(name))
+        return as_float(self.diagnosis.features.value(name))
 
     def feature_table(self, name: str) -> dict[str, Any] | None:
         """A dict-valued feature (a small table), or None."""
@@ -107,14 +108,6 @@ class ReportData:
             rows.append((label, d["count"], *(fmt_s(d[k]) for k in ("p50", "p90", "p95", "p99", "max", "mean"))))
         return rows
 
-
-def finite(v: Any) -> float | None:
-    """``v`` as a finite float, else None."""
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def top_stage(dec: Mapping[str, Any]) -> tuple[str, float] | None:
@@ -144,9 +137,9 @@ def request_label(row: pd.Series) -> str:
 def _prompt_fit(diagnosis: Diagnosis | None, ok: pd.DataFrame) -> tuple[float, float, str] | None:
     """The TTFT-vs-prompt-tokens line: the rules' feature when present, else a plain fit."""
     feats = diagnosis.features if diagnosis is not None else None
-    slope_ms = finite(feats.value("ttft_prompt_slope_ms_per_token")) if feats is not None else None
-    icpt_ms = finite(feats.value("ttft_prompt_intercept_ms")) if feats is not None else None
-    r2 = finite(feats.value("ttft_prompt_r2")) if feats is not None else None
+    slope_ms = as_float(feats.value("ttft_prompt_slope_ms_per_token")) if feats is not None else None
+    icpt_ms = as_float(feats.value("ttft_prompt_intercept_ms")) if feats is not None else None
+    r2 = as_float(feats.value("ttft_prompt_r2")) if feats is not None else None
     if slope_ms is not None and icpt_ms is not None:
         r2s = f", R\u00b2 {r2:.2f}" if r2 is not None else ""
         return slope_ms / 1e3, icpt_ms / 1e3, f"rules' fit: {slope_ms:.3g} ms/token{r2s}"
@@ -230,8 +223,8 @@ def _by_segment(ok: pd.DataFrame) -> list[dict[str, Any]]:
     for seg, g in ok.groupby(ok["segment"].astype(str), sort=False):
         d = describe(g["ttft_s"])
         rows.append({"segment": seg, "requests": d["count"], "ttft_p50_s": d["p50"], "ttft_p95_s": d["p95"],
-                     "itl_p50_s": finite(pd.to_numeric(g.get("itl_p50_s"), errors="coerce").median()) if "itl_p50_s" in g else None,
-                     "input_tokens_mean": finite(pd.to_numeric(g.get("input_tokens"), errors="coerce").mean()) if "input_tokens" in g else None})
+                     "itl_p50_s": as_float(pd.to_numeric(g.get("itl_p50_s"), errors="coerce").median()) if "itl_p50_s" in g else None,
+                     "input_tokens_mean": as_float(pd.to_numeric(g.get("input_tokens"), errors="coerce").mean()) if "input_tokens" in g else None})
     return rows[:50]
 
 
@@ -244,7 +237,7 @@ def build_report(analysis: Analysis, slo: Mapping[str, float] | None = None, tit
     findings = [f for f in d.findings if not (f.rule_id == verdict.rule_id and f.title == verdict.title)] \
         if d is not None and verdict is not None else []
     notes = list(d.notes) if d is not None else []
-    outliers = finite(d.features.value("cold_start_outliers_n")) if d is not None else None
+    outliers = as_float(d.features.value("cold_start_outliers_n")) if d is not None else None
     if outliers:
         notes.append(f"{fmt_value(outliers, Unit.COUNT)} cold-start outlier request(s) (the first requests, far above the rest) are left out "
                      "of the rules' TTFT and the SLO checks; the latency table below counts them.")
@@ -287,5 +280,5 @@ def build_report(analysis: Analysis, slo: Mapping[str, float] | None = None, tit
     )
 
 
-__all__ = ["ReportData", "build_report", "SLOWEST_N", "LATENCY_LABELS", "finite", "top_stage", "stage_cols",
+__all__ = ["ReportData", "build_report", "SLOWEST_N", "LATENCY_LABELS", "top_stage", "stage_cols",
            "request_label"]

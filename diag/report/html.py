@@ -24,7 +24,8 @@ from markupsafe import Markup
 from diag import stages
 from diag.report import svg
 from diag.report.cells import evidence_cells, fmt_confidence, fmt_explained
-from diag.report.gather import ReportData, finite, request_label, stage_cols, top_stage
+from diag.report.gather import ReportData, request_label, stage_cols, top_stage
+from diag.units import as_float
 from diag.units import Unit, fmt_rate, fmt_s, fmt_value
 
 #: Stage colours, shared by every chart (and by the diff).
@@ -147,7 +148,7 @@ def _load(r: ReportData) -> dict[str, Any]:
         infl = r.inflight
         curve = r.feature_table("ttft_by_inflight")
         if curve and r.feature_source("ttft_by_inflight") in (None, "measured"):
-            pts = sorted((float(k), float(v)) for k, v in curve.items() if finite(k) is not None and finite(v) is not None)
+            pts = sorted((float(k), float(v)) for k, v in curve.items() if as_float(k) is not None and as_float(v) is not None)
             lines = [svg.Series("rules' median TTFT per level", [p[0] for p in pts], [p[1] for p in pts], "#D55E00")]
         else:
             med = pd.Series(ok["ttft_s"].to_numpy()).groupby(infl).median()

@@ -12,16 +12,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diag.units import as_float  # noqa: F401  (the feature themes import it from here)
+
 NS = 1e9  #: nanoseconds per second
 
-
-def as_float(v: Any) -> float | None:
-    """``v`` as a finite float, or None."""
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def num_col(df: pd.DataFrame, name: str) -> pd.Series:

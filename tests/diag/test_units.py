@@ -143,3 +143,13 @@ def test_rates():
     assert fmt_rate(1.5 * 2**30, "bytes") == "1.5 GiB/s"
     assert fmt_rate(None, "requests") == "-" and fmt_rate(float("nan"), "bytes") == "-"
     assert fmt_rate(2.345, "tokens") == "2.35 tokens/s"
+
+
+def test_as_float_keeps_finite_numbers_only():
+    import numpy as np
+
+    from diag.units import as_float
+
+    assert as_float(3) == 3.0 and as_float(np.float32(0.5)) == 0.5 and as_float("1.25") == 1.25
+    assert as_float(None) is None and as_float("x") is None
+    assert as_float(float("nan")) is None and as_float(np.inf) is None
