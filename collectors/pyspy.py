@@ -2,20 +2,21 @@
 
 py-spy has no Python API; it is driven as a subprocess::
 
-    py-spy record --pid PID --duration S --rate R --format raw -o FILE [--gil] [--idle] [--nonblocking]
+    py-spy record --pid PID --duration S --rate R --format raw -o FILE [--gil] [--idle] [--nonblocking] [--native]
 
 The raw format is one line per distinct stack, ``frame;frame;...;leaf COUNT``, root first, each
 frame ``func (file.py:line)`` with a package-relative file name (``vllm/v1/core/sched/
-scheduler.py``); ``process PID:"cmdline"`` and ``thread (ID): name`` prefixes may lead.
+scheduler.py``); ``process PID:"cmdline"`` and ``thread (ID): name`` prefixes may lead; with
+``--native`` native frames (``at::_ops::linear::call (libtorch_cpu.so)``) are interleaved.
 There are no timestamps: the result is a profile of the window, not a time series.
 
-**Attribution.** Each sample goes to exactly one CPU stage: walk its stack from the leaf towards
-the root and take the *deepest frame that matches any rule* of the engine's :class:`PatternSet`;
-within that frame the *first rule in the set's order* wins. Frames no rule matches are
-transparent (time in an unmatched helper counts for its nearest matching caller); a stack with
-no matching frame is ``other``. Without ``--native``, time in C/Rust extensions (HF tokenizers,
-torch kernels launched from Python) is charged to the Python frame that called them. Without
-``idle=True`` py-spy drops idle threads, so ``idle`` then only holds busy-waits it sees.
+**Attribution.** Each sample goes to exactly one CPU stage by the walk of
+:meth:`collectors.pyspy_frames.PatternSet.classify_stack` (the deepest frame a rule matches; the
+first rule within it; plumbing such as the event loop only when nothing else matched; else
+``other``) over the engine's table (:mod:`collectors.pyspy_engines`). Without ``--native``, time
+in C/Rust extensions (HF tokenizers, torch kernels launched from Python) is charged to the
+Python frame that called them. Without ``idle=True`` py-spy drops idle threads, so ``idle`` then
+only holds busy-waits it sees.
 
 Front door: :class:`PySpySampler` (``record()``, or ``start()`` then ``wait()``/``stop()``;
 ``save(capture_dir)``), :func:`parse_raw`, :func:`attribute`, :data:`PATTERN_SETS`.
@@ -45,20 +46,20 @@ from typing import Any, Iterable
 import pandas as pd
 
 from collectors.base import empty_series_frame
+from collectors.pyspy_engines import PATTERN_SETS, pattern_set
+from collectors.pyspy_frames import (  # re-exported: the CPU stages and the rule types
+    CPU_COMM, CPU_DETOKENIZE, CPU_FORWARD, CPU_HTTP, CPU_IDLE, CPU_OTHER, CPU_SAMPLE, CPU_SCHEDULER,
+    CPU_SERIALIZATION, CPU_STAGES, CPU_TOKENIZE, Frame, PatternSet, Rule,
+)
 from diag import stages as S
 
-# --- CPU stages (what a sample is attributed to): defined in diag.stages ----------------------
-CPU_TOKENIZE = S.TOKENIZE  # prompt -> ids, chat template, input processing
-CPU_SCHEDULER = S.CPU_SCHEDULER
-CPU_SERIALIZATION = S.CPU_SERIALIZATION
-CPU_HTTP = S.CPU_HTTP
-CPU_FORWARD = S.CPU_FORWARD
-CPU_COMM = S.COMM  # torch.distributed collectives (CPU-side wait/launch)
-CPU_SAMPLE = S.SAMPLE  # logits -> token (top-k/top-p, penalties, grammar masks)
-CPU_DETOKENIZE = S.DETOKENIZE  # ids -> text
-CPU_IDLE = S.CPU_IDLE
-CPU_OTHER = S.CPU_OTHER
-CPU_STAGES: tuple[str, ...] = S.CPU_STAGES
+__all__ = [
+    "CPU_COMM", "CPU_DETOKENIZE", "CPU_FORWARD", "CPU_HTTP", "CPU_IDLE", "CPU_OTHER", "CPU_SAMPLE",
+    "CPU_SCHEDULER", "CPU_SERIALIZATION", "CPU_STAGES", "CPU_TOKENIZE", "Frame", "PATTERN_SETS",
+    "PatternSet", "PySpyError", "PySpyPermissionError", "PySpySampler", "PySpyUnavailable", "Rule",
+    "Stack", "StageProfile", "attribute", "attribute_raw", "load_profile", "parse_raw", "pattern_set",
+    "record", "save_profile",
+]
 
 #: the series rows of a window: source, series name (value: samples), entity "pid<PID>/<stage>"
 SOURCE = "pyspy"
@@ -83,22 +84,6 @@ class PySpyUnavailable(PySpyError):
 
 class PySpyPermissionError(PySpyError):
     """ptrace (process_vm_readv) was refused by the kernel or the container."""
-
-
-# --- the raw format ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One Python frame as py-spy prints it: ``func (file:line)``; line is None with --nolineno."""
-
-    func: str
-    file: str
-    line: int | None = None
-
-    def label(self) -> str:
-        """``func (file)`` without the line: the key used in top-frame tables."""
-        return f"{self.func} ({self.file})" if self.file else self.func
 
 
 @dataclass(frozen=True)
@@ -158,179 +143,6 @@ def parse_raw(text: str, source: str = "<raw>") -> list[Stack]:
     return stacks
 
 
-# --- rules -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A frame matches when every given pattern ``search``-es: file (py-spy's short file
-    name) and func (``Class.method`` as py-spy prints it). ``leaf_only``: only as the leaf."""
-
-    stage: str
-    file: re.Pattern[str] | None = None
-    func: re.Pattern[str] | None = None
-    leaf_only: bool = False
-    why: str = ""
-
-    def matches(self, frame: Frame, is_leaf: bool) -> bool:
-        return self._matches(frame.file, _match_name(frame.func), is_leaf)
-
-    def _matches(self, file: str, func: str, is_leaf: bool) -> bool:
-        if self.leaf_only and not is_leaf:
-            return False
-        if self.file is not None and not self.file.search(file):
-            return False
-        return self.func is None or bool(self.func.search(func))
-
-
-_COMPREHENSION_RE = re.compile(r"(\.<locals>)?\.<(listcomp|genexpr|dictcomp|setcomp|lambda)>$")
-
-
-def _match_name(func: str) -> str:
-    """``Tok.decode.<locals>.<genexpr>`` -> ``Tok.decode``: a comprehension or lambda counts
-    as the function that holds it."""
-    while True:
-        new = _COMPREHENSION_RE.sub("", func)
-        if new == func:
-            return func
-        func = new
-
-
-def _r(stage: str, file: str | None = None, func: str | None = None, *, leaf_only: bool = False,
-       why: str = "") -> Rule:
-    return Rule(stage, re.compile(file) if file else None, re.compile(func) if func else None,
-                leaf_only, why)
-
-
-@dataclass(frozen=True)
-class PatternSet:
-    """The rules of one engine, in priority order (the first match within a frame wins)."""
-
-    engine: str
-    rules: tuple[Rule, ...]
-
-    def classify(self, frame: Frame, is_leaf: bool = False) -> str | None:
-        """The stage of the first rule that matches ``frame``, or None."""
-        func = _match_name(frame.func)
-        for rule in self.rules:
-            if rule._matches(frame.file, func, is_leaf):
-                return rule.stage
-        return None
-
-
-# Shared by every engine; engine rules come first so that they win within a frame.
-_DECODE_FUNCS = r"(^|\.)(decode\w*|batch_decode|_decode\w*|convert_ids_to_tokens|convert_tokens_to_string|id_to_token|detokeni\w*)$"
-_TOKENIZER_LIBS = (r"(^|/)(tokenizers|sentencepiece|tiktoken)/|(^|/)transformers/(tokenization_\w+"
-                   r"|models/[^/]+/tokenization_\w+)\.py$")
-_STDLIB = r"(^|/lib/python[\d.]+/)"  # py-spy prints stdlib files bare ("threading.py")
-COMMON_RULES: tuple[Rule, ...] = (
-    # idle: the thread is blocked waiting (deep frames, so they win over their callers)
-    _r(CPU_IDLE, _STDLIB + r"((selectors|threading|queue|socket|ssl|subprocess)\.py"
-                 r"|multiprocessing/(connection|queues|synchronize|popen_\w+|pool)\.py"
-                 r"|concurrent/futures/_base\.py|asyncio/(queues|locks|tasks)\.py)$",
-       r"(^|\.)(select|poll|epoll|wait\w*|get|recv\w*|accept|acquire|join|result|sleep|_poll|_recv\w*|read|readinto)$",
-       why="blocked in select/poll/wait/get/recv"),
-    _r(CPU_IDLE, _STDLIB + r"concurrent/futures/thread\.py$", r"(^|\.)_worker$", leaf_only=True,
-       why="thread-pool worker waiting for work"),
-    _r(CPU_IDLE, r"(^|/)zmq/", r"(^|\.)(poll|_poll\w*|wait\w*)$", why="zmq poll"),
-    _r(CPU_SERIALIZATION, r"(^|/)zmq/", r"(^|\.)(send|recv)_(pyobj|json|serialized)$",
-       why="zmq pickling/json of messages"),
-    # tokenizer libraries: decode-type calls are detokenize, the rest tokenize
-    _r(CPU_DETOKENIZE, _TOKENIZER_LIBS, _DECODE_FUNCS, why="tokenizer library decode"),
-    _r(CPU_TOKENIZE, _TOKENIZER_LIBS, why="tokenizer library"),
-    _r(CPU_TOKENIZE, r"(^|/)jinja2/", why="chat template rendering"),
-    _r(CPU_COMM, r"(^|/)torch/distributed/", why="torch.distributed collective"),
-    _r(CPU_SERIALIZATION,
-       r"(^|/)(json|orjson|ujson|simplejson|msgspec|msgpack|pydantic|pydantic_core|google/protobuf|cloudpickle)/"
-       r"|(^|/)(pickle|copyreg|_pickle)\.py$",
-       why="JSON / msgspec / pickle / protobuf / pydantic"),
-    _r(CPU_HTTP,
-       r"(^|/)(aiohttp|uvicorn|starlette|fastapi|sse_starlette|h11|h2|httptools|httpx|httpcore|urllib3"
-       r"|requests|werkzeug|flask|websockets|grpc)/|"
-       + _STDLIB + r"(http/server|http/client|socketserver|asyncio/(streams|selector_events|sslproto))\.py$",
-       why="HTTP server/client and socket transports"),
-)
-
-_BUNDLED = r"(^|/)(diag/)?engine/"
-BUNDLED = PatternSet("bundled", (
-    _r(CPU_DETOKENIZE, _BUNDLED + r"tokenizer\.py$",
-       r"^IncrementalDetokenizer\.|(^|\.)(decode\w*|_decode\w*|detokeni\w*)$",
-       why="diag/engine/tokenizer.py decode / IncrementalDetokenizer"),
-    _r(CPU_TOKENIZE, _BUNDLED + r"tokenizer\.py$", why="diag/engine/tokenizer.py (encode, chat template)"),
-    _r(CPU_DETOKENIZE, _BUNDLED, r"(^|\.)_?detokeni\w*$", why="a detokenize function in the engine"),
-    _r(CPU_TOKENIZE, _BUNDLED, r"(^|\.)_?tokeni[sz]e\w*$", why="a tokenize function in the engine"),
-    _r(CPU_SAMPLE, _BUNDLED + r"sampler\.py$", why="diag/engine/sampler.py"),
-    _r(CPU_COMM, _BUNDLED + r"tp\.py$", r"(^|\.)_?(all_reduce|all_gather\w*|broadcast\w*|barrier|reduce_scatter\w*)$",
-       why="diag/engine/tp.py collectives"),
-    _r(CPU_FORWARD, _BUNDLED + r"(model|tp)\.py$", why="diag/engine/model.py forward, tp.py runners"),
-    _r(CPU_SCHEDULER, _BUNDLED + r"scheduler\.py$", why="diag/engine/scheduler.py"),
-    _r(CPU_HTTP, _BUNDLED + r"server\.py$", why="diag/engine/server.py (HTTP, SSE)"),
-    _r(CPU_SCHEDULER, _BUNDLED + r"engine\.py$", why="diag/engine/engine.py step loop bookkeeping"),
-) + COMMON_RULES)
-
-VLLM = PatternSet("vllm", (
-    _r(CPU_DETOKENIZE, r"(^|/)vllm/v1/engine/detokenizer\.py$|(^|/)vllm/(tokenizers|transformers_utils)/detokenizer\w*\.py$"
-                       r"|(^|/)vllm/engine/output_processor/",
-       why="vllm/v1/engine/detokenizer.py (IncrementalDetokenizer)"),
-    _r(CPU_DETOKENIZE, r"(^|/)vllm/(tokenizers|transformers_utils)/", _DECODE_FUNCS, why="vLLM tokenizer decode"),
-    _r(CPU_TOKENIZE, r"(^|/)vllm/v1/engine/(input_)?processor\.py$|(^|/)vllm/inputs/(preprocess|parse)\.py$"
-                     r"|(^|/)vllm/(tokenizers|renderers|multimodal)/|(^|/)vllm/transformers_utils/tokenizer\w*"
-                     r"|(^|/)vllm/entrypoints/(chat_utils|renderer)\.py$",
-       why="input processing: tokenizer, chat template, multimodal"),
-    _r(CPU_TOKENIZE, r"(^|/)vllm/entrypoints/", r"(^|\.)_?(\w*tokeni[sz]e\w*|preprocess\w*|normalize_prompt\w*|render\w*|\w*chat_template\w*)$",
-       why="OpenAI server tokenizing/rendering the prompt"),
-    _r(CPU_SAMPLE, r"(^|/)vllm/v1/sample/|(^|/)vllm/model_executor/layers/(sampler|rejection_sampler)\.py$"
-                   r"|(^|/)vllm/v1/structured_output/|(^|/)vllm/model_executor/guided_decoding/",
-       why="vllm/v1/sample (top-k/top-p, penalties, logprobs), structured output"),
-    _r(CPU_FORWARD, r"(^|/)vllm/(v1/worker|worker|model_executor|attention|v1/attention|compilation"
-                    r"|v1/executor|executor|v1/spec_decode|lora)/|(^|/)vllm/forward_context\.py$"
-                    r"|(^|/)vllm/distributed/device_communicators/shm_broadcast\.py$",
-       why="model runner / executor (shm_broadcast: engine waiting on the workers' forward)"),
-    _r(CPU_COMM, r"(^|/)vllm/distributed/", why="vllm/distributed collectives"),
-    _r(CPU_SCHEDULER, r"(^|/)vllm/v1/core/|(^|/)vllm/core/|(^|/)vllm/v1/engine/core\.py$",
-       why="vllm/v1/core/sched/scheduler.py, KV-cache manager, EngineCore loop"),
-    _r(CPU_SERIALIZATION, r"(^|/)vllm/v1/serial_utils\.py$", why="msgpack IPC between front end and engine core"),
-    _r(CPU_HTTP, r"(^|/)vllm/entrypoints/", why="vllm/entrypoints/openai API server"),
-) + COMMON_RULES)
-
-_SRT = r"(^|/)sglang/srt/"
-SGLANG = PatternSet("sglang", (
-    _r(CPU_DETOKENIZE, _SRT + r"managers/detokenizer_manager\.py$", why="DetokenizerManager"),
-    _r(CPU_TOKENIZE, _SRT + r"managers/tokenizer_manager\w*\.py$", r"(^|\.)_?(\w*tokeni[sz]\w*|_create_tokenized_object)$",
-       why="TokenizerManager._tokenize_one_request / batch tokenize"),
-    _r(CPU_TOKENIZE, _SRT + r"managers/(async_dynamic_batch_tokenizer|multimodal_processor|mm_utils)\.py$"
-                     + r"|" + _SRT + r"(utils/)?hf_transformers_utils\.py$|" + _SRT + r"(conversation|jinja_template_utils)\.py$"
-                     + r"|" + _SRT + r"multimodal/",
-       why="tokenizer helpers, chat templates, multimodal processing"),
-    _r(CPU_TOKENIZE, _SRT + r"(entrypoints|openai_api)/", r"(^|\.)_?(process_messages|\w*chat_template\w*|\w*tokeni[sz]e\w*)$",
-       why="OpenAI server applying the chat template"),
-    _r(CPU_SAMPLE, _SRT + r"layers/sampler\.py$|" + _SRT + r"(sampling|constrained)/",
-       why="sglang/srt/layers/sampler.py, sampling params, grammar"),
-    _r(CPU_FORWARD, _SRT + r"(model_executor|models|layers|speculative|lora)/|" + _SRT + r"managers/tp_worker\w*\.py$",
-       why="TpModelWorker / ModelRunner forward"),
-    _r(CPU_COMM, _SRT + r"distributed/", why="sglang/srt/distributed collectives"),
-    _r(CPU_SCHEDULER, _SRT + r"managers/(scheduler\w*|schedule_batch|schedule_policy|data_parallel_controller)\.py$"
-                      + r"|" + _SRT + r"mem_cache/",
-       why="sglang/srt/managers/scheduler.py, radix cache, allocators"),
-    _r(CPU_HTTP, _SRT + r"(entrypoints|openai_api)/|" + _SRT + r"managers/tokenizer_manager\w*\.py$",
-       why="http_server.py / OpenAI serving; the rest of TokenizerManager is request handling"),
-) + COMMON_RULES)
-
-GENERIC = PatternSet("generic", COMMON_RULES)
-
-PATTERN_SETS: dict[str, PatternSet] = {p.engine: p for p in (BUNDLED, VLLM, SGLANG, GENERIC)}
-
-
-def pattern_set(engine: str | PatternSet) -> PatternSet:
-    """The rules for ``engine`` ("bundled", "vllm", "sglang", "generic") or the set itself."""
-    if isinstance(engine, PatternSet):
-        return engine
-    try:
-        return PATTERN_SETS[engine]
-    except KeyError:
-        raise ValueError(f"unknown engine {engine!r}; known: {', '.join(PATTERN_SETS)}") from None
-
-
 # --- the profile ------------------------------------------------------------------------------
 
 
@@ -373,7 +185,7 @@ class StageProfile:
             "shares": self.shares,
             "busy_shares": self.busy_shares(),
             "top_frames": {s: [[f, c] for f, c in v] for s, v in self.top_frames.items()},
-            "attribution": "inclusive: deepest frame matching any rule; first rule within a frame",
+            "attribution": "inclusive: deepest frame matching a rule (first rule within a frame); plumbing rules only when none matched",
             **self.meta,
         }
 
@@ -383,20 +195,11 @@ def attribute(stacks: Iterable[Stack], engine: str | PatternSet = "bundled", top
     ps = pattern_set(engine)
     counts: dict[str, int] = {s: 0 for s in CPU_STAGES}
     frames_by_stage: dict[str, Counter[str]] = {s: Counter() for s in CPU_STAGES}
-    cache: dict[tuple[Frame, bool], str | None] = {}
+    cache: dict[tuple[Frame, bool, bool], str | None] = {}
     total = 0
     for st in stacks:
         total += st.count
-        stage, decided = CPU_OTHER, None
-        last = len(st.frames) - 1
-        for i in range(last, -1, -1):
-            key = (st.frames[i], i == last)
-            got = cache.get(key, "")
-            if got == "":
-                got = cache[key] = ps.classify(st.frames[i], i == last)
-            if got is not None:
-                stage, decided = got, st.frames[i]
-                break
+        stage, decided = ps.classify_stack(st.frames, cache)
         counts[stage] = counts.get(stage, 0) + st.count
         label = decided.label() if decided else (st.frames[-1].label() if st.frames else "<no frames>")
         frames_by_stage.setdefault(stage, Counter())[label] += st.count
@@ -471,6 +274,7 @@ class PySpySampler:
         idle: bool = False,
         nonblocking: bool = False,
         subprocesses: bool = False,
+        native: bool = False,
         py_spy: str | None = None,
     ) -> None:
         if duration_s <= 0 or rate_hz <= 0:
@@ -480,6 +284,7 @@ class PySpySampler:
         self.rate_hz = int(rate_hz)
         self.patterns = pattern_set(engine)
         self.gil, self.idle, self.nonblocking, self.subprocesses = gil, idle, nonblocking, subprocesses
+        self.native = native
         self.exe = py_spy or find_pyspy()
         self.available = self.exe is not None
         self.note = ("" if self.available else
@@ -508,6 +313,8 @@ class PySpySampler:
             cmd.append("--nonblocking")
         if self.subprocesses:
             cmd.append("--subprocesses")
+        if self.native:
+            cmd.append("--native")
         return cmd
 
     @property
@@ -619,7 +426,7 @@ class PySpySampler:
             "duration_s": self.duration_s,
             "window_unix_s": [self._started_unix_s, self._ended_unix_s],
             "options": {"gil": self.gil, "idle": self.idle, "nonblocking": self.nonblocking,
-                        "subprocesses": self.subprocesses},
+                        "subprocesses": self.subprocesses, "native": self.native},
             "command": self.command(RAW_FILE),
             "py_spy_exit": rc,
         }

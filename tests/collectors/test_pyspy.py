@@ -195,12 +195,164 @@ def test_external_engine_rules(engine, cases):
 
 
 def test_engine_sets_differ_and_unknown_engine_is_an_error():
-    text = stacks_text((["Scheduler.schedule (vllm/v1/core/sched/scheduler.py:180)"], 4))
+    text = stacks_text((["EngineCore.step (vllm/v1/engine/core.py:280)"], 4))
     assert attribute_raw(text, "vllm").counts[CPU_SCHEDULER] == 4
     assert attribute_raw(text, "bundled").counts[CPU_OTHER] == 4
-    assert attribute_raw(text, "generic").counts[CPU_OTHER] == 4
+    assert attribute_raw(text, "generic").counts[CPU_OTHER] == 4  # no table, no telling name
+    named = stacks_text((["Scheduler.schedule (vllm/v1/core/sched/scheduler.py:180)"], 4))
+    assert attribute_raw(named, "generic").counts[CPU_SCHEDULER] == 4  # generic goes by the name
+    assert attribute_raw(named, "bundled").counts[CPU_OTHER] == 4  # an engine's table names its files only
     with pytest.raises(ValueError, match="unknown engine 'tgi'"):
         attribute_raw(text, "tgi")
+
+
+# --- transformers serve (frames as py-spy printed them on a real attach; transformers 5.24.0) -----
+
+HF_LOOP = ["Thread.run (threading.py:1010)", "InferenceThread._run (transformers/cli/serving/utils.py:742)",
+           "GenerateManager.generate_streaming.<locals>._run (transformers/cli/serving/utils.py:863)",
+           "GenerationMixin.generate (transformers/generation/utils.py:2500)"]
+HF_SAMPLE = [*HF_LOOP, "GenerationMixin._sample (transformers/generation/utils.py:3240)"]
+CALL = ["Module._wrapped_call_impl (torch/nn/modules/module.py:1776)", "Module._call_impl (torch/nn/modules/module.py:1787)"]
+HF_MODEL = [*HF_SAMPLE, *CALL, "LlamaForCausalLM.forward (transformers/models/llama/modeling_llama.py:480)",
+            *CALL, "LlamaModel.forward (transformers/models/llama/modeling_llama.py:400)"]
+HF_SRV = ["<module> (transformers:8)", "Serve.__init__ (transformers/cli/serve.py:250)",
+          "Server.run (uvicorn/server.py:67)", "asyncio_run (uvicorn/_compat.py:30)", "Runner.run (asyncio/runners.py:118)"]
+HF_HANDLER = [*HF_SRV, "RequestResponseCycle.run_asgi (uvicorn/protocols/http/h11_impl.py:415)",
+              "run_endpoint_function (fastapi/routing.py:300)",
+              "build_server.<locals>.chat_completions (transformers/cli/serving/server.py:109)",
+              "ChatCompletionHandler.handle_request (transformers/cli/serving/chat_completion.py:135)"]
+HF_SSE = [*HF_SRV, "StreamingResponse.stream_response (starlette/responses.py:250)",
+          "ChatCompletionHandler._streaming.<locals>.sse_gen (transformers/cli/serving/chat_completion.py:250)"]
+CB = "transformers/generation/continuous_batching/"
+CB_LOOP = ["Thread.run (threading.py:1010)",
+           f"ContinuousBatchingManager._run_generation_loop ({CB}continuous_api.py:1140)",
+           f"ContinuousBatchingManager._generation_loop_body ({CB}continuous_api.py:1095)"]
+CB_RUNNER = [*CB_LOOP, f"ContinuousBatchProcessor._generation_step ({CB}continuous_api.py:640)",
+             f"ModelRunner.compute_batch ({CB}model_runner.py:150)",
+             f"ModelRunner._forward_process_and_sample ({CB}model_runner.py:195)"]
+
+TRANSFORMERS_CASES: list[tuple[list[str], str]] = [
+    # plain: the inference thread running model.generate()
+    ([*HF_MODEL, *CALL, "LlamaAttention.forward (transformers/models/llama/modeling_llama.py:300)",
+      "sdpa_attention_forward (transformers/integrations/sdpa_attention.py:90)"], CPU_FORWARD),
+    ([*HF_MODEL, *CALL, "Linear.forward (torch/nn/modules/linear.py:134)"], CPU_FORWARD),
+    ([*HF_SAMPLE, "GenerationMixin._prefill (transformers/generation/utils.py:3500)", *CALL], CPU_FORWARD),
+    ([*HF_SAMPLE, "GenerationMixin._update_model_kwargs_for_generation (transformers/generation/utils.py:1000)"], CPU_FORWARD),
+    (HF_SAMPLE, CPU_SAMPLE),  # softmax / multinomial / argmax inline in _sample
+    ([*HF_SAMPLE, "Tensor.__rsub__ (torch/_tensor.py:40)"], CPU_SAMPLE),  # torch plumbing never outranks _sample
+    ([*HF_SAMPLE, "StopCheck.__call__ (transformers/generation/utils.py:395)"], CPU_SAMPLE),
+    ([*HF_SAMPLE, "StoppingCriteriaList.__call__ (transformers/generation/stopping_criteria.py:500)",
+      "EosTokenCriteria.__call__ (transformers/generation/stopping_criteria.py:480)"], CPU_SAMPLE),
+    ([*HF_SAMPLE, "StopCheck.__call__ (transformers/generation/utils.py:395)",
+      "DirectStreamer.put (transformers/cli/serving/utils.py:600)",
+      "DirectStreamer._enqueue (transformers/cli/serving/utils.py:591)"], CPU_DETOKENIZE),
+    ([*HF_LOOP, "GenerationMixin._get_logits_processor (transformers/generation/utils.py:1200)"], CPU_SCHEDULER),
+    (["Thread.run (threading.py:1010)", "InferenceThread._run (transformers/cli/serving/utils.py:738)",
+      "Queue.get (queue.py:171)", "Condition.wait (threading.py:327)"], CPU_IDLE),
+    # the HTTP side
+    (HF_SRV, CPU_HTTP),  # uvloop's C loop: the event loop's own work
+    ([*HF_SRV, "run_until_complete (loop.c)", "epoll_pwait (libc.so.6)"], CPU_IDLE),  # --native
+    ([*HF_HANDLER, "PreTrainedTokenizerBase.apply_chat_template (transformers/tokenization_utils_base.py:3000)",
+      "TokenizersBackend._encode_plus (transformers/tokenization_utils_tokenizers.py:800)"], CPU_TOKENIZE),
+    ([*HF_HANDLER, "BaseHandler._resolve_model (transformers/cli/serving/utils.py:1210)",
+      "ModelManager.load_model_and_processor (transformers/cli/serving/model_manager.py:330)"], CPU_HTTP),
+    ([*HF_HANDLER, "ModelManager.load_model_and_processor (transformers/cli/serving/model_manager.py:330)",
+      "TimedModel.reset_timer (transformers/cli/serving/model_manager.py:80)", "Thread.start (threading.py:964)",
+      "Event.wait (threading.py:629)", "Condition.wait (threading.py:327)"], CPU_IDLE),
+    ([*HF_SSE, "ChatCompletionHandler._build_chunk_sse (transformers/cli/serving/chat_completion.py:420)"], CPU_SERIALIZATION),
+    ([*HF_SSE, "ChatCompletionHandler._build_chunk_sse (transformers/cli/serving/chat_completion.py:420)",
+      "BaseModel.model_dump_json (pydantic/main.py:470)"], CPU_SERIALIZATION),
+    ([*HF_SSE, "sleep (asyncio/tasks.py:649)"], CPU_IDLE),
+    ([*HF_SRV, "RequestResponseCycle.send (uvicorn/protocols/http/h11_impl.py:500)"], CPU_HTTP),
+    # --continuous-batching: the generation loop thread and the event loop's output callbacks
+    ([*CB_LOOP, f"ContinuousBatchProcessor.prepare_next_batch ({CB}continuous_api.py:500)",
+      f"FIFOScheduler.schedule_batch ({CB}scheduler.py:350)", f"Scheduler._schedule_request ({CB}scheduler.py:200)"],
+     CPU_SCHEDULER),
+    ([*CB_LOOP, f"ContinuousBatchProcessor.prepare_next_batch ({CB}continuous_api.py:500)",
+      f"ContinuousBatchingIOs.prepare_batch_tensors ({CB}input_outputs.py:400)",
+      f"build_attention_mask ({CB}utils.py:100)"], CPU_FORWARD),
+    ([*CB_RUNNER, *CALL, "LlamaForCausalLM.forward (transformers/models/llama/modeling_llama.py:480)",
+      "DisableContext.__call__.<locals>._fn (torch/_dynamo/eval_frame.py:1000)",
+      f"PagedAttentionCache.update ({CB}cache.py:420)",
+      f"FullAttentionCacheAllocator.update ({CB}cache_allocators/full_attention.py:80)"], CPU_FORWARD),
+    ([*CB_RUNNER, f"ModelRunner._sample ({CB}model_runner.py:230)"], CPU_SAMPLE),
+    ([*CB_LOOP, f"ContinuousBatchProcessor.update_batch ({CB}continuous_api.py:600)",
+      f"ContinuousBatchingIOs.prepare_batch_update ({CB}input_outputs.py:500)"], CPU_SCHEDULER),
+    ([*CB_LOOP, f"ContinuousBatchProcessor.update_batch ({CB}continuous_api.py:600)",
+      f"OutputRouter.deliver_batch ({CB}continuous_api.py:125)"], CPU_SCHEDULER),
+    ([*HF_SRV, "Handle._run (asyncio/events.py:84)", f"OutputRouter.deliver_batch.<locals>._run_batch ({CB}continuous_api.py:130)",
+      "CBGenerateManager.generate_streaming.<locals>._on_output (transformers/cli/serving/utils.py:990)",
+      "CBStreamer.put (transformers/cli/serving/utils.py:680)"], CPU_DETOKENIZE),
+    ([*HF_HANDLER, "CBGenerateManager.generate_streaming (transformers/cli/serving/utils.py:960)",
+      f"ContinuousBatchingManager.add_request ({CB}continuous_api.py:940)"], CPU_SCHEDULER),
+    # --native frames under Python ones
+    ([*HF_MODEL, "Linear.forward (torch/nn/modules/linear.py:134)", "torch::autograd::THPVariable_linear (libtorch_python.so)",
+      "at::_ops::linear::call (libtorch_cpu.so)"], CPU_FORWARD),
+    ([*HF_SAMPLE, "torch::autograd::THPVariable_argmax (libtorch_python.so)", "at::_ops::argmax::call (libtorch_cpu.so)"],
+     CPU_SAMPLE),
+    ([*HF_SAMPLE, "StopCheck.__call__ (transformers/generation/utils.py:395)",
+      "DirectStreamer.put (transformers/cli/serving/utils.py:600)",
+      "tokenizers::decoders::DecodeStream::step (tokenizers/tokenizers.abi3.so)"], CPU_DETOKENIZE),
+    (["Condition.wait (threading.py:331)", "lock_PyThread_acquire_lock (libpython3.11.so.1.0)",
+      "PyThread_acquire_lock_timed (libpython3.11.so.1.0)", "0x7f112c4aed90 (libc.so.6)"], CPU_IDLE),
+]
+
+
+@pytest.mark.parametrize("frames,stage", TRANSFORMERS_CASES,
+                         ids=[c[1] + str(i) for i, c in enumerate(TRANSFORMERS_CASES)])
+def test_transformers_rules_one_stack_each(frames, stage):
+    prof = attribute_raw(stacks_text((frames, 5)), "transformers")
+    assert prof.counts[stage] == 5, (frames[-1], stage, {k: v for k, v in prof.counts.items() if v})
+
+
+# --- generic: the frames every Python stack shares, and what engines usually call things ---------
+
+GENERIC_CASES: list[tuple[list[str], str]] = [
+    (["loop (myengine/core.py:1)", "MyModel.forward (myengine/model.py:3)"], CPU_FORWARD),
+    (["loop (myengine/core.py:1)", "Sampler.forward (myengine/sampling.py:5)"], CPU_SAMPLE),  # file before name
+    (["loop (myengine/core.py:1)", "apply_top_p (myengine/ops.py:5)"], CPU_SAMPLE),
+    (["loop (myengine/core.py:1)", "sample (myengine/ops.py:7)", "softmax (torch/nn/functional.py:2100)"], CPU_SAMPLE),
+    (["loop (myengine/core.py:1)", "BatchScheduler.next_batch (myengine/core.py:9)"], CPU_SCHEDULER),
+    (["loop (myengine/core.py:1)", "plan (myengine/scheduling/policy.py:9)"], CPU_SCHEDULER),
+    (["handler (myengine/api.py:1)", "render_chat_template (myengine/api.py:2)"], CPU_TOKENIZE),
+    (["handler (myengine/api.py:1)", "IncrementalDetokenizer.step (myengine/out.py:2)"], CPU_DETOKENIZE),
+    (["handler (myengine/api.py:1)", "TextIteratorStreamer.put (transformers/generation/streamers.py:100)"], CPU_DETOKENIZE),
+    (["loop (myengine/core.py:1)", "RepetitionPenaltyLogitsProcessor.__call__ (transformers/generation/logits_process.py:300)"],
+     CPU_SAMPLE),
+    (["Handle._run (asyncio/events.py:84)", "handler (myengine/api.py:1)"], CPU_HTTP),  # the loop, as a fallback
+    (["Handle._run (asyncio/events.py:84)", "handler (myengine/api.py:1)", "dumps (json/__init__.py:231)"], CPU_SERIALIZATION),
+    (["TaskHandle._run_coro (anyio/_core/_tasks.py:100)", "handler (myengine/api.py:1)"], CPU_HTTP),
+    (["loop (myengine/core.py:1)", "Module._call_impl (torch/nn/modules/module.py:1787)"], CPU_FORWARD),  # fallback
+    (["loop (myengine/core.py:1)", "step (myengine/core.py:4)", "is_initialized (torch/distributed/distributed_c10d.py:1200)"],
+     CPU_OTHER),  # a query, not a collective
+    (["loop (myengine/core.py:1)", "all_reduce (torch/distributed/distributed_c10d.py:2050)"], CPU_COMM),
+    # native frames only (a C++/Rust engine under a thin Python server, seen with --native)
+    (["serve (myengine/loop.py:10)", "Encoding::drop_glue (tokenizers/tokenizers.abi3.so)"], CPU_TOKENIZE),
+    (["serve (myengine/loop.py:10)", "tokenizers::decoders::DecodeStream::step (tokenizers/tokenizers.abi3.so)"], CPU_DETOKENIZE),
+    (["serve (myengine/loop.py:10)", "at::native::cpublas::gemm (libtorch_cpu.so)"], CPU_FORWARD),
+    (["serve (myengine/loop.py:10)", "at::native::multinomial (libtorch_cpu.so)"], CPU_SAMPLE),
+    (["serve (myengine/loop.py:10)", "gomp_team_barrier_wait_end (libgomp.so.1)"], CPU_FORWARD),
+    (["serve (myengine/loop.py:10)", "pthread_cond_timedwait (libc.so.6)", "0x7f11 (libc.so.6)"], CPU_IDLE),
+    (["serve (myengine/loop.py:10)", "step (myengine/loop.py:12)"], CPU_OTHER),
+]
+
+
+@pytest.mark.parametrize("frames,stage", GENERIC_CASES, ids=[c[1] + str(i) for i, c in enumerate(GENERIC_CASES)])
+def test_generic_rules_one_stack_each(frames, stage):
+    prof = attribute_raw(stacks_text((frames, 2)), "generic")
+    assert prof.counts[stage] == 2, (frames[-1], stage, {k: v for k, v in prof.counts.items() if v})
+
+
+def test_plumbing_never_outranks_the_code_it_calls():
+    # a sampler calling torch's functional softmax: the deeper torch frame is plumbing (a fallback)
+    text = stacks_text((["sample (diag/engine/sampler.py:85)", "softmax (torch/nn/functional.py:2100)"], 3),
+                       (["Engine.run (diag/engine/engine.py:150)", "Handle._run (asyncio/events.py:84)"], 2),
+                       (["<module> (run.py:1)", "Handle._run (asyncio/events.py:84)"], 4))
+    prof = attribute_raw(text, "bundled")
+    assert prof.counts[CPU_SAMPLE] == 3 and prof.counts[CPU_SCHEDULER] == 2 and prof.counts[CPU_HTTP] == 4
+    ps = P.pattern_set("bundled")
+    frame = Frame("Handle._run", "asyncio/events.py", 84)
+    assert ps.classify(frame) is None and ps.classify(frame, fallback=True) == CPU_HTTP
 
 
 # --- failures and the executable -----------------------------------------------------------------
@@ -241,7 +393,8 @@ def test_fake_pyspy_command_line_and_capture_files(tmp_path):
         echo "$@" > {args_file}
         while [ $# -gt 0 ]; do if [ "$1" = "-o" ]; then cp {tmp_path / 'canned.txt'} "$2"; fi; shift; done
         """))
-    s = PySpySampler(os.getpid(), duration_s=1.2, rate_hz=250, gil=True, idle=True, nonblocking=True, py_spy=exe)
+    s = PySpySampler(os.getpid(), duration_s=1.2, rate_hz=250, gil=True, idle=True, nonblocking=True, native=True,
+                     py_spy=exe)
     cap = tmp_path / "cap"
     assert isinstance(s, SeriesCollector)
     assert s.collect().empty and tuple(s.collect().columns) == S.SERIES_COLUMNS
@@ -253,13 +406,13 @@ def test_fake_pyspy_command_line_and_capture_files(tmp_path):
     assert rows.loc[f"pid{os.getpid()}/{CPU_IDLE}", "value"] == 10.0 and rows.value.sum() == 40.0
     args = args_file.read_text().split()
     assert args[:9] == ["record", "--pid", str(os.getpid()), "--duration", "2", "--rate", "250", "--format", "raw"]
-    assert args[9] == "-o" and {"--gil", "--idle", "--nonblocking"} <= set(args[11:])
+    assert args[9] == "-o" and {"--gil", "--idle", "--nonblocking", "--native"} <= set(args[11:])
     assert prof.counts[CPU_TOKENIZE] == 30 and prof.counts[CPU_IDLE] == 10
     assert prof.shares[CPU_TOKENIZE] == pytest.approx(0.75) and prof.busy_shares()[CPU_TOKENIZE] == 1.0
     assert (cap / "profile" / "pyspy.raw.txt").read_text() == raw
     summary = json.loads((cap / "profile" / "pyspy.json").read_text())
     assert summary["counts"][CPU_TOKENIZE] == 30 and summary["pid"] == os.getpid()
-    assert summary["options"]["gil"] is True and summary["rate_hz"] == 250
+    assert summary["options"]["gil"] is True and summary["options"]["native"] is True and summary["rate_hz"] == 250
     again = P.load_profile(cap)
     assert again.counts == prof.counts and again.engine == "bundled"
     assert P.load_profile(cap, "vllm").counts[CPU_OTHER] == 30  # re-attributed with vLLM's rules

@@ -49,6 +49,6 @@ def test_profile_attaches_and_capture_carries_the_shares(tmp_path, capsys):
 
 
 def test_profile_of_a_missing_pid_is_one_line(tmp_path, capsys):
-    rc = main(["profile", "999999", "-d", "0.5", "-o", str(tmp_path / "cap")])
+    rc = main(["profile", "999999", "-d", "0.5", "--engine", "transformers", "--native", "-o", str(tmp_path / "cap")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "999999" in err
