@@ -39,6 +39,9 @@ from pathlib import Path
 TOKENIZER_JSON = Path(__file__).resolve().parents[2] / "diag" / "engine" / "data" / "tokenizer.json"
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
+#: ``extra_args`` for ``--continuous-batching`` on a CPU: a small paged KV cache (the default sizes
+#: it from free memory, and building the batch processor's static tensors then takes many seconds)
+CB_SMALL_CACHE_ARGS: list[str] = ["--cb-num-blocks", "128", "--cb-block-size", "32"]
 
 
 def build_tiny_llama(out_dir: Path, seed: int = 0, *, hidden_size: int = 64, layers: int = 2,
