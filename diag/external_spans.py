@@ -9,13 +9,24 @@ Engines handled:
 
 * **vLLM** — one span per finished request, ``llm_request`` (or, with
   ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``, ``"{operation} {model}"``
-  carrying ``gen_ai.operation.name``), with ``gen_ai.latency.*`` float seconds.
+  carrying ``gen_ai.operation.name``), with ``gen_ai.latency.*`` float seconds
+  (``vllm/v1/engine/output_processor.py`` ``do_tracing`` @d0782260; start = ``arrival_time``).
+  Its TTFT starts *after* the API server applied the chat template and tokenized and ends
+  *before* the first detokenize (see ``_VLLM_LUMPED_NOTE``): with a client capture joined,
+  client TTFT - server TTFT holds those, and :func:`fold_client_gap` lumps it instead of
+  calling it network. ``gen_ai.usage.cached_tokens`` (``vllm/tracing/utils.py`` @0bf3270f)
+  is kept as ``cached_tokens``.
 * **TGI** — the router's handler span (``generate``, ``generate_stream``, ...) with the fields
   ``total_time``/``validation_time``/``queue_time``/``inference_time``/``time_per_token`` as
-  Rust ``Debug`` duration strings ("12.3ms", "850µs", "1.2s").
-* **SGLang** — a span tree per request (``" Req <rid8>"`` root with attribute ``rid``, thread
-  spans, and one slice span per ``RequestStage``: ``tokenize``, ``dispatch``,
-  ``prefill_waiting``, ``prefill_forward``, ``chunked_prefill``, ``decode_loop``, ...). Only
+  Rust ``Debug`` duration strings ("12.3ms", "850µs", "1.2s"; ``router/src/server.rs``
+  @db931fcf L370-375, L612-616).
+* **SGLang** — a span tree per request (``python/sglang/srt/observability/trace.py``
+  @b8e5a7c3): a ``" Req <rid8>"`` root with attribute ``rid`` (and, in current builds,
+  ``gen_ai.latency.time_to_first_token``/``e2e``/``time_in_model_*``: the root's TTFT is
+  preferred), thread spans carrying ``host_id``/``pid``/``thread_label``, and one slice span
+  per ``RequestStage``: ``tokenize``, ``dispatch``, ``prefill_waiting``, ``prefill_forward``,
+  ``chunked_prefill``, ``decode_forward``/``decode_loop``, ... Older builds wrapped the root in
+  a ``"Bootstrap Room 0x.."`` span (now a root attribute); it is still recognised. Only
   :func:`adapt_spans_frame` (which sees the whole trace) can adapt it.
 
 Everything here is pure (no I/O, no threads); safe to call from any thread.
@@ -41,10 +52,27 @@ SGLANG = "sglang"
 # --- vLLM attribute keys (diag.stages holds the ones the request table also reads) ----------
 VLLM_INFERENCE = "gen_ai.latency.time_in_model_inference"
 _VLLM_LATENCY_PREFIX = "gen_ai.latency."
+#: vLLM's TTFT starts at ``arrival_time``, set in ``InputProcessor.process_inputs``
+#: (``vllm/v1/engine/input_processor.py`` @a1799180) after the OpenAI layer has applied the chat
+#: template and tokenized, and ends at ``IterationStats.iteration_timestamp``, taken when the
+#: output batch reaches the API server, before ``process_outputs`` detokenizes it
+#: (``vllm/v1/metrics/stats.py`` @28ed1fb8, ``vllm/v1/engine/output_processor.py`` @d0782260).
+#: Queue and prefill are engine-core intervals (first QUEUED -> first SCHEDULED -> first token).
 _VLLM_LUMPED_NOTE = (
-    "tokenize + IPC (API server <-> engine core) + first detokenize "
-    "(= server TTFT - queue - prefill; vLLM does not time them apart)"
+    "input processing after arrival + API server <-> engine core IPC + engine-core bookkeeping before QUEUED "
+    "(= server TTFT - queue - prefill); tokenization, the chat template and the first detokenize are outside "
+    "vLLM's TTFT"
 )
+#: What client TTFT - server TTFT holds for an engine whose TTFT starts after the front end's
+#: tokenization: it is not network alone, so :func:`fold_client_gap` moves it into ``lumped``.
+_VLLM_GAP_NOTE = (
+    "with a client capture joined, lumped also holds client TTFT - server TTFT: network, HTTP, the API server's "
+    "chat template and tokenization (before arrival_time) and the first detokenize (after TTFT's end); "
+    "vLLM does not time them apart (split them with ttft instrument or a py-spy profile)"
+)
+#: engine -> what the client-server gap holds besides the network (engines whose server TTFT
+#: starts after the front end has tokenized)
+GAP_INCLUDES_FRONTEND: dict[str, str] = {VLLM: _VLLM_GAP_NOTE}
 
 # --- TGI span fields (Rust Debug durations) -------------------------------------------------
 TGI_TOTAL = "total_time"
@@ -65,7 +93,7 @@ SGLANG_QUEUE = ("prefill_waiting",)
 SGLANG_PREFILL = ("prefill_forward", "chunked_prefill")
 SGLANG_DECODE = ("decode_loop",)
 SGLANG_OTHER = (
-    "dispatch", "api_server_dispatch", "dc_dispatch", "dpc_dispatch", "request_process",
+    "decode_forward", "dispatch", "api_server_dispatch", "dc_dispatch", "dpc_dispatch", "request_process",
     "prefill_prepare", "prefill_bootstrap", "prefill_transfer_kv_cache", "decode_prepare",
     "decode_bootstrap", "decode_waiting", "decode_transferred", "fake_output", "quick_finish",
     "mini_lb_launch", "wait_pd_finish",
@@ -80,18 +108,20 @@ _SGLANG_LUMPED_NOTE = (
 )
 
 _NOTES: dict[str, str] = {
-    VLLM: "vLLM separates queue, prefill and decode; tokenize, IPC and the first detokenize "
-    "are one lumped stage (TTFT - queue - prefill). No tokenize/comm/sample/detokenize spans; "
-    "queue/prefill come from the engine-core clock, TTFT from the API server's clock.",
+    VLLM: "vLLM separates queue, prefill and decode (engine-core clock). Its TTFT (API server clock) starts "
+    "after the chat template and tokenization and ends before the first detokenize, so lumped (TTFT - queue - "
+    "prefill) is input processing + IPC + engine-core bookkeeping; tokenization and the first detokenize land "
+    "in client TTFT - server TTFT, which is therefore lumped too when a client capture is joined, not called "
+    "network. No tokenize/comm/sample/detokenize spans.",
     TGI: "TGI gives validation (incl. tokenization, reported as tokenize), queue and inference; "
     "inference is prefill + decode together, so prefill, decode and server TTFT are not "
     "separable (NaN); output tokens are inference_time / time_per_token.",
-    SGLANG: "SGLang slices give tokenize, queue (prefill_waiting), prefill (prefill_forward + "
-    "chunked_prefill) and decode (decode_loop); dispatch IPC, request processing, PD transfer "
-    "and the first detokenize are lumped. Server TTFT is the end of the last prefill slice "
-    "minus the request root's start; token counts are not on the spans.",
+    SGLANG: "SGLang slices give tokenize, queue (prefill_waiting), prefill (prefill_forward over all chunks + "
+    "chunked_prefill outside it) and decode (decode_loop); dispatch IPC, request processing, PD transfer "
+    "and the first detokenize are lumped. Server TTFT is the root span's gen_ai.latency.time_to_first_token "
+    "(the tokenizer manager's clock) when present, else the end of the last prefill slice minus the root's "
+    "start (the scheduler's clock: it misses the detokenizer hop); token counts are not on the spans.",
 }
-
 #: Columns of the request rows :func:`adapt_spans_frame` returns (all durations seconds).
 REQUEST_COLUMNS: tuple[str, ...] = (
     "trace_id", "engine", "start_ns", "server_ttft_s", "e2e_s", "input_tokens", "output_tokens",
@@ -99,12 +129,42 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 )
 #: Extra columns after REQUEST_COLUMNS: the engine span's id, the model and the inference time
 #: (prefill + decode) where the engine reports it.
-EXTRA_COLUMNS: tuple[str, ...] = ("span_id", "model", "inference_s")
+EXTRA_COLUMNS: tuple[str, ...] = ("span_id", "model", "inference_s", "cached_tokens")
+#: vLLM span attribute: prompt tokens served from the prefix cache (``vllm/tracing/utils.py`` @0bf3270f)
+VLLM_CACHED_TOKENS = "gen_ai.usage.cached_tokens"
 
 
 def adapter_notes() -> dict[str, str]:
     """Per engine: which of our stages it cannot separate (shown next to its verdicts)."""
     return dict(_NOTES)
+
+
+def fold_client_gap(req: pd.DataFrame) -> pd.DataFrame:
+    """Requests of engines whose server TTFT starts after the front end's tokenization (vLLM):
+    client TTFT - server TTFT is moved from ``network_s`` into ``lumped_s`` and said so.
+
+    ``req`` is the joined request table (``engine``, ``network_s``, ``lumped_s``,
+    ``lumped_note`` columns; any missing is left alone). Adds ``gap_includes_frontend`` (bool):
+    True on the requests whose client-server gap holds tokenization and the first detokenize,
+    so a rule about the network can leave them out. Returns ``req`` (changed in place).
+    """
+    if "engine" not in req.columns or "network_s" not in req.columns:
+        return req
+    eng = req["engine"].astype(object)
+    hit = eng.isin(list(GAP_INCLUDES_FRONTEND)).to_numpy(dtype=bool)
+    req["gap_includes_frontend"] = hit
+    gap = pd.to_numeric(req["network_s"], errors="coerce")
+    move = hit & gap.notna().to_numpy()
+    if not move.any():
+        return req
+    lumped = pd.to_numeric(req["lumped_s"], errors="coerce") if "lumped_s" in req.columns else pd.Series(
+        np.nan, index=req.index)
+    req["lumped_s"] = lumped.where(~move, lumped.fillna(0.0) + gap.clip(lower=0.0))
+    req.loc[move, "network_s"] = np.nan
+    notes = req["lumped_note"].astype(object) if "lumped_note" in req.columns else pd.Series("", index=req.index)
+    add = eng.map(GAP_INCLUDES_FRONTEND).fillna("")
+    req["lumped_note"] = notes.where(~move, (notes.fillna("").astype(str) + "; " + add.astype(str)).str.lstrip("; "))
+    return req
 
 
 # --- Rust Debug durations ----------------------------------------------------------------------
@@ -170,6 +230,8 @@ class AdaptedRequest:
     lumped_note: str = ""
     inference_s: float = math.nan
     model: str = ""
+    #: prompt tokens served from the prefix cache (vLLM ``gen_ai.usage.cached_tokens``)
+    cached_tokens: float = math.nan
 
 
 def _num(value: Any) -> float:
@@ -183,13 +245,20 @@ def _num(value: Any) -> float:
 
 
 def _is_vllm(name: str, attributes: Mapping[str, Any]) -> bool:
+    """vLLM's ``llm_request`` span, or its ``"{operation} {model}"`` span under
+    ``gen_ai_latest_experimental``: ``gen_ai.operation.name`` plus ``gen_ai.latency.*`` and a
+    vLLM-only key (queue time or prompt tokens), never an SGLang span (those carry ``rid``,
+    ``thread_label`` or a ``Req`` root name, and SGLang also emits ``gen_ai.latency.*``)."""
     if name == stages.VLLM_SPAN_REQUEST:
         return True
-    if stages.GEN_AI_OPERATION in attributes and (
-        stages.VLLM_TTFT in attributes or stages.VLLM_E2E in attributes
-    ):
-        return True  # "{operation} {model}" under gen_ai_latest_experimental
-    return False
+    if stages.GEN_AI_OPERATION not in attributes:
+        return False
+    if not (stages.VLLM_TTFT in attributes or stages.VLLM_E2E in attributes):
+        return False
+    if "rid" in attributes or "thread_label" in attributes or _SGLANG_ROOT_RE.match(name):
+        return False
+    return stages.VLLM_QUEUE in attributes or stages.VLLM_PROMPT_TOKENS in attributes or \
+        stages.GEN_AI_USAGE_INPUT_TOKENS in attributes
 
 
 def _is_tgi(name: str, attributes: Mapping[str, Any]) -> bool:
@@ -255,6 +324,7 @@ def _adapt_vllm(name: str, a: Mapping[str, Any], start_ns: int, end_ns: int) -> 
         lumped_note=_VLLM_LUMPED_NOTE,
         inference_s=_num(a.get(VLLM_INFERENCE)),
         model=str(_first(a, stages.GEN_AI_REQUEST_MODEL, "gen_ai.response.model") or ""),
+        cached_tokens=_num(a.get(VLLM_CACHED_TOKENS)),
     )
 
 
@@ -345,7 +415,12 @@ def _frame_vllm(df: pd.DataFrame, get: Any) -> pd.DataFrame:
     e2e_raw = get(stages.VLLM_E2E)
     has_op = np.array([v is not None for v in op])
     has_lat = np.array([v is not None for v in ttft_raw]) | np.array([v is not None for v in e2e_raw])
-    mask = (names == stages.VLLM_SPAN_REQUEST) | (has_op & has_lat)
+    present = [np.array([v is not None for v in get(k)]) for k in
+               (stages.VLLM_QUEUE, stages.VLLM_PROMPT_TOKENS, stages.GEN_AI_USAGE_INPUT_TOKENS)]
+    vllm_key = present[0] | present[1] | present[2]
+    sglang_mark = (np.array([v is not None for v in get("rid")]) | np.array([v is not None for v in get("thread_label")])
+                   | pd.Series(names).str.match(_SGLANG_ROOT_RE).to_numpy(dtype=bool))
+    mask = (names == stages.VLLM_SPAN_REQUEST) | (has_op & has_lat & vllm_key & ~sglang_mark)
     if not mask.any():
         return _empty_requests()
     sub = df.loc[mask]
@@ -381,6 +456,7 @@ def _frame_vllm(df: pd.DataFrame, get: Any) -> pd.DataFrame:
         "span_id": sub["span_id"].astype(str).to_numpy(),
         "model": np.array(["" if v is None else str(v) for v in model], dtype=object),
         "inference_s": f(VLLM_INFERENCE),
+        "cached_tokens": f(VLLM_CACHED_TOKENS),
     })
 
 
@@ -420,6 +496,7 @@ def _frame_tgi(df: pd.DataFrame, get: Any) -> pd.DataFrame:
         "span_id": sub["span_id"].astype(str).to_numpy(),
         "model": "",
         "inference_s": inference,
+        "cached_tokens": np.nan,
     })
 
 
@@ -470,6 +547,10 @@ def _frame_sglang(df: pd.DataFrame, get: Any) -> pd.DataFrame:
     first_token_ns = pf.groupby("trace_id")["end_ns"].max().reindex(roots.index).to_numpy(dtype="float64")
     root_start = roots["start_ns"].to_numpy(dtype="int64")
     ttft = (first_token_ns - root_start) / 1e9
+    # prefer the root's own TTFT (tokenizer manager's clock, detokenizer hop included)
+    root_ttft = pd.Series(_as_float(get(stages.VLLM_TTFT)[is_root]), index=trace[is_root].to_numpy())
+    root_ttft = root_ttft.groupby(level=0).max().reindex(roots.index).to_numpy(dtype="float64")
+    ttft = np.where(np.isfinite(root_ttft), root_ttft, ttft)
     known = np.nan_to_num(tokenize) + np.nan_to_num(queue) + np.nan_to_num(prefill)
     lumped = np.maximum(ttft - known, 0.0)
     return pd.DataFrame({
@@ -489,6 +570,7 @@ def _frame_sglang(df: pd.DataFrame, get: Any) -> pd.DataFrame:
         "span_id": roots["span_id"].to_numpy(dtype=object),
         "model": "",
         "inference_s": np.nan,
+        "cached_tokens": np.nan,
     })
 
 
@@ -510,7 +592,7 @@ def adapt_spans_frame(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
     out = out.loc[:, list(REQUEST_COLUMNS + EXTRA_COLUMNS)]
     for c in ("server_ttft_s", "e2e_s", "input_tokens", "output_tokens", "queue_s", "prefill_s",
-              "tokenize_s", "decode_s", "lumped_s", "inference_s"):
+              "tokenize_s", "decode_s", "lumped_s", "inference_s", "cached_tokens"):
         out[c] = out[c].astype("float64")
     out["start_ns"] = out["start_ns"].astype("int64")
     return out.sort_values("start_ns", kind="stable").reset_index(drop=True)

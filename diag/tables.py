@@ -333,6 +333,7 @@ def request_table(spans: pd.DataFrame, warnings: list[str] | None = None, notes:
     req.loc[has_comm, "prefill_s"] = (req.loc[has_comm, "prefill_s"] - req.loc[has_comm, "comm_s"]).clip(lower=0)
     # network = client TTFT - server TTFT where both sides were seen
     req["network_s"] = req["network_s"].where(req["network_s"].notna(), (req["client_ttft_s"] - req["server_ttft_s"]).where(req["has_server"] & req["has_client"]))
+    req = external_spans.fold_client_gap(req)  # vLLM: the gap holds its front end's tokenization, not network alone
 
     tt = req["client_token_times"] if "client_token_times" in req.columns else pd.Series([None] * len(req), index=req.index)
     if "server_token_times" in req.columns:

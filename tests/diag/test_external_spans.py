@@ -97,8 +97,13 @@ def test_adapt_vllm_llm_request():
     assert (r.input_tokens, r.output_tokens) == (1000, 50)
     assert r.lumped_stage == stages.LUMPED
     assert r.lumped_s == pytest.approx(0.10)  # 0.5 - 0.1 - 0.3
-    assert "tokenize" in r.lumped_note and "detokenize" in r.lumped_note
+    # vLLM's TTFT starts after the chat template and tokenization and ends before the first
+    # detokenize: the lumped part is what lies between, not tokenization
+    assert "tokenization" in r.lumped_note and "outside" in r.lumped_note and "IPC" in r.lumped_note
     assert r.inference_s == 1.30 and r.model.startswith("meta-llama")
+    assert math.isnan(r.cached_tokens)
+    r = es.adapt_span("llm_request", {**VLLM_ATTRS, "gen_ai.usage.cached_tokens": 640}, 0, 1)
+    assert r.cached_tokens == 640
 
 
 def test_adapt_vllm_semconv_name_and_new_usage_keys():
@@ -278,3 +283,92 @@ def test_adapt_spans_frame_vectorised_at_scale():
     out = es.adapt_spans_frame(df)
     assert len(out) == n
     assert np.allclose(out["lumped_s"], 0.1)
+
+
+# --- the TTFT boundaries, as the engines' source sets them ----------------------------------------
+
+
+def _otlp(trace_id: str, spans: list[tuple[str, str, int, int, dict]]) -> dict:
+    def kv(k, v):
+        if isinstance(v, bool):
+            return {"key": k, "value": {"boolValue": v}}
+        if isinstance(v, int):
+            return {"key": k, "value": {"intValue": str(v)}}
+        if isinstance(v, float):
+            return {"key": k, "value": {"doubleValue": v}}
+        return {"key": k, "value": {"stringValue": str(v)}}
+
+    out = []
+    for i, (name, service, start, end, attrs) in enumerate(spans):
+        out.append({"resourceSpans": [{"resource": {"attributes": [kv("service.name", service)]},
+                                       "scopeSpans": [{"scope": {"name": "t"}, "spans": [{
+                                           "traceId": trace_id, "spanId": f"{i + 1:016x}", "parentSpanId": "",
+                                           "name": name, "kind": 2, "startTimeUnixNano": str(start),
+                                           "endTimeUnixNano": str(end),
+                                           "attributes": [kv(k, v) for k, v in attrs.items()], "status": {}}]}]}]})
+    return out
+
+
+def test_vllm_client_gap_is_lumped_not_network(tmp_path):
+    """A probe request joined with vLLM's llm_request: client TTFT 0.58 s, vLLM's 0.50 s. The
+    0.08 s between holds the API server's tokenization and first detokenize, so it is not network."""
+    from diag.capture import CaptureWriter, load_capture
+    from diag.tables import build_tables
+
+    t0 = 1_767_225_600 * 1_000_000_000
+    tid = "0af7651916cd43dd8448eb211c80319c"
+    client = {stages.ATTR_CLIENT_START_NS: t0, stages.ATTR_CLIENT_FIRST_CONTENT_NS: t0 + 580 * MS,
+              stages.ATTR_CLIENT_LAST_NS: t0 + 1700 * MS}
+    with CaptureWriter(tmp_path / "cap") as w:
+        for doc in _otlp(tid, [(stages.SPAN_CLIENT_REQUEST, "probe", t0, t0 + 1700 * MS, client),
+                               ("llm_request", "vllm", t0 + 50 * MS, t0 + 1650 * MS, VLLM_ATTRS)]):
+            w.append_span_request(doc)
+    t = build_tables(load_capture(tmp_path / "cap"))
+    req = t.requests
+    assert len(req) == 1 and req["engine"].iloc[0] == "vllm"
+    row = req.iloc[0]
+    assert row["client_ttft_s"] == pytest.approx(0.58) and row["server_ttft_s"] == pytest.approx(0.50)
+    assert math.isnan(row["network_s"])
+    assert row["lumped_s"] == pytest.approx(0.10 + 0.08)  # server-side remainder + the client-server gap
+    assert bool(row["gap_includes_frontend"])
+    assert "tokenization" in row["lumped_note"] and "network" in row["lumped_note"]
+    # the decomposition still adds up to what the client saw
+    assert row["queue_s"] + row["prefill_s"] + row["lumped_s"] == pytest.approx(row["client_ttft_s"])
+    assert "not called network" in t.lumped_notes["vllm"]
+
+
+def test_fold_client_gap_leaves_other_engines_network():
+    req = pd.DataFrame({"engine": ["tgi", None, "vllm"], "network_s": [0.02, 0.03, np.nan],
+                        "lumped_s": [np.nan, np.nan, 0.01], "lumped_note": ["", None, "x"]})
+    out = es.fold_client_gap(req.copy())
+    assert out["network_s"].iloc[0] == 0.02 and out["network_s"].iloc[1] == 0.03
+    assert out["lumped_s"].iloc[2] == 0.01 and out["lumped_note"].iloc[2] == "x"  # no client side: nothing to move
+    assert out["gap_includes_frontend"].tolist() == [False, False, True]
+
+
+def test_sglang_root_ttft_is_preferred_over_the_scheduler_clock():
+    rows = _sglang_trace("t1", 0)
+    rows[1]["attributes"] = {"rid": "5e1f0a2b77c1", "gen_ai.latency.time_to_first_token": 0.145,
+                             "gen_ai.latency.e2e": 0.9}
+    out = es.adapt_spans_frame(pd.DataFrame(rows))
+    assert out["server_ttft_s"].iloc[0] == pytest.approx(0.145)  # not 0.138, the last prefill slice's end
+    without = es.adapt_spans_frame(pd.DataFrame(_sglang_trace("t2", 0)))
+    assert without["server_ttft_s"].iloc[0] == pytest.approx(0.138)
+
+
+def test_sglang_root_with_operation_name_is_not_vllm():
+    attrs = {"rid": "5e1f0a2b77c1", "gen_ai.operation.name": "chat", "gen_ai.latency.time_to_first_token": 0.1,
+             "gen_ai.latency.e2e": 0.9}
+    assert es.detect_engine(" Req 5e1f0a2b", attrs) == "sglang"
+    rows = _sglang_trace("t1", 0)
+    rows[1]["attributes"] = attrs
+    out = es.adapt_spans_frame(pd.DataFrame(rows))
+    assert out["engine"].tolist() == ["sglang"]
+    # vLLM's semconv span is still vLLM
+    assert es.detect_engine("chat m", {**VLLM_ATTRS, "gen_ai.operation.name": "chat"}) == "vllm"
+
+
+def test_notes_state_each_boundary():
+    notes = es.adapter_notes()
+    assert "after the chat template and tokenization" in notes["vllm"]
+    assert "all chunks" in notes["sglang"] and "gen_ai.latency.time_to_first_token" in notes["sglang"]
