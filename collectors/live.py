@@ -28,7 +28,7 @@ from collectors.feeds import CallableMonitor, Monitor
 from collectors.live_probe import PlanFn, ProbeThread
 from collectors.nvml import NvmlSampler
 from collectors.otlp_receiver import OTLPReceiver
-from collectors.prometheus import PrometheusScraper
+from collectors.prometheus import PrometheusScraper, metrics_url
 from diag.capture import CaptureWriter
 
 @dataclass
@@ -103,8 +103,7 @@ class LiveCollection:
     def start_prometheus(self, url: str, interval_s: float = 1.0, source: str = "prometheus") -> bool:
         """Scrape ``url`` (``/metrics`` appended when missing) into ``series/<source>.parquet``.
         One scraper per ``source``; the demo starts one per engine process."""
-        if "/metrics" not in url:
-            url = url.rstrip("/") + "/metrics"
+        url = metrics_url(url)  # trtllm-serve's JSON /metrics: the scraper moves to /prometheus/metrics
         try:
             scraper = PrometheusScraper(url, interval_s=interval_s)
             self.add_collector(source, scraper)

@@ -6,6 +6,10 @@
   histograms → windowed mean and p50/p95/p99 from bucket deltas, gauges as they are. A dead
   endpoint or a malformed text is counted and kept as a one-line ``last_error``; it never
   raises out of the thread.
+* Which URL: :func:`metrics_url` appends ``/metrics`` to a server's base URL. trtllm-serve
+  answers ``/metrics`` with JSON iteration stats and serves the Prometheus text at
+  ``/prometheus/metrics`` (``tensorrt_llm/serve/openai_server.py`` @e7f7345e); a scraper whose
+  ``/metrics`` answers JSON switches to that sibling once and says so (``stats()["url_note"]``).
 * :class:`PrometheusAPIReader` asks a Prometheus server (``/api/v1/query_range``) for the
   same series with PromQL built from the same tables, one entity per replica (``instance``):
   how a fleet is observed.
@@ -42,6 +46,34 @@ class ExpositionError(ValueError):
 
 class ScrapeError(RuntimeError):
     """A scrape that did not produce a snapshot (connection, HTTP status, size)."""
+
+
+#: where trtllm-serve serves Prometheus text (its /metrics is JSON)
+TRTLLM_PROMETHEUS_PATH = "/prometheus/metrics"
+
+
+def metrics_url(url: str) -> str:
+    """The /metrics URL for ``url``: unchanged when its path already names a metrics endpoint
+    (``/metrics``, ``/prometheus/metrics``), else the base URL + ``/metrics``."""
+    path = urllib.parse.urlsplit(url).path
+    if path.rstrip("/").endswith("metrics"):
+        return url
+    return url.rstrip("/") + "/metrics"
+
+
+def _looks_like_json(text: str) -> bool:
+    head = text.lstrip()[:1]
+    return head in ("{", "[")
+
+
+def _prometheus_sibling(url: str) -> str | None:
+    """``http://h:p/metrics`` -> ``http://h:p/prometheus/metrics``; None when not a plain /metrics URL."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path.rstrip("/")
+    if not path.endswith("/metrics") or path.endswith(TRTLLM_PROMETHEUS_PATH):
+        return None
+    new_path = path[: -len("/metrics")] + TRTLLM_PROMETHEUS_PATH
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, new_path, parts.query, parts.fragment))
 
 
 def _one_line(text: str, limit: int = 160) -> str:
@@ -106,7 +138,8 @@ def adapt_texts(texts: Sequence[tuple[float, str]], engine: str | None = None, e
         snap = parse_exposition(text, ts)
         if adapter is None:
             adapter = resolve_adapter(engine, snap.names())
-            if adapter is None:
+            if adapter is None:  # no engine names yet (labelled families with no children): still a baseline
+                prev = snap
                 continue
         rows.extend((ts, r.series, r.entity, r.value) for r in pa.adapt(adapter, prev, snap, entity))
         prev = snap
@@ -161,6 +194,7 @@ class PrometheusScraper:
         self.dropped_rows = 0
         self.last_error = ""
         self.last_ok_ts_s = math.nan
+        self.url_note = ""
 
     @property
     def engine(self) -> str | None:
@@ -172,6 +206,8 @@ class PrometheusScraper:
         self.scrapes += 1
         try:
             text = self._fetch(self.url, self.timeout_s)
+            if _looks_like_json(text):
+                text = self._switch_from_json()
             return self.ingest_text(text, ts)
         except (ScrapeError, ExpositionError, ValueError) as exc:
             self._error(str(exc))
@@ -179,14 +215,33 @@ class PrometheusScraper:
             self._error(f"{type(exc).__name__}: {exc}")
         return []
 
+    def _switch_from_json(self) -> str:
+        """``/metrics`` answered JSON (trtllm-serve's iteration stats): fetch ``/prometheus/metrics``
+        instead and keep that URL. Raises ScrapeError with a one-line reason when it cannot."""
+        sibling = _prometheus_sibling(self.url)
+        if sibling is None:
+            raise ScrapeError(f"{self.url}: answered JSON, not Prometheus text")
+        try:
+            text = self._fetch(sibling, self.timeout_s)
+        except ScrapeError as exc:
+            why = str(exc).replace(sibling + ": ", "")
+            raise ScrapeError(f"{self.url} answered JSON; trtllm-serve serves Prometheus text at "
+                              f"{TRTLLM_PROMETHEUS_PATH} only with return_perf_metrics: true ({why})") from None
+        if _looks_like_json(text):
+            raise ScrapeError(f"{self.url} and {sibling}: both answered JSON, not Prometheus text")
+        self.url_note = f"{self.url} answered JSON (trtllm-serve's iteration stats): scraping {sibling}"
+        self.url = sibling
+        return text
+
     def ingest_text(self, text: str, ts_s: float) -> list[tuple[float, str, str, float]]:
         """Adapt one exposition text taken at ``ts_s`` (raises ExpositionError, ValueError)."""
         snap = parse_exposition(text, ts_s)
         if self.adapter is None:
             self.adapter = resolve_adapter(None, snap.names())
             if self.adapter is None:
+                self._prev = snap  # the next scrape's deltas start here
                 raise ValueError(f"{self.url}: no known engine metrics (vLLM, SGLang, TGI, "
-                                 "llama.cpp, TensorRT-LLM/Triton, ttft_engine) in the exposition")
+                                 "llama.cpp, TensorRT-LLM/Triton, Dynamo, ttft_engine) in the exposition")
         rows = [(ts_s, r.series, r.entity, r.value) for r in pa.adapt(self.adapter, self._prev, snap, self.entity)]
         self._prev = snap
         self.consecutive_errors = 0
@@ -252,6 +307,7 @@ class PrometheusScraper:
             "consecutive_errors": self.consecutive_errors,
             "last_error": self.last_error,
             "dropped_rows": self.dropped_rows,
+            "url_note": self.url_note,
         }
 
 

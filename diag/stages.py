@@ -223,6 +223,27 @@ SERIES_REQUESTS_PER_S = "requests_per_s"
 SERIES_PREFILL_BUSY = "prefill_busy_ratio"
 SERIES_DECODE_BUSY = "decode_busy_ratio"  # the same for token generation (Δ generation s / Δt)
 SERIES_PREFILL_S_PER_TOKEN = "prefill_s_per_token"  # Δ prompt seconds / Δ prompt tokens (s/token)
+# prompt work and caches (tokens, not blocks; see docs/engines.md for what each engine counts)
+SERIES_PROMPT_TOKENS_COMPUTED_PER_S = "prompt_tokens_computed_per_s"  # prompt tokens the engine computed
+SERIES_PROMPT_TOKENS_CACHED_PER_S = "prompt_tokens_cached_per_s"  # prompt tokens served from a prefix cache
+SERIES_PROMPT_TOKENS_TRANSFERRED_PER_S = "prompt_tokens_transferred_per_s"  # KV received from elsewhere
+SERIES_PREFIX_CACHE_HIT_RATIO = "prefix_cache_hit_ratio"  # 0..1, hit tokens / queried tokens in the window
+SERIES_PREFILL_COMPUTED_TOKENS = "prefill_computed_tokens"  # mean prompt tokens computed per request
+SERIES_ITERATION_TOKENS = "iteration_tokens"  # mean tokens per engine step (budget saturation)
+SERIES_BUSY_SLOTS_PER_DECODE = "busy_slots_per_decode"  # llama.cpp: mean busy slots per llama_decode()
+SERIES_WAITING_CAPACITY = "num_waiting_capacity"  # waiting for KV capacity (vLLM reason="capacity")
+SERIES_WAITING_DEFERRED = "num_waiting_deferred"  # waiting on LoRA / KV transfer (vLLM reason="deferred")
+#: 1 where the engine's gauges were not refreshed in the window (SGLang sets them only while
+#: it logs stats: idle, they freeze) and its gauge rows were left out; 0 where they were fresh
+SERIES_GAUGES_STALE = "gauges_stale"
+# a front end before the engine (NVIDIA Dynamo): its own split of TTFT
+SERIES_TOKENIZE_TIME_S = "tokenize_time_s"  # windowed mean tokenizer latency per call
+SERIES_DETOKENIZE_TIME_S = "detokenize_time_s"
+SERIES_INFLIGHT = "num_inflight"  # requests the front end has sent to engines and not finished
+SERIES_AWAITING_FIRST_TOKEN = "num_awaiting_first_token"  # front-end requests without a first response
+SERIES_TRANSIT_S = "transit_s"  # front end send -> worker receive (mean, wall clocks of two processes)
+SERIES_WORKER_TTFT_S = "worker_ttft_s"  # worker receive -> its first response (mean)
+SERIES_FRONTEND_TIME_S = "frontend_time_s"  # mean TTFT - mean transit - mean worker first response
 
 # GPU canonical series (NVML)
 SERIES_GPU_UTIL_PCT = "gpu_util_pct"

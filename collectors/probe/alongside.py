@@ -40,9 +40,9 @@ class Alongside:
         """Start what was asked for; failures become notes."""
         if self.metrics_url:
             try:
-                from collectors.prometheus import PrometheusScraper
+                from collectors.prometheus import PrometheusScraper, metrics_url
 
-                url = self.metrics_url if "/metrics" in self.metrics_url else self.metrics_url.rstrip("/") + "/metrics"
+                url = metrics_url(self.metrics_url)
                 self.scraper = PrometheusScraper(url, interval_s=self.metrics_interval_s)
                 self.scraper.start()
                 self.notes["prometheus"] = {"url": url, "interval_s": self.metrics_interval_s}

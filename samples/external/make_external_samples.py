@@ -17,8 +17,9 @@ gauges are then written the way that engine exposes them:
   ``CaptureWriter.append_span_request``, scrapes through ``collectors.prometheus.adapt_texts``
   into ``series/prometheus.parquet``, and a meta.json saying what the sample is.
 
-Every metric, label and attribute name comes from /work/shared/reference/engine-telemetry.md;
-samples/README.md cites the source file of each. Help texts are paraphrased, not copied.
+Every metric, label and attribute name, and what each one measures (when it is observed, which
+clock, which boundary), was read from the engine's source at the file and commit in
+``NAME_SOURCES`` (the table is docs/engines.md). Help texts are paraphrased, not copied.
 
 Run: ``python samples/external/make_external_samples.py [--out DIR]`` (default: next to this
 file). Deterministic: the same command writes the same bytes.
@@ -74,6 +75,9 @@ class SimConfig:
     tokenize_base_s: float = 0.001
     tokenize_per_token_s: float = 2e-6
     detokenize_s: float = 0.0005
+    #: after tokenization, before the engine queues the request: input processing and the API
+    #: server -> engine core IPC (vLLM's arrival_time is taken after tokenization, before this)
+    ingest_s: float = 0.0
     #: admit into a free slot even when this step's prompt budget is spent (llama.cpp slots)
     admit_without_budget: bool = False
     scrape_interval_s: int = SCRAPE_INTERVAL_S
@@ -88,7 +92,8 @@ class Req:
     prompt: int
     output: int
     tokenize_s: float
-    queued: float = math.nan  # enters the waiting queue (after tokenization)
+    ingest_s: float = 0.0  # input processing + IPC after tokenization, before the queue
+    queued: float = math.nan  # enters the waiting queue (after tokenization and ingest)
     scheduled: float = math.nan  # first admitted into the running batch
     first_token: float = math.nan
     finish: float = math.nan
@@ -159,13 +164,14 @@ def simulate(cfg: SimConfig, seed: int) -> SimResult:
     reqs = []
     for i, a in enumerate(_arrivals(cfg, rng)):
         p = rng.randint(*cfg.prompt_tokens)
-        reqs.append(Req(i, a, p, rng.randint(*cfg.output_tokens), cfg.tokenize_base_s + cfg.tokenize_per_token_s * p))
+        reqs.append(Req(i, a, p, rng.randint(*cfg.output_tokens), cfg.tokenize_base_s + cfg.tokenize_per_token_s * p,
+                        cfg.ingest_s))
     blk = cfg.kv_block_tokens
 
     def blocks(tokens: int) -> int:
         return -(-tokens // blk) * blk
 
-    pending = sorted(reqs, key=lambda r: r.arrival + r.tokenize_s)
+    pending = sorted(reqs, key=lambda r: r.arrival + r.tokenize_s + r.ingest_s)
     waiting: list[Req] = []
     running: list[Req] = []
     steps: list[Step] = []
@@ -180,16 +186,16 @@ def simulate(cfg: SimConfig, seed: int) -> SimResult:
         return blocks(max(x.kv_tokens, x.prefill_target))
 
     while done < len(reqs) and t < horizon:
-        while pending and pending[0].arrival + pending[0].tokenize_s <= t:
+        while pending and pending[0].arrival + pending[0].tokenize_s + pending[0].ingest_s <= t:
             r = pending.pop(0)
-            r.queued = r.arrival + r.tokenize_s
+            r.queued = r.arrival + r.tokenize_s + r.ingest_s
             waiting.append(r)
         while next_scrape < len(scrape_times) and scrape_times[next_scrape] <= t:
             used = sum(blocks(x.kv_tokens) for x in running)
             states.append(StateSample(scrape_times[next_scrape], len(running), len(waiting), used))
             next_scrape += 1
         if not running and not waiting:  # idle until the next arrival
-            t_next = max(t, pending[0].arrival + pending[0].tokenize_s) if pending else t + 0.01
+            t_next = max(t, pending[0].arrival + pending[0].tokenize_s + pending[0].ingest_s) if pending else t + 0.01
             while next_scrape < len(scrape_times) and scrape_times[next_scrape] <= t_next:
                 states.append(StateSample(scrape_times[next_scrape], 0, 0, 0))
                 next_scrape += 1
@@ -272,7 +278,8 @@ SCENARIOS: dict[str, tuple[SimConfig, str, str]] = {
     "vllm": (
         SimConfig("vllm", arrivals_s=30, rate_start=1.0, rate_end=6.0, prompt_tokens=(800, 3000),
                   output_tokens=(120, 400), kv_capacity_tokens=32768, kv_block_tokens=16, max_running=64,
-                  prefill_budget_tokens=8192, step_base_s=0.012, step_per_seq_s=0.0004, prefill_tokens_per_s=24000),
+                  prefill_budget_tokens=8192, step_base_s=0.012, step_per_seq_s=0.0004, prefill_tokens_per_s=24000,
+                  ingest_s=0.0008),
         "kv_cache",
         "arrivals ramp from 1 to 6 req/s into a 32k-token KV cache: KV usage climbs to ~1.0, the engine "
         "preempts running requests, the waiting queue grows and TTFT shifts right",
@@ -309,8 +316,10 @@ SCENARIOS: dict[str, tuple[SimConfig, str, str]] = {
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 VERSIONS: dict[str, str] = {
-    "vllm": "vLLM V1 engine, 0.12-era metric names (kv_cache_usage_perc, inter_token_latency_seconds)",
-    "sglang": "SGLang with --enable-metrics --enable-trace (collector.py @00ae9c15, tracing/trace.py)",
+    "vllm": "vLLM V1 engine, current metric names (kv_cache_usage_perc, inter_token_latency_seconds, "
+            "prompt_tokens_by_source, num_requests_waiting_by_reason); TTFT from arrival_time (after tokenization)",
+    "sglang": "SGLang with --enable-metrics --enable-trace (observability/metrics_collector.py @44cedc2b, "
+              "observability/trace.py @b8e5a7c3)",
     "tgi": "TGI 3.x router (@db931fcf), metrics-exporter-prometheus 0.15, --otlp-endpoint",
     "llamacpp": "llama.cpp server with --metrics (tools/server)",
 }
@@ -373,22 +382,62 @@ VLLM_REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0
                         120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 
 
+#: output batch engine core -> API server, before it is detokenized (the end of vLLM's TTFT)
+VLLM_OUTPUT_IPC_S = 0.0002
+VLLM_ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+VLLM_TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
+
+
+def _vllm_arrival(r: Req) -> float:
+    """vLLM's ``arrival_time``: set in InputProcessor.process_inputs, after the API server's chat
+    template and tokenization (vllm/v1/engine/input_processor.py @a1799180)."""
+    return r.arrival + r.tokenize_s
+
+
+def _vllm_engine_first(r: Req, cfg: SimConfig) -> float:
+    """The engine step that made the first token ended here (engine core's first_token_ts)."""
+    return r.first_token - cfg.detokenize_s
+
+
+def _vllm_ttft_end(r: Req, cfg: SimConfig) -> float:
+    """``IterationStats.iteration_timestamp``: the output batch at the API server, before the first
+    detokenize (vllm/v1/metrics/stats.py @28ed1fb8, output_processor.py @d0782260)."""
+    return _vllm_engine_first(r, cfg) + VLLM_OUTPUT_IPC_S
+
+
 def vllm_texts(sim: SimResult) -> list[str]:
-    """vLLM V1 PrometheusStatLogger names (vllm/v1/metrics/loggers.py), labels model_name + engine."""
+    """vLLM V1 PrometheusStatLogger names (vllm/v1/metrics/loggers.py), labels model_name + engine.
+
+    TTFT is observed at the first token (from arrival_time, after tokenization, to the output
+    batch at the API server); queue/prefill/decode/e2e at finish; prompt_tokens adds the whole
+    prompt at the first token (stats.py @28ed1fb8); prompt_tokens_by_source splits it.
+    """
+    cfg = sim.cfg
     reg = CollectorRegistry()
     lab = ("model_name", "engine")
     lv = (MODEL, "0")
     running = Gauge("vllm:num_requests_running", "Requests in the running batch.", lab, registry=reg)
     waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", lab, registry=reg)
+    by_reason = Gauge("vllm:num_requests_waiting_by_reason", "Waiting requests by why they wait.", lab + ("reason",),
+                      registry=reg)
     kv = Gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).", lab, registry=reg)
     pre = Counter("vllm:num_preemptions", "Preemptions so far.", lab, registry=reg)
-    prompt = Counter("vllm:prompt_tokens", "Prompt tokens prefilled.", lab, registry=reg)
+    prompt = Counter("vllm:prompt_tokens", "Prompt tokens of requests that got a first token.", lab, registry=reg)
+    by_source = Counter("vllm:prompt_tokens_by_source", "Prompt tokens by where their KV came from.",
+                        lab + ("source",), registry=reg)
+    cached = Counter("vllm:prompt_tokens_cached", "Prompt tokens served from the prefix cache.", lab, registry=reg)
+    pc_q = Counter("vllm:prefix_cache_queries", "Prefix-cache lookups, in tokens.", lab, registry=reg)
+    pc_h = Counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", lab, registry=reg)
     gen = Counter("vllm:generation_tokens", "Tokens generated.", lab, registry=reg)
     succ = Counter("vllm:request_success", "Requests finished.", lab + ("finished_reason",), registry=reg)
     ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token (s).", lab,
                      buckets=VLLM_TTFT_BUCKETS, registry=reg)
     itl = Histogram("vllm:inter_token_latency_seconds", "Time between consecutive tokens (s).", lab,
                     buckets=VLLM_ITL_BUCKETS, registry=reg)
+    it_tok = Histogram("vllm:iteration_tokens_total", "Tokens per engine step.", lab, buckets=VLLM_ITERATION_BUCKETS,
+                       registry=reg)
+    kv_comp = Histogram("vllm:request_prefill_kv_computed_tokens", "Prompt tokens computed per request.", lab,
+                        buckets=VLLM_TOKEN_BUCKETS, registry=reg)
     hs = {
         k: Histogram(f"vllm:{k}", d, lab, buckets=VLLM_REQUEST_BUCKETS, registry=reg)
         for k, d in (("e2e_request_latency_seconds", "End-to-end request latency (s)."),
@@ -398,38 +447,48 @@ def vllm_texts(sim: SimResult) -> list[str]:
     }
     ev = _Events()
     for r in sim.reqs:
-        ev.add(r.first_token, lambda r=r: ttft.labels(*lv).observe(r.first_token - r.arrival))
+        def first(r: Req = r) -> None:
+            ttft.labels(*lv).observe(_vllm_ttft_end(r, cfg) - _vllm_arrival(r))
+            prompt.labels(*lv).inc(r.prompt)
+            by_source.labels(*lv, "local_compute").inc(r.prompt)
+
+        ev.add(_vllm_ttft_end(r, cfg), first)
+        ev.add(r.scheduled, lambda r=r: pc_q.labels(*lv).inc(r.prompt))
         for t, gap in _decode_gaps(r):
             ev.add(t, lambda gap=gap: itl.labels(*lv).observe(gap))
 
         def fin(r: Req = r) -> None:
-            hs["e2e_request_latency_seconds"].labels(*lv).observe(r.finish - r.arrival)
+            eng_first = _vllm_engine_first(r, cfg)
+            hs["e2e_request_latency_seconds"].labels(*lv).observe(r.finish - _vllm_arrival(r))
             hs["request_queue_time_seconds"].labels(*lv).observe(r.scheduled - r.queued)
-            hs["request_prefill_time_seconds"].labels(*lv).observe(r.first_token - r.scheduled)
-            hs["request_decode_time_seconds"].labels(*lv).observe(r.finish - r.first_token)
+            hs["request_prefill_time_seconds"].labels(*lv).observe(eng_first - r.scheduled)
+            hs["request_decode_time_seconds"].labels(*lv).observe(r.finish - eng_first)
+            kv_comp.labels(*lv).observe(r.prompt)
             succ.labels(*lv, "length").inc()
 
         ev.add(r.finish, fin)
     for s in sim.steps:
         def step(s: Step = s) -> None:
-            if s.prefill_tokens:
-                prompt.labels(*lv).inc(s.prefill_tokens)
             gen.labels(*lv).inc(s.decode_seqs + s.first_tokens)
+            it_tok.labels(*lv).observe(s.prefill_tokens + s.decode_seqs)
             if s.preempted:
                 pre.labels(*lv).inc(s.preempted)
 
         ev.add(s.end, step)
     # children exist from the start, as vLLM creates them at start-up
-    pre.labels(*lv)
-    prompt.labels(*lv)
-    gen.labels(*lv)
+    for c in (pre, prompt, gen, cached, pc_q, pc_h):
+        c.labels(*lv)
+    for src in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+        by_source.labels(*lv, src)
     texts = []
     for t in sim.scrape_times:
         ev.until(t)
         st = _state_at(sim, t)
         running.labels(*lv).set(st.running)
         waiting.labels(*lv).set(st.waiting)
-        kv.labels(*lv).set(round(st.kv_used_tokens / sim.cfg.kv_capacity_tokens, 4))
+        by_reason.labels(*lv, "capacity").set(st.waiting)
+        by_reason.labels(*lv, "deferred").set(0)
+        kv.labels(*lv).set(round(st.kv_used_tokens / cfg.kv_capacity_tokens, 4))
         texts.append(_strip_created(generate_latest(reg)))
     return texts
 
@@ -474,10 +533,13 @@ def _hex(rng: random.Random, bits: int) -> str:
 
 
 def vllm_spans(sim: SimResult) -> list[dict[str, Any]]:
-    """One ``llm_request`` span per finished request (vllm/v1/engine/output_processor.py do_tracing)."""
+    """One ``llm_request`` span per finished request (vllm/v1/engine/output_processor.py do_tracing
+    @d0782260): it starts at arrival_time (after tokenization); its TTFT ends before detokenize."""
+    cfg = sim.cfg
     rng = random.Random(SEED + 1)
     items = []
     for r in sim.reqs:
+        start, eng_first = _vllm_arrival(r), _vllm_engine_first(r, cfg)
         attrs = [
             _kv("gen_ai.request.id", f"cmpl-{_hex(rng, 128)}-0"),
             _kv("gen_ai.request.max_tokens", r.output),
@@ -485,16 +547,17 @@ def vllm_spans(sim: SimResult) -> list[dict[str, Any]]:
             _kv("gen_ai.request.top_p", 0.95),
             _kv("gen_ai.usage.prompt_tokens", r.prompt),
             _kv("gen_ai.usage.completion_tokens", r.output),
+            _kv("gen_ai.usage.cached_tokens", 0),
             _kv("gen_ai.latency.time_in_queue", round(r.scheduled - r.queued, 6)),
-            _kv("gen_ai.latency.time_to_first_token", round(r.first_token - r.arrival, 6)),
-            _kv("gen_ai.latency.e2e", round(r.finish - r.arrival, 6)),
-            _kv("gen_ai.latency.time_in_model_prefill", round(r.first_token - r.scheduled, 6)),
-            _kv("gen_ai.latency.time_in_model_decode", round(r.finish - r.first_token, 6)),
+            _kv("gen_ai.latency.time_to_first_token", round(_vllm_ttft_end(r, cfg) - start, 6)),
+            _kv("gen_ai.latency.e2e", round(r.finish - start, 6)),
+            _kv("gen_ai.latency.time_in_model_prefill", round(eng_first - r.scheduled, 6)),
+            _kv("gen_ai.latency.time_in_model_decode", round(r.finish - eng_first, 6)),
             _kv("gen_ai.latency.time_in_model_inference", round(r.finish - r.scheduled, 6)),
         ]
         items.append((r.finish, {
             "traceId": _hex(rng, 128), "spanId": _hex(rng, 64), "parentSpanId": "", "name": "llm_request",
-            "kind": 2, "startTimeUnixNano": str(_ns(r.arrival)), "endTimeUnixNano": str(_ns(r.finish)),
+            "kind": 2, "startTimeUnixNano": str(_ns(start)), "endTimeUnixNano": str(_ns(r.finish)),
             "attributes": attrs, "status": {},
         }))
     return [_otlp_request("vllm", "vllm.llm_engine", b) for b in _batches(items, 5.0)]
@@ -511,8 +574,11 @@ SGLANG_QUEUE_BUCKETS = [0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 5
                         300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000]
 #: exponential from 1 ms, x1.62, 30 buckets (up to ~1191 s)
 SGLANG_STAGE_BUCKETS = [0.001 * (1.62 ** i) for i in range(30)]
-#: SGLang request stages (RequestStage in python/sglang/srt/managers/schedule_batch.py) used here
-SGLANG_STAGES = ("tokenize", "prefill_waiting", "prefill_forward", "decode_loop")
+#: SGLang request stages (RequestStage, python/sglang/srt/observability/req_time_stats.py @602413bc) traced here
+SGLANG_STAGES = ("tokenize", "request_process", "prefill_waiting", "prefill_forward", "decode_loop")
+#: the stages whose latency per_stage_req_latency_seconds observes (metrics_is_observed=True);
+#: prefill_waiting is traced but not observed
+SGLANG_OBSERVED_STAGES = ("request_process", "prefill_forward")
 
 
 def _sglang_slices(r: Req) -> list[tuple[str, str, float, float]]:
@@ -522,6 +588,7 @@ def _sglang_slices(r: Req) -> list[tuple[str, str, float, float]]:
     sched = max(r.scheduled, proc_end)
     return [
         ("Tokenizer", "tokenize", r.arrival, r.arrival + r.tokenize_s),
+        ("Scheduler", "request_process", disp_end, proc_end),
         ("Scheduler", "prefill_waiting", proc_end, sched),
         ("Scheduler", "prefill_forward", sched, r.first_token - 0.0005),
         ("Scheduler", "decode_loop", r.first_token - 0.0005, r.finish),
@@ -529,7 +596,11 @@ def _sglang_slices(r: Req) -> list[tuple[str, str, float, float]]:
 
 
 def sglang_texts(sim: SimResult) -> list[str]:
-    """SGLang scheduler + tokenizer metrics (python/sglang/srt/metrics/collector.py)."""
+    """SGLang scheduler + tokenizer metrics (python/sglang/srt/observability/metrics_collector.py @44cedc2b).
+
+    The scheduler sets its gauges only when it logs stats (scheduler_metrics_mixin.py @44cedc2b):
+    a scrape with no engine step since the previous one shows the previous values (frozen).
+    """
     reg = CollectorRegistry()
     sched = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
     sv = (MODEL, "unified", "0", "0", "0")
@@ -563,7 +634,7 @@ def sglang_texts(sim: SimResult) -> list[str]:
         for t, gap in _decode_gaps(r):
             ev.add(t, lambda gap=gap: itl.labels(*tv).observe(gap))
         for _, name, a, b in _sglang_slices(r):
-            if name in ("prefill_waiting", "prefill_forward"):
+            if name in SGLANG_OBSERVED_STAGES:
                 ev.add(b, lambda name=name, a=a, b=b: stage.labels(*sv, name).observe(b - a))
         ev.add(r.scheduled, lambda r=r: qtime.labels(*sv).observe(r.scheduled - r.queued))
 
@@ -575,43 +646,70 @@ def sglang_texts(sim: SimResult) -> list[str]:
 
         ev.add(r.finish, fin)
     retracted.labels(*sv)
+    realtime = Counter("sglang:realtime_tokens", "Tokens processed, by mode, updated each log interval.",
+                       sched + ("mode",), registry=reg)
+    for mode in ("prefill_compute", "prefill_cache", "decode"):
+        realtime.labels(*sv, mode)
     for s in sim.steps:
         if s.preempted:
             ev.add(s.end, lambda s=s: retracted.labels(*sv).inc(s.preempted))
+
+        def step_tokens(s: Step = s) -> None:  # no prefix cache hits in this story
+            if s.prefill_tokens:
+                realtime.labels(*sv, "prefill_compute").inc(s.prefill_tokens)
+            if s.decode_seqs:
+                realtime.labels(*sv, "decode").inc(s.decode_seqs)
+
+        ev.add(s.end, step_tokens)
     cap = sim.cfg.kv_capacity_tokens
     maxtok.labels(*sv).set(cap)
     hit.labels(*sv).set(0.0)
+    for g_ in (running, queue, usage, used, thr):  # the scheduler creates them at start-up, at 0
+        g_.labels(*sv).set(0)
     texts = []
     prev_t, prev_gen = 0.0, 0
     for t in sim.scrape_times:
         ev.until(t)
         st = _state_at(sim, t)
-        running.labels(*sv).set(st.running)
-        queue.labels(*sv).set(st.waiting)
-        usage.labels(*sv).set(round(st.kv_used_tokens / cap, 4))
-        used.labels(*sv).set(st.kv_used_tokens)
-        g = sum(s.decode_seqs + s.first_tokens for s in sim.steps if s.end <= t)
-        thr.labels(*sv).set(round((g - prev_gen) / (t - prev_t), 2) if t > prev_t else 0.0)
-        prev_t, prev_gen = t, g
+        logged = any(prev_t < s.end <= t for s in sim.steps)
+        if logged:  # no step since the last scrape: no log_*_stats call, the gauges keep their values
+            running.labels(*sv).set(st.running)
+            queue.labels(*sv).set(st.waiting)
+            usage.labels(*sv).set(round(st.kv_used_tokens / cap, 4))
+            used.labels(*sv).set(st.kv_used_tokens)
+            g = sum(s.decode_seqs + s.first_tokens for s in sim.steps if s.end <= t)
+            thr.labels(*sv).set(round((g - prev_gen) / (t - prev_t), 2) if t > prev_t else 0.0)
+            prev_gen = g
+        prev_t = t
         texts.append(_strip_created(generate_latest(reg)))
     return texts
 
 
 def sglang_spans(sim: SimResult) -> list[dict[str, Any]]:
-    """SGLang's request span tree (python/sglang/srt/tracing/trace.py): Bootstrap Room -> Req -> thread -> slices."""
+    """SGLang's request span tree (python/sglang/srt/observability/trace.py @b8e5a7c3): Req root -> thread ->
+    slices. The root carries gen_ai.latency.* on the tokenizer manager's clock; the "Bootstrap Room" span
+    that older builds put above it is gone (now a root attribute, PD mode only), so it is not emitted."""
     rng = random.Random(SEED + 2)
     host = _hex(rng, 128)
     pids = {"Tokenizer": 41877, "Scheduler": 42011}
     items = []
     for r in sim.reqs:
         trace = f"{rng.getrandbits(64):032x}"  # SGLang's id generator draws 64-bit trace ids
-        room, root = _hex(rng, 64), _hex(rng, 64)
+        root = _hex(rng, 64)
         rid = _hex(rng, 128)
+        disp_end = r.queued + 0.0015
+        root_attrs = [
+            _kv("rid", rid),
+            _kv("gen_ai.latency.time_to_first_token", round(r.first_token - r.arrival, 6)),
+            _kv("gen_ai.latency.e2e", round(r.finish - r.arrival, 6)),
+            # SGLang's time_in_model_prefill is first token - dispatch finish: it includes the queue
+            _kv("gen_ai.latency.time_in_model_prefill", round(r.first_token - disp_end, 6)),
+            _kv("gen_ai.latency.time_in_model_decode", round(r.finish - r.first_token, 6)),
+            _kv("gen_ai.latency.time_in_model_inference", round(r.finish - disp_end, 6)),
+        ]
         spans = [
-            {"name": "Bootstrap Room 0x0", "spanId": room, "parentSpanId": "", "start": r.arrival, "end": r.finish,
-             "attributes": [_kv("bootstrap_room", "0x0")]},
-            {"name": f" Req {rid[:8]}", "spanId": root, "parentSpanId": room, "start": r.arrival, "end": r.finish,
-             "attributes": [_kv("rid", rid)]},
+            {"name": f" Req {rid[:8]}", "spanId": root, "parentSpanId": "", "start": r.arrival, "end": r.finish,
+             "attributes": root_attrs},
         ]
         threads: dict[str, str] = {}
         for thread, name, a, b in _sglang_slices(r):
@@ -928,12 +1026,16 @@ RENDER: dict[str, tuple[Callable[[SimResult], list[str]], Callable[[SimResult], 
 
 #: What each sample's names are, and where they are defined (see samples/README.md).
 NAME_SOURCES: dict[str, dict[str, str]] = {
-    "vllm": {"metrics": "vllm-project/vllm vllm/v1/metrics/loggers.py (PrometheusStatLogger)",
-             "spans": "vllm-project/vllm vllm/v1/engine/output_processor.py (do_tracing), "
-                      "vllm/tracing.py (SpanAttributes)"},
-    "sglang": {"metrics": "sgl-project/sglang python/sglang/srt/metrics/collector.py @00ae9c15",
-               "spans": "sgl-project/sglang python/sglang/srt/tracing/trace.py; stage names: RequestStage in "
-                        "python/sglang/srt/managers/schedule_batch.py"},
+    "vllm": {"metrics": "vllm-project/vllm vllm/v1/metrics/loggers.py (PrometheusStatLogger); meanings: "
+                        "vllm/v1/metrics/stats.py @28ed1fb8, tests/entrypoints/instrumentator/test_metrics.py "
+                        "@20ef9d82",
+             "spans": "vllm-project/vllm vllm/v1/engine/output_processor.py do_tracing @d0782260 (start = "
+                      "arrival_time, set after tokenization: vllm/v1/engine/input_processor.py @a1799180)"},
+    "sglang": {"metrics": "sgl-project/sglang python/sglang/srt/observability/metrics_collector.py @44cedc2b "
+                          "(was srt/metrics/collector.py); gauges set in scheduler_metrics_mixin.py @44cedc2b",
+               "spans": "sgl-project/sglang python/sglang/srt/observability/trace.py @b8e5a7c3; stage names and "
+                        "which are observed: RequestStage in python/sglang/srt/observability/req_time_stats.py "
+                        "@602413bc"},
     "tgi": {"metrics": "huggingface/text-generation-inference router/src/server.rs, "
                        "backends/v3/src/{backend.rs,queue.rs} @db931fcf",
             "spans": "huggingface/text-generation-inference router/src/server.rs (generate_stream span fields)"},

@@ -54,7 +54,7 @@ def test_detect_engine_from_names(fixture, engine):
 
 def test_detect_engine_unknown_and_mixed():
     assert pa.detect_engine(["python_gc_objects_collected_total", "process_cpu_seconds_total"]) is None
-    assert pa.detect_engines(["vllm:a", "vllm:b", "nv_gpu_utilization", "dynamo_frontend_x"]) == ["vllm"]
+    assert pa.detect_engines(["vllm:a", "vllm:b", "nv_gpu_utilization", "dynamo_frontend_x"]) == ["vllm", "dynamo"]
     assert pa.detect_engines(["sglang:a", "vllm:b", "sglang:c"]) == ["sglang", "vllm"]
 
 

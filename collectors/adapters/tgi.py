@@ -1,0 +1,51 @@
+"""TGI's router /metrics names onto canonical series.
+
+Names read from huggingface/text-generation-inference @db931fcf: ``router/src/server.rs``
+L415-423, ``backends/v3/src/backend.rs`` L170-171 and L305-381, ``backends/v3/src/queue.rs``
+L143/158, ``router/src/lib.rs`` L138. ``describe_gauge`` (server.rs L2053) says
+``tgi_batch_total_tokens`` but the gauge emitted is ``tgi_batch_max_total_tokens``, which is the
+one read here. metrics-exporter-prometheus prints counters without ``_total``.
+"""
+
+from __future__ import annotations
+
+from collectors.adapters.sources import Combine, CounterRate, EngineAdapter, Gauge, GaugeRatio, Histogram, SeriesMap
+from diag import stages as S
+
+SOURCE = ("huggingface/text-generation-inference @db931fcf router/src/server.rs, backends/v3/src/backend.rs, "
+          "backends/v3/src/queue.rs, router/src/lib.rs")
+
+_TGI_PREFILL = Histogram("tgi_batch_inference_duration", (("method", "prefill"),))
+TGI = EngineAdapter(
+    engine="tgi",
+    prefixes=("tgi_",),
+    maps=(
+        SeriesMap(S.SERIES_QUEUE_TIME_S, (Histogram("tgi_request_queue_duration"),)),
+        SeriesMap(S.SERIES_PREFILL_TIME_S, (_TGI_PREFILL,), note="router-side prefill step of a batch"),
+        SeriesMap(S.SERIES_DECODE_TIME_S, (Combine(((1.0, Histogram("tgi_request_inference_duration")),
+                                                    (-1.0, _TGI_PREFILL))),),
+                  note="mean inference - mean prefill batch step"),
+        SeriesMap(S.SERIES_TTFT_S, (Combine(((1.0, Histogram("tgi_request_validation_duration")),
+                                             (1.0, Histogram("tgi_request_queue_duration")),
+                                             (1.0, _TGI_PREFILL))),),
+                  note="approximation: mean validation + mean queue + mean prefill step"),
+        SeriesMap(S.SERIES_ITL_S, (Histogram("tgi_request_mean_time_per_token_duration"),)),
+        SeriesMap(S.SERIES_E2E_S, (Histogram("tgi_request_duration"),)),
+        SeriesMap(S.SERIES_KV_USAGE, (GaugeRatio(Gauge("tgi_batch_current_max_tokens"),
+                                                 Gauge("tgi_batch_max_total_tokens")),),
+                  note="proxy: tokens the current batch may reach / token budget"),
+        SeriesMap(S.SERIES_WAITING, (Gauge("tgi_queue_size"),)),
+        SeriesMap(S.SERIES_RUNNING, (Gauge("tgi_batch_current_size"),)),
+        SeriesMap(S.SERIES_PROMPT_TOKENS_PER_S, (CounterRate("tgi_request_input_length_sum"),)),
+        SeriesMap(S.SERIES_GENERATION_TOKENS_PER_S, (CounterRate("tgi_request_generated_tokens_sum"),)),
+        SeriesMap(S.SERIES_REQUESTS_PER_S, (CounterRate("tgi_request_queue_duration_count"),),
+                  note="requests that left the queue for a prefill: Δ queue histogram count / Δt"),
+        SeriesMap(S.SERIES_PREFILL_BUSY, (CounterRate("tgi_batch_inference_duration_sum", (("method", "prefill"),)),),
+                  note="Δ seconds in prefill batch steps / Δt (the router runs one batch at a time)"),
+        SeriesMap(S.SERIES_DECODE_BUSY, (CounterRate("tgi_batch_inference_duration_sum", (("method", "decode"),)),),
+                  note="Δ seconds in decode batch steps / Δt"),
+    ),
+    note="TTFT and decode are derived (validation + queue + prefill step; inference - prefill step); "
+    "prefill/decode busy from the batch step histograms' sums; no preemption counter",
+    source=SOURCE,
+)
