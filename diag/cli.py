@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 #: Sub-commands in the order ``ttft --help`` lists them.
 COMMANDS: tuple[str, ...] = (
-    "demo", "serve", "probe", "analyze", "report", "diff", "view", "watch",
+    "demo", "serve", "diagnose", "probe", "analyze", "report", "diff", "view", "watch",
     "receive", "scrape", "profile", "scenarios", "instrument",
 )
 

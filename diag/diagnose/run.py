@@ -1,0 +1,318 @@
+"""Runs the adaptive plan against a server: one probe session, one capture, a verdict after
+every step, and a stop as soon as the verdict is confident, the design has run, the budget is
+spent, requests burst into errors, or the user presses Ctrl-C.
+
+Each step is a catalog :class:`~diag.scenarios.catalog.ProbeStep` turned into probe loads by the
+scenario runner's :func:`~diag.scenarios.runner.step_chunks` (the demo's translation) and run as
+phases of one :class:`collectors.probe.ProbeSession` (compatibility check, prompt-length
+calibration, ``--metrics`` scraped alongside). After each step the capture so far is diagnosed
+as ``ttft analyze`` would (:func:`diag.analysis.analyze_paths`, joined with any server capture).
+
+Threading: :func:`run_diagnose` blocks the calling thread and runs everything on one event loop
+(:mod:`collectors.probe.eventloop`); ``on_event`` is called on that loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, ProbeSession, SweepSpec, WorkloadSpec, eventloop
+from collectors.probe.sweep import stop_reason
+from diag.analysis import Analysis, analyze_paths
+from diag.capture import CaptureError, CaptureWriter
+from diag.diagnose.limits import context_limit
+from diag.diagnose.plan import Decision, PlanConfig, Step, confident_stop, next_step, prompt_fit, segment_of
+from diag.diagnose.points import Point, goodput, point_from_metrics
+from diag.units import json_safe
+from diag.scenarios.runner import step_chunks
+
+#: Events for live progress: ("note", text), ("step", StepRecord), ("point", StepRecord),
+#: ("verdict", StepRecord), ("stopped", text); progress of requests goes to ``progress``.
+OnEvent = Callable[[str, Any], None]
+#: Warm-up requests before the baseline (excluded from the results; the start-up shows in them).
+WARMUP_REQUESTS = 2
+
+
+class DiagnoseError(CaptureError):
+    """A run that cannot start (server unreachable, bad option): one line, exit code 2."""
+
+
+@dataclass
+class DiagnoseConfig:
+    """Everything one ``ttft diagnose`` run needs. ``join`` are server captures (``ttft serve
+    --capture``, ``ttft instrument``, ``ttft receive``) joined into every verdict."""
+
+    url: str
+    output: Path
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    api: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    slo: dict[str, float] | None = None
+    metrics_url: str | None = None
+    join: list[str] = field(default_factory=list)
+    rules_file: str | None = None
+    tokenizer_path: str | None = None
+    exact_output: bool = True
+    dropped: frozenset[str] = frozenset()
+    timeout_s: float = 30.0
+    seed: int = 0
+
+
+@dataclass
+class StepRecord:
+    """One step as it ran: the step, what it showed, the running verdict after it. Times are
+    seconds since probing began."""
+
+    index: int
+    step: Step
+    started_s: float
+    point: Point | None = None
+    ended_s: float | None = None
+    verdict: str | None = None
+    confidence: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, **self.step.to_dict(), "segment": segment_of(self.step.kind, self.step.value),
+                "started_s": round(self.started_s, 3), "ended_s": None if self.ended_s is None else round(self.ended_s, 3),
+                "point": self.point.to_dict() if self.point else None, "verdict": self.verdict,
+                "confidence": self.confidence}
+
+
+@dataclass
+class DiagnoseResult:
+    """What a run found. ``analysis`` is the final verdict on the whole capture (what ``ttft
+    analyze CAPTURE`` gives); ``time_to_verdict_s`` is the probing time until the running verdict
+    became the final one and stayed."""
+
+    capture: Path
+    url: str
+    api: str | None
+    model: str | None
+    records: list[StepRecord]
+    stopped: str
+    interrupted: bool
+    analysis: Analysis | None
+    probing_s: float
+    time_to_verdict_s: float | None
+    requests_sent: int
+    notes: list[str] = field(default_factory=list)
+    startup: dict[str, Any] = field(default_factory=dict)
+    context_limit_tokens: int | None = None
+
+    @property
+    def points(self) -> list[Point]:
+        return [r.point for r in self.records if r.point is not None]
+
+    def goodput(self) -> dict[str, Any]:
+        ramp = "rate" if any(p.kind == "rate" for p in self.points) else "concurrency"
+        return goodput(self.points, self.analysis.slo if self.analysis else None, ramp)
+
+    def to_dict(self, with_analysis: bool = True) -> dict[str, Any]:
+        """The run as JSON: steps, stop, start-up, goodput, timing, and (``with_analysis``) the
+        verdict as ``ttft analyze --json`` gives it (else its category and confidence only)."""
+        out: dict[str, Any] = {
+            "url": self.url, "api": self.api, "model": self.model, "capture": str(self.capture),
+            "steps": [r.to_dict() for r in self.records], "stopped": self.stopped, "interrupted": self.interrupted,
+            "startup": self.startup, "goodput": self.goodput(), "probing_s": self.probing_s,
+            "time_to_verdict_s": self.time_to_verdict_s, "requests_sent": self.requests_sent,
+            "context_limit_tokens": self.context_limit_tokens, "notes": self.notes,
+        }
+        cat, conf = _verdict(self.analysis)
+        out["verdict"] = None if cat is None else {"category": cat, "confidence": conf}
+        if with_analysis and self.analysis is not None:
+            out["analysis"] = self.analysis.to_dict()
+        return json_safe(out)
+
+
+def _verdict(analysis: Analysis | None) -> tuple[str | None, float | None]:
+    if analysis is None or analysis.diagnosis is None:
+        return None, None
+    v = analysis.diagnosis.verdict
+    return v.category, float(v.confidence)
+
+
+def _startup(analysis: Analysis, points: list[Point]) -> dict[str, Any]:
+    """The first request the server answered against what a warm server takes for its prompt:
+    the TTFT the prompt fit of the baseline and ladder predicts for its token count (else the
+    baseline's median). Start-up, reported apart from TTFT."""
+    base = next((p for p in points if p.kind == "baseline"), None)
+    req = analysis.tables.requests
+    if base is None or base.ttft_p50_s is None or len(req) == 0 or "ttft_s" not in req.columns:
+        return {}
+    answered = req[req["ttft_s"].notna()]
+    if len(answered) == 0:
+        return {}
+    first = answered.sort_values("start_ns").iloc[0]  # the first answered (a refused compat check is not)
+    ttft = first.get("ttft_s")
+    tokens = first.get("input_tokens")
+    fit = prompt_fit(points)
+    if fit is not None and tokens is not None and tokens == tokens:
+        warm, how = max(0.0, fit[1] + fit[0] * float(tokens)), f"the prompt fit at {float(tokens):.0f} tokens"
+    else:
+        warm, how = base.ttft_p50_s, "the baseline's median"
+    return {"first_ttft_s": float(ttft), "warm_ttft_s": warm, "warm_from": how,
+            "penalty_s": max(0.0, float(ttft) - warm), "first_segment": str(first.get("segment") or "")}
+
+
+class _Run:
+    """One run's state on the event loop."""
+
+    def __init__(self, cfg: DiagnoseConfig, on_event: OnEvent | None, progress: Any) -> None:
+        self.cfg = cfg
+        self.emit: OnEvent = on_event or (lambda kind, payload: None)
+        self.progress = progress
+        self.records: list[StepRecord] = []
+        self.notes: list[str] = []
+        self.t0 = 0.0
+        self.sent = 0
+        self.analysis: Analysis | None = None
+        self.plan = cfg.plan
+        self.stopped = ""
+        self.interrupted = False
+        self.startup: dict[str, Any] = {}
+        self.endpoint: Any = None
+        self.final: Analysis | None = None
+        self.result: DiagnoseResult | None = None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def analyze(self) -> Analysis | None:
+        try:
+            return analyze_paths([self.cfg.output, *self.cfg.join], rules_file=self.cfg.rules_file, slo=self.cfg.slo)
+        except CaptureError as exc:
+            self.notes.append(f"analysis failed: {exc}")
+            return None
+
+    async def main(self) -> None:
+        cfg = self.cfg
+        limit, how = await context_limit(cfg.url, cfg.model, cfg.api_key)
+        self.note(how)
+        if limit:
+            self.plan = replace(self.plan, context_limit_tokens=limit)
+        pc = self.plan
+        probe = ProbeConfig(
+            cfg.url, api=cfg.api, model=cfg.model, api_key=cfg.api_key,
+            load=LoadSpec(concurrency=pc.max_concurrency, requests=1),
+            workload=WorkloadSpec(LengthSpec("fixed", pc.input_tokens), LengthSpec("fixed", pc.output_tokens),
+                                  exact_output=cfg.exact_output, seed=cfg.seed),
+            tokenizer_path=cfg.tokenizer_path, timeout_s=cfg.timeout_s, slo=cfg.slo, metrics_url=cfg.metrics_url,
+            progress=self.progress, dropped=cfg.dropped, concurrency_set=True)
+        writer = CaptureWriter(cfg.output)
+        self.t0 = time.monotonic()
+        task = asyncio.current_task()
+        try:
+            session = ProbeSession(probe, writer, pool_size=pc.max_concurrency)
+            async with session:
+                self.endpoint = session.endpoint
+                for n in session.notes:
+                    self.note(n)
+                first_error = session.compat.get("first_error")
+                if first_error in ("connect_refused", "connect_error", "timeout"):
+                    raise DiagnoseError(f"{cfg.url}: the server did not answer ({first_error})")
+                try:
+                    await self._steps(session)
+                except asyncio.CancelledError:
+                    self.interrupted = True
+                    self.stopped = "interrupted (Ctrl-C): the capture holds every request that finished"
+                    if task is not None:
+                        task.uncancel()
+            self.final = self.analyze() if any(r.point is not None and r.point.ok for r in self.records) \
+                else self.analysis
+            if self.final is not None:
+                self.startup = _startup(self.final, [r.point for r in self.records if r.point is not None])
+            self.result = self._result()
+            writer.update_meta(kind="diagnose", diagnose=self.result.to_dict(with_analysis=False))
+        finally:
+            writer.close()
+
+    def _result(self) -> DiagnoseResult:
+        verdict, conf = _verdict(self.final)
+        records = self.records
+        if records and verdict is not None and records[-1].verdict != verdict:
+            records[-1].verdict, records[-1].confidence = verdict, conf
+        ep = self.endpoint
+        probing = (records[-1].ended_s or self.elapsed()) if records else 0.0
+        return DiagnoseResult(self.cfg.output, ep.url if ep else self.cfg.url, ep.api if ep else self.cfg.api,
+                              ep.model if ep else self.cfg.model, records, self.stopped, self.interrupted, self.final,
+                              probing, _time_to_verdict(records, verdict), self.sent, self.notes, self.startup,
+                              self.plan.context_limit_tokens)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        self.emit("note", text)
+
+    async def _steps(self, session: ProbeSession) -> None:
+        while True:
+            verdict, conf = _verdict(self.analysis)
+            points = [r.point for r in self.records if r.point is not None]
+            stop = confident_stop(verdict, conf, points, self.plan) if verdict is not None and conf is not None else None
+            if stop:
+                self.stopped = stop
+                return
+            d: Decision = next_step(self.plan, points, self.elapsed(), confident=False, requests_sent=self.sent)
+            if d.learned.get("context_limit_tokens"):
+                self.plan = replace(self.plan, context_limit_tokens=int(d.learned["context_limit_tokens"]))
+            if d.step is None:
+                self.stopped = d.done or "the design ran"
+                return
+            rec = StepRecord(len(self.records) + 1, d.step, self.elapsed())
+            self.records.append(rec)
+            self.emit("step", rec)
+            rec.point = await self._run_step(session, d.step)
+            rec.ended_s = self.elapsed()
+            self.emit("point", rec)
+            self.analysis = self.analyze()
+            rec.verdict, rec.confidence = _verdict(self.analysis)
+            self.emit("verdict", rec)
+
+    async def _run_step(self, session: ProbeSession, step: Step) -> Point:
+        pc = self.plan
+        seg = segment_of(step.kind, step.value)
+        ((load, inp, label),) = step_chunks(step.probe_step(pc), seg)
+        left_s = max(1.0, pc.budget_s - self.elapsed())
+        load = replace(load, duration_s=left_s, concurrency=min(load.concurrency, pc.max_concurrency),
+                       warmup_requests=WARMUP_REQUESTS if step.kind == "baseline" else 0, seed=self.cfg.seed)
+        workload = session.workload.with_input(inp) if inp is not None else session.workload
+        t = time.monotonic()
+        outcome = await session.phase(load, workload, label)
+        wall = time.monotonic() - t
+        self.sent += len(outcome.results)
+        metrics = session.metrics(outcome)
+        stop = None
+        if step.kind in ("concurrency", "rate"):
+            stop = stop_reason(SweepSpec(step.kind, [step.value]), step.value, metrics)
+        return point_from_metrics(step.kind, step.value, label, metrics, wall, stop)
+
+
+def _time_to_verdict(records: list[StepRecord], final: str | None) -> float | None:
+    """Probing seconds until the running verdict became ``final`` and stayed."""
+    if final is None:
+        return None
+    t = None
+    for r in records:
+        if r.verdict == final:
+            if t is None:
+                t = r.ended_s
+        else:
+            t = None
+    return t
+
+
+def run_diagnose(cfg: DiagnoseConfig, on_event: OnEvent | None = None, progress: Any = None) -> DiagnoseResult:
+    """Run ``ttft diagnose`` against ``cfg.url`` into ``cfg.output``; blocks until done (or Ctrl-C,
+    which still returns a result over a valid capture)."""
+    run = _Run(cfg, on_event, progress)
+    eventloop.run(run.main())
+    run.emit("stopped", run.stopped)
+    assert run.result is not None
+    return run.result
+
+
+__all__ = ["DiagnoseConfig", "DiagnoseError", "DiagnoseResult", "StepRecord", "run_diagnose"]

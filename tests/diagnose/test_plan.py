@@ -1,0 +1,198 @@
+"""The step choice of ``ttft diagnose`` (diag.diagnose.plan) on recorded results: what each
+step showed, in order, as ``ttft diagnose`` recorded it against real servers
+(``recorded/*.json``: the bundled engine with one request at a time, its defaults, a slow
+tokenizer, and transformers serve in plain mode), replayed one step at a time; and on points
+built to sit on either side of each stop line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from diag.diagnose import PlanConfig, Point, confident_stop, goodput, next_step
+from diag.diagnose.limits import limit_from_models
+from diag.diagnose.plan import segment_of
+
+RECORDED = Path(__file__).with_name("recorded")
+
+
+def _recorded(name: str) -> tuple[list[Point], list[dict]]:
+    doc = json.loads((RECORDED / f"{name}.json").read_text())
+    return [Point.from_dict(p) for p in doc["points"]], doc["steps"]
+
+
+def _replay(name: str, cfg: PlanConfig | None = None) -> list:
+    """The plan's decision after each recorded step (given the points up to it)."""
+    cfg = cfg or PlanConfig()
+    points, steps = _recorded(name)
+    return [next_step(cfg, points[: i + 1], steps[i]["ended_s"]) for i in range(len(points))]
+
+
+def pt(kind: str, value: float, ttft: float, tpot: float = 0.004, n: int = 8, ok: int | None = None,
+       tokens: float | None = None, **kw) -> Point:
+    ok = n if ok is None else ok
+    return Point(kind, value, segment_of(kind, value), n, ok, 1.0, ttft_p50_s=ttft, ttft_p99_s=ttft * 1.2,
+                 itl_p50_s=tpot, tpot_p50_s=tpot, e2e_p50_s=ttft + 30 * tpot, rps=n / 1.0,
+                 input_tokens_mean=tokens if tokens is not None else (value if kind == "prompt" else 64.0), **kw)
+
+
+BASE = pt("baseline", 1, 0.010)
+LADDER = [pt("prompt", 128, 0.017), pt("prompt", 256, 0.030), pt("prompt", 512, 0.060)]
+
+
+def test_the_run_starts_with_a_lone_request_baseline_then_climbs_the_prompt_ladder() -> None:
+    d = next_step(PlanConfig(), [])
+    assert d.step is not None and d.step.kind == "baseline" and d.step.stage == "baseline"
+    d = next_step(PlanConfig(), [BASE])
+    assert d.step is not None and (d.step.kind, d.step.value) == ("prompt", 128)
+    assert "fixed part and a per-token part" in d.step.reason
+
+
+def test_recorded_one_at_a_time_server_climbs_to_a_clear_prompt_fit_then_ramps_past_the_break() -> None:
+    decisions = _replay("max_running_1")
+    steps = [(d.step.kind, d.step.value) if d.step else None for d in decisions]
+    # after the baseline and two rungs the fit is not yet judged (3 rungs); after 512 it is
+    assert steps[:3] == [("prompt", 128), ("prompt", 256), ("prompt", 512)]
+    assert steps[3] == ("concurrency", 2) and "ladder done: TTFT grows with the prompt" in decisions[3].step.reason
+    # TTFT broke at 2 in flight: one more level, since two levels cannot tell serialisation from a knee
+    assert steps[4] == ("concurrency", 4) and "one more level" in decisions[4].step.reason
+    assert steps[5] is None and decisions[5].done.startswith("TTFT broke at concurrency=2")
+
+
+def test_recorded_default_engine_ramps_while_ttft_holds_then_fills_in_the_levels_the_break_skipped() -> None:
+    decisions = _replay("default_engine")
+    steps = [(d.step.kind, d.step.value, d.step.stage) if d.step else None for d in decisions]
+    assert steps[4] == ("concurrency", 4, "ramp") and "still holding" in decisions[4].step.reason
+    assert steps[5] == ("concurrency", 8, "ramp")
+    # broke at 8 (TTFT 6.5x, decode halved): the levels between 4 and 8 place the limit
+    assert steps[6] == ("concurrency", 5, "refine") and "where capacity runs out at 5 and 7" in decisions[6].step.reason
+    assert steps[7] == ("concurrency", 7, "refine")
+    assert steps[8] is None and "TTFT broke at concurrency=8" in decisions[8].done
+
+
+def test_recorded_slow_tokenizer_finds_the_knee_and_tests_the_level_inside_it() -> None:
+    decisions = _replay("slow_tokenizer")
+    assert decisions[5].step is not None and decisions[5].step.value == 3 and decisions[5].step.stage == "refine"
+    assert "serialisation" in decisions[5].step.reason  # decode speed held across the jump
+    assert decisions[6].step is None and decisions[6].done.startswith("a knee")
+
+
+def test_recorded_transformers_serve_plain_mode_is_ramped_to_three_levels() -> None:
+    decisions = _replay("hf_plain")
+    assert [d.step.value for d in decisions[3:5]] == [2, 4]
+    assert decisions[5].step is None
+
+
+def test_a_confident_verdict_ends_the_refinement() -> None:
+    points, steps = _recorded("default_engine")
+    d = next_step(PlanConfig(), points[:7], steps[6]["ended_s"], confident=True)
+    assert d.step is None and "TTFT broke at concurrency=8" in d.done
+
+
+def test_a_4xx_at_a_rung_is_the_context_limit_and_the_ladder_ends_below_it() -> None:
+    refused = pt("prompt", 512, 0.0, ok=0, errors={"http_4xx": 4}, error_example="HTTP 400: prompt too long")
+    refused = replace(refused, ttft_p50_s=None, ttft_p99_s=None, e2e_p50_s=None)
+    d = next_step(PlanConfig(), [BASE, LADDER[0], LADDER[1], refused], 3.0)
+    assert d.learned == {"context_limit_tokens": 512}
+    assert d.step is not None and d.step.kind == "concurrency"
+    assert "refused" in d.step.reason and "stops at 256" in d.step.reason
+    # and a bursting rung is not an error burst for the whole run: the refusal is the answer
+
+
+def test_the_ladder_stops_below_a_context_limit_from_v1_models() -> None:
+    cfg = PlanConfig(context_limit_tokens=300)  # room for 32 output tokens: prompts up to 260
+    d = next_step(cfg, [BASE, LADDER[0]], 1.0)
+    assert d.step is not None and (d.step.kind, d.step.value) == ("prompt", 256)
+    d = next_step(cfg, [BASE, LADDER[0], pt("prompt", 256, 0.03)], 1.5)
+    assert d.step is not None and d.step.kind == "concurrency"
+    assert "context limit (300 tokens)" in d.step.reason
+
+
+def test_a_flat_ladder_ends_early_with_the_fixed_part_named() -> None:
+    flat = [pt("prompt", v, 0.200) for v in (128, 256, 512)]
+    d = next_step(PlanConfig(), [pt("baseline", 1, 0.190), *flat], 3.0)
+    assert d.step is not None and d.step.kind == "concurrency" and "hardly grows with the prompt" in d.step.reason
+    # a ladder that grows neither clearly nor flatly goes on
+    mid = [pt("prompt", 128, 0.012), pt("prompt", 256, 0.013), pt("prompt", 512, 0.016)]
+    d = next_step(PlanConfig(), [BASE, *mid], 3.0)
+    assert d.step is not None and (d.step.kind, d.step.value) == ("prompt", 1024)
+
+
+def test_a_rung_that_would_eat_the_ramps_share_of_the_budget_is_not_sent() -> None:
+    slow = [pt("prompt", 128, 1.0), pt("prompt", 256, 1.05)]
+    d = next_step(PlanConfig(budget_s=20), [pt("baseline", 1, 0.95), *slow], 8.0)
+    assert d.step is not None and d.step.kind == "concurrency" and "the ramp needs the rest" in d.step.reason
+
+
+def test_failures_stop_the_ramp_and_an_error_burst_stops_the_run() -> None:
+    some = pt("concurrency", 4, 0.02, n=10, ok=9, errors={"http_5xx": 1})
+    d = next_step(PlanConfig(), [BASE, *LADDER, pt("concurrency", 2, 0.012), some], 5.0)
+    assert d.step is None and d.done.startswith("requests started failing at concurrency=4 (10%")
+    burst = pt("concurrency", 8, 0.02, n=16, ok=4, errors={"http_5xx": 12})
+    d = next_step(PlanConfig(), [BASE, *LADDER, pt("concurrency", 4, 0.012), burst], 5.0)
+    assert d.step is None and d.done.startswith("error burst: 75%")
+
+
+def test_every_lone_request_failing_ends_the_run_with_the_kinds() -> None:
+    dead = replace(pt("baseline", 1, 0.0, ok=0, errors={"http_4xx": 8}), ttft_p50_s=None)
+    d = next_step(PlanConfig(), [dead])
+    assert d.step is None and "every lone request failed (http_4xx x8" in d.done
+
+
+def test_the_budget_the_request_cap_and_the_concurrency_cap_bound_the_run() -> None:
+    pts = [BASE, *LADDER]
+    assert "budget is spent" in next_step(PlanConfig(budget_s=10), pts, 10.5).done
+    assert "request cap (30)" in next_step(PlanConfig(max_requests=30), pts, 2.0, requests_sent=31).done
+    held = [BASE, *LADDER, pt("concurrency", 2, 0.011), pt("concurrency", 4, 0.012)]
+    d = next_step(PlanConfig(max_concurrency=4), held, 5.0)
+    assert d.step is None and d.done.startswith("the server held up to concurrency=4 (the cap)")
+
+
+def test_a_crossed_slo_ends_the_ramp() -> None:
+    over = pt("concurrency", 4, 0.02, slo_met=False, goodput_rps=1.0)
+    d = next_step(PlanConfig(), [BASE, *LADDER, pt("concurrency", 2, 0.012, slo_met=True, goodput_rps=5.0), over], 5.0)
+    assert d.step is None and d.done == "the SLO was crossed at concurrency=4"
+
+
+def test_an_open_loop_ramp_starts_below_the_lone_request_service_rate() -> None:
+    cfg = PlanConfig(ramp="rate")
+    d = next_step(cfg, [BASE, *LADDER], 3.0)
+    e2e = BASE.e2e_p50_s
+    assert d.step is not None and d.step.kind == "rate"
+    assert d.step.value == pytest.approx(0.5 / e2e, rel=0.01)
+
+
+def test_confidence_ends_the_run_but_never_for_healthy_or_an_outcome() -> None:
+    pts = [BASE, *LADDER, pt("concurrency", 2, 0.011)]
+    assert confident_stop("queue", 0.75, pts, PlanConfig()).startswith("the verdict is confident: queue")
+    assert confident_stop("queue", 0.69, pts, PlanConfig()) is None
+    for cat in ("healthy", "inconclusive", "failures", "no_data"):
+        assert confident_stop(cat, 0.95, pts, PlanConfig()) is None
+
+
+def test_goodput_is_the_best_level_within_the_slo_and_without_failures() -> None:
+    pts = [replace(BASE, slo_met=True, goodput_rps=5.0), pt("concurrency", 2, 0.01, slo_met=True, goodput_rps=9.0),
+           pt("concurrency", 4, 0.02, slo_met=False, goodput_rps=3.0)]
+    g = goodput(pts, {"ttft_p99": 0.05}, "concurrency")
+    assert g["held"] == "concurrency=2" and g["goodput_rps"] == 9.0
+    assert goodput(pts[2:], {"ttft_p99": 0.05}, "concurrency")["held"] is None
+    g = goodput([BASE, pt("concurrency", 2, 0.01, n=16)], None, "concurrency")
+    assert g["held"] == "concurrency=2" and g["slo"] is None and "give --slo" in g["why"]
+
+
+def test_context_limit_from_a_models_listing() -> None:
+    vllm = {"object": "list", "data": [{"id": "a", "max_model_len": 4096}, {"id": "b", "max_model_len": 8192}]}
+    assert limit_from_models(vllm, "b") == 8192 and limit_from_models(vllm, None) == 4096
+    assert limit_from_models({"data": [{"id": "m"}]}, "m") is None
+    assert limit_from_models({"data": [{"id": "m", "max_model_len": True}]}, "m") is None
+    assert limit_from_models("nonsense", None) is None
+
+
+def test_bad_plan_settings_are_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match="unknown ramp"):
+        PlanConfig(ramp="burst")
+    with pytest.raises(ValueError, match="max_concurrency must be >= 1"):
+        PlanConfig(max_concurrency=0)
