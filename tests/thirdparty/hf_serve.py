@@ -108,11 +108,16 @@ class TransformersServe:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_s: float | None = None
 
-    def __enter__(self) -> TransformersServe:
+    def command(self) -> list[str]:
+        """The server's command line (``__enter__`` runs it)."""
         cmd = [*serve_command(), "serve", str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port),
                "--device", "cpu", *self.extra_args]
         if self.continuous_batching:
             cmd.append("--continuous-batching")
+        return cmd
+
+    def __enter__(self) -> TransformersServe:
+        cmd = self.command()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         log = open(self.log_path, "wb")
         t0 = time.monotonic()
@@ -146,3 +151,20 @@ class TransformersServe:
             return self.log_path.read_text(errors="replace")[-n_chars:]
         except OSError:
             return "(no log)"
+
+
+def ttft_command() -> list[str]:
+    """The ``ttft`` CLI of the running interpreter's environment (``python -m diag`` without one)."""
+    exe = Path(sys.executable).with_name("ttft")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "diag"]
+
+
+class InstrumentedTransformersServe(TransformersServe):
+    """The same server under ``ttft instrument --capture CAPTURE_DIR -- transformers serve ...``."""
+
+    def __init__(self, model_dir: Path, capture_dir: Path, **kwargs: object) -> None:
+        super().__init__(model_dir, **kwargs)  # type: ignore[arg-type]
+        self.capture_dir = Path(capture_dir)
+
+    def command(self) -> list[str]:
+        return [*ttft_command(), "instrument", "--capture", str(self.capture_dir), "--", *super().command()]

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +23,7 @@ from collectors.pyspy import CPU_FORWARD, CPU_HTTP, CPU_IDLE, CPU_OTHER, find_py
 from diag.capture import load_capture  # noqa: E402
 from diag.cli import main  # noqa: E402
 
-from hf_serve import CB_SMALL_CACHE_ARGS, TransformersServe, build_tiny_llama  # noqa: E402
+from hf_serve import CB_SMALL_CACHE_ARGS, TransformersServe, build_tiny_llama, ttft_command  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(find_pyspy() is None, reason="py-spy not installed")]
 
@@ -35,11 +33,6 @@ UNATTRIBUTED_MAX = 0.20
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     return build_tiny_llama(tmp_path_factory.mktemp("hf") / "tiny-llama", spaced=True)
-
-
-def _ttft() -> list[str]:
-    exe = Path(sys.executable).with_name("ttft")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "diag"]
 
 
 @pytest.mark.parametrize("continuous_batching,native", [(False, False), (True, False), (False, True)],
@@ -53,7 +46,7 @@ def test_profile_attributes_transformers_serve_under_load(tiny_llama, tmp_path, 
                            workload=WorkloadSpec(LengthSpec.parse("64"), LengthSpec.parse("16")), timeout_s=60,
                            output=None)
         assert run_probe(warm).metrics["requests"]["ok"] == 4, srv.log_tail()
-        load = subprocess.Popen([*_ttft(), "probe", srv.url, "--api", "chat", "-c", "4", "--duration", "14",
+        load = subprocess.Popen([*ttft_command(), "probe", srv.url, "--api", "chat", "-c", "4", "--duration", "14",
                                  "--input-tokens", "64", "--output-tokens", "16", "--no-capture", "--no-progress"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
