@@ -14,7 +14,8 @@ engine's rules in priority order; :meth:`PatternSet.classify_stack` picks a samp
 Frames no rule matches are transparent. The shared tables here:
 
 * :data:`COMMON_RULES` -- library frames any serving stack has: blocking waits (idle), HF
-  tokenizers / sentencepiece / tiktoken and jinja2 chat templates, torch.distributed, JSON /
+  tokenizers / sentencepiece / tiktoken and jinja2 chat templates, the llama-cpp-python bindings
+  (read from its source, not attached to), torch.distributed, JSON /
   pydantic / msgspec / pickle, HTTP servers and clients (uvicorn, starlette, fastapi, aiohttp,
   h11, anyio, ...), ``torch.nn`` layers, HF logits processors and text streamers, and native
   frames seen through ``py-spy --native`` (libc waits, the Rust tokenizers, torch's sampling ops);
@@ -147,8 +148,9 @@ _TOKENIZER_LIBS = (r"(^|/)(tokenizers|sentencepiece|tiktoken)/[\w/]*\.py$|(^|/)t
 #: native tokenizer libraries (py-spy --native): Rust/C++ symbols, mangled
 _TOKENIZER_NATIVE = r"(^|/)(tokenizers|sentencepiece|tiktoken)[\w./-]*\.so(\.[\d.]+)?$|_tiktoken\.\S*\.so$"
 _STDLIB = r"(^|/lib/python[\d.]+/)"  # py-spy prints stdlib files bare ("threading.py")
+_LLAMA_CPP = r"(^|/)llama_cpp/(llama|_internals|llama_cpp|llama_tokenizer)\.py$|(^|/)lib(llama|ggml[\w-]*)\.(so|dylib)(\.[\d.]+)?$"
 _NATIVE_SYS = r"(^|/)(libc|libpthread|libpython[\d.]*|ld-linux[\w-]*)\.so(\.[\d.]+)?$|(^|/)(ceval_gil|thread_pthread)\.h$"
-_TORCH_NATIVE = (r"(^|/)(libtorch\w*|libc10\w*|libgomp|libiomp5|libmkl\w*|libdnnl|libopenblas\w*|libcu\w+|libnccl"
+_TORCH_NATIVE = (r"(^|/)(libtorch\w*|libc10\w*|libllama|libggml[\w-]*|libgomp|libiomp5|libmkl\w*|libdnnl|libopenblas\w*|libcu\w+|libnccl"
                  r"|libnvrtc\w*)\.so(\.[\d.]+)?$")
 
 COMMON_RULES: tuple[Rule, ...] = (
@@ -179,6 +181,25 @@ COMMON_RULES: tuple[Rule, ...] = (
        why="HF logits processors (temperature, top-k/top-p, penalties) and stopping criteria"),
     _r(CPU_SAMPLE, _TORCH_NATIVE, r"(^|::|_)(multinomial|argmax|topk|top_k_top_p\w*|sampling\w*)(_|::|$)",
        why="native torch sampling ops: multinomial, argmax, topk (--native)"),
+    # llama-cpp-python (abetlen/llama-cpp-python@3691546: llama_cpp/llama.py, _internals.py, llama_cpp.py
+    # ctypes bindings, server/app.py): a Python server over llama.cpp; libllama/libggml with --native
+    _r(CPU_DETOKENIZE, _LLAMA_CPP, r"(^|\.)(detokenize|llama_detokenize|\w*token_to_piece)$|^LlamaTokenizer\.decode$",
+       why="llama_cpp Llama.detokenize / token_to_piece"),
+    _r(CPU_TOKENIZE, _LLAMA_CPP, r"(^|\.)(tokenize|llama_tokenize)$|^LlamaTokenizer\.encode$",
+       why="llama_cpp Llama.tokenize / llama_tokenize"),
+    _r(CPU_TOKENIZE, r"(^|/)llama_cpp/llama_chat_format\.py$", why="llama_cpp chat formats (templates)"),
+    _r(CPU_SAMPLE, _LLAMA_CPP, r"^Llama\.(sample|_init_sampler)$|^LlamaContext\.sample_\w+$|^(LlamaSampler|LlamaSamplingContext"
+                                r"|CustomSampler)\.|(^|\.)llama_sampler_\w+$",
+       why="llama_cpp Llama.sample, LlamaSampler, llama_sampler_* (C)"),
+    _r(CPU_SAMPLE, r"(^|/)llama_cpp/llama_grammar\.py$", why="llama_cpp grammar-constrained sampling"),
+    _r(CPU_FORWARD, _LLAMA_CPP, r"^Llama\.eval$|^LlamaContext\.(decode|encode)$|^LlamaBatch\.|(^|\.)(llama_decode|llama_encode"
+                                r"|ggml_\w+)$",
+       why="llama_cpp Llama.eval -> LlamaContext.decode -> llama_decode (the forward, in C)"),
+    _r(CPU_SCHEDULER, _LLAMA_CPP, r"^Llama\.generate$", why="llama_cpp Llama.generate: prefix reuse, KV trimming, the loop"),
+    _r(CPU_SCHEDULER, r"(^|/)llama_cpp/llama_cache\.py$", why="llama_cpp prompt (KV state) cache"),
+    _r(CPU_DETOKENIZE, _LLAMA_CPP, r"^Llama\._create_completion$",
+       why="llama_cpp _create_completion's own per-token work: text assembly, stop strings"),
+    _r(CPU_HTTP, r"(^|/)llama_cpp/server/", why="llama_cpp.server (FastAPI app)"),
     _r(CPU_COMM, r"(^|/)torch/distributed/", r"(?<!is_initialized)(?<!get_rank)(?<!get_world_size)(?<!is_available)$",
        why="torch.distributed collective"),
     _r(CPU_SERIALIZATION,
@@ -219,7 +240,7 @@ FALLBACK_RULES: tuple[Rule, ...] = (
        fallback=True),
     _r(CPU_FORWARD, r"(^|/)torch/(nn/modules/module|nn/functional|functional|_tensor|overrides|_ops)\.py$",
        why="nn.Module.__call__ and torch ops called from code no rule names", fallback=True),
-    _r(CPU_FORWARD, _TORCH_NATIVE, why="native torch / BLAS / OpenMP kernels called from code no rule names (--native)",
+    _r(CPU_FORWARD, _TORCH_NATIVE, why="native torch / ggml / BLAS / OpenMP kernels called from code no rule names (--native)",
        fallback=True),
 )
 

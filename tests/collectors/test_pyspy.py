@@ -307,6 +307,8 @@ def test_transformers_rules_one_stack_each(frames, stage):
 
 # --- generic: the frames every Python stack shares, and what engines usually call things ---------
 
+LC = ["WorkerThread.run (anyio/_backends/_asyncio.py:967)", "iterate_in_threadpool.<locals>._next (starlette/concurrency.py:60)",
+      "Llama._create_completion (llama_cpp/llama.py:1400)"]
 GENERIC_CASES: list[tuple[list[str], str]] = [
     (["loop (myengine/core.py:1)", "MyModel.forward (myengine/model.py:3)"], CPU_FORWARD),
     (["loop (myengine/core.py:1)", "Sampler.forward (myengine/sampling.py:5)"], CPU_SAMPLE),  # file before name
@@ -334,6 +336,24 @@ GENERIC_CASES: list[tuple[list[str], str]] = [
     (["serve (myengine/loop.py:10)", "gomp_team_barrier_wait_end (libgomp.so.1)"], CPU_FORWARD),
     (["serve (myengine/loop.py:10)", "pthread_cond_timedwait (libc.so.6)", "0x7f11 (libc.so.6)"], CPU_IDLE),
     (["serve (myengine/loop.py:10)", "step (myengine/loop.py:12)"], CPU_OTHER),
+    # llama-cpp-python's server (frames from its source: llama_cpp/llama.py, _internals.py, server/app.py)
+    ([*LC, "Llama.generate (llama_cpp/llama.py:980)", "Llama.eval (llama_cpp/llama.py:680)",
+      "LlamaContext.decode (llama_cpp/_internals.py:330)"], CPU_FORWARD),
+    ([*LC, "Llama.generate (llama_cpp/llama.py:980)", "Llama.eval (llama_cpp/llama.py:680)",
+      "LlamaContext.decode (llama_cpp/_internals.py:330)", "llama_decode (libllama.so)",
+      "ggml_graph_compute (libggml-cpu.so)"], CPU_FORWARD),
+    ([*LC, "Llama.generate (llama_cpp/llama.py:980)", "Llama.sample (llama_cpp/llama.py:830)",
+      "LlamaSampler.sample (llama_cpp/_internals.py:860)"], CPU_SAMPLE),
+    ([*LC, "Llama.generate (llama_cpp/llama.py:980)", "Llama.sample (llama_cpp/llama.py:830)",
+      "LlamaSampler.sample (llama_cpp/_internals.py:860)", "llama_sampler_sample (libllama.so)"], CPU_SAMPLE),
+    ([*LC, "Llama.generate (llama_cpp/llama.py:980)"], CPU_SCHEDULER),
+    ([*LC, "Llama.detokenize (llama_cpp/llama.py:630)", "LlamaModel.detokenize (llama_cpp/_internals.py:195)",
+      "LlamaModel.token_to_piece (llama_cpp/_internals.py:188)"], CPU_DETOKENIZE),
+    (LC, CPU_DETOKENIZE),  # _create_completion's own per-token text work
+    ([*LC[:-1], "Llama.create_chat_completion (llama_cpp/llama.py:2050)",
+      "chatml_function_calling (llama_cpp/llama_chat_format.py:600)"], CPU_TOKENIZE),
+    ([*LC[:-1], "Llama.tokenize (llama_cpp/llama.py:610)", "LlamaModel.tokenize (llama_cpp/_internals.py:170)"], CPU_TOKENIZE),
+    ([*HF_SRV, "create_chat_completion (llama_cpp/server/app.py:500)"], CPU_HTTP),
 ]
 
 
