@@ -123,7 +123,7 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
     s, pct = ctx.explained(min(expl, 1.0))
     return finding("TTFT grows linearly with prompt length at low concurrency: prefill compute (black box)",
                    t.confidence(0.85, black_box=True), s, pct, t.evidence, PREFILL_CHECKS, black_box=True,
-                   note="client-only evidence: the prompt-length sweep shows the cost; the device load is not observed")
+                   note="client-only evidence: TTFT against prompt length (a sweep, or the spread of one workload) shows the cost; the device load is not observed")
 
 
 def _prefill_busy(t: Triage) -> Outcome:
@@ -180,6 +180,9 @@ def comm(ctx: RuleContext) -> Outcome:
     if not t.evidence:
         return t.pass_reason()
     cs = ctx.v("comm_share_tail")
+    if len(ctx.v("ttft_by_tp") or {}) >= 2 and ctx.v("comm_share_tp_ttft") is not None:
+        # TP degrees compared in one capture: what TP costs is measured on the requests that ran it
+        cs = ctx.v("comm_share_tp_ttft")
     if cs is None and share is not None:
         cs = share * (ctx.v("prefill_share_tail") or 0.0) / max(1e-9, 1.0 - share)
     if cs is None and ratio is not None:

@@ -71,7 +71,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("prompt_fit", "requests", ("ttft_prompt_fit_n",)),
     ("prompt_fit", "x", ("prompt_slope_per_itl",)),
     ("device", "share", ("device_busy_frac", "engine_busy_frac", "device_busy_frac_while_queued", "kv_usage_p95",
-                         "kv_usage_max", "kv_time_above_high_frac", "preempted_requests_frac", "comm_share_of_prefill",
+                         "kv_usage_max", "kv_time_above_high_frac", "preempted_requests_frac", "comm_share_of_prefill", "comm_share_tp_ttft",
                          "cpu_profile_shares")),
     ("device", "s", ("engine_step_p50_s", "engine_step_in_flight_s", "decode_step_p50_s", "ttft_by_tp")),
     ("device", "count", ("preemptions_total", "tp_size")),

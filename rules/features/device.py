@@ -187,6 +187,7 @@ def comm_tp(ctx: FeatureContext) -> None:
     if m.any() and float((pre[m] + comm[m]).sum()) > 0:
         ctx.add("comm_share_of_prefill", float(comm[m].sum() / (pre[m] + comm[m]).sum()), source="requests")
     else:
+        m = None
         steps = ctx.steps
         if len(steps) and num_col(steps, "comm_s").notna().any() and (num_col(steps, "prefill_tokens") > 0).any():
             ps = steps.loc[num_col(steps, "prefill_tokens") > 0]
@@ -195,6 +196,7 @@ def comm_tp(ctx: FeatureContext) -> None:
         else:
             ctx.add("comm_share_of_prefill", None,
                     "no comm spans (tensor parallel off, or the engine does not time its collectives)")
+    _comm_share_tp_ttft(ctx, comm, m)
     tp = num_col(st, "tp_size")
     if tp.isna().all() and "segment" in st.columns:
         tp = segment_numbers(st["segment"])["tp"]
@@ -229,6 +231,23 @@ def comm_tp(ctx: FeatureContext) -> None:
     else:
         ctx.add("tp_size", None, "requests do not carry ttft.tp.size")
         ctx.na(("ttft_by_tp", "tp_ttft_ratio"), "TP degree unknown")
+
+
+def _comm_share_tp_ttft(ctx: FeatureContext, comm: pd.Series, ran: pd.Series | None) -> None:
+    """``comm_share_tp_ttft``: collective seconds / TTFT seconds over the requests that ran
+    collectives (those with comm spans). A capture that compares TP degrees also holds TP=1
+    requests, which have no collectives: its slowest 5% may all be TP=1, so the tail share says
+    nothing about what TP costs the requests that use it. Share 0..1."""
+    why = "no request has comm spans (tensor parallel off, or the engine does not time its collectives)"
+    if ran is None or not ran.any():
+        ctx.na(("comm_share_tp_ttft",), why)
+        return
+    ttft = num_col(ctx.steady, "server_ttft_s").where(num_col(ctx.steady, "server_ttft_s").notna(),
+                                                        num_col(ctx.steady, "ttft_s"))
+    both = ran & ttft.notna()
+    total = float(ttft[both].sum())
+    ctx.add("comm_share_tp_ttft", float(comm[both].sum() / total) if total > 0 else None,
+            source=f"{int(both.sum())} requests with comm spans")
 
 
 def cpu_profile(ctx: FeatureContext) -> None:
