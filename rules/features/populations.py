@@ -74,7 +74,14 @@ def errors_by_segment(ctx: FeatureContext, err: pd.Series, measured: pd.Series) 
 
 
 def cold_start_outliers(ctx: FeatureContext) -> None:
-    """First requests far above comparable ones: counted apart, removed from ``ctx.steady``."""
+    """First requests far above comparable ones: counted apart, removed from ``ctx.steady``.
+
+    The first ``max(3, 2%)`` requests are tested against the rest; when some are outliers, so is
+    the backlog behind them: any later request sent before the last outlier's first token, and
+    as far above the requests sent after that moment (open-loop arrivals keep coming while the
+    model loads). With cold_start spans (server side), a request sent before start-up ended
+    that got its first token after it waited for start-up by the engine's own account.
+    """
     ok = ctx.ok
     n = len(ok)
     ctx.steady = ok
@@ -84,33 +91,68 @@ def cold_start_outliers(ctx: FeatureContext) -> None:
                 None if n else "no completed requests")
         ctx.na(names[1:], f"too few requests ({n}) to tell first requests from the rest" if n else "no completed requests")
         return
-    head_n = int(min(50, max(3, math.ceil(0.02 * n))))
-    head = ok.iloc[:head_n]
-    rest = ok.iloc[head_n:]
-    ttft_rest = num_col(rest, "ttft_s").to_numpy()
-    tok_rest = num_col(rest, "input_tokens").to_numpy()
-    med_all = float(np.median(ttft_rest))
-    p99_rest = float(np.percentile(ttft_rest, 99))
+    ttft = num_col(ok, "ttft_s").to_numpy()
+    tokens = num_col(ok, "input_tokens").to_numpy()
+    start = num_col(ok, "start_ns").to_numpy()
+    first = start + ttft * 1e9
     factor = float(ctx.params["cold_start_factor"])
-    out_idx: list[int] = []
-    excess: list[float] = []
-    for i, (ttft_i, tok_i) in enumerate(zip(num_col(head, "ttft_s").to_numpy(), num_col(head, "input_tokens").to_numpy())):
-        ref = med_all
-        if np.isfinite(tok_i) and tok_i > 0:
-            near = (tok_rest >= 0.5 * tok_i) & (tok_rest <= 2 * tok_i)
-            if near.sum() >= 3:
-                ref = float(np.median(ttft_rest[near]))
-        if ttft_i > factor * ref and ttft_i > p99_rest:
-            out_idx.append(i)
-            excess.append(float(ttft_i - ref))
-    ctx.add("cold_start_outliers_n", float(len(out_idx)))
-    if out_idx:
-        ctx.steady = ok.drop(index=ok.index[out_idx]).reset_index(drop=True)
-        ctx.add("cold_start_outlier_ttft_s", float(num_col(head, "ttft_s").to_numpy()[out_idx].max()))
-        ctx.add("cold_start_outlier_excess_s", float(max(excess)))
+    head_n = int(min(50, max(3, math.ceil(0.02 * n))))
+    out = _far_above(ttft, tokens, range(head_n), np.arange(head_n, n), factor)
+    for i in _waited_for_startup(ctx, start, first):
+        out.setdefault(i, _far_above(ttft, tokens, [i], np.arange(head_n, n), 0.0).get(i, 0.0))
+    while out:  # the backlog: sent before the last outlier's first token
+        boundary = max(first[i] for i in out)
+        after = np.flatnonzero(start >= boundary)
+        cand = [i for i in np.flatnonzero(start < boundary) if i not in out]
+        if len(after) < 3 or not cand:
+            break
+        more = _far_above(ttft, tokens, cand, after, factor)
+        if not more:
+            break
+        out.update(more)
+    ctx.add("cold_start_outliers_n", float(len(out)))
+    if out:
+        idx = sorted(out)
+        ctx.steady = ok.drop(index=ok.index[idx]).reset_index(drop=True)
+        ctx.add("cold_start_outlier_ttft_s", float(ttft[idx].max()))
+        ctx.add("cold_start_outlier_excess_s", float(max(out.values())))
     else:
         ctx.add("cold_start_outlier_ttft_s", 0.0)
         ctx.add("cold_start_outlier_excess_s", 0.0)
+
+
+def _far_above(ttft: np.ndarray, tokens: np.ndarray, which, pool: np.ndarray, factor: float) -> dict[int, float]:
+    """{i: excess s} for the requests ``which`` whose TTFT is above ``factor`` x the median of
+    comparable requests in ``pool`` (prompts within 0.5..2x, else all of it) and above its p99."""
+    ref_ttft = ttft[pool]
+    ref_tok = tokens[pool]
+    ref_ttft_ok = np.isfinite(ref_ttft)
+    if not ref_ttft_ok.any():
+        return {}
+    med_all = float(np.median(ref_ttft[ref_ttft_ok]))
+    p99 = float(np.percentile(ref_ttft[ref_ttft_ok], 99))
+    out: dict[int, float] = {}
+    for i in which:
+        ref = med_all
+        tok_i = tokens[i]
+        if np.isfinite(tok_i) and tok_i > 0:
+            near = ref_ttft_ok & (ref_tok >= 0.5 * tok_i) & (ref_tok <= 2 * tok_i)
+            if near.sum() >= 3:
+                ref = float(np.median(ref_ttft[near]))
+        if ttft[i] > factor * ref and ttft[i] > p99:
+            out[int(i)] = float(ttft[i] - ref)
+    return out
+
+
+def _waited_for_startup(ctx: FeatureContext, start: np.ndarray, first: np.ndarray) -> list[int]:
+    """Requests sent before the cold_start spans ended that got their first token after (indices of ``ctx.ok``)."""
+    cs = ctx.tables.cold_starts
+    if cs is None or len(cs) == 0 or "end_ns" not in cs.columns:
+        return []
+    end_ns = float(pd.to_numeric(cs["end_ns"], errors="coerce").max())
+    if not np.isfinite(end_ns):
+        return []
+    return [int(i) for i in np.flatnonzero((start < end_ns) & (first > end_ns))]
 
 
 def cold_start_spans(ctx: FeatureContext) -> None:
