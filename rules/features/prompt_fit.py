@@ -48,9 +48,10 @@ def prompt_fit(ctx: FeatureContext) -> None:
     if x.size < min_n:
         ctx.na(names, f"only {x.size} {how} with a token count (needs {min_n})")
         return
-    if np.unique(x).size < 3 or (x.max() - x.min()) < 0.2 * max(x.mean(), 1e-9):
-        ctx.na(names, f"only {np.unique(x).size} distinct prompt lengths ({x.min():g}..{x.max():g} tokens); "
-               "needs a prompt-length sweep")
+    spread = (x.max() - x.min()) / max(x.mean(), 1e-9)
+    if np.unique(x).size < 3 or spread < float(ctx.params["fit_range_min"]) and not _slope_resolved(ctx, x, yy, spread):
+        ctx.na(names, f"only {np.unique(x).size} distinct prompt lengths ({x.min():g}..{x.max():g} tokens, a "
+               f"{spread:.0%} range) and TTFT does not resolve a slope within them; needs a prompt-length sweep")
         return
     # When prompt lengths repeat (a sweep, a prompt file), fit the median TTFT of each length:
     # robust to the few requests that waited behind another one.
@@ -84,8 +85,25 @@ def prompt_fit(ctx: FeatureContext) -> None:
     mean_y = float(np.mean(yy))
     if expl is None:
         expl = slope * float(np.mean(x)) / mean_y if mean_y > 0 else None
-    ctx.add("ttft_prompt_explained_frac", max(0.0, expl) if expl is not None else None)
+    # clipped to 0..1: a negative intercept (a narrow range, extrapolated) would put it above 1
+    ctx.add("ttft_prompt_explained_frac", min(1.0, max(0.0, expl)) if expl is not None else None)
     ctx.add("ttft_prompt_fit_n", float(x.size))
+
+
+def _slope_resolved(ctx: FeatureContext, x: np.ndarray, y: np.ndarray, spread: float) -> bool:
+    """Prompt lengths within a narrow range (a fixed workload with some spread) still carry a
+    slope when the fit resolves it: the range at least ``fit_narrow_range_min`` of the mean, and
+    the slope at least ``fit_slope_t_min`` standard errors from zero (a positive slope: TTFT
+    grows with the prompt). A flat or noisy TTFT over the range stays unresolved."""
+    if spread < float(ctx.params["fit_narrow_range_min"]) or x.size < 3:
+        return False
+    slope, intercept, _ = linear_fit(x, y)
+    resid = y - (intercept + slope * x)
+    sxx = float(((x - x.mean()) ** 2).sum())
+    if sxx <= 0 or slope <= 0:
+        return False
+    se = float(np.sqrt((resid ** 2).sum() / (x.size - 2) / sxx)) if x.size > 2 else np.inf
+    return se == 0 or slope / se >= float(ctx.params["fit_slope_t_min"])
 
 
 def prompt_slope_per_itl(ctx: FeatureContext) -> None:
