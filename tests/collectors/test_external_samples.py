@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples" / "external"
 GENERATOR = SAMPLES / "make_external_samples.py"
 ENGINES = ("vllm", "sglang", "tgi", "llamacpp")
+#: every sample the generator writes (Dynamo's has its own tests below: its verdict needs features that read
+#: the front end's series)
+GENERATED = ENGINES + ("dynamo",)
 EXPECTED = {"vllm": "kv_cache", "sglang": "queue", "tgi": "prefill_compute", "llamacpp": "prefill_compute"}
 TRACED = ("vllm", "sglang", "tgi")
 MAX_SAMPLE_BYTES = 512 * 1024  # vLLM: 11 scrapes with the cache, by-source and per-step families
@@ -322,13 +325,14 @@ def test_regenerates_byte_identically(tmp_path):
     proc = subprocess.run([sys.executable, str(GENERATOR), "--out", str(tmp_path)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    for engine in ENGINES:
+    for engine in GENERATED:
         new, old = tmp_path / engine, SAMPLES / engine
         assert sorted(p.name for p in new.glob("metrics.t*.prom")) == sorted(p.name for p in old.glob("metrics.t*.prom"))
         for f in old.glob("*"):
             if f.is_file():  # metrics texts and the span file
                 assert (new / f.name).read_bytes() == f.read_bytes(), f"{engine}/{f.name} differs"
-        assert (new / "capture" / "spans.otlp.jsonl").read_bytes() == (old / "capture" / "spans.otlp.jsonl").read_bytes()
+        if (old / "capture" / "spans.otlp.jsonl").exists():
+            assert (new / "capture" / "spans.otlp.jsonl").read_bytes() == (old / "capture" / "spans.otlp.jsonl").read_bytes()
         meta_new = json.loads((new / "capture" / "meta.json").read_text())
         meta_old = json.loads((old / "capture" / "meta.json").read_text())
         meta_new.pop("tool_version"), meta_old.pop("tool_version")
@@ -348,3 +352,59 @@ def test_rust_durations_and_cpp_doubles_round_trip():
     assert g._cpp_double(36.16861) == "36.1686" and g._cpp_double(1234567.0) == "1.23457e+06"
     assert g._cpp_double(4.0) == "4"
     assert g._rust_f64(5.0) == "5" and g._rust_f64(0.0001 * 1.5) == "0.00015000000000000001"
+
+
+# --- the semantics the samples were regenerated from ------------------------------------------------
+
+
+def test_vllm_sample_ttft_starts_after_tokenization():
+    """vLLM's TTFT runs from arrival_time (after the API server tokenized) to the output batch at the
+    API server (before detokenize): server TTFT - queue - prefill is ingest + IPC only (~1 ms), far
+    below the 2-7 ms the sample's tokenizer takes for 800-3000-token prompts."""
+    g = _gen()
+    cfg = g.SCENARIOS["vllm"][0]
+    req = build_tables(load_capture(SAMPLES / "vllm" / "capture")).requests
+    expect = cfg.ingest_s + g.VLLM_OUTPUT_IPC_S
+    assert req["lumped_s"].median() == pytest.approx(expect, abs=2e-6)
+    assert req["lumped_s"].max() < cfg.tokenize_base_s + cfg.tokenize_per_token_s * cfg.prompt_tokens[0]
+    last = parse_exposition(_texts("vllm")[-1].read_text(encoding="utf-8"), 0.0)
+    prompt = sum(v for _, v in last.get("vllm:prompt_tokens_total"))
+    computed = sum(v for lab, v in last.get("vllm:prompt_tokens_by_source_total") if lab["source"] == "local_compute")
+    n_first = sum(v for _, v in last.get("vllm:time_to_first_token_seconds_count"))
+    assert prompt == computed and n_first == len(req)  # whole prompts, counted at the first token
+
+
+def test_sglang_sample_observes_only_observed_stages():
+    last = _texts("sglang")[-1].read_text(encoding="utf-8")
+    assert 'stage="prefill_forward"' in last and 'stage="request_process"' in last
+    assert 'stage="prefill_waiting"' not in last  # traced, but metrics_is_observed=False
+    spans = (SAMPLES / "sglang" / "spans.otlp.jsonl").read_text(encoding="utf-8")
+    assert "Bootstrap Room" not in spans and "gen_ai.latency.time_to_first_token" in spans
+    assert "observability/metrics_collector.py" in load_capture(SAMPLES / "sglang" / "capture").meta["sample"][
+        "names_from"]["metrics"]
+
+
+def test_dynamo_sample_splits_front_end_and_worker(capsys):
+    cap = load_capture(SAMPLES / "dynamo" / "capture")
+    assert cap.warnings == [] and cap.meta["sample"]["expected_category"] == "tokenize"
+    for f in _texts("dynamo"):
+        assert pa.detect_engine(parse_exposition(f.read_text(encoding="utf-8"), 0.0).names()) == "dynamo"
+    s = cap.series
+    mean = {n: s.loc[s["series"] == n, "value"].mean() for n in
+            (stages.SERIES_TTFT_S, stages.SERIES_TOKENIZE_TIME_S, stages.SERIES_FRONTEND_TIME_S,
+             stages.SERIES_WORKER_TTFT_S, stages.SERIES_TRANSIT_S)}
+    assert mean[stages.SERIES_TOKENIZE_TIME_S] / mean[stages.SERIES_TTFT_S] > 0.5  # the story: a tokenizer-bound front end
+    assert mean[stages.SERIES_FRONTEND_TIME_S] > mean[stages.SERIES_WORKER_TTFT_S]
+    assert mean[stages.SERIES_TRANSIT_S] == pytest.approx(_gen().DYNAMO_TRANSIT_S, rel=1e-6)
+    capsys.readouterr()
+    assert cli.main(["analyze", str(SAMPLES / "dynamo" / "capture"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ttft = doc["features"]["ttft_p95_s"]
+    assert ttft["source"] == "prometheus" and 0.5 < ttft["value"] < 2.0  # ttft analyze reads the front end's TTFT
+
+
+@pytest.mark.xfail(strict=True, reason="the features layer does not read tokenize_time_s / frontend_time_s yet")
+def test_dynamo_sample_verdict_names_the_tokenizer(capsys):
+    capsys.readouterr()
+    cli.main(["analyze", str(SAMPLES / "dynamo" / "capture"), "--json"])
+    assert json.loads(capsys.readouterr().out)["verdict"]["category"] == "tokenize"
