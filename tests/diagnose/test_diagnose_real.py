@@ -1,0 +1,114 @@
+"""``ttft diagnose`` end to end against the bundled engine (``ttft serve`` in its own process),
+with a fault injected and healthy: the verdict, the steps and why, the one capture that
+``ttft analyze`` and ``ttft report`` read afterwards, ``--metrics`` alongside, and Ctrl-C.
+
+Slow: each case starts an engine and probes it for 5-30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diag import cli
+from diag.analysis import analyze_paths
+from diag.diagnose import DiagnoseConfig, DiagnoseResult, PlanConfig, format_result, run_diagnose
+from diag.report.text import format_analysis
+from diag.scenarios.engine_process import EngineProcess
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _diagnose(args: list[str], out: Path, **kw) -> DiagnoseResult:  # noqa: ANN003
+    """Start ``ttft serve ARGS --threads 1``, run diagnose against it into ``out``, stop it."""
+    metrics = kw.pop("metrics", False)
+    with EngineProcess([*args, "--threads", "1"]) as eng:
+        cfg = DiagnoseConfig(eng.url, out, kw.pop("plan", PlanConfig(budget_s=90)),
+                             metrics_url=eng.url + "/metrics" if metrics else None, **kw)
+        res = run_diagnose(cfg)
+    print(format_result(res, format_analysis(res.analysis) if res.analysis else None))  # shown on failure
+    return res
+
+
+def _stages(res: DiagnoseResult) -> list[str]:
+    return [r.step.stage for r in res.records]
+
+
+def _check_capture(res: DiagnoseResult) -> None:
+    """One capture with every step's segment; ``ttft analyze`` gives the same verdict; ``ttft
+    report`` writes; meta.json records the steps and why."""
+    again = analyze_paths([res.capture], slo=res.analysis.slo)
+    assert again.diagnosis.verdict.category == res.analysis.diagnosis.verdict.category
+    segments = set(again.tables.requests["segment"].dropna())
+    assert {f"{r.step.kind}={r.step.value:g}" if r.step.kind != "baseline" else "concurrency=1"
+            for r in res.records} <= segments
+    meta = json.loads((res.capture / "meta.json").read_text())
+    assert meta["kind"] == "diagnose" and len(meta["diagnose"]["steps"]) == len(res.records)
+    assert all(s["reason"] for s in meta["diagnose"]["steps"])
+    assert cli.main(["report", str(res.capture), "-o", str(res.capture.parent / "report.html")]) == 0
+
+
+def test_one_request_at_a_time_is_queue_from_the_ramp(tmp_path: Path) -> None:
+    res = _diagnose(["--max-running", "1"], tmp_path / "cap", metrics=True)
+    v = res.analysis.diagnosis.verdict
+    assert v.category == "queue", v.title
+    assert not any(f.category == "healthy" for f in res.analysis.diagnosis.findings)
+    stages = _stages(res)
+    assert stages[0] == "baseline" and stages.count("ladder") >= 3 and stages.count("ramp") >= 2
+    ramp = [r for r in res.records if r.step.stage == "ramp"]
+    assert "TTFT broke" in res.stopped and "TTFT broke" in ramp[-1].step.reason  # chosen from what c=2 showed
+    assert (res.capture / "series").is_dir() and any((res.capture / "series").glob("*prometheus*"))
+    assert res.time_to_verdict_s is not None and res.time_to_verdict_s <= res.probing_s <= 90
+    _check_capture(res)
+
+
+def test_a_slow_tokenizer_is_named_from_the_prompt_ladder(tmp_path: Path) -> None:
+    res = _diagnose(["--inject", "tokenize_ms_per_token=3"], tmp_path / "cap")
+    assert res.analysis.diagnosis.verdict.category == "tokenize", res.analysis.diagnosis.verdict.title
+    ladder = [r for r in res.records if r.step.stage == "ladder"]
+    assert len(ladder) >= 3 and "per-token part" in ladder[0].step.reason
+    _check_capture(res)
+
+
+def test_a_healthy_engine_within_a_generous_slo_is_healthy_with_its_goodput(tmp_path: Path) -> None:
+    plan = PlanConfig(budget_s=60, max_concurrency=4)
+    res = _diagnose([], tmp_path / "cap", plan=plan, slo={"ttft_p99": 2.0, "tpot_p99": 0.2})
+    assert res.analysis.diagnosis.verdict.category == "healthy", res.analysis.diagnosis.verdict.title
+    assert res.stopped.startswith("the server held up to concurrency=4 (the cap)")  # healthy ends with the design
+    g = res.goodput()
+    assert g["held"] == "concurrency=4" and g["goodput_rps"] > 0
+    assert res.startup and res.startup["first_ttft_s"] > 0
+    _check_capture(res)
+
+
+def test_ctrl_c_leaves_a_valid_diagnosed_capture(tmp_path: Path) -> None:
+    out = tmp_path / "cap"
+    with EngineProcess(["--max-running", "1", "--threads", "1"]) as eng:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.Popen([sys.executable, "-m", "diag", "diagnose", eng.url, "-o", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # the live progress: interrupt once the ladder is under way
+            seen.append(line)
+            if "step 3:" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        stderr = "".join(seen) + stderr
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "stopped: interrupted (Ctrl-C)" in stdout and "verdict:" in stdout
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["diagnose"]["interrupted"] is True
+    assert "step 3:" in stderr and "step 5:" not in stderr
+    a = analyze_paths([out])
+    assert a.decomposition["requests"] >= 8 and a.diagnosis is not None
