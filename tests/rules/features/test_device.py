@@ -41,3 +41,17 @@ def test_cpu_profile_shares_from_pyspy_summary() -> None:
     meta = {"pyspy": {"shares": {"idle": 0.5, "tokenize": 0.25}, "busy_shares": {"tokenize": 0.5, "forward": 0.5}}}
     feats = compute_features(make_tables(make_requests([0.01] * 5), meta=meta))
     assert feats.value("cpu_profile_shares") == {"tokenize": 0.5, "forward": 0.5}
+
+
+def test_comm_share_over_the_requests_that_ran_tensor_parallel() -> None:
+    # a TP comparison: TP=1 requests (no collectives, one of them the slowest) and TP=2 ones
+    # whose TTFT is 60% collectives; the tail share misses it, the TP requests' share does not
+    n = 20
+    tp = [1] * 10 + [2] * 10
+    ttft = [0.10] * 9 + [0.30] + [0.15] * 10
+    comm = [float("nan")] * 10 + [0.09] * 10
+    prefill = [0.09] * 10 + [0.05] * 10
+    req = make_requests(ttft, tp_size=tp, comm_s=comm, prefill_s=prefill, input_tokens=[500] * n)
+    feats = compute_features(make_tables(req))
+    assert feats.value("comm_share_tp_ttft") == pytest.approx(0.6)
+    assert feats.value("comm_share_tail") == pytest.approx(0.0)

@@ -39,3 +39,22 @@ def test_parameters_come_from_the_rules_toml_and_params_override_them() -> None:
     assert compute_features(make_tables(req)).available("ttft_prompt_r2")
     feats = compute_features(make_tables(req), params={"min_fit_requests": 1000})
     assert not feats.available("ttft_prompt_r2") and "needs 1000" in feats.get("ttft_prompt_r2").reason
+
+
+def test_a_narrow_prompt_range_fits_when_the_slope_is_resolved() -> None:
+    # one workload's spread (1033..1261 tokens, a 20%-of-mean range is not reached), TTFT
+    # clearly growing with the prompt: the fit resolves the slope
+    tokens = [1033 + 19 * i for i in range(12)]
+    ttft = [0.02 + 0.0002 * t + (0.001 if i % 2 else -0.001) for i, t in enumerate(tokens)]
+    feats = compute_features(make_tables(make_requests(ttft, input_tokens=tokens, queue_s=[0.0] * 12)))
+    assert feats.available("ttft_prompt_r2")
+    assert feats.value("ttft_prompt_slope_ms_per_token") == pytest.approx(0.2, rel=0.1)
+    assert feats.value("ttft_prompt_explained_frac") <= 1.0
+
+
+def test_a_narrow_prompt_range_with_noisy_ttft_stays_unfitted() -> None:
+    tokens = [1033 + 19 * i for i in range(12)]
+    ttft = [0.2 + (0.03 if i % 3 == 0 else -0.01 * (i % 3)) for i in range(12)]  # no slope, just noise
+    feats = compute_features(make_tables(make_requests(ttft, input_tokens=tokens, queue_s=[0.0] * 12)))
+    assert not feats.available("ttft_prompt_r2")
+    assert "prompt-length sweep" in feats.get("ttft_prompt_r2").reason
