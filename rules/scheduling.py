@@ -42,6 +42,10 @@ def _queue_metric_rows(t: Triage, share_from_metrics: bool) -> None:
                   "mean queue time / mean TTFT from the engine's own histograms: the same story from /metrics")
 
 
+#: what a client cannot see: the same curve (and the same line at one level) comes from KV space
+BB_KV_CHECK = ("scrape the server's /metrics for KV usage and preemptions: from the client a KV-capacity limit "
+               "looks the same as a batch cap or a saturated device (see kv_cache)")
+
 SINGLE_LEVEL = ("ttft_in_itl_steps_p50", "ttft_inline_ratio", "first_token_after_end_frac")
 AT_CAP = ("waiting_at_cap_frac", "ttft_vs_engine_prefill_ratio")
 SWEEP = ("ttft_concurrency_ratio", "decode_speed_hold_ratio", "concurrency_flat_levels", "ttft_rise_per_itl")
@@ -122,7 +126,7 @@ def queue(ctx: RuleContext) -> Outcome:
                   *QUEUE_BUSY_CHECKS[:1], "instrument the server (OTLP spans or /metrics) to confirm the queue share"]
     else:
         title = "TTFT and per-stream decode speed both degrade with concurrency: the server is at capacity (black box)"
-        checks = QUEUE_BUSY_CHECKS[:3]
+        checks = [*QUEUE_BUSY_CHECKS[:3], BB_KV_CHECK]
     share = (ys[-1] - ys[0]) / ys[-1] if ys and ys[-1] > 0 else None
     s, pct = ctx.explained(share)
     return finding(title, t.confidence(0.8, black_box=True), s, pct, t.evidence, checks,
@@ -221,7 +225,7 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
                     "lowest level while per-stream decode speed holds)",
                     "the server's admission limits (max_num_seqs, worker count, a global lock, a plain mode without "
                     "batching) and its queue-time metric",
-                    "instrument the server (OTLP spans or /metrics) to measure the queue share"],
+                    "instrument the server (OTLP spans or /metrics) to measure the queue share", BB_KV_CHECK],
                    note="client-only evidence at one load level: the queue is inferred from the order of first "
                    "tokens and stream ends, not measured; confidence lowered", black_box=True)
 

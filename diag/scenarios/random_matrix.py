@@ -24,7 +24,7 @@ from diag.scenarios.calibrate import Calibration
 from diag.scenarios.matrix import MODES, MatrixRow, Verdict, confusion_table, diagnose_run
 from diag.scenarios.random_draws import Draw, draw
 from diag.scenarios.random_plans import build_plan, scenario
-from diag.scenarios.random_truth import VOID, run_truth
+from diag.scenarios.random_truth import CLIENT_ONLY_ALSO, VOID, run_truth, scored_right
 from diag.scenarios.runner import run_scenario
 
 #: confidence bins of the reliability table: [lo, hi)
@@ -46,7 +46,7 @@ class DrawResult:
         return self.truths[k] if k < len(self.truths) else self.draw.expected
 
     def ok(self, mode: str, k: int = 0) -> bool:
-        return self.verdicts[mode][k].category == self.truth(k)
+        return scored_right(self.verdicts[mode][k].category, self.truth(k), mode)
 
     def flipped(self, mode: str) -> bool:
         return len({v.category for v in self.verdicts[mode]}) > 1
@@ -86,16 +86,22 @@ class RandomResult:
 
     def accuracy(self, mode: str, category: str | None = None) -> tuple[int, int]:
         runs = [(v, t) for _, v, t in self._runs(mode) if category is None or t == category]
-        return sum(v.category == t for v, t in runs), len(runs)
+        return sum(scored_right(v.category, t, mode) for v, t in runs), len(runs)
 
     def reliability(self) -> list[dict[str, Any]]:
         """Per confidence bin: runs, share right (both modes pooled)."""
         out = []
         for lo, hi in BINS:
-            hits = [v.category == t for m in self.modes for _, v, t in self._runs(m) if lo <= v.confidence < hi]
+            hits = [scored_right(v.category, t, m) for m in self.modes for _, v, t in self._runs(m)
+                    if lo <= v.confidence < hi]
             out.append({"bin": [lo, min(hi, 1.0)], "runs": len(hits), "right": sum(hits),
                         "accuracy": (sum(hits) / len(hits)) if hits else None})
         return out
+
+    def accepted_also(self, mode: str) -> list[tuple[DrawResult, Verdict, str]]:
+        """Runs scored right by :data:`CLIENT_ONLY_ALSO` (another category than the truth)."""
+        return [(r, v, t) for r, v, t in self._runs(mode)
+                if v.category != t and v.category in CLIENT_ONLY_ALSO.get(t, ()) and scored_right(v.category, t, mode)]
 
     def flip_rate(self, mode: str) -> float | None:
         rs = [r for r in self.results if len(r.verdicts.get(mode, [])) > 1]
@@ -103,11 +109,13 @@ class RandomResult:
 
     def misses(self) -> list[tuple[DrawResult, str, Verdict, str]]:
         """(draw, mode, verdict, ground truth) of every run that missed."""
-        return [(r, m, v, t) for m in self.modes for r, v, t in self._runs(m) if v.category != t]
+        return [(r, m, v, t) for m in self.modes for r, v, t in self._runs(m) if not scored_right(v.category, t, m)]
 
     def rows(self) -> list[MatrixRow]:
         """First repeat of each draw as a matrix row (for the confusion table)."""
-        return [MatrixRow(r.draw.name, r.truth(0), {m: vs[0] for m, vs in r.verdicts.items()}, r.wall_s)
+        also = {"client-only": CLIENT_ONLY_ALSO}
+        return [MatrixRow(r.draw.name, r.truth(0), {m: vs[0] for m, vs in r.verdicts.items()}, r.wall_s,
+                          {m: also[m].get(r.truth(0), frozenset()) for m in also})
                 for r in self.results if r.truth(0) != VOID]
 
     def command(self, d: Draw) -> str:
@@ -121,6 +129,8 @@ class RandomResult:
                              "per_category": {c: dict(zip(("right", "runs"), self.accuracy(m, c))) for c in cats}}
                          for m in self.modes},
             "reliability": self.reliability(), "flip_rate": {m: self.flip_rate(m) for m in self.modes},
+            "scored_right_not_observable": {m: [{"draw": r.draw.index, "truth": t, "verdict": v.category}
+                                                for r, v, t in self.accepted_also(m)] for m in self.modes},
             "void": [{"draw": r.draw.index, "repeat": k, "broken_s": r.accounting[k]} for r, k in self.voids()],
             "draws": [{"index": r.draw.index, "name": r.draw.name, "family": r.draw.family, "kind": r.draw.kind,
                        "expected": r.draw.expected, "truths": [r.truth(k) for k in range(max(1, len(r.truths)))],
@@ -156,6 +166,11 @@ class RandomResult:
         for m in self.modes:
             n = sum(v.category == "inconclusive" for _, v, _ in self._runs(m))
             lines.append(f"inconclusive {m}: {n}/{len(self._runs(m))} runs (scored as misses)")
+        for m in self.modes:
+            also = self.accepted_also(m)
+            if also:
+                lines.append(f"scored right as not observable from the client ({m}): " + ", ".join(
+                    f"{r.draw.name} {t} -> {v.category}" for r, v, t in also))
         voids = self.voids()
         if voids:
             lines.append(f"void (designed healthy, the users' SLO broke in the run; not scored): {len(voids)}")

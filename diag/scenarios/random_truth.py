@@ -29,6 +29,20 @@ from diag.scenarios.random_draws import Draw
 from diag.slo import parse_slo
 from diag.tables import build_tables
 
+#: client-only: verdicts that also count as right for a truth the client cannot observe. A KV
+#: limit is not visible from the client: the requests it holds back wait in the engine's queue
+#: stage (its own accounting), and TTFT against concurrency (or the line at one level) is the
+#: same curve a batch cap or a saturated device gives. The queue findings say so and send the
+#: user to the engine's KV gauges. Scored right, and counted apart in the matrix output.
+CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"})}
+
+
+def scored_right(category: str, truth: str, mode: str) -> bool:
+    """Whether a verdict ``category`` is right for ``truth`` in ``mode`` (``client-only`` accepts
+    :data:`CLIENT_ONLY_ALSO`)."""
+    return category == truth or (mode == "client-only" and category in CLIENT_ONLY_ALSO.get(truth, ()))
+
+
 #: the truth of a run that did not come out as designed (scored neither way)
 VOID = "void"
 #: causes whose bottleneck is defined by the users' target it breaks (the catalogue's too)

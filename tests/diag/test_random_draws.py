@@ -239,3 +239,23 @@ def test_an_slo_defined_cause_whose_slo_held_is_void():
     d = next(d for seed in SEEDS for d in draws(seed, N) if d.family == "interference" and d.kind == "plain")
     assert run_truth(d, slo, caps) == ("interference", {})
     assert run_truth(d, "itl_p99=1000s", caps)[0] == VOID
+
+
+def test_a_kv_limit_seen_only_from_the_client_may_be_named_queue():
+    # a client cannot see KV: the requests a KV limit holds back wait in the engine's queue
+    d = next(d for d in draws(5, 400) if d.expected == "kv_cache")
+    res = RandomResult(5, MACHINES["cpu"], MODES, [DrawResult(d, {m: [Verdict("queue", 0.5, "t")] for m in MODES})])
+    assert res.accuracy("client-only") == (1, 1)
+    assert res.accuracy("server") == (0, 1)  # with the server's spans the KV pressure is there to see
+    assert [m for _, m, _, _ in res.misses()] == ["server"]
+    assert "scored right as not observable from the client (client-only)" in res.format_text()
+    other = RandomResult(5, MACHINES["cpu"], MODES, [DrawResult(d, {m: [Verdict("tokenize", 0.5, "t")] for m in MODES})])
+    assert other.accuracy("client-only") == (0, 1)
+
+
+def test_a_network_draw_at_one_load_level_has_prompts_that_vary():
+    # one fixed prompt length at one level cannot tell a fixed delay from per-token work
+    one_level = [d for d in draws(9, 600) if d.family == "network" and d.kind != "near-miss"
+                 and d.params["design"] != "sweep"]
+    assert one_level
+    assert all(d.params["input_spread"] >= 0.25 for d in one_level)
