@@ -87,6 +87,9 @@ def parse_exposition(text: str, ts_s: float | None = None) -> pa.Snapshot:
     Raises ExpositionError naming the first offending line.
     """
     ts = time.time() if ts_s is None else ts_s
+    if _looks_like_json(text):
+        raise ExpositionError("the /metrics answer is JSON, not Prometheus text (trtllm-serve's /metrics serves "
+                              f"JSON iteration stats; its Prometheus text is at {TRTLLM_PROMETHEUS_PATH})")
     try:
         return pa.snapshot_from_families(text_string_to_metric_families(text), ts)
     except Exception as exc:  # the parser raises ValueError, IndexError, TypeError, ...

@@ -311,6 +311,13 @@ def test_trtllm_without_prometheus_text_says_how_to_turn_it_on():
     _serving(False, check)
 
 
+def test_json_exposition_is_a_clear_one_line_error():
+    from collectors.prometheus import ExpositionError
+
+    with pytest.raises(ExpositionError, match="JSON, not Prometheus text.*/prometheus/metrics"):
+        parse_exposition('[{"iter": 3, "numActiveRequests": 1}]', T0)
+
+
 def test_metrics_url_rule():
     assert metrics_url("http://h:8000") == "http://h:8000/metrics"
     assert metrics_url("http://h:8000/") == "http://h:8000/metrics"
