@@ -1,0 +1,40 @@
+"""``ttft diagnose`` against a real third-party engine: Hugging Face ``transformers serve`` in plain
+mode (one request at a time; tests/thirdparty/hf_serve.py: a tiny random Llama built locally, no
+hub access). As a new user would run it: no warm-up of our own, the compatibility check finds
+that the server refuses ``min_tokens``/``ignore_eos`` (HTTP 422) and goes on without them.
+
+Slow: one server start and ~30 s of probing on 2 cores.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers[serving] is a test dependency")
+
+from diag.analysis import analyze_paths  # noqa: E402
+from diag.diagnose import DiagnoseConfig, PlanConfig, format_result, run_diagnose  # noqa: E402
+from diag.report.text import format_analysis  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "thirdparty"))
+from hf_serve import TransformersServe, build_tiny_llama  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_plain_transformers_serve_is_queue_within_the_budget(tmp_path: Path) -> None:
+    model = build_tiny_llama(tmp_path / "tiny", spaced=True)
+    with TransformersServe(model) as srv:
+        res = run_diagnose(DiagnoseConfig(srv.url, tmp_path / "cap", PlanConfig(budget_s=120), api="chat"))
+    print(format_result(res, format_analysis(res.analysis) if res.analysis else None))
+    d = res.analysis.diagnosis
+    assert d.verdict.category == "queue", d.verdict.title
+    assert not any(f.category == "healthy" for f in d.findings)
+    assert any("refuses min_tokens/ignore_eos" in n for n in res.notes), res.notes
+    assert [r.step.stage for r in res.records][:2] == ["baseline", "ladder"]
+    assert any(r.step.kind == "concurrency" for r in res.records)
+    assert res.probing_s <= 120 and res.time_to_verdict_s is not None
+    assert analyze_paths([res.capture]).diagnosis.verdict.category == "queue"
