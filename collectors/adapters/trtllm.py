@@ -11,8 +11,9 @@
   ``time_per_output_token_seconds``, ``request_queue_time_seconds``); they are read as
   fallbacks and detected by their exact names (Dynamo adds ``trtllm_`` itself:
   ai-dynamo/dynamo ``docs/backends/trtllm/trtllm-prometheus.md`` @313a897b).
-* ``trtllm_kv_cache_hit_rate`` (0..1, a gauge) and ``trtllm_prompt_cached_tokens_total``
-  (tokens) are the cache signals.
+* ``trtllm_kv_cache_hit_rate`` (0..1) and ``trtllm_prompt_cached_tokens_total`` (tokens) are the
+  cache signals (names from @050f80de as the reference read them; the hit rate's type was not
+  re-read, so a histogram of that name is read too).
 * Triton: ``nv_trt_llm_request_metrics{request_type="waiting"}`` and
   ``kv_cache_block_type="fraction"`` exist only in newer ``custom_metrics_reporter.cc``
   (absent @7f9aa468), so the older fallbacks stay. Triton's queue counter misses waiting inside
@@ -52,8 +53,9 @@ TRTLLM = EngineAdapter(
         SeriesMap(S.SERIES_ITL_S, _h("time_per_output_token_seconds")),
         SeriesMap(S.SERIES_E2E_S, _h("e2e_request_latency_seconds")),
         SeriesMap(S.SERIES_KV_USAGE, (Gauge("trtllm_kv_cache_utilization"),)),
-        SeriesMap(S.SERIES_PREFIX_CACHE_HIT_RATIO, (Gauge("trtllm_kv_cache_hit_rate"),),
-                  note="the engine's own KV-cache hit rate gauge"),
+        SeriesMap(S.SERIES_PREFIX_CACHE_HIT_RATIO, (Gauge("trtllm_kv_cache_hit_rate"),
+                                                    Histogram("trtllm_kv_cache_hit_rate")),
+                  note="the engine's own KV-cache hit rate (a gauge; a histogram's windowed mean if so exported)"),
         SeriesMap(S.SERIES_WAITING, (Gauge("trtllm_num_requests_waiting"),)),
         SeriesMap(S.SERIES_RUNNING, (Gauge("trtllm_num_requests_running"),)),
         SeriesMap(S.SERIES_PAUSED, (Gauge("trtllm_num_paused_requests"),)),
