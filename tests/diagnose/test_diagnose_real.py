@@ -7,6 +7,7 @@ Slow: each case starts an engine and probes it for 5-30 s on 2 cores.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -57,6 +58,24 @@ def _check_capture(res: DiagnoseResult) -> None:
     assert cli.main(["report", str(res.capture), "-o", str(res.capture.parent / "report.html")]) == 0
 
 
+def _view_verdict(capture: Path) -> str:
+    """The verdict panel of ``ttft view CAPTURE`` (the Textual app, driven headless)."""
+    from tui.app import TTFTApp
+    from tui.sources import CaptureSource
+
+    async def main() -> str:
+        app = TTFTApp(CaptureSource(capture), refresh_s=0.2)
+        async with app.run_test(size=(160, 50)) as pilot:
+            for _ in range(400):
+                vm = app.last_vm
+                if vm is not None and not vm.verdict.pending and not vm.verdict.stale:
+                    return vm.verdict.category
+                await pilot.pause(0.05)
+        raise AssertionError("ttft view did not settle on the capture")
+
+    return asyncio.run(main())
+
+
 def test_one_request_at_a_time_is_queue_from_the_ramp(tmp_path: Path) -> None:
     res = _diagnose(["--max-running", "1"], tmp_path / "cap", metrics=True)
     v = res.analysis.diagnosis.verdict
@@ -69,6 +88,7 @@ def test_one_request_at_a_time_is_queue_from_the_ramp(tmp_path: Path) -> None:
     assert (res.capture / "series").is_dir() and any((res.capture / "series").glob("*prometheus*"))
     assert res.time_to_verdict_s is not None and res.time_to_verdict_s <= res.probing_s <= 90
     _check_capture(res)
+    assert "queue" in _view_verdict(res.capture).lower()
 
 
 def test_a_slow_tokenizer_is_named_from_the_prompt_ladder(tmp_path: Path) -> None:
