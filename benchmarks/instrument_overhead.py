@@ -12,13 +12,16 @@ median ratio over the pairs, with their spread (min-max and the interquartile ra
 the timed rounds each server gets ``--warmup-requests`` untimed requests: its first ~20 requests
 are slow (a start-up, apart).
 
+Both servers run torch with ``--torch-threads`` intra-op threads (default 1: OMP_NUM_THREADS,
+the same for both sides), so that neither spins OpenMP workers on the cores the other side and
+the probe need; the figure is the hooks' cost, not torch's threading under contention.
 Wall-clock figures move with whatever else runs on the machine; the server's own CPU time per
 request (user + system of the server's process tree, from /proc) moves much less, so it is
 printed as a third ratio: what the hooks cost in CPU, whatever the neighbours do. When the
 interquartile range of a wall-clock ratio is wider than the budget, the verdict says the run
 cannot decide (noise), not "within budget". Run:
-``python benchmarks/instrument_overhead.py [--rounds 12] [--requests 16] [--concurrency 2]
-[--continuous-batching]``.
+``python benchmarks/instrument_overhead.py [--rounds 40] [--requests 12] [--concurrency 2]
+[--torch-threads 1] [--continuous-batching]``.
 """
 
 from __future__ import annotations
@@ -108,16 +111,18 @@ def verdict(cost: float, ratios: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=12, help="off/on pairs (default 12)")
-    ap.add_argument("--requests", type=int, default=16, help="measured requests per round (default 16)")
+    ap.add_argument("--rounds", type=int, default=40, help="off/on pairs (default 40)")
+    ap.add_argument("--requests", type=int, default=12, help="measured requests per round (default 12)")
     ap.add_argument("--concurrency", type=int, default=2, help="requests in flight (default 2)")
     ap.add_argument("--warmup-requests", type=int, default=24, help="untimed requests per server first (default 24)")
     ap.add_argument("--input-tokens", type=int, default=64)
     ap.add_argument("--output-tokens", type=int, default=16)
     ap.add_argument("--continuous-batching", action="store_true", help="both servers in --continuous-batching mode")
+    ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of both servers (default 1)")
     args = ap.parse_args(argv)
-    if args.rounds < 1 or args.requests < 1 or args.concurrency < 1:
-        ap.error("--rounds, --requests and --concurrency must be >= 1")
+    if min(args.rounds, args.requests, args.concurrency, args.torch_threads) < 1:
+        ap.error("--rounds, --requests, --concurrency and --torch-threads must be >= 1")
+    os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # the servers inherit it
 
     tmp = Path(tempfile.mkdtemp(prefix="ttft-instr-bench-"))
     model = build_tiny_llama(tmp / "tiny-llama", spaced=True)
@@ -156,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu_ratio = [on[2] / off[2] for off, on in zip(results["off"], results["on"]) if off[2] > 0]
     mode = "--continuous-batching" if args.continuous_batching else "plain"
     print(f"\ntransformers serve ({mode}), {args.rounds} off/on pairs x {args.requests} requests, "
-          f"{args.concurrency} in flight, {args.input_tokens}/{args.output_tokens} tokens; {elapsed_s:.0f} s; "
+          f"{args.concurrency} in flight, {args.input_tokens}/{args.output_tokens} tokens, "
+          f"{args.torch_threads} torch thread(s); {elapsed_s:.0f} s; "
           f"instrumented capture: {n_spans} span lines")
     print(f"throughput ratio (instrumented / plain): {spread(tput_ratio)}")
     print(f"TTFT p50 ratio   (instrumented / plain): {spread(ttft_ratio)}")
@@ -167,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"budget < {BUDGET:.0%}: throughput cost {tput_cost:+.2%} -> {verdict(tput_cost, tput_ratio)}; "
           f"TTFT p50 cost {ttft_cost:+.2%} -> {verdict(ttft_cost, ttft_ratio)}")
     if cpu_ratio:
-        print(f"server CPU cost per request {statistics.median(cpu_ratio) - 1.0:+.2%}")
+        cpu_diff_ms = [on[2] - off[2] for off, on in zip(results["off"], results["on"])]
+        print(f"server CPU cost per request {statistics.median(cpu_ratio) - 1.0:+.2%}: "
+              f"{statistics.median(cpu_diff_ms):+.2f} ms (IQR {iqr(cpu_diff_ms):.2f} ms) on "
+              f"{statistics.median(r[2] for r in results['off']):.1f} ms of a plain request "
+              f"(a fixed cost per request weighs less on a larger model)")
     return 0
 
 
