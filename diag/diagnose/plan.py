@@ -257,8 +257,11 @@ def _ramp_requests(cfg: PlanConfig, kind: str, value: float) -> int:
     return max(12, min(200, int(round(value * 3.0))))  # ~3 s of arrivals
 
 
-def ramp_break(cfg: PlanConfig, base: Point, p: Point, prev: Point | None) -> str | None:
-    """Why the ramp has seen enough at ``p`` (None: go on)."""
+def ramp_break(cfg: PlanConfig, base: Point, p: Point, earlier: Sequence[Point] = ()) -> str | None:
+    """Why the ramp has seen enough at ``p`` (None: go on); ``earlier`` are the levels below it, in
+    order. A knee is the rules' own: one step steeper than every step before it by
+    ``knee_sharpness`` and at least ``knee_jump_min``, after TTFT stayed within ``flat_factor``."""
+    prev = earlier[-1] if earlier else None
     where = f"{p.kind}={p.value:g}"
     if p.error_frac >= 0.05:
         kinds = ", ".join(f"{k} x{v}" for k, v in p.errors.items())
@@ -277,7 +280,10 @@ def ramp_break(cfg: PlanConfig, base: Point, p: Point, prev: Point | None) -> st
     if prev is not None and prev.ttft_p50_s and p.ttft_p50_s:
         jump = p.ttft_p50_s / prev.ttft_p50_s
         pre = _ratio(prev.ttft_p50_s, base.ttft_p50_s) or 1.0
-        if jump >= cfg.knee_x and pre <= cfg.flat_x:
+        ys = [q.ttft_p50_s for q in earlier if q.ttft_p50_s]
+        steepest = max([b / a for a, b in zip(ys, ys[1:]) if a > 0] + [1.0])
+        sharp = float(cfg.thresholds["features"]["knee_sharpness"])
+        if jump >= cfg.knee_x and pre <= cfg.flat_x and jump >= sharp * steepest:
             return f"a knee: TTFT flat to {prev.kind}={prev.value:g} ({pre:.1f}x), then x{jump:.1f} at {where}"
     return None
 
@@ -319,7 +325,7 @@ def ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, con
         if p is base:
             continue
         prev = chain[i - 1] if i else None
-        why = ramp_break(cfg, base, p, prev)
+        why = ramp_break(cfg, base, p, chain[:i])
         if why:
             broke = (p, prev, why)
             break

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, ProbeSession, SweepSpec, WorkloadSpec, eventloop
+from collectors.probe import (LengthSpec, LoadSpec, ProbeConfig, ProbeSession, SweepSpec, WorkloadSpec,
+                              compute_metrics, eventloop)
+from collectors.probe.health import HealthMonitor
 from collectors.probe.sweep import stop_reason
 from diag.analysis import Analysis, analyze_paths
 from diag.capture import CaptureError, CaptureWriter
@@ -137,10 +139,11 @@ def _verdict(analysis: Analysis | None) -> tuple[str | None, float | None]:
     return v.category, float(v.confidence)
 
 
-def _startup(analysis: Analysis, points: list[Point]) -> dict[str, Any]:
-    """The first request the server answered against what a warm server takes for its prompt:
-    the TTFT the prompt fit of the baseline and ladder predicts for its token count (else the
-    baseline's median). Start-up, reported apart from TTFT."""
+def _startup(analysis: Analysis, points: list[Point], contact_unix_s: float) -> dict[str, Any]:
+    """Start-up, reported apart from TTFT: the first answered request (its TTFT, and how long
+    after the first contact with the server its answer ended: endpoint detection and the
+    compatibility check go first) against what a warm server takes for that prompt (the TTFT the
+    prompt fit of the baseline and ladder predicts for its token count, else the baseline's median)."""
     base = next((p for p in points if p.kind == "baseline"), None)
     req = analysis.tables.requests
     if base is None or base.ttft_p50_s is None or len(req) == 0 or "ttft_s" not in req.columns:
@@ -149,15 +152,22 @@ def _startup(analysis: Analysis, points: list[Point]) -> dict[str, Any]:
     if len(answered) == 0:
         return {}
     first = answered.sort_values("start_ns").iloc[0]  # the first answered (a refused compat check is not)
-    ttft = first.get("ttft_s")
+    ttft = float(first["ttft_s"])
     tokens = first.get("input_tokens")
     fit = prompt_fit(points)
     if fit is not None and tokens is not None and tokens == tokens:
         warm, how = max(0.0, fit[1] + fit[0] * float(tokens)), f"the prompt fit at {float(tokens):.0f} tokens"
     else:
         warm, how = base.ttft_p50_s, "the baseline's median"
-    return {"first_ttft_s": float(ttft), "warm_ttft_s": warm, "warm_from": how,
-            "penalty_s": max(0.0, float(ttft) - warm), "first_segment": str(first.get("segment") or "")}
+    out = {"first_ttft_s": ttft, "warm_ttft_s": warm, "warm_from": how, "penalty_s": max(0.0, ttft - warm),
+           "first_segment": str(first.get("segment") or "")}
+    start = first.get("start_ns")
+    if start is not None and start == start:
+        # time before the first answered request could be sent (endpoint detection, a refused
+        # compatibility check: requests that waited for a starting server but carry no TTFT)
+        out["waited_before_first_s"] = max(0.0, float(start) / 1e9 - contact_unix_s)
+    out["startup_s"] = out.get("waited_before_first_s", 0.0) + out["penalty_s"]
+    return out
 
 
 class _Run:
@@ -177,6 +187,7 @@ class _Run:
         self.interrupted = False
         self.startup: dict[str, Any] = {}
         self.endpoint: Any = None
+        self.contact_unix_s = time.time()
         self.final: Analysis | None = None
         self.result: DiagnoseResult | None = None
 
@@ -192,6 +203,9 @@ class _Run:
 
     async def main(self) -> None:
         cfg = self.cfg
+        if cfg.output.exists() and (not cfg.output.is_dir() or any(cfg.output.iterdir())):
+            raise DiagnoseError(f"{cfg.output}: exists and is not empty (a capture holds one run: choose another -o)")
+        self.contact_unix_s = time.time()
         limit, how = await context_limit(cfg.url, cfg.model, cfg.api_key)
         self.note(how)
         if limit:
@@ -226,7 +240,8 @@ class _Run:
             self.final = self.analyze() if any(r.point is not None and r.point.ok for r in self.records) \
                 else self.analysis
             if self.final is not None:
-                self.startup = _startup(self.final, [r.point for r in self.records if r.point is not None])
+                self.startup = _startup(self.final, [r.point for r in self.records if r.point is not None],
+                                        self.contact_unix_s)
             self.result = self._result()
             writer.update_meta(kind="diagnose", diagnose=self.result.to_dict(with_analysis=False))
         finally:
@@ -268,11 +283,28 @@ class _Run:
             rec.point = await self._run_step(session, d.step)
             rec.ended_s = self.elapsed()
             self.emit("point", rec)
-            self.analysis = self.analyze()
+            await self._between_steps(session)
             rec.verdict, rec.confidence = _verdict(self.analysis)
             self.emit("verdict", rec)
 
+    async def _between_steps(self, session: ProbeSession) -> None:
+        """Diagnose the capture so far. The client-health monitor pauses meanwhile: the analysis
+        holds this loop for a while with no request in flight, which is not the load generator
+        lagging behind a request (the monitor's samples measure the probing only)."""
+        mon = session.monitor
+        if mon is not None:
+            session.health_samples.append(await mon.stop())
+            session.monitor = None
+        try:
+            self.analysis = self.analyze()
+        finally:
+            if mon is not None:
+                session.monitor = HealthMonitor()
+                session.monitor.start()
+
     async def _run_step(self, session: ProbeSession, step: Step) -> Point:
+        """Run one step as probe phases; a rung sends its requests one at a time and ends at the first
+        refusal, so that finding the context limit costs one failed request, not a rung of them."""
         pc = self.plan
         seg = segment_of(step.kind, step.value)
         ((load, inp, label),) = step_chunks(step.probe_step(pc), seg)
@@ -280,15 +312,42 @@ class _Run:
         load = replace(load, duration_s=left_s, concurrency=min(load.concurrency, pc.max_concurrency),
                        warmup_requests=WARMUP_REQUESTS if step.kind == "baseline" else 0, seed=self.cfg.seed)
         workload = session.workload.with_input(inp) if inp is not None else session.workload
+        loads = [load]
+        if step.kind == "prompt" and load.requests and load.requests > 1:
+            loads = [replace(load, requests=1)] * load.requests  # one at a time: a refusal ends the rung
         t = time.monotonic()
-        outcome = await session.phase(load, workload, label)
+        results: list[Any] = []
+        dur = 0.0
+        for i, one in enumerate(loads):
+            outcome = await session.phase(one, workload, label)
+            results.extend(outcome.results)
+            dur += outcome.duration_s
+            self.sent += len(outcome.results)
+            if len(loads) > 1 and any(r.error == "http_4xx" for r in outcome.measured):
+                break  # refused (the context limit): longer prompts of this rung would be refused too
         wall = time.monotonic() - t
-        self.sent += len(outcome.results)
-        metrics = session.metrics(outcome)
+        metrics = compute_metrics(results, dur, self.cfg.slo)
         stop = None
         if step.kind in ("concurrency", "rate"):
             stop = stop_reason(SweepSpec(step.kind, [step.value]), step.value, metrics)
-        return point_from_metrics(step.kind, step.value, label, metrics, wall, stop)
+        point = point_from_metrics(step.kind, step.value, label, metrics, wall, stop)
+        if step.kind == "baseline":
+            self._recalibrate(session, point)
+        return point
+
+    def _recalibrate(self, session: ProbeSession, base: Point) -> None:
+        """When the probe's calibration got no usage (its long calibration prompts refused, or no
+        usage at all) but the baseline's answers carry usage.prompt_tokens, size the prompts from
+        those: the ladder's lengths are then what they say."""
+        w = session.workload
+        if session.tokenizer is not None or w.calibration or not base.input_tokens_mean:
+            return
+        ratio = base.input_tokens_mean / self.plan.input_tokens
+        if abs(ratio - 1.0) <= 0.1:
+            return
+        w.calibrate(ratio / w.words_per_token, "from the baseline's usage.prompt_tokens")
+        if w.calibration:
+            self.note(f"prompt lengths: {w.calibration} (the probe's calibration got no usage)")
 
 
 def _time_to_verdict(records: list[StepRecord], final: str | None) -> float | None:

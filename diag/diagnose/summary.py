@@ -37,9 +37,10 @@ def format_result(res: DiagnoseResult, analysis_text: str | None = None) -> str:
     lines.append(f"stopped: {res.stopped}")
     su = res.startup
     if su:
-        lines.append(f"start-up: the first request took {fmt_s(su['first_ttft_s'])} to its first token, "
-                     f"{fmt_s(su['warm_ttft_s'])} once warm ({su['warm_from']}; +{fmt_s(su['penalty_s'])}) — reported apart, "
-                     "not TTFT")
+        wait = su.get("waited_before_first_s", 0.0)
+        lines.append(f"start-up ≈ {fmt_s(su['startup_s'])}: the first answered request was sent {fmt_s(wait)} after the "
+                     f"first contact and took {fmt_s(su['first_ttft_s'])} to its first token, a warm one "
+                     f"{fmt_s(su['warm_ttft_s'])} ({su['warm_from']}) — reported apart, not TTFT")
     g = res.goodput()
     if g.get("held"):
         if g.get("slo"):

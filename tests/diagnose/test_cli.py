@@ -36,5 +36,13 @@ def test_a_server_that_does_not_answer_is_a_one_line_error(capsys, tmp_path) -> 
     assert rc == 2 and "the server did not answer (connect_refused)" in err and err.count("\n") == 1, err
 
 
+def test_an_output_directory_that_holds_a_capture_is_refused(capsys, tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "meta.json").write_text("{}")
+    rc = cli.main(["diagnose", f"http://127.0.0.1:{_free_port()}", "-o", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "exists and is not empty" in err and err.count("\n") == 1, err
+
+
 def test_budgets_read_as_seconds() -> None:
     assert parse_budget("120s") == 120 and parse_budget("90") == 90 and parse_budget("1.5m") == 90

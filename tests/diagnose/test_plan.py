@@ -73,11 +73,21 @@ def test_recorded_default_engine_ramps_while_ttft_holds_then_fills_in_the_levels
     assert steps[8] is None and "TTFT broke at concurrency=8" in decisions[8].done
 
 
-def test_recorded_slow_tokenizer_finds_the_knee_and_tests_the_level_inside_it() -> None:
+def test_recorded_slow_tokenizer_ramps_on_past_a_rise_that_is_no_knee() -> None:
+    # 1 -> 2 -> 4 in flight: TTFT x1.3 then x2.3, a step not 1.8x steeper than the one before it
+    # (the rules' knee_sharpness): no knee, and 3.1x the lone request's is no break yet
     decisions = _replay("slow_tokenizer")
-    assert decisions[5].step is not None and decisions[5].step.value == 3 and decisions[5].step.stage == "refine"
-    assert "serialisation" in decisions[5].step.reason  # decode speed held across the jump
-    assert decisions[6].step is None and decisions[6].done.startswith("a knee")
+    assert decisions[5].step is not None and (decisions[5].step.value, decisions[5].step.stage) == (8, "ramp")
+    assert "still holding" in decisions[5].step.reason
+
+
+def test_a_flat_curve_then_a_cliff_is_a_knee_and_the_levels_inside_it_are_tested() -> None:
+    ramp = [pt("concurrency", 2, 0.0105), pt("concurrency", 4, 0.011), pt("concurrency", 8, 0.035)]
+    d = next_step(PlanConfig(), [BASE, *LADDER, *ramp], 6.0)
+    assert d.step is not None and d.step.stage == "refine" and d.step.value == 5
+    assert "serialisation at 5 and 7" in d.step.reason
+    d = next_step(PlanConfig(), [BASE, *LADDER, *ramp, pt("concurrency", 5, 0.012), pt("concurrency", 7, 0.02)], 7.0)
+    assert d.step is None and d.done.startswith("a knee: TTFT flat to concurrency=4 (1.1x), then x3.2 at concurrency=8")
 
 
 def test_recorded_transformers_serve_plain_mode_is_ramped_to_three_levels() -> None:
