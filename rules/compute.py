@@ -57,6 +57,15 @@ def _busy_row(t: Triage) -> None:
                  f"from {t.ctx.features.get('device_busy_frac').source}: compute load")
 
 
+def _had_batch_mates(ctx: RuleContext) -> bool:
+    """Whether other requests were in flight when requests arrived (so could share their prefill
+    steps). Alone (at most one in flight, itself), a prefill that prompt length explains poorly
+    is still the request's own forward pass, slowed by something else on the device. Unknown
+    counts as yes."""
+    most = ctx.v("inflight_at_arrival_max")
+    return most is None or most > 1
+
+
 @rule("prefill_compute", "prefill_compute", needs=(("prefill_share_tail",), ("ttft_prompt_r2", "ttft_prompt_explained_frac"),
                                                    ("prefill_busy_ratio",)))
 def prefill_compute(ctx: RuleContext) -> Outcome:
@@ -72,7 +81,7 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         ps = ctx.v("prefill_share_tail")
         if fit_ok and ps >= th["share_min"]:
             directness, by_fit = 0.9, True
-        elif ps >= th["share_only_min"] and r2 is not None and (
+        elif ps >= th["share_only_min"] and r2 is not None and _had_batch_mates(ctx) and (
                 r2 < th["r2_contradicts_max"] or (expl is not None and expl < th["explained_frac_min"])):
             # a prompt-length fit exists and says the request's own prompt is not what costs the time
             return (f"prefill is {ps:.0%} of the slowest TTFTs but each request's own prompt length explains little "
@@ -104,8 +113,8 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
                 directness *= 0.7
                 note = f"the device is busy only {busy:.0%} of the time: prefill is long but the device is not saturated"
         s, pct = ctx.explained(ps)
-        title = ("Prefill compute: the forward pass dominates TTFT (engine metrics)" if how and not fit_ok
-                 else "Prefill compute: TTFT grows with prompt length and the forward pass dominates it")
+        title = ("Prefill compute: TTFT grows with prompt length and the forward pass dominates it" if fit_ok
+                 else "Prefill compute: the forward pass dominates TTFT" + (" (engine metrics)" if how else ""))
         return finding(title, t.confidence(directness), s, pct, t.evidence, PREFILL_CHECKS, note=note)
     if r2 is None and ctx.has("prefill_busy_ratio"):
         return _prefill_busy(t)
