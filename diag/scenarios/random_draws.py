@@ -26,8 +26,8 @@ How the ranges were chosen (the catalogue's value is the centre; ``logU`` = log-
   first ones only), so the dominant cause explains >= 4x the other's share; where the engine
   accounts both in stages, its accounting decides each run (:mod:`diag.scenarios.random_truth`).
 - **Lengths**: prompts logU over 16..384 tokens (long-prompt families 512..1536), outputs
-  4..96, spread 0 (fixed) or uniform +-10..60% (a network draw at one load level: at least
-  +-25%, else +-50%); every prompt + output fits the engine's
+  4..96, spread 0 (fixed) or uniform +-10..60% (a prefill or network draw at one load level:
+  at least +-25%, see :func:`one_level_spread`); every prompt + output fits the engine's
   2048-token context on any calibration (the tiny model's own cap).
 - **Load**: concurrency 1..8 (decode 16..28, under the engine's 32-sequence cap); open-loop
   rates as a share of one stream's capacity (0.2..0.7 healthy; 1.5..3x the admitted
@@ -116,6 +116,14 @@ def _open_cap(p: dict[str, Any]) -> None:
         p["concurrency"] = max(p["concurrency"], 4)
 
 
+def one_level_spread(p: dict[str, Any], spread: float = 0.25) -> None:
+    """A prompt-length family (prefill, network) at one load level gets prompts that vary (at
+    least +-25%, else ``spread``): with one fixed length at one level, nothing in client timing
+    tells prompt work from a fixed delay, and the client-only verdict is rightly inconclusive."""
+    if p["design"] != "sweep" and p["input_spread"] < 0.25:
+        p["input_spread"] = spread
+
+
 def _plain(family: str, r: random.Random, p: dict[str, Any]) -> None:
     """The family's cause at a magnitude around the catalogue's (see the module docstring)."""
     f = p["faults"]
@@ -143,6 +151,7 @@ def _plain(family: str, r: random.Random, p: dict[str, Any]) -> None:
                  requests=r.randint(8, 12), requests_per_point=r.randint(3, 5))
         lo, hi = r.randint(48, 96), r.randint(768, 1536)
         p["sweep_values"] = sorted({int(lo * 2**k) for k in range(8) if lo * 2**k < hi} | {hi})
+        one_level_spread(p)
     elif family == "kv_cache":
         fits = r.randint(2, 4)
         p.update(kv_fits=fits, block_size=r.choice((8, 16, 32)), input_tokens=r.randint(128, 384), input_spread=0.0,
@@ -169,10 +178,7 @@ def _plain(family: str, r: random.Random, p: dict[str, Any]) -> None:
         f["network_x"] = _logu(r, 0.6, 3.0)  # x the catalogue's max(20 ms, 5 short TTFTs, 60 steps)
         p.update(sweep="prompt", concurrency=min(p["concurrency"], 3), input_tokens=min(p["input_tokens"], 256))
         p["sweep_values"] = [32 * 2**k for k in range(r.randint(2, 4))]
-        if p["design"] != "sweep" and p["input_spread"] < 0.25:
-            # one load level: only prompts that vary tell a fixed delay from per-token work (a
-            # slow tokenizer) in client timing; one fixed length at one level is inconclusive
-            p["input_spread"] = 0.5
+        one_level_spread(p, 0.5)
     elif family == "loadgen":
         p.update(starve_client=True, concurrency=r.randint(3, 8), design=r.choice(("closed", "open")),
                  requests=r.randint(30, 48), input_tokens=r.randint(16, 64), output_tokens=r.randint(8, 24),

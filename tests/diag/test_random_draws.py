@@ -253,9 +253,9 @@ def test_a_kv_limit_seen_only_from_the_client_may_be_named_queue():
     assert other.accuracy("client-only") == (0, 1)
 
 
-def test_a_network_draw_at_one_load_level_has_prompts_that_vary():
-    # one fixed prompt length at one level cannot tell a fixed delay from per-token work
-    one_level = [d for d in draws(9, 600) if d.family == "network" and d.kind != "near-miss"
+def test_a_prefill_or_network_draw_at_one_load_level_has_prompts_that_vary():
+    # one fixed prompt length at one level cannot tell a fixed delay from prompt work
+    one_level = [d for d in draws(9, 600) if d.family in ("network", "prefill_compute") and d.kind != "near-miss"
                  and d.params["design"] != "sweep"]
-    assert one_level
+    assert {d.family for d in one_level} == {"network", "prefill_compute"}
     assert all(d.params["input_spread"] >= 0.25 for d in one_level)
