@@ -274,8 +274,11 @@ def tokenize(ctx: RuleContext) -> Outcome:
         if not fires:
             return f"tokenize share of the slowest 5% is {ts:.0%} (< {th['share_min']:.0%})"
         t = Triage(ctx)  # either may fire it: both rows are shown, both strengths count
-        t.judged("tokenize share of TTFT (slowest 5%)", ts, "share_min", "share",
-                 "prompt text -> token ids on the serving CPU", weigh=True)
+        from_metrics = ctx.features.get("tokenize_share_tail").source == "prometheus"
+        t.judged("tokenize share of TTFT (engine metrics)" if from_metrics else "tokenize share of TTFT (slowest 5%)",
+                 ts, "share_min", "share", "prompt text -> token ids on the serving CPU"
+                 + (" (mean tokenizer latency / mean TTFT from the front end's histograms)" if from_metrics else ""),
+                 weigh=True)
         if prof_tok is not None:
             t.judged("tokenizer share of CPU samples", prof_tok, "cpu_profile_share_min", "share",
                      "py-spy samples of the serving process", weigh=True)

@@ -64,7 +64,13 @@ def engine_metrics(ctx: FeatureContext) -> None:
             None if q95 is not None else "no queue_time_s_p95 series (queue-time histogram buckets)", source=src)
     ctx.add("metrics_prefill_time_mean_s", pre,
             None if pre is not None else no.format("prefill_time_s", "prefill-time"), source=src)
-    for stage, mean, feat in ((stages.QUEUE, queue, "metrics_queue_share"), (stages.PREFILL, pre, "metrics_prefill_share")):
+    # a front end's own tokenizer latency (NVIDIA Dynamo's tokenizer_latency_ms{operation="tokenize"}):
+    # one tokenize call per request, before the engine sees it
+    tok = ctx.wmean(S.SERIES_TOKENIZE_TIME_S, w)
+    ctx.add("metrics_tokenize_time_mean_s", tok,
+            None if tok is not None else "no tokenize_time_s series (a front end's tokenizer latency)", source=src)
+    for stage, mean, feat in ((stages.QUEUE, queue, "metrics_queue_share"), (stages.PREFILL, pre, "metrics_prefill_share"),
+                              (stages.TOKENIZE, tok, "metrics_tokenize_share")):
         share = mean / ttft if (mean is not None and ttft is not None and ttft > 0) else None
         ctx.add(feat, share,
                 None if share is not None else f"needs {stage} and TTFT means from the engine's metrics", source=src)
@@ -131,7 +137,9 @@ def series_fallback(ctx: FeatureContext) -> None:
     means: dict[str, float] = {}
     for stage, share, mean, median_name, tail_name in (
             (S.QUEUE, "metrics_queue_share", "metrics_queue_time_mean_s", "queue_share_median", "queue_share_tail"),
-            (S.PREFILL, "metrics_prefill_share", "metrics_prefill_time_mean_s", "prefill_share_median", "prefill_share_tail")):
+            (S.PREFILL, "metrics_prefill_share", "metrics_prefill_time_mean_s", "prefill_share_median", "prefill_share_tail"),
+            (S.TOKENIZE, "metrics_tokenize_share", "metrics_tokenize_time_mean_s", "tokenize_share_median",
+             "tokenize_share_tail")):
         v = ctx.features.value(share)
         if v is None:
             continue

@@ -403,7 +403,6 @@ def test_dynamo_sample_splits_front_end_and_worker(capsys):
     assert ttft["source"] == "prometheus" and 0.5 < ttft["value"] < 2.0  # ttft analyze reads the front end's TTFT
 
 
-@pytest.mark.xfail(strict=True, reason="the features layer does not read tokenize_time_s / frontend_time_s yet")
 def test_dynamo_sample_verdict_names_the_tokenizer(capsys):
     capsys.readouterr()
     cli.main(["analyze", str(SAMPLES / "dynamo" / "capture"), "--json"])
