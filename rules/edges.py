@@ -199,9 +199,23 @@ def network(ctx: RuleContext) -> Outcome:
         return t.pass_reason("client and server TTFT agree")
     shares = [x for x in (gap_share, det) if x is not None]
     s, pct = ctx.explained(sum(shares) if shares else (1 - 1 / ratio if ratio else None))
+    by_gap = gap_share is not None and gap_share >= th["gap_share_min"] or (ratio or 0) >= th["ttft_ratio_min"]
+    frontend = (ctx.v("client_server_gap_frontend_frac") or 0.0) >= 0.5
+    if by_gap and frontend:
+        # the engine's TTFT starts after its own API server tokenized the prompt (vLLM): the gap
+        # holds that front-end work as well as the network, and the spans cannot split them
+        t.context("requests whose engine TTFT starts after its front end", ctx.v("client_server_gap_frontend_frac"),
+                  "share", "the gap also holds the API server's chat template, tokenization and first detokenize")
+        return finding("Between the client and the engine's clock: the network, or the API server's chat template "
+                       "and tokenization before the engine's TTFT starts", t.confidence(0.6), s, pct, t.evidence,
+                       ["a prompt sweep (`ttft probe URL --sweep prompt`): a gap growing with prompt length is "
+                        "tokenization in the API server, a fixed gap is the network or proxy",
+                        "the API server's CPU (tokenizer, chat template) and its process count (vLLM "
+                        "--api-server-count)", *NETWORK_CHECKS[:2]],
+                       note="the engine's TTFT starts after its front end (vLLM arrival_time is set after the chat "
+                       "template and tokenization): client - server TTFT is front end + network, not network alone")
     title = ("Network / serialization: the client sees the first token well after the server produced it"
-             if gap_share is not None and gap_share >= th["gap_share_min"] or (ratio or 0) >= th["ttft_ratio_min"]
-             else "Detokenization / response streaming takes a large share of TTFT")
+             if by_gap else "Detokenization / response streaming takes a large share of TTFT")
     return finding(title, t.confidence(0.9), s, pct, t.evidence,
                    [*NETWORK_CHECKS,
                     "the TTFT boundary: client TTFT includes the network, server TTFT ends at the hand-off to the stream"])

@@ -20,14 +20,17 @@ from rules.config import load_thresholds
 from rules.features import compute_features
 from rules.edges import startup_note
 from rules.inconclusive import inconclusive
-from rules.model import (FAILURES, ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Diagnosis, Evidence, Finding, Passed,
-                         Skipped)
+from rules.model import (FAILURES, INCONCLUSIVE, ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Diagnosis, Evidence,
+                         Finding, Passed, Skipped)
 from rules.overrides import apply_overrides
 
 HEALTHY_ID = "healthy"
 _STAGE_CATEGORY = {
     stages.QUEUE: "queue", stages.TOKENIZE: "tokenize", stages.PREFILL: "prefill_compute", stages.COMM: "comm",
-    stages.SAMPLE: "prefill_compute", stages.DETOKENIZE: "network", stages.NETWORK: "network", stages.LUMPED: "queue",
+    stages.SAMPLE: "prefill_compute", stages.DETOKENIZE: "network", stages.NETWORK: "network",
+    # time the engine does not split (vLLM: input processing, API server <-> engine-core IPC,
+    # bookkeeping; joined with a client, tokenization too): no one cause to name
+    stages.LUMPED: INCONCLUSIVE,
 }
 
 
@@ -198,7 +201,10 @@ def _fallback(feats: Any, slo_rows: list[Evidence]) -> Finding:
                        f"An SLO is broken and no rule crossed its threshold; the largest stage is {stage} "
                        f"({share:.0%} of TTFT among the slowest 5%)", 0.3,
                        share * p95 if p95 else None, share * 100, slo_rows,
-                       [f"the {stage} stage first; then lower the thresholds in a rules file to see what nearly fired"],
+                       [f"the {stage} stage first; then lower the thresholds in a rules file to see what nearly fired"]
+                       if cat != INCONCLUSIVE else
+                       ["the engine's detailed traces (vLLM --collect-detailed-traces) or its own front-end metrics: "
+                        "the lumped stage holds several steps the engine does not time apart"],
                        note="weak: picked by the largest stage share, not by a rule", tier=2)
     return Finding("slo_fallback", "prefill_compute" if feats.value("ttft_prompt_r2", 0) else "queue",
                    "An SLO is broken and no rule crossed its threshold (client-only: no stage breakdown)", 0.2,

@@ -37,7 +37,8 @@ def network(ctx: FeatureContext) -> None:
     """Client TTFT minus server TTFT on requests seen by both sides (seconds), and their ratio."""
     st = ctx.steady
     both = st.loc[bool_col(st, "has_server") & bool_col(st, "has_client")] if len(st) else st
-    names = ("client_server_gap_p50_s", "client_server_gap_p95_s", "client_server_ttft_ratio")
+    names = ("client_server_gap_p50_s", "client_server_gap_p95_s", "client_server_ttft_ratio",
+             "client_server_gap_frontend_frac")
     if len(both) == 0:
         ctx.na(names, "needs requests seen by both the client and the server (join a client and a server capture)")
         return
@@ -46,6 +47,10 @@ def network(ctx: FeatureContext) -> None:
     ctx.add("client_server_gap_p95_s", float(np.percentile(gap.dropna(), 95)) if gap.notna().any() else None)
     srv = float(num_col(both, "server_ttft_s").median())
     ctx.add("client_server_ttft_ratio", float(num_col(both, "client_ttft_s").median()) / srv if srv > 0 else None)
+    # engines whose TTFT starts after their own front end (vLLM's arrival_time: after the chat
+    # template and tokenization) put that front-end work in this gap too
+    ctx.add("client_server_gap_frontend_frac", float(bool_col(both, "gap_includes_frontend").mean()),
+            source="requests whose server TTFT starts after the engine's front end (diag.external_spans)")
 
 
 def slo_checks(ctx: FeatureContext) -> None:

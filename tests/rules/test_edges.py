@@ -158,3 +158,32 @@ def test_window_limits_the_requests(tmp_path: Path) -> None:
     start = int(tables.requests["start_ns"].min())
     d = diagnose(tables, window_ns=(start - 1_000_000, start + 5 * 50_000_000 - 25_000_000))
     assert d.features.value("requests_n") == 5
+
+
+def test_a_gap_that_holds_the_engines_front_end_is_not_called_network_alone(tmp_path: Path) -> None:
+    """vLLM's TTFT starts after its API server tokenized the prompt: when the joined requests say
+    so (``gap_includes_frontend``, set by diag.external_spans), client - server TTFT is front end +
+    network, and the finding names both and the prompt sweep that tells them apart."""
+    dirs = simulate(tmp_path, Engine(), [Phase("steady", 40, 64, 16, conc=2)], Client(net_s=40e-3))
+    plain = diagnose(tables_of(dirs))
+    assert plain.verdict.category == "network" and plain.verdict.title.startswith("Network"), format_diagnosis(plain)
+    tables = tables_of(dirs)
+    tables.requests["gap_includes_frontend"] = True
+    d = diagnose(tables)
+    assert d.verdict.category == "network", format_diagnosis(d)
+    assert "tokenization" in d.verdict.title and "front end" in (d.verdict.note or "")
+    assert any("--sweep prompt" in c for c in d.verdict.next_checks)
+    assert d.verdict.confidence < plain.verdict.confidence
+
+
+def test_a_broken_slo_whose_largest_stage_is_lumped_names_no_cause() -> None:
+    """The SLO fallback picks the largest stage; time the engine does not split (vLLM's lumped
+    stage) is no single cause: inconclusive, pointing at the engine's detailed traces."""
+    from rules.engine import _fallback
+
+    class Feats:
+        def value(self, name: str, default=None):  # noqa: ANN001, ANN202
+            return {"stage_shares_tail": {stages.LUMPED: 0.7, stages.QUEUE: 0.2}, "ttft_p95_s": 1.0}.get(name, default)
+
+    f = _fallback(Feats(), [])
+    assert f.category == "inconclusive" and "detailed traces" in f.next_checks[0]
