@@ -90,9 +90,12 @@ def engine_metrics(ctx: FeatureContext) -> None:
     spt = ctx.wmean(S.SERIES_PREFILL_S_PER_TOKEN, S.SERIES_PROMPT_TOKENS_PER_S)
     ctx.add("prefill_s_per_token", spt, None if spt is not None else
             "no prefill_s_per_token series (engine counters of prompt seconds and prompt tokens)", source=src)
-    ptps = ctx.wmean(S.SERIES_PROMPT_TOKENS_PER_S)
+    # prompt work: the tokens the engine computed where it says (vLLM prompt_tokens_by_source
+    # {source="local_compute"}); its prompt_tokens_total adds whole prompts, cached tokens included
+    computed = ctx.wmean(S.SERIES_PROMPT_TOKENS_COMPUTED_PER_S)
+    ptps = computed if computed is not None else ctx.wmean(S.SERIES_PROMPT_TOKENS_PER_S)
     ctx.add("prompt_tokens_per_s", ptps, None if ptps is not None else "no prompt_tokens_per_s series",
-            source=src)
+            source=src + ("; computed prompt tokens (prefix-cache hits left out)" if computed is not None else ""))
     # no request has a TTFT, but the engine's metrics describe the run: the series-only mode
     total = int(ctx.features.value("requests_total_n", 0) or 0)
     failed = int(ctx.features.value("requests_failed_n", 0) or 0)
