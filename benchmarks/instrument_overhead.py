@@ -21,7 +21,7 @@ printed as a third ratio: what the hooks cost in CPU, whatever the neighbours do
 interquartile range of a wall-clock ratio is wider than the budget, the verdict says the run
 cannot decide (noise), not "within budget". Run:
 ``python benchmarks/instrument_overhead.py [--rounds 40] [--requests 12] [--concurrency 2]
-[--torch-threads 1] [--continuous-batching]``.
+[--torch-threads 1] [--hidden-size 64] [--layers 2] [--continuous-batching]``.
 """
 
 from __future__ import annotations
@@ -119,13 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-tokens", type=int, default=16)
     ap.add_argument("--continuous-batching", action="store_true", help="both servers in --continuous-batching mode")
     ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of both servers (default 1)")
+    ap.add_argument("--hidden-size", type=int, default=64, help="the random Llama's hidden size (default 64)")
+    ap.add_argument("--layers", type=int, default=2, help="the random Llama's layers (default 2)")
     args = ap.parse_args(argv)
     if min(args.rounds, args.requests, args.concurrency, args.torch_threads) < 1:
         ap.error("--rounds, --requests, --concurrency and --torch-threads must be >= 1")
     os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # the servers inherit it
 
     tmp = Path(tempfile.mkdtemp(prefix="ttft-instr-bench-"))
-    model = build_tiny_llama(tmp / "tiny-llama", spaced=True)
+    model = build_tiny_llama(tmp / "tiny-llama", spaced=True, hidden_size=args.hidden_size, layers=args.layers)
     extra = CB_SMALL_CACHE_ARGS if args.continuous_batching else None
     kw = {"continuous_batching": args.continuous_batching, "extra_args": extra}
     plain = TransformersServe(model, **kw)
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ttft_ratio = [on[1] / off[1] for off, on in zip(results["off"], results["on"])]
     cpu_ratio = [on[2] / off[2] for off, on in zip(results["off"], results["on"]) if off[2] > 0]
     mode = "--continuous-batching" if args.continuous_batching else "plain"
-    print(f"\ntransformers serve ({mode}), {args.rounds} off/on pairs x {args.requests} requests, "
+    print(f"\ntransformers serve ({mode}, Llama hidden {args.hidden_size} x {args.layers} layers), {args.rounds} off/on pairs x {args.requests} requests, "
           f"{args.concurrency} in flight, {args.input_tokens}/{args.output_tokens} tokens, "
           f"{args.torch_threads} torch thread(s); {elapsed_s:.0f} s; "
           f"instrumented capture: {n_spans} span lines")
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"server CPU cost per request {statistics.median(cpu_ratio) - 1.0:+.2%}: "
               f"{statistics.median(cpu_diff_ms):+.2f} ms (IQR {iqr(cpu_diff_ms):.2f} ms) on "
               f"{statistics.median(r[2] for r in results['off']):.1f} ms of a plain request "
-              f"(a fixed cost per request weighs less on a larger model)")
+              f"(compare --hidden-size/--layers: a fixed cost per request stays, a per-step one grows)")
     return 0
 
 
