@@ -94,8 +94,10 @@ class _Live:
         if kind == "note":
             self.stream.write(f"  note: {payload}\n")
         elif kind == "step":
+            from diag.diagnose.design import segment_of
+
             s = payload.step
-            self.stream.write(f"[{payload.started_s:5.1f} s] step {payload.index}: {s.stage} {s.kind}={s.value:g} "
+            self.stream.write(f"[{payload.started_s:5.1f} s] step {payload.index}: {s.stage} {segment_of(s.kind, s.value)} "
                               f"({s.requests} requests) — {s.reason}\n")
         elif kind == "point" and payload.point is not None:
             from diag.units import fmt_s

@@ -8,14 +8,16 @@ Front door::
     res.analysis.diagnosis.verdict          # the verdict, as `ttft analyze diag-out` gives it
     print(format_result(res))               # steps and why, start-up, goodput, timing
 
-Workers: :mod:`.plan` (which step next and why: pure, over recorded :class:`.points.Point` s),
+Workers: :mod:`.plan` (which step next and why, over recorded :class:`.points.Point` s; the
+:mod:`.ladder` and the :mod:`.ramp`, settings and steps in :mod:`.design`), :mod:`.result`,
 :mod:`.run` (one probe session, one capture, a verdict after every step), :mod:`.limits` (the
 server's context limit), :mod:`.summary` (text).
 """
 
 from diag.diagnose.plan import CONFIDENT, Decision, PlanConfig, Step, confident_stop, next_step
 from diag.diagnose.points import Point, goodput, point_from_metrics
-from diag.diagnose.run import DiagnoseConfig, DiagnoseError, DiagnoseResult, StepRecord, run_diagnose
+from diag.diagnose.result import DiagnoseResult, StepRecord
+from diag.diagnose.run import DiagnoseConfig, DiagnoseError, run_diagnose
 from diag.diagnose.summary import format_result
 
 __all__ = ["CONFIDENT", "Decision", "DiagnoseConfig", "DiagnoseError", "DiagnoseResult", "PlanConfig", "Point",

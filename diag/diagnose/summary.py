@@ -1,14 +1,15 @@
 """What ``ttft diagnose`` prints: the steps run and why, the start-up reported apart, the load
 the server holds within the SLO (goodput), then the verdict as ``ttft analyze`` gives it. Pure
-formatting over a :class:`~diag.diagnose.run.DiagnoseResult`.
+formatting over a :class:`~diag.diagnose.result.DiagnoseResult`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from diag.diagnose.design import segment_of
 from diag.diagnose.points import Point
-from diag.diagnose.run import DiagnoseResult
+from diag.diagnose.result import DiagnoseResult
 from diag.units import fmt_s
 
 
@@ -28,8 +29,8 @@ def format_result(res: DiagnoseResult, analysis_text: str | None = None) -> str:
     lines.append("")
     lines.append("steps:")
     for r in res.records:
-        lines.append(f"  {r.index}. {r.step.stage} {r.step.kind}={r.step.value:g} (at {r.started_s:.1f} s) — why: "
-                     f"{r.step.reason}")
+        lines.append(f"  {r.index}. {r.step.stage} {segment_of(r.step.kind, r.step.value)} (at {r.started_s:.1f} s) "
+                     f"— why: {r.step.reason}")
         if r.point is not None:
             lines.append(f"     {_point_line(r.point)}")
         if r.verdict:

@@ -56,7 +56,7 @@ def test_recorded_one_at_a_time_server_climbs_to_a_clear_prompt_fit_then_ramps_p
     steps = [(d.step.kind, d.step.value) if d.step else None for d in decisions]
     # after the baseline and two rungs the fit is not yet judged (3 rungs); after 512 it is
     assert steps[:3] == [("prompt", 128), ("prompt", 256), ("prompt", 512)]
-    assert steps[3] == ("concurrency", 2) and "ladder done: TTFT grows with the prompt" in decisions[3].step.reason
+    assert steps[3] == ("concurrency", 2) and "the per-token cost and the fixed part are measured" in decisions[3].step.reason
     # TTFT broke at 2 in flight: one more level, since two levels cannot tell serialisation from a knee
     assert steps[4] == ("concurrency", 4) and "one more level" in decisions[4].step.reason
     assert steps[5] is None and decisions[5].done.startswith("TTFT broke at concurrency=2")
@@ -125,9 +125,13 @@ def test_a_flat_ladder_ends_early_with_the_fixed_part_named() -> None:
     flat = [pt("prompt", v, 0.200) for v in (128, 256, 512)]
     d = next_step(PlanConfig(), [pt("baseline", 1, 0.190), *flat], 3.0)
     assert d.step is not None and d.step.kind == "concurrency" and "hardly grows with the prompt" in d.step.reason
-    # a ladder that grows neither clearly nor flatly goes on
+    # a line that fits over 8x the tokens ends it with both parts measured (the fixed part named)
     mid = [pt("prompt", 128, 0.012), pt("prompt", 256, 0.013), pt("prompt", 512, 0.016)]
     d = next_step(PlanConfig(), [BASE, *mid], 3.0)
+    assert d.step is not None and d.step.kind == "concurrency" and "fixed part is" in d.step.reason
+    # a ladder whose TTFT fits no line (noise) climbs on for more spread
+    noisy = [pt("prompt", 128, 0.019), pt("prompt", 256, 0.011), pt("prompt", 512, 0.017)]
+    d = next_step(PlanConfig(), [BASE, *noisy], 3.0)
     assert d.step is not None and (d.step.kind, d.step.value) == ("prompt", 1024)
 
 

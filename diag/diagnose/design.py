@@ -1,0 +1,134 @@
+"""The settings and the step type of ``ttft diagnose``'s design: :class:`PlanConfig` (what the
+plan works within, and the break lines it reads from the rules' thresholds), :class:`Step` (one
+step to run, as a catalog :class:`~diag.scenarios.catalog.ProbeStep`), :class:`Decision`, and
+small readings of :class:`~diag.diagnose.points.Point` s shared by the ladder and the ramp.
+Pure; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag.diagnose.points import Point
+from diag.scenarios.catalog import ProbeStep
+from rules import default_thresholds
+
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """What the plan works within. Lengths in tokens; ``budget_s`` of probing; ``ramp`` is
+    ``"concurrency"`` (closed loop) or ``"rate"`` (open loop, capped at ``max_concurrency``)."""
+
+    input_tokens: int = 64
+    output_tokens: int = 32
+    max_concurrency: int = 32
+    max_prompt_tokens: int = 4096
+    context_limit_tokens: int | None = None
+    budget_s: float = 120.0
+    max_requests: int = 1000
+    ramp: str = "concurrency"
+    baseline_requests: int = 8
+    rung_requests: int = 4
+    thresholds: Mapping[str, Any] = field(default_factory=default_thresholds)
+
+    def __post_init__(self) -> None:
+        if self.ramp not in ("concurrency", "rate"):
+            raise ValueError(f"unknown ramp {self.ramp!r}: expected concurrency or rate")
+        for name in ("input_tokens", "output_tokens", "max_concurrency", "max_prompt_tokens", "max_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.budget_s <= 0:
+            raise ValueError("budget must be > 0 s")
+
+    # the break lines, from the rules' thresholds (full strength = twice the threshold)
+    @property
+    def ttft_break_x(self) -> float:
+        """TTFT at a level / the lone request's, at which the ramp has seen enough."""
+        return 2.0 * float(self.thresholds["queue"]["bb_ttft_rise_min"])
+
+    @property
+    def decode_break_x(self) -> float:
+        """Per-stream time per token at a level / the lone stream's, at which decode broke."""
+        return 1.0 / float(self.thresholds["decode"]["decode_hold_max"])
+
+    @property
+    def knee_x(self) -> float:
+        return float(self.thresholds["kv_cache"]["knee_jump_min"])
+
+    @property
+    def flat_x(self) -> float:
+        return float(self.thresholds["features"]["flat_factor"])
+
+    @property
+    def prompt_limit_tokens(self) -> int:
+        """The longest prompt the ladder may send: below the context limit, room for the output."""
+        top = self.max_prompt_tokens
+        if self.context_limit_tokens:
+            top = min(top, self.context_limit_tokens - self.output_tokens - 8)
+        return top
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step to run: ``kind`` as :data:`diag.diagnose.points.KINDS`, ``value`` the prompt
+    length, concurrency or rate, ``stage`` the part of the design, ``reason`` the printed why."""
+
+    kind: str
+    value: float
+    requests: int
+    stage: str
+    reason: str
+
+    def probe_step(self, cfg: PlanConfig) -> ProbeStep:
+        """The step as a catalog :class:`ProbeStep`, run through the scenario runner's translation
+        (:func:`diag.scenarios.runner.step_chunks`), as the demo's phases are."""
+        out = f"fixed:{cfg.output_tokens}"
+        inp = f"fixed:{cfg.input_tokens}"
+        if self.kind == "baseline":
+            return ProbeStep(concurrency=1, requests=self.requests, input_tokens=inp, output_tokens=out,
+                             segment=segment_of(self.kind, self.value))
+        return ProbeStep(sweep=self.kind, sweep_values=(self.value,), requests_per_point=self.requests,
+                         input_tokens=inp, output_tokens=out)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "value": self.value, "requests": self.requests, "stage": self.stage,
+                "reason": self.reason}
+
+
+def segment_of(kind: str, value: float) -> str:
+    """The capture segment of a step: the baseline is the ramp's first level (``concurrency=1``),
+    so the rules see it as a point of the concurrency curve; the others as ``ttft probe --sweep``
+    labels them."""
+    return "concurrency=1" if kind == "baseline" else f"{kind}={value:g}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The plan's answer: the next step, or None with ``done`` saying why the design ended."""
+
+    step: Step | None
+    done: str | None = None
+    learned: dict[str, Any] = field(default_factory=dict)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def base_point(points: Sequence[Point]) -> Point | None:
+    return next((p for p in points if p.kind == "baseline"), None)
+
+
+def tokens_of(p: Point, cfg: PlanConfig) -> float:
+    return p.input_tokens_mean or (p.value if p.kind == "prompt" else float(cfg.input_tokens))
+
+
+def steps_of(p: Point) -> str:
+    n = ratio(p.ttft_p50_s, p.itl_p50_s)
+    return f" = {n:.1f} decode steps" if n is not None else ""
+
+
+__all__ = ["Decision", "PlanConfig", "Step", "base_point", "ratio", "segment_of", "steps_of", "tokens_of"]
