@@ -1,8 +1,9 @@
 """The ``ttft`` command line: a thin front over one module per sub-command.
 
 Each module in :mod:`diag.commands` exposes ``add_parser(subparsers)`` and ``run(args) -> int``.
-Errors the user can fix (bad input, unreadable capture) end as one line on stderr and exit
-code 2; an SLO gate that fails exits 1.
+Every command keeps one exit-code contract (:mod:`diag.exit_codes`, stated in each ``--help``):
+0 ok, 1 an SLO broken or a regression beyond ``--fail-on``, 2 bad input (one line on stderr) or
+nothing to judge, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Times every stage of a request, samples the GPU and the engine alongside, and names the bottleneck.",
     )
     from diag.capture import tool_version
+    from diag.exit_codes import EPILOG
 
+    parser.epilog = EPILOG
     parser.add_argument("--version", action="version", version=f"ttft-diag {tool_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f"diag.commands.{name}")  # every one ships: an ImportError is a bug
         p = module.add_parser(sub)
+        p.epilog = f"{p.epilog}\n\n{EPILOG}" if p.epilog else EPILOG
         p.set_defaults(_run=module.run)
     return parser
 
@@ -47,16 +51,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     from diag.capture import CaptureError
+    from diag.exit_codes import BAD_INPUT, INTERRUPTED, OK
 
     try:
         return int(args._run(args) or 0)
     except (CaptureError, UsageError) as exc:
         print(f"ttft {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
-        return 0
+        return OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -44,7 +44,7 @@ class Room:
 HOUSE: tuple[Room, ...] = (
     Room(1, "ground", (
         "diag", "diag.stages", "diag.capture", "diag.capture_arrow", "diag.otlp_json", "diag.tables",
-        "diag.slo", "diag.units", "diag.external_spans", "diag.external_engines", "diag.external_frames",
+        "diag.slo", "diag.exit_codes", "diag.units", "diag.external_spans", "diag.external_engines", "diag.external_frames",
     )),
     Room(2, "collectors", ("collectors", "collectors.*")),
     Room(2, "rules", ("rules", "rules.*")),

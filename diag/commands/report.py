@@ -1,9 +1,10 @@
 """``ttft report CAPTURE [CAPTURE ...] -o FILE.html|.md|.json [--slo SPEC] [--rules FILE]``.
 
 Writes a self-contained report (format from the suffix) and prints one line: where it went
-and the verdict. Exit code 1 when an SLO given with ``--slo`` is broken (a CI gate), 0
-otherwise; bad input (unknown suffix, bad SLO, unreadable capture) is a one-line error with
-exit code 2, raised as CaptureError for the CLI front to print.
+and the verdict. Exit codes (:mod:`diag.exit_codes`): 1 when an SLO given with ``--slo`` is
+broken (a CI gate); 2 when there is nothing to judge (verdict ``no_data``; the report is still
+written) or on bad input (unknown suffix, bad SLO, unreadable capture: a one-line error raised
+as CaptureError for the CLI front to print); 0 otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import sys
 
 from diag.analysis import analyze_paths
+from diag.exit_codes import BAD_INPUT, FAILED_GATE, OK
 from diag.report import report_format, write_report
 
 
@@ -26,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("captures", nargs="+", metavar="CAPTURE", help="capture directory (or a spans .jsonl file)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="report file: .html, .md or .json")
-    p.add_argument("--slo", metavar="SPEC", help="SLOs to gate on, e.g. ttft_p99=2s,tpot_p99=100ms,itl_p99=50ms")
+    p.add_argument("--slo", metavar="SPEC", help="SLOs to gate on, each with a unit (ms, s, us), "
+                   "e.g. ttft_p99=2s,tpot_p99=100ms,itl_p99=50ms")
     p.add_argument("--rules", metavar="FILE", help="TOML file overriding rule thresholds")
     p.add_argument("--title", metavar="TEXT", help="report title (default: the capture names)")
     return p
@@ -40,10 +43,14 @@ def run(args: argparse.Namespace) -> int:
     analysis = analyze_paths(args.captures, rules_file=args.rules, slo=slo)
     result = write_report(analysis, args.output, slo=slo, title=args.title)
     print(f"report written to {result.path} ({result.format}); {result.verdict_line}")
+    d = analysis.diagnosis
+    if d is not None and d.verdict.category == "no_data":
+        print(f"ttft report: nothing to judge: {d.verdict.title}", file=sys.stderr)
+        return BAD_INPUT
     if result.slo:
         broken = [s for s in result.slo if not s.passed]
         if broken:
             print("SLO broken: " + "; ".join(f"{s.key}: {s.detail}" for s in broken), file=sys.stderr)
-            return 1
+            return FAILED_GATE
         print(f"SLOs met: {', '.join(s.key for s in result.slo)}")
-    return 0
+    return OK

@@ -9,6 +9,7 @@ import time
 
 from collectors import prometheus_adapters as pa
 from collectors.prometheus import PrometheusAPIError, PrometheusAPIReader, PrometheusScraper, SOURCE
+from diag.exit_codes import BAD_INPUT, OK
 
 FLUSH_EVERY_S = 10.0
 
@@ -37,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
-    """Scrape until Ctrl-C, ``--duration`` or ``stop_event``; 1 when no scrape succeeded."""
+    """Scrape until Ctrl-C, ``--duration`` or ``stop_event``; 2 (nothing to judge) when no scrape succeeded."""
     from diag.capture import CaptureWriter
     from diag.cli import UsageError
 
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
     if stats["last_error"]:
         msg += f" (last: {stats['last_error']})"
     print(msg, file=sys.stderr)
-    return 0 if ok > 0 else 1
+    return OK if ok > 0 else BAD_INPUT
 
 
 def _run_api(args: argparse.Namespace) -> int:
@@ -102,4 +103,4 @@ def _run_api(args: argparse.Namespace) -> int:
     print(f"ttft scrape: {len(frame)} rows for {entities} replicas ({reader.engine}) from {args.url}"
           + (f"; {len(reader.errors)} queries failed (first: {reader.errors[0]})" if reader.errors else ""),
           file=sys.stderr)
-    return 0 if len(frame) else 1
+    return OK if len(frame) else BAD_INPUT

@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="analysis window in seconds (default: the whole capture; ←/→ then use a sixth of it)")
     p.add_argument("--refresh", type=float, metavar="S", default=1.0, help="seconds between screen refreshes")
     p.add_argument("--rules", metavar="FILE", help="TOML file overriding rule thresholds")
-    p.add_argument("--slo", metavar="SPEC", help="SLOs, e.g. ttft_p99=2s,tpot_p99=100ms")
+    p.add_argument("--slo", metavar="SPEC", help="SLOs, each with a unit (ms, s, us), e.g. ttft_p99=2s,tpot_p99=100ms")
     p.add_argument("--report-dir", metavar="DIR", default=".", help="where the r key writes reports")
     p.add_argument("--no-tui", action="store_true", help="print the analysis instead of opening the dashboard")
     return p
@@ -40,8 +40,11 @@ def run(args: argparse.Namespace) -> int:
 
         if not args.no_tui:
             print("ttft view: no terminal; printing the analysis instead (ttft analyze)", file=sys.stderr)
-        print(format_analysis(analyze_paths([args.capture], rules_file=args.rules, slo=slo)))
-        return 0
+        from diag.commands.analyze import verdict_exit_code
+
+        analysis = analyze_paths([args.capture], rules_file=args.rules, slo=slo)
+        print(format_analysis(analysis))
+        return verdict_exit_code(analysis, slo, "view")
     from tui.app import run_app
 
     return run_app(source, refresh_s=args.refresh, slo=slo, rules_file=args.rules, report_dir=args.report_dir)

@@ -320,10 +320,10 @@ def test_scrape_command_writes_capture(tmp_path):
     assert set(cap.series["source"]) == {"prometheus"}
     assert (cap.series["series"] == S.SERIES_TTFT_S).any()
     assert cap.meta["prometheus_scrape"]["engine"] == "vllm"
-    # a dead endpoint: exit 1 and a note in meta, no traceback
+    # a dead endpoint: exit 2 (nothing to judge) and a note in meta, no traceback
     args = parser.parse_args(["scrape", f"http://127.0.0.1:{_free_port()}/metrics", "--interval", "0.05",
                               "--duration", "0.15", "-o", str(tmp_path / "d")])
-    assert scrape.run(args) == 1
+    assert scrape.run(args) == 2
 
 
 # --- PromQL and the Prometheus HTTP API --------------------------------------------------------
