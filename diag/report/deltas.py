@@ -26,6 +26,8 @@ class MetricDelta:
     unit: str
     a: float | None
     b: float | None
+    #: +1 when higher is better (throughput), -1 when lower is (latency, errors), 0 context only
+    better_when: int = 0
 
     @property
     def delta(self) -> float | None:
@@ -56,8 +58,33 @@ class MetricDelta:
         rel = self.rel
         return body + (f" ({rel * 100:+.0f}%)" if rel is not None and self.unit != "share" else "")
 
+    @property
+    def key(self) -> str:
+        """The name as ``--fail-on`` spells it: ``TTFT p99`` -> ``ttft_p99``."""
+        return metric_key(self.name)
+
+    @property
+    def judgement(self) -> str | None:
+        """"better" or "worse" in B when the change is material and the metric has a good
+        direction; None for no material change or a context metric (KV usage, device busy)."""
+        if not self.better_when or not material(self) or self.delta is None:
+            return None
+        return "better" if self.delta * self.better_when > 0 else "worse"
+
+    def fmt_change(self) -> str:
+        """``TTFT p50 110.1 ms -> 375.8 ms (+241%)``: name, both sides and the change."""
+        rel = self.rel
+        tail = f"{rel * 100:+.0f}%" if rel is not None and self.unit != "share" else self.fmt_delta()
+        return f"{self.name} {self.fmt(self.a)} -> {self.fmt(self.b)} ({tail})"
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "unit": self.unit, "a": self.a, "b": self.b, "delta": self.delta, "rel": self.rel}
+        return {"name": self.name, "unit": self.unit, "a": self.a, "b": self.b, "delta": self.delta, "rel": self.rel,
+                "better_when": self.better_when, "judgement": self.judgement}
+
+
+def metric_key(name: str) -> str:
+    """A metric's display name as a key: lower case, words joined by ``_``."""
+    return "_".join(name.lower().split())
 
 
 @dataclass

@@ -17,8 +17,10 @@ from typing import Any
 from diag import stages
 from diag.analysis import Analysis, analyze_paths
 from diag.report.deltas import NOISE, MetricDelta, StageDelta, material
+from diag.report.diff_story import judged, tell
+from diag.report.jsondoc import envelope
 from diag.report.summary import latency_percentiles, resource_summary
-from diag.units import Unit, fmt_s, fmt_value, json_safe
+from diag.units import Unit, fmt_s, fmt_value
 from rules import Finding
 
 #: Which finding categories own a stage's time, most specific first.
@@ -51,7 +53,10 @@ class DiffResult:
     explaining: Finding | None
     explaining_side: str | None  # "a" | "b"
     explaining_new: bool | None  # the finding fires on one side only
-    itl_finding: Finding | None = None  # a decode/interference finding when ITL moved too
+    itl_finding: Finding | None = None  # the finding that explains the decode side (ITL/TPOT)
+    better: list[MetricDelta] = field(default_factory=list)  # material changes for the better in B
+    worse: list[MetricDelta] = field(default_factory=list)  # material changes for the worse in B
+    slo_b: dict[str, float] | None = None  # the SLO B was judged against (seconds)
     summary: list[str] = field(default_factory=list)
 
     def metric(self, name: str) -> MetricDelta | None:
@@ -70,7 +75,7 @@ class DiffResult:
             return {"rule_id": f.rule_id, "category": f.category, "title": f.title, "confidence": f.confidence,
                     "explained_s": f.explained_s}
 
-        return json_safe({
+        return envelope("diff", {
             "a": self.a_paths,
             "b": self.b_paths,
             "ttft": self.direction,
@@ -84,6 +89,9 @@ class DiffResult:
             "verdict_a": fv(self.verdict_a),
             "verdict_b": fv(self.verdict_b),
             "verdict_changed": self.verdict_changed,
+            "better": [m.name for m in self.better],
+            "worse": [m.name for m in self.worse],
+            "slo_b": self.slo_b,
             "summary": self.summary,
             "metrics": {m.name: m.to_dict() for m in self.metrics},
             "stages": {s.stage: s.to_dict() for s in self.stages},
@@ -138,26 +146,32 @@ def _verdict(analysis: Analysis) -> Finding | None:
     return analysis.diagnosis.verdict if analysis.diagnosis is not None else None
 
 
+#: latency metrics: (percentiles column, label, percentiles shown); lower is better
+LATENCY_METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("ttft_s", "TTFT", ("p50", "p95", "p99")), ("server_ttft_s", "server TTFT", ("p50", "p95")),
+    ("client_ttft_s", "client TTFT", ("p50", "p95")), ("itl_s", "ITL", ("p50", "p95", "p99")),
+    ("tpot_s", "TPOT", ("p50", "p95")), ("e2e_s", "E2E", ("p50", "p95")),
+)
+#: load and resource metrics: (label, unit, resource_summary key, better_when)
+RESOURCE_METRICS: tuple[tuple[str, str, str, int], ...] = (
+    ("requests", "per_s", "requests_per_s", 1), ("output tokens", "per_s", "output_tokens_per_s", 1),
+    ("device busy", "share", "device_busy_frac", 0), ("KV usage p95", "share", "kv_usage_p95", 0),
+    ("KV usage max", "share", "kv_usage_max", 0), ("waiting mean", "count", "waiting_mean", 0),
+    ("waiting max", "count", "waiting_max", 0), ("preemptions", "count", "preemptions", -1),
+)
+#: every metric the diff reports, in table order
+METRIC_NAMES: tuple[str, ...] = ("requests ok", "errors", *(f"{label} {p}" for _, label, ps in LATENCY_METRICS for p in ps),
+                                 *(label for label, *_ in RESOURCE_METRICS))
+
+
 def _metrics(a: Analysis, b: Analysis) -> list[MetricDelta]:
     pa, pb = latency_percentiles(a.tables), latency_percentiles(b.tables)
     ra, rb = resource_summary(a.tables), resource_summary(b.tables)
-    out = [MetricDelta("requests ok", "count", float(ra["ok_requests"]), float(rb["ok_requests"])),
-           MetricDelta("errors", "count", float(ra["errors"]), float(rb["errors"]))]
-    for key, label in (("ttft_s", "TTFT"), ("server_ttft_s", "server TTFT"), ("client_ttft_s", "client TTFT"),
-                       ("itl_s", "ITL"), ("tpot_s", "TPOT"), ("e2e_s", "E2E")):
-        pcts = ("p50", "p95", "p99") if key in ("ttft_s", "itl_s") else ("p50", "p95")
-        for p in pcts:
-            out.append(MetricDelta(f"{label} {p}", "s", pa[key][p], pb[key][p]))
-    out += [
-        MetricDelta("requests", "per_s", ra["requests_per_s"], rb["requests_per_s"]),
-        MetricDelta("output tokens", "per_s", ra["output_tokens_per_s"], rb["output_tokens_per_s"]),
-        MetricDelta("device busy", "share", ra["device_busy_frac"], rb["device_busy_frac"]),
-        MetricDelta("KV usage p95", "share", ra["kv_usage_p95"], rb["kv_usage_p95"]),
-        MetricDelta("KV usage max", "share", ra["kv_usage_max"], rb["kv_usage_max"]),
-        MetricDelta("waiting mean", "count", ra["waiting_mean"], rb["waiting_mean"]),
-        MetricDelta("waiting max", "count", ra["waiting_max"], rb["waiting_max"]),
-        MetricDelta("preemptions", "count", ra["preemptions"], rb["preemptions"]),
-    ]
+    out = [MetricDelta("requests ok", "count", float(ra["ok_requests"]), float(rb["ok_requests"]), 1),
+           MetricDelta("errors", "count", float(ra["errors"]), float(rb["errors"]), -1)]
+    for key, label, pcts in LATENCY_METRICS:
+        out += [MetricDelta(f"{label} {p}", "s", pa[key][p], pb[key][p], -1) for p in pcts]
+    out += [MetricDelta(label, unit, ra[k], rb[k], better) for label, unit, k, better in RESOURCE_METRICS]
     return out
 
 
@@ -215,63 +229,11 @@ def diff_analyses(a: Analysis, b: Analysis) -> DiffResult:
     va, vb = _verdict(a), _verdict(b)
     result = DiffResult(list(a.paths), list(b.paths), metrics, sdeltas, va, vb, direction, moved, moved_delta,
                         owners, explaining, side if explaining else None, new)
-    if itl is not None and moved != "itl":
-        itl_side = _findings(b) if (itl.delta or 0) > 0 else _findings(a)
-        result.itl_finding = next((f for cat in STAGE_CATEGORIES["itl"] for f in itl_side if f.category == cat), None)
-    result.summary = _story(result, ttft_moved, itl, a.diagnosis is not None and b.diagnosis is not None)
+    result.better, result.worse = judged(metrics, "better"), judged(metrics, "worse")
+    result.slo_b = dict(b.slo) if b.slo else None
+    result.summary = tell(result, _findings(a), _findings(b), a.diagnosis is not None and b.diagnosis is not None,
+                          STAGE_CATEGORIES["itl"], result.slo_b)
     return result
-
-
-def _story(r: DiffResult, ttft_moved: MetricDelta | None, itl: MetricDelta | None, rules_ran: bool) -> list[str]:
-    L = []
-    t = r.metric("TTFT p50")
-    t95 = r.metric("TTFT p95")
-    if t is not None:
-        L.append(f"TTFT p50 {t.fmt(t.a)} -> {t.fmt(t.b)}: {t.fmt_delta()};  p95 {t95.fmt(t95.a) if t95 else '-'} -> "
-                 f"{t95.fmt(t95.b) if t95 else '-'}: {t95.fmt_delta() if t95 else '-'}")
-    if r.direction == "unchanged":
-        L.append("No material change in TTFT or ITL (less than 5% and 0.5 ms).")
-    elif r.moved == "itl":
-        L.append(f"TTFT held; ITL {r.direction}: {itl.fmt(itl.a) if itl else '-'} -> {itl.fmt(itl.b) if itl else '-'}: "
-                 f"{itl.fmt_delta() if itl else '-'} - a decode-side change.")
-    elif r.moved == "ttft":
-        L.append(f"TTFT {r.direction}, but no stage spans on both sides split it "
-                 "(client-only captures): compare the verdicts and the load numbers below.")
-    elif r.moved is not None:
-        s = next(x for x in r.stages if x.stage == r.moved)
-        verb = "grew" if r.direction == "grew" else "shrank"
-        d = r.moved_delta_s or 0.0
-        L.append(f"{r.moved} {verb} most: mean {('+' if d >= 0 else '-')}{fmt_s(abs(d))}, "
-                 f"p50 {_fd(s.p50_a)} -> {_fd(s.p50_b)}, share of TTFT {_fp(s.share_a)} -> {_fp(s.share_b)} "
-                 f"({stages.STAGE_DESCRIPTIONS.get(r.moved, '')})")
-    if r.direction != "unchanged" and r.moved is not None:
-        owners = "/".join(r.owner_categories) or "-"
-        if not rules_ran:
-            L.append(f"Owned by the {owners} rule(s); the rule engine did not run, so no finding to match.")
-        elif r.explaining is not None:
-            f = r.explaining
-            where = "B" if r.explaining_side == "b" else "A"
-            fresh = (" - new in B" if where == "B" else " - gone in B") if r.explaining_new else f" - also in {'A' if where == 'B' else 'B'}"
-            conf = f", confidence {fmt_value(f.confidence, Unit.SHARE)}"
-            L.append(f"Explained by {where}'s finding [{f.category}] {f.title}{conf}{fresh}")
-        else:
-            L.append(f"No {owners} finding on the {'B' if r.direction == 'grew' else 'A'} side: the change is below "
-                     "the rules' thresholds, or their evidence is missing (see skipped rules in `ttft analyze`).")
-    if itl is not None and r.moved not in (None, "itl"):
-        verb = "grew" if (itl.delta or 0) > 0 else "shrank"
-        line = f"ITL also {verb}: {itl.name} {itl.fmt(itl.a)} -> {itl.fmt(itl.b)}: {itl.fmt_delta()}"
-        if r.itl_finding is not None:
-            line += f"; finding [{r.itl_finding.category}] {r.itl_finding.title}"
-        L.append(line)
-    va = f"{r.verdict_a.category}" if r.verdict_a else "-"
-    vb = f"{r.verdict_b.category}" if r.verdict_b else "-"
-    if r.verdict_a is None and r.verdict_b is None:
-        pass
-    elif r.verdict_changed:
-        L.append(f"Verdict changed: {va} -> {vb}" + (f" ({r.verdict_b.title})" if r.verdict_b else ""))
-    else:
-        L.append(f"Verdict unchanged: {vb}")
-    return L
 
 
 def diff_paths(a: str | Sequence[str], b: str | Sequence[str], rules_file: str | None = None) -> DiffResult:
