@@ -35,8 +35,14 @@ def _experiment(feats: Any, black_box: bool) -> list[str]:
     scrape = "scrape /metrics during the run (`ttft probe … --metrics URL`): queue depth, running requests, prompt seconds"
     inline = feats.value("ttft_inline_ratio")
     one_prompt = not feats.available("ttft_prompt_r2")
+    alone = (feats.value("inflight_at_arrival_max") or 2) <= 1
     first: list[str]
-    if inline is not None and inline >= 0.25:
+    if alone:
+        # one request at a time: nothing ahead of it in our load, so no sweep of concurrency
+        # decides; a prompt sweep with repeats per length does (its medians are robust to noise
+        # that a workload's own spread of prompts could not beat)
+        first = [prompt + " (a few requests per length: the medians stand out of noise)", sweep]
+    elif inline is not None and inline >= 0.25:
         first = [sweep, prompt] if one_prompt else [sweep]
     elif one_prompt:
         first = [prompt, sweep]

@@ -233,3 +233,15 @@ def test_a_lone_prefill_that_prompt_length_explains_poorly_is_still_prefill(tmp_
     assert d.features.value("ttft_prompt_r2") < 0.6, format_diagnosis(d)
     assert d.verdict.category == "prefill_compute", format_diagnosis(d)
     assert "grows with prompt length" not in d.verdict.title  # the fit did not show it
+
+
+def test_inconclusive_alone_asks_for_a_prompt_sweep_first(tmp_path: Path) -> None:
+    """Client only, one request at a time, long prompts whose TTFT prompt length explains only
+    partly (noise): no concurrency sweep can decide what a lone request waits for; the first
+    experiment named is the prompt sweep (seed 860413 draw 18 asked for a concurrency sweep)."""
+    rng = random.Random(5)
+    prompts = [rng.randint(880, 1400) for _ in range(12)]
+    eng = Engine(prefill_s_per_token=0.15 * MS, jitter=0.9)
+    d = _diag(tmp_path, eng, [Phase("steady", 12, prompts, 4, conc=1)], seed=2)
+    assert d.verdict.category == INCONCLUSIVE, format_diagnosis(d)  # the simulator is seeded: the same noise each run
+    assert "--sweep prompt" in d.verdict.next_checks[0], d.verdict.next_checks
