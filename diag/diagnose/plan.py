@@ -16,7 +16,7 @@ from typing import Any
 from diag.diagnose.design import Decision, PlanConfig, Step, base_point, segment_of
 from diag.diagnose.ladder import ladder_reading, prompt_fit
 from diag.diagnose.points import Point
-from diag.diagnose.ramp import ramp_break, ramp_reading
+from diag.diagnose.ramp import RAMP_MIN_LEVELS, ramp_break, ramp_reading
 from rules import OUTCOMES
 
 #: A step whose failed share reaches this is an error burst: stop probing, spare the server.
@@ -65,10 +65,16 @@ def next_step(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float = 0.0, 
 def confident_stop(category: str, confidence: float, points: Sequence[Point], cfg: PlanConfig) -> str | None:
     """Why the running verdict ends the run (None: go on). ``inconclusive``, ``failures`` and
     ``no_data`` never do, nor ``healthy``: the evidence that could show a problem (the ladder and
-    the ramp to its break or cap) must all be there, so a healthy run ends when the design has run."""
+    the ramp to its break or cap) must all be there, so a healthy run ends when the design has run.
+    Any other verdict only once the ramp ran :data:`~diag.diagnose.ramp.RAMP_MIN_LEVELS` levels."""
     if category in OUTCOMES or confidence < CONFIDENT:
         return None
     if category == "healthy":  # only once the whole design ran: the plan ends the run then
+        return None
+    # a verdict from concurrency 1 alone cannot rule out what only load shows (a queue, a KV
+    # limit, decode under batching): the ramp must have run its first levels
+    levels = 1 + sum(1 for p in points if p.kind == cfg.ramp)
+    if levels < RAMP_MIN_LEVELS:
         return None
     return f"the verdict is confident: {category} ({confidence:.2f} >= {CONFIDENT:g})"
 

@@ -133,3 +133,26 @@ def test_ctrl_c_leaves_a_valid_diagnosed_capture(tmp_path: Path) -> None:
     assert "step 3:" in stderr and "step 5:" not in stderr
     a = analyze_paths([out])
     assert a.decomposition["requests"] >= 8 and a.diagnosis is not None
+
+
+def test_a_joined_server_capture_makes_the_verdict_confident_and_a_rate_ramp_finds_the_queue(tmp_path: Path) -> None:
+    """``--join`` the engine's own capture (written live by ``ttft serve --capture``): the queue is
+    measured, not inferred, and the run stops on the confident verdict -- but only after the ramp
+    (at concurrency 1 the joined spans say prefill_compute, confidently, of a server that queues).
+    Then ``--ramp rate``: open-loop arrivals from half the lone request's service rate."""
+    srv = tmp_path / "srv"
+    with EngineProcess(["--max-running", "1", "--threads", "1"], capture_dir=srv) as eng:
+        joined = run_diagnose(DiagnoseConfig(eng.url, tmp_path / "joined", PlanConfig(budget_s=60), join=[str(srv)]))
+        rate = run_diagnose(DiagnoseConfig(eng.url, tmp_path / "rate", PlanConfig(budget_s=60, ramp="rate")))
+    print(format_result(joined, format_analysis(joined.analysis)))
+    print(format_result(rate, format_analysis(rate.analysis)))
+    v = joined.analysis.diagnosis.verdict
+    assert v.category == "queue" and not v.black_box and v.confidence >= 0.7, v.title
+    assert joined.stopped.startswith("the verdict is confident: queue")
+    assert sum(r.step.kind == "concurrency" for r in joined.records) >= 2
+    assert rate.analysis.diagnosis.verdict.category == "queue", rate.analysis.diagnosis.verdict.title
+    kinds = [r.step.kind for r in rate.records]
+    assert "rate" in kinds and "concurrency" not in kinds
+    first_rate = next(r.step for r in rate.records if r.step.kind == "rate")
+    base = rate.records[0].point
+    assert first_rate.value == pytest.approx(0.5 / base.e2e_p50_s, rel=0.05)

@@ -180,7 +180,11 @@ def test_an_open_loop_ramp_starts_below_the_lone_request_service_rate() -> None:
 
 
 def test_confidence_ends_the_run_but_never_for_healthy_or_an_outcome() -> None:
-    pts = [BASE, *LADDER, pt("concurrency", 2, 0.011)]
+    # server spans joined: prefill_compute at 0.80 after the ladder, on a server that runs one
+    # request at a time -- concurrency 1 cannot show the queue, so the ramp runs first
+    assert confident_stop("prefill_compute", 0.8, [BASE, *LADDER], PlanConfig()) is None
+    assert confident_stop("prefill_compute", 0.8, [BASE, *LADDER, pt("concurrency", 2, 0.011)], PlanConfig()) is None
+    pts = [BASE, *LADDER, pt("concurrency", 2, 0.011), pt("concurrency", 4, 0.012)]
     assert confident_stop("queue", 0.75, pts, PlanConfig()).startswith("the verdict is confident: queue")
     assert confident_stop("queue", 0.69, pts, PlanConfig()) is None
     for cat in ("healthy", "inconclusive", "failures", "no_data"):
