@@ -532,6 +532,11 @@ def load_capture(path: str | os.PathLike[str]) -> Capture:
     if not p.exists():
         raise CaptureError(f"{p}: no such capture (expected a directory with {SPANS_FILE} or a .jsonl file)")
     if p.is_file():
+        from diag.capture_files import not_a_capture
+
+        why = not_a_capture(p)
+        if why:
+            raise CaptureError(why)
         spans_files = [p]
         root = p.parent
         meta: dict[str, Any] = {}
@@ -557,6 +562,11 @@ def load_capture(path: str | os.PathLike[str]) -> Capture:
         has_series = (p / SERIES_DIR).is_dir()
         if not spans_files and not meta and not has_series:
             raise CaptureError(f"{p}: not a capture (no {SPANS_FILE}, {META_FILE} or {SERIES_DIR}/)")
+        from diag.capture_files import unread_warning
+
+        unread = unread_warning(p, meta)
+        if unread:
+            warnings.append(unread)
     span_frames = []
     for f in spans_files:
         try:

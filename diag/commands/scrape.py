@@ -1,4 +1,5 @@
-"""``ttft scrape URL -o CAPTURE``: poll an engine's /metrics (or read a Prometheus server) into a capture."""
+"""``ttft scrape URL -o CAPTURE``: poll an engine's /metrics (or read a Prometheus server, or saved
+scrapes with ``--from-files``) into a capture. Exit code 2 when nothing was scraped."""
 
 from __future__ import annotations
 
@@ -6,9 +7,19 @@ import argparse
 import sys
 import threading
 import time
+from pathlib import Path
 
 from collectors import prometheus_adapters as pa
-from collectors.prometheus import PrometheusAPIError, PrometheusAPIReader, PrometheusScraper, SOURCE
+from collectors.prometheus import (
+    SOURCE,
+    ExpositionError,
+    PrometheusAPIError,
+    PrometheusAPIReader,
+    PrometheusScraper,
+    adapt_texts,
+    parse_exposition,
+)
+from diag.capture_files import SCRAPED_FILES_KEY, natural_key
 from diag.exit_codes import BAD_INPUT, OK
 
 FLUSH_EVERY_S = 10.0
@@ -22,10 +33,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "ttft serve) every --interval seconds and write canonical series (queue/prefill/TTFT/ITL means and "
         "percentiles, KV usage, waiting, running, token rates) to CAPTURE/series/prometheus.parquet. "
         "With --from-prometheus, URL is a Prometheus server and the last --duration seconds are read "
-        "for every replica (instance) at once.",
+        "for every replica (instance) at once. With --from-files, saved /metrics texts (one scrape per file, "
+        "e.g. `curl -s URL/metrics > metrics.t$i.prom` in a loop) become the capture's series: times from "
+        "--start and --interval when given, else from the files' modification times.",
     )
-    p.add_argument("url", metavar="URL", help="e.g. http://127.0.0.1:8000/metrics")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between scrapes (default 1)")
+    p.add_argument("url", metavar="URL", nargs="?", help="e.g. http://127.0.0.1:8000/metrics")
+    p.add_argument("--from-files", nargs="+", metavar="FILE.prom",
+                   help="saved scrapes (Prometheus text) instead of URL, read in natural name order (t2 before t10)")
+    p.add_argument("--start", type=float, metavar="UNIX_S",
+                   help="with --from-files: Unix time of the first scrape (default: its file's modification time)")
+    p.add_argument("--interval", type=float, default=None, metavar="S",
+                   help="seconds between scrapes (default 1; with --from-files: default the files' modification times)")
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
     p.add_argument("-o", "--output", required=True, metavar="CAPTURE", help="capture directory to write")
     p.add_argument("--engine", choices=sorted(pa.ADAPTERS_BY_ENGINE), help="skip detection from the metric names")
@@ -42,10 +60,16 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
     from diag.capture import CaptureWriter
     from diag.cli import UsageError
 
-    if args.interval <= 0:
+    if (args.url is None) == (args.from_files is None):
+        raise UsageError("give either URL or --from-files FILE.prom ..., not both or neither")
+    if args.interval is not None and args.interval <= 0:
         raise UsageError("--interval must be > 0")
     if args.duration is not None and args.duration <= 0:
         raise UsageError("--duration must be > 0")
+    if args.from_files is not None:
+        return run_files(args)
+    if args.interval is None:
+        args.interval = 1.0
     if args.from_prometheus:
         return _run_api(args)
     writer = CaptureWriter(args.output, meta={"command": "scrape"})
@@ -103,4 +127,66 @@ def _run_api(args: argparse.Namespace) -> int:
     print(f"ttft scrape: {len(frame)} rows for {entities} replicas ({reader.engine}) from {args.url}"
           + (f"; {len(reader.errors)} queries failed (first: {reader.errors[0]})" if reader.errors else ""),
           file=sys.stderr)
+    return OK if len(frame) else BAD_INPUT
+
+
+# --- saved scrapes (--from-files) ------------------------------------------------------------
+# Each file is one scrape, read in natural name order (metrics.t2 before metrics.t10). Times are
+# --start + k * --interval when --interval is given (--start defaults to the first file's
+# modification time), else each file's modification time, which must then increase. The texts go
+# through collectors.prometheus.adapt_texts (prometheus_client's parser, the engine adapters), as
+# a live scrape's do; meta.json records the files read so the capture stops warning about them.
+
+
+def scrape_times(paths: list[Path], start_s: float | None, interval_s: float | None) -> list[float]:
+    """Unix seconds of each saved scrape (see the module docstring); UsageError when the files'
+    times cannot order them."""
+    from diag.cli import UsageError
+
+    if interval_s is not None:
+        first = start_s if start_s is not None else paths[0].stat().st_mtime
+        return [first + k * interval_s for k in range(len(paths))]
+    mtimes = [p.stat().st_mtime for p in paths]
+    if any(b <= a for a, b in zip(mtimes, mtimes[1:])):
+        raise UsageError("the saved scrapes' modification times do not increase in name order (copied or checked "
+                         "out files?): give --interval S, the seconds between scrapes (and --start UNIX_S)")
+    shift = 0.0 if start_s is None else start_s - mtimes[0]
+    return [t + shift for t in mtimes]
+
+
+def run_files(args: argparse.Namespace) -> int:
+    """Write the saved scrapes' canonical series to ``args.output``; 2 when they held none."""
+    from diag.capture import CaptureWriter
+    from diag.cli import UsageError
+
+    paths = sorted((Path(f) for f in args.from_files), key=lambda p: natural_key(p.name))
+    texts: list[tuple[float, str]] = []
+    for path in paths:
+        if not path.is_file():
+            raise UsageError(f"{path}: no such file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{path}: cannot read: {exc}") from None
+        texts.append((0.0, text))
+    times = scrape_times(paths, args.start, args.interval)
+    texts = [(t, text) for t, (_, text) in zip(times, texts)]
+    for path, (ts, text) in zip(paths, texts):
+        try:
+            parse_exposition(text, ts)
+        except ExpositionError as exc:
+            raise UsageError(f"{path}: {exc}") from None
+    try:
+        frame = adapt_texts(texts, engine=args.engine, entity=args.entity)
+    except ValueError as exc:  # an unknown --engine
+        raise UsageError(str(exc)) from None
+    out = Path(args.output)
+    names = [str(p.resolve().relative_to(out.resolve())) if p.resolve().parent == out.resolve() else str(p)
+             for p in paths]
+    with CaptureWriter(out, meta={"command": "scrape --from-files"}) as writer:
+        writer.write_series(SOURCE, frame)
+        writer.update_meta(**{SCRAPED_FILES_KEY: {"files": names, "start_unix_s": times[0],
+                                                  "end_unix_s": times[-1], "interval_s": args.interval}})
+    engines = "engine not detected" if frame.empty else f"{frame['series'].nunique()} series"
+    print(f"ttft scrape: {len(paths)} saved scrapes -> {out} ({len(frame)} rows, {engines})", file=sys.stderr)
     return OK if len(frame) else BAD_INPUT
