@@ -6,8 +6,10 @@ if it comes up: the probe (client TTFT, ``collectors.probe``), the /metrics scra
 sampler (``collectors.nvml``). A collector failing to start becomes a one-line note, never an
 exception. A pump thread rewrites ``series/<source>.parquet`` from the scraper and the
 sampler every ``pump_interval_s`` so a live reader (``tui.sources.LiveSource``) sees them;
-the probe (:class:`collectors.live_probe.ProbeThread`) appends its spans after each short
-load chunk.
+the probe (:class:`collectors.live_probe.ProbeThread`) appends finished requests' spans
+every second. Each feed has a :class:`~collectors.feeds.Monitor` that says, in one line, when it
+stops: /metrics failing, the OTLP exporter silent after it had sent spans, the probe unable
+to reach the server.
 
 Threading: ``start_*``/``stop`` from one owner thread (the command's main thread). The probe
 runs its own asyncio loop on a daemon thread; the pump is a daemon thread; ``monitors()``
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,8 +146,9 @@ class LiveCollection:
 
     # --- span feeds ---------------------------------------------------------------------------
 
-    def start_otlp(self, port: int) -> int | None:
-        """Receive OTLP/HTTP spans on 127.0.0.1:``port`` into the capture; returns the port."""
+    def start_otlp(self, port: int, silence_s: float = 10.0) -> int | None:
+        """Receive OTLP/HTTP spans on 127.0.0.1:``port`` into the capture; returns the port.
+        Its monitor reports an exporter that sent spans and then nothing for ``silence_s``."""
         try:
             self.receiver = OTLPReceiver(self.writer.append_span_request, port=port)
             _, bound = self.receiver.start()
@@ -158,12 +162,15 @@ class LiveCollection:
             return None
         self.notes.append(f"OTLP/HTTP receiver on http://127.0.0.1:{bound}/v1/traces")
         self.writer.update_meta(live={"otlp_port": bound})
+        self._monitors.append(CallableMonitor("otlp", _silence_check(self.receiver, silence_s)))
         return int(bound)
 
     def start_probe(self, url: str, plan: PlanFn, input_tokens: int = 64, output_tokens: int = 16,
-                    concurrency: int = 4, model: str | None = None) -> bool:
-        """Probe ``url`` (client TTFT) following ``plan``."""
-        self.probe = ProbeThread(url, self.writer, plan, input_tokens, output_tokens, concurrency, model)
+                    concurrency: int = 4, model: str | None = None, timeout_s: float = 60.0) -> bool:
+        """Probe ``url`` (client TTFT) following ``plan``; a request unanswered for ``timeout_s``
+        fails as a timeout."""
+        self.probe = ProbeThread(url, self.writer, plan, input_tokens, output_tokens, concurrency, model,
+                                 timeout_s=timeout_s)
         self.probe.start()
         self._monitors.append(CallableMonitor("probe", self.probe.check))
         return True
@@ -235,3 +242,23 @@ class LiveCollection:
             stats["probe"] = {"requests": self.probe.requests, "errors": self.probe.errors, "error": self.probe.error}
         self.writer.update_meta(live=stats)
         self.writer.close()
+
+
+def _silence_check(receiver: OTLPReceiver, silence_s: float) -> Callable[[], str | None]:
+    """A monitor function: None until spans arrived, then a reason once none came for ``silence_s``
+    (an exporter that stopped; an engine with no requests is silent too, the line says both)."""
+    seen = {"n": 0, "at": time.monotonic(), "wall": time.time()}
+
+    def check() -> str | None:
+        n = receiver.received_requests
+        if n != seen["n"]:
+            seen.update(n=n, at=time.monotonic(), wall=time.time())
+            return None
+        quiet_s = time.monotonic() - seen["at"]
+        if n == 0 or quiet_s < silence_s:
+            return None
+        last = time.strftime("%H:%M:%S", time.localtime(seen["wall"]))
+        return (f"OTLP: no spans for {quiet_s:.0f} s (last at {last}): the engine's exporter stopped, "
+                "or no request reached the engine")
+
+    return check

@@ -1,8 +1,11 @@
 """The probe of a live session (``ttft watch``, ``ttft demo``) on its own thread and event loop.
 
 :class:`ProbeThread` runs a :class:`collectors.probe.ProbeSession` in short load chunks, asking
-its plan before every chunk what to send (:data:`PlanFn`); each chunk's spans are written into
-the session's capture. :func:`steady_plan` is ``ttft watch``'s plan: a constant low rate.
+its plan before every chunk what to send (:data:`PlanFn`); finished requests' spans are written
+into the session's capture every ``flush_s`` seconds (so a failing server shows within a
+refresh, not at the end of a chunk). A session that cannot open (the server is down when the
+watch starts, or it went away) is reopened every ``retry_s`` seconds until ``stop``.
+:func:`steady_plan` is ``ttft watch``'s plan: a constant low rate.
 
 Threading: ``start``/``stop`` from the owner thread; the session runs on the probe's daemon
 thread; ``check`` and the counters may be read from any thread.
@@ -41,7 +44,8 @@ class ProbeThread:
     is called before every chunk and returns (LoadSpec, Workload or None, segment) or None."""
 
     def __init__(self, url: str, writer: CaptureWriter, plan: PlanFn, input_tokens: int = 64,
-                 output_tokens: int = 16, concurrency: int = 4, model: str | None = None) -> None:
+                 output_tokens: int = 16, concurrency: int = 4, model: str | None = None,
+                 timeout_s: float = 60.0, flush_s: float = 1.0, retry_s: float = 1.0) -> None:
         self.url = url
         self.writer = writer
         self.plan = plan
@@ -49,7 +53,13 @@ class ProbeThread:
         self.output_tokens = output_tokens
         self.concurrency = concurrency
         self.model = model
+        self.timeout_s = float(timeout_s)
+        self.flush_s = float(flush_s)
+        self.retry_s = float(retry_s)
         self.error = ""
+        #: why the session could not open last time ("" once it is open); shown while retrying
+        self.open_error = ""
+        self.opens = 0
         self.finished = False  # the plan ended the probe (not an error)
         self.chunks = 0
         self.requests = 0
@@ -85,24 +95,46 @@ class ProbeThread:
             loop.close()
 
     async def _run(self) -> None:
+        while not self._stop.is_set() and not self.finished:
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # cannot open or lost the session: say why, retry
+                self.open_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                await asyncio.sleep(self.retry_s)
+
+    async def _session(self) -> None:
         pc = probe_client
         cfg = pc.ProbeConfig(self.url, model=self.model, load=pc.LoadSpec(concurrency=self.concurrency, requests=1),
                              workload=pc.WorkloadSpec(pc.LengthSpec("fixed", self.input_tokens),
                                                       pc.LengthSpec("fixed", self.output_tokens)),
-                             timeout_s=60.0)
+                             timeout_s=self.timeout_s)
         async with pc.ProbeSession(cfg, self.writer, pool_size=64) as session:
+            self.opens += 1
+            self.open_error = ""
             self.started.set()
-            while not self._stop.is_set():
-                step = self.plan(session)
-                if step is None:
-                    self.finished = True
-                    break
-                load, workload, segment = step
-                outcome = await session.phase(load, workload, segment)
-                self.chunks += 1
-                res = list(getattr(outcome, "results", []) or [])
-                self.requests += len(res)
-                self.errors += sum(1 for r in res if getattr(r, "error", None))
+            flusher = asyncio.get_running_loop().create_task(self._flush_loop(session))
+            try:
+                while not self._stop.is_set():
+                    step = self.plan(session)
+                    if step is None:
+                        self.finished = True
+                        break
+                    load, workload, segment = step
+                    outcome = await session.phase(load, workload, segment)
+                    self.chunks += 1
+                    res = list(getattr(outcome, "results", []) or [])
+                    self.requests += len(res)
+                    self.errors += sum(1 for r in res if getattr(r, "error", None))
+            finally:
+                flusher.cancel()
+
+    async def _flush_loop(self, session: Any) -> None:
+        """Write finished requests' spans every ``flush_s`` (on the probe's loop, between requests)."""
+        while True:
+            await asyncio.sleep(self.flush_s)
+            session.flush_spans()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop after cancelling the chunk in flight (its spans are flushed on close)."""
@@ -119,6 +151,8 @@ class ProbeThread:
         """None while probing; a reason once the probe thread ended with an error."""
         if self.error:
             return f"probe stopped: {self.error}"
+        if self.open_error and not self._stop.is_set():
+            return f"probe cannot reach {self.url} (retrying every {self.retry_s:g} s): {self.open_error}"
         if self.started.is_set() and not self.alive() and not self._stop.is_set() and not self.finished:
             return "probe stopped"
         return None

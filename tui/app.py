@@ -212,7 +212,8 @@ class TTFTApp(App[int]):
             if self.last_vm is None:
                 status.show(None, self.paused, f"✖ {error}")
             else:
-                self.last_vm.errors = [f"frame failed: {error}"]
+                feeds = list(snap.errors) if snap is not None else []  # keep saying which feed is down
+                self.last_vm.errors = [*feeds, f"frame failed: {error}"]
                 status.show(self.last_vm, self.paused, self._message)
         if vm is not None:
             self.frames += 1

@@ -15,7 +15,8 @@ Units: durations in seconds (``_s``), rates per second, bytes, percentages in pe
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -32,6 +33,8 @@ from tui.viewmodels import (
     ViewModel, WaterfallRow, WaterfallVM,
 )
 from tui.waterfall import request_waterfall
+
+T = TypeVar("T")
 
 #: rows in the slowest-requests table
 SLOWEST_ROWS = 15
@@ -310,10 +313,7 @@ def build_view_model(snap: Snapshot, run: adapters.RulesRun | None = None, stale
     (``run``, possibly for an earlier window when ``stale``) is only formatted."""
     t1 = time.perf_counter()
     diagnosis = run.diagnosis if run is not None else None
-    p = prepared(snap.tables)
     window = snap.window_ns
-    rows = p.req_rows(window)
-    srows = p.step_rows(window)
     vm = ViewModel(title=snap.title, live=snap.live, phase=snap.phase,
                    window_label=snap.window_label, window_ns=window,
                    extent_ns=snap.extent_ns, whole=snap.whole, generation=snap.generation,
@@ -325,20 +325,38 @@ def build_view_model(snap: Snapshot, run: adapters.RulesRun | None = None, stale
         vm.verdict.rules_ms = run.elapsed_s * 1e3
         if snap.live and run.window_ns is not None:
             vm.verdict.as_of = time.strftime("%H:%M:%S", time.localtime(run.window_ns[1] / NS))
-    vm.latency, ok = latency_vm(p, rows, window)
-    vm.stages = stages_vm(p, rows, ok)
-    vm.throughput = throughput_vm(p, rows, srows, ok, window)
-    vm.gpus = gpus_vm(p.series, window)
+    try:  # the verdict above is painted even when the window's data cannot be prepared
+        p = prepared(snap.tables)
+        rows = p.req_rows(window)
+        srows = p.step_rows(window)
+    except Exception as exc:
+        vm.errors.append(f"panels failed: {type(exc).__name__}: {str(exc)[:160]}")
+        return vm
+    empty_ok = np.zeros(0, dtype=bool)
+    vm.latency, ok = _part(vm.errors, "latency", lambda: latency_vm(p, rows, window), (LatencyVM(), empty_ok))
+    vm.stages = _part(vm.errors, "stages", lambda: stages_vm(p, rows, ok), StagesVM())
+    vm.throughput = _part(vm.errors, "throughput", lambda: throughput_vm(p, rows, srows, ok, window), ThroughputVM())
+    vm.gpus = _part(vm.errors, "GPU", lambda: gpus_vm(p.series, window), [])
     if not vm.gpus:
         nv = snap.tables.meta.get("nvml") if isinstance(snap.tables.meta, dict) else None
         why = nv.get("note") if isinstance(nv, dict) else None
         vm.gpu_note = str(why) if why else "no GPU counters in this capture: showing the engine's busy timeline"
-    vm.busy = busy_vm(p, srows, window)
-    vm.slowest = slowest_vm(p, snap.tables.requests, rows, ok, window)
+    vm.busy = _part(vm.errors, "busy", lambda: busy_vm(p, srows, window), BusyVM())
+    vm.slowest = _part(vm.errors, "slowest requests", lambda: slowest_vm(p, snap.tables.requests, rows, ok, window), [])
     t2 = time.perf_counter()
     vm.timings_ms = {"view": (t2 - t1) * 1e3, "total": (t2 - t1) * 1e3,
                      "rules": run.elapsed_s * 1e3 if run is not None else float("nan")}
     return vm
+
+
+def _part(errors: list[str], name: str, fn: Callable[[], T], default: T) -> T:
+    """One panel's view model; a panel that fails on data it did not expect says so in
+    ``errors`` (shown in red) and shows ``default``, and the other panels are still painted."""
+    try:
+        return fn()
+    except Exception as exc:
+        errors.append(f"{name} panel failed: {type(exc).__name__}: {str(exc)[:160]}")
+        return default
 
 
 def is_blank(v: Any) -> bool:

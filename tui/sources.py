@@ -39,6 +39,7 @@ from diag.capture import (
     load_capture,
 )
 from diag.tables import Tables, build_tables
+from tui.outage import ServerState, server_state
 
 NS = 1_000_000_000
 
@@ -262,6 +263,10 @@ class LiveSource:
     memory and frame time. ``monitors`` report dead feeds; ``phase_fn`` names the demo's
     current phase (called on the worker thread; must be cheap and thread-safe): a label, or a
     :class:`PhaseInfo` whose start clips the window to the phase and whose SLOs go to the rules.
+    With ``follow_outages`` (``ttft watch``) the window starts where the probe's requests began
+    to fail while the server is not answering, and at the first answered request once it is
+    back (:mod:`tui.outage`), so the verdict follows what the probe sees now; the screen says
+    the server is not answering.
     """
 
     live = True
@@ -269,7 +274,8 @@ class LiveSource:
     def __init__(self, path: str | os.PathLike[str], window_s: float = 60.0, retention_s: float = 900.0,
                  monitors: list[Monitor] | None = None,
                  phase_fn: Callable[[], str | PhaseInfo | None] | None = None,
-                 title: str | None = None, clock_ns: Callable[[], int] = time.time_ns) -> None:
+                 title: str | None = None, clock_ns: Callable[[], int] = time.time_ns,
+                 follow_outages: bool = False) -> None:
         self.path = Path(path)
         self.title = title or f"ttft watch {self.path}"
         self.window_s = float(window_s)
@@ -284,6 +290,9 @@ class LiveSource:
         self._meta_mtime = 0.0
         self._tables: Tables | None = None
         self._generation = 0
+        self.follow_outages = follow_outages
+        self._server = ServerState()
+        self._server_gen = -1
         self._notes: list[str] = []
         self._lock = threading.Lock()
 
@@ -411,11 +420,31 @@ class LiveSource:
             phase: str | None = info.label
         else:
             phase = info
+        if self.follow_outages:
+            lo, outage_label = self._follow_server(lo, hi, errors)
+            label = outage_label or label
         window = (lo, hi)
         extent = _extent(self._tables)
         return Snapshot(self._tables, window, (min(extent[0], window[0]), max(extent[1], now)), self._generation,
                         True, self.title, notes=notes, errors=errors, phase=phase, slo=slo,
                         window_label=label)
+
+    def _follow_server(self, lo: int, hi: int, errors: list[str]) -> tuple[int, str | None]:
+        """The window start and its label after an outage of the watched server (worker thread)."""
+        assert self._tables is not None
+        if self._server_gen != self._generation:
+            self._server = server_state(self._tables.requests)
+            self._server_gen = self._generation
+        st = self._server
+        if st.down_since_ns is not None:
+            since = time.strftime("%H:%M:%S", time.localtime(st.down_since_ns / NS))
+            kinds = ", ".join(f"{k} x{v}" for k, v in st.kinds.items())
+            errors.append(f"server not answering since {since} ({(hi - st.down_since_ns) / NS:.0f} s): {kinds}")
+            return max(lo, min(st.down_since_ns, hi - 1)), f"since {since} (not answering)"
+        if st.back_since_ns is not None and st.back_since_ns > lo:
+            since = time.strftime("%H:%M:%S", time.localtime(st.back_since_ns / NS))
+            return min(st.back_since_ns, hi - 1), f"since {since} (answering again)"
+        return lo, None
 
     def move(self, steps: int) -> bool:
         return False  # the live window follows now; use `ttft view` on the capture to scroll

@@ -300,6 +300,10 @@ class ProbeSession:
 
         return on_result
 
+    def flush_spans(self) -> None:
+        """Write the spans of the requests finished so far (a live view's periodic flush; loop thread)."""
+        self._flush_spans()
+
     def _flush_spans(self) -> None:
         self._since_flush = 0
         if self.sink is None:

@@ -30,6 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="probe requests per second (default 0.5; 0 = no probe)")
     p.add_argument("--probe-prompt", type=int, metavar="TOKENS", default=64, help="probe prompt length")
     p.add_argument("--probe-output", type=int, metavar="TOKENS", default=16, help="probe output length")
+    p.add_argument("--probe-timeout", type=float, metavar="S", default=30.0,
+                   help="seconds a probe request may go unanswered before it fails as a timeout (default 30)")
     p.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
     p.add_argument("--gpu", action="store_true", help="sample GPU counters with NVML")
     p.add_argument("-o", "--output", metavar="CAPTURE", default=None,
@@ -46,8 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from diag.cli import UsageError
 
-    if args.probe_rate < 0 or args.window <= 0 or args.refresh <= 0:
-        raise UsageError("--probe-rate must be >= 0, --window and --refresh > 0")
+    if args.probe_rate < 0 or args.window <= 0 or args.refresh <= 0 or args.probe_timeout <= 0:
+        raise UsageError("--probe-rate must be >= 0, --window, --refresh and --probe-timeout > 0")
     from diag.slo import slo_option
 
     slo = slo_option(args.slo)
@@ -67,11 +69,13 @@ def run(args: argparse.Namespace) -> int:
         live.notes.append("GPU counters off (--gpu to sample NVML): showing the engine's busy timeline if it sends step spans")
     if args.probe_rate > 0:
         plan = ProbePlan(rate_rps=args.probe_rate, input_tokens=args.probe_prompt, output_tokens=args.probe_output)
-        live.start_probe(args.url, steady_plan(plan), plan.input_tokens, plan.output_tokens, model=args.model)
+        live.start_probe(args.url, steady_plan(plan), plan.input_tokens, plan.output_tokens, model=args.model,
+                         timeout_s=args.probe_timeout)
     else:
         live.notes.append("probe off (--probe-rate 0): no client TTFT")
     live.start_pump()
-    source = LiveSource(out, window_s=args.window, monitors=live.monitors(), title=f"ttft watch {args.url}")
+    source = LiveSource(out, window_s=args.window, monitors=live.monitors(), title=f"ttft watch {args.url}",
+                        follow_outages=True)
     for n in live.notes:
         source.add_note(n)
     try:
@@ -95,7 +99,7 @@ def _headless(source: object, duration_s: float, slo: dict[str, float] | None, r
     time.sleep(duration_s)
     snap = source.poll()  # type: ignore[attr-defined]
     for e in snap.errors:
-        print(f"source died: {e}")
+        print(f"feed down: {e}")
     run = adapters.run_rules(snap.tables, snap.window_ns, slo=slo, rules_file=rules_file)
     from diag.report.text import format_diagnosis
 
