@@ -42,6 +42,22 @@ def test_analyze_report_and_diff_documents_match_the_schema(validator, tmp_path:
     _check(validator, json.loads(capsys.readouterr().out), "diff")
 
 
+def test_an_slo_evidence_row_matches_the_schema(validator, capsys: pytest.CaptureFixture[str]) -> None:
+    """The decode sample records an ITL SLO: its evidence rows carry a text threshold today."""
+    main(["analyze", str(SAMPLES / "decode"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert any(e["name"].startswith("SLO ") for e in doc["verdict"]["evidence"])
+    _check(validator, doc, "analysis")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sample", sorted(p.parent.parent.name if p.parent.name == "client" else p.parent.name
+                                          for p in SAMPLES.glob("*/client/meta.json")))
+def test_every_sample_analysis_matches_the_schema(validator, sample: str, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["analyze", str(SAMPLES / sample), "--json"])
+    _check(validator, json.loads(capsys.readouterr().out), "analysis")
+
+
 def test_the_schema_rejects_a_document_without_its_version(validator) -> None:
     assert not validator.is_valid({"schema": "analysis", "tool_version": "0.1.0"})
     assert not validator.is_valid({"schema": "diff", "schema_version": SCHEMA_VERSION, "tool_version": "x"})
