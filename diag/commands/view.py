@@ -1,5 +1,8 @@
-"""``ttft view CAPTURE [--window S]``: the live dashboard over a recorded capture, with a time
-cursor (←/→) that moves the analysis window. Without a terminal it prints the analysis."""
+"""``ttft view CAPTURE [CAPTURE ...] [--window S]``: the live dashboard over a recorded capture,
+with a time cursor (←/→) that moves the analysis window. Without a terminal (or with --no-tui) it
+prints the analysis of all the captures joined, as ``ttft analyze`` does, and keeps its exit codes.
+The dashboard opens one capture: a scenario directory that holds one expands to it; several are
+refused in one line until :class:`tui.sources.CaptureSource` joins captures."""
 
 from __future__ import annotations
 
@@ -16,7 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "←/→ move an analysis window over it, -/+ change its width, 0 goes back to the whole capture, "
         "Enter on a request opens its waterfall, r writes a report, ? lists the keys.",
     )
-    p.add_argument("capture", metavar="CAPTURE", help="capture directory (or a spans .jsonl file)")
+    p.add_argument("capture", metavar="CAPTURE", help="capture directory (or a spans .jsonl file), or a directory "
+                   "of captures (a scenario run: client/, server-0/)")
+    p.add_argument("more", nargs="*", metavar="CAPTURE", help="more captures, joined by trace id (client server-0)")
     p.add_argument("--window", type=float, metavar="S", default=None,
                    help="analysis window in seconds (default: the whole capture; ←/→ then use a sixth of it)")
     p.add_argument("--refresh", type=float, metavar="S", default=1.0, help="seconds between screen refreshes")
@@ -30,21 +35,26 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from tui.sources import open_capture_source
 
+    from diag.analysis import analyze_paths, expand_capture_paths
+    from diag.cli import UsageError
     from diag.slo import slo_option
 
     slo = slo_option(args.slo)
-    source = open_capture_source(args.capture, args.window)
+    paths = [args.capture, *args.more]
     if args.no_tui or not (sys.stdin.isatty() and sys.stdout.isatty()):
-        from diag.analysis import analyze_paths
+        from diag.commands.analyze import verdict_exit_code
         from diag.report.text import format_analysis
 
         if not args.no_tui:
             print("ttft view: no terminal; printing the analysis instead (ttft analyze)", file=sys.stderr)
-        from diag.commands.analyze import verdict_exit_code
-
-        analysis = analyze_paths([args.capture], rules_file=args.rules, slo=slo)
+        analysis = analyze_paths(paths, rules_file=args.rules, slo=slo)
         print(format_analysis(analysis))
         return verdict_exit_code(analysis, slo, "view")
+    expanded = expand_capture_paths(paths)
+    if len(expanded) > 1:
+        raise UsageError(f"the dashboard opens one capture at a time ({len(expanded)} given: "
+                         f"{', '.join(str(p) for p in expanded)}); `ttft view --no-tui` or `ttft analyze` joins them")
+    source = open_capture_source(expanded[0], args.window)
     from tui.app import run_app
 
     return run_app(source, refresh_s=args.refresh, slo=slo, rules_file=args.rules, report_dir=args.report_dir)
