@@ -57,6 +57,12 @@ def test_view_shows_verdict_and_keys_work(queue_capture: Path, tmp_path: Path) -
             assert vm.latency.requests == 60
             verdict = panel_text(app, VerdictPanel).lower()
             assert "queue" in verdict, verdict
+            # every evidence row says whether it crossed its threshold, or that it is context
+            rows = [ln for ln in panel_text(app, VerdictPanel).splitlines()
+                    if any(ln.strip().startswith(e.name[:20]) for e in vm.verdict.evidence)]
+            assert len(rows) >= len(vm.verdict.evidence) > 0
+            assert all(("✓ crossed" in ln) or ("✗ not crossed" in ln) or ("· context" in ln) for ln in rows), rows
+            assert any("✓ crossed" in ln for ln in rows), rows
             # the stage bar, the table and the status line are filled
             assert app.query_one(SlowestTable).row_count == 15
             assert "CAPTURE" in panel_text(app, StatusBar)

@@ -60,14 +60,15 @@ class VerdictPanel(Panel):
         if v.evidence:
             t.append("evidence", style="bold")
             grid = Table.grid(padding=(0, 1), expand=True)
+            grid.add_column(width=1)  # the indent, kept on a name's wrapped lines
             grid.add_column(ratio=3, no_wrap=False)
             grid.add_column(justify="right", no_wrap=True)
             grid.add_column(no_wrap=True, style="dim")
             grid.add_column(no_wrap=True)
             grid.add_column(ratio=4, style="italic dim")
             for e in v.evidence:
-                mark = Text(e.mark, style="red" if e.mark.startswith("✓") else "dim")
-                grid.add_row("  " + e.name, Text(e.value, style="bold"), e.threshold, mark, e.meaning)
+                mark = _mark(e.mark)
+                grid.add_row("", e.name, Text(e.value, style="bold"), e.threshold, mark, e.meaning)
             parts.append(grid)
             t = Text()
             parts.append(t)
@@ -85,3 +86,16 @@ class VerdictPanel(Panel):
             t.append(v.scope, style="italic cyan")
         t.rstrip()
         return Group(*parts)
+
+
+#: the mark cell of an evidence row with no threshold (the other renderers leave it blank)
+CONTEXT_MARK = "· context"
+
+
+def _mark(mark: str) -> Text:
+    """An evidence row's mark: crossed in red, not crossed in green, a context row named as such."""
+    if mark.startswith("✓"):
+        return Text(mark, style="bold red")
+    if mark.startswith("✗"):
+        return Text(mark, style="green")
+    return Text(mark or CONTEXT_MARK, style="dim")
