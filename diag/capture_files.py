@@ -14,6 +14,8 @@ from diag.capture import META_FILE, PROFILE_DIR, SERIES_DIR, SPANS_FILE, SPANS_F
 
 #: a file is sniffed from its first bytes only
 SNIFF_BYTES = 4096
+#: every OTLP JSON line (ExportTraceServiceRequest) starts with this key
+OTLP_KEY = "resourceSpans"
 #: meta.json key where ``ttft scrape --from-files`` records the scrapes it read
 SCRAPED_FILES_KEY = "prometheus_files"
 _PROM_LINE = re.compile(r"^(# (HELP|TYPE|EOF)( .*)?|[A-Za-z_:][A-Za-z0-9_:]*(\{.*\})?\s+\S+(\s+-?\d+)?)$")
@@ -21,19 +23,18 @@ _READ = frozenset({SPANS_FILE, SPANS_FILE_GZ, META_FILE, SERIES_DIR, PROFILE_DIR
 _SHOWN = 4
 
 
-def _first_line(path: Path) -> str | None:
-    """The first non-empty line (as text), None for an empty file; ValueError for binary."""
+def _head(path: Path) -> tuple[str | None, str]:
+    """(the first non-empty line or None for an empty file, the first SNIFF_BYTES as text);
+    ValueError for a binary file."""
     try:
         with open_spans(path) as fh:
-            head = fh.read(SNIFF_BYTES)
+            raw = fh.read(SNIFF_BYTES)
     except (OSError, EOFError):
-        return None  # the loader names unreadable files itself
-    if b"\0" in head:
+        return None, ""  # the loader names unreadable files itself
+    if b"\0" in raw:
         raise ValueError("binary")
-    for raw in head.decode("utf-8", errors="replace").splitlines():
-        if raw.strip():
-            return raw.strip()
-    return None
+    head = raw.decode("utf-8", errors="replace")
+    return next((x.strip() for x in head.splitlines() if x.strip()), None), head
 
 
 def looks_like_prometheus(line: str) -> bool:
@@ -44,11 +45,14 @@ def not_a_capture(path: Path) -> str | None:
     """Why a file given as a capture is not one (one line, starting "not a capture"), or None
     when its first line could be OTLP JSON (or it is empty: then it simply holds no spans)."""
     try:
-        line = _first_line(path)
+        line, head = _head(path)
     except ValueError:
         return f"not a capture: {path} is a binary file, not OTLP JSON lines"
-    if line is None or line.startswith("{"):
+    if line is None or (line.startswith("{") and OTLP_KEY in head):
         return None
+    if line.startswith("{"):
+        return (f"not a capture: {path} holds JSON but not OTLP spans (no {OTLP_KEY!r} in its first "
+                f"{SNIFF_BYTES} bytes: a JSON log?)")
     if looks_like_prometheus(line):
         return (f"not a capture: {path} is Prometheus text (a saved /metrics scrape); make a capture of it with "
                 f"`ttft scrape --from-files {path} -o DIR`")

@@ -88,3 +88,13 @@ def test_from_files_bad_input_is_one_line(tmp_path: Path, capsys: pytest.Capture
     assert "m.prom" in _one_line(capsys)
     assert main(["scrape", "http://127.0.0.1:9/metrics", "--from-files", str(bad), "-o", str(tmp_path / "c")]) == 2
     assert "not both" in _one_line(capsys)
+
+
+def test_a_json_log_is_not_a_capture_but_a_spans_file_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "engine.jsonl"
+    log.write_text("".join(f'{{"level": "info", "msg": "request {i} done"}}\n' for i in range(171)))
+    assert main(["analyze", str(log)]) == 2
+    assert "not OTLP" in _one_line(capsys)
+    spans = tmp_path / "spans.jsonl"
+    spans.write_text((VLLM / "spans.otlp.jsonl").read_text())
+    assert main(["analyze", str(spans), "--json"]) == 0
