@@ -44,3 +44,9 @@ def test_report_on_nothing_is_written_and_exits_2(tmp_path: Path, capsys: pytest
     out = tmp_path / "r.json"
     assert main(["report", str(tmp_path / "empty"), "-o", str(out)]) == 2
     assert out.exists() and "nothing to judge" in capsys.readouterr().err
+
+
+def test_diff_with_an_empty_side_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    CaptureWriter(tmp_path / "empty", meta={"command": "test"}).close()
+    assert main(["diff", str(tmp_path / "empty"), "samples/healthy"]) == 2
+    assert "nothing to judge on side A" in capsys.readouterr().err
