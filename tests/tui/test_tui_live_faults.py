@@ -40,7 +40,9 @@ HERE = Path(__file__).resolve().parent
 REFRESH_S = 0.5
 #: what "within a few refreshes" is allowed to take on a shared, niced CI box (measured: ~2 s)
 TURN_S = 10.0
-#: failed kinds for which the verdict is not a bottleneck verdict
+#: the probe's --probe-timeout in these tests, seconds
+PROBE_TIMEOUT_S = 5.0
+#: the verdict categories of a window whose requests failed
 DOWN_CATEGORIES = ("failures", "no_data")
 
 
@@ -86,12 +88,12 @@ def fault_server(tmp_path: Path, port: int = 0) -> Iterator[tuple[str, Callable[
 
 @contextlib.contextmanager
 def watching(url: str, out: Path, otlp: bool = False) -> Iterator[tuple[LiveCollection, LiveSource, int | None]]:
-    """What ``ttft watch URL --probe-rate 4 --probe-timeout 5`` starts, with a 2 s OTLP silence."""
+    """What ``ttft watch URL --probe-rate 4 --probe-timeout 5`` starts (a 30 s window, a 2 s OTLP silence)."""
     live = LiveCollection(out, meta={"kind": "watch", "watch": {"url": url}}, pump_interval_s=0.5)
     live.start_prometheus(url, interval_s=0.5)
     port = live.start_otlp(0, silence_s=2.0) if otlp else None
     plan = ProbePlan(rate_rps=4.0, input_tokens=16, output_tokens=4)
-    live.start_probe(url, steady_plan(plan), plan.input_tokens, plan.output_tokens, timeout_s=5.0)
+    live.start_probe(url, steady_plan(plan), plan.input_tokens, plan.output_tokens, timeout_s=PROBE_TIMEOUT_S)
     live.start_pump()
     source = LiveSource(out, window_s=30.0, monitors=live.monitors(), title=f"ttft watch {url}", follow_outages=True)
     try:
@@ -189,6 +191,25 @@ def test_server_restarted_on_the_same_port_brings_the_verdict_back(tmp_path: Pat
                 await until(pilot, lambda: answering(app), 30, "the verdict to come back", app)
                 print(f"server back -> verdict back in {time.monotonic() - t0:.1f} s")
                 assert "answering again" in (app.last_vm.window_label or "")
+
+        run_app(source, script)
+
+
+def test_a_server_that_hangs_times_out_and_comes_back(tmp_path: Path) -> None:
+    """SIGSTOP: the server holds its connections and answers nothing; the probe's requests time
+    out after --probe-timeout (5 s here), and the verdict turns to timeouts; SIGCONT brings it back."""
+    port = _free_port()
+    with ttft_serve(port) as server, watching(f"http://127.0.0.1:{port}", tmp_path / "cap") as (_, source, _p):
+        async def script(app: TTFTApp, pilot: Pilot[Any]) -> None:
+            await until(pilot, lambda: answering(app), 40, "a verdict over answered requests", app)
+            server.send_signal(signal.SIGSTOP)
+            try:
+                took = await until(pilot, lambda: down(app, "timeout"), PROBE_TIMEOUT_S + TURN_S,
+                                   "the verdict to turn to timeouts", app)
+                print(f"server stopped -> verdict turned in {took:.1f} s (probe timeout {PROBE_TIMEOUT_S:g} s)")
+            finally:
+                server.send_signal(signal.SIGCONT)
+            await until(pilot, lambda: answering(app), PROBE_TIMEOUT_S + TURN_S, "the verdict to come back", app)
 
         run_app(source, script)
 
