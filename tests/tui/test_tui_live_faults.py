@@ -214,13 +214,15 @@ def test_a_server_that_hangs_times_out_and_comes_back(tmp_path: Path) -> None:
         run_app(source, script)
 
 
-def test_a_server_answering_503_is_failures_then_comes_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("mode", "kind"), [("503", "http_5xx"), ("shed", "server_disconnected")])
+def test_a_server_refusing_is_failures_then_comes_back(tmp_path: Path, mode: str, kind: str) -> None:
+    """Answering 503 to everything, or closing every connection before answering."""
     with fault_server(tmp_path) as (url, set_mode), watching(url, tmp_path / "cap") as (_, source, _p):
         async def script(app: TTFTApp, pilot: Pilot[Any]) -> None:
             await until(pilot, lambda: answering(app), 30, "a verdict over answered requests", app)
-            set_mode("503")
-            took = await until(pilot, lambda: down(app, "http_5xx"), TURN_S, "the verdict to turn on 503s", app)
-            print(f"503 -> verdict turned in {took:.1f} s")
+            set_mode(mode)
+            took = await until(pilot, lambda: down(app, kind), TURN_S, f"the verdict to turn on {kind}", app)
+            print(f"{mode} -> verdict turned in {took:.1f} s")
             set_mode("ok")
             took = await until(pilot, lambda: answering(app), TURN_S, "the verdict to come back", app)
             print(f"ok again -> verdict back in {took:.1f} s")

@@ -6,6 +6,7 @@ how the server behaves without restarting it:
 
 * ``ok``: /v1/completions and /v1/chat/completions stream 4 tokens; /metrics has vLLM gauges;
 * ``503``: every completion is refused with HTTP 503 (an overloaded server shedding load);
+* ``shed``: every completion's connection is closed before any answer (a full front end);
 * ``no-metrics``: completions as ``ok``, /metrics answers 404 (the exporter went away).
 """
 
@@ -47,8 +48,12 @@ def main() -> None:
 
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        if mode() == "503":
+        m = mode()
+        if m == "503":
             return web.json_response({"error": {"message": "server overloaded"}}, status=503)
+        if m == "shed" and request.transport is not None:
+            request.transport.close()
+            return web.Response(status=503)
         chat = request.path.endswith("/chat/completions")
         n = max(1, int(body.get("max_tokens") or 4))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
