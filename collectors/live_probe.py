@@ -3,8 +3,8 @@
 :class:`ProbeThread` runs a :class:`collectors.probe.ProbeSession` in short load chunks, asking
 its plan before every chunk what to send (:data:`PlanFn`); finished requests' spans are written
 into the session's capture every ``flush_s`` seconds (so a failing server shows within a
-refresh, not at the end of a chunk). A session that cannot open (the server is down when the
-watch starts, or it went away) is reopened every ``retry_s`` seconds until ``stop``.
+refresh, not at the end of a chunk). A session that cannot open is retried every ``retry_s``
+seconds until ``stop`` (a server that is down still opens: its requests fail as refused).
 :func:`steady_plan` is ``ttft watch``'s plan: a constant low rate.
 
 Threading: ``start``/``stop`` from the owner thread; the session runs on the probe's daemon
@@ -14,6 +14,7 @@ thread; ``check`` and the counters may be read from any thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,40 +96,49 @@ class ProbeThread:
             loop.close()
 
     async def _run(self) -> None:
-        while not self._stop.is_set() and not self.finished:
-            try:
-                await self._session()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # cannot open or lost the session: say why, retry
-                self.open_error = f"{type(exc).__name__}: {str(exc)[:200]}"
-                await asyncio.sleep(self.retry_s)
+        session = await self._open()
+        if session is None:  # stopped before the session opened
+            return
+        flusher = asyncio.get_running_loop().create_task(self._flush_loop(session))
+        try:
+            while not self._stop.is_set():
+                step = self.plan(session)
+                if step is None:
+                    self.finished = True
+                    break
+                load, workload, segment = step
+                outcome = await session.phase(load, workload, segment)
+                self.chunks += 1
+                res = list(getattr(outcome, "results", []) or [])
+                self.requests += len(res)
+                self.errors += sum(1 for r in res if getattr(r, "error", None))
+        finally:  # an error here (a plan's bug) stops the probe and is shown by check()
+            flusher.cancel()
+            await session.close()
 
-    async def _session(self) -> None:
+    async def _open(self) -> Any:
+        """Open the probe session, retrying every ``retry_s`` while it cannot (None once stopped).
+        A server that is down still opens (its requests fail, one by one, as refused)."""
         pc = probe_client
         cfg = pc.ProbeConfig(self.url, model=self.model, load=pc.LoadSpec(concurrency=self.concurrency, requests=1),
                              workload=pc.WorkloadSpec(pc.LengthSpec("fixed", self.input_tokens),
                                                       pc.LengthSpec("fixed", self.output_tokens)),
                              timeout_s=self.timeout_s)
-        async with pc.ProbeSession(cfg, self.writer, pool_size=64) as session:
+        while not self._stop.is_set():
+            session = pc.ProbeSession(cfg, self.writer, pool_size=64)
+            try:
+                await session.__aenter__()
+            except Exception as exc:  # say why on screen, and retry
+                self.open_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                with contextlib.suppress(Exception):
+                    await session.close()
+                await asyncio.sleep(self.retry_s)
+                continue
             self.opens += 1
             self.open_error = ""
             self.started.set()
-            flusher = asyncio.get_running_loop().create_task(self._flush_loop(session))
-            try:
-                while not self._stop.is_set():
-                    step = self.plan(session)
-                    if step is None:
-                        self.finished = True
-                        break
-                    load, workload, segment = step
-                    outcome = await session.phase(load, workload, segment)
-                    self.chunks += 1
-                    res = list(getattr(outcome, "results", []) or [])
-                    self.requests += len(res)
-                    self.errors += sum(1 for r in res if getattr(r, "error", None))
-            finally:
-                flusher.cancel()
+            return session
+        return None
 
     async def _flush_loop(self, session: Any) -> None:
         """Write finished requests' spans every ``flush_s`` (on the probe's loop, between requests)."""

@@ -50,8 +50,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.probe_rate < 0 or args.window <= 0 or args.refresh <= 0 or args.probe_timeout <= 0:
         raise UsageError("--probe-rate must be >= 0, --window, --refresh and --probe-timeout > 0")
+    from collectors.probe.client import split_url
     from diag.slo import slo_option
 
+    try:
+        split_url(args.url)  # a URL that can never answer is refused here, not retried on screen
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     slo = slo_option(args.slo)
     out = args.output or f"ttft-watch-{time.strftime('%Y%m%d-%H%M%S')}"
     from collectors.live import LiveCollection
