@@ -32,6 +32,9 @@ from collectors.live import LiveCollection
 from collectors.live_probe import ProbePlan, steady_plan
 from tui.app import TTFTApp
 from tui.sources import LiveSource
+from tui.widgets import StatusBar
+
+from test_tui_app import panel_text  # the panel's text as Rich renders it (tests/tui is on the path)
 
 pytestmark = pytest.mark.slow
 
@@ -175,6 +178,8 @@ def test_server_killed_turns_the_verdict_and_says_so(tmp_path: Path) -> None:
             took = await kill_until_down(app, pilot, server)
             print(f"server killed -> verdict turned in {took:.1f} s")
             assert "not answering" in (app.last_vm.window_label or "")
+            status = panel_text(app, StatusBar)  # the header says it, in red, with the refused kind
+            assert "✖ server not answering since" in status and "connect_refused" in status, status
             await until(pilot, frames_go_on(app), 10, "more frames")
 
         run_app(source, script)
