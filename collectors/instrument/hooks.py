@@ -20,8 +20,7 @@ import importlib.machinery
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -38,6 +37,7 @@ class HookStats:
         self.errors: dict[str, int] = {}
         self.first_error: dict[str, str] = {}
         self.patched: list[str] = []
+        self._guards: dict[str, _Guard] = {}
 
     @property
     def total_errors(self) -> int:
@@ -51,18 +51,42 @@ class HookStats:
                 self.first_error[hook] = f"{type(exc).__name__}: {exc}"[:300]
                 log.debug("ttft instrument: hook %s failed: %s", hook, exc)
 
-    @contextmanager
-    def guard(self, hook: str) -> Iterator[None]:
-        """Run a hook body; an exception inside is swallowed and counted, never raised."""
-        try:
-            yield
-        except Exception as exc:  # a hook must never break the engine
-            self.count(hook, exc)
+    def guard(self, hook: str) -> _Guard:
+        """``with stats.guard(name):`` runs a hook body; an exception inside is swallowed and counted.
+
+        The guard for a name is made once and reused (no generator per call: hooks on the
+        per-token path enter one for every token); it holds no state, so any thread may use it.
+        """
+        g = self._guards.get(hook)
+        if g is None:
+            g = self._guards.setdefault(hook, _Guard(self, hook))
+        return g
 
     def as_meta(self) -> dict[str, Any]:
         with self._lock:
             return {"hook_errors": dict(self.errors), "hook_errors_total": sum(self.errors.values()),
                     "hook_first_error": dict(self.first_error), "patched": list(self.patched)}
+
+
+class _Guard:
+    """A reusable context manager: swallows and counts an ``Exception`` raised in its block."""
+
+    __slots__ = ("_stats", "_hook")
+
+    def __init__(self, stats: HookStats, hook: str) -> None:
+        self._stats = stats
+        self._hook = hook
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is None:
+            return False
+        if not issubclass(exc_type, Exception):
+            return False  # KeyboardInterrupt, SystemExit: not ours to swallow
+        self._stats.count(self._hook, exc)  # a hook must never break the engine
+        return True
 
 
 def wrap_method(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],

@@ -9,8 +9,9 @@ CB generation thread unless said otherwise:
 - ``ContinuousBatchProcessor._generation_step``: the step (forward + logits processing +
   sampling + device sync). The first step that holds a request ends its ``queue`` and starts
   its ``prefill``; the step whose ``has_new_token`` is the request's first token ends its
-  prefill at the model's forward end (torch forward hook; the step end when the hook did not
-  run, e.g. CUDA-graph replay - then ``sample`` is noted unmeasured).
+  prefill at the model's forward end (a torch forward hook registered on the model for that
+  step only, removed after it: decode-only steps run no hook of ours; the step end when the
+  hook did not run, e.g. CUDA-graph replay - then ``sample`` is noted unmeasured).
 - ``ContinuousBatchProcessor.update_batch``: the first token id is in the request state and
   handed to the output router: ``sample`` ends. One ``ttft.engine.step`` span per step.
 - ``ContinuousBatchingManager._create_batch_processor`` and (event loop)
@@ -84,25 +85,42 @@ def patch_continuous_api(p: Any, mod: ModuleType) -> None:
                         batch = [(fs.state.request_id, bool(fs.has_new_token), int(fs.query_length),
                                   fs.state.generated_len() == 0)
                                  for fs in bp.inputs_and_outputs.requests_in_batch]
-                        rq.THREAD.cb_batch = (t0, batch)
+                        first_token = any(new and pre for _rid, new, _q, pre in batch)
+                        rq.THREAD.cb_batch = (t0, batch, first_token)
             return ok
         return prepare_next_batch
 
+    def note_forward_end(_module: Any, _args: Any, _output: Any) -> None:
+        rq.THREAD.forward_end_ns = time.time_ns()
+        return None
+
     def make_step(orig: Any) -> Any:
         def _generation_step(bp: Any, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.time_ns()
+            noted = getattr(rq.THREAD, "cb_batch", None)
+            handle = None
             rq.THREAD.forward_end_ns = None
-            result = orig(bp, *args, **kwargs)
+            if noted is not None and noted[2]:  # a first token comes out of this step: time its forward
+                with stats.guard("forward_hook"):
+                    model = args[0] if args else kwargs["model"]
+                    handle = model.register_forward_hook(note_forward_end)
+            t0 = time.time_ns()
+            try:
+                result = orig(bp, *args, **kwargs)
+            finally:
+                if handle is not None:
+                    with stats.guard("forward_hook"):
+                        handle.remove()
             t1 = time.time_ns()
             with stats.guard("generation_step"):
-                noted = getattr(rq.THREAD, "cb_batch", None)
                 if noted is not None:
                     fwd_end = getattr(rq.THREAD, "forward_end_ns", None)
-                    if fwd_end is None:
+                    if fwd_end is None and noted[2]:
                         p.inst.note_unmeasured(stages.SAMPLE, "continuous batching: the model's forward hook did "
                                                               "not run (CUDA graph / compiled step); prefill ends at the step end")
                     firsts = []
                     for rid, has_new_token, _q, prefilling in noted[1]:
+                        if not prefilling:
+                            continue  # decoding: its queue and prefill are recorded already
                         req = rq.BY_REQUEST_ID.get(rid)
                         if req is None or req.trace is None:
                             continue

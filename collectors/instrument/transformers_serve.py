@@ -12,12 +12,14 @@ request span, join     ``server.build_server``: our ASGI middleware outermost;  
 tokenize               ``tokenization_utils_base.PreTrainedTokenizerBase           event loop
                        .apply_chat_template`` / ``__call__``,
                        ``processing_utils.ProcessorMixin.apply_chat_template``
-queue                  tokenize end -> first forward over the request (plain: the  generation
-                       model's forward pre-hook after ``DirectStreamer.put`` got
-                       the prompt; CB: start of the ``_generation_step`` whose
-                       batch holds it, see :mod:`.transformers_cb`)
+queue                  tokenize end -> first forward over the request (plain:     generation
+                       entry of ``generation.utils.GenerationMixin._prefill``
+                       after ``DirectStreamer.put`` got the prompt; CB: start of
+                       the ``_generation_step`` whose batch holds it, see
+                       :mod:`.transformers_cb`)
 prefill                first forward start -> end of the forward that produced    generation
-                       the first token (torch forward hook on the loaded model)
+                       the first token (plain: ``_prefill`` returns; CB: a torch
+                       forward hook armed for that step only)
 sample                 that forward's end -> first token id on the host (plain:   generation
                        ``DirectStreamer.put`` entry; CB: ``update_batch`` end)
 detokenize             ``utils.DirectStreamer.put`` / ``CBStreamer.put`` that     inference /
@@ -27,11 +29,15 @@ cold start (warmup)    CB only: ``CBGenerateManager.init_cb``,                  
                        ``ContinuousBatchingManager._create_batch_processor``
 =====================  =========================================================  ==============
 
-The streamer, generate-manager and forward hooks are in :mod:`.transformers_streamers`, the
+The streamer, generate-manager and prefill hooks are in :mod:`.transformers_streamers`, the
 continuous-batching step hooks in :mod:`.transformers_cb`, the per-request state in
 :mod:`.tx_request`. Token times (the server TTFT end) are the ends of the streamer ``put`` calls. What a mode cannot
 measure is written to meta.json ``instrument.unmeasured``. Every hook body runs under
 ``HookStats.guard`` (exceptions swallowed and counted) and calls the original exactly once.
+
+Overhead (``benchmarks/instrument_overhead.py``): per decode step only the streamer ``put``
+wrapper runs (plain) or the CB step wrappers with one tuple per request in the batch; no
+torch hook stays on the model, span building and export run on the sink's own threads.
 """
 
 from __future__ import annotations
@@ -94,6 +100,7 @@ def install(inst: Instrumentation, version: str | None = None) -> bool:
     hooks.register(_SERVING + "utils", p.patch_utils)
     hooks.register("transformers.tokenization_utils_base", p.patch_tokenizer_base)
     hooks.register("transformers.processing_utils", p.patch_processor)
+    hooks.register("transformers.generation.utils", p.patch_generation)
     hooks.register("transformers.generation.continuous_batching.continuous_api",
                    lambda m: transformers_cb.patch_continuous_api(p, m))
     hooks.install()
@@ -185,7 +192,7 @@ class _Patches:
     def patch_processor(self, mod: ModuleType) -> None:
         self.wrap(mod.ProcessorMixin, "apply_chat_template", self._make_tokenize)
 
-    # -- model_manager.py: model load = cold start; forward hooks on the loaded model ------------
+    # -- model_manager.py: model load = cold start ------------------------------------------------
 
     def patch_model_manager(self, mod: ModuleType) -> None:
         self.activate()
@@ -201,16 +208,15 @@ class _Patches:
                     loaded = set(getattr(manager, "loaded_models", {}) or {}) - before
                     if loaded and patches.sink is not None:
                         patches.sink.record_cold_start(t0, t1, "load", {stages.GEN_AI_REQUEST_MODEL: str(model_id)})
-                    patches.hook_forward(result[0])
                 return result
             return load_model_and_processor
 
         self.wrap(mod.ModelManager, "load_model_and_processor", make)
 
-    def hook_forward(self, model: Any) -> None:
+    def patch_generation(self, mod: ModuleType) -> None:
         from collectors.instrument import transformers_streamers
 
-        transformers_streamers.hook_forward(self, model)
+        transformers_streamers.patch_generation(self, mod)
 
     def patch_utils(self, mod: ModuleType) -> None:
         self.activate()

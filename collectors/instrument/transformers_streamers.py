@@ -12,11 +12,10 @@ Hooks (transformers 5.24.0, ``transformers/cli/serving/utils.py``):
 - ``CBStreamer.put`` (continuous batching, event loop): ``detokenize`` and token times.
 - ``GenerateManager`` / ``CBGenerateManager`` ``.generate_streaming`` (event loop): input token
   count; the request is registered by id before ``add_request`` so the CB loop finds it.
-- :func:`hook_forward`: ``register_forward_pre_hook`` / ``register_forward_hook`` on the loaded
-  top-level model (``transformers`` ``PreTrainedModel``, a torch ``nn.Module``); they run on the
-  generation thread: plain mode's ``queue`` end / ``prefill`` start and end, CB's forward end.
-  Under ``--compile`` or CUDA graphs the hooks may not run; a stage they did not time is then
-  missing from the spans, never guessed.
+- :func:`patch_generation` (``transformers/generation/utils.py``): ``GenerationMixin._prefill``,
+  the generation loop's prefill boundary (inference thread): plain mode's ``queue`` end and
+  ``prefill`` start and end. No hook runs on the per-token decode forwards (a torch hook on the
+  top-level model ran on every one of them): per step, only the streamer ``put`` is ours.
 """
 
 from __future__ import annotations
@@ -31,36 +30,48 @@ _PLAIN_WARMUP_NOTE = ("plain mode has no warm-up phase: the first request pays l
                       "its own stages (--continuous-batching records init_cb and the KV-cache allocation)")
 
 
-def hook_forward(p: Any, model: Any) -> None:
-    """torch forward (pre-)hooks on the top-level model; they run on the generation thread."""
-    if getattr(model, "_ttft_hooked", False) or not hasattr(model, "register_forward_hook"):
-        return
+def patch_generation(p: Any, mod: ModuleType) -> None:
+    """``generation.utils.GenerationMixin._prefill`` (plain mode, inference thread): queue, prefill.
+
+    ``_prefill`` is the generation loop's own prefill boundary (transformers 5.24.0,
+    ``generation/utils.py``: ``_sample`` and the beam search call it once per ``generate``; it
+    runs the forward over the prompt, all chunks of a chunked prefill, and returns its output).
+    Its entry ends the request's ``queue`` and starts ``prefill``; its return ends ``prefill``
+    and starts ``sample``. Nothing of ours runs on the decode steps after it: the one-shot
+    forward pre-hook armed here (only for a stop check deferred past the next forward, as on
+    MPS) is removed by the first ``put`` of a token.
+    """
     stats = p.stats
+
+    def make(orig: Any) -> Any:
+        def _prefill(model: Any, *args: Any, **kwargs: Any) -> Any:
+            req = getattr(rq.THREAD, "req", None)
+            if req is None or req.prefill_start_ns is not None:
+                return orig(model, *args, **kwargs)
+            with stats.guard("prefill_start"):
+                req.first_forward(time.time_ns())
+            result = orig(model, *args, **kwargs)
+            t1 = time.time_ns()
+            with stats.guard("prefill_end"):
+                req.prefill_done(t1)
+                _arm_deferred_sample(stats, model, req)
+            return result
+        return _prefill
+
+    p.wrap(mod.GenerationMixin, "_prefill", make)
+
+
+def _arm_deferred_sample(stats: Any, model: Any, req: rq.ServeRequest) -> None:
+    """A forward pre-hook that ends ``sample`` if the next forward starts before ``put`` does."""
+    if not hasattr(model, "register_forward_pre_hook"):
+        return
 
     def pre(_module: Any, _args: Any) -> None:
         with stats.guard("forward_pre"):
-            t = time.time_ns()
-            rq.THREAD.forward_start_ns = t
-            req = getattr(rq.THREAD, "req", None)
-            if req is not None:
-                if req.prefill_start_ns is None:
-                    req.first_forward(t)
-                elif req.prefill_end_ns is not None and req.sample_end_ns is None:
-                    req.sampled(t)  # deferred stop check: the next forward starts before put()
+            req.sampled(time.time_ns())  # deferred stop check: the next forward starts before put()
         return None
 
-    def post(_module: Any, _args: Any, _output: Any) -> None:
-        with stats.guard("forward_post"):
-            t = time.time_ns()
-            rq.THREAD.forward_end_ns = t
-            req = getattr(rq.THREAD, "req", None)
-            if req is not None and req.prefill_end_ns is None:
-                req.prefill_done(t)
-        return None
-
-    model.register_forward_pre_hook(pre)
-    model.register_forward_hook(post)
-    model._ttft_hooked = True
+    req.sample_hook = model.register_forward_pre_hook(pre)
 
 
 def patch_utils(p: Any, mod: ModuleType) -> None:
@@ -92,16 +103,20 @@ def patch_utils(p: Any, mod: ModuleType) -> None:
             finally:
                 t1 = time.time_ns()
                 with stats.guard("put"):
-                    if req.prefill_end_ns is not None and req.sample_end_ns is None:
+                    if req.sample_end_ns is None and req.prefill_end_ns is not None:
                         req.sampled(t0)
+                        req.disarm()
                     req.tokens_out(t0, t1, streamer.total_tokens - before)
         return put
 
     def make_end(orig: Any) -> Any:
         def end(streamer: Any) -> Any:
             with stats.guard("streamer_end"):
-                if getattr(rq.THREAD, "req", None) is getattr(streamer, "_ttft_req", False):
-                    rq.THREAD.req = None
+                req = getattr(streamer, "_ttft_req", None)
+                if req is not None:
+                    req.disarm()
+                    if getattr(rq.THREAD, "req", None) is req:
+                        rq.THREAD.req = None
             return orig(streamer)
         return end
 

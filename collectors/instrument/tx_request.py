@@ -48,6 +48,7 @@ class ServeRequest:
         self.prefill_end_ns: int | None = None  # the forward that produced its first token ends
         self.sample_start_ns: int | None = None
         self.sample_end_ns: int | None = None  # first token id known on the host
+        self.sample_hook: Any = None  # plain mode: a torch hook handle armed after prefill, or None
         self.first_token_ns: int | None = None
         self.last_token_ns: int | None = None
         self.output_tokens = 0
@@ -112,6 +113,12 @@ class ServeRequest:
         if self.sample_end_ns is None and self.sample_start_ns is not None:
             self.sample_end_ns = end_ns
             self.trace.record_stage(stages.SAMPLE, self.sample_start_ns, end_ns)
+
+    def disarm(self) -> None:
+        """Remove the one-shot forward pre-hook armed after prefill (generation thread)."""
+        hook, self.sample_hook = self.sample_hook, None
+        if hook is not None:
+            hook.remove()
 
     def tokens_out(self, start_ns: int, end_ns: int, n: int) -> None:
         """The streamer decoded ``n`` new tokens and queued their text (start..end of that call)."""
