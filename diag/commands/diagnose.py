@@ -5,8 +5,9 @@ ones showed, stopping once the verdict is confident or the budget is spent. Prin
 why, the goodput within ``--slo``, and the verdict as ``ttft analyze`` gives it; writes one
 capture that ``ttft analyze``, ``ttft report`` and ``ttft view`` read.
 
-Exit codes: 0 when it ran, 130 when interrupted (the capture is still valid and diagnosed),
-2 on usage errors or an unreachable server (one line on stderr).
+Exit codes (:mod:`diag.exit_codes`): 0 when it ran, 130 when interrupted (the capture is still
+valid and diagnosed), 2 on usage errors, an unreachable server or nothing to judge (one line on
+stderr). ``--slo`` is no gate here: the ramp crosses it on purpose (gate with ``ttft analyze``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "between. Each step is chosen from the previous ones, with the reason printed. Stops when the verdict "
         "is confident or --budget is spent. Bounded concurrency and request count; stops on error bursts; "
         "Ctrl-C leaves a valid capture.",
+        epilog="exit codes: 0 ok (--slo sets where the ramp stops and what goodput counts: the ramp crosses it on "
+        "purpose, so a broken SLO is no gate here; gate with `ttft analyze CAPTURE --slo ...`); 2 bad input, an "
+        "unreachable server or nothing to judge (verdict no_data); 130 interrupted (the capture is still valid)",
     )
     p.add_argument("url", metavar="URL", help="server base URL (http://HOST:PORT) or the full endpoint URL")
     p.add_argument("--model", metavar="NAME", help="model name (default: the first of GET /v1/models)")
@@ -116,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from collectors.probe.client import split_url
+    from diag.exit_codes import BAD_INPUT, INTERRUPTED, OK
     from diag.diagnose import DiagnoseConfig, PlanConfig, format_result, run_diagnose
     from diag.report.text import format_analysis
     from diag.slo import slo_option
@@ -155,4 +160,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(format_result(res, format_analysis(res.analysis) if res.analysis is not None else None))
-    return 130 if res.interrupted else 0
+    if res.interrupted:
+        return INTERRUPTED
+    if res.analysis is None or res.analysis.diagnosis is None or res.analysis.diagnosis.verdict.category == "no_data":
+        print("ttft diagnose: nothing to judge: no request was answered", file=sys.stderr)
+        return BAD_INPUT
+    return OK

@@ -79,7 +79,9 @@ class DiagnoseResult:
         cat, conf = verdict_of(self.analysis)
         out["verdict"] = None if cat is None else {"category": cat, "confidence": conf}
         if with_analysis and self.analysis is not None:
-            out["analysis"] = self.analysis.to_dict()
+            from diag.report.jsondoc import analysis_document
+
+            out["analysis"] = analysis_document(self.analysis)  # exactly `ttft analyze --json`
         return json_safe(out)
 
 
