@@ -22,7 +22,9 @@ is taken on a distribution-free 95 % interval of the median per-pair cost (sign 
 budget" only when the whole interval lies under 1 %, "OVER BUDGET" only when it lies above,
 else "undecided" (the box was too noisy to tell), never a pass on a median alone. Run:
 ``python benchmarks/instrument_overhead.py [--rounds 40] [--requests 12] [--concurrency 2]
-[--torch-threads 1] [--hidden-size 64] [--layers 2] [--continuous-batching]``.
+[--torch-threads 1] [--hidden-size 64] [--layers 2] [--continuous-batching] [--profile]``.
+``--profile`` also py-spies the instrumented server and prints the share of its busy samples
+in ttft-diag's own frames: the hooks' direct cost, which a noisy box hardly moves.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -103,6 +107,59 @@ def spread(values: list[float]) -> str:
             f"max {max(values):.4f}, n={len(values)})")
 
 
+#: py-spy frames by owner: a busy sample is ours when, from its leaf up, the first frame with an owner is ours
+_OURS = ("collectors/", "diag/", "opentelemetry/")
+_ENGINE = ("transformers/", "torch/", "tokenizers", "uvicorn/", "starlette/", "anyio/", "asyncio/", "fastapi/", "h11/")
+_IDLE = ("Condition.wait", "Event.wait", "_wait_for_tstate_lock", "select ", "poll ")
+
+
+def own_share(raw_path: Path) -> tuple[int, int, dict[str, int]]:
+    """(busy samples, samples whose innermost owned frame is ours, ours by function) from ``py-spy -f raw``.
+
+    Idle waits are not busy. Standard-library frames count for whoever called them (our guard's
+    ``contextlib``, the exporter's ``json``), so this is the self time of the hooks, the span
+    build and the export, not of the engine code they wrap.
+    """
+    busy, ours, by_fn = 0, 0, {}
+    for line in raw_path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not count.isdigit() or len(frames) < 2 or frames[-1].startswith(_IDLE):
+            continue
+        n = int(count)
+        busy += n
+        for frame in reversed(frames[1:]):
+            where = frame[frame.find("(") + 1:]
+            if any(o in where for o in _OURS):
+                ours += n
+                fn = frame.split(" (")[0]
+                by_fn[fn] = by_fn.get(fn, 0) + n
+                break
+            if any(e in where for e in _ENGINE):
+                break
+    return busy, ours, by_fn
+
+
+def start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """``py-spy record`` (raw, 100 Hz, non-blocking) on ``pid``; None when py-spy is not installed."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        print("--profile: py-spy not found; no profile", file=sys.stderr)
+        return None
+    return subprocess.Popen([exe, "record", "-p", str(pid), "-r", "100", "-f", "raw", "-o", str(out),
+                             "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def server_pid(srv: TransformersServe) -> int:
+    """The Python process serving (``ttft instrument`` runs ``transformers serve`` as its child)."""
+    assert srv.proc is not None
+    try:
+        kids = Path(f"/proc/{srv.proc.pid}/task/{srv.proc.pid}/children").read_text().split()
+    except OSError:
+        kids = []
+    return int(kids[0]) if kids else srv.proc.pid
+
+
 def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
     """Distribution-free confidence interval of the median: order statistics (sign test).
 
@@ -155,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of both servers (default 1)")
     ap.add_argument("--hidden-size", type=int, default=64, help="the random Llama's hidden size (default 64)")
     ap.add_argument("--layers", type=int, default=2, help="the random Llama's layers (default 2)")
+    ap.add_argument("--profile", action="store_true",
+                    help="py-spy the instrumented server during the timed rounds: the share of its busy samples "
+                         "spent in ttft-diag's own frames (a figure the neighbours' noise moves little; py-spy's "
+                         "own CPU then weighs on the wall-clock ratios: judge those from a run without it)")
     args = ap.parse_args(argv)
     if min(args.rounds, args.requests, args.concurrency, args.torch_threads) < 1:
         ap.error("--rounds, --requests, --concurrency and --torch-threads must be >= 1")
@@ -172,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             for side, srv in servers.items():
                 one_round(srv.url, args.warmup_requests, args.concurrency, 0, args.input_tokens, args.output_tokens)
             results: dict[str, list[tuple[float, float, float]]] = {"off": [], "on": []}
+            spy = start_py_spy(server_pid(instrumented), tmp / "py-spy.txt") if args.profile else None
             t0 = time.monotonic()
             for i, side in enumerate(abba(args.rounds)):
                 srv = servers[side]
@@ -184,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {i + 1:>2} {side:<3} throughput {tput:8.1f} tok/s  TTFT p50 {ttft * 1e3:7.2f} ms  "
                       f"server CPU {cpu_ms:6.1f} ms/request", flush=True)
             elapsed_s = time.monotonic() - t0
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(30)
         finally:
             if args.continuous_batching:  # its CB loop thread does not stop on SIGINT
                 for srv in servers.values():
@@ -216,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(r[2] for r in results['off']):.1f} ms of a plain request "
               f"(compare --hidden-size/--layers: a fixed cost per request stays, a per-step one grows); "
               f"{verdict([r - 1.0 for r in cpu_ratio]).split(' (')[0]} by CPU")
+    if args.profile and (tmp / "py-spy.txt").exists():
+        busy, ours, by_fn = own_share(tmp / "py-spy.txt")
+        top = ", ".join(f"{fn} {n}" for fn, n in sorted(by_fn.items(), key=lambda kv: -kv[1])[:5])
+        print(f"py-spy of the instrumented server: {ours} of {busy} busy samples in ttft-diag's own frames "
+              f"({ours / max(busy, 1):.2%}; the hooks' direct CPU, not GIL or cache effects); top: {top}")
     if meta_path.exists():
         inst = json.loads(meta_path.read_text()).get("instrument", {})
         print(f"hooks: {len(inst.get('patched', []))} patched, {inst.get('hook_errors_total', '?')} errors swallowed; "
