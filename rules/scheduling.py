@@ -170,10 +170,15 @@ def served_in_line(ctx: RuleContext) -> tuple[bool, bool]:
     signs that requests are served one after another. Reads the ``[queue]`` thresholds from any
     rule (the network rule asks too: waiting in line is a fixed part no prompt token explains)."""
     qth = ctx.th_of("queue")
-    after = ctx.v("first_token_after_end_frac")
-    follows = (after is not None and after >= qth["bb_after_end_min"]
-               and beyond_chance(after, ctx.v("first_token_after_end_control") or 0.0,
-                                 ctx.v("first_token_after_end_n"), float(qth["bb_after_end_p_max"])))
+    n = ctx.v("first_token_after_end_n")
+    follows = False
+    # just after an end (within a window), or next after one in the order of events (a cohort's
+    # prefill can outlast the window): either, beyond chance over the waiting requests
+    for share, chance in (("first_token_after_end_frac", "first_token_after_end_control"),
+                          ("first_token_after_end_order_frac", "first_token_after_end_order_control")):
+        v = ctx.v(share)
+        follows |= (v is not None and v >= qth["bb_after_end_min"]
+                    and beyond_chance(v, ctx.v(chance) or 0.0, n, float(qth["bb_after_end_p_max"])))
     alone = ctx.v("decode_alone_frac")
     return follows, alone is not None and alone >= qth["bb_decode_alone_min"]
 
@@ -201,17 +206,25 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
     follows, solo = served_in_line(ctx)
     if not follows and not solo:
         return (f"{after:.0%} of waiting requests got their first token just after another stream ended "
-                f"(chance at this load: {control:.0%}) and {alone or 0:.0%} streamed alone: requests are not "
-                "served one after another")
+                f"(chance at this load: {control:.0%}), {ctx.v('first_token_after_end_order_frac') or 0:.0%} next "
+                f"after one in the order of events (chance "
+                f"{ctx.v('first_token_after_end_order_control') or 0:.0%}) and {alone or 0:.0%} streamed alone: "
+                "requests are not served one after another")
     t = Triage(ctx)
     t.crossed("TTFT p50 / ITL p50", steps, "bb_line_steps_min", "steps",
               "a batching server starts a new request within a step or two; these waited many steps")
     t.judged("TTFT / (requests ahead x their service time)", inline, "bb_inline_ratio_min", "x",
              f"median service time {ctx.v('service_s_p50', 0) * 1e3:.0f} ms (e2e − TTFT): TTFT is what waiting "
              "for every request ahead to finish would take", weigh=False)
+    order = ctx.v("first_token_after_end_order_frac")
+    by_order = order is not None and (after is None or order > after)
     t.judged("first token just after another stream ended", after, "bb_after_end_min", "share",
              f"first tokens come one after another, each when a stream ends (chance at this load: {control:.0%})",
-             weigh=follows)
+             weigh=follows and not by_order)
+    if by_order:
+        t.judged("first token next after a stream end (order of events)", order, "bb_after_end_min", "share",
+                 "stream ends and first tokens alternate, however long the prefill between them (several admitted "
+                 f"together); chance: {ctx.v('first_token_after_end_order_control') or 0:.0%}", weigh=follows)
     if alone is not None:
         t.judged("waiting requests that streamed alone", alone, "bb_decode_alone_min", "share",
                  "no other stream's tokens while this one streamed: one request served at a time", weigh=solo)

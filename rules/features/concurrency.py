@@ -134,6 +134,49 @@ def concurrency(ctx: FeatureContext) -> None:
         ctx.na(names[-2:], "too few requests with two or more output tokens per concurrency level")
 
 
+#: the one-level line features besides ``single_level``'s first names (left out together)
+LINE_EXTRA = ("decode_alone_frac", "first_token_after_end_n", "first_token_after_end_order_frac",
+              "first_token_after_end_order_control")
+
+
+def _clusters(t_ns: np.ndarray, merge_ns: float) -> np.ndarray:
+    """The first time of each cluster of sorted times (times within ``merge_ns`` of the one
+    before belong to its cluster)."""
+    if len(t_ns) == 0:
+        return t_ns
+    keep = np.concatenate(([True], np.diff(t_ns) > merge_ns))
+    return t_ns[keep]
+
+
+def _after_end_in_order(ends_ns: np.ndarray, firsts_ns: np.ndarray, start_ns: np.ndarray, first_ns: np.ndarray,
+                        merge_ns: float) -> tuple[float, float]:
+    """(share, chance): of the waiting requests, the share whose first token's preceding event
+    (stream ends and other streams' first tokens, each clustered within ``merge_ns``: one
+    engine step) is a stream end during their wait; and the share of end clusters among all
+    clusters, what the preceding event is by chance. Served in line, ends and first tokens
+    alternate, however long the prefill between them (a cohort's can outlast its decode)."""
+    end_c = _clusters(ends_ns, merge_ns)
+    first_c = _clusters(firsts_ns, merge_ns)
+    if len(end_c) == 0 or len(first_c) == 0:
+        return 0.0, 0.0
+    i = np.searchsorted(end_c, first_ns + merge_ns, side="right") - 1
+    last_end = np.where(i >= 0, end_c[np.clip(i, 0, None)], -np.inf)
+    j = np.searchsorted(first_c, first_ns - merge_ns, side="left") - 1  # other first tokens, not its own step's
+    last_first = np.where(j >= 0, first_c[np.clip(j, 0, None)], -np.inf)
+    hit = (last_end > start_ns) & (last_end > last_first)
+    return float(hit.mean()), float(len(end_c) / (len(end_c) + len(first_c)))
+
+
+def _end_cluster_gap_ns(ends_ns: np.ndarray, merge_ns: float) -> float:
+    """The median time between clusters of stream ends (ends within ``merge_ns`` of each other
+    are one cluster: streams that ended in the same step or two), ns; 0 with fewer than two."""
+    if len(ends_ns) < 2:
+        return 0.0
+    gaps = np.diff(ends_ns)
+    gaps = gaps[gaps > merge_ns]
+    return float(np.median(gaps)) if len(gaps) else 0.0
+
+
 def single_level(ctx: FeatureContext) -> None:
     """What one load level shows about waiting in line (runs after ``itl``: reads ITL p50).
 
@@ -144,9 +187,10 @@ def single_level(ctx: FeatureContext) -> None:
       finish, as a server that runs one request at a time makes it; far below 1 when batched.
     * ``first_token_after_end_frac`` — of the requests that waited (TTFT ≥ 5 decode steps) with
       others in flight, the share whose first token came within a window (max(3 ITL,
-      ``line_window_service_frac`` x the service time): room for its own prefill) after another
-      request ended during its wait: first tokens one after another, each when a stream ends.
-      ``first_token_after_end_control`` is the same share half a service time earlier: what
+      ``line_window_service_frac`` x the service time, half the median time between clusters of
+      stream ends): room for its own prefill, or its cohort's when several are admitted together)
+      after another request ended during its wait: first tokens one after another, each when a
+      stream ends. ``first_token_after_end_control`` is the same share one window earlier: what
       chance alone gives at this load. ``decode_alone_frac``: of those waiting requests, the share
       that streamed alone (no other stream's first-to-last-token window overlaps theirs): one
       request served at a time. ``first_token_after_end_n``: how many waiting requests those
@@ -159,7 +203,7 @@ def single_level(ctx: FeatureContext) -> None:
     st = ctx.steady
     itl_p50 = ctx.features.value("itl_p50_s")
     if len(st) == 0:
-        ctx.na(names + ("decode_alone_frac", "first_token_after_end_n"), "no completed requests")
+        ctx.na(names + LINE_EXTRA, "no completed requests")
         return
     ttft = num_col(st, "ttft_s").to_numpy()
     if itl_p50 and itl_p50 > 0:
@@ -170,18 +214,18 @@ def single_level(ctx: FeatureContext) -> None:
     service = e2e - ttft
     good_service = service[np.isfinite(service) & (service > 0)]
     if len(good_service) < int(ctx.params["min_fit_requests"]):
-        ctx.na(names[1:] + ("decode_alone_frac", "first_token_after_end_n"), "needs end-to-end times of streamed requests (e2e − TTFT)")
+        ctx.na(names[1:] + LINE_EXTRA, "needs end-to-end times of streamed requests (e2e − TTFT)")
         return
     svc = float(np.median(good_service))
     ctx.add("service_s_p50", svc)
     ahead = ctx.inflight_at.reindex(st.index).to_numpy(dtype="float64") - 1.0
     lined = np.isfinite(ahead) & (ahead >= 1) & np.isfinite(ttft)
     if lined.sum() < int(ctx.params["min_fit_requests"]):
-        ctx.na(names[1:4] + ("decode_alone_frac", "first_token_after_end_n"), "too few requests arrived with others in flight (a single stream at a time)")
+        ctx.na(names[1:4] + LINE_EXTRA, "too few requests arrived with others in flight (a single stream at a time)")
         return
     ctx.add("ttft_inline_ratio", float(np.median(ttft[lined]) / max(np.median(ahead[lined]) * svc, 1e-9)))
     if not itl_p50:
-        ctx.na(names[2:4] + ("decode_alone_frac", "first_token_after_end_n"), "needs ITL to tell a waiting request from a prompt one")
+        ctx.na(names[2:4] + LINE_EXTRA, "needs ITL to tell a waiting request from a prompt one")
         return
     req = ctx.req_all
     start_all = num_col(req, "start_ns").to_numpy()
@@ -193,11 +237,16 @@ def single_level(ctx: FeatureContext) -> None:
     waited = lined & (ttft >= 5.0 * itl_p50) & np.isfinite(start)
     if waited.sum() < int(ctx.params["min_fit_requests"]):  # nobody waited: nothing follows a stream end
         why = f"only {int(waited.sum())} request(s) waited 5 decode steps or more"
-        for name in ("first_token_after_end_frac", "first_token_after_end_control", "decode_alone_frac"):
+        for name in ("first_token_after_end_frac", "first_token_after_end_control", "decode_alone_frac",
+                     "first_token_after_end_order_frac", "first_token_after_end_order_control"):
             ctx.add(name, 0.0, source=why)
         ctx.add("first_token_after_end_n", int(waited.sum()), source=why)
         return
     window_ns = max(3.0 * itl_p50, float(ctx.params["line_window_service_frac"]) * svc) * NS
+    # requests admitted together (a cohort: a KV or batch cap above one) get their first tokens
+    # a whole cohort's prefill after the ends that freed them: the window grows to half the time
+    # between clusters of ends, and the control looks one window earlier, so the two never overlap
+    window_ns = max(window_ns, 0.5 * _end_cluster_gap_ns(ends, itl_p50 * NS))
 
     def share_after_end(at: np.ndarray) -> float:
         # the last end at or before ``at`` (strictly after the request's own start)
@@ -208,7 +257,7 @@ def single_level(ctx: FeatureContext) -> None:
 
     ctx.add("first_token_after_end_n", int(waited.sum()))
     ctx.add("first_token_after_end_frac", share_after_end(first[waited]))
-    ctx.add("first_token_after_end_control", share_after_end(first[waited] - 0.5 * svc * NS))
+    ctx.add("first_token_after_end_control", share_after_end(first[waited] - window_ns))
     # streams that decode alone: no other stream's tokens between this one's first and last token
     ttft_all = num_col(req, "ttft_s").to_numpy()
     ok_dec = ok_end & np.isfinite(ttft_all)
@@ -218,3 +267,6 @@ def single_level(ctx: FeatureContext) -> None:
     lo, hi = first[waited] + eps, (start + e2e * NS)[waited] - eps
     others = np.searchsorted(ft_all, hi, side="left") - np.searchsorted(end_all, lo, side="right")
     ctx.add("decode_alone_frac", float(np.mean(others <= 1)))  # itself only
+    frac, chance = _after_end_in_order(ends, ft_all, start[waited], first[waited], eps)
+    ctx.add("first_token_after_end_order_frac", frac)
+    ctx.add("first_token_after_end_order_control", chance)

@@ -245,3 +245,12 @@ def test_inconclusive_alone_asks_for_a_prompt_sweep_first(tmp_path: Path) -> Non
     d = _diag(tmp_path, eng, [Phase("steady", 12, prompts, 4, conc=1)], seed=2)
     assert d.verdict.category == INCONCLUSIVE, format_diagnosis(d)  # the simulator is seeded: the same noise each run
     assert "--sweep prompt" in d.verdict.next_checks[0], d.verdict.next_checks
+
+
+def test_one_level_cohorts_admitted_together_are_still_a_line(tmp_path: Path) -> None:
+    """A cap of 3 with 12 in flight and long prompts: each cohort's first tokens come a whole
+    cohort's prefill after the ends that freed it (seed 731942 draw 49: 125 ms after, against a
+    90 ms window), still first tokens that follow stream ends: queue, not inconclusive."""
+    eng = Engine(max_running=3, prefill_s_per_token=0.12 * MS, prefill_base_s=2 * MS)
+    d = _diag(tmp_path, eng, [Phase("concurrency=12", 48, 360, 32, conc=12)])
+    assert d.verdict.category == "queue", format_diagnosis(d)
