@@ -141,15 +141,28 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     p50 = ctx.v("ttft_p50_s")
     if not itl or not p50:
         return "needs ITL and TTFT to judge a fixed latency"
+    slope = ctx.v("ttft_prompt_slope_ms_per_token")
+    r2 = ctx.v("ttft_prompt_r2")
+    pth = ctx.th_of("prefill_compute")
+    mean_s = ctx.v("ttft_mean_s")
+    if r2 is not None and slope is not None and mean_s and r2 < float(pth["r2_contradicts_max"]) \
+            and abs(mean_s - intercept_s) < float(pth["explained_frac_min"]) * mean_s:
+        # prompts vary and TTFT ignores them: the slope, of either sign, moves TTFT by less than
+        # half over these prompts (|mean - intercept| = |slope| x mean prompt): all of TTFT is the
+        # fixed part, up to the median itself
+        intercept_s = min(intercept_s, p50)
+        slope = max(slope, 0.0)
     steps = intercept_s / itl
     share = intercept_s / p50
-    slope = ctx.v("ttft_prompt_slope_ms_per_token")
     if (slope is not None and slope < 0) or share > 1.05:
         # TTFT falling with the prompt, or an intercept above TTFT itself: the fit over this prompt
         # range is noise, and its intercept is an extrapolation, not a latency
         return (f"the TTFT-vs-prompt fit has no meaningful fixed part (intercept {intercept_s * 1e3:.1f} ms = "
                 f"{share:.0%} of TTFT p50, slope {slope if slope is not None else float('nan'):.3g} ms/token)")
-    if any(served_in_line(ctx)) and (ctx.v("inflight_at_arrival_p50") or 1) > 1:
+    qth = ctx.th_of("queue")
+    inline = ctx.v("ttft_inline_ratio")
+    line_explains = inline is not None and qth["bb_inline_ratio_min"] <= inline <= qth["bb_inline_ratio_max"]
+    if any(served_in_line(ctx)) and line_explains and (ctx.v("inflight_at_arrival_p50") or 1) > 1:
         # waiting in line is also a fixed part no prompt token explains: it is the queue's (see queue)
         return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is waiting in line: requests are served one "
                 "after another (see queue)")
