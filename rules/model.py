@@ -14,7 +14,12 @@ from diag.units import json_safe
 #: Bottleneck categories, in the article's order plus the extras.
 CATEGORIES: tuple[str, ...] = (
     "queue", "tokenize", "prefill_compute", "kv_cache", "comm", "decode", "interference",
-    "cold_start", "network", "loadgen", "healthy",
+    "cold_start", "network", "loadgen",
+    # from real incidents (issue 15): a prefix cache that does not hit, admission order that
+    # leaves capacity idle, a front end saturated outside the engine, KV admitted by worst-case
+    # reservation, pipeline-parallel bubbles
+    "prefix_cache", "head_of_line", "frontend", "kv_reservation", "pipeline_bubble",
+    "healthy",
 )
 #: The verdict's category when there is nothing to judge (no completed request).
 NO_DATA = "no_data"
@@ -28,7 +33,9 @@ FAILURES = "failures"
 #: Verdict categories that are not bottleneck categories (no_data, inconclusive, failures).
 OUTCOMES: tuple[str, ...] = (NO_DATA, INCONCLUSIVE, FAILURES)
 #: Categories whose findings explain TTFT time (the others explain ITL or start-up).
-TTFT_CATEGORIES: frozenset[str] = frozenset({"queue", "tokenize", "prefill_compute", "kv_cache", "comm", "network"})
+TTFT_CATEGORIES: frozenset[str] = frozenset({"queue", "tokenize", "prefill_compute", "kv_cache", "comm", "network",
+                                                 "prefix_cache", "head_of_line", "frontend", "kv_reservation",
+                                                 "pipeline_bubble"})
 ITL_CATEGORIES: frozenset[str] = frozenset({"decode", "interference"})
 
 
