@@ -49,7 +49,7 @@ HOUSE: tuple[Room, ...] = (
     Room(2, "collectors", ("collectors", "collectors.*")),
     Room(2, "rules", ("rules", "rules.*")),
     Room(2, "engine", ("diag.engine", "diag.engine.*")),
-    Room(3, "upper", ("diag.analysis", "diag.report", "diag.report.*", "diag.scenarios", "diag.scenarios.*",
+    Room(3, "upper", ("diag.analysis", "diag.fleet", "diag.report", "diag.report.*", "diag.scenarios", "diag.scenarios.*",
                       "diag.diagnose", "diag.diagnose.*")),
     Room(3, "tui", ("tui", "tui.*")),
     Room(4, "roof", ("diag.cli", "diag.__main__", "diag.commands", "diag.commands.*")),

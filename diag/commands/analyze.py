@@ -24,11 +24,24 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Load one or more captures (client and server captures are joined by trace id), "
         "print the per-stage TTFT decomposition and the rule engine's verdict. Exit code 1 when an SLO is broken.",
     )
-    p.add_argument("captures", nargs="+", metavar="CAPTURE", help="capture directory (or a spans .jsonl file)")
+    p.add_argument("captures", nargs="*", metavar="CAPTURE", help="capture directory (or a spans .jsonl file)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--rules", metavar="FILE", help="TOML file overriding rule thresholds")
     p.add_argument("--slo", metavar="SPEC", help="SLOs to gate on, each with a unit (ms, s, us), "
                    "e.g. ttft_p99=2s,tpot_p99=100ms")
+    fleet = p.add_argument_group("fleet (one verdict per replica)")
+    fleet.add_argument("--by", metavar="LABEL", help="judge each replica of the engine series on its own (the series' "
+                       "replica label, e.g. instance), then the fleet, and name the hot replica")
+    fleet.add_argument("--from-prometheus", metavar="URL", help="read the engines' series from a Prometheus server "
+                       "(or Thanos/Mimir) instead of captures; implies --by instance unless --by is given")
+    fleet.add_argument("--duration", type=float, default=300.0, metavar="S",
+                       help="with --from-prometheus: the last S seconds (default 300)")
+    fleet.add_argument("--window", default="30s", metavar="PROMQL_DURATION",
+                       help="with --from-prometheus: PromQL rate window, e.g. 30s (default 30s)")
+    fleet.add_argument("--step", type=float, default=5.0, metavar="S",
+                       help="with --from-prometheus: seconds between points read (default 5)")
+    fleet.add_argument("-o", "--output", metavar="CAPTURE",
+                       help="with --from-prometheus: also keep the series read as a capture (default: not kept)")
     return p
 
 
@@ -36,6 +49,12 @@ def run(args: argparse.Namespace) -> int:
     from diag.slo import slo_option
 
     slo = slo_option(args.slo)
+    if args.from_prometheus or args.by:
+        return run_fleet(args, slo)
+    if not args.captures:
+        from diag.cli import UsageError
+
+        raise UsageError("give a CAPTURE (or --from-prometheus URL)")
     analysis = analyze_paths(args.captures, rules_file=args.rules, slo=slo)
     if args.json:
         from diag.report.jsondoc import analysis_document
@@ -45,6 +64,50 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_analysis(analysis))
     return verdict_exit_code(analysis, slo, "analyze")
+
+
+def run_fleet(args: argparse.Namespace, slo: Mapping[str, float] | None) -> int:
+    """``--by LABEL`` / ``--from-prometheus URL``: per-replica verdicts; exit codes as for one capture,
+    taken on the fleet's analysis (2 when no replica has series, 1 when the fleet breaks an SLO)."""
+    import tempfile
+
+    from diag.capture import CaptureError
+    from diag.cli import UsageError
+    from diag.fleet import analyze_fleet
+    from diag.report.fleet import fleet_document, format_fleet
+
+    by = args.by or "instance"
+    with tempfile.TemporaryDirectory(prefix="ttft-fleet-") as tmp:
+        paths = list(args.captures)
+        if args.from_prometheus:
+            if paths:
+                raise UsageError("give captures or --from-prometheus URL, not both")
+            paths = [read_prometheus(args, by, args.output or f"{tmp}/fleet")]
+        try:
+            fleet = analyze_fleet(paths, by=by, rules_file=args.rules, slo=dict(slo) if slo else None)
+        except CaptureError as exc:
+            raise UsageError(str(exc)) from None
+    if args.json:
+        json.dump(fleet_document(fleet), sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        print(format_fleet(fleet))
+    return verdict_exit_code(fleet.fleet, slo, "analyze")
+
+
+def read_prometheus(args: argparse.Namespace, by: str, out: str) -> str:
+    """The last ``--duration`` seconds of every replica's engine series from ``--from-prometheus``,
+    written as a series-only capture at ``out``; returns ``out``."""
+    from diag.cli import UsageError
+    from diag.commands.scrape import read_api_capture
+
+    if args.duration <= 0 or args.step <= 0:
+        raise UsageError("--duration and --step must be > 0")
+    _, reader = read_api_capture(args.from_prometheus, out, args.duration, args.step, args.window, by=by,
+                                 command="analyze --from-prometheus")
+    for err in reader.errors[:5]:
+        print(f"ttft analyze: warning: query failed: {err}", file=sys.stderr)
+    return out
 
 
 def verdict_exit_code(analysis: Analysis, slo: Mapping[str, float] | None, command: str) -> int:

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from collectors import prometheus_adapters as pa
 from collectors.prometheus import (
@@ -21,6 +22,9 @@ from collectors.prometheus import (
 )
 from diag.capture_files import SCRAPED_FILES_KEY, natural_key
 from diag.exit_codes import BAD_INPUT, OK
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FLUSH_EVERY_S = 10.0
 
@@ -108,21 +112,33 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
     return OK if ok > 0 else BAD_INPUT
 
 
-def _run_api(args: argparse.Namespace) -> int:
+def read_api_capture(url: str, out: str, duration_s: float, step_s: float, window: str, by: str = "instance",
+                     engine: str | None = None, timeout_s: float = 10.0,
+                     command: str = "scrape --from-prometheus") -> tuple[pd.DataFrame, PrometheusAPIReader]:
+    """The last ``duration_s`` seconds of every replica's canonical series from the Prometheus
+    server at ``url``, every ``step_s`` seconds, written as a series-only capture at ``out``.
+    Returns the rows and the reader (its ``engine`` and per-query ``errors``); raises UsageError
+    when the server is unreachable or has no known engine metrics."""
     from diag.capture import CaptureWriter
     from diag.cli import UsageError
 
-    reader = PrometheusAPIReader(args.url, engine=args.engine, window=args.window, timeout_s=args.timeout * 5)
+    reader = PrometheusAPIReader(url, engine=engine, window=window, by=by, timeout_s=timeout_s)
     end = time.time()
-    start = end - (args.duration or 3600.0)
+    start = end - duration_s
     try:
-        frame = reader.read(start, end, args.interval)
+        frame = reader.read(start, end, step_s)
     except PrometheusAPIError as exc:
         raise UsageError(str(exc)) from None
-    with CaptureWriter(args.output, meta={"command": "scrape --from-prometheus"}) as writer:
+    with CaptureWriter(out, meta={"command": command}) as writer:
         writer.write_series(SOURCE, frame)
-        writer.update_meta(prometheus_api={"url": args.url, "engine": reader.engine, "window": args.window,
+        writer.update_meta(prometheus_api={"url": url, "engine": reader.engine, "window": window, "by": by,
                                            "start_unix_s": start, "end_unix_s": end, "errors": reader.errors})
+    return frame, reader
+
+
+def _run_api(args: argparse.Namespace) -> int:
+    frame, reader = read_api_capture(args.url, args.output, args.duration or 3600.0, args.interval, args.window,
+                                     engine=args.engine, timeout_s=args.timeout * 5)
     entities = frame["entity"].nunique() if len(frame) else 0
     print(f"ttft scrape: {len(frame)} rows for {entities} replicas ({reader.engine}) from {args.url}"
           + (f"; {len(reader.errors)} queries failed (first: {reader.errors[0]})" if reader.errors else ""),

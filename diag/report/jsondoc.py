@@ -1,7 +1,8 @@
-"""The JSON documents other tools read: ``analyze --json``, ``report -o .json`` and ``diff --json``.
+"""The JSON documents other tools read: ``analyze --json``, ``report -o .json`` and ``diff --json``
+(and ``analyze --by LABEL --json``: :func:`diag.report.fleet.fleet_document`).
 
-Every document starts with ``schema`` (which of the three shapes: ``analysis``, ``report`` or
-``diff``), ``schema_version`` (:data:`SCHEMA_VERSION`, raised when a field changes meaning or
+Every document starts with ``schema`` (which shape: ``analysis``, ``report``, ``diff`` or
+``fleet``), ``schema_version`` (:data:`SCHEMA_VERSION`, raised when a field changes meaning or
 goes away) and ``tool_version``; the shape is described by the JSON Schema file
 :data:`SCHEMA_PATH` shipped in the package. Numbers stay numbers (seconds, shares 0..1);
 :func:`diag.units.json_safe` turns NaN/inf into null. Pure functions, any thread.
