@@ -210,13 +210,22 @@ def otlp_json_request(spans: Sequence[ReadableSpan]) -> dict[str, Any] | None:
     The document ``request_to_dict(encode_spans(spans))`` gives, built directly; None when a span
     has events or links or a value outside str/bool/int/finite float and their arrays.
     """
-    groups: dict[Any, dict[Any, list[dict[str, Any]]]] = {}
+    # grouped by identity, then by value: ``Resource.__hash__`` serialises its attributes to JSON
+    # on every call (35 us a span, more than encoding the span); a sink's spans share one object
+    by_id: dict[tuple[int, int], tuple[Any, Any, list[dict[str, Any]]]] = {}
     try:
         for span in spans:
             if span.events or span.links or span.end_time is None:
                 return None
-            by_scope = groups.setdefault(span.resource, {})
-            by_scope.setdefault(span.instrumentation_scope, []).append(_json_span(span))
+            resource, scope = span.resource, span.instrumentation_scope
+            key = (id(resource), id(scope))
+            group = by_id.get(key)
+            if group is None:
+                group = by_id[key] = (resource, scope, [])
+            group[2].append(_json_span(span))
+        groups: dict[Any, dict[Any, list[dict[str, Any]]]] = {}
+        for resource, scope, docs in by_id.values():
+            groups.setdefault(resource, {}).setdefault(scope, []).extend(docs)
         out = []
         for resource, by_scope in groups.items():
             scope_spans = []
@@ -253,6 +262,35 @@ _ROOT = 1  # (_ROOT, SpanContext, parent SpanContext | None, name, kind, start_n
 _LOOSE = 2  # (_LOOSE, name, start_ns, end_ns, attributes): a root span of its own trace
 _EMPTY_CONTEXT = otel_context.Context()
 _UNSET = Status(StatusCode.UNSET)
+
+
+_SCALARS = (bool, int, float)
+
+
+def _plain_attributes(attrs: dict[str, Any], max_attrs: int | None, max_len: int | None) -> dict[str, Any] | None:
+    """``attrs`` as ``BoundedAttributes`` would clean them, or None when cleaning would change them."""
+    if max_attrs is not None and len(attrs) > max_attrs:
+        return None
+    for key, value in attrs.items():
+        if not isinstance(key, str) or not key:
+            return None
+        t = type(value)
+        if t in _SCALARS:
+            continue
+        if t is str:
+            if max_len is not None and len(value) > max_len:
+                return None
+            continue
+        if t is list or t is tuple:
+            for v in value:
+                tv = type(v)
+                if not (tv in _SCALARS or (tv is str and (max_len is None or len(v) <= max_len))):
+                    return None
+            if t is list:
+                attrs[key] = tuple(value)
+            continue
+        return None
+    return attrs
 
 
 class SpanMaterializer:
@@ -329,7 +367,23 @@ class SpanMaterializer:
 
     # -- the materialiser's thread -----------------------------------------------------------------
 
-    def _attrs(self, *maps: Mapping[str, Any] | None) -> BoundedAttributes:
+    def _attrs(self, *maps: Mapping[str, Any] | None) -> Mapping[str, Any]:
+        """The span's attributes as the SDK would keep them (cleaned, bounded).
+
+        When every value is already clean (str within the length limit, bool, int, float, or a
+        list of those) and they fit the count limit, a plain dict holds exactly what
+        ``BoundedAttributes`` would (lists as tuples, nothing dropped) at a fifth of its cost on
+        this thread; anything else goes through ``BoundedAttributes``.
+        """
+        merged: dict[str, Any] = dict(maps[0]) if maps[0] else {}
+        for extra in maps[1:]:
+            if extra:
+                for key, value in extra.items():
+                    merged.pop(key, None)  # a key set again moves to the end, as in BoundedAttributes
+                    merged[key] = value
+        plain = _plain_attributes(merged, self._max_attrs, self._max_value_len)
+        if plain is not None:
+            return plain
         attrs = BoundedAttributes(self._max_attrs, maps[0], immutable=False, max_value_len=self._max_value_len)
         for extra in maps[1:]:
             if extra:

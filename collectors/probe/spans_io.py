@@ -12,9 +12,10 @@ request is finishing, e.g. between phases.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
-from collectors.spans import TraceSink
+from collectors.spans import TraceSink, otlp_json_request
 from diag.capture import CaptureWriter
 
 
@@ -22,14 +23,23 @@ def drain_span_lines(sink: TraceSink, batch: int = 512) -> list[str]:
     """Flush the sink, take its finished in-memory spans and encode them as OTLP JSON lines."""
     if sink.memory is None:
         return []
+    sink.force_flush()
+    spans: Sequence = sink.memory.get_finished_spans()
+    sink.memory.clear()
+    return [_json_line(spans[i : i + batch]) for i in range(0, len(spans), batch)]
+
+
+def _json_line(spans: Sequence) -> str:
+    """One OTLP JSON line: built straight from the spans (``otlp_json_request``, the capture
+    exporter's route, about a quarter of protobuf + MessageToDict's CPU), else via protobuf."""
+    doc = otlp_json_request(spans)
+    if doc is not None:
+        return json.dumps(doc, separators=(",", ":"))
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     from diag.otlp_json import request_to_json_line
 
-    sink.force_flush()
-    spans: Sequence = sink.memory.get_finished_spans()
-    sink.memory.clear()
-    return [request_to_json_line(encode_spans(spans[i : i + batch])) for i in range(0, len(spans), batch)]
+    return request_to_json_line(encode_spans(spans))
 
 
 def flush_spans(sink: TraceSink, writer: CaptureWriter | None) -> int:

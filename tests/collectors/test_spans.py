@@ -268,3 +268,20 @@ def test_full_record_queue_drops_and_counts_without_blocking():
     sink.shutdown()
     sink.record_step(1, 2, {})  # after shutdown: counted, never raised
     assert len(sink.memory.get_finished_spans()) + sink.dropped_spans == 501
+
+
+def test_plain_attribute_path_hands_anything_to_clean_to_bounded_attributes():
+    """The materialiser's cheap path keeps only what BoundedAttributes would keep unchanged."""
+    from opentelemetry.attributes import BoundedAttributes
+
+    from collectors.spans import _plain_attributes
+
+    clean = {"s": "abc", "i": 1, "f": 0.5, "b": True, "l": [1, 2], "t": ("x", "y")}
+    got = _plain_attributes(dict(clean), 128, None)
+    assert got == dict(BoundedAttributes(128, clean, immutable=False))
+    assert got["l"] == (1, 2)
+    assert _plain_attributes({"s": "x" * 11}, 128, 10) is None  # would be truncated
+    assert _plain_attributes({"m": {"k": 1}}, 128, None) is None  # a mapping value
+    assert _plain_attributes({"l": [1, None]}, 128, None) is None
+    assert _plain_attributes({"a": 1, "b": 2}, 1, None) is None  # over the count limit
+    assert _plain_attributes({"": 1}, 128, None) is None  # an invalid key is dropped by the SDK
