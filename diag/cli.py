@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 #: Sub-commands in the order ``ttft --help`` lists them.
 COMMANDS: tuple[str, ...] = (
-    "demo", "serve", "diagnose", "probe", "analyze", "report", "diff", "view", "watch",
+    "demo", "serve", "diagnose", "probe", "analyze", "report", "diff", "export", "view", "watch",
     "receive", "scrape", "profile", "scenarios", "instrument",
 )
 
