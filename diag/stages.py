@@ -80,6 +80,8 @@ GEN_AI_RESPONSE_ID = "gen_ai.response.id"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+#: prompt tokens served from a prefix cache (vLLM's name: vllm/tracing/utils.py @0bf3270f)
+GEN_AI_USAGE_CACHED_TOKENS = "gen_ai.usage.cached_tokens"
 
 # --- attribute keys: ttft.* (ours) ----------------------------------------------------------
 

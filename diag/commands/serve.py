@@ -37,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=256, metavar="N", help="waiting-queue limit; beyond it: HTTP 503")
     p.add_argument("--max-context", type=int, default=2048, metavar="N", help="max tokens per sequence (prompt + output)")
     p.add_argument("--max-batched-tokens", type=int, default=2048, metavar="N", help="token budget per engine step")
+    p.add_argument("--enable-prefix-caching", action="store_true",
+                   help="reuse the KV of full blocks a new prompt shares with an earlier one (chained block hashes, "
+                   "LRU eviction of unreferenced blocks), like vLLM --enable-prefix-caching (default off)")
     p.add_argument(
         "--inject",
         action="append",
@@ -94,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         num_threads=args.threads,
         faults=faults,
         lazy_load=args.lazy_load,
+        prefix_caching=args.enable_prefix_caching,
     )
 
     def ready(srv: object) -> None:

@@ -91,6 +91,9 @@ class EngineConfig:
     served_model_name: str | None = None
     #: bind/serve first, load the model on the loop thread; requests wait until it is ready
     lazy_load: bool = False
+    # -- prefix caching (diag.engine.prefix_cache; vLLM's --enable-prefix-caching) --
+    #: reuse the KV of full blocks whose chained hash matches a new prompt's prefix; off by default
+    prefix_caching: bool = False
 
     def model_spec(self) -> ModelSpec:
         dtype = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
@@ -255,7 +258,8 @@ class Engine:
         self.metrics = EngineMetrics(self.model_name)
         self.tokenizer: Tokenizer | None = None
         self.runner: ModelRunner | None = None
-        self.blocks = BlockManager(config.num_kv_blocks(), config.block_size)
+        self.blocks = BlockManager(config.num_kv_blocks(), config.block_size, prefix_caching=config.prefix_caching)
+        self._prefix_exported = (0, 0)  # (queries, hits) tokens already added to /metrics
         self.scheduler = Scheduler(config.scheduler_config(self.model_config.max_position), self.blocks)
         self.max_context_tokens = self.scheduler.cfg.max_context_tokens
         self._inbox: deque[tuple[str, Any]] = deque()
@@ -659,6 +663,12 @@ class Engine:
         m.waiting.set(self.num_waiting())
         m.kv_usage.set(self.blocks.usage_ratio())
         m.kv_free_blocks.set(self.blocks.num_free_blocks)
+        pc = self.blocks.prefix_cache
+        if pc is not None and (pc.queries_tokens, pc.hits_tokens) != self._prefix_exported:
+            q0, h0 = self._prefix_exported
+            m.prefix_cache_queries.inc(pc.queries_tokens - q0)
+            m.prefix_cache_hits.inc(pc.hits_tokens - h0)
+            self._prefix_exported = (pc.queries_tokens, pc.hits_tokens)
 
     def _step(self) -> None:
         """One engine iteration: schedule, forward, sample, detokenize, emit."""
@@ -760,7 +770,8 @@ class Engine:
             m.prefill_time.observe((t_fwd - first_sched) / 1e9)
             if r.trace is not None:
                 tr = r.trace
-                tr.record_stage(stages.PREFILL, first_sched, t_fwd)
+                cached = {stages.GEN_AI_USAGE_CACHED_TOKENS: seq.num_cached_tokens} if self.config.prefix_caching else None
+                tr.record_stage(stages.PREFILL, first_sched, t_fwd, cached)
                 if self.config.tp > 1:
                     comm_ns = int(r.prefill_comm_s * 1e9)
                     tr.record_stage(stages.COMM, first_sched, first_sched + comm_ns, {stages.ATTR_DURATION_S: r.prefill_comm_s})
@@ -814,6 +825,8 @@ class Engine:
                     stages.GEN_AI_RESPONSE_FINISH_REASONS: [reason],
                 }
             )
+            if self.config.prefix_caching:
+                tr.set_attributes({stages.GEN_AI_USAGE_CACHED_TOKENS: seq.num_cached_tokens})
             tr.end(end_ns=end_ns, error=error)
         self._deliver(
             r,

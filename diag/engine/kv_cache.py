@@ -5,6 +5,11 @@ position ``p`` of a sequence lives at slot ``block_table[p // block_size] * bloc
 p % block_size`` of the flat storage. Bytes per token = 2 (K and V) x layers x KV heads x head
 dim x dtype size (per TP rank: KV heads / tp).
 
+With ``prefix_caching`` the manager also keeps a :class:`~diag.engine.prefix_cache.PrefixCache`:
+blocks are reference-counted, full blocks are indexed by a chained hash, and a freed cached
+block waits in an LRU list (counted as free) until a request with the same prefix takes it back
+or allocation evicts it. Without it every method behaves as before, block for block.
+
 Threading: :class:`BlockManager` and :class:`PagedKVCache` are owned by the engine's step loop
 thread (a TP worker owns its own storage shard); nothing here locks.
 """
@@ -12,8 +17,11 @@ thread (a TP worker owns its own storage shard); nothing here locks.
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable
 
 import torch
+
+from diag.engine.prefix_cache import NO_HIT, BlockHash, PrefixCache, PrefixHit, chain_hashes
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -35,25 +43,35 @@ class BlockManager:
 
     Blocks are taken when a sequence's token count grows past its table's capacity (prefill,
     chunks, decode) and returned on :meth:`free` (finish, abort, preemption, disconnect).
+    With ``prefix_caching``, :meth:`match_prefix` finds a waiting sequence's cached blocks,
+    :meth:`allocate` with ``hit`` puts them at the head of its table, and
+    :meth:`cache_full_blocks` indexes the blocks a step filled.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must be > 0")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free: deque[int] = deque(range(num_blocks))
         self._tables: dict[str, list[int]] = {}
+        #: None when prefix caching is off
+        self.prefix_cache: PrefixCache | None = PrefixCache(block_size) if prefix_caching else None
+        self._hashes: dict[str, list[BlockHash]] = {}  # per sequence: hashes of its full blocks
+        self._num_indexed: dict[str, int] = {}  # per sequence: table blocks already in the index
 
     # -- queries -----------------------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks an allocation can take: the free list plus unreferenced cached blocks."""
+        if self.prefix_cache is not None:
+            return len(self._free) + self.prefix_cache.num_evictable
         return len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
 
     def usage_ratio(self) -> float:
         """Used blocks / all blocks, 0..1."""
@@ -67,37 +85,111 @@ class BlockManager:
         """Token positions the sequence's current blocks can hold."""
         return len(self._tables.get(seq_id, ())) * self.block_size
 
-    def extra_blocks_for(self, seq_id: str, total_tokens: int) -> int:
+    def extra_blocks_for(self, seq_id: str, total_tokens: int, hit: PrefixHit = NO_HIT) -> int:
         """Blocks still to take so that the sequence can hold ``total_tokens`` positions."""
-        return max(0, blocks_needed(total_tokens, self.block_size) - len(self._tables.get(seq_id, ())))
+        held = len(self._tables.get(seq_id, ())) + len(hit.blocks)
+        return max(0, blocks_needed(total_tokens, self.block_size) - held)
 
-    def can_grow(self, seq_id: str, total_tokens: int) -> bool:
-        return self.extra_blocks_for(seq_id, total_tokens) <= len(self._free)
+    def can_grow(self, seq_id: str, total_tokens: int, hit: PrefixHit = NO_HIT) -> bool:
+        """True when :meth:`allocate` (with the same ``hit``) would succeed."""
+        if self.prefix_cache is None:
+            return self.extra_blocks_for(seq_id, total_tokens) <= len(self._free)
+        # hit blocks that wait in the LRU stop being free once the sequence holds them
+        reused = sum(1 for b in hit.blocks if self.prefix_cache.is_evictable(b))
+        return self.extra_blocks_for(seq_id, total_tokens, hit) <= self.num_free_blocks - reused
+
+    def match_prefix(self, seq_id: str, token_ids: list[int]) -> PrefixHit:
+        """The cached blocks that hold the longest prefix of ``token_ids`` (a sequence holding no blocks).
+
+        Changes nothing but the sequence's memoised hashes; :data:`NO_HIT` with caching off.
+        """
+        if self.prefix_cache is None:
+            return NO_HIT
+        hashes = self._hashes[seq_id] = chain_hashes(token_ids, self.block_size, self._hashes.get(seq_id, ()))
+        return self.prefix_cache.match(hashes, len(token_ids))
 
     def has(self, seq_id: str) -> bool:
         return seq_id in self._tables
 
     # -- changes -----------------------------------------------------------------------------
 
-    def allocate(self, seq_id: str, total_tokens: int) -> list[int]:
+    def allocate(self, seq_id: str, total_tokens: int, hit: PrefixHit = NO_HIT) -> list[int]:
         """Grow the sequence's table to hold ``total_tokens`` positions; return the table.
 
-        Raises NoFreeBlocksError (taking nothing) when the free list is too short.
+        ``hit`` (from :meth:`match_prefix`, only for a sequence holding no blocks) puts those
+        cached blocks first. Raises NoFreeBlocksError (taking nothing) when too few blocks are free.
         """
-        need = self.extra_blocks_for(seq_id, total_tokens)
-        if need > len(self._free):
-            raise NoFreeBlocksError(f"need {need} blocks, {len(self._free)} free")
+        pc = self.prefix_cache
+        if pc is None:
+            need = self.extra_blocks_for(seq_id, total_tokens)
+            if need > len(self._free):
+                raise NoFreeBlocksError(f"need {need} blocks, {len(self._free)} free")
+            table = self._tables.setdefault(seq_id, [])
+            for _ in range(need):
+                table.append(self._free.popleft())
+            return table
+        if not self.can_grow(seq_id, total_tokens, hit):
+            raise NoFreeBlocksError(
+                f"need {self.extra_blocks_for(seq_id, total_tokens, hit)} blocks, {self.num_free_blocks} free"
+            )
+        need = self.extra_blocks_for(seq_id, total_tokens, hit)
         table = self._tables.setdefault(seq_id, [])
+        if hit.blocks:
+            assert not table, "a prefix hit is for a sequence that holds no blocks"
+            for b in hit.blocks:
+                pc.acquire(b)
+                table.append(b)
+            self._num_indexed[seq_id] = len(hit.blocks)
         for _ in range(need):
-            table.append(self._free.popleft())
+            b = self._free.popleft() if self._free else pc.evict()
+            assert b is not None
+            pc.acquire(b)
+            table.append(b)
         return table
 
+    def cache_full_blocks(self, seq_id: str, num_computed_tokens: int, token_slice: Callable[[int, int], list[int]]) -> None:
+        """Index the sequence's blocks that its first ``num_computed_tokens`` tokens fill.
+
+        ``token_slice(start, end)`` gives the sequence's token ids at positions start..end-1.
+        No-op with caching off.
+        """
+        pc = self.prefix_cache
+        if pc is None:
+            return
+        table = self._tables.get(seq_id)
+        if not table:
+            return
+        full = min(num_computed_tokens // self.block_size, len(table))
+        done = self._num_indexed.get(seq_id, 0)
+        if full <= done:
+            return
+        hashes = self._hashes.get(seq_id, [])
+        if len(hashes) < full:
+            hashes = chain_hashes(token_slice(0, full * self.block_size), self.block_size, hashes)
+            self._hashes[seq_id] = hashes
+        for i in range(done, full):
+            pc.register(table[i], hashes[i])
+        self._num_indexed[seq_id] = full
+
     def free(self, seq_id: str) -> int:
-        """Return all of the sequence's blocks to the free list; the number freed (0 if none)."""
+        """Release all of the sequence's blocks; the number released (0 if none).
+
+        Caching off: they go back to the free list. On: each loses one reference; an
+        unreferenced cached block goes to the LRU (tail blocks first), others to the free list.
+        """
         table = self._tables.pop(seq_id, None)
+        pc = self.prefix_cache
+        if pc is not None:
+            self._hashes.pop(seq_id, None)
+            self._num_indexed.pop(seq_id, None)
         if not table:
             return 0
-        self._free.extend(table)
+        if pc is None:
+            self._free.extend(table)
+        else:
+            for b in reversed(table):
+                if pc.release(b):
+                    self._free.append(b)
         return len(table)
 
 

@@ -53,6 +53,9 @@ METRIC_NAMES: tuple[str, ...] = tuple(
         "step_duration_seconds",
         "step_comm_seconds",
         "comm_seconds_total",
+        # prefix cache (diag.engine.prefix_cache): tokens, as vLLM V1 counts them
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
     )
 )
 
@@ -99,6 +102,12 @@ class EngineMetrics:
         self.step_time = hist("step_duration_seconds", "Engine step wall time.", _STEP_BUCKETS_S).labels(m)
         self.step_comm = hist("step_comm_seconds", "Seconds in TP collectives per engine step.", _STEP_BUCKETS_S).labels(m)
         self.comm_total = counter("comm_seconds", "Seconds in TP collectives in all.").labels(m)
+        # prefix cache: one lookup per admission with nothing computed (0 with caching off). vLLM
+        # counts the same in tokens (kv_cache_manager.py get_computed_blocks @ace980e6) but per
+        # lookup, so a request that waits at the queue head can count more than once there.
+        self.prefix_cache_queries = counter(
+            "prefix_cache_queries", "Prefix-cache queries, in tokens (whole sequence at each admission).").labels(m)
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Prefix-cache hits, in tokens (served from cached blocks).").labels(m)
         self._model = m
 
     def success(self, reason: str) -> None:

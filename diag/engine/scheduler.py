@@ -17,6 +17,12 @@ grow, the most recently admitted running sequence is preempted by recompute (its
 freed and it goes back to the front of the waiting queue with prompt + output so far).
 Admission never preempts. ``max_running`` caps running sequences.
 
+Prefix caching (a :class:`BlockManager` built with ``prefix_caching``): a sequence admitted
+with nothing computed first takes its cached full blocks (:meth:`BlockManager.match_prefix`);
+only the uncached tokens count for compute and the token budget, ``num_computed_tokens``
+starts at the cached length (at least one token is left, so a logit exists), and every block
+a step fills is indexed for later requests.
+
 Threading: owned by the engine's step loop thread; not thread-safe.
 """
 
@@ -27,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from diag.engine.kv_cache import BlockManager, blocks_needed
+from diag.engine.prefix_cache import NO_HIT
 from diag.engine.sampler import SamplerState, SamplingParams
 
 POLICIES: tuple[str, ...] = ("prefill-first", "decode-first", "chunked")
@@ -55,6 +62,8 @@ class Sequence:
     num_computed_tokens: int = 0
     status: SeqStatus = SeqStatus.WAITING
     preemptions: int = 0
+    #: prompt tokens served from the prefix cache at the first admission (0: none, or caching off)
+    num_cached_tokens: int = 0
     #: set by the engine
     queue_start_ns: int = 0
     finish_reason: str | None = None
@@ -255,6 +264,10 @@ class Scheduler:
             if id(seq) in preempted_now:
                 break
             need = seq.num_pending_tokens
+            hit = NO_HIT  # prefix caching: cached blocks count neither as compute nor budget
+            if self.blocks.prefix_cache is not None and seq.num_computed_tokens == 0:
+                hit = self.blocks.match_prefix(seq.seq_id, seq.token_slice(0, seq.num_tokens))
+                need -= hit.num_tokens
             n = min(need, budget, prefill_budget)
             if n < need and not allow_partial:
                 if not (allow_oversize and not plan.items and not self.running):
@@ -262,10 +275,16 @@ class Scheduler:
                 n = need  # a lone prompt larger than the budget still runs, alone
             if n < 1:
                 break
-            if not self.blocks.can_grow(seq.seq_id, seq.num_computed_tokens + n):
+            start = seq.num_computed_tokens + hit.num_tokens
+            if not self.blocks.can_grow(seq.seq_id, start + n, hit):
                 break
             self.waiting.popleft()
-            self.blocks.allocate(seq.seq_id, seq.num_computed_tokens + n)
+            self.blocks.allocate(seq.seq_id, start + n, hit)
+            if self.blocks.prefix_cache is not None and seq.num_computed_tokens == 0:
+                self.blocks.prefix_cache.record_lookup(seq.num_tokens, hit)
+                if seq.preemptions == 0:
+                    seq.num_cached_tokens = hit.num_tokens
+            seq.num_computed_tokens = start
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             plan.items.append(ScheduledSeq(seq, seq.num_computed_tokens, n, is_prefill=True))
@@ -293,3 +312,4 @@ class Scheduler:
     def on_step_done(self, item: ScheduledSeq) -> None:
         """Record that ``item``'s tokens are now in the cache (call before appending a sampled token)."""
         item.seq.num_computed_tokens = item.start_pos + item.num_new_tokens
+        self.blocks.cache_full_blocks(item.seq.seq_id, item.seq.num_computed_tokens, item.seq.token_slice)
