@@ -101,6 +101,12 @@ ATTR_TP_SIZE = "ttft.tp.size"
 ATTR_PROMPT_TEXT = "ttft.prompt.text"  # only when the user asks for prompt recording
 ATTR_DURATION_S = "ttft.duration_s"  # explicit stage duration when it differs from the span's
 ATTR_ENGINE = "ttft.engine"  # which engine produced the spans: "bundled", "vllm", ...
+#: seconds a request waited in the server's front end before the engine saw it (bundled server,
+#: diag.engine.frontend): inside server TTFT, before the ``tokenize`` span, in no stage span;
+#: the total and its two parts (for an HTTP worker, then for a tokenizer thread)
+ATTR_FRONTEND_WAIT_S = "ttft.frontend.wait_s"
+ATTR_FRONTEND_HTTP_WAIT_S = "ttft.frontend.http_wait_s"
+ATTR_FRONTEND_TOKENIZER_WAIT_S = "ttft.frontend.tokenizer_wait_s"
 
 # client-side timestamps (Unix ns) on SPAN_CLIENT_REQUEST
 ATTR_CLIENT_START_NS = "ttft.client.start_ns"  # just before connect / send: TTFT start
@@ -131,6 +137,18 @@ ATTR_STEP_COMM_S = "ttft.step.comm_s"  # seconds in collectives during the step
 ATTR_STEP_WAITING = "ttft.step.waiting_seqs"
 ATTR_STEP_RUNNING = "ttft.step.running_seqs"
 ATTR_STEP_PREEMPTED = "ttft.step.preempted_seqs"
+#: pipeline parallel (bundled engine, diag.engine.pp): stages, micro-batches of the step, and
+#: per stage (arrays, index = stage) its compute, send/recv and idle ("bubble") seconds within
+#: stage 0's step window; ``ttft.step.comm_s`` then holds send/recv seconds averaged over stages
+ATTR_STEP_PP_SIZE = "ttft.step.pp.size"
+ATTR_STEP_PP_MICROBATCHES = "ttft.step.pp.microbatches"
+ATTR_STEP_PP_COMPUTE_S = "ttft.step.pp.compute_s"
+ATTR_STEP_PP_COMM_S = "ttft.step.pp.comm_s"
+ATTR_STEP_PP_BUBBLE_S = "ttft.step.pp.bubble_s"
+#: on a request root: pipeline stages; on its ``prefill`` span: seconds of its prefill steps the
+#: pipeline idled (each step's bubble averaged over stages, summed over the request's steps)
+ATTR_PP_SIZE = "ttft.pp.size"
+ATTR_PP_BUBBLE_S = "ttft.pp.bubble_s"
 
 # cold-start attributes
 ATTR_COLD_START_PHASE = "ttft.cold_start.phase"  # "load" | "warmup" | "compile"

@@ -29,6 +29,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"), help="default: float32 on cpu, bfloat16 on cuda")
     p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel ranks (gloo on cpu, nccl on cuda)")
+    p.add_argument("--pp", type=int, default=1, metavar="N",
+                   help="pipeline-parallel stages, one process each, activations by send/recv (gloo on cpu, nccl on "
+                   "cuda); not with --tp (default 1)")
+    p.add_argument("--pp-microbatches", type=int, default=None, metavar="N",
+                   help="--pp: micro-batches a step's sequences are split into so stages overlap (default: --pp)")
     p.add_argument("--policy", default="prefill-first", choices=POLICIES, help="scheduling policy")
     p.add_argument("--chunk-size", type=int, default=256, metavar="N", help="prefill tokens per step for --policy chunked")
     p.add_argument("--kv-blocks", type=int, default=None, metavar="N", help="KV-cache blocks (small = KV pressure)")
@@ -37,6 +42,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=256, metavar="N", help="waiting-queue limit; beyond it: HTTP 503")
     p.add_argument("--max-context", type=int, default=2048, metavar="N", help="max tokens per sequence (prompt + output)")
     p.add_argument("--max-batched-tokens", type=int, default=2048, metavar="N", help="token budget per engine step")
+    # admission (diag.engine.scheduler)
+    p.add_argument("--admission", default="fcfs", choices=("fcfs", "skip-blocked"),
+                   help="fcfs: admission stops at a waiting request that does not fit, those behind it wait too "
+                   "(head-of-line); skip-blocked: pass over it and admit what fits (default fcfs)")
+    p.add_argument("--max-partial-prefills", type=int, default=None, metavar="N",
+                   help="--policy chunked: at most N prompts in prefill per step, the chunk split evenly among them "
+                   "(like vLLM --max-num-partial-prefills; default: no cap, a running partial prefill goes first)")
+    p.add_argument("--kv-admission", default="on-demand", choices=("on-demand", "reserve"),
+                   help="on-demand: KV blocks as tokens are computed; reserve: admit a request only if KV holds its "
+                   "prompt + max_tokens (the context limit when max_tokens is unset), like TensorRT-LLM "
+                   "GUARANTEED_NO_EVICT (default on-demand)")
     p.add_argument("--enable-prefix-caching", action="store_true",
                    help="reuse the KV of full blocks a new prompt shares with an earlier one (chained block hashes, "
                    "LRU eviction of unreferenced blocks), like vLLM --enable-prefix-caching (default off)")
@@ -59,6 +75,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "wait until it is ready and /health answers 503 {\"status\": \"loading\"} meanwhile (scale from zero)",
     )
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads per rank (default cores // tp)")
+    # the HTTP front end (diag.engine.frontend)
+    p.add_argument("--http-workers", type=int, default=None, metavar="N",
+                   help="HTTP request workers; a request holds one until its response ends, more wait before the "
+                   "engine (like llama.cpp --threads-http; default unbounded)")
+    p.add_argument("--http-backlog", type=int, default=256, metavar="N",
+                   help="requests that may wait for an HTTP worker; beyond it: HTTP 503 (default 256)")
+    p.add_argument("--tokenizer-workers", type=int, default=1, metavar="N",
+                   help="tokenizer threads that tokenize and enqueue requests (default 1)")
     return p
 
 
@@ -85,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         tp=args.tp,
+        pp=args.pp,
+        pp_microbatches=args.pp_microbatches,
         policy=args.policy,
         chunk_size=args.chunk_size,
         kv_blocks=args.kv_blocks,
@@ -97,6 +123,12 @@ def run(args: argparse.Namespace) -> int:
         num_threads=args.threads,
         faults=faults,
         lazy_load=args.lazy_load,
+        http_workers=args.http_workers,
+        http_backlog=args.http_backlog,
+        tokenizer_workers=args.tokenizer_workers,
+        admission=args.admission,
+        max_partial_prefills=args.max_partial_prefills,
+        kv_admission=args.kv_admission,
         prefix_caching=args.enable_prefix_caching,
     )
 

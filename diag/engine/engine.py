@@ -94,6 +94,25 @@ class EngineConfig:
     # -- prefix caching (diag.engine.prefix_cache; vLLM's --enable-prefix-caching) --
     #: reuse the KV of full blocks whose chained hash matches a new prompt's prefix; off by default
     prefix_caching: bool = False
+    # -- the HTTP server's front end (diag.engine.frontend; used by the server, not the engine) --
+    #: HTTP request workers (a request holds one until its response ends); None = unbounded
+    http_workers: int | None = None
+    #: requests that may wait for an HTTP worker; one more is refused with 503
+    http_backlog: int = 256
+    #: tokenizer threads that run ``submit`` (tokenize, validate, enqueue)
+    tokenizer_workers: int = 1
+    # -- admission (diag.engine.scheduler: head-of-line stop, partial prefills, KV reservation) --
+    #: "fcfs" (the walk stops at a head that does not fit: today's behaviour) or "skip-blocked"
+    admission: str = "fcfs"
+    #: chunked only: most sequences in prefill per step, the chunk split evenly (None = no cap)
+    max_partial_prefills: int | None = None
+    #: "on-demand" (blocks as tokens are computed) or "reserve" (admit only if prompt + max_tokens fit)
+    kv_admission: str = "on-demand"
+    # -- pipeline parallel (diag.engine.pp; vLLM's --pipeline-parallel-size) --
+    #: pipeline stages, one process each, the layers split as evenly as possible; not with tp > 1
+    pp: int = 1
+    #: micro-batches a step's sequences are split into so stages overlap (None = pp)
+    pp_microbatches: int | None = None
 
     def model_spec(self) -> ModelSpec:
         dtype = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
@@ -111,6 +130,14 @@ class EngineConfig:
             raise ValueError("--block-size and --kv-blocks must be >= 1")
         if self.faults.collective_latency_ms and self.tp < 2:
             raise ValueError("--inject collective_latency_ms needs --tp 2 or more (there are no all-reduces at tp=1)")
+        if self.pp < 1 or (self.pp_microbatches is not None and self.pp_microbatches < 1):
+            raise ValueError(f"--pp and --pp-microbatches must be >= 1, got {self.pp} and {self.pp_microbatches}")
+        if self.pp > 1 and self.tp > 1:
+            raise ValueError(f"--pp {self.pp} with --tp {self.tp}: the bundled engine runs one of them at a time")
+        if self.pp > 1:
+            self.model_spec().resolve_config().validate_pp(self.pp)
+        if (self.http_workers is not None and self.http_workers < 1) or self.tokenizer_workers < 1 or self.http_backlog < 0:
+            raise ValueError("--http-workers and --tokenizer-workers must be >= 1, --http-backlog >= 0")
         self.scheduler_config(4096).validate()
 
     def scheduler_config(self, model_max_position: int) -> SchedulerConfig:
@@ -121,6 +148,9 @@ class EngineConfig:
             max_running=self.max_running,
             max_waiting=self.max_waiting,
             max_context_tokens=min(self.max_context, model_max_position),
+            admission=self.admission,
+            max_partial_prefills=self.max_partial_prefills,
+            kv_admission=self.kv_admission,
         )
 
     def num_kv_blocks(self) -> int:
@@ -230,8 +260,20 @@ class _Request:
     first_sched_ns: int | None = None
     requeue_ns: int | None = None
     prefill_comm_s: float = 0.0
+    prefill_bubble_s: float = 0.0  # pipeline idle seconds of its prefill steps (pp > 1)
     first_token_ns: int | None = None
     last_token_ns: int | None = None
+
+
+def _pipeline_attrs(pipe: Any) -> dict[str, Any]:
+    """A step's pipeline account (``diag.engine.pp.PipelineAccount``) as step-span attributes."""
+    return {
+        stages.ATTR_STEP_PP_SIZE: pipe.pp_size,
+        stages.ATTR_STEP_PP_MICROBATCHES: pipe.microbatches,
+        stages.ATTR_STEP_PP_COMPUTE_S: list(pipe.compute_s),
+        stages.ATTR_STEP_PP_COMM_S: list(pipe.comm_s),
+        stages.ATTR_STEP_PP_BUBBLE_S: list(pipe.bubble_s),
+    }
 
 
 def _new_request_id() -> str:
@@ -318,6 +360,8 @@ class Engine:
             cfg.tp,
             cfg.num_threads,
             self.faults.collective_latency_ms,
+            pp_size=cfg.pp,
+            pp_microbatches=cfg.pp_microbatches,
         )
         t1 = time.time_ns()
         self.cold_start_s["load"] = (t1 - t0) / 1e9
@@ -467,12 +511,15 @@ class Engine:
         traceparent: str | None = None,
         arrival_ns: int | None = None,
         trace_attributes: dict[str, Any] | None = None,
+        max_tokens_given: bool = True,
     ) -> SubmitResult:
         """Tokenize (on this thread) and queue one request; events go to ``on_event``.
 
         Exactly one of ``prompt`` (text), ``prompt_ids`` or ``messages`` (chat) is used.
         ``arrival_ns`` (Unix ns) is when the caller had the parsed request; the request span
-        starts there. Raises ValueError/RequestRejected (-> 400), QueueFullError (-> 503),
+        starts there. ``max_tokens_given`` False: ``params.max_tokens`` is the server's default, not
+        the request's (``kv_admission="reserve"`` then reserves up to the context limit).
+        Raises ValueError/RequestRejected (-> 400), QueueFullError (-> 503),
         EngineStoppedError (-> 503). Thread-safe.
         """
         if not self.running:
@@ -485,6 +532,7 @@ class Engine:
             attrs: dict[str, Any] = {
                 stages.ATTR_ENGINE: ENGINE_NAME,
                 stages.ATTR_TP_SIZE: self.config.tp,
+                stages.ATTR_PP_SIZE: self.config.pp,
                 stages.GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
                 stages.GEN_AI_REQUEST_TEMPERATURE: float(params.temperature),
                 stages.GEN_AI_REQUEST_TOP_P: float(params.top_p),
@@ -514,6 +562,7 @@ class Engine:
                 prompt_ids=ids,
                 params=params,
                 sampler=SamplerState(params, default_seed=self.config.seed * 1_000_003 + next(self._seed_counter)),
+                max_tokens_given=max_tokens_given,
             )
             req = _Request(
                 seq=seq,
@@ -663,6 +712,7 @@ class Engine:
         m.waiting.set(self.num_waiting())
         m.kv_usage.set(self.blocks.usage_ratio())
         m.kv_free_blocks.set(self.blocks.num_free_blocks)
+        m.set_waiting_by_reason(self.scheduler.waiting_reasons if self.scheduler.waiting else {})
         pc = self.blocks.prefix_cache
         if pc is not None and (pc.queries_tokens, pc.hits_tokens) != self._prefix_exported:
             q0, h0 = self._prefix_exported
@@ -710,12 +760,15 @@ class Engine:
             )
         logits, comm_s = self.runner.execute(inputs)
         t_fwd = time.time_ns()
+        pipe = getattr(self.runner, "last_pipeline", None)  # a PipelineAccount when pp > 1
         completes = []
         for item in plan.items:
             self.scheduler.on_step_done(item)
             r = self._requests[item.seq.seq_id]
             if r.first_token_ns is None and item.is_prefill:
                 r.prefill_comm_s += comm_s
+                if pipe is not None:
+                    r.prefill_bubble_s += pipe.mean_bubble_s
             if item.completes:
                 completes.append((item, r))
         if completes:
@@ -728,7 +781,7 @@ class Engine:
         t_end = time.time_ns()
         m = self.metrics
         m.step_time.observe((t_end - t_start) / 1e9)
-        if self.config.tp > 1:
+        if self.config.tp > 1 or self.config.pp > 1:
             m.step_comm.observe(comm_s)
             m.comm_total.inc(comm_s)
         self._update_gauges()
@@ -746,6 +799,7 @@ class Engine:
                     stages.ATTR_STEP_WAITING: len(self.scheduler.waiting),
                     stages.ATTR_STEP_RUNNING: len(self.scheduler.running),
                     stages.ATTR_STEP_PREEMPTED: len(plan.preempted),
+                    **(_pipeline_attrs(pipe) if pipe is not None else {}),
                 },
             )
 
@@ -771,8 +825,10 @@ class Engine:
             if r.trace is not None:
                 tr = r.trace
                 cached = {stages.GEN_AI_USAGE_CACHED_TOKENS: seq.num_cached_tokens} if self.config.prefix_caching else None
+                if self.config.pp > 1:  # pipeline idle inside its prefill steps (diag.engine.pp)
+                    cached = {**(cached or {}), stages.ATTR_PP_BUBBLE_S: r.prefill_bubble_s}
                 tr.record_stage(stages.PREFILL, first_sched, t_fwd, cached)
-                if self.config.tp > 1:
+                if self.config.tp > 1 or self.config.pp > 1:
                     comm_ns = int(r.prefill_comm_s * 1e9)
                     tr.record_stage(stages.COMM, first_sched, first_sched + comm_ns, {stages.ATTR_DURATION_S: r.prefill_comm_s})
                 tr.record_stage(stages.SAMPLE, t_s0, t_s1)

@@ -4,7 +4,9 @@ Weights use Hugging Face Llama names (``model.layers.0.self_attn.q_proj.weight``
 same code path serves seeded random presets and local HF checkpoints. Attention reads and writes
 K/V through a :class:`~diag.engine.kv_cache.PagedKVCache` via per-sequence block tables; a
 tensor-parallel rank holds only its shard of heads and MLP columns and calls ``all_reduce`` after
-the attention output and MLP down projections.
+the attention output and MLP down projections. A pipeline-parallel stage holds a contiguous run of
+layers (:func:`stage_layers`); the first stage embeds tokens, the last one applies the final norm
+and LM head, and :meth:`LlamaModel.forward_stage` passes hidden states ``[tokens, hidden]`` between.
 
 Threading: a model instance is used by one thread at a time (the engine's step loop, or a TP
 worker process's loop). Nothing here allocates per-request state.
@@ -97,6 +99,21 @@ class ModelConfig:
         ):
             if n % tp_size:
                 raise ValueError(f"--tp {tp_size} does not divide the model's {what} ({n})")
+
+    def validate_pp(self, pp_size: int) -> None:
+        """Raise ValueError if this model cannot be split into ``pp_size`` pipeline stages."""
+        if pp_size < 1:
+            raise ValueError(f"--pp must be >= 1, got {pp_size}")
+        if pp_size > self.num_layers:
+            raise ValueError(f"--pp {pp_size} is more stages than the model's {self.num_layers} layers")
+
+
+def stage_layers(num_layers: int, pp_size: int, pp_rank: int) -> range:
+    """Layer indices of pipeline stage ``pp_rank``: contiguous, as even as possible (the first
+    ``num_layers % pp_size`` stages hold one more)."""
+    base, extra = divmod(num_layers, pp_size)
+    start = pp_rank * base + min(pp_rank, extra)
+    return range(start, start + base + (1 if pp_rank < extra else 0))
 
 
 #: Built-in presets with seeded random weights and the bundled tokenizer (vocab 2048).
@@ -261,8 +278,29 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
+class _Batch:
+    """One forward's per-token metadata (positions, cache slots, attention layout), built once and
+    shared by every layer (and rebuilt on each pipeline stage from the same ``SeqInput`` list)."""
+
+    total: int
+    tokens: torch.Tensor
+    slots: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    prefill: list[tuple[int, int, int, torch.Tensor | None]]
+    prefill_masks: list[torch.Tensor | None]
+    ctx_dev: list[torch.Tensor | None]
+    dec_rows_t: torch.Tensor | None
+    dec_slots: torch.Tensor | None
+    dec_mask: torch.Tensor | None
+    logit_rows: list[int]
+
+
+@dataclass
 class LlamaModel:
-    """The decoder (one TP shard of it when ``tp_size > 1``). Build with :meth:`from_state_dict`."""
+    """The decoder (one TP shard of it when ``tp_size > 1``; one pipeline stage's layers when
+    ``pp_size > 1``, ``first_layer`` the global index of ``layers[0]``). Build with
+    :meth:`from_state_dict`."""
 
     cfg: ModelConfig
     tp_rank: int
@@ -278,6 +316,17 @@ class LlamaModel:
     local_heads: int = 0
     local_kv_heads: int = 0
     extra: dict[str, object] = field(default_factory=dict)
+    pp_rank: int = 0
+    pp_size: int = 1
+    first_layer: int = 0
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
 
     @classmethod
     def from_state_dict(
@@ -288,9 +337,15 @@ class LlamaModel:
         tp_rank: int = 0,
         tp_size: int = 1,
         all_reduce: AllReduce | None = None,
+        pp_rank: int = 0,
+        pp_size: int = 1,
     ) -> "LlamaModel":
-        """Take this rank's shard of HF-named weights, cast to ``cfg.dtype``, move to ``device``."""
+        """Take this rank's shard of HF-named weights (its TP shard of its pipeline stage's
+        layers), cast to ``cfg.dtype``, move to ``device``. Embeddings and LM head are loaded on
+        every stage (the first embeds, the last projects; small next to the layers)."""
         cfg.validate_tp(tp_size)
+        cfg.validate_pp(pp_size)
+        own = stage_layers(cfg.num_layers, pp_size, pp_rank)
         dev = torch.device(device)
         dt = cfg.torch_dtype
         d = cfg.head_dim
@@ -312,7 +367,7 @@ class LlamaModel:
             return t.to(device=dev, dtype=dt).contiguous()
 
         layers: list[_Layer] = []
-        for i in range(cfg.num_layers):
+        for i in own:
             p = f"model.layers.{i}."
             q = rows(get(p + "self_attn.q_proj.weight"), hq * d)
             k = rows(get(p + "self_attn.k_proj.weight"), hkv * d)
@@ -349,6 +404,9 @@ class LlamaModel:
             all_reduce=all_reduce,
             local_heads=hq,
             local_kv_heads=hkv,
+            pp_rank=pp_rank,
+            pp_size=pp_size,
+            first_layer=own.start,
         )
 
     # -- paged forward -------------------------------------------------------------------------
@@ -366,9 +424,38 @@ class LlamaModel:
         ``want_logits`` (in order), or None when ``compute_logits`` is False (TP workers).
         All sequences' tokens go through the projections and MLP as one matrix; attention runs
         per prefill sequence and as one padded batch for single-token (decode) sequences.
+        Needs the whole model on this rank (``pp_size == 1``); stages use :meth:`forward_stage`.
         """
-        cfg, dev = self.cfg, self.device
-        bs = cache.block_size
+        if self.pp_size != 1:
+            raise ValueError("forward needs every layer (pp_size=1); a pipeline stage runs forward_stage")
+        return self.forward_stage(seqs, cache, None, compute_logits)
+
+    @torch.inference_mode()
+    def forward_stage(self, seqs: Sequence[SeqInput], cache: PagedKVCache, hidden: torch.Tensor | None = None,
+                      compute_logits: bool = True) -> torch.Tensor | None:
+        """This stage's share of one step: embed the tokens (first stage) or take ``hidden``
+        ``[tokens, hidden_size]`` from the stage before, run this stage's layers (K/V into
+        ``cache``, which holds only these layers), then return float32 logits (last stage; None
+        when ``compute_logits`` is False or no sequence wants logits) or the hidden states for
+        the next stage."""
+        b = self._batch(seqs, cache.block_size)
+        if self.is_first_stage:
+            x = self.embed[b.tokens]
+        else:
+            if hidden is None or hidden.shape[0] != b.total:
+                raise ValueError(f"pipeline stage {self.pp_rank} needs hidden states for {b.total} tokens")
+            x = hidden
+        x = self._run_layers(x, b, cache)
+        if not self.is_last_stage:
+            return x
+        if not compute_logits or not b.logit_rows:
+            return None
+        last = x[torch.tensor(b.logit_rows, dtype=torch.long, device=self.device)]
+        return F.linear(_rms_norm(last, self.final_norm, self.cfg.rms_norm_eps), self.lm_head).float()
+
+    def _batch(self, seqs: Sequence[SeqInput], bs: int) -> _Batch:
+        """Positions, cache slots and attention layout of a step (``bs``: block size in tokens)."""
+        dev = self.device
         tok_list: list[int] = []
         pos_parts: list[torch.Tensor] = []
         slot_parts: list[torch.Tensor] = []
@@ -393,16 +480,9 @@ class LlamaModel:
             if s.want_logits:
                 logit_rows.append(row + n - 1)
             row += n
-        total = row
-        tokens = torch.tensor(tok_list, dtype=torch.long, device=dev)
         positions = torch.cat(pos_parts).to(dev)
-        slots = torch.cat(slot_parts).to(dev)
-        cos = self.rope_cos[positions].unsqueeze(1)  # [T, 1, D]
-        sin = self.rope_sin[positions].unsqueeze(1)
-
         # decode batch: pad context slots to the longest, mask the padding
-        dec_slots = dec_mask = None
-        dec_rows_t = None
+        dec_slots = dec_mask = dec_rows_t = None
         if dec_rows:
             lmax = max(len(c) for c in dec_ctx)
             pad = torch.zeros(len(dec_ctx), lmax, dtype=torch.long)
@@ -421,12 +501,28 @@ class LlamaModel:
                 q_pos = torch.arange(start, start + n, device=dev)[:, None]
                 k_pos = torch.arange(0, start + n, device=dev)[None, :]
                 prefill_masks.append(k_pos <= q_pos)
-        ctx_dev = [None if c is None else c.to(dev) for (_r, _n, _s, c) in prefill]
+        return _Batch(
+            total=row,
+            tokens=torch.tensor(tok_list, dtype=torch.long, device=dev),
+            slots=torch.cat(slot_parts).to(dev),
+            cos=self.rope_cos[positions].unsqueeze(1),  # [T, 1, D]
+            sin=self.rope_sin[positions].unsqueeze(1),
+            prefill=prefill,
+            prefill_masks=prefill_masks,
+            ctx_dev=[None if c is None else c.to(dev) for (_r, _n, _s, c) in prefill],
+            dec_rows_t=dec_rows_t,
+            dec_slots=dec_slots,
+            dec_mask=dec_mask,
+            logit_rows=logit_rows,
+        )
 
+    def _run_layers(self, x: torch.Tensor, b: _Batch, cache: PagedKVCache) -> torch.Tensor:
+        """This rank's layers over ``x`` ``[tokens, hidden]``; cache layer ``li`` is the local index."""
+        cfg, dev = self.cfg, self.device
+        total, cos, sin = b.total, b.cos, b.sin
         hq, hkv, d = self.local_heads, self.local_kv_heads, cfg.head_dim
         group = hq // hkv
         eps = cfg.rms_norm_eps
-        x = self.embed[tokens]
         for li, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.attn_norm, eps)
             qkv = F.linear(h, layer.w_qkv)
@@ -435,9 +531,9 @@ class LlamaModel:
             v = qkv[:, (hq + hkv) * d :].view(total, hkv, d)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            cache.write(li, slots, k, v)
+            cache.write(li, b.slots, k, v)
             attn = torch.empty(total, hq, d, dtype=x.dtype, device=dev)
-            for (r, n, _start, _c), ctx, mask in zip(prefill, ctx_dev, prefill_masks):
+            for (r, n, _start, _c), ctx, mask in zip(b.prefill, b.ctx_dev, b.prefill_masks):
                 if ctx is None:
                     kc, vc = k[r : r + n], v[r : r + n]
                 else:
@@ -451,21 +547,18 @@ class LlamaModel:
                     group,
                 )
                 attn[r : r + n] = o[0].transpose(0, 1)
-            if dec_rows_t is not None:
-                assert dec_slots is not None and dec_mask is not None
-                kc, vc = cache.gather(li, dec_slots)  # [B, L, hkv, d]
-                qd = q[dec_rows_t].unsqueeze(2)  # [B, hq, 1, d]
-                o = _sdpa(qd, kc.transpose(1, 2), vc.transpose(1, 2), dec_mask, group)
-                attn[dec_rows_t] = o.squeeze(2)
+            if b.dec_rows_t is not None:
+                assert b.dec_slots is not None and b.dec_mask is not None
+                kc, vc = cache.gather(li, b.dec_slots)  # [B, L, hkv, d]
+                qd = q[b.dec_rows_t].unsqueeze(2)  # [B, hq, 1, d]
+                o = _sdpa(qd, kc.transpose(1, 2), vc.transpose(1, 2), b.dec_mask, group)
+                attn[b.dec_rows_t] = o.squeeze(2)
             x = x + self._reduce(F.linear(attn.view(total, hq * d), layer.w_o))
             h = _rms_norm(x, layer.mlp_norm, eps)
             gu = F.linear(h, layer.w_gate_up)
             inter = gu.shape[-1] // 2
             x = x + self._reduce(F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], layer.w_down))
-        if not compute_logits or not logit_rows:
-            return None
-        last = x[torch.tensor(logit_rows, dtype=torch.long, device=dev)]
-        return F.linear(_rms_norm(last, self.final_norm, eps), self.lm_head).float()
+        return x
 
     # -- dense reference -------------------------------------------------------------------------
 
@@ -475,8 +568,8 @@ class LlamaModel:
 
         Only for an unsharded model; used by tests to check the paged path.
         """
-        if self.tp_size != 1:
-            raise ValueError("forward_dense needs an unsharded model (tp_size=1)")
+        if self.tp_size != 1 or self.pp_size != 1:
+            raise ValueError("forward_dense needs an unsharded model (tp_size=1, pp_size=1)")
         cfg, dev = self.cfg, self.device
         t = len(token_ids)
         hq, hkv, d = self.local_heads, self.local_kv_heads, cfg.head_dim
@@ -535,11 +628,12 @@ class ModelSpec:
             raise CheckpointError(f"{cfg_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
         return config_from_hf(hf_cfg, name=ckpt.name, dtype=self.dtype)
 
-    def build(self, tp_rank: int = 0, tp_size: int = 1, all_reduce: AllReduce | None = None) -> LlamaModel:
-        """Create the weights (seeded random or loaded) and return this rank's shard."""
+    def build(self, tp_rank: int = 0, tp_size: int = 1, all_reduce: AllReduce | None = None,
+              pp_rank: int = 0, pp_size: int = 1) -> LlamaModel:
+        """Create the weights (seeded random or loaded) and return this rank's shard (of its stage)."""
         if self.is_preset():
             cfg = self.resolve_config()
             sd = random_state_dict(cfg, self.seed)
         else:
             cfg, sd = load_checkpoint(self.model, dtype=self.dtype)
-        return LlamaModel.from_state_dict(cfg, sd, self.device, tp_rank, tp_size, all_reduce)
+        return LlamaModel.from_state_dict(cfg, sd, self.device, tp_rank, tp_size, all_reduce, pp_rank, pp_size)
