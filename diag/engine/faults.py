@@ -16,6 +16,10 @@ Each knob adds a real delay at the place the cause would act; every measurement 
   long after the server has it ready, pipelined: chunks do not wait for each other's delay
   (a slow network between engine and client; moves ``network`` = client TTFT - server TTFT,
   not ITL; the step loop is untouched).
+- ``frontend_workers``: the server's front end runs at most this many HTTP request workers and
+  tokenizer threads (a saturated front end, like llama.cpp's ``--threads-http`` below its
+  slots; requests wait before the engine sees them: ``ttft.frontend.*`` on the request span,
+  not ``queue``; see :mod:`diag.engine.frontend`). 0 = off.
 
 Thread-safe: a :class:`FaultConfig` is immutable.
 """
@@ -35,6 +39,7 @@ FAULTS: dict[str, tuple[float, str]] = {
     "detokenize_ms_per_token": (60_000.0, "ms of extra detokenizer time per output token"),
     "load_delay_s": (3600.0, "s added to model loading (cold start)"),
     "network_delay_ms": (60_000.0, "ms between a response chunk being ready and the client getting it (pipelined)"),
+    "frontend_workers": (4096.0, "HTTP workers and tokenizer threads the front end keeps at most (a whole number)"),
 }
 
 
@@ -52,6 +57,7 @@ class FaultConfig:
     detokenize_ms_per_token: float = 0.0
     load_delay_s: float = 0.0
     network_delay_ms: float = 0.0
+    frontend_workers: float = 0.0
 
     def active(self) -> dict[str, float]:
         """Only the knobs that are on, for the capture's meta.json."""
@@ -76,6 +82,8 @@ def parse_injection(item: str) -> tuple[str, float]:
     upper = FAULTS[name][0]
     if not math.isfinite(value) or value < 0 or value > upper:
         raise FaultError(f"--inject {item!r}: {name} must be between 0 and {upper:g}")
+    if name == "frontend_workers" and value != int(value):
+        raise FaultError(f"--inject {item!r}: frontend_workers must be a whole number of workers")
     return name, value
 
 

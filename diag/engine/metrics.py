@@ -56,6 +56,14 @@ METRIC_NAMES: tuple[str, ...] = tuple(
         # prefix cache (diag.engine.prefix_cache): tokens, as vLLM V1 counts them
         "prefix_cache_queries_total",
         "prefix_cache_hits_total",
+        # front end (diag.engine.frontend): before the engine's own queue
+        "frontend_requests_waiting",
+        "frontend_requests_active",
+        "frontend_http_workers",
+        "frontend_tokenizer_workers",
+        "frontend_wait_seconds",
+        # admission (diag.engine.scheduler.WAIT_REASONS): why waiting requests wait
+        "num_requests_waiting_by_reason",
     )
 )
 
@@ -108,7 +116,28 @@ class EngineMetrics:
         self.prefix_cache_queries = counter(
             "prefix_cache_queries", "Prefix-cache queries, in tokens (whole sequence at each admission).").labels(m)
         self.prefix_cache_hits = counter("prefix_cache_hits", "Prefix-cache hits, in tokens (served from cached blocks).").labels(m)
+        # front end (diag.engine.frontend): waits before the engine sees a request, apart from num_requests_waiting
+        self.frontend_waiting = gauge("frontend_requests_waiting",
+                                      "Requests waiting for an HTTP worker or a tokenizer thread (not yet in the engine).").labels(m)
+        self.frontend_active = gauge("frontend_requests_active", "Requests holding an HTTP worker.").labels(m)
+        self.frontend_http_workers = gauge("frontend_http_workers", "HTTP request workers (0 = unbounded).").labels(m)
+        self.frontend_tokenizer_workers = gauge("frontend_tokenizer_workers", "Tokenizer threads.").labels(m)
+        self.frontend_wait = hist("frontend_wait_seconds", "Request parsed -> a tokenizer thread starts on it "
+                                  "(HTTP worker + tokenizer waits).", _REQUEST_BUCKETS_S).labels(m)
+        # why waiting requests wait (the idea of vLLM's num_requests_waiting_by_reason{reason=capacity|deferred});
+        # reasons: diag.engine.scheduler.WAIT_REASONS, set after every engine step
+        self._waiting_by_reason = Gauge(PREFIX + "num_requests_waiting_by_reason",
+                                        "Waiting requests by why they wait (kv_blocks, kv_reservation, max_running, "
+                                        "token_budget, partial_prefills, head_of_line, preempted).",
+                                        lbl + ["reason"], registry=r)
         self._model = m
+
+    def set_waiting_by_reason(self, counts: dict[str, int]) -> None:
+        """Set the by-reason gauge: every reason seen so far is written (0 when absent now)."""
+        from diag.engine.scheduler import WAIT_REASONS
+
+        for reason in WAIT_REASONS:
+            self._waiting_by_reason.labels(self._model, reason).set(counts.get(reason, 0))
 
     def success(self, reason: str) -> None:
         self._success.labels(self._model, reason).inc()

@@ -18,15 +18,21 @@ Fault ``network_delay_ms``: every SSE write (headers, each chunk) and each non-s
 goes to the client that long after it is ready, pipelined (see :class:`_DelayedWriter`), so it
 adds to the client's TTFT but not to its inter-token gaps, and never touches the step loop.
 
-Threading: handlers run on the server's asyncio loop; tokenization runs on a one-thread
-executor (``Engine.submit``); engine events come back through ``AsyncEventStream``.
+Front end (:mod:`diag.engine.frontend`): each request holds one of ``EngineConfig.http_workers``
+HTTP workers (unbounded by default) from its parsed body to the end of its response, and runs
+``Engine.submit`` (tokenize, validate, enqueue) on one of ``tokenizer_workers`` threads (one by
+default). Requests beyond them wait before the engine sees them; that wait is on the request span
+(``stages.ATTR_FRONTEND_*``) and in ``/metrics``; a full ``http_backlog`` gets 503. The fault
+``frontend_workers=N`` shrinks both pools.
+
+Threading: handlers run on the server's asyncio loop; tokenization runs on the front end's
+tokenizer threads (``Engine.submit``); engine events come back through ``AsyncEventStream``.
 :class:`ServerThread` runs the whole server on its own loop in a background thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import math
 import threading
@@ -44,6 +50,8 @@ from diag.engine.engine import (
     QueueFullError,
     TokenEvent,
 )
+from diag import stages
+from diag.engine.frontend import FrontEnd, FrontEndFull, FrontEndWait, effective_sizes
 from diag.engine.sampler import MAX_TOKENS_LIMIT, SamplingParams
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -216,13 +224,19 @@ class EngineServer:
         host: str = "127.0.0.1",
         port: int = 0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        tokenizer_threads: int = 1,
+        tokenizer_threads: int | None = None,
     ) -> None:
+        """``tokenizer_threads`` overrides ``engine.config.tokenizer_workers`` (the fault still shrinks it)."""
         self.engine = engine
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
-        self._pool = concurrent.futures.ThreadPoolExecutor(tokenizer_threads, thread_name_prefix="ttft-tokenize")
+        cfg = engine.config
+        self.frontend = FrontEnd(
+            effective_sizes(cfg.http_workers, cfg.http_backlog, tokenizer_threads or cfg.tokenizer_workers,
+                            engine.faults.frontend_workers),
+            engine.metrics,
+        )
         self._runner: web.AppRunner | None = None
         self._engine_settled: asyncio.Event | None = None  # ready or failed (lazy load)
         self.network_delay_s = engine.faults.network_delay_ms / 1000.0
@@ -269,7 +283,7 @@ class EngineServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.frontend.shutdown()
 
     # -- handlers ------------------------------------------------------------------------------
 
@@ -343,11 +357,20 @@ class EngineServer:
         except BadRequest as exc:
             engine.metrics.rejected("invalid")
             return error_response(str(exc), exc.status, exc.param)
+        wait = FrontEndWait()
+        try:
+            async with self.frontend.worker(wait):
+                return await self._serve(request, parsed, chat, arrival_ns, wait)
+        except FrontEndFull as exc:
+            return error_response(str(exc), 503)
+
+    async def _serve(self, request: web.Request, parsed: ParsedRequest, chat: bool, arrival_ns: int,
+                     wait: FrontEndWait) -> web.StreamResponse:
+        """One request on its HTTP worker: submit on a tokenizer thread, then stream or collect."""
+        engine = self.engine
         rid = uuid.uuid4().hex[:24]
         stream = AsyncEventStream()
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(
-            self._pool,
+        fut = self.frontend.tokenize(
             lambda: engine.submit(
                 stream.push,
                 parsed.params,
@@ -357,8 +380,15 @@ class EngineServer:
                 request_id=rid,
                 traceparent=request.headers.get("traceparent"),
                 arrival_ns=arrival_ns,
-                trace_attributes={"gen_ai.operation.name": "chat" if chat else "text_completion"},
+                trace_attributes={
+                    "gen_ai.operation.name": "chat" if chat else "text_completion",
+                    stages.ATTR_FRONTEND_WAIT_S: wait.wait_s,
+                    stages.ATTR_FRONTEND_HTTP_WAIT_S: wait.http_wait_s,
+                    stages.ATTR_FRONTEND_TOKENIZER_WAIT_S: wait.tokenizer_wait_s,
+                },
+                max_tokens_given=parsed.max_tokens_given,
             ),
+            wait,
         )
         try:
             submitted = await asyncio.shield(fut)
