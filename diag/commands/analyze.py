@@ -26,6 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("captures", nargs="*", metavar="CAPTURE", help="capture directory (or a spans .jsonl file)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also list each rule that could not run and what it needed (feature names)")
     p.add_argument("--rules", metavar="FILE", help="TOML file overriding rule thresholds")
     p.add_argument("--slo", metavar="SPEC", help="SLOs to gate on, each with a unit (ms, s, us), "
                    "e.g. ttft_p99=2s,tpot_p99=100ms")
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(analysis_document(analysis), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
-        print(format_analysis(analysis))
+        print(format_analysis(analysis, args.verbose))
     return verdict_exit_code(analysis, slo, "analyze")
 
 
@@ -91,7 +93,7 @@ def run_fleet(args: argparse.Namespace, slo: Mapping[str, float] | None) -> int:
         json.dump(fleet_document(fleet), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
-        print(format_fleet(fleet))
+        print(format_fleet(fleet, args.verbose))
     return verdict_exit_code(fleet.fleet, slo, "analyze")
 
 

@@ -15,7 +15,7 @@ def _row(name: str, category: str, confidence: str, p95: str, explains: str, wid
     return f"{name:<{width}}  {category:<16} {confidence:>10}  {p95:>9}  {explains}"
 
 
-def format_fleet(f: FleetAnalysis) -> str:
+def format_fleet(f: FleetAnalysis, verbose: bool = False) -> str:
     """The fleet's verdict line, one row per replica, then the hot replica's whole diagnosis."""
     fleet_d = f.fleet.diagnosis
     out: list[str] = []
@@ -39,7 +39,7 @@ def format_fleet(f: FleetAnalysis) -> str:
     else:
         out.append(f"hot replica: {hot.name} (TTFT p95 {fmt_s(hot.ttft_p95_s)}, the highest of those with a bottleneck)")
         out.append("")
-        out.append(format_diagnosis(hot.analysis.diagnosis))
+        out.append(format_diagnosis(hot.analysis.diagnosis, verbose))
     return "\n".join(out)
 
 

@@ -45,8 +45,11 @@ def finding_body(f: Finding, ttft_p95_s: float | None, brief: bool = False) -> l
     return lines
 
 
-def format_diagnosis(d: Diagnosis) -> str:
-    """The whole diagnosis as text (what ``ttft analyze`` prints above the decomposition)."""
+def format_diagnosis(d: Diagnosis, verbose: bool = False) -> str:
+    """The whole diagnosis as text (what ``ttft analyze`` prints above the decomposition).
+
+    ``verbose`` lists each rule that could not run with what it needed (feature names: for
+    engineers); otherwise one line names them and says ``-v`` shows why."""
     out: list[str] = []
     v = d.verdict
     p95 = d.features.value("ttft_p95_s")
@@ -62,10 +65,15 @@ def format_diagnosis(d: Diagnosis) -> str:
     if d.notes:
         out.append("")
         out.extend(f"note: {n}" for n in d.notes)
-    if d.skipped:
+    if d.skipped and verbose:
         out.append("")
         out.append("skipped rules:")
         out.extend(f"  {s.rule_id:<16} {s.reason}" for s in d.skipped)
+    elif d.skipped:
+        out.append("")
+        n = len(d.skipped)
+        out.append(f"{n} rule{'s' if n > 1 else ''} could not run on this capture "
+                   f"({', '.join(s.rule_id for s in d.skipped)}): -v lists what each needs")
     return "\n".join(out)
 
 
@@ -91,13 +99,36 @@ def format_decomposition(dec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_analysis(a: Analysis) -> str:
-    """What ``ttft analyze`` prints: the diagnosis, the decomposition, notes, clock offsets, warnings."""
+def format_metrics_only(a: Analysis) -> str:
+    """The footer of a capture with engine series and no request: what its numbers come from."""
+    series = a.tables.series
+    f = a.diagnosis.features if a.diagnosis is not None else None
+    pct = {q: f.value(f"ttft_p{q}_s") if f is not None else None for q in (50, 95, 99)}
+    ts = series["ts_s"].astype(float)
+    ents = sorted(e for e in series["entity"].astype(str).unique() if e)
+    sources = ", ".join(sorted(series["source"].astype(str).unique()))
+    lines = [f"engine metrics only ({sources}): {ts.nunique()} scrapes over {fmt_s(ts.max() - ts.min())}"
+             + (f" from {len(ents)} replicas (ttft analyze --by instance judges each)" if len(ents) > 1 else "")]
+    if any(v is not None for v in pct.values()):
+        lines.append(f"TTFT from the engine's histograms (windowed): p50 {fmt_s(pct[50])}  p95 {fmt_s(pct[95])}  "
+                     f"p99 {fmt_s(pct[99])}")
+    lines.append("no per-request spans: for every stage of each request, join a client capture (ttft probe) "
+                 "and a server one (ttft instrument, --otlp, ttft receive)")
+    return "\n".join(lines)
+
+
+def format_analysis(a: Analysis, verbose: bool = False) -> str:
+    """What ``ttft analyze`` prints: the diagnosis, the decomposition (or, for a capture of engine
+    metrics alone, what its numbers come from), notes, clock offsets, warnings; ``verbose`` as
+    for :func:`format_diagnosis`."""
     parts = []
     if a.diagnosis is not None:
-        parts.append(format_diagnosis(a.diagnosis))
+        parts.append(format_diagnosis(a.diagnosis, verbose))
         parts.append("")
-    parts.append(format_decomposition(a.decomposition))
+    if not len(a.tables.requests) and len(a.tables.series):
+        parts.append(format_metrics_only(a))
+    else:
+        parts.append(format_decomposition(a.decomposition))
     if a.tables.lumped_notes:
         parts.append("")
         for eng, note in a.tables.lumped_notes.items():
@@ -111,4 +142,5 @@ def format_analysis(a: Analysis) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["format_analysis", "format_decomposition", "format_diagnosis", "finding_body", "evidence_line"]
+__all__ = ["format_analysis", "format_decomposition", "format_diagnosis", "format_metrics_only", "finding_body",
+           "evidence_line"]

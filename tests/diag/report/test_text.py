@@ -32,7 +32,31 @@ def test_format_diagnosis_lays_out_verdict_others_notes_and_skipped() -> None:
     assert "threshold" not in ctx and "crossed" not in ctx and "96%" in ctx
     assert "  2. decode (confidence 40%) - Slow tokens" in lines
     assert "note: cold start reported apart" in lines
-    assert any(ln.startswith("  comm") and "needs comm spans" in ln for ln in lines)
+    # people get one line naming the rules that could not run; -v gives engineers what each needed
+    assert "1 rule could not run on this capture (comm): -v lists what each needs" in lines
+    assert not any("needs comm spans" in ln for ln in lines)
+    verbose = format_diagnosis(d, verbose=True).splitlines()
+    assert "skipped rules:" in verbose
+    assert any(ln.startswith("  comm") and "needs comm spans" in ln for ln in verbose)
+
+
+def test_a_metrics_only_capture_gets_a_footer_that_fits_it(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from diag import stages as S
+    from diag.analysis import analyze_paths
+    from diag.capture import CaptureWriter
+    from diag.report.text import format_analysis
+
+    rows = [(1000.0 + 5 * k, "prometheus", name, ent, v) for k in range(1, 7) for ent in ("a:1", "b:1")
+            for name, v in ((S.SERIES_REQUESTS_PER_S, 2.0), (S.SERIES_TTFT_S, 0.4), ("ttft_s_p95", 0.9),
+                            (S.SERIES_QUEUE_TIME_S, 0.3), (S.SERIES_PREFILL_TIME_S, 0.05))]
+    with CaptureWriter(tmp_path / "m", meta={"command": "test"}) as w:
+        w.write_series("prometheus", pd.DataFrame(rows, columns=list(S.SERIES_COLUMNS)))
+    text = format_analysis(analyze_paths([tmp_path / "m"]))
+    assert "TTFT over 0 requests" not in text and "no stage spans" not in text
+    assert "engine metrics only (prometheus): 6 scrapes over 25.0 s from 2 replicas" in text
+    assert "p95 900.0 ms" in text
 
 
 def test_no_data_verdict_text_starts_with_the_category() -> None:
