@@ -90,14 +90,19 @@ class RulesRun:
 def rules_input(tables: Tables, window_ns: tuple[int, int] | None,
                 max_requests: int = RULES_MAX_REQUESTS) -> tuple[Tables, tuple[int, int] | None, int, int]:
     """The tables the rules get for a window: requests/steps/series of the window (cut to its
-    most recent ``max_requests`` requests) and only the spans that start inside it (plus the
+    most recent ``max_requests`` requests; ``window_ns`` None: the whole capture, uncut unless
+    it holds more than ``max_requests``) and only the spans that start inside it (plus the
     longest request's duration), so the rules' cost follows the window, not the capture.
     Returns (tables, rules window, requests seen, requests in the window)."""
     if window_ns is None:
-        st = tables.requests["start_ns"] if len(tables.requests) else pd.Series(dtype="float64")
-        if not len(st):
-            return tables, None, 0, 0
-        window_ns = (int(np.nanmin(st.to_numpy(dtype="float64"))), int(np.nanmax(st.to_numpy(dtype="float64"))) + 1)
+        # the whole capture: the tables as they are, so the rules compute what `ttft analyze`
+        # computes (a window cut here dropped the last /metrics sample: 60% vs 55%)
+        n = len(tables.requests)
+        st = tables.requests["start_ns"].to_numpy(dtype="float64") if n and "start_ns" in tables.requests.columns \
+            else np.zeros(0)
+        if n <= max_requests or not (~np.isnan(st)).any():
+            return tables, None, n, n
+        window_ns = (int(np.nanmin(st)), int(np.nanmax(st)) + 1)
     w = window_tables(tables, window_ns)
     total = len(w.requests)
     lo, hi = window_ns

@@ -304,7 +304,8 @@ def slowest_vm(p: Prepared, req: pd.DataFrame, rows: np.ndarray | slice, ok: np.
 def build_view_model_with_rules(snap: Snapshot, slo: dict[str, float] | None = None,
                                 rules_file: str | None = None) -> ViewModel:
     """Rules then view model, in one call (headless callers and benchmarks; worker thread)."""
-    run = adapters.run_rules(snap.tables, snap.window_ns, slo=slo, rules_file=rules_file)
+    slo = slo if slo is not None else snap.slo
+    run = adapters.run_rules(snap.tables, None if snap.whole else snap.window_ns, slo=slo, rules_file=rules_file)
     return build_view_model(snap, run)
 
 
@@ -327,8 +328,9 @@ def build_view_model(snap: Snapshot, run: adapters.RulesRun | None = None, stale
             vm.verdict.as_of = time.strftime("%H:%M:%S", time.localtime(run.window_ns[1] / NS))
     try:  # the verdict above is painted even when the window's data cannot be prepared
         p = prepared(snap.tables)
-        rows = p.req_rows(window)
-        srows = p.step_rows(window)
+        # the whole capture: every row, the population `ttft analyze` describes
+        rows = slice(None) if snap.whole else p.req_rows(window)
+        srows = slice(None) if snap.whole else p.step_rows(window)
     except Exception as exc:
         vm.errors.append(f"panels failed: {type(exc).__name__}: {str(exc)[:160]}")
         return vm

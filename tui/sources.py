@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -29,14 +29,15 @@ import pandas as pd
 # The feed types live with the collectors (floor 2); named here too for the TUI's callers.
 from collectors.feeds import CallableMonitor, Monitor, PhaseInfo, ProcessMonitor  # noqa: F401
 from diag import stages
+from diag.analysis import expand_capture_paths, load_captures, recorded_slo
 from diag.capture import (
     META_FILE,
     SERIES_DIR,
     SPANS_FILE,
+    SPANS_FILE_GZ,
     Capture,
     CaptureError,
     empty_span_table,
-    load_capture,
 )
 from diag.tables import Tables, build_tables
 from tui.outage import ServerState, server_state
@@ -120,7 +121,9 @@ def _extent(tables: Tables) -> tuple[int, int]:
     if not lo:
         now = time.time_ns()
         return now, now
-    return int(min(lo)), int(max(hi)) + 1
+    # end one µs past the last timestamp: start_ns columns are often float64 (NaN-able), whose
+    # spacing at today's epoch is 256 ns, so "+ 1 ns" rounded back onto the last request
+    return int(min(lo)), int(max(hi)) + 1000
 
 
 def default_window_s(extent_ns: tuple[int, int]) -> float:
@@ -131,16 +134,27 @@ def default_window_s(extent_ns: tuple[int, int]) -> float:
 
 
 class CaptureSource:
-    """A recorded capture with a time cursor. The capture is loaded on the first ``poll``
-    (a worker thread), so the UI is up before a large capture finishes loading."""
+    """One recorded capture, or several joined by trace id (``client server-0``), with a time
+    cursor. They are loaded on the first ``poll`` (a worker thread), so the UI is up before a
+    large capture finishes loading, and joined as ``ttft analyze`` joins them
+    (:func:`diag.analysis.load_captures`, :func:`diag.tables.build_tables`).
+
+    ``slo`` (seconds by ``ttft_p99``-style key): what the rules hold the run to; None takes the
+    SLO the capture records, as ``ttft analyze`` does (:func:`diag.analysis.recorded_slo`)."""
 
     live = False
 
-    def __init__(self, path: str | os.PathLike[str], window_s: float | None = None,
-                 tables: Tables | None = None) -> None:
-        self.path = Path(path)
-        self.title = f"ttft view {self.path}"
+    def __init__(self, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                 window_s: float | None = None, tables: Tables | None = None,
+                 slo: dict[str, float] | None = None) -> None:
+        raw = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+        if not raw:
+            raise CaptureError("no capture given")
+        self.paths = [Path(p) for p in raw]
+        self.path = self.paths[0]
+        self.title = "ttft view " + " ".join(str(p) for p in self.paths)
         self._tables = tables
+        self._slo = slo
         self._window_s = window_s
         self._lock = threading.Lock()
         self._end_ns: int | None = None  # window end (cursor); None = not yet placed
@@ -149,7 +163,10 @@ class CaptureSource:
 
     def _load(self) -> Tables:
         if self._tables is None:
-            self._tables = build_tables(load_capture(self.path))
+            caps = load_captures(list(self.paths))
+            self._tables = build_tables(caps)
+            if self._slo is None:
+                self._slo = recorded_slo(caps)
             self._extent = _extent(self._tables)
         elif self._extent is None:
             self._extent = _extent(self._tables)
@@ -169,7 +186,8 @@ class CaptureSource:
                 end = self._end_ns
                 window = (end - width, end)
         notes = list(tables.warnings[:3])
-        return Snapshot(tables, window, (lo, hi), 1, False, self.title, notes=notes, whole=self._whole)
+        return Snapshot(tables, window, (lo, hi), 1, False, self.title, notes=notes, whole=self._whole,
+                        slo=self._slo)
 
     def move(self, steps: int) -> bool:
         with self._lock:
@@ -460,13 +478,19 @@ class LiveSource:
         return None
 
 
-def open_capture_source(path: str | os.PathLike[str], window_s: float | None = None) -> CaptureSource:
-    """A CaptureSource after checking that ``path`` looks like a capture (CaptureError if not)."""
-    p = Path(path)
-    if not p.exists():
-        raise CaptureError(f"{p}: no such capture (expected a directory with {SPANS_FILE} or a .jsonl file)")
-    if p.is_dir() and not any((p / n).exists() for n in (SPANS_FILE, META_FILE, SERIES_DIR)):
-        raise CaptureError(f"{p}: not a capture (no {SPANS_FILE}, {META_FILE} or {SERIES_DIR}/)")
+def open_capture_source(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                        window_s: float | None = None, slo: dict[str, float] | None = None) -> CaptureSource:
+    """A CaptureSource over one capture or several (joined by trace id; a directory of captures
+    stands for all of them) after checking that each looks like a capture (CaptureError if not)."""
+    raw = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    expanded = expand_capture_paths(raw)
+    if not expanded:
+        raise CaptureError("no capture given")
+    for p in expanded:
+        if not p.exists():
+            raise CaptureError(f"{p}: no such capture (expected a directory with {SPANS_FILE} or a .jsonl file)")
+        if p.is_dir() and not any((p / n).exists() for n in (SPANS_FILE, SPANS_FILE_GZ, META_FILE, SERIES_DIR)):
+            raise CaptureError(f"{p}: not a capture (no {SPANS_FILE}, {META_FILE} or {SERIES_DIR}/)")
     if window_s is not None and (not np.isfinite(window_s) or window_s <= 0):
         raise CaptureError(f"--window {window_s}: must be a positive number of seconds")
-    return CaptureSource(p, window_s)
+    return CaptureSource(expanded, window_s, slo=slo)
