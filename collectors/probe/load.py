@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.probe import eventloop
+from collectors.probe.affinity import worker_cpus
 from collectors.probe.client import RequestResult, StreamingClient
 from collectors.probe.health import HealthMonitor, HealthSamples
 from collectors.probe.workload import Workload
@@ -268,12 +269,18 @@ class WorkerJob:
     out_path: str
     trace: bool
     words_per_token: float = 1.0
+    #: CPUs to pin this worker to (``--cpus``: its own one when there is one per worker)
+    cpus: tuple[int, ...] | None = None
 
 
 def _worker_main(job: WorkerJob, barrier: Any) -> None:
     """Entry point of a spawned worker: run one phase, write results/health/spans to a file."""
     payload: dict[str, Any] = {"results": [], "health": [], "span_lines": [], "error": None}
     try:
+        if job.cpus:
+            from collectors.probe.affinity import pin_process
+
+            pin_process(job.cpus)
         from collectors.probe.spans_io import drain_span_lines
         from collectors.probe.workload import TokenCounter
         from collectors.spans import setup_tracing
@@ -326,8 +333,11 @@ def run_phase_in_workers(
     load: LoadSpec,
     segment: str | None,
     trace: bool = True,
+    cpus: tuple[int, ...] | None = None,
 ) -> PhaseOutcome:
     """Run one phase split over ``workers`` spawned processes and merge what they return.
+
+    ``cpus`` pins the workers (each its own CPU when there are enough, else all share them).
 
     Blocks the calling thread (do not call it from a running event loop). Workers start
     together after a barrier; a worker that fails is reported in ``notes`` and the others'
@@ -344,7 +354,7 @@ def run_phase_in_workers(
             jobs.append(WorkerJob(k, endpoint, client_kwargs, wspec,
                                   workload.tokenizer.path if workload.tokenizer is not None else None,
                                   share, segment, str(Path(tmp) / f"worker-{k}.pkl"), trace,
-                                  workload.words_per_token))
+                                  workload.words_per_token, worker_cpus(cpus, k, len(shares))))
         procs = [ctx.Process(target=_worker_main, args=(job, barrier), daemon=True) for job in jobs]
         for p in procs:
             p.start()

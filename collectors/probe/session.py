@@ -19,6 +19,7 @@ from typing import Any
 
 from collectors.probe import eventloop
 from collectors.probe import health as health_mod
+from collectors.probe.affinity import available_cpus
 from collectors.probe.alongside import Alongside
 from collectors.probe.client import (OPTIONAL_ELEMENT_TEXT, OPTIONAL_ELEMENTS, Endpoint, RequestResult,
                                      StreamingClient, resolve_endpoint)
@@ -66,6 +67,8 @@ class ProbeConfig:
     dropped: frozenset[str] = frozenset()
     #: on a first request refused with 4xx, find which optional element the server refuses
     compat_check: bool = True
+    #: pin the probe's processes to these CPUs (``--cpus``; None = wherever the OS puts them)
+    cpus: tuple[int, ...] | None = None
 
 
 #: 4xx answers that no optional element causes: auth, path, method, rate limits.
@@ -268,6 +271,7 @@ class ProbeSession:
                 "workload": cfg.workload.describe(),
                 "prompt_length_method": self.workload.length_method,
                 "workers": cfg.workers,
+                "cpus": list(available_cpus() or ()) if cfg.cpus else None,  # the mask in force
                 "event_loop": eventloop.loop_name(),
                 "timeout_s": cfg.timeout_s,
                 "slo": cfg.slo,
@@ -282,8 +286,14 @@ class ProbeSession:
         )
 
     def client_health(self) -> dict[str, Any]:
-        return health_mod.summarize(self.health_samples if len(self.health_samples) else [],
-                                    (r.conn_wait_s for r in self.results))
+        out = health_mod.summarize(self.health_samples if len(self.health_samples) else [],
+                                   (r.conn_wait_s for r in self.results))
+        out["client_cpu"] = health_mod.client_cpu(
+            self.health_samples, requests=len(self.results),
+            chunks=sum(len(r.token_times_ns) for r in self.results) or None,
+            server_local=health_mod.server_is_local(self.endpoint.base_url if self.endpoint else None),
+            pinned=self.config.cpus)
+        return out
 
     # --- phases -----------------------------------------------------------------------------
 
@@ -327,7 +337,7 @@ class ProbeSession:
             loop = asyncio.get_running_loop()
             outcome = await loop.run_in_executor(
                 None, run_phase_in_workers, self.config.workers, self.endpoint, self._client_kwargs(), workload,
-                load, segment, True)
+                load, segment, True, self.config.cpus)
             if self.writer is not None and outcome.span_lines:
                 self.writer.append_span_lines(outcome.span_lines)
             outcome.span_lines = []
@@ -399,8 +409,17 @@ async def run_probe_async(config: ProbeConfig, writer: CaptureWriter | None = No
 def run_probe(config: ProbeConfig, writer: CaptureWriter | None = None) -> ProbeResult:
     """Probe ``config.url`` with ``config.load`` and ``config.workload``; write the capture to
     ``config.output`` (or into ``writer``). Blocks until done; must not be called from a
-    running event loop (use :func:`run_probe_async` there)."""
+    running event loop (use :func:`run_probe_async` there). ``config.cpus`` pins this whole
+    process first (every thread; the workers it starts inherit or get their own CPU)."""
+    _pin(config)
     return eventloop.run(run_probe_async(config, writer))
+
+
+def _pin(config: ProbeConfig) -> None:
+    if config.cpus:
+        from collectors.probe.affinity import pin_process
+
+        pin_process(config.cpus)
 
 
 async def run_sweep_async(config: ProbeConfig, sweep: SweepSpec, writer: CaptureWriter | None = None) -> ProbeResult:
@@ -433,6 +452,7 @@ async def run_sweep_async(config: ProbeConfig, sweep: SweepSpec, writer: Capture
 
 def run_sweep(config: ProbeConfig, sweep: SweepSpec, writer: CaptureWriter | None = None) -> ProbeResult:
     """Run a sweep (prompt | concurrency | rate) into one capture; blocks until done."""
+    _pin(config)
     return eventloop.run(run_sweep_async(config, sweep, writer))
 
 

@@ -65,6 +65,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="URL", help="scrape this Prometheus /metrics into the capture while probing")
     p.add_argument("--gpu", action="store_true", help="sample local GPUs (NVML) into the capture while probing")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="client processes (when one core cannot keep up)")
+    p.add_argument("--cpus", metavar="LIST", help="pin the probe's processes to these CPUs, e.g. 3 or 2-3 (keep the client "
+                   "off the engine's cores when both share a machine; each worker its own CPU when there are enough)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds without a byte before a request fails (default 60)")
     p.add_argument("--seed", type=int, default=0, help="random seed for prompts and arrivals")
     p.add_argument("--record-prompts", action="store_true", help="store prompt text on the spans (off by default)")
@@ -130,6 +132,15 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
     slo = slo_option(args.slo)
     if args.workers < 1:
         raise _usage("--workers must be >= 1")
+    cpus = None
+    if args.cpus is not None:
+        from collectors.probe.affinity import check_cpus, parse_cpu_list
+
+        try:
+            cpus = parse_cpu_list(args.cpus)
+            check_cpus(cpus)
+        except ValueError as exc:
+            raise _usage(str(exc)) from exc
     if args.timeout <= 0:
         raise _usage("--timeout must be > 0")
     if args.shared_prefix < 0:
@@ -157,7 +168,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
         concurrency_set=args.concurrency is not None or args.max_concurrency is not None,
         dropped=frozenset(e for e, off in (("x_request_id", args.no_request_id), ("traceparent", args.no_traceparent),
                                            ("stream_options", args.no_stream_options)) if off),
-        compat_check=not args.no_compat_check,
+        compat_check=not args.no_compat_check, cpus=cpus,
     )
     sweep = None
     if args.sweep:
@@ -208,6 +219,9 @@ def run(args: argparse.Namespace) -> int:
     lag = h.get("loop_lag_p99_s")
     print(f"client: {'SATURATED — ' if h.get('saturated') else ''}{h.get('reason')}"
           + (f" (loop lag p99 {lag * 1e3:.2f} ms, CPU max {h.get('cpu_pct_max') or 0:.0f}%)" if lag is not None else ""))
+    cpu_note = (h.get("client_cpu") or {}).get("note")
+    if cpu_note:
+        print(f"client: {cpu_note}")
     if result.capture_path:
         print(f"capture: {result.capture_path}  (ttft analyze {result.capture_path} [SERVER_CAPTURE])")
     return 0
