@@ -126,6 +126,10 @@ ATTR_CLIENT_CONTENT_CHUNKS = "ttft.client.content_chunks"  # SSE events with con
 ATTR_CLIENT_FIRST_ANSWER_NS = "ttft.client.first_answer_ns"  # first non-reasoning content
 ATTR_CLIENT_API = "ttft.client.api"  # "completions" | "chat"
 ATTR_CLIENT_INPUT_TOKENS_EST = "ttft.client.input_tokens_est"  # prompt length as built
+#: the probe's deliberate shared prefix (--shared-prefix N[:R]): its length in this prompt
+#: (tokens, 0 for a control) and the prompt's role: "first" use, "repeat" or "control"
+ATTR_CLIENT_PREFIX_TOKENS = "ttft.client.prefix_tokens"
+ATTR_CLIENT_PREFIX_ROLE = "ttft.client.prefix_role"
 
 # engine-step attributes on SPAN_ENGINE_STEP
 ATTR_STEP_INDEX = "ttft.step.index"

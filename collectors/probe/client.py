@@ -113,6 +113,9 @@ class RequestResult:
     conn_reused: bool | None = None
     trace_id: str = ""
     output_text: str | None = None
+    #: the workload's shared-prefix design (PromptItem.prefix_tokens / prefix_role)
+    prefix_tokens: int = 0
+    prefix_role: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -412,7 +415,8 @@ class StreamingClient:
         body = _dumps(self.build_body(item))
         res = RequestResult(request_id=request_id, segment=segment, warmup=warmup,
                             requested_output_tokens=item.max_tokens, input_tokens_est=item.input_tokens_est,
-                            input_tokens_target=item.input_tokens_target)
+                            input_tokens_target=item.input_tokens_target,
+                            prefix_tokens=getattr(item, "prefix_tokens", 0), prefix_role=getattr(item, "prefix_role", None))
         off = self.offset_ns
         dispatch_ns = time.perf_counter_ns()
         res.scheduled_ns = (scheduled_perf_ns if scheduled_perf_ns is not None else dispatch_ns) + off
@@ -645,6 +649,9 @@ def record_result_on_span(span: RequestTrace, res: RequestResult) -> None:
             attrs[key] = val
     if res.finish_reason:
         attrs[stages.GEN_AI_RESPONSE_FINISH_REASONS] = [res.finish_reason]
+    if res.prefix_role:
+        attrs[stages.ATTR_CLIENT_PREFIX_ROLE] = res.prefix_role
+        attrs[stages.ATTR_CLIENT_PREFIX_TOKENS] = int(res.prefix_tokens)
     if res.token_times_ns:
         attrs[ATTR_CLIENT_CONTENT_CHUNKS] = len(res.token_times_ns)
     inp, out = res.input_tokens, res.output_tokens

@@ -5,7 +5,12 @@ Length specs (input and output tokens): ``N`` or ``fixed:N``, ``uniform:A-B`` (i
 
 Synthetic prompts start with a per-request nonce and random words so that a server's prefix
 cache cannot hide prefill; ``shared_prefix_tokens`` puts a deliberate, identical prefix in
-front of every prompt. Prompt lengths are built with the user's tokenizer when one is given
+front of every prompt. With ``shared_prefix_repeats`` R (``--shared-prefix N:R``) the prompts
+come in groups instead, so that a client alone can see whether a prefix cache works: a fresh
+N-token prefix (its own nonce first) and suffix (``first``), the same prefix with R - 1 other
+suffixes (``repeat``), then one prompt of the suffix's length alone (``control``: what a repeat
+costs when its prefix is cached). Each item says its role and prefix length
+(:attr:`PromptItem.prefix_role`), which the client records on its span (never the text). Prompt lengths are built with the user's tokenizer when one is given
 (``tokenizers`` ``tokenizer.json``), otherwise from a words-per-token estimate; the capture
 says which (``prompt_length_method``). A chat template adds a few tokens on the server side.
 
@@ -124,6 +129,10 @@ class PromptItem:
     max_tokens: int | None = None
     input_tokens_est: int | None = None
     input_tokens_target: int | None = None
+    #: the deliberate shared prefix in this prompt (tokens; 0 for none) and its role:
+    #: "first" (its first use), "repeat", "control" (no prefix, the suffix's length); None: no design
+    prefix_tokens: int = 0
+    prefix_role: str | None = None
 
     def text_for_completions(self) -> str:
         if self.prompt is not None:
@@ -179,12 +188,15 @@ class WorkloadSpec:
     prompts_file: str | None = None
     exact_output: bool = True  # ask for min_tokens = max_tokens and ignore_eos
     seed: int = 0
+    #: R > 0: prompts in groups of a fresh prefix, R uses of it, one control (see the module doc)
+    shared_prefix_repeats: int = 0
 
     def describe(self) -> dict[str, Any]:
         return {
             "input_tokens": None if self.prompts_file else str(self.input_tokens),
             "output_tokens": str(self.output_tokens),
             "shared_prefix_tokens": self.shared_prefix_tokens,
+            "shared_prefix_repeats": self.shared_prefix_repeats,
             "prompts_file": self.prompts_file,
             "exact_output_requested": self.exact_output,
             "seed": self.seed,
@@ -204,6 +216,9 @@ class Workload:
     def __init__(self, spec: WorkloadSpec, tokenizer: TokenCounter | None = None) -> None:
         if spec.shared_prefix_tokens < 0:
             raise WorkloadError("--shared-prefix must be >= 0")
+        if spec.shared_prefix_repeats < 0 or (spec.shared_prefix_repeats and spec.shared_prefix_tokens < 1):
+            raise WorkloadError("--shared-prefix N:R needs N >= 1 and R >= 1")
+        self._group_prefix = ""  # shared_prefix_repeats: the current group's prefix text
         self.spec = spec
         self.tokenizer = tokenizer
         self._rng = random.Random(spec.seed)
@@ -242,7 +257,7 @@ class Workload:
     def with_input(self, input_tokens: LengthSpec) -> Workload:
         """A copy drawing synthetic prompts of another input length (for prompt sweeps)."""
         spec = WorkloadSpec(input_tokens, self.spec.output_tokens, self.spec.shared_prefix_tokens, None,
-                            self.spec.exact_output, self._rng.randrange(1 << 30))
+                            self.spec.exact_output, self._rng.randrange(1 << 30), self.spec.shared_prefix_repeats)
         clone = Workload.__new__(Workload)
         clone.__dict__.update(self.__dict__)
         clone.spec = spec
@@ -280,9 +295,30 @@ class Workload:
         own = max(0, target - spec.shared_prefix_tokens - nonce_tokens)
         body = self._slice_text(rng.randrange(len(self._words)), own)
         text = f"{nonce} {body}" if body else nonce
+        if spec.shared_prefix_repeats:
+            return self._grouped_item(text, target, out_len)
         if self._shared_prefix:
             text = f"{self._shared_prefix} {text}"
+            role = "first" if self._counter == 1 else "repeat"
+            return PromptItem(prompt=text, max_tokens=out_len, input_tokens_est=target, input_tokens_target=target,
+                              prefix_tokens=spec.shared_prefix_tokens, prefix_role=role)
         return PromptItem(prompt=text, max_tokens=out_len, input_tokens_est=target, input_tokens_target=target)
+
+    def _grouped_item(self, suffix: str, target: int, out_len: int) -> PromptItem:
+        """``--shared-prefix N:R``: the next item of the group first, repeat x (R - 1), control."""
+        n, r = self.spec.shared_prefix_tokens, self.spec.shared_prefix_repeats
+        pos = (self._counter - 1) % (r + 1)
+        if pos == r:  # the control: the suffix alone
+            est = max(1, target - n)
+            return PromptItem(prompt=suffix, max_tokens=out_len, input_tokens_est=est, input_tokens_target=est,
+                              prefix_tokens=0, prefix_role="control")
+        if pos == 0:  # a fresh prefix: its own nonce first, so no earlier group's blocks match
+            nonce = f"{self._counter}{self._rng.randrange(10**6):06d}"
+            nonce_tokens = max(1, round(3 / self.words_per_token)) if self.tokenizer is None else self.tokenizer.count(nonce)
+            body = self._slice_text(self._rng.randrange(len(self._words)), max(0, n - nonce_tokens))
+            self._group_prefix = f"{nonce} {body}" if body else nonce
+        return PromptItem(prompt=f"{self._group_prefix} {suffix}", max_tokens=out_len, input_tokens_est=target,
+                          input_tokens_target=target, prefix_tokens=n, prefix_role="first" if pos == 0 else "repeat")
 
 
 def load_prompts_file(path: str, tokenizer: TokenCounter | None = None) -> list[PromptItem]:

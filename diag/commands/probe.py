@@ -54,8 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="do not send stream_options.include_usage (token counts then come from the stream)")
     p.add_argument("--no-compat-check", action="store_true",
                    help="skip the first-request check that finds which optional element a server refuses")
-    p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
-                   help="a deliberate N-token prefix shared by every prompt (default 0: every prompt starts differently)")
+    p.add_argument("--shared-prefix", default="0", metavar="N[:R]",
+                   help="a deliberate N-token prefix shared by every prompt (default 0: every prompt starts differently); "
+                   "N:R: groups of a fresh N-token prefix used by R prompts, then one prompt of the suffix alone (a "
+                   "control), so that TTFT on repeats shows whether the server's prefix cache works (use --concurrency 1)")
     p.add_argument("--prompts", metavar="FILE.jsonl", help='JSONL prompts: {"prompt": ...} or {"messages": [...]}, optional max_tokens')
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json for exact prompt lengths and token counts")
     p.add_argument("--sweep", choices=["prompt", "concurrency", "rate"], help="sweep one dimension; each point a capture segment")
@@ -143,8 +145,13 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
             raise _usage(str(exc)) from exc
     if args.timeout <= 0:
         raise _usage("--timeout must be > 0")
-    if args.shared_prefix < 0:
-        raise _usage("--shared-prefix must be >= 0")
+    try:
+        prefix_n, _, prefix_r = str(args.shared_prefix).partition(":")
+        shared_prefix, shared_repeats = int(prefix_n), int(prefix_r or 0)
+    except ValueError:
+        raise _usage(f"--shared-prefix {args.shared_prefix!r}: expected N or N:R (integers)") from None
+    if shared_prefix < 0 or shared_repeats < 0 or (prefix_r and (shared_prefix < 1 or shared_repeats < 1)):
+        raise _usage("--shared-prefix must be N >= 0, or N:R with N >= 1 and R >= 1")
     if args.prompts and args.sweep == "prompt":
         raise _usage("--sweep prompt makes synthetic prompts; it cannot use --prompts")
     if args.max_concurrency is not None and args.rate is None and args.sweep != "rate":
@@ -157,7 +164,8 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
                         duration_s=args.duration, warmup_requests=args.warmup, seed=args.seed)
     except ValueError as exc:
         raise _usage(str(exc)) from exc
-    wl = WorkloadSpec(inp, out, args.shared_prefix, args.prompts, not args.no_exact_output, args.seed)
+    wl = WorkloadSpec(inp, out, shared_prefix, args.prompts, not args.no_exact_output, args.seed,
+                      shared_prefix_repeats=shared_repeats)
     output = None
     if not args.no_capture:
         output = args.output or time.strftime("probe-%Y%m%d-%H%M%S")
