@@ -14,7 +14,9 @@ from typing import Any
 
 from diag import stages
 from diag.tables import Tables
-from rules import compute, edges, itl, scheduling  # noqa: F401  (register the rules)
+from rules import admission, compute, edges, itl, scheduling  # noqa: F401  (register the rules)
+from rules import pipeline  # noqa: F401  (registers pipeline_bubble)
+from rules import frontend  # noqa: F401  (registers frontend)
 from rules.base import REGISTRY, RuleContext, missing_reason
 from rules.config import load_thresholds
 from rules.features import compute_features
@@ -44,8 +46,10 @@ def _slo_state(feats: Any) -> tuple[bool | None, bool | None, list[Evidence]]:
     ttft_met: bool | None = None
     for key, c in checks.items():
         met = c.get("met")
-        rows.append(Evidence(f"SLO {key}", c.get("value_s"), f"<= {c['target_s'] * 1e3:.0f} ms", "s",
-                             "met" if met else ("broken" if met is False else "not measurable")))
+        # the target as a number with the comparison that breaks it; crossed = broken
+        rows.append(Evidence(f"SLO {key}", c.get("value_s"), c["target_s"], "s",
+                             "met" if met else ("broken" if met is False else "not measurable"),
+                             op=">", crossed=None if met is None else met is False))
         if met is False:
             all_met = False
         if key.startswith("ttft"):

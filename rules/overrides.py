@@ -43,6 +43,17 @@ OVERRIDES: tuple[Override, ...] = (
     Override("loadgen", _SERVER, "the load generator was saturated, so this server-side blame is unreliable"),
     # waiting for KV blocks is queue time: the KV finding owns it
     Override("kv_cache", frozenset({"queue"}), "the queue time here is waiting for KV-cache space (see kv_cache)"),
+    # queue time that free capacity could have served: admission order / reservations own it
+    Override("head_of_line", frozenset({"queue", "kv_reservation"}),
+             "the queue time here is short requests held behind long prompts ahead of them (see head_of_line)"),
+    # prefill stretched by idle pipeline stages: the bubble owns that prefill time
+    Override("pipeline_bubble", frozenset({"prefill_compute"}),
+             "the prefill time here is pipeline stages idling while the pipeline fills and drains (see pipeline_bubble)"),
+    Override("kv_reservation", frozenset({"queue"}),
+             "the queue time here is waiting for KV reservations while blocks are free (see kv_reservation)"),
+    # the wait was before the engine: its queue was empty, the gap that grew with load was not the network
+    Override("frontend", frozenset({"queue", "network"}),
+             "the time is spent before the engine sees the request, in its front end (see frontend)"),
     # ITL spikes explained by prefills are not a decode problem
     Override("interference", frozenset({"decode"}), "the slow tokens are stalls behind other requests' prefills"),
     # TTFT findings say where TTFT goes, not what is wrong; the broken (ITL) SLO's findings come first

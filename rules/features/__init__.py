@@ -24,8 +24,11 @@ Themes (one module each; a theme is a function taking the shared
 * ``concurrency`` — requests in flight, TTFT vs concurrency, the knee, decode speed by level, and what one load level shows (waiting in line);
 * ``prompt_fit`` — TTFT vs prompt length, a prompt token against a decode step;
 * ``device`` — device busy, step times, KV usage and preemptions, queue depth, TP comm, CPU profile;
+* ``pipeline`` — pipeline-parallel bubbles: stage idle time in the engine steps, PP against TP;
 * ``itl`` — inter-token latency, TPOT, prefill-decode interference;
-* ``client`` — the load generator's health.
+* ``client`` — the load generator's health;
+* ``frontend`` — waits before the engine (HTTP workers, tokenizer threads), the client-server gap by load;
+* ``admission`` — short requests behind long prompts (head-of-line), waiting beside low KV usage (reservation).
 
 Parameters (``tail_quantile``, ``min_fit_requests``, …) are the ``[features]`` table of
 ``rules/defaults.toml`` (read through :mod:`rules.config`), overridden by ``params``.
@@ -37,8 +40,10 @@ from collections.abc import Callable, Mapping
 
 from diag.tables import Tables
 from rules.config import default_feature_params
-from rules.features import (client, concurrency, device, engine_metrics, itl, latency, populations, prompt_fit,
-                            stage_shares)
+from rules.features import (admission, client, concurrency, device, engine_metrics, itl, latency, populations,
+                            prompt_fit, stage_shares)
+from rules.features import pipeline
+from rules.features import frontend
 from rules.features.catalog import CATALOG, FeatureSpec
 from rules.features.context import FeatureContext
 from rules.features.feature import Feature, Features
@@ -57,7 +62,10 @@ THEMES: tuple[Theme, ...] = (
     prompt_fit.prompt_fit,  # reads ctx.inflight_at
     device.device_busy,  # writes ctx.busy
     device.kv,
+    admission.head_of_line,  # reads ctx.steady and the engine steps
+    admission.reservation,
     device.comm_tp,
+    pipeline.pipeline,  # pipeline-parallel idle (bubble) from the engine steps' stage accounts
     itl.itl,
     concurrency.single_level,  # reads ITL p50 and ctx.inflight_at
     populations.cold_start_spans,
@@ -66,6 +74,7 @@ THEMES: tuple[Theme, ...] = (
     device.cpu_profile,
     prompt_fit.prompt_slope_per_itl,  # reads the prompt fit and ITL
     latency.slo_checks,  # reads ITL
+    frontend.frontend,  # the front end before the engine: reads ITL, in-flight and the engine's queue depth
 )
 
 

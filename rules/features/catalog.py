@@ -89,6 +89,25 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("client", "share", ("client_loop_stall_frac",)),
     ("client", "s", ("client_loop_lag_p99_s", "client_slot_wait_p95_s", "client_send_lateness_p95_s")),
     ("client", "%", ("client_cpu_pct_p95",)),
+    # frontend (rules/features/frontend.py): waits before the engine sees a request
+    ("frontend", "share", ("frontend_wait_share_tail", "frontend_wait_share_median", "frontend_http_wait_frac",
+                           "metrics_frontend_share")),
+    ("frontend", "s", ("frontend_wait_p50_s", "client_server_gap_by_inflight")),
+    ("frontend", "x", ("client_server_gap_concurrency_ratio",)),
+    ("frontend", "steps", ("client_server_gap_rise_per_itl",)),
+    ("frontend", "requests", ("engine_unseen_inflight",)),
+    # pipeline (rules/features/pipeline.py): pipeline-parallel bubbles
+    ("pipeline", "share", ("pp_bubble_share_of_prefill", "pp_bubble_share_of_steps", "pp_bubble_share_tail")),
+    ("pipeline", "count", ("pp_size", "pp_microbatches_p50")),
+    ("pipeline", "s", ("ttft_by_parallelism",)),
+    ("pipeline", "x", ("pp_vs_tp_ttft_ratio",)),
+    # admission (rules/features/admission.py): head-of-line behind long prompts, KV reservation
+    ("admission", "x", ("hol_short_ttft_ratio", "hol_long_prompt_ratio")),
+    ("admission", "requests", ("hol_blocked_short_n", "hol_unblocked_short_n", "hol_blocked_running_max", "running_cap",
+                               "kvr_running_while_waiting_p50")),
+    ("admission", "share", ("hol_blocked_queue_share", "hol_blocked_kv_usage_max", "kvr_waiting_steps_frac",
+                            "kvr_kv_usage_while_waiting_p95", "kvr_prefill_steps_while_waiting_frac")),
+    ("admission", "steps", ("hol_blocked_wait_steps",)),
 )
 
 

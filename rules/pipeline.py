@@ -1,0 +1,66 @@
+"""The pipeline-parallel bubble rule: stages idle inside the prefill steps, waiting for their input.
+
+With pipeline parallel each stage runs its layers on a micro-batch and hands the activations
+down; a stage idles while the pipeline fills and drains. With M equal micro-batches over N
+stages the idle share of stage time is (N-1)/(M+N-1): one request alone (M=1) leaves each of 2
+stages idle half the step. The evidence is the engine's own per-stage account on its step spans
+(compute, send/recv, idle seconds); the rule never fires without it (pipeline parallel off:
+"skipped: needs pp_bubble_share_of_prefill"), so tensor-parallel collectives stay the ``comm``
+rule's. A client alone cannot see stages: it sees TTFT only.
+"""
+
+from __future__ import annotations
+
+from rules.base import Outcome, RuleContext, Triage, finding, rule
+
+PIPELINE_CHECKS = [
+    "more micro-batches per step (more sequences in flight per stage; vLLM fills a pipeline with one "
+    "scheduled batch per stage, so concurrency below the stage count leaves stages idle)",
+    "fewer pipeline stages: each stage added lengthens the fill and drain of every step",
+    "tensor parallel instead of pipeline parallel inside a node (NVLink): every GPU works on every "
+    "token, no stage waits; keep PP for the hop between nodes",
+    "vLLM --pipeline-parallel-size against --tensor-parallel-size at the same GPU count; SGLang --pp-size; "
+    "TensorRT-LLM pp_size (build and run) against tp_size",
+    "stage balance: the slowest stage sets the pace (layers split unevenly, the embedding and LM head on "
+    "the end stages)",
+]
+
+
+@rule("pipeline_bubble", "pipeline_bubble", needs=(("pp_bubble_share_of_prefill",),))
+def pipeline_bubble(ctx: RuleContext) -> Outcome:
+    """Pipeline-parallel stages idle a large share of the prefill steps (fill and drain bubbles)."""
+    th = ctx.th
+    share = ctx.v("pp_bubble_share_of_prefill")
+    n = ctx.v("pp_size", 0) or 0
+    t = Triage(ctx)
+    if not t.crossed("pipeline idle share of prefill step time", share, "bubble_share_min", "share",
+                     f"idle stage-seconds / ({n:g} stages x step seconds), from each stage's own account "
+                     "(compute, send/recv, idle) on the prefill steps",
+                     miss="pipeline idle share of prefill steps {value:.0%} (< {threshold:.0%})"):
+        return t.pass_reason()
+    tail = ctx.v("pp_bubble_share_tail")
+    if tail is None:
+        tail = share * (ctx.v("prefill_share_tail") or 0.0)
+    if not t.crossed("pipeline idle share of the slowest TTFTs", tail, "ttft_share_min", "share",
+                     "the idle seconds on the slowest requests' prefill spans / their TTFT",
+                     miss="the idle time is {value:.0%} of the slowest TTFTs (< {threshold:.0%})"):
+        return t.pass_reason()
+    mb = ctx.v("pp_microbatches_p50")
+    if mb is not None:
+        ideal = (n - 1) / (mb + n - 1) if n >= 2 else None
+        t.context("micro-batches per prefill step (median)", mb, "count",
+                  f"fewer micro-batches than stages leave stages idle; {mb:g} over {n:g} stages idle "
+                  + (f"{ideal:.0%} of stage time even when balanced" if ideal is not None else "some stage time"))
+    steps = ctx.v("pp_bubble_share_of_steps")
+    if steps is not None:
+        t.context("pipeline idle share of all step time", steps, "share", "decode steps included")
+    ratio = ctx.v("pp_vs_tp_ttft_ratio")
+    by = ctx.v("ttft_by_parallelism") or {}
+    if ratio is not None:
+        t.judged("TTFT per prompt token, PP / the other layout", ratio, "pp_vs_tp_ratio_min", "x",
+                 "median TTFT by layout in this capture: " + ", ".join(f"{k}: {v * 1e3:.0f} ms" for k, v in by.items()),
+                 weigh=True)
+    s, pct = ctx.explained(tail)
+    return finding("Pipeline-parallel bubbles: stages idle while the pipeline fills and drains",
+                   t.confidence(0.9), s, pct, t.evidence, PIPELINE_CHECKS,
+                   note="server-side evidence only: the stages' idle time is measured by the engine; a client sees TTFT alone")

@@ -1,0 +1,67 @@
+"""The pipeline_bubble rule on real bundled-engine captures: PP 2 with one request at a time
+(one micro-batch per step, so each of the two stages idles while the other runs) is named with
+its evidence; the same workload on one rank never is (the rule is skipped, not passed silently)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diag.capture import load_capture
+from diag.engine import SamplingParams, SyncEventStream, build_engine
+from diag.tables import build_tables
+from rules import diagnose
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+
+def _capture(out: Path, **config) -> Path:
+    eng = build_engine(model="tiny", capture_dir=out, **config)
+    try:
+        for i in range(8):  # one at a time, 256-token prompts: prefill is most of TTFT
+            s = SyncEventStream()
+            eng.submit(s.push, GREEDY, prompt_ids=list(range(10 + i, 266 + i)))
+            list(s)
+    finally:
+        eng.shutdown()
+    return out
+
+
+@pytest.fixture(scope="module")
+def caps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("pp")
+    return {"pp2": _capture(root / "pp2", pp=2), "pp1": _capture(root / "pp1", warmup=False)}
+
+
+@pytest.mark.slow
+def test_pp2_alone_is_a_pipeline_bubble_with_its_share(caps: dict[str, Path]) -> None:
+    d = diagnose(build_tables(load_capture(caps["pp2"])))
+    v = d.verdict
+    assert v.category == "pipeline_bubble", [(f.category, f.confidence) for f in d.findings]
+    rows = {e.name: e for e in v.evidence}
+    share = rows["pipeline idle share of prefill step time"]
+    assert share.crossed and 0.25 <= share.value <= 0.75  # two stages, one micro-batch: about half
+    assert rows["micro-batches per prefill step (median)"].value == 1
+    assert v.explained_pct is not None and v.explained_pct >= 10
+    assert any("micro-batches" in c for c in v.next_checks) and any("--pipeline-parallel-size" in c for c in v.next_checks)
+    # the prefill it stretches is not blamed on compute alone
+    assert all(f.category != "prefill_compute" or f.demoted_by for f in d.findings)
+
+
+@pytest.mark.slow
+def test_one_rank_never_names_a_bubble(caps: dict[str, Path]) -> None:
+    d = diagnose(build_tables(load_capture(caps["pp1"])))
+    assert d.verdict.category != "pipeline_bubble"
+    (skip,) = [s for s in d.skipped if s.rule_id == "pipeline_bubble"]
+    assert "pp_bubble_share_of_prefill" in skip.reason
+
+
+@pytest.mark.slow
+def test_pp_against_one_rank_in_one_capture_is_compared(caps: dict[str, Path]) -> None:
+    d = diagnose(build_tables([load_capture(caps["pp2"]), load_capture(caps["pp1"])]))
+    by = d.features.value("ttft_by_parallelism")
+    assert set(by) == {"pp=2", "1 rank"} and all(v > 0 for v in by.values())
+    assert d.features.value("pp_vs_tp_ttft_ratio") > 0
+    pp = [f for f in d.findings if f.category == "pipeline_bubble"]
+    assert pp and any(e.name.startswith("TTFT per prompt token, PP") for e in pp[0].evidence)
