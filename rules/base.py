@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.units import fmt_value
 from rules.features import Features
 from rules.model import Evidence, Finding
 
@@ -218,11 +217,6 @@ def finding(title: str, confidence: float, explained_s: float | None, explained_
     """The running rule's :class:`Finding`; the engine fills ``rule_id`` and ``category`` from the
     rule's decorator (``@rule(id, category, …)``)."""
     return Finding("", "", title, confidence, explained_s, explained_pct, evidence, next_checks, **kw)
-
-
-def th_text(op: str, value: Any, unit: str = "") -> str:
-    """A threshold as text, e.g. '>= 30%' (for hand-built rows; :class:`Triage` stores numbers)."""
-    return f"{op} {fmt_value(value, unit)}"
 
 
 @dataclass(frozen=True)

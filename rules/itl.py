@@ -6,7 +6,7 @@ Their findings explain ITL, not TTFT (``explained_s`` is None); the engine ranks
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, ev, finding, rule, strength, th_text
+from rules.base import Outcome, RuleContext, Triage, finding, rule, strength
 
 DECODE_CHECKS = [
     "ITL percentiles against running sequences and the decode step time",
@@ -40,9 +40,9 @@ def decode(ctx: RuleContext) -> Outcome:
         if metric in ("itl", "tpot"):
             check = (ctx.v("slo_checks") or {}).get(key) or {}
             if check.get("met") is False:
-                # the SLO's target, as the user gave it (the row is broken, not crossed upward)
-                t.add(ev(f"SLO {key}", check.get("value_s"), th_text("<=", target, "s"), "s", "ITL SLO broken"),
-                      strength(check.get("value_s"), target))
+                # the SLO's target as the user gave it; the row fires when the value is over it
+                t.judged(f"SLO {key}", check.get("value_s"), None, "s", "ITL SLO broken", op=">", threshold=target,
+                         weigh=True)
     if not t.evidence:
         return (f"ITL p50 {itl * 1e3:.1f} ms is {ratio:.2f}x TTFT p50" if ratio is not None else "ITL within bounds") + (
             f"; decode speed holds x{hold:.2f} across concurrency" if hold is not None else "")

@@ -43,10 +43,15 @@ def test_analyze_report_and_diff_documents_match_the_schema(validator, tmp_path:
 
 
 def test_an_slo_evidence_row_matches_the_schema(validator, capsys: pytest.CaptureFixture[str]) -> None:
-    """The decode sample records an ITL SLO: its evidence rows carry a text threshold today."""
+    """The decode sample records an ITL SLO: its rows carry the target as a number (seconds) with the
+    comparison that breaks it, and whether it did."""
     main(["analyze", str(SAMPLES / "decode"), "--json"])
     doc = json.loads(capsys.readouterr().out)
-    assert any(e["name"].startswith("SLO ") for e in doc["verdict"]["evidence"])
+    rows = [e for e in doc["verdict"]["evidence"] if e["name"].startswith("SLO ")]
+    assert rows
+    for e in rows:
+        assert isinstance(e["threshold"], float) and e["op"] == ">" and e["unit"] == "s"
+        assert e["crossed"] is (e["value"] > e["threshold"])
     _check(validator, doc, "analysis")
 
 
