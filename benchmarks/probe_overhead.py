@@ -27,7 +27,8 @@ would load the server harder and be judged on a busier server. Both clocks are
   connection limits raised to the concurrency; TTFT ends when its stream yields the first
   chunk with non-empty text.
 
-Run: ``python benchmarks/probe_overhead.py [--concurrency 256] [--requests 1024] [--rounds 2]``.
+Run: ``python benchmarks/probe_overhead.py [--concurrency 256] [--requests 1024] [--rounds 2] [--workers N]``
+(``--workers``: the probe in N client processes, as ``ttft probe --workers``; the baseline stays one).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +70,9 @@ def fetch_records(base: str) -> dict[str, list[int]]:
         return json.loads(r.read())
 
 
-def run_probe_round(base: str, concurrency: int, requests: int, chunks: int, tag: str, rate: float) -> dict[str, tuple[int, int]]:
-    """Our client: returns {request_id: (start_ns, first_content_ns)} (Unix ns)."""
+def run_probe_round(base: str, concurrency: int, requests: int, chunks: int, tag: str, rate: float,
+                    workers: int = 1) -> dict[str, tuple[int, int]]:
+    """Our client (in ``workers`` processes): returns {request_id: (start_ns, first_content_ns)} (Unix ns)."""
     from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
     from collectors.probe.client import request_id_header
 
@@ -77,7 +80,7 @@ def run_probe_round(base: str, concurrency: int, requests: int, chunks: int, tag
                       load=LoadSpec(concurrency=concurrency * 2, rate_rps=rate, requests=requests,
                                     warmup_requests=concurrency, seed=7),
                       workload=WorkloadSpec(LengthSpec.parse("16"), LengthSpec.parse(str(chunks)), exact_output=False),
-                      timeout_s=60, segment=tag)
+                      timeout_s=60, segment=tag, workers=workers)
     res = run_probe(cfg)
     errs = res.metrics["errors"]
     if errs:
@@ -91,14 +94,14 @@ def run_probe_round(base: str, concurrency: int, requests: int, chunks: int, tag
 
 
 def run_probe_asyncio_round(base: str, concurrency: int, requests: int, chunks: int, tag: str,
-                            rate: float) -> dict[str, tuple[int, int]]:
+                            rate: float, workers: int = 1) -> dict[str, tuple[int, int]]:
     """The probe on the stdlib event loop."""
     from collectors.probe import eventloop
 
     old = os.environ.get(eventloop.ENV_VAR)
     os.environ[eventloop.ENV_VAR] = "asyncio"
     try:
-        return run_probe_round(base, concurrency, requests, chunks, tag, rate)
+        return run_probe_round(base, concurrency, requests, chunks, tag, rate, workers)
     finally:
         if old is None:
             del os.environ[eventloop.ENV_VAR]
@@ -202,11 +205,13 @@ def main() -> int:
     ap.add_argument("--itl-ms", type=float, default=20.0)
     ap.add_argument("--rate", type=float, help="requests/s (default: concurrency / stream duration)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--workers", type=int, default=1, help="probe client processes (ttft probe --workers); the openai baseline stays one")
     a = ap.parse_args()
     stream_s = max(1e-3, (a.chunks - 1) * a.itl_ms / 1e3)
     rate = a.rate or a.concurrency / stream_s
     proc, base = start_server(a.chunks, a.itl_ms)
-    clients = [("probe", run_probe_round), ("probe-asyncio", run_probe_asyncio_round), ("openai", run_openai_round)]
+    clients = [("probe", partial(run_probe_round, workers=a.workers)),
+               ("probe-asyncio", partial(run_probe_asyncio_round, workers=a.workers)), ("openai", run_openai_round)]
     got: dict[str, dict[str, tuple[int, int]]] = {name: {} for name, _ in clients}
     srv: dict[str, list[int]] = {}
     try:
@@ -218,7 +223,7 @@ def main() -> int:
         proc.terminate()
         proc.wait(10)
     report: dict[str, Any] = {"concurrency": a.concurrency, "rate_rps": rate, "requests_per_round": a.requests,
-                              "rounds": a.rounds, "chunks": a.chunks, "itl_ms": a.itl_ms, "cpus": os.cpu_count(),
+                              "rounds": a.rounds, "chunks": a.chunks, "itl_ms": a.itl_ms, "cpus": os.cpu_count(), "workers": a.workers,
                               "loadavg_1m": os.getloadavg()[0]}
     print(f"\nclient-added delay on TTFT, ~{a.concurrency} concurrent streams ({rate:.0f} req/s Poisson), "
           f"{a.chunks} chunks {a.itl_ms:g} ms apart; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
