@@ -17,6 +17,32 @@ grow, the most recently admitted running sequence is preempted by recompute (its
 freed and it goes back to the front of the waiting queue with prompt + output so far).
 Admission never preempts. ``max_running`` caps running sequences.
 
+Admission (the walk over the waiting queue, oldest first):
+
+- ``admission="fcfs"`` (the default, and what this scheduler always did): the walk stops at the
+  first sequence that does not fit (KV blocks, token budget): everything behind it waits too,
+  even what would fit -- head-of-line blocking (SGLang's prefill admission stops the same way on
+  a ``NO_TOKEN`` head, sgl-project/sglang#22831).
+- ``admission="skip-blocked"``: a sequence that does not fit is passed over and the walk goes
+  on; a full batch (``max_running``), an exhausted budget or the partial-prefill cap still stop it.
+- ``max_partial_prefills`` (chunked only; None = no cap, the default): at most this many
+  sequences are in prefill in one step, and the step's prefill chunk is split evenly among them.
+  vLLM's ``--max-num-partial-prefills`` is "the maximum number of sequences that can be
+  partially prefilled concurrently", default 1, chunked prefill only
+  (``vllm/config/scheduler.py`` @1f8758d5); its V0 scheduler splits the token budget evenly
+  over the schedulable partial prefills (``partial_prefill_budget_lookup_list`` in
+  ``vllm/core/scheduler.py``, PR #10235; read from an index copy). With 1, a long prompt being
+  prefilled in chunks holds every new prompt back (vllm-project/vllm#10235's report).
+- ``kv_admission="on-demand"`` (default): blocks are taken as tokens are computed.
+  ``kv_admission="reserve"``: a sequence is admitted only if the free blocks, less what the
+  running sequences have reserved but not yet taken, hold its whole worst case: prompt +
+  ``max_tokens`` when the request gave one, else the context limit (TensorRT-LLM's
+  ``GUARANTEED_NO_EVICT`` with ``max_tokens`` unset, NVIDIA/TensorRT-LLM#1012). Running
+  sequences never need preemption then, and KV usage can stay low while requests wait.
+
+Why each waiting sequence waits after a plan is in :attr:`Scheduler.waiting_reasons`
+(``WAIT_REASONS``).
+
 Prefix caching (a :class:`BlockManager` built with ``prefix_caching``): a sequence admitted
 with nothing computed first takes its cached full blocks (:meth:`BlockManager.match_prefix`);
 only the uncached tokens count for compute and the token budget, ``num_computed_tokens``
@@ -33,10 +59,23 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from diag.engine.kv_cache import BlockManager, blocks_needed
-from diag.engine.prefix_cache import NO_HIT
+from diag.engine.prefix_cache import NO_HIT, PrefixHit
 from diag.engine.sampler import SamplerState, SamplingParams
 
 POLICIES: tuple[str, ...] = ("prefill-first", "decode-first", "chunked")
+ADMISSIONS: tuple[str, ...] = ("fcfs", "skip-blocked")
+KV_ADMISSIONS: tuple[str, ...] = ("on-demand", "reserve")
+
+#: why a sequence is still waiting after a plan (``Scheduler.waiting_reasons`` keys)
+WAIT_KV_BLOCKS = "kv_blocks"  # its next chunk needs more free blocks than there are
+WAIT_KV_RESERVATION = "kv_reservation"  # reserve: its worst case does not fit beside the reservations
+WAIT_MAX_RUNNING = "max_running"  # the running batch is full
+WAIT_TOKEN_BUDGET = "token_budget"  # the step's token budget is spent
+WAIT_PARTIAL_PREFILLS = "partial_prefills"  # the cap on concurrent partial prefills is reached
+WAIT_HEAD_OF_LINE = "head_of_line"  # fcfs: it would fit, but waits behind a head that does not
+WAIT_PREEMPTED = "preempted"  # preempted while this step was planned
+WAIT_REASONS: tuple[str, ...] = (WAIT_KV_BLOCKS, WAIT_KV_RESERVATION, WAIT_MAX_RUNNING, WAIT_TOKEN_BUDGET,
+                                 WAIT_PARTIAL_PREFILLS, WAIT_HEAD_OF_LINE, WAIT_PREEMPTED)
 
 
 class SeqStatus(enum.Enum):
@@ -67,6 +106,9 @@ class Sequence:
     #: set by the engine
     queue_start_ns: int = 0
     finish_reason: str | None = None
+    #: the request gave max_tokens (else it is the server's default; ``kv_admission="reserve"``
+    #: then reserves up to the context limit)
+    max_tokens_given: bool = True
 
     @property
     def num_tokens(self) -> int:
@@ -134,10 +176,23 @@ class SchedulerConfig:
     max_running: int = 32
     max_waiting: int = 256
     max_context_tokens: int = 2048
+    admission: str = "fcfs"
+    #: chunked only: most sequences in prefill per step (None = no cap)
+    max_partial_prefills: int | None = None
+    kv_admission: str = "on-demand"
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy {self.policy!r} unknown; expected one of {', '.join(POLICIES)}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission {self.admission!r} unknown; expected one of {', '.join(ADMISSIONS)}")
+        if self.kv_admission not in KV_ADMISSIONS:
+            raise ValueError(f"kv admission {self.kv_admission!r} unknown; expected one of {', '.join(KV_ADMISSIONS)}")
+        if self.max_partial_prefills is not None:
+            if self.max_partial_prefills < 1:
+                raise ValueError(f"max_partial_prefills must be >= 1, got {self.max_partial_prefills}")
+            if self.policy != "chunked":
+                raise ValueError("max_partial_prefills needs policy chunked (only chunked prefill has partial prefills)")
         for name in ("chunk_size_tokens", "max_num_batched_tokens", "max_running", "max_context_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -155,6 +210,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions_total = 0
+        #: after each :meth:`schedule`: reason (``WAIT_REASONS``) -> waiting sequences
+        self.waiting_reasons: dict[str, int] = {}
 
     # -- admission checks ----------------------------------------------------------------------
 
@@ -178,6 +235,42 @@ class Scheduler:
                 f"request needs {need} KV-cache blocks ({prompt_tokens} + {max_tokens} tokens) but the cache "
                 f"holds {self.blocks.num_blocks}"
             )
+
+    # -- reservations (kv_admission="reserve") -------------------------------------------------
+
+    def reserve_tokens(self, seq: Sequence) -> int:
+        """Token positions ``seq`` may need at most: prompt + max_tokens, or the context limit
+        when the request gave no max_tokens; never more than the cache holds (a lone request runs)."""
+        ctx = self.cfg.max_context_tokens
+        worst = min(ctx, len(seq.prompt_ids) + seq.params.max_tokens) if seq.max_tokens_given else ctx
+        return min(max(worst, seq.num_tokens), self.blocks.num_blocks * self.blocks.block_size)
+
+    def reserved_blocks_outstanding(self) -> int:
+        """Blocks the running sequences have reserved but not taken yet (0 under on-demand)."""
+        if self.cfg.kv_admission != "reserve":
+            return 0
+        return sum(self.blocks.extra_blocks_for(q.seq_id, self.reserve_tokens(q)) for q in self.running)
+
+    def _fits(self, seq: Sequence, total_tokens: int, outstanding: int, hit: PrefixHit = NO_HIT) -> str | None:
+        """None when ``seq`` can be admitted to hold ``total_tokens`` now, else the wait reason."""
+        if self.cfg.kv_admission == "reserve":
+            need = self.blocks.extra_blocks_for(seq.seq_id, max(total_tokens, self.reserve_tokens(seq)), hit)
+            return None if need <= self.blocks.num_free_blocks - outstanding else WAIT_KV_RESERVATION
+        return None if self.blocks.can_grow(seq.seq_id, total_tokens, hit) else WAIT_KV_BLOCKS
+
+    def _num_partial_prefills(self) -> int:
+        """Running sequences still in prefill (more than one token to compute)."""
+        return sum(1 for q in self.running if q.status is SeqStatus.RUNNING and q.num_pending_tokens > 1)
+
+    def _prefill_share(self, prefill_budget: int) -> int:
+        """Chunked with ``max_partial_prefills``: one prefill's share of the step's prefill tokens,
+        the budget split evenly over the prefills that can run (running partial prefills, then
+        waiting ones, at most the cap). Without the cap: the whole budget (first come takes it)."""
+        cap = self.cfg.max_partial_prefills
+        if cap is None:
+            return prefill_budget
+        n = min(cap, self._num_partial_prefills() + len(self.waiting))
+        return max(1, prefill_budget // max(1, n))
 
     # -- queue changes -------------------------------------------------------------------------
 
@@ -229,8 +322,10 @@ class Scheduler:
 
     # -- planning ------------------------------------------------------------------------------
 
-    def _schedule_running(self, plan: StepPlan, budget: int, prefill_budget: int) -> tuple[int, int]:
-        """Decodes (and, chunked, partial prefills) of running sequences; returns budgets left."""
+    def _schedule_running(self, plan: StepPlan, budget: int, prefill_budget: int,
+                          share: int | None = None) -> tuple[int, int]:
+        """Decodes (and, chunked, partial prefills of at most ``share`` tokens each) of running
+        sequences; returns budgets left."""
         scheduled: set[int] = set()
         # decodes first, oldest first; growth may preempt newer sequences
         for seq in list(self.running):
@@ -243,7 +338,7 @@ class Scheduler:
         for seq in list(self.running):
             if seq.status is not SeqStatus.RUNNING or id(seq) in scheduled or seq.num_pending_tokens <= 1:
                 continue
-            n = min(seq.num_pending_tokens, budget, prefill_budget)
+            n = min(seq.num_pending_tokens, budget, prefill_budget, prefill_budget if share is None else share)
             if n < 1:
                 break
             if self._grow_or_preempt(seq, seq.num_computed_tokens + n, plan):
@@ -256,29 +351,62 @@ class Scheduler:
             plan.items = [i for i in plan.items if id(i.seq) not in gone]
         return budget, prefill_budget
 
-    def _admit(self, plan: StepPlan, budget: int, prefill_budget: int, allow_partial: bool, allow_oversize: bool) -> None:
-        """Move waiting sequences into running, FIFO, while budget, blocks and max_running allow."""
+    def _admit(self, plan: StepPlan, budget: int, prefill_budget: int, allow_partial: bool, allow_oversize: bool,
+               share: int | None = None) -> None:
+        """Move waiting sequences into running, oldest first, while budget, blocks and max_running allow.
+
+        ``fcfs`` stops at the first sequence that does not fit; ``skip-blocked`` passes over it.
+        ``share`` caps one prefill's tokens (chunked with ``max_partial_prefills``). Sets
+        :attr:`waiting_reasons`.
+        """
         preempted_now = {id(s) for s in plan.preempted}
-        while self.waiting and len(self.running) < self.cfg.max_running:
-            seq = self.waiting[0]
+        skip = self.cfg.admission == "skip-blocked"
+        cap = self.cfg.max_partial_prefills
+        partials = self._num_partial_prefills() if cap is not None else 0
+        outstanding = self.reserved_blocks_outstanding()
+        passed: dict[int, str] = {}  # id(seq) -> why skip-blocked passed over it
+        stop: str | None = None
+        i = 0
+        while i < len(self.waiting):
+            if len(self.running) >= self.cfg.max_running:
+                stop = WAIT_MAX_RUNNING
+                break
+            if cap is not None and partials >= cap:
+                stop = WAIT_PARTIAL_PREFILLS
+                break
+            seq = self.waiting[i]
             if id(seq) in preempted_now:
+                stop = WAIT_PREEMPTED
+                break
+            if min(budget, prefill_budget) < 1:
+                stop = WAIT_TOKEN_BUDGET
                 break
             need = seq.num_pending_tokens
             hit = NO_HIT  # prefix caching: cached blocks count neither as compute nor budget
             if self.blocks.prefix_cache is not None and seq.num_computed_tokens == 0:
                 hit = self.blocks.match_prefix(seq.seq_id, seq.token_slice(0, seq.num_tokens))
                 need -= hit.num_tokens
-            n = min(need, budget, prefill_budget)
+            n = min(need, budget, prefill_budget, prefill_budget if share is None else share)
+            blocked: str | None = None
             if n < need and not allow_partial:
-                if not (allow_oversize and not plan.items and not self.running):
-                    break
-                n = need  # a lone prompt larger than the budget still runs, alone
-            if n < 1:
-                break
+                if allow_oversize and not plan.items and not self.running:
+                    n = need  # a lone prompt larger than the budget still runs, alone
+                else:
+                    blocked = WAIT_TOKEN_BUDGET
             start = seq.num_computed_tokens + hit.num_tokens
-            if not self.blocks.can_grow(seq.seq_id, start + n, hit):
+            if blocked is None and n < 1:
+                stop = WAIT_TOKEN_BUDGET
                 break
-            self.waiting.popleft()
+            if blocked is None:
+                blocked = self._fits(seq, start + n, outstanding, hit)
+            if blocked is not None:
+                if not skip:
+                    stop = blocked
+                    break
+                passed[id(seq)] = blocked
+                i += 1
+                continue
+            del self.waiting[i]
             self.blocks.allocate(seq.seq_id, start + n, hit)
             if self.blocks.prefix_cache is not None and seq.num_computed_tokens == 0:
                 self.blocks.prefix_cache.record_lookup(seq.num_tokens, hit)
@@ -287,9 +415,38 @@ class Scheduler:
             seq.num_computed_tokens = start
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            if self.cfg.kv_admission == "reserve":
+                outstanding += self.blocks.extra_blocks_for(seq.seq_id, self.reserve_tokens(seq))
+            partials += 1
             plan.items.append(ScheduledSeq(seq, seq.num_computed_tokens, n, is_prefill=True))
             budget -= n
             prefill_budget -= n
+        self._note_waiting(passed, stop, i, preempted_now, outstanding, min(budget, prefill_budget))
+
+    def _note_waiting(self, passed: dict[int, str], stop: str | None, stop_at: int, preempted_now: set[int],
+                      outstanding: int, budget_left: int) -> None:
+        """Fill :attr:`waiting_reasons` after a walk that stopped at index ``stop_at`` for ``stop``.
+
+        Under fcfs a head that did not fit (KV blocks, reservation, its prompt over the budget left)
+        makes those behind it that would fit themselves wait for it: ``head_of_line``.
+        """
+        head_stop = stop in (WAIT_KV_BLOCKS, WAIT_KV_RESERVATION, WAIT_TOKEN_BUDGET) and stop_at < len(self.waiting)
+        out: dict[str, int] = {}
+        for k, q in enumerate(self.waiting):
+            if id(q) in preempted_now:
+                r = WAIT_PREEMPTED
+            elif id(q) in passed:
+                r = passed[id(q)]
+            elif stop == WAIT_PREEMPTED:
+                r = WAIT_KV_BLOCKS  # a preemption this step: the cache is out of blocks
+            elif head_stop and k > stop_at:
+                r = self._fits(q, q.num_tokens, outstanding) or (
+                    WAIT_HEAD_OF_LINE if stop != WAIT_TOKEN_BUDGET or q.num_pending_tokens <= budget_left
+                    else WAIT_TOKEN_BUDGET)
+            else:
+                r = stop or WAIT_TOKEN_BUDGET
+            out[r] = out.get(r, 0) + 1
+        self.waiting_reasons = out
 
     def schedule(self) -> StepPlan:
         """Plan the next step (mutates queues and block tables). An empty plan means idle."""
@@ -305,8 +462,9 @@ class Scheduler:
             budget, _ = self._schedule_running(plan, budget, 0)
             self._admit(plan, budget, budget, allow_partial=False, allow_oversize=True)
         else:  # chunked
-            budget, prefill_budget = self._schedule_running(plan, budget, self.cfg.chunk_size_tokens)
-            self._admit(plan, budget, prefill_budget, allow_partial=True, allow_oversize=False)
+            share = self._prefill_share(self.cfg.chunk_size_tokens)
+            budget, prefill_budget = self._schedule_running(plan, budget, self.cfg.chunk_size_tokens, share)
+            self._admit(plan, budget, prefill_budget, allow_partial=True, allow_oversize=False, share=share)
         return plan
 
     def on_step_done(self, item: ScheduledSeq) -> None:
