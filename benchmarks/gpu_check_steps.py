@@ -43,6 +43,20 @@ PROJECT_IMPORTS: tuple[str, ...] = (
 )
 
 
+#: distributions whose versions the summary shows (the device image's may differ from CI's)
+VERSIONS_OF: tuple[str, ...] = ("numpy", "pandas", "pyarrow", "aiohttp", "protobuf", "opentelemetry-sdk", "textual",
+                                "nvidia-ml-py", "tokenizers", "uvloop", "pytest")
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
 def _say(line: str = "") -> None:
     print(line, flush=True)
 
@@ -63,6 +77,7 @@ def cmd_env(a: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - any failure to import is what we report
             missing.append(f"{name} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
     _say("project imports: all present" if not missing else f"project imports that FAIL: {'; '.join(missing)}")
+    _say("versions: " + ", ".join(f"{d} {_version(d)}" for d in VERSIONS_OF))
     try:
         import torch
     except Exception as exc:  # noqa: BLE001
