@@ -70,10 +70,11 @@ class RuleContext:
         """No request has a TTFT: the features come from the engine's metrics alone."""
         return bool(self.v("series_only"))
 
-    def sample_factor(self) -> float:
-        """sqrt(n / min_requests) capped at 1; series-only captures without a request count use
-        the scrape windows instead (sqrt(windows / min_series_windows))."""
-        n_req = self.v("requests_n")
+    def sample_factor(self, n_requests: float | None = None) -> float:
+        """sqrt(n / min_requests) capped at 1, n the completed requests (or ``n_requests``: a rule
+        whose sample is another set, e.g. every request sent); series-only captures without a
+        request count use the scrape windows instead (sqrt(windows / min_series_windows))."""
+        n_req = self.v("requests_n") if n_requests is None else n_requests
         if n_req is None and self.series_only:
             n = float(self.v("metrics_windows_n", 0) or 0)
             need = float(self.general.get("min_series_windows", 6))
@@ -82,10 +83,12 @@ class RuleContext:
             need = float(self.general.get("min_requests", 20))
         return 1.0 if n >= need else math.sqrt(max(n, 0.0) / need)
 
-    def confidence(self, directness: float, strengths: list[float], black_box: bool = False) -> float:
-        """directness (how directly the evidence measures the cause) x mean strength x sample size."""
+    def confidence(self, directness: float, strengths: list[float], black_box: bool = False,
+                   n_requests: float | None = None) -> float:
+        """directness (how directly the evidence measures the cause) x mean strength x sample size
+        (:meth:`sample_factor` of ``n_requests``)."""
         s = sum(strengths) / len(strengths) if strengths else 0.5
-        c = directness * s * self.sample_factor()
+        c = directness * s * self.sample_factor(n_requests)
         if black_box:
             c *= float(self.general.get("black_box_scale", 0.6))
         return round(min(max(c, 0.0), 1.0), 3)
@@ -188,9 +191,9 @@ class Triage:
         """Why the rule did not fire: the misses joined, else ``default``."""
         return "; ".join(self.misses) or default
 
-    def confidence(self, directness: float, black_box: bool = False) -> float:
+    def confidence(self, directness: float, black_box: bool = False, n_requests: float | None = None) -> float:
         """:meth:`RuleContext.confidence` over the strengths collected."""
-        return self.ctx.confidence(directness, self.strengths, black_box=black_box)
+        return self.ctx.confidence(directness, self.strengths, black_box=black_box, n_requests=n_requests)
 
 
 def beyond_chance(share: float | None, chance: float, n: float | None, p_max: float) -> bool:

@@ -105,7 +105,7 @@ def failures(ctx: RuleContext) -> Outcome:
                      miss="{value:.0%} of requests failed (< {threshold:.0%})"):
         return t.pass_reason("no request failed")
     by_seg = ctx.v("error_rate_by_segment") or {}
-    if by_seg:
+    if by_seg and (len(by_seg) > 1 or "(none)" not in by_seg):
         t.context("failed share by load level", max(by_seg.values()), "share",
                   "; ".join(f"{k}: {v:.0%}" for k, v in sorted(by_seg.items(), key=lambda kv: -kv[1])[:6]))
     inflight = ctx.v("failed_inflight_p50")
@@ -114,9 +114,11 @@ def failures(ctx: RuleContext) -> Outcome:
                   f"against {ctx.v('inflight_at_arrival_p50', 0) or 0:g} for the completed ones")
     points = [FAILURE_CAUSES.get(k, f"{k}: see the probe's error kinds") for k in kinds]
     top = max(kinds.items(), key=lambda kv: kv[1])[0] if kinds else "unknown"
-    where = (" under " + max(by_seg.items(), key=lambda kv: kv[1])[0]) if by_seg else ""
+    worst = max(by_seg.items(), key=lambda kv: kv[1])[0] if by_seg else ""
+    where = f" under {worst}" if worst and worst != "(none)" else ""
     return finding(f"{rate:.0%} of requests failed ({', '.join(f'{k} x{v}' for k, v in kinds.items())}){where}: "
-                   "the run is not healthy", t.confidence(0.9), None, None, t.evidence,
+                   "the run is not healthy", t.confidence(0.9, n_requests=ctx.v("requests_total_n")), None, None,
+                   t.evidence,
                    [*points, "the failed requests are left out of TTFT: the TTFT of the others is not the users' "
                     "whole experience; lower the load or raise the limit, then measure again"],
                    note=f"mostly {top}; failures are not counted as TTFT")

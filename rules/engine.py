@@ -110,8 +110,12 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
     p95 = feats.value("ttft_p95_s")
     hth = th["healthy"]
     if n_ok == 0 and not series_only:
-        verdict = _no_data(feats)
         skipped.append(Skipped(HEALTHY_ID, "skipped: needs completed requests"))
+        failed = [f for f in findings if f.category == FAILURES]
+        if failed:  # every request failed: what the client saw (refused, timed out, 5xx) is the verdict
+            notes.append("no request completed: there is no TTFT to decompose until the server answers")
+            return Diagnosis(failed[0], findings, skipped, feats, passed, notes, th)
+        verdict = _no_data(feats)
         return Diagnosis(verdict, [verdict] + findings, skipped, feats, passed, notes, th)
     main = [f for f in findings if f.category in TTFT_CATEGORIES | ITL_CATEGORIES]
     failing = any(f.category == FAILURES for f in findings)

@@ -119,6 +119,10 @@ def verdict_exit_code(analysis: Analysis, slo: Mapping[str, float] | None, comma
     if d is not None and d.verdict.category == "no_data":
         print(f"ttft {command}: nothing to judge: {d.verdict.title}", file=sys.stderr)
         return BAD_INPUT
+    if d is not None and d.verdict.category == "failures" and not d.features.value("requests_n") \
+            and not d.features.value("series_only"):
+        print(f"ttft {command}: nothing to judge: no request completed ({d.verdict.title})", file=sys.stderr)
+        return BAD_INPUT
     if not slo:
         return OK
     from diag.report.summary import evaluate_slo, latency_percentiles

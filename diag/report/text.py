@@ -79,6 +79,8 @@ def format_diagnosis(d: Diagnosis, verbose: bool = False) -> str:
 
 def format_decomposition(dec: dict[str, Any]) -> str:
     """The per-stage TTFT decomposition as an aligned text table."""
+    if not dec["requests"]:
+        return "no request completed: no TTFT to decompose"
     lines = []
     t = dec["ttft_s"]
     lines.append(

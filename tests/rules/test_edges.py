@@ -54,8 +54,11 @@ def test_empty_capture_has_nothing_to_judge(tmp_path: Path) -> None:
 def test_all_requests_failed(tmp_path: Path) -> None:
     _server_capture(tmp_path / "c", 5, error="http_503")
     d = diagnose(build_tables(load_capture(tmp_path / "c")))
-    assert d.verdict.category == NO_DATA
-    assert "all 5 requests failed" in d.verdict.title and "http_503" in d.verdict.title
+    # what the client saw is the verdict (a watched server that refuses everything), not "no data"
+    assert d.verdict.category == "failures" and d.verdict.confidence >= 0.3
+    assert "100% of requests failed (http_503 x5)" in d.verdict.title
+    assert any("no request completed" in n for n in d.notes)
+    assert {s.rule_id for s in d.skipped} >= {"queue", "healthy"}
 
 
 def test_single_request(tmp_path: Path) -> None:

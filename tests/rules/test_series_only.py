@@ -105,7 +105,7 @@ def test_kv_pressure_from_metrics_alone() -> None:
     assert "kv_cache" in queue.demoted_by
 
 
-def test_no_data_without_a_scrape_pair_or_when_all_failed() -> None:
+def test_no_data_without_a_scrape_pair_and_failures_when_all_failed() -> None:
     one = pd.DataFrame([(1000.0, "prometheus", S.SERIES_WAITING, "", 3.0)], columns=list(S.SERIES_COLUMNS))
     assert diagnose(_tables(one)).verdict.category == NO_DATA
     req = empty_request_table()
@@ -114,7 +114,8 @@ def test_no_data_without_a_scrape_pair_or_when_all_failed() -> None:
                            "has_client": [False, False]})
     req = pd.concat([req, failed], ignore_index=True) if len(req.columns) else failed
     d = diagnose(_tables(_series([QUEUE] * 4), req))
-    assert d.verdict.category == NO_DATA and "all 2 requests failed" in d.verdict.title
+    # every request failed: the failures are the verdict, whatever the series say
+    assert d.verdict.category == "failures" and "100% of requests failed (http_503 x2)" in d.verdict.title
 
 
 def test_spans_keep_their_verdict_over_contrary_metrics(tmp_path: Path) -> None:
