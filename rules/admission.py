@@ -1,0 +1,148 @@
+"""Rules for admission order and admission by reservation: head-of-line blocking behind long
+prompts, and KV admission by worst-case reservation.
+
+Both are queue time that capacity could have served: the requests wait while KV and batch slots
+are free. ``head_of_line`` shows it as short requests' TTFT jumping while a long prompt ahead of
+them is unfinished (vllm-project/vllm#10235: one partial prefill at a time; sgl-project/sglang#22831:
+a head that cannot be allocated stops the admission walk). ``kv_reservation`` shows it as requests
+waiting while KV usage stays low and the batch has room (NVIDIA/TensorRT-LLM#1012:
+``GUARANTEED_NO_EVICT`` reserves ``max_tokens``, the model's max length when unset). Features:
+:mod:`rules.features.admission`.
+"""
+
+from __future__ import annotations
+
+from rules.base import Outcome, RuleContext, Triage, finding, rule
+
+HOL_CHECKS = [
+    "vLLM: --max-num-partial-prefills (more than one prompt prefilled at a time under chunked prefill) with "
+    "--long-prefill-token-threshold / --max-long-partial-prefills, so short prompts pass a long one",
+    "chunked prefill (vLLM --enable-chunked-prefill with --max-num-batched-tokens): a long prompt in whole-prompt "
+    "steps holds every request behind it for its whole prefill",
+    "SGLang: --schedule-policy, and whether a waiting request that cannot be allocated stops the admission walk "
+    "for everything behind it (sgl-project/sglang#22831); --chunked-prefill-size",
+    "the bundled engine: --admission skip-blocked (admit what fits past a blocked head) and "
+    "--max-partial-prefills N with --policy chunked",
+    "route long prompts to their own replicas or priority class when they are rare and large",
+]
+
+KVR_CHECKS = [
+    "TensorRT-LLM: capacity_scheduler_policy -- GUARANTEED_NO_EVICT admits a request only if KV holds its whole "
+    "max_tokens (the model's max sequence length when unset); MAX_UTILIZATION admits on what is used now "
+    "(NVIDIA/TensorRT-LLM#1012, #2866)",
+    "set max_tokens on every request: unset, the reservation is the context limit and requests run one after "
+    "another while KV usage stays low",
+    "the experiment that decides: rerun the same load with a small max_tokens -- concurrency rises under a "
+    "reservation, not under a max_num_seqs / max_running cap",
+    "the bundled engine: --kv-admission on-demand",
+]
+
+
+@rule("head_of_line", "head_of_line", needs=(("hol_short_ttft_ratio",),))
+def head_of_line(ctx: RuleContext) -> Outcome:
+    """Short requests wait behind an unfinished long prompt ahead of them while capacity exists."""
+    th = ctx.th
+    ratio = ctx.v("hol_short_ttft_ratio")
+    if ratio < th["ttft_ratio_min"]:
+        return (f"short requests behind an unfinished long prompt have {ratio:.1f}x the TTFT of the others "
+                f"(< {th['ttft_ratio_min']:g}x)")
+    t = Triage(ctx)
+    nb, nu = ctx.v("hol_blocked_short_n", 0), ctx.v("hol_unblocked_short_n", 0)
+    t.crossed("short TTFT behind a long prompt / without", ratio, "ttft_ratio_min", "x",
+              f"median TTFT of {nb:g} short requests that arrived while a longer one ahead of them had no first token, "
+              f"against {nu:g} that arrived with none in flight")
+    lr = ctx.v("hol_long_prompt_ratio")
+    if lr is not None:
+        t.context("long / short prompt tokens", lr, "x", "median prompt of the long requests against the short ones")
+    server = ctx.has("hol_blocked_queue_share")
+    if not server:
+        inter, lim = ctx.v("itl_interference_ratio"), ctx.th_of("interference")["itl_ratio_min"]
+        if inter is not None and inter >= lim:
+            return (f"short requests behind a long prompt have {ratio:.1f}x the TTFT of the others, but running streams "
+                    f"stall while long prompts prefill ({inter:.1f}x ITL >= {lim:g}x): they wait for the long prefill "
+                    "step itself, not for admission order (see interference; chunked prefill bounds both)")
+        s, pct = ctx.explained(1.0 - 1.0 / ratio)
+        return finding("Short requests' TTFT jumps while a long prompt is in flight ahead of them: head-of-line "
+                       "blocking behind long prefills (black box)",
+                       t.confidence(0.7, black_box=True), s, pct, t.evidence, HOL_CHECKS, black_box=True,
+                       note="client-only evidence: a client cannot tell admission order from a long prefill that "
+                       "simply fills the step; a server capture (queue spans, engine steps) tells them apart")
+    qs = ctx.v("hol_blocked_queue_share")
+    if not t.crossed("queue share of those short requests' TTFT", qs, "queue_share_min", "share",
+                     "they waited to be admitted, not in a slow prefill batch",
+                     miss="the short requests behind long prompts spent {value:.0%} of TTFT in the queue (< "
+                     "{threshold:.0%}): they ran, slower, in batches beside the long prefill"):
+        return t.pass_reason()
+    steps = ctx.v("hol_blocked_wait_steps")
+    if steps is not None and not t.crossed("engine steps while they queued", steps, "wait_steps_min", "steps",
+                                           "the engine ran steps without them: admission order held them back",
+                                           miss="the short requests waited through {value:.0f} engine step(s) (< "
+                                           "{threshold:g}): the long prefill step in flight, not admission order"):
+        return t.pass_reason()
+    kv = ctx.v("hol_blocked_kv_usage_max")
+    if kv is not None and not t.below("KV usage while they queued (max)", kv, "kv_usage_max", "share",
+                                      "KV had room for them", op="<", weigh=False,
+                                      miss="KV usage reached {value:.0%} while they queued: KV capacity, see kv_cache"):
+        return t.pass_reason()
+    run, cap = ctx.v("hol_blocked_running_max"), ctx.v("running_cap")
+    if run is not None and cap is not None:
+        if not t.below("running sequences while they queued (max)", run, None, "requests",
+                       f"under the engine's running cap of {cap:g}: batch slots were free", op="<", threshold=cap,
+                       weigh=False, miss="the batch was full ({value:g} of {threshold:g} running): see queue"):
+            return t.pass_reason()
+    s, pct = ctx.explained(min(qs, 1.0 - 1.0 / ratio))
+    return finding("Short requests wait behind long prompts ahead of them while KV and batch slots are free: "
+                   "head-of-line blocking in admission", t.confidence(0.9), s, pct, t.evidence, HOL_CHECKS)
+
+
+@rule("kv_reservation", "kv_reservation", needs=(("kvr_kv_usage_while_waiting_p95", "queue_share_tail"),
+                                                 ("ttft_concurrency_ratio", "decode_speed_hold_ratio")))
+def kv_reservation(ctx: RuleContext) -> Outcome:
+    """Requests wait while KV usage stays low and the batch has room: admission reserves the worst case."""
+    th = ctx.th
+    if not ctx.has("kvr_kv_usage_while_waiting_p95"):
+        if ctx.has("kvr_waiting_steps_frac"):
+            return f"a request waited in only {ctx.v('kvr_waiting_steps_frac'):.0%} of engine steps: no admission limit held"
+        return ("client-only: a reservation limit (each request admitted for its whole max_tokens) looks the same as "
+                "a max_num_seqs / max_running cap from the client (see queue, kv_cache); the experiment that decides: "
+                "rerun with a small max_tokens -- concurrency rises under a reservation, not under a cap")
+    qs = ctx.v("queue_share_tail")
+    t = Triage(ctx)
+    if not t.crossed("queue share of TTFT (slowest 5%)", qs, "queue_share_min", "share", "requests wait to be admitted",
+                     miss="queue share of the slowest 5% is {value:.0%} (< {threshold:.0%})"):
+        return t.pass_reason()
+    wf = ctx.v("kvr_waiting_steps_frac")
+    if not t.crossed("engine steps with a request waiting", wf, "waiting_steps_min", "share",
+                     "share of engine steps that ran while a request waited",
+                     miss="a request waited in only {value:.0%} of engine steps (< {threshold:.0%})"):
+        return t.pass_reason()
+    kv = ctx.v("kvr_kv_usage_while_waiting_p95")
+    if not t.below("KV usage while requests waited (p95)", kv, "kv_usage_max", "share",
+                   "the blocks really in use stayed low while requests were refused",
+                   miss="KV usage reached {value:.0%} while requests waited (> {threshold:.0%}): blocks in use, see "
+                   "kv_cache"):
+        return t.pass_reason()
+    pre = ctx.v("kvr_prefill_steps_while_waiting_frac")
+    if pre is not None and not t.below("steps with prefill work while requests waited", pre, "prefill_steps_max",
+                                       "share", "the engine was not busy prefilling others meanwhile", weigh=False,
+                                       miss="{value:.0%} of the steps while requests waited ran prefill work (> "
+                                       "{threshold:.0%}): they waited for prefill budget, see head_of_line"):
+        return t.pass_reason()
+    run, cap = ctx.v("kvr_running_while_waiting_p50"), ctx.v("running_cap")
+    if run is not None and cap is not None:
+        frac = run / cap
+        if not t.below("running sequences while waiting / running cap", frac, "running_frac_max", "share",
+                       f"median {run:g} running against a cap of {cap:g}: batch slots were free",
+                       miss="the batch ran at {value:.0%} of its cap while requests waited: a batch cap, see queue"):
+            return t.pass_reason()
+        directness, note = 0.9, None
+    else:
+        if run is not None:
+            t.context("running sequences while waiting (median)", run, "requests", "the engine's running cap is unknown")
+        directness = 0.6
+        note = ("the engine's running cap is unknown here: a max_num_seqs cap at this count would look the same; "
+                "rerun with a small max_tokens -- concurrency rises under a reservation, not under a cap")
+    s, pct = ctx.explained(qs)
+    return finding("Requests wait while KV usage stays low and the batch has room: admission reserves each "
+                   "request's worst case (KV reservation)", t.confidence(directness), s, pct, t.evidence, KVR_CHECKS,
+                   note=note)
