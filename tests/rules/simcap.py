@@ -9,7 +9,8 @@ real runs. Times are simulated (no sleeping); every number is derived from a cos
   tensor-parallel comm (nested in prefill); ``sample_s`` then ``detok_s_per_token``;
 * decode step: ``decode_base_s + decode_s_per_seq * running`` (+ detok per sequence);
 * KV: each admitted request reserves prompt + output tokens of ``kv_tokens`` capacity;
-* client: ``net_s`` each way; ``client_lag_s`` (a saturated load generator) delays sends
+* client: ``net_s`` each way (+ ``frontend_s_per_conc`` x (conc - 1) before the server's clock
+  starts: a queueing front end); ``client_lag_s`` (a saturated load generator) delays sends
   and the client's view of the first token.
 
 Workload: a list of phases run one after another, each either closed-loop (``conc``
@@ -72,6 +73,9 @@ class Client:
     net_s: float = 0.2 * MS
     lag_s: float = 0.0
     health: dict[str, Any] | None = None
+    #: a front end before the engine's clock (an API server that queues): each request of a
+    #: closed-loop phase waits this x (conc - 1) before the server span starts
+    frontend_s_per_conc: float = 0.0
 
 
 @dataclass
@@ -124,7 +128,8 @@ def simulate(path: Path, engine: Engine, phases: list[Phase], client: Client | N
             counter += 1
             lag = j(client.lag_s) if client.lag_s else 0.0
             cs = at + lag
-            r = _Req(f"r{counter}", ph.segment, p, ph.output, client_start=cs, arrival=cs + j(client.net_s), phase_i=pi,
+            fe = j(client.frontend_s_per_conc * ((ph.conc or 1) - 1)) if client.frontend_s_per_conc else 0.0
+            r = _Req(f"r{counter}", ph.segment, p, ph.output, client_start=cs, arrival=cs + j(client.net_s) + fe, phase_i=pi,
                      client_i=ci, tp_size=engine.tp_size)
             if error_every and counter % error_every == 0:
                 r.error = "http_503"

@@ -1,0 +1,140 @@
+"""The ``frontend`` rule: time before the engine sees a request, told apart from network and tokenize.
+
+Fast cases write captures through the span helpers (server spans with the bundled server's
+front-end attributes; the simulator's client + server for the gap by load); the slow one runs
+the real server with one HTTP worker under the real probe.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from collectors.spans import setup_tracing
+from diag import stages
+from diag.capture import load_capture
+from diag.report.text import format_diagnosis
+from diag.tables import build_tables
+from rules import diagnose
+from simcap import Client, Engine, Phase, simulate, tables_of
+
+NS = 1_000_000_000
+MS = 1e-3
+
+
+def _server_capture(path: Path, n: int, http_wait_s, tok_wait_s: float, tokenize_s: float) -> Path:
+    """``n`` requests: front-end wait (``http_wait_s(i)`` + ``tok_wait_s``), tokenize, a short queue,
+    a 5 ms prefill and 8 tokens 4 ms apart; engine steps beside them."""
+    sink = setup_tracing("engine", capture_dir=path, export_interval_s=60)
+    t0 = time.time_ns() - 3600 * NS
+    for i in range(n):
+        s = t0 + i * 200_000_000
+        hw = http_wait_s(i)
+        w = hw + tok_wait_s
+        r = sink.start_request(f"r{i}", start_ns=s, attributes={
+            stages.GEN_AI_USAGE_INPUT_TOKENS: 64, stages.ATTR_FRONTEND_WAIT_S: w,
+            stages.ATTR_FRONTEND_HTTP_WAIT_S: hw, stages.ATTR_FRONTEND_TOKENIZER_WAIT_S: tok_wait_s})
+        at = s + int(w * NS)
+        for name, dur_s in ((stages.TOKENIZE, tokenize_s), (stages.QUEUE, 0.0003), (stages.PREFILL, 0.005)):
+            r.record_stage(name, at, at + int(dur_s * NS))
+            at += int(dur_s * NS)
+        for k in range(8):
+            r.add_token_time(at + k * 4_000_000)
+        r.end(end_ns=at + 8 * 4_000_000)
+        sink.record_step(at - 5_000_000, at, {stages.ATTR_STEP_PREFILL_TOKENS: 64, stages.ATTR_STEP_DECODE_SEQS: 0,
+                                              stages.ATTR_STEP_WAITING: 0, stages.ATTR_STEP_RUNNING: 1})
+    sink.shutdown()
+    return path
+
+
+def _find(d, rule_id: str):
+    return next((f for f in d.findings if f.rule_id == rule_id), None)
+
+
+def _passed(d, rule_id: str) -> str:
+    return next(p.reason for p in d.passed if p.rule_id == rule_id)
+
+
+def test_requests_waiting_for_an_http_worker_are_the_front_end(tmp_path: Path) -> None:
+    cap = _server_capture(tmp_path / "srv", 30, lambda i: 0.02 + 0.01 * (i % 4), 0.0002, 0.0005)
+    d = diagnose(build_tables(load_capture(cap)))
+    assert d.verdict.category == "frontend", format_diagnosis(d)
+    f = d.verdict
+    assert "HTTP workers" in f.title and f.confidence >= 0.8
+    rows = {e.name: e for e in f.evidence}
+    assert rows["front-end wait share of TTFT (slowest 5%)"].crossed
+    assert rows["engine queue share of TTFT (slowest 5%)"].value < 0.05
+    assert any("--threads-http" in c and "--api-server-count" in c for c in f.next_checks)
+
+
+def test_a_small_front_end_wait_is_not_a_finding(tmp_path: Path) -> None:
+    cap = _server_capture(tmp_path / "srv", 30, lambda i: 0.0005, 0.0002, 0.0005)
+    d = diagnose(build_tables(load_capture(cap)))
+    assert _find(d, "frontend") is None
+    assert "front-end wait" in _passed(d, "frontend")
+
+
+def test_waiting_for_a_tokenizer_busy_with_slow_tokenization_is_tokenize(tmp_path: Path) -> None:
+    """One tokenizer thread and a slow tokenizer: requests queue for the thread, but the cause is the
+    cost per prompt token -- the tokenize rule's, not the front end's pool."""
+    cap = _server_capture(tmp_path / "srv", 30, lambda i: 0.0, 0.015, 0.015)
+    d = diagnose(build_tables(load_capture(cap)))
+    assert d.verdict.category == "tokenize", format_diagnosis(d)
+    assert _find(d, "frontend") is None and "see tokenize" in _passed(d, "frontend")
+
+
+def _sweep(conc_levels=(1, 2, 4, 8)) -> list[Phase]:
+    return [Phase(f"concurrency={c}", 12 * c, 64, 16, conc=c) for c in conc_levels]
+
+
+def test_a_gap_outside_the_engine_clock_that_grows_with_load_is_the_front_end(tmp_path: Path) -> None:
+    dirs = simulate(tmp_path, Engine(), _sweep(), Client(net_s=1 * MS, frontend_s_per_conc=8 * MS))
+    d = diagnose(tables_of(dirs))
+    assert d.verdict.category == "frontend", format_diagnosis(d)
+    rows = {e.name: e for e in d.verdict.evidence}
+    assert rows["client-server gap at the highest load / at the lowest"].value > 5
+    net = _find(d, "network")
+    assert net is None or "frontend" in net.demoted_by
+
+
+def test_a_fixed_network_delay_is_not_the_front_end(tmp_path: Path) -> None:
+    dirs = simulate(tmp_path, Engine(), _sweep(), Client(net_s=30 * MS))
+    d = diagnose(tables_of(dirs))
+    assert d.verdict.category == "network", format_diagnosis(d)
+    assert _find(d, "frontend") is None and "a fixed latency" in _passed(d, "frontend")
+
+
+def test_client_only_at_one_level_names_the_sweep(tmp_path: Path) -> None:
+    dirs = simulate(tmp_path, Engine(), [Phase("c4", 40, 64, 16, conc=4)], Client(net_s=30 * MS), server=False)
+    d = diagnose(tables_of(dirs, ("client",)))
+    assert _find(d, "frontend") is None
+    reason = _passed(d, "frontend")
+    assert "cannot be split into front end and network" in reason and "--sweep concurrency" in reason
+
+
+@pytest.mark.slow
+def test_real_server_with_one_http_worker_is_the_front_end(tmp_path: Path) -> None:
+    """``ttft serve --inject frontend_workers=1`` under 4 closed-loop streams: server-side and joined,
+    the verdict is frontend (the engine's queue stayed empty)."""
+    from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diag" / "engine"))
+    from engine_testutil import serve_process
+    from test_verdicts_real import LAUNCH
+
+    cmd = [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--capture", str(tmp_path / "srv"), "--threads", "1",
+           "--inject", "frontend_workers=1"]
+    with serve_process(cmd) as (proc, line):
+        m = re.search(r"(http://127\.0\.0\.1:\d+)", line)
+        assert m, line
+        run_probe(ProbeConfig(m.group(1), load=LoadSpec(concurrency=4, requests=24, warmup_requests=2),
+                              workload=WorkloadSpec(LengthSpec.parse("32"), LengthSpec.parse("12")), timeout_s=60,
+                              output=tmp_path / "cli"))
+    for sides in (("srv",), ("cli", "srv")):
+        d = diagnose(build_tables([load_capture(tmp_path / s) for s in sides]))
+        assert d.verdict.category == "frontend", format_diagnosis(d)
+        assert "HTTP workers" in d.verdict.title
