@@ -13,13 +13,14 @@ import threading
 import time
 from pathlib import Path
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
 
 from tui import adapters
+from tui.layout import LAYOUTS, choose_layout
 from tui.model import ViewModel, build_view_model, request_waterfall
 from tui.sources import Snapshot, Source
 from tui.widgets import (
@@ -60,6 +61,17 @@ class TTFTApp(App[int]):
     #throughput { width: 1fr; }
     #slowest { width: 1fr; }
     #gpu { width: 1fr; }
+    .-medium #row-top { max-height: 18; }
+    /* compact (80x24): a top rule with the title instead of a box, one line per panel */
+    .-compact Panel { border: none; border-top: solid $primary 40%; }
+    .-compact Panel:focus { border: none; border-top: solid $accent; }
+    .-compact #verdict { width: 1fr; height: 1fr; min-height: 5; }
+    .-compact #row-mid { height: auto; }
+    .-compact #row-mid > Panel { height: auto; min-height: 3; }
+    .-compact #row-bottom { height: auto; min-height: 3; }
+    .-compact #row-bottom > Panel { height: auto; min-height: 3; }
+    .-compact #stages { width: 2fr; }
+    .-compact #gpu { width: 1fr; }
     """
 
     BINDINGS = [
@@ -75,8 +87,12 @@ class TTFTApp(App[int]):
     ]
 
     def __init__(self, source: Source, refresh_s: float = 1.0, slo: dict[str, float] | None = None,
-                 rules_file: str | None = None, report_dir: str | Path = ".") -> None:
+                 rules_file: str | None = None, report_dir: str | Path = ".", layout: str = "auto") -> None:
         super().__init__()
+        choose_layout(layout, 80, 24)  # ValueError on an unknown name, before the screen starts
+        #: the layout asked for (``auto``: by terminal size) and the one drawn now (:mod:`tui.layout`)
+        self.layout_request = layout
+        self.layout_mode = ""
         self.source = source
         self.refresh_s = max(0.05, float(refresh_s))
         self.slo = slo
@@ -103,7 +119,23 @@ class TTFTApp(App[int]):
     # --- layout ------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
+        mode = choose_layout(self.layout_request, self.size.width, self.size.height)
+        self.layout_mode = mode
+        for m in LAYOUTS[1:]:
+            self.screen.set_class(m == mode, f"-{m}")
+        compact = mode == "compact"
         yield StatusBar(id="status")
+        if compact:
+            # 80x24: the verdict full width, then the numbers; no slowest-requests table
+            yield VerdictPanel(id="verdict", compact=True)
+            with Horizontal(id="row-mid"):
+                yield LatencyPanel(id="latency", compact=True)
+                yield ThroughputPanel(id="throughput", compact=True)
+            with Horizontal(id="row-bottom"):
+                yield StagePanel(id="stages", compact=True)
+                yield BusyOrGpuPanel(id="gpu", compact=True)
+            yield Footer()
+            return
         with Horizontal(id="row-top"):
             yield VerdictPanel(id="verdict")
             yield LatencyPanel(id="latency")
@@ -115,6 +147,19 @@ class TTFTApp(App[int]):
             with Vertical(id="gpu-col"):
                 yield BusyOrGpuPanel(id="gpu")
         yield Footer()
+
+    async def on_resize(self, event: events.Resize) -> None:
+        await self._relayout(event.size.width, event.size.height)
+
+    async def _relayout(self, columns: int, rows: int) -> None:
+        """``auto``: draw the layout this size calls for, with the last frame (UI thread). Under
+        the help or a waterfall it waits for the dashboard to be on top again (``_tick``)."""
+        mode = choose_layout(self.layout_request, columns, rows)
+        if mode == self.layout_mode or not self.layout_mode or len(self.screen_stack) > 1:
+            return
+        await self.recompose()
+        self.query_one(VerdictPanel).focus()
+        self._paint(self.last_vm)
 
     def on_mount(self) -> None:
         self.query_one(StatusBar).show(None, self.paused, f"loading {self.source.title}…")
@@ -131,6 +176,8 @@ class TTFTApp(App[int]):
     # --- frames ------------------------------------------------------------------------------
 
     def _tick(self) -> None:
+        if self.layout_mode and choose_layout(self.layout_request, *self.size) != self.layout_mode:
+            self.call_later(self._relayout, *self.size)  # a resize while the help was open
         if not self.paused:
             self.request_frame()
 
@@ -182,7 +229,9 @@ class TTFTApp(App[int]):
     def _rules_worker(self, snap: Snapshot, key: tuple[int, tuple[int, int]]) -> None:
         try:
             slo = snap.slo if snap.slo is not None else self.slo  # the demo's phase holds its own SLOs
-            run = adapters.run_rules(snap.tables, snap.window_ns, slo=slo, rules_file=self.rules_file)
+            # the whole capture goes to the rules uncut (window None), as `ttft analyze` gives it
+            window = None if snap.whole else snap.window_ns
+            run = adapters.run_rules(snap.tables, window, slo=slo, rules_file=self.rules_file)
         except Exception as exc:  # e.g. a bad rules file: say so, keep the dashboard
             run = adapters.RulesRun(None, snap.window_ns, 0, 0, 0.0,
                                     error=f"rules failed: {type(exc).__name__}: {str(exc)[:160]}")
@@ -219,15 +268,22 @@ class TTFTApp(App[int]):
             self.frames += 1
             self.last_vm = vm
             self.last_error = ""
-            self.query_one(StatusBar).show(vm, self.paused, self._message)
-            self.query_one(VerdictPanel).show(vm.verdict)
-            self.query_one(LatencyPanel).show(vm.latency)
-            self.query_one(StagePanel).show(vm.stages)
-            self.query_one(ThroughputPanel).show(vm.throughput)
-            self.query_one(BusyOrGpuPanel).show_parts(vm.gpus, vm.busy, vm.gpu_note)
-            self.query_one(SlowestTable).show(vm.slowest)
+            self._paint(vm)
         if again:
             self.request_frame()
+
+    def _paint(self, vm: ViewModel | None) -> None:
+        """Hand each panel of the current layout its part of ``vm`` (UI thread)."""
+        if vm is None:
+            return
+        self.query_one(StatusBar).show(vm, self.paused, self._message)
+        self.query_one(VerdictPanel).show(vm.verdict)
+        self.query_one(LatencyPanel).show(vm.latency)
+        self.query_one(StagePanel).show(vm.stages)
+        self.query_one(ThroughputPanel).show(vm.throughput)
+        self.query_one(BusyOrGpuPanel).show_parts(vm.gpus, vm.busy, vm.gpu_note)
+        for table in self.query(SlowestTable):  # not in the compact layout
+            table.show(vm.slowest)
 
     def _say(self, message: str) -> None:
         self._message = message
@@ -315,9 +371,11 @@ def _is_user_error(exc: BaseException) -> bool:
 
 
 def run_app(source: Source, refresh_s: float = 1.0, slo: dict[str, float] | None = None,
-            rules_file: str | None = None, report_dir: str | Path = ".") -> int:
-    """Run the app in this terminal until the user quits; returns the exit code."""
-    app = TTFTApp(source, refresh_s=refresh_s, slo=slo, rules_file=rules_file, report_dir=report_dir)
+            rules_file: str | None = None, report_dir: str | Path = ".", layout: str = "auto") -> int:
+    """Run the app in this terminal until the user quits; returns the exit code. ``layout``:
+    auto, compact, medium or full (:mod:`tui.layout`)."""
+    app = TTFTApp(source, refresh_s=refresh_s, slo=slo, rules_file=rules_file, report_dir=report_dir,
+                  layout=layout)
     result = app.run()
     return int(result or 0)
 

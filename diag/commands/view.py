@@ -1,13 +1,15 @@
 """``ttft view CAPTURE [CAPTURE ...] [--window S]``: the live dashboard over a recorded capture,
 with a time cursor (←/→) that moves the analysis window. Without a terminal (or with --no-tui) it
 prints the analysis of all the captures joined, as ``ttft analyze`` does, and keeps its exit codes.
-The dashboard opens one capture: a scenario directory that holds one expands to it; several are
-refused in one line until :class:`tui.sources.CaptureSource` joins captures."""
+The dashboard joins several captures (or a directory of them) as ``ttft analyze`` does, and the
+whole-capture view shows the numbers ``ttft analyze`` prints for the same captures."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from tui.layout import LAYOUTS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--rules", metavar="FILE", help="TOML file overriding rule thresholds")
     p.add_argument("--slo", metavar="SPEC", help="SLOs, each with a unit (ms, s, us), e.g. ttft_p99=2s,tpot_p99=100ms")
     p.add_argument("--report-dir", metavar="DIR", default=".", help="where the r key writes reports")
+    p.add_argument("--layout", choices=LAYOUTS, default="auto",
+                   help="screen layout: compact (from 80x24), medium (120x40), full (160x48); auto picks by "
+                   "terminal size, again on resize")
     p.add_argument("--no-tui", action="store_true", help="print the analysis instead of opening the dashboard")
     return p
 
@@ -35,8 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from tui.sources import open_capture_source
 
-    from diag.analysis import analyze_paths, expand_capture_paths
-    from diag.cli import UsageError
+    from diag.analysis import analyze_paths
     from diag.slo import slo_option
 
     slo = slo_option(args.slo)
@@ -50,11 +54,8 @@ def run(args: argparse.Namespace) -> int:
         analysis = analyze_paths(paths, rules_file=args.rules, slo=slo)
         print(format_analysis(analysis))
         return verdict_exit_code(analysis, slo, "view")
-    expanded = expand_capture_paths(paths)
-    if len(expanded) > 1:
-        raise UsageError(f"the dashboard opens one capture at a time ({len(expanded)} given: "
-                         f"{', '.join(str(p) for p in expanded)}); `ttft view --no-tui` or `ttft analyze` joins them")
-    source = open_capture_source(expanded[0], args.window)
+    source = open_capture_source(paths, args.window, slo=slo)
     from tui.app import run_app
 
-    return run_app(source, refresh_s=args.refresh, slo=slo, rules_file=args.rules, report_dir=args.report_dir)
+    return run_app(source, refresh_s=args.refresh, slo=slo, rules_file=args.rules, report_dir=args.report_dir,
+                   layout=args.layout)

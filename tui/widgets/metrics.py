@@ -12,43 +12,52 @@ from textual.app import RenderResult
 from diag.units import Unit, fmt_rate, fmt_s, fmt_value, is_num
 from tui.fmt import gauge, sparkline
 from tui.viewmodels import BusyVM, GpuVM, LatencyVM, StagesVM, ThroughputVM
-from tui.widgets.panels import STAGE_COLORS, Panel
+from tui.widgets.panels import STAGE_COLORS, Item, Panel, flow
 
 
 class LatencyPanel(Panel):
-    """TTFT p50/p95/p99 and ITL with sparklines over the window."""
+    """TTFT p50/p95/p99 and ITL with sparklines over the window (compact: the numbers only)."""
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("latency", id=id)
+    def __init__(self, *, id: str | None = None, compact: bool = False) -> None:
+        super().__init__("latency", id=id, compact=compact)
 
     def render(self) -> RenderResult:
         v: LatencyVM | None = self._vm
         if v is None:
             return Text("")
-        w = max(8, self.inner_width - 8)
-        t = Text()
-        t.append(f"TTFT ({v.side or '-'})  n={v.requests}\n", style="bold")
-        t.append(f"  p50 {fmt_s(v.ttft_p50_s):>8}  p95 {fmt_s(v.ttft_p95_s):>8}  p99 ")
-        t.append(f"{fmt_s(v.ttft_p99_s):>8}\n", style="bold")
-        t.append("  mean ", style="dim")
-        t.append(sparkline(v.ttft_spark, w), style="bright_magenta")
+        w = self.inner_width
+        ttft: list[Item] = [[("TTFT", "bold")], [("p50 ", "dim"), (fmt_s(v.ttft_p50_s), "")],
+                            [("p95 ", "dim"), (fmt_s(v.ttft_p95_s), "")], [("p99 ", "dim"), (fmt_s(v.ttft_p99_s), "bold")],
+                            [(f"{v.side or '-'} n={v.requests}", "dim")]]
+        itl: list[Item] = [[("ITL", "bold")], [("p50 ", "dim"), (fmt_s(v.itl_p50_s), "")],
+                           [("p99 ", "dim"), (fmt_s(v.itl_p99_s), "")], [("TPOT p50 ", "dim"), (fmt_s(v.tpot_p50_s), "")]]
+        if self.compact:
+            return flow([ttft, itl], w)
+        t = flow([ttft], w)
+        t.append("\nmean ", style="dim")
+        t.append(sparkline(v.ttft_spark, max(8, w - 6)), style="bright_magenta")
         t.append("\n")
-        t.append("ITL / TPOT\n", style="bold")
-        t.append(f"  ITL p50 {fmt_s(v.itl_p50_s):>8}  ITL p99 {fmt_s(v.itl_p99_s):>8}\n")
-        t.append(f"  TPOT p50 {fmt_s(v.tpot_p50_s):>7}\n")
-        t.append("  p50  ", style="dim")
-        t.append(sparkline(v.itl_spark, w), style="bright_cyan")
+        t.append_text(flow([itl], w))
+        t.append("\np50  ", style="dim")
+        t.append(sparkline(v.itl_spark, max(8, w - 6)), style="bright_cyan")
         return t
 
 
 class StagePanel(Panel):
     """Where the mean TTFT goes, as one stacked bar over the stages plus a legend."""
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("TTFT by stage (mean per request)", id=id)
+    def __init__(self, *, id: str | None = None, compact: bool = False) -> None:
+        super().__init__("TTFT by stage (mean per request)", id=id, compact=compact)
 
     def _shape(self, vm: Any) -> Any:
         return None if vm is None else tuple(s.stage for s in vm.stages)
+
+    def show(self, vm: StagesVM | None) -> None:
+        if self.compact:  # the mean goes into the title: one line fewer
+            title = "TTFT by stage" + (f" · mean {fmt_s(vm.ttft_mean_s)}" if vm is not None and vm.stages else "")
+            if self.border_title != title:
+                self.border_title = title
+        super().show(vm)
 
     def render(self) -> RenderResult:
         v: StagesVM | None = self._vm
@@ -72,10 +81,13 @@ class StagePanel(Panel):
         if used < width:
             bar.append("·" * (width - used), style="dim")
         t = Text()
-        t.append(f"mean TTFT {fmt_s(v.ttft_mean_s)}", style="bold")
+        if not self.compact:
+            t.append(f"mean TTFT {fmt_s(v.ttft_mean_s)}", style="bold")
         if v.covered_share is not None and v.covered_share < 0.95:
-            t.append(f"   (stages cover {fmt_value(v.covered_share, Unit.SHARE)}; the rest is untraced)", style="dim")
-        t.append("\n")
+            t.append(f"{'' if self.compact else '   '}(stages cover {fmt_value(v.covered_share, Unit.SHARE)}; "
+                     "the rest is untraced)", style="dim")
+        if len(t):
+            t.append("\n")
         t.append_text(bar)
         t.append("\n")
         col = 0
@@ -91,10 +103,11 @@ class StagePanel(Panel):
 
 
 class ThroughputPanel(Panel):
-    """Input/output token throughput, running/waiting sequences, and a KV-usage gauge."""
+    """Input/output token throughput, running/waiting sequences, and a KV-usage gauge
+    (compact: one KV number, no sparkline)."""
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("throughput · batch · KV cache", id=id)
+    def __init__(self, *, id: str | None = None, compact: bool = False) -> None:
+        super().__init__("throughput · batch · KV cache", id=id, compact=compact)
 
     def _shape(self, vm: Any) -> Any:
         return None if vm is None else (bool(vm.preemptions), bool(vm.source))
@@ -103,29 +116,31 @@ class ThroughputPanel(Panel):
         v: ThroughputVM | None = self._vm
         if v is None:
             return Text("")
-        t = Text()
-        t.append("in ", style="dim")
-        t.append(fmt_value(v.input_tok_per_s, Unit.TOKENS_PER_S), style="bold")
-        t.append("  out ", style="dim")
-        t.append(fmt_value(v.output_tok_per_s, Unit.TOKENS_PER_S), style="bold")
-        t.append("  ", style="dim")
-        t.append(fmt_rate(v.req_per_s, Unit.REQUESTS))
-        t.append("\n")
-        run = fmt_value(v.running, Unit.COUNT)
-        wait = fmt_value(v.waiting, Unit.COUNT)
-        t.append("running ", style="dim")
-        t.append(run, style="bold")
-        t.append("  waiting ", style="dim")
-        t.append(wait, style="bold red" if is_num(v.waiting) and (v.waiting or 0) > 0 else "bold")
-        if v.waiting_spark:
-            t.append("  ")
-            t.append(sparkline(v.waiting_spark, max(8, self.inner_width - 28)), style="red")
-        t.append("\n")
-        gw = max(10, self.inner_width - 26)
+        w = self.inner_width
+        waiting = is_num(v.waiting) and (v.waiting or 0) > 0
         kv = v.kv_usage_ratio
-        style = "red" if is_num(kv) and (kv or 0) >= 0.9 else "yellow" if is_num(kv) and (kv or 0) >= 0.7 else "green"
+        kv_style = "red" if is_num(kv) and (kv or 0) >= 0.9 else "yellow" if is_num(kv) and (kv or 0) >= 0.7 else "green"
+        rates: list[Item] = [[("in ", "dim"), (fmt_value(v.input_tok_per_s, Unit.TOKENS_PER_S), "bold")],
+                             [("out ", "dim"), (fmt_value(v.output_tok_per_s, Unit.TOKENS_PER_S), "bold")],
+                             [(fmt_rate(v.req_per_s, Unit.REQUESTS), "")]]
+        batch: list[Item] = [[("running ", "dim"), (fmt_value(v.running, Unit.COUNT), "bold")],
+                             [("waiting ", "dim"), (fmt_value(v.waiting, Unit.COUNT), "bold red" if waiting else "bold")]]
+        kv_item: Item = [("KV ", "dim"), (fmt_value(kv, Unit.SHARE), f"bold {kv_style}")]
+        if is_num(v.kv_max_ratio):
+            kv_item.append((f" max {fmt_value(v.kv_max_ratio, Unit.SHARE)}", "dim"))
+        if self.compact:
+            batch.append(kv_item)
+            if is_num(v.preemptions) and v.preemptions:
+                batch.append([(f"preemptions {fmt_value(v.preemptions, Unit.COUNT)}", "bold red")])
+            return flow([rates, batch], w)
+        t = flow([rates, batch], w)
+        if v.waiting_spark and w >= 40:
+            t.append("  ")
+            t.append(sparkline(v.waiting_spark, max(8, w - 28)), style="red")
+        t.append("\n")
+        gw = max(10, w - 26)
         t.append("KV ", style="dim")
-        t.append(gauge(kv, gw), style=style)
+        t.append(gauge(kv, gw), style=kv_style)
         t.append(f" {fmt_value(kv, Unit.SHARE)}", style="bold")
         if is_num(v.kv_max_ratio):
             t.append(f" max {fmt_value(v.kv_max_ratio, Unit.SHARE)}", style="dim")
@@ -140,8 +155,8 @@ class BusyOrGpuPanel(Panel):
     """Per GPU: utilisation, HBM, memory bandwidth, NVLink, PCIe — or, with no GPU counters,
     the engine's busy timeline from its step spans."""
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("GPU", id=id)
+    def __init__(self, *, id: str | None = None, compact: bool = False) -> None:
+        super().__init__("GPU", id=id, compact=compact)
         self._gpus: list[GpuVM] = []
         self._busy: BusyVM | None = None
         self._note = ""
@@ -151,13 +166,26 @@ class BusyOrGpuPanel(Panel):
         if (gpus, busy, note) == (self._gpus, self._busy, self._note):
             return
         self._gpus, self._busy, self._note = gpus, busy, note
-        title = "GPU" if gpus else "engine busy timeline (no GPU counters)"
+        title = "GPU" if gpus else "engine busy (no GPU)" if self.compact \
+            else "engine busy timeline (no GPU counters)"
         if self.border_title != title:
             self.border_title = title
         self.refresh()
 
     def render(self) -> RenderResult:
         w = self.inner_width
+        if self._gpus and self.compact:
+            groups: list[list[Item]] = []
+            for g in self._gpus:
+                hbm = fmt_value(g.hbm_used_bytes, Unit.BYTES)
+                if is_num(g.hbm_total_bytes):
+                    hbm += f"/{fmt_value(g.hbm_total_bytes, Unit.BYTES)}"
+                items: list[Item] = [[(g.entity, "bold")], [("util ", "dim"), (fmt_value(g.util_pct, Unit.PCT), "bold")],
+                                     [("HBM ", "dim"), (hbm, "")]]
+                if is_num(g.membw_pct):
+                    items.append([("mem bw ", "dim"), (fmt_value(g.membw_pct, Unit.PCT), "")])
+                groups.append(items)
+            return flow(groups, w)
         if self._gpus:
             # plain padded text, not a rich Table: a Table measures every cell on every
             # repaint (~10 ms for 8 GPUs, a fifth of the frame budget); this is ~1 ms
@@ -172,27 +200,30 @@ class BusyOrGpuPanel(Panel):
                              fmt_rate(g.nvlink_bytes_per_s, Unit.BYTES) if g.nvlink_bytes_per_s is not None else "-",
                              fmt_rate(g.pcie_bytes_per_s, Unit.BYTES) if g.pcie_bytes_per_s is not None else "-"))
             widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-            t = Text(no_wrap=True, overflow="ellipsis")
+            t = Text()
             for k, r in enumerate(rows):
-                if k:
-                    t.append("\n")
+                line = Text()
                 for i, (cell, cw) in enumerate(zip(r, widths)):
                     style = "bold dim" if k == 0 else ("green" if i == 2 else "")
-                    t.append(cell.ljust(cw) + (" " if i < len(widths) - 1 else ""), style=style)
+                    line.append(cell.ljust(cw) + (" " if i < len(widths) - 1 else ""), style=style)
+                line.truncate(w, overflow="ellipsis")  # the panel's width, never a wrapped row
+                if k:
+                    t.append("\n")
+                t.append_text(line)
             return t
         b = self._busy
-        t = Text()
         if b is None or not b.steps:
-            t.append(self._note or "no GPU counters and no engine step spans in this window", style="italic dim")
+            return Text(self._note or "no GPU counters and no engine step spans in this window", style="italic dim")
+        numbers: list[Item] = [[("busy ", "dim"), (fmt_value(b.busy_pct, Unit.PCT), "bold")],
+                               [(fmt_rate(b.steps_per_s, Unit.STEPS), "")],
+                               [("mean step ", "dim"), (fmt_s(b.mean_step_s), "")]]
+        if is_num(b.prefill_step_pct):
+            numbers.append([("steps with prefill ", "dim"), (fmt_value(b.prefill_step_pct, Unit.PCT), "")])
+        t = flow([numbers], w)
+        if self.compact:
             return t
         sw = max(8, w - 10)
-        t.append("busy ", style="dim")
-        t.append(fmt_value(b.busy_pct, Unit.PCT), style="bold")
-        t.append(f"  {fmt_rate(b.steps_per_s, Unit.STEPS)}  mean step {fmt_s(b.mean_step_s)}")
-        if is_num(b.prefill_step_pct):
-            t.append(f"  steps with prefill {fmt_value(b.prefill_step_pct, Unit.PCT)}")
-        t.append("\n")
-        t.append("busy%   ", style="dim")
+        t.append("\nbusy%   ", style="dim")
         t.append(sparkline(b.busy_spark, sw, 0, 100), style="green")
         t.append("\nprefill ", style="dim")
         t.append(sparkline(b.prefill_spark, sw, 0), style="blue")

@@ -53,9 +53,11 @@ class Panel(Widget, can_focus=True):
     }
     """
 
-    def __init__(self, title: str, *, id: str | None = None) -> None:
+    def __init__(self, title: str, *, id: str | None = None, compact: bool = False) -> None:
         super().__init__(id=id)
         self.border_title = title
+        #: the compact layout (:mod:`tui.layout`): fewer lines, no sparklines
+        self.compact = compact
         self._vm: Any = None
 
     def show(self, vm: Any) -> None:
@@ -74,6 +76,33 @@ class Panel(Widget, can_focus=True):
     @property
     def inner_width(self) -> int:
         return max(10, self.content_size.width)
+
+
+#: one unbreakable item of a :func:`flow` line: (text, style) segments
+Item = list[tuple[str, str]]
+
+
+def flow(groups: list[list[Item]], width: int, gap: int = 2) -> Text:
+    """Lay out items left to right, ``gap`` spaces apart, starting a new line before an item
+    that would cross ``width`` (cells) and at the start of each group; an item never breaks
+    inside unless it alone is wider than ``width``. The numbers' lines of every panel."""
+    t = Text()
+    for g, items in enumerate(groups):
+        if g:
+            t.append("\n")
+        col = 0
+        for item in items:
+            n = sum(len(text) for text, _ in item)
+            if col and col + gap + n > width:
+                t.append("\n")
+                col = 0
+            elif col:
+                t.append(" " * gap)
+                col += gap
+            for text, style in item:
+                t.append(text, style=style)
+            col += n
+    return t
 
 
 class StatusBar(Widget):

@@ -13,43 +13,41 @@ from textual.widgets import Footer, Static
 from diag.units import fmt_s
 from tui.viewmodels import WaterfallVM
 
+#: the key reference: at most 74 columns and 20 lines, so that the modal (border and padding
+#: included) fits an 80x24 terminal whole, and every larger one
 HELP_TEXT = """\
 [b]ttft-diag[/b] — why is time-to-first-token high?
-
 [b]keys[/b]
-  q            quit
-  p            pause / resume refreshing
-  r            write a report for the current window
-  ?            this help (Esc closes)
-  tab          next panel (shift+tab: previous)
-  ← / → or [ ] move the analysis window (ttft view); from the whole capture,
-               ← shows the last window and → the first
-  - / +        narrower / wider window
-  0            back to the whole capture (ttft view)
-  enter        in the slowest-requests table: open the request's waterfall
-
+  q        quit                       p    pause / resume refreshing
+  r        report of the window       ?    this help (Esc closes)
+  tab      next panel                 0    back to the whole capture
+  ← → [ ]  move the analysis window (ttft view); from the whole capture
+           ← shows the last window and → the first
+  - +      narrower / wider window
+  enter    on a slowest request: its waterfall (medium and full layouts)
 [b]panels[/b]
-  verdict      the rule engine's top finding for the window: confidence, the share
-               of TTFT it explains, each piece of evidence with the threshold it
-               crossed, and what to check next
-  latency      TTFT p50/p95/p99 (client side when a probe measured it) and ITL,
-               with the mean per time bucket as a sparkline
-  stages       mean TTFT split into tokenize, queue, prefill, comm, sample,
-               detokenize and network (client TTFT - server TTFT)
-  throughput   tokens/s in and out, running/waiting sequences, KV-cache usage
-  GPU          per GPU utilisation, HBM, memory bandwidth, NVLink, PCIe; with no
-               GPU counters, the engine's busy timeline from its step spans
-"""
+  verdict     the rules' top finding: confidence, the share of TTFT it
+              explains, evidence with the threshold it crossed, what next
+  latency     TTFT p50/p95/p99 (client side when a probe measured it), ITL
+  stages      mean TTFT by stage: tokenize, queue, prefill, comm, sample,
+              detokenize, network (client TTFT - server TTFT)
+  throughput  tokens/s in and out, running/waiting sequences, KV usage
+  GPU / busy  per GPU utilisation, HBM, bandwidth, NVLink, PCIe; without
+              GPU counters, the engine's busy timeline from its step spans
+[b]layout[/b]      --layout compact (80x24), medium (120x40), full (160x48);
+              auto (the default) picks by terminal size, again on resize"""
 
 
 class HelpScreen(ModalScreen[None]):
-    """The key reference; Esc, ? or q closes it."""
+    """The key reference; Esc, ? or q closes it. Sized to its text (scrolls only on a terminal
+    smaller than 80x24)."""
 
     BINDINGS = [Binding("escape,question_mark,q", "dismiss_help", "close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 90; height: 80%; border: round $accent; background: $surface;
-                                  padding: 0 1; }
+    HelpScreen > VerticalScroll { width: 80; max-width: 100%; height: auto; max-height: 100%;
+                                  border: round $accent; background: $surface; padding: 0 1; }
+    HelpScreen #help-text { width: auto; }
     """
 
     def compose(self) -> ComposeResult:

@@ -40,8 +40,8 @@ class SlowestTable(Panel):
             self.table = table
             self.trace_id = trace_id
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("slowest requests (Enter: waterfall)", id=id)
+    def __init__(self, *, id: str | None = None, compact: bool = False) -> None:
+        super().__init__("slowest requests (Enter: waterfall)", id=id, compact=compact)
         self._rows: list[SlowRowVM] = []
         self.cursor_row = 0
 
@@ -84,26 +84,40 @@ class SlowestTable(Panel):
             if event.chain >= 2:
                 self.action_select()
 
+    def columns(self) -> list[tuple[int, int]]:
+        """(column index, width) of the columns that fit the panel: from the left, the request
+        id taking what is left (at least 8 cells), so no row ever wraps."""
+        avail = self.inner_width
+        out: list[tuple[int, int]] = []
+        used = 0
+        for i, w in enumerate(self.WIDTHS[:-1]):
+            if used + w + 1 > avail:
+                return out
+            out.append((i, w))
+            used += w + 1
+        if avail - used >= 8:
+            out.append((len(self.WIDTHS) - 1, avail - used))
+        return out
+
     def render(self) -> RenderResult:
-        t = Text(no_wrap=True, overflow="ellipsis")
-        fixed = sum(self.WIDTHS[:-1]) + len(self.WIDTHS)
-        widths = self.WIDTHS[:-1] + (max(8, self.inner_width - fixed),)
-        for h, w in zip(self.HEADERS, widths):
-            t.append(h.ljust(w)[:w] + " ", style="bold dim")
+        t = Text()
+        cols = self.columns()
+        for i, w in cols:
+            t.append(self.HEADERS[i].ljust(w)[:w] + " ", style="bold dim")
         if not self._rows:
             t.append("\nno requests in this window", style="italic dim")
-        for i, r in enumerate(self._rows):
+        for k, r in enumerate(self._rows):
             t.append("\n")
-            cur = i == self.cursor_row and self.has_focus
-            base = "reverse" if cur else ("underline" if i == self.cursor_row else "")
+            cur = k == self.cursor_row and self.has_focus
+            base = "reverse" if cur else ("underline" if k == self.cursor_row else "")
             ttft = fmt_s(r.ttft_s) if not r.error else f"err {r.error}"
             cells = (ttft, f"{r.top_stage} {fmt_s(r.top_stage_s)}" if r.top_stage else "-",
                      fmt_value(r.input_tokens, Unit.COUNT),
                      fmt_value(r.output_tokens, Unit.COUNT),
                      f"+{fmt_s(r.offset_s)}", r.request_id or r.trace_id)
             styles = ("bold" if not r.error else "red", STAGE_COLORS.get(r.top_stage, ""), "", "", "dim", "")
-            for c, w, st in zip(cells, widths, styles):
-                t.append(c.ljust(w)[:w] + " ", style=f"{st} {base}".strip())
+            for i, w in cols:
+                t.append(cells[i].ljust(w)[:w] + " ", style=f"{styles[i]} {base}".strip())
         return t
 
     def on_focus(self) -> None:

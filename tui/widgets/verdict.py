@@ -19,8 +19,8 @@ from tui.widgets.panels import CATEGORY_STYLE, Panel, conf_style
 class VerdictPanel(Panel):
     """The top finding: title, confidence, time explained, evidence vs threshold, next checks."""
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("verdict", id=id)
+    def __init__(self, *, id: str | None = None, compact: bool = False) -> None:
+        super().__init__("verdict", id=id, compact=compact)
 
     def show(self, vm: VerdictVM | None) -> None:
         title = "verdict"
@@ -58,24 +58,31 @@ class VerdictPanel(Panel):
             t.append("\n")
         parts: list[Any] = [t]
         if v.evidence:
-            t.append("evidence", style="bold")
+            if not self.compact:
+                t.append("evidence", style="bold")
+            else:
+                t.rstrip()
+            # the meaning column only where the name still gets a sane width beside it: a
+            # narrow panel wrapped both to two words a line
+            meaning = self.inner_width >= MEANING_MIN_WIDTH
             grid = Table.grid(padding=(0, 1), expand=True)
             grid.add_column(width=1)  # the indent, kept on a name's wrapped lines
             grid.add_column(ratio=3, no_wrap=False)
             grid.add_column(justify="right", no_wrap=True)
             grid.add_column(no_wrap=True, style="dim")
             grid.add_column(no_wrap=True)
-            grid.add_column(ratio=4, style="italic dim")
-            for e in v.evidence:
-                mark = _mark(e.mark)
-                grid.add_row("", e.name, Text(e.value, style="bold"), e.threshold, mark, e.meaning)
+            if meaning:
+                grid.add_column(ratio=4, style="italic dim")
+            for e in v.evidence[:COMPACT_EVIDENCE if self.compact else None]:
+                cells = ["", e.name, Text(e.value, style="bold"), e.threshold, _mark(e.mark)]
+                grid.add_row(*cells, *([e.meaning] if meaning else []))
             parts.append(grid)
             t = Text()
             parts.append(t)
         if v.next_checks:
-            t.append("check next\n", style="bold")
-            for c in v.next_checks:
-                t.append(f"  → {c}\n")
+            t.append("check next" + (": " if self.compact else "\n"), style="bold")
+            for i, c in enumerate(v.next_checks[:COMPACT_CHECKS if self.compact else None]):
+                t.append(f"{'' if self.compact and not i else '  '}→ {c}\n")
         if v.others:
             t.append("also: ", style="bold dim")
             t.append("; ".join(f"{o.title} ({fmt_confidence(o.confidence)})" for o in v.others), style="dim")
@@ -87,6 +94,12 @@ class VerdictPanel(Panel):
         t.rstrip()
         return Group(*parts)
 
+
+#: the verdict panel's width (cells) from which evidence rows show their meaning column
+MEANING_MIN_WIDTH = 100
+#: evidence rows and next checks the compact layout shows (the rest: a wider terminal, or the report)
+COMPACT_EVIDENCE = 4
+COMPACT_CHECKS = 2
 
 #: the mark cell of an evidence row with no threshold (the other renderers leave it blank)
 CONTEXT_MARK = "· context"
