@@ -33,35 +33,41 @@ ONLY=""
 BUDGET_S=""
 PY="${PYTHON:-}"
 FETCH=0
+PLANNED="env,gpu_tests,engine_tp1,engine_tp2,engine_pp2,nvml,tracing,probe_overhead,scenarios"
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
+die() { echo "gpu_check.sh: error: $1" >&2; exit 2; }
+value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu|--dry-run) MODE=cpu ;;
-    --out) OUT_DIR="${2:?--out needs a directory}"; shift ;;
-    --steps) ONLY=",${2:?--steps needs a list},"; shift ;;
-    --budget-s) BUDGET_S="${2:?--budget-s needs seconds}"; shift ;;
-    --python) PY="${2:?--python needs an interpreter}"; shift ;;
+    --out) value "$@"; OUT_DIR="$2"; shift ;;
+    --steps) value "$@"; ONLY=",$2,"; shift ;;
+    --budget-s) value "$@"; BUDGET_S="$2"; shift ;;
+    --python) value "$@"; PY="$2"; shift ;;
     --fetch-wheels) FETCH=1 ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "gpu_check.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift
+done
+for s in ${ONLY//,/ }; do
+  [[ ",$PLANNED," == *",$s,"* ]] || die "unknown step '$s' in --steps; the steps: $PLANNED"
 done
 if [ -z "$PY" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
 fi
 if ! command -v "$PY" >/dev/null 2>&1; then
-  echo "gpu_check.sh: error: no Python interpreter '$PY'" >&2; exit 2
+  die "no Python interpreter '$PY'"
 fi
 if [ "$FETCH" = 1 ]; then
   exec "$PY" "$ROOT/benchmarks/gpu_check_wheels.py" --dest "${GPU_CHECK_WHEELS:-$ROOT/.whl}"
 fi
 case "$BUDGET_S" in
   '') if [ "$MODE" = gpu ]; then BUDGET_S=420; else BUDGET_S=120; fi ;;
-  *[!0-9]*) echo "gpu_check.sh: error: --budget-s must be whole seconds, got '$BUDGET_S'" >&2; exit 2 ;;
+  *[!0-9]*) die "--budget-s must be whole seconds, got '$BUDGET_S'" ;;
 esac
 
-mkdir -p "$OUT_DIR" || { echo "gpu_check.sh: error: cannot create '$OUT_DIR'" >&2; exit 2; }
+mkdir -p "$OUT_DIR" 2>/dev/null || die "cannot create the output directory '$OUT_DIR'"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 SUMMARY="$OUT_DIR/gpu_check_summary.md"
 LOG="$OUT_DIR/gpu_check.log"
@@ -70,7 +76,6 @@ RECORDS="$WORK/steps.jsonl"
 : >"$RECORDS"
 : >"$LOG"
 START_S=$SECONDS
-PLANNED="env,gpu_tests,engine_tp1,engine_tp2,engine_pp2,nvml,tracing,probe_overhead,scenarios"
 cd "$ROOT" || exit 2
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
@@ -149,7 +154,7 @@ CORES="$(nproc 2>/dev/null || echo 2)"
 NOGPU="no GPU"; [ "$MODE" = cpu ] && NOGPU="no GPU (cpu mode)"
 
 # --- 1. environment ---------------------------------------------------------------------------
-step env 45 "if command -v nvidia-smi >/dev/null; then nvidia-smi; nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv; [ $GPUS -gt 1 ] && nvidia-smi topo -m; else echo 'nvidia-smi: not found'; fi; echo; nproc; $STEPS_PY env $([ "$MODE" = cpu ] && echo --quick)"
+step env 45 "if command -v nvidia-smi >/dev/null; then nvidia-smi; nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv; [ $GPUS -gt 1 ] && nvidia-smi topo -m; else echo 'nvidia-smi: not found'; fi; echo; nproc; $STEPS_PY env $([ "$GPUS" -lt 1 ] && echo --quick)"
 
 if [ "$MODE" = gpu ] && [ "$GPUS" -lt 1 ]; then
   for s in gpu_tests engine_tp1 engine_tp2 engine_pp2 nvml tracing probe_overhead scenarios; do

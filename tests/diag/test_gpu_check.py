@@ -128,9 +128,11 @@ def test_scenarios_run_on_the_device_and_multi_gpu_ones_are_known():
 
 
 @pytest.mark.parametrize("args, says", [(["--bogus"], "unknown argument '--bogus'"),
-                                        (["--cpu", "--budget-s", "soon"], "--budget-s must be whole seconds")])
+                                        (["--cpu", "--budget-s", "soon"], "--budget-s must be whole seconds"),
+                                        (["--steps", "env,nvlm"], "unknown step 'nvlm' in --steps"),
+                                        (["--steps"], "--steps needs a value")])
 def test_script_usage_errors_are_one_line(tmp_path, args, says):
-    r = subprocess.run(["bash", str(SCRIPT), *args, "--out", str(tmp_path)], capture_output=True, text=True,
+    r = subprocess.run(["bash", str(SCRIPT), "--out", str(tmp_path), *args], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and says in r.stderr
