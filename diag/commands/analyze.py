@@ -13,8 +13,10 @@ import sys
 from collections.abc import Mapping
 
 from diag.analysis import Analysis, analyze_paths
+from diag.tables import Tables
 from diag.exit_codes import BAD_INPUT, FAILED_GATE, OK
 from diag.report.text import format_analysis
+from rules import Diagnosis
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -115,21 +117,27 @@ def read_prometheus(args: argparse.Namespace, by: str, out: str) -> str:
 def verdict_exit_code(analysis: Analysis, slo: Mapping[str, float] | None, command: str) -> int:
     """The contract's code for an analysis: 2 nothing to judge, 1 an SLO broken, else 0; the
     reason goes to stderr as one line."""
-    d = analysis.diagnosis
-    if d is not None and d.verdict.category == "no_data":
+    if analysis.diagnosis is None:
+        return OK
+    return diagnosis_exit_code(analysis.diagnosis, analysis.tables, slo, command)
+
+
+def diagnosis_exit_code(d: Diagnosis, tables: Tables, slo: Mapping[str, float] | None, command: str) -> int:
+    """:func:`verdict_exit_code` for a diagnosis of ``tables`` (a live window, a capture):
+    2 when nothing can be judged (no data, or every request failed: a server that is down),
+    1 when an SLO given is broken, else 0."""
+    if d.verdict.category == "no_data":
         print(f"ttft {command}: nothing to judge: {d.verdict.title}", file=sys.stderr)
         return BAD_INPUT
-    if d is not None and d.verdict.category == "failures" and not d.features.value("requests_n") \
-            and not d.features.value("series_only"):
+    if d.verdict.category == "failures" and not d.features.value("requests_n") and not d.features.value("series_only"):
         print(f"ttft {command}: nothing to judge: no request completed ({d.verdict.title})", file=sys.stderr)
         return BAD_INPUT
     if not slo:
         return OK
     from diag.report.summary import evaluate_slo, latency_percentiles
 
-    checks = d.features.value("slo_checks") if d is not None else None
-    results = evaluate_slo(latency_percentiles(analysis.tables), dict(slo),
-                           checks if isinstance(checks, Mapping) else None)
+    checks = d.features.value("slo_checks")
+    results = evaluate_slo(latency_percentiles(tables), dict(slo), checks if isinstance(checks, Mapping) else None)
     broken = [s for s in results if not s.passed]
     if broken:
         print("SLO broken: " + "; ".join(f"{s.key}: {s.detail}" for s in broken), file=sys.stderr)

@@ -97,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _headless(source: object, duration_s: float, slo: dict[str, float] | None, rules_file: str | None) -> int:
-    """No terminal: collect for ``duration_s`` and print the verdict of the last window."""
+    """No terminal: collect for ``duration_s`` and print the verdict of the last window. Exit
+    codes as ``ttft analyze``'s: 2 when nothing answered (the server is down or refuses every
+    request), 1 when an SLO given is broken, else 0."""
     from tui import adapters
 
     print(f"ttft watch: no terminal; collecting for {duration_s:.0f} s, then printing the verdict", file=sys.stderr)
@@ -106,7 +108,8 @@ def _headless(source: object, duration_s: float, slo: dict[str, float] | None, r
     for e in snap.errors:
         print(f"feed down: {e}")
     run = adapters.run_rules(snap.tables, snap.window_ns, slo=slo, rules_file=rules_file)
+    from diag.commands.analyze import diagnosis_exit_code
     from diag.report.text import format_diagnosis
 
     print(format_diagnosis(run.diagnosis))
-    return 0
+    return diagnosis_exit_code(run.diagnosis, snap.tables, slo, "watch")
