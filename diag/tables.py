@@ -160,6 +160,7 @@ def _server_rows(spans: pd.DataFrame) -> pd.DataFrame:
             "tp_size": _num(_attr(rows, stages.ATTR_TP_SIZE)).to_numpy(),
             "server_token_times": _attr(rows, stages.ATTR_TOKEN_TIMES_NS).to_numpy(),
             "engine": _attr(rows, stages.ATTR_ENGINE).fillna("bundled").to_numpy(),
+            "cached_tokens": _num(_attr(rows, stages.GEN_AI_USAGE_CACHED_TOKENS)).to_numpy(),
         }
     )
     return out
@@ -191,6 +192,8 @@ def _client_rows(spans: pd.DataFrame) -> pd.DataFrame:
             "client_segment": _attr(rows, stages.ATTR_SEGMENT).to_numpy(),
             "warmup": _attr(rows, stages.ATTR_WARMUP).fillna(False).astype(bool).to_numpy(),
             "client_token_times": _attr(rows, stages.ATTR_TOKEN_TIMES_NS).to_numpy(),
+            "prefix_role": _attr(rows, stages.ATTR_CLIENT_PREFIX_ROLE).to_numpy(),
+            "prefix_tokens": _num(_attr(rows, stages.ATTR_CLIENT_PREFIX_TOKENS)).to_numpy(),
         }
     )
 
@@ -272,12 +275,13 @@ def request_table(spans: pd.DataFrame, warnings: list[str] | None = None, notes:
         req = server.merge(client, on="trace_id", how="outer")
     for col in ("server_ttft_s", "client_ttft_s", "server_start_ns", "first_token_ns", "client_first_content_ns",
                 "client_start_ns", "client_sent_ns", "input_tokens", "output_tokens", "server_e2e_s", "client_e2e_s",
-                "slot_wait_s", "preemptions", "tp_size", "client_input_tokens", "client_output_tokens"):
+                "slot_wait_s", "preemptions", "tp_size", "client_input_tokens", "client_output_tokens",
+                "cached_tokens", "prefix_tokens"):
         if col not in req.columns:
             req[col] = np.nan
         req[col] = pd.to_numeric(req[col], errors="coerce").astype("float64")
     for col in ("server_service", "client_service", "request_id", "client_request_id", "server_error", "client_error",
-                "server_segment", "client_segment", "engine"):
+                "server_segment", "client_segment", "engine", "prefix_role"):
         if col not in req.columns:
             req[col] = None
     req["has_server"] = req["server_start_ns"].notna()

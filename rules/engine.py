@@ -17,6 +17,7 @@ from diag.tables import Tables
 from rules import admission, compute, edges, itl, scheduling  # noqa: F401  (register the rules)
 from rules import pipeline  # noqa: F401  (registers pipeline_bubble)
 from rules import frontend  # noqa: F401  (registers frontend)
+from rules import prefix_cache  # noqa: F401  (registers prefix_cache)
 from rules.base import REGISTRY, RuleContext, missing_reason
 from rules.config import load_thresholds
 from rules.features import compute_features

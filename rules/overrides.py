@@ -49,6 +49,9 @@ OVERRIDES: tuple[Override, ...] = (
     # prefill stretched by idle pipeline stages: the bubble owns that prefill time
     Override("pipeline_bubble", frozenset({"prefill_compute"}),
              "the prefill time here is pipeline stages idling while the pipeline fills and drains (see pipeline_bubble)"),
+    # prefill of a prefix the cache should have served: the misses own that prefill time
+    Override("prefix_cache", frozenset({"prefill_compute"}),
+             "the prefill time here is a shared prefix computed again on every repeat (see prefix_cache)"),
     Override("kv_reservation", frozenset({"queue"}),
              "the queue time here is waiting for KV reservations while blocks are free (see kv_reservation)"),
     # the wait was before the engine: its queue was empty, the gap that grew with load was not the network

@@ -28,7 +28,8 @@ Themes (one module each; a theme is a function taking the shared
 * ``itl`` — inter-token latency, TPOT, prefill-decode interference;
 * ``client`` — the load generator's health;
 * ``frontend`` — waits before the engine (HTTP workers, tokenizer threads), the client-server gap by load;
-* ``admission`` — short requests behind long prompts (head-of-line), waiting beside low KV usage (reservation).
+* ``admission`` — short requests behind long prompts (head-of-line), waiting beside low KV usage (reservation);
+* ``prefix_cache`` — repeats of the probe's shared prefix: their TTFT and cached tokens, engine hit ratios.
 
 Parameters (``tail_quantile``, ``min_fit_requests``, …) are the ``[features]`` table of
 ``rules/defaults.toml`` (read through :mod:`rules.config`), overridden by ``params``.
@@ -44,6 +45,7 @@ from rules.features import (admission, client, concurrency, device, engine_metri
                             prompt_fit, stage_shares)
 from rules.features import pipeline
 from rules.features import frontend
+from rules.features import prefix_cache
 from rules.features.catalog import CATALOG, FeatureSpec
 from rules.features.context import FeatureContext
 from rules.features.feature import Feature, Features
@@ -64,6 +66,7 @@ THEMES: tuple[Theme, ...] = (
     device.kv,
     admission.head_of_line,  # reads ctx.steady and the engine steps
     admission.reservation,
+    prefix_cache.prefix_cache,  # reads ctx.steady (the probe's prefix roles) and the series
     device.comm_tp,
     pipeline.pipeline,  # pipeline-parallel idle (bubble) from the engine steps' stage accounts
     itl.itl,

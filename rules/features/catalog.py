@@ -108,6 +108,13 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("admission", "share", ("hol_blocked_queue_share", "hol_blocked_kv_usage_max", "kvr_waiting_steps_frac",
                             "kvr_kv_usage_while_waiting_p95", "kvr_prefill_steps_while_waiting_frac")),
     ("admission", "steps", ("hol_blocked_wait_steps",)),
+    # prefix cache (rules/features/prefix_cache.py): repeats of the probe's shared prefix, cached tokens
+    ("prefix_cache", "s", ("prefix_first_ttft_p50_s", "prefix_repeat_ttft_p50_s", "prefix_control_ttft_p50_s")),
+    ("prefix_cache", "share", ("prefix_cost_share", "prefix_repeat_saving_frac", "prefix_repeat_cached_frac",
+                               "prefix_cached_tokens_frac", "prefix_cache_hit_ratio_metrics")),
+    ("prefix_cache", "tokens", ("prefix_shared_tokens",)),
+    ("prefix_cache", "requests", ("prefix_first_n", "prefix_repeat_n", "prefix_control_n")),
+    ("prefix_cache", "", ("prefix_caching_enabled", "prefix_engines")),
 )
 
 

@@ -1,0 +1,128 @@
+"""The rule ``prefix_cache``: the same context prefilled again and again (prefix-cache misses).
+
+Real case (``/work/shared/reference`` §3, case 9): llama.cpp's ``/v1/chat/completions`` ignored
+``cache_prompt`` (ggml-org/llama.cpp#4329), so every chat turn re-prefilled the whole history
+(809 tokens, 8 s) instead of the new 73 (1.1 s). A cache that is off, a timestamp or per-user
+text at the top of a system prompt, and eviction under memory pressure do the same.
+
+It fires when prompts are known to repeat a prefix (the probe's ``--shared-prefix N:R``
+design) and the repeats are not spared its prefill: server-side, their cached prompt tokens
+(``gen_ai.usage.cached_tokens``) are a small part of the prefix; client-side, their TTFT stays
+near a first use's instead of falling to a control's (the suffix alone) -- and the prefix's
+prefill is a material share of TTFT. A cache that hits (repeats cached, or TTFT falling to the
+control's) passes; without the design the rule is skipped: nothing else says prompts repeat.
+"""
+
+from __future__ import annotations
+
+from rules.base import Outcome, RuleContext, Triage, finding, rule
+
+#: what to check next, by engine (features ``prefix_engines`` names which were seen)
+ENGINE_CHECKS: dict[str, str] = {
+    "vllm": "vLLM: --enable-prefix-caching (on by default in V1; check it was not disabled) and "
+            "vllm:prefix_cache_hits_total / prefix_cache_queries_total per request",
+    "sglang": "SGLang: the radix cache is on unless --disable-radix-cache; sglang:cached_tokens_total against "
+              "prompt tokens",
+    "llamacpp": "llama.cpp: \"cache_prompt\": true in the request (the chat endpoint once ignored it, "
+                "ggml-org/llama.cpp#4329) and enough slots/--ctx-size that a slot keeps its prompt; timings.cache_n "
+                "per response",
+    "trtllm": "TensorRT-LLM: KvCacheConfig enable_block_reuse=True (trtllm-serve --extra_llm_api_options); "
+              "trtllm_kv_cache_hit_rate",
+    "bundled": "the bundled engine: ttft serve --enable-prefix-caching, and --kv-blocks large enough that the "
+               "shared prefix survives between uses",
+}
+COMMON_CHECKS = [
+    "what differs at the top of the prompt: a timestamp, request id or per-user text before the shared system "
+    "prompt or documents defeats every prefix cache (put variable text after the shared part)",
+    "eviction under memory pressure: KV usage near capacity between uses of the prefix evicts its blocks "
+    "(more KV memory, fewer concurrent sequences, or route requests that share a prefix to one replica)",
+]
+
+
+def _checks(ctx: RuleContext) -> list[str]:
+    seen = ctx.v("prefix_engines") or {}
+    names = [k for k in ENGINE_CHECKS if any(k in str(s).lower().replace(".", "").replace("-", "")
+                                             for s in seen)]
+    if any("ttft_engine" in str(s) for s in seen) and "bundled" not in names:
+        names.append("bundled")
+    if not names:  # client-only, or an engine we do not know: each engine's switch
+        names = list(ENGINE_CHECKS)
+    return [ENGINE_CHECKS[k] for k in names] + COMMON_CHECKS
+
+
+def _context_rows(ctx: RuleContext, t: Triage) -> None:
+    for name, key, meaning in (
+        ("TTFT p50, first use of a prefix", "prefix_first_ttft_p50_s", "a fresh prefix: its prefill cannot be cached"),
+        ("TTFT p50, repeats of the prefix", "prefix_repeat_ttft_p50_s", "the same prefix again, another suffix"),
+        ("TTFT p50, controls (suffix alone)", "prefix_control_ttft_p50_s", "what a repeat costs if its prefix is cached"),
+    ):
+        v = ctx.v(key)
+        if v is not None:
+            t.context(name, v, "s", meaning)
+    tok = ctx.v("prefix_shared_tokens")
+    if tok is not None:
+        t.context("shared prefix", tok, "tokens",
+                  f"{ctx.v('prefix_first_n', 0):g} first uses, {ctx.v('prefix_repeat_n', 0):g} repeats, "
+                  f"{ctx.v('prefix_control_n', 0):g} controls")
+    hit = ctx.v("prefix_cache_hit_ratio_metrics")
+    if hit is not None:
+        t.context("engine prefix-cache hit ratio (metrics)", hit, "share", "Δ cached prompt tokens / Δ prompt tokens")
+    on = ctx.v("prefix_caching_enabled")
+    if on is not None:
+        t.context("prefix caching in the engine's configuration", on, "", "1 = on, 0 = off (meta.json engine_config)")
+
+
+@rule("prefix_cache", "prefix_cache", needs=(("prefix_repeat_cached_frac",),
+                                             ("prefix_repeat_saving_frac", "prefix_cost_share")))
+def prefix_cache(ctx: RuleContext) -> Outcome:
+    """Prompts repeat a prefix but the repeats are prefilled in full again (prefix-cache misses)."""
+    th = ctx.th
+    t = Triage(ctx)
+    cached = ctx.v("prefix_repeat_cached_frac")
+    saving = ctx.v("prefix_repeat_saving_frac")
+    cost = ctx.v("prefix_cost_share")
+    prefill = ctx.v("prefill_share_tail")
+    server = cached is not None
+    if server:
+        how = ("the engine ran with its prefix cache off (meta.json engine_config): nothing was cached"
+               if ctx.features.get("prefix_repeat_cached_frac").source == "engine_config" else
+               "server spans (gen_ai.usage.cached_tokens): how much of the repeated prefix the cache served")
+        if not t.below("repeats' cached tokens / shared prefix", cached, "cached_frac_max", "share", how,
+                       miss="repeats had {value:.0%} of their shared prefix cached (> {threshold:.0%}): the cache hits"):
+            return t.pass_reason()
+        material = prefill if prefill is not None else cost
+        key = "prefill_share_min" if prefill is not None else "cost_share_min"
+        if not t.crossed("prefill share of TTFT (slowest 5%)" if prefill is not None else
+                         "prefix's share of a first use's TTFT", material, key, "share",
+                         "the forward passes a cache hit would have skipped",
+                         miss="prefill is {value:.0%} of TTFT (< {threshold:.0%}): a cache would save little"):
+            return t.pass_reason("the prefill share of TTFT is unknown")
+        if saving is not None:
+            t.judged("repeats' TTFT saving of the prefix's cost", saving, "saving_max", "share",
+                     "(first - repeat) / (first - control): 1 = repeats cost what the suffix alone costs", op="<=")
+        _context_rows(ctx, t)
+        s, pct = ctx.explained(material * (1.0 - cached))
+        return finding("Prefix-cache misses: prompts repeat a prefix but it is prefilled again every time",
+                       t.confidence(0.9), s, pct, t.evidence, _checks(ctx),
+                       note="explained share: the prefill share x the part of the shared prefix not served from the cache")
+    # client only (or a server that does not report cached tokens): TTFT on repeats
+    if not t.below("repeats' TTFT saving of the prefix's cost", saving, "saving_max", "share",
+                   "(first - repeat) / (first - control) of TTFT p50s: 1 = repeats cost what the suffix alone costs, "
+                   "0 = they cost a whole first use", op="<=",
+                   miss="repeats were spared {value:.0%} of the prefix's cost (> {threshold:.0%}): the cache hits"):
+        return t.pass_reason()
+    if not t.crossed("prefix's share of a first use's TTFT", cost, "cost_share_min", "share",
+                     "(first - control) / first: the prefill a cache hit would skip",
+                     miss="the prefix is {value:.0%} of a first use's TTFT (< {threshold:.0%}): a cache would save little"):
+        return t.pass_reason()
+    _context_rows(ctx, t)
+    rep, ctl = ctx.v("prefix_repeat_ttft_p50_s"), ctx.v("prefix_control_ttft_p50_s")
+    share = max(0.0, (rep - ctl) / rep) if rep and ctl is not None else None
+    s, pct = ctx.explained(share)
+    bb = ctx.black_box
+    return finding("Prefix-cache misses: repeats of a shared prefix take as long as its first use"
+                   + (" (client timing)" if bb else ""),
+                   t.confidence(0.85, black_box=bb), s, pct, t.evidence, _checks(ctx), black_box=bb,
+                   note=("client-only evidence: TTFT of repeats against first uses and controls of the designed probe "
+                         "(--shared-prefix N:R); the server's cache is not observed") if bb else
+                   "the server reports no cached tokens: judged from TTFT on repeats")
