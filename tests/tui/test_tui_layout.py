@@ -4,14 +4,17 @@ holds whatever the terminal's size; the screens themselves are checked in tmux (
 from __future__ import annotations
 
 import asyncio
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from tui.app import TTFTApp
 from tui.layout import choose_layout
 from tui.sources import CaptureSource
-from tui.widgets import SlowestTable, VerdictPanel
+from tui.viewmodels import GpuVM
+from tui.widgets import BusyOrGpuPanel, SlowestTable, VerdictPanel
 
 
 @pytest.mark.parametrize(("columns", "rows", "layout"), [
@@ -62,3 +65,36 @@ def test_auto_follows_a_resize(queue_capture: Path) -> None:
             assert app.query_one(VerdictPanel)._vm is not None  # repainted with the last frame
 
     asyncio.run(main())
+
+
+class _Narrow(BusyOrGpuPanel):
+    """The panel at a fixed content width, outside an app (rendering is string work only)."""
+
+    width_cells = 25
+
+    @property
+    def inner_width(self) -> int:
+        return self.width_cells
+
+
+def _text(panel: BusyOrGpuPanel) -> list[str]:
+    console = Console(width=200, file=io.StringIO(), record=True, color_system=None)
+    console.print(panel.render())
+    return [ln.rstrip() for ln in console.export_text().splitlines() if ln.strip()]
+
+
+def test_compact_gpu_panel_sums_eight_gpus_up_in_four_lines() -> None:
+    """Beside the stage panel at 80x24 (a bar and three legend lines), one line a GPU would push
+    the verdict off the screen."""
+    gpus = [GpuVM(entity=f"gpu{i}", util_pct=80.0 + i, hbm_used_bytes=60e9, hbm_total_bytes=80e9, membw_pct=40.0)
+            for i in range(8)]
+    compact = _Narrow(compact=True)
+    compact._gpus = gpus
+    lines = _text(compact)
+    assert len(lines) <= 4 and all(len(ln) <= _Narrow.width_cells for ln in lines), lines
+    assert "8 GPUs" in lines[0] and "util 84%" in lines[0] and "(80%-87%)" in "".join(lines[:2])
+    full = _Narrow(compact=False)
+    full.width_cells = 60
+    full._gpus = gpus
+    lines = _text(full)
+    assert len(lines) == 9 and all(len(ln) <= 60 for ln in lines), lines  # header + one row a GPU, cut to width

@@ -172,20 +172,34 @@ class BusyOrGpuPanel(Panel):
             self.border_title = title
         self.refresh()
 
+    def _gpus_compact(self, width: int) -> Text:
+        """At most four lines however many GPUs: one GPU's numbers, or several summed up
+        (utilisation mean and range, HBM used of total, memory bandwidth mean)."""
+        gs = self._gpus
+        util = [g.util_pct for g in gs if is_num(g.util_pct)]
+        used = [g.hbm_used_bytes for g in gs if is_num(g.hbm_used_bytes)]
+        total = [g.hbm_total_bytes for g in gs if is_num(g.hbm_total_bytes)]
+        bw = [g.membw_pct for g in gs if is_num(g.membw_pct)]
+
+        def mean(v: list[Any]) -> float | None:
+            return sum(v) / len(v) if v else None
+
+        first: list[Item] = [[(gs[0].entity if len(gs) == 1 else f"{len(gs)} GPUs", "bold")],
+                             [("util ", "dim"), (fmt_value(mean(util), Unit.PCT), "bold")]]
+        if len(util) > 1:
+            first.append([(f"({fmt_value(min(util), Unit.PCT)}-{fmt_value(max(util), Unit.PCT)})", "dim")])
+        hbm = fmt_value(sum(used) if used else None, Unit.BYTES)
+        if len(total) == len(gs):
+            hbm += f"/{fmt_value(sum(total), Unit.BYTES)}"
+        items: list[list[Item]] = [first, [[("HBM ", "dim"), (hbm, "")]]]
+        if bw:
+            items[1].append([("mem bw ", "dim"), (fmt_value(mean(bw), Unit.PCT), "")])
+        return flow(items, width)
+
     def render(self) -> RenderResult:
         w = self.inner_width
         if self._gpus and self.compact:
-            groups: list[list[Item]] = []
-            for g in self._gpus:
-                hbm = fmt_value(g.hbm_used_bytes, Unit.BYTES)
-                if is_num(g.hbm_total_bytes):
-                    hbm += f"/{fmt_value(g.hbm_total_bytes, Unit.BYTES)}"
-                items: list[Item] = [[(g.entity, "bold")], [("util ", "dim"), (fmt_value(g.util_pct, Unit.PCT), "bold")],
-                                     [("HBM ", "dim"), (hbm, "")]]
-                if is_num(g.membw_pct):
-                    items.append([("mem bw ", "dim"), (fmt_value(g.membw_pct, Unit.PCT), "")])
-                groups.append(items)
-            return flow(groups, w)
+            return self._gpus_compact(w)
         if self._gpus:
             # plain padded text, not a rich Table: a Table measures every cell on every
             # repaint (~10 ms for 8 GPUs, a fifth of the frame budget); this is ~1 ms
