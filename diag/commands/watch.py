@@ -40,6 +40,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--refresh", type=float, metavar="S", default=1.0, help="seconds between screen refreshes")
     p.add_argument("--rules", metavar="FILE", help="TOML file overriding rule thresholds")
     p.add_argument("--slo", metavar="SPEC", help="SLOs, e.g. ttft_p99=2s,tpot_p99=100ms")
+    p.add_argument("--expose", metavar="[HOST:]PORT", default=None,
+                   help="serve the live verdict, its confidence and the stage shares as Prometheus metrics at "
+                   "http://HOST:PORT/metrics (ttft_verdict{category=...}, ...; host 127.0.0.1 unless given), "
+                   "for a Grafana alert")
+    p.add_argument("--expose-interval", type=float, metavar="S", default=5.0,
+                   help="seconds between two verdicts served by --expose (default 5)")
     p.add_argument("--duration", type=float, metavar="S", default=None,
                    help="without a terminal: how long to collect before printing the verdict (default 30)")
     return p
@@ -58,6 +64,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     slo = slo_option(args.slo)
+    expose = None
+    if args.expose is not None:
+        from diag.commands.watch_expose import parse_expose
+
+        if args.expose_interval <= 0:
+            raise UsageError("--expose-interval must be > 0")
+        try:
+            expose = parse_expose(args.expose)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     out = args.output or f"ttft-watch-{time.strftime('%Y%m%d-%H%M%S')}"
     from collectors.live import LiveCollection
     from collectors.live_probe import ProbePlan, steady_plan
@@ -83,6 +99,17 @@ def run(args: argparse.Namespace) -> int:
                         follow_outages=True)
     for n in live.notes:
         source.add_note(n)
+    exporter = None
+    if expose is not None:
+        from diag.commands.watch_expose import VerdictExporter
+
+        try:
+            exporter = VerdictExporter(out, *expose, window_s=args.window, interval_s=args.expose_interval, slo=slo,
+                                       rules_file=args.rules).start()
+        except OSError as exc:
+            live.stop()
+            raise UsageError(f"--expose {args.expose}: cannot listen ({exc.strerror or exc})") from None
+        print(f"ttft watch: serving the live verdict at {exporter.url}", file=sys.stderr)
     try:
         if sys.stdin.isatty() and sys.stdout.isatty():
             from tui.app import run_app
@@ -91,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             code = _headless(source, args.duration or 30.0, slo, args.rules)
     finally:
+        if exporter is not None:
+            exporter.stop()
         live.stop()
     print(f"ttft watch: capture written to {out} (open it with: ttft view {out})", file=sys.stderr)
     return code
