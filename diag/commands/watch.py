@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     slo = slo_option(args.slo)
     expose = None
     if args.expose is not None:
-        from diag.commands.watch_expose import parse_expose
+        from tui.expose import parse_expose
 
         if args.expose_interval <= 0:
             raise UsageError("--expose-interval must be > 0")
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         source.add_note(n)
     exporter = None
     if expose is not None:
-        from diag.commands.watch_expose import VerdictExporter
+        from tui.expose import VerdictExporter
 
         try:
             exporter = VerdictExporter(out, *expose, window_s=args.window, interval_s=args.expose_interval, slo=slo,

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from diag.analysis import analyze_paths
-from diag.commands.watch_expose import parse_expose
+from tui.expose import parse_expose
 from diag.report.verdict_metrics import VERDICT_STATES, verdict_exposition
 
 ROOT = Path(__file__).resolve().parents[2]

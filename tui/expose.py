@@ -1,4 +1,4 @@
-"""``ttft watch --expose [HOST:]PORT``: the live verdict served as Prometheus metrics.
+"""The live verdict served as Prometheus metrics (``ttft watch --expose [HOST:]PORT``).
 
 :class:`VerdictExporter` reads the watch's capture through its own
 :class:`tui.sources.LiveSource` (a source is polled by one thread only, and the screen owns
