@@ -190,6 +190,10 @@ class WorkloadSpec:
     seed: int = 0
     #: R > 0: prompts in groups of a fresh prefix, R uses of it, one control (see the module doc)
     shared_prefix_repeats: int = 0
+    #: ``--inject-long TOKENS:EVERY``: every EVERY-th request's prompt has TOKENS tokens instead (a long
+    #: prompt among short ones: short requests' TTFT with a long one in flight vs without, head-of-line)
+    inject_long_tokens: int = 0
+    inject_long_every: int = 0
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -197,6 +201,7 @@ class WorkloadSpec:
             "output_tokens": str(self.output_tokens),
             "shared_prefix_tokens": self.shared_prefix_tokens,
             "shared_prefix_repeats": self.shared_prefix_repeats,
+            "inject_long": f"{self.inject_long_tokens}:{self.inject_long_every}" if self.inject_long_every else None,
             "prompts_file": self.prompts_file,
             "exact_output_requested": self.exact_output,
             "seed": self.seed,
@@ -218,6 +223,8 @@ class Workload:
             raise WorkloadError("--shared-prefix must be >= 0")
         if spec.shared_prefix_repeats < 0 or (spec.shared_prefix_repeats and spec.shared_prefix_tokens < 1):
             raise WorkloadError("--shared-prefix N:R needs N >= 1 and R >= 1")
+        if spec.inject_long_every < 0 or (spec.inject_long_every and (spec.inject_long_tokens < 1 or spec.inject_long_every < 2)):
+            raise WorkloadError("--inject-long TOKENS:EVERY needs TOKENS >= 1 and EVERY >= 2")
         self._group_prefix = ""  # shared_prefix_repeats: the current group's prefix text
         self.spec = spec
         self.tokenizer = tokenizer
@@ -257,7 +264,8 @@ class Workload:
     def with_input(self, input_tokens: LengthSpec) -> Workload:
         """A copy drawing synthetic prompts of another input length (for prompt sweeps)."""
         spec = WorkloadSpec(input_tokens, self.spec.output_tokens, self.spec.shared_prefix_tokens, None,
-                            self.spec.exact_output, self._rng.randrange(1 << 30), self.spec.shared_prefix_repeats)
+                            self.spec.exact_output, self._rng.randrange(1 << 30), self.spec.shared_prefix_repeats,
+                            self.spec.inject_long_tokens, self.spec.inject_long_every)
         clone = Workload.__new__(Workload)
         clone.__dict__.update(self.__dict__)
         clone.spec = spec
@@ -289,6 +297,8 @@ class Workload:
             base = self._file_items[(self._counter - 1) % len(self._file_items)]
             return PromptItem(base.prompt, base.messages, base.max_tokens or out_len, base.input_tokens_est, None)
         target = spec.input_tokens.sample(rng)
+        if spec.inject_long_every and self._counter % spec.inject_long_every == 0:
+            target = spec.inject_long_tokens  # the injected long prompt (the short ones' draws go on unchanged)
         # the nonce (a number, ~2-4 tokens) makes every prompt's first block unique
         nonce = f"{self._counter}{rng.randrange(10**6):06d}"
         nonce_tokens = max(1, round(3 / self.words_per_token)) if self.tokenizer is None else self.tokenizer.count(nonce)

@@ -58,6 +58,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="a deliberate N-token prefix shared by every prompt (default 0: every prompt starts differently); "
                    "N:R: groups of a fresh N-token prefix used by R prompts, then one prompt of the suffix alone (a "
                    "control), so that TTFT on repeats shows whether the server's prefix cache works (use --concurrency 1)")
+    p.add_argument("--inject-long", default=None, metavar="TOKENS:EVERY",
+                   help="every EVERY-th prompt has TOKENS tokens instead of --input-tokens: a long prompt among short "
+                   "ones, so that short requests' TTFT with a long one in flight shows head-of-line blocking")
     p.add_argument("--prompts", metavar="FILE.jsonl", help='JSONL prompts: {"prompt": ...} or {"messages": [...]}, optional max_tokens')
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json for exact prompt lengths and token counts")
     p.add_argument("--sweep", choices=["prompt", "concurrency", "rate"], help="sweep one dimension; each point a capture segment")
@@ -152,6 +155,17 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
         raise _usage(f"--shared-prefix {args.shared_prefix!r}: expected N or N:R (integers)") from None
     if shared_prefix < 0 or shared_repeats < 0 or (prefix_r and (shared_prefix < 1 or shared_repeats < 1)):
         raise _usage("--shared-prefix must be N >= 0, or N:R with N >= 1 and R >= 1")
+    long_tokens, long_every = 0, 0
+    if args.inject_long:
+        t, sep, e = str(args.inject_long).partition(":")
+        try:
+            long_tokens, long_every = int(t), int(e)
+        except ValueError:
+            raise _usage(f"--inject-long {args.inject_long!r}: expected TOKENS:EVERY (integers)") from None
+        if not sep or long_tokens < 1 or long_every < 2:
+            raise _usage("--inject-long must be TOKENS:EVERY with TOKENS >= 1 and EVERY >= 2")
+        if args.prompts or args.sweep == "prompt":
+            raise _usage("--inject-long goes with synthetic prompts at one length (not --prompts or --sweep prompt)")
     if args.prompts and args.sweep == "prompt":
         raise _usage("--sweep prompt makes synthetic prompts; it cannot use --prompts")
     if args.max_concurrency is not None and args.rate is None and args.sweep != "rate":
@@ -165,7 +179,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
     except ValueError as exc:
         raise _usage(str(exc)) from exc
     wl = WorkloadSpec(inp, out, shared_prefix, args.prompts, not args.no_exact_output, args.seed,
-                      shared_prefix_repeats=shared_repeats)
+                      shared_prefix_repeats=shared_repeats, inject_long_tokens=long_tokens, inject_long_every=long_every)
     output = None
     if not args.no_capture:
         output = args.output or time.strftime("probe-%Y%m%d-%H%M%S")

@@ -85,3 +85,35 @@ def test_reserving_the_context_for_each_request_is_kv_reservation(tmp_path: Path
 def test_on_demand_with_the_same_load_is_not(tmp_path: Path) -> None:
     d = _run(tmp_path, [(32, 16)], 8, 32, given=False, kv_admission="on-demand", kv_blocks=64, max_context=512)
     assert not any(f.category in ("kv_reservation", "head_of_line") for f in d.findings), format_diagnosis(d)
+
+
+def _probe_client_only(tmp: Path, engine_args: list[str]) -> Diagnosis:
+    """``ttft serve`` probed with short prompts and ``--inject-long 900:6`` at concurrency 4; the
+    diagnosis of the client's capture alone."""
+    import re
+    import sys
+
+    from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diag" / "engine"))
+    from engine_testutil import serve_process
+
+    launch = ("import argparse, sys; from diag.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "
+              "sub = p.add_subparsers(); serve.add_parser(sub); sys.exit(serve.run(p.parse_args(sys.argv[1:])))")
+    cmd = [sys.executable, "-c", launch, "serve", "--port", "0", "--threads", "1", "--max-context", "1024",
+           *engine_args]
+    with serve_process(cmd) as (proc, line):
+        m = re.search(r"(http://127\.0\.0\.1:\d+)", line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
+        wl = WorkloadSpec(LengthSpec.parse("16"), LengthSpec.parse("8"), inject_long_tokens=900, inject_long_every=6)
+        run_probe(ProbeConfig(m.group(1), load=LoadSpec(concurrency=4, requests=42, warmup_requests=2), workload=wl,
+                              timeout_s=60, output=tmp / "cli"))
+    return diagnose(build_tables([load_capture(tmp / "cli")]))
+
+
+def test_client_only_the_injected_long_prompt_shows_head_of_line(tmp_path: Path) -> None:
+    d = _probe_client_only(tmp_path, ["--policy", "chunked", "--chunk-size", "32"])
+    assert d.verdict.category == "head_of_line" and d.verdict.black_box, format_diagnosis(d)
+    near = _probe_client_only(tmp_path / "cap", ["--policy", "chunked", "--chunk-size", "32",
+                                                 "--max-partial-prefills", "4"])
+    assert not any(f.category == "head_of_line" for f in near.findings), format_diagnosis(near)

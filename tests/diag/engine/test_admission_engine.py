@@ -103,3 +103,32 @@ def test_reserve_without_max_tokens_runs_requests_in_turn_at_low_kv_usage(kv_adm
             assert max(waited) >= 1 and eng.scheduler.num_preemptions_total == 0
     finally:
         eng.shutdown()
+
+
+@pytest.mark.parametrize("body_max_tokens,most", [(None, 1), (8, 3)])
+def test_http_request_without_max_tokens_reserves_the_context(body_max_tokens, most):
+    """Over HTTP: a completion without max_tokens (the server's default of 16 applies) reserves the
+    whole context under --kv-admission reserve; with max_tokens 8 it reserves prompt + 8."""
+    import asyncio
+
+    import aiohttp
+
+    from diag.engine import ServerThread
+
+    eng = build_engine(model="tiny", trace_memory=True, kv_blocks=16, block_size=16, max_context=256,
+                       kv_admission="reserve")
+    with ServerThread(eng) as st:
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                async def one(i):
+                    body = {"prompt": f"request {i} " * 4, "ignore_eos": True, "temperature": 0}
+                    if body_max_tokens is not None:
+                        body["max_tokens"] = body_max_tokens
+                    async with s.post(st.url + "/v1/completions", json=body) as r:
+                        assert r.status == 200, await r.text()
+                        return await r.json()
+                return await asyncio.wait_for(asyncio.gather(*[one(i) for i in range(3)]), 60)
+
+        asyncio.run(go())
+    steps = [s for s in finished_spans(eng) if s.name == stages.SPAN_ENGINE_STEP]
+    assert max(s.attributes[stages.ATTR_STEP_RUNNING] for s in steps) == most

@@ -1,0 +1,40 @@
+"""``--inject-long TOKENS:EVERY``: a long prompt every EVERY-th request among short ones."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from collectors.probe.workload import LengthSpec, TokenCounter, Workload, WorkloadError, WorkloadSpec
+from diag.commands import probe as probe_cmd
+
+TOKENIZER = Path(__file__).resolve().parents[3] / "diag" / "engine" / "data" / "tokenizer.json"
+
+
+def test_every_nth_prompt_is_the_long_one_and_the_rest_keep_their_length():
+    tok = TokenCounter(TOKENIZER)
+    w = Workload(WorkloadSpec(LengthSpec.parse("24"), inject_long_tokens=400, inject_long_every=4), tok)
+    items = [w.next_item() for _ in range(12)]
+    assert [i.input_tokens_target for i in items] == [24, 24, 24, 400] * 3
+    for i in items:
+        assert abs(tok.count(i.prompt) - i.input_tokens_target) <= 3
+    assert w.spec.describe()["inject_long"] == "400:4"
+    assert w.with_input(LengthSpec.parse("32")).spec.inject_long_every == 4  # a sweep keeps the design
+
+
+def _cfg(*argv: str):
+    parser = argparse.ArgumentParser()
+    probe_cmd.add_parser(parser.add_subparsers())
+    return probe_cmd.build_config(parser.parse_args(["probe", "http://127.0.0.1:1", *argv]))
+
+
+def test_the_flag_builds_the_workload_and_bad_values_are_one_line_errors():
+    cfg, _ = _cfg("--inject-long", "512:6")
+    assert (cfg.workload.inject_long_tokens, cfg.workload.inject_long_every) == (512, 6)
+    for bad in ("512", "x:3", "512:1", "0:4"):
+        with pytest.raises(Exception, match="--inject-long"):
+            _cfg("--inject-long", bad)
+    with pytest.raises(WorkloadError, match="EVERY >= 2"):
+        Workload(WorkloadSpec(inject_long_tokens=10, inject_long_every=1))
