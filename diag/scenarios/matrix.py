@@ -58,7 +58,7 @@ def check(scenarios: Sequence[Scenario], out_root: str | Path, cal: Calibration,
         if log:
             log(f"scenario {sc.name} (expect {sc.category}) ...")
         run = run_scenario(sc, Path(out_root) / sc.name, cal, log=log)
-        row = MatrixRow(sc.name, sc.category)
+        row = MatrixRow(sc.name, sc.category, also_right={"client-only": sc.client_only_also})
         for mode in MODES:
             row.verdicts[mode] = diagnose_run(run, mode)
         row.wall_s = time.monotonic() - t0

@@ -39,7 +39,8 @@ def make_samples(scenarios: Sequence[Scenario], out_root: str | Path, cal: Calib
             if log:
                 log(f"sample {sc.name} ...")
             run = run_scenario(sc, Path(tmp) / sc.name, cal, log=log)
-            row = MatrixRow(sc.name, sc.category, {m: diagnose_run(run, m) for m in MODES}, run.wall_s)
+            row = MatrixRow(sc.name, sc.category, {m: diagnose_run(run, m) for m in MODES}, run.wall_s,
+                            {"client-only": sc.client_only_also})
             rows.append(row)
             dst = out_root / sc.name
             if dst.exists():

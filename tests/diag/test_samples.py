@@ -26,6 +26,9 @@ def test_analyze_names_the_samples_category(sample, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"]["category"] == expected
     assert main(["analyze", str(sample / "client"), "--json"]) == 0  # the client-only half
-    assert json.loads(capsys.readouterr().out)["verdict"]["category"] == expected
+    from diag.scenarios.catalog import get
+
+    also = get(sample.name).client_only_also  # what a client is scored right with where it cannot see the cause
+    assert json.loads(capsys.readouterr().out)["verdict"]["category"] in {expected} | also
     size = sum(f.stat().st_size for f in sample.rglob("*") if f.is_file())
     assert size < 400 * 1024, f"{sample.name} is {size / 1024:.0f} KiB"
