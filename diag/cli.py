@@ -16,8 +16,21 @@ from collections.abc import Sequence
 #: Sub-commands in the order ``ttft --help`` lists them.
 COMMANDS: tuple[str, ...] = (
     "demo", "serve", "diagnose", "probe", "analyze", "report", "diff", "export", "view", "watch",
-    "receive", "scrape", "profile", "scenarios", "instrument",
+    "receive", "scrape", "profile", "scenarios", "instrument", "completion",
 )
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows every option's default, unless its help already states one or it has
+    none worth showing (None, False, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default in (None, False, argparse.SUPPRESS) or default == []
+                or "default" in text.lower() or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return action.help
+        return f"{text} (default: %(default)s)"
 
 
 class UsageError(Exception):
@@ -39,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = importlib.import_module(f"diag.commands.{name}")  # every one ships: an ImportError is a bug
         p = module.add_parser(sub)
+        p.formatter_class = DefaultsHelpFormatter
         p.epilog = f"{p.epilog}\n\n{EPILOG}" if p.epilog else EPILOG
         p.set_defaults(_run=module.run)
     return parser

@@ -38,10 +38,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--chunk-size", type=int, default=256, metavar="N", help="prefill tokens per step for --policy chunked")
     p.add_argument("--kv-blocks", type=int, default=None, metavar="N", help="KV-cache blocks (small = KV pressure)")
     p.add_argument("--block-size", type=int, default=16, metavar="N", help="tokens per KV-cache block")
-    p.add_argument("--max-running", type=int, default=32, metavar="N", help="max sequences in the running batch")
+    p.add_argument("--max-running", "--max-num-seqs", type=int, default=32, metavar="N",
+                   help="max sequences in the running batch (vLLM's --max-num-seqs)")
     p.add_argument("--max-waiting", type=int, default=256, metavar="N", help="waiting-queue limit; beyond it: HTTP 503")
-    p.add_argument("--max-context", type=int, default=2048, metavar="N", help="max tokens per sequence (prompt + output)")
-    p.add_argument("--max-batched-tokens", type=int, default=2048, metavar="N", help="token budget per engine step")
+    p.add_argument("--max-context", "--max-model-len", type=int, default=2048, metavar="N",
+                   help="max tokens per sequence, prompt + output (vLLM's --max-model-len)")
+    p.add_argument("--max-batched-tokens", "--max-num-batched-tokens", type=int, default=2048, metavar="N",
+                   help="token budget per engine step (vLLM's --max-num-batched-tokens)")
     # admission (diag.engine.scheduler)
     p.add_argument("--admission", default="fcfs", choices=("fcfs", "skip-blocked"),
                    help="fcfs: admission stops at a waiting request that does not fit, those behind it wait too "
