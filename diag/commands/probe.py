@@ -106,13 +106,15 @@ class ProgressLine:
             return
         self._last = now
         elapsed = now - self._t0
+        rate = done / elapsed if elapsed > 0 else 0.0
         if total:
             width = 24
             fill = int(width * min(1.0, done / total))
             bar = "#" * fill + "-" * (width - fill)
-            text = f"\r{label}: [{bar}] {done}/{total}  {elapsed:5.1f}s"
+            eta = f"  ETA {(total - done) / rate:4.0f}s" if rate > 0 and done < total else ""
+            text = f"\r{label}: [{bar}] {done}/{total}  {rate:5.1f} req/s  {elapsed:5.1f}s{eta}"
         else:
-            text = f"\r{label}: {done} done  {elapsed:5.1f}s"
+            text = f"\r{label}: {done} done  {rate:5.1f} req/s  {elapsed:5.1f}s"
         self.stream.write(text + "\033[K")
         self.stream.flush()
 

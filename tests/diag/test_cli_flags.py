@@ -53,3 +53,18 @@ def test_the_completion_script_completes_in_bash() -> None:
     assert complete("ttft", "serve", "--policy", "") == ["prefill-first", "decode-first", "chunked"]
     assert complete("ttft", "probe", "--sweep", "c") == ["concurrency"]
     assert complete("ttft", "completion", "") == ["bash", "zsh"]
+
+
+def test_the_progress_line_shows_rate_and_eta() -> None:
+    import io
+
+    from diag.commands.probe import ProgressLine
+
+    out = io.StringIO()
+    bar = ProgressLine(out)
+    bar(0, 10, "concurrency=4")
+    bar._t0 -= 2.0  # two seconds in
+    bar._last = 0.0
+    bar(4, 10, "concurrency=4")
+    line = out.getvalue().split("\r")[-1]
+    assert "4/10" in line and "2.0 req/s" in line and "ETA    3s" in line
