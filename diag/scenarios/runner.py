@@ -130,7 +130,8 @@ def step_chunks(step: ProbeStep, default_segment: str) -> list[tuple[LoadSpec, L
 def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prompts_file: Path | None, slo: dict[str, float] | None) -> Any:
     load = step_load(step, warmup_requests=step.warmup)
     workload = WorkloadSpec(LengthSpec.parse(step.input_tokens), LengthSpec.parse(step.output_tokens),
-                            prompts_file=str(prompts_file) if prompts_file else None)
+                            prompts_file=str(prompts_file) if prompts_file else None,
+                            shared_prefix_tokens=step.shared_prefix[0], shared_prefix_repeats=step.shared_prefix[1])
     # the engine's own tokenizer sizes the prompts exactly (and no calibration requests go first)
     tokenizer = Path(__file__).resolve().parents[1] / "engine" / "data" / "tokenizer.json"
     # api and model given: no detection request reaches the engine before the measured ones; nor
