@@ -12,10 +12,9 @@ request is finishing, e.g. between phases.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
-from collectors.spans import TraceSink, otlp_json_request
+from collectors.spans import TraceSink, json_line, otlp_json_request
 from diag.capture import CaptureWriter
 
 
@@ -34,7 +33,7 @@ def _json_line(spans: Sequence) -> str:
     exporter's route, about a quarter of protobuf + MessageToDict's CPU), else via protobuf."""
     doc = otlp_json_request(spans)
     if doc is not None:
-        return json.dumps(doc, separators=(",", ":"))
+        return json_line(doc)
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     from diag.otlp_json import request_to_json_line
