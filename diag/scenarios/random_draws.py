@@ -20,7 +20,8 @@ How the ranges were chosen (the catalogue's value is the centre; ``logU`` = log-
   >= 0.7 prefill-times per all-reduce pair); the high end stops where a draw would outlast its
   CI share. Near-miss magnitudes sit 10x or more below the plain range (a tokenizer at
   0.03-0.15 prefill-costs per token, a network delay of 0.05-0.3 decode steps, a KV budget
-  for more sequences than ever run, a start-up before the server listens, chunked prefill).
+  for more sequences than ever run, a start-up before the server listens, chunked prefill, a
+  front end with at least as many HTTP workers as the client has streams).
 - **Mixes**: the second cause is drawn at 5-25% of the dominant one's mean TTFT cost per
   measured request (a cold start's load delay spread over the run's requests: it reaches the
   first ones only), so the dominant cause explains >= 4x the other's share; where the engine
@@ -33,7 +34,8 @@ How the ranges were chosen (the catalogue's value is the centre; ``logU`` = log-
   rates as a share of one stream's capacity (0.2..0.7 healthy; 1.5..3x the admitted
   capacity for a queue); request counts 6..54, sized so 12 draws x 2 modes run in minutes.
 - **Engine and probe**: policy (prefill-first / decode-first / chunked with a chunk of
-  0.5..4 decode steps of prefill), TP 2 (the tiny model's 2 KV heads allow no more), KV
+  0.5..4 decode steps of prefill), TP 2 (the tiny model's 2 KV heads allow no more), PP 2..3
+  (pipeline_bubble: concurrency 1 under a prompt sweep; no near-miss, see ``_plain``), KV
   block size 8/16/32, warm-up 1..3 requests (0 for cold start, whose users are the first
   requests), and the probe design: a sweep, one closed-loop level, or one open-loop level,
   where the family's cause is identifiable from the client side under that design.
@@ -53,15 +55,21 @@ from typing import Any
 
 #: every category of the catalogue (the families a draw picks from, uniformly)
 FAMILIES: tuple[str, ...] = ("healthy", "queue", "tokenize", "prefill_compute", "kv_cache", "comm", "decode",
-                             "interference", "cold_start", "network", "loadgen")
+                             "interference", "cold_start", "network", "loadgen",
+                             "frontend", "pipeline_bubble",  # from real incidents (issue 15)
+                             "prefix_cache")
 KINDS = ("plain", "mix", "near-miss")
 #: the second cause of a mix, per dominant family
 MIX_SECOND: dict[str, tuple[str, ...]] = {
     "queue": ("tokenize", "network"), "tokenize": ("network",), "prefill_compute": ("network", "tokenize"),
     "network": ("tokenize",), "decode": ("tokenize",), "cold_start": ("network",),
+    "frontend": ("network",),
+    "pipeline_bubble": ("network",),
+    "prefix_cache": ("network",),
 }
 #: families with a too-weak variant (ground truth healthy)
-NEAR_MISS: tuple[str, ...] = ("queue", "tokenize", "kv_cache", "decode", "interference", "cold_start", "network")
+NEAR_MISS: tuple[str, ...] = ("queue", "tokenize", "kv_cache", "decode", "interference", "cold_start", "network",
+                               "frontend", "prefix_cache")
 
 
 @dataclass(frozen=True)
@@ -179,6 +187,32 @@ def _plain(family: str, r: random.Random, p: dict[str, Any]) -> None:
         p.update(sweep="prompt", concurrency=min(p["concurrency"], 3), input_tokens=min(p["input_tokens"], 256))
         p["sweep_values"] = [32 * 2**k for k in range(r.randint(2, 4))]
         one_level_spread(p, 0.5)
+    elif family == "frontend":
+        # a front end of w HTTP workers (+ w tokenizer threads) under w x 3..5 streams: requests wait
+        # before the engine for a whole stream ahead (llama.cpp --threads-http below its slots)
+        w = r.choice((1, 1, 2))
+        f["frontend_workers"] = w
+        p.update(concurrency=w * r.randint(3, 5), design=r.choice(("sweep", "sweep", "closed")), sweep="concurrency",
+                 input_tokens=min(p["input_tokens"], 128), output_tokens=r.randint(16, 48))
+        p["sweep_values"] = [w, 2 * w, 4 * w, r.randint(5, 6) * w]
+    elif family == "pipeline_bubble":
+        # PP 2..3 at concurrency 1: one sequence per step, one micro-batch, each stage idles while
+        # the others run ((N-1)/N of stage time). Server-side only: a client sees prompt-proportional
+        # TTFT (prefill_compute, random_truth.CLIENT_ONLY_ALSO). No near-miss: on a 2-core CPU every
+        # PP load tried (8 micro-batches at 8 streams too) leaves stages idle >= 20% of prefill steps
+        # A prompt sweep: the client-only half then has the prompt slope to name (one level at 8-12
+        # requests read as healthy from the client, which cannot see stages at all)
+        p.update(pp=r.choice((2, 2, 3)), concurrency=1, design="sweep", sweep="prompt", input_tokens=r.randint(128, 512),
+                 input_spread=0.0, output_tokens=r.randint(4, 12), requests_per_point=r.randint(4, 6))
+        lo = r.randint(48, 96)
+        p["sweep_values"] = [lo * 2**k for k in range(4)]
+    elif family == "prefix_cache":
+        # the probe's --shared-prefix N:R design at concurrency 1 against an engine whose prefix cache
+        # is off: a prefix whose prefill costs 5..15 short-prompt TTFTs, R uses of it, one control
+        p.update(design="prefix", concurrency=1, prefix_x=_logu(r, 5.0, 15.0), prefix_repeats=r.randint(2, 4),
+                 input_tokens=r.randint(16, 96), input_spread=0.0, output_tokens=r.randint(4, 12), output_spread=0.0,
+                 prefix_groups=r.randint(4, 6))
+        p["requests"] = p["prefix_groups"] * (p["prefix_repeats"] + 1)
     elif family == "loadgen":
         p.update(starve_client=True, concurrency=r.randint(3, 8), design=r.choice(("closed", "open")),
                  requests=r.randint(30, 48), input_tokens=r.randint(16, 64), output_tokens=r.randint(8, 24),
@@ -218,6 +252,11 @@ def _near_miss(family: str, r: random.Random, p: dict[str, Any]) -> None:
     elif family == "network":
         f.clear()
         f["network_steps"] = r.uniform(0.05, 0.3)
+    elif family == "frontend":
+        f.clear()
+        f["frontend_workers"] = p["concurrency"] + r.randint(0, 2)  # the pool never binds
+    elif family == "prefix_cache":
+        p.update(design="prefix", concurrency=1, prefix_caching=True)  # the same design, the cache on: repeats hit
 
 
 def draw(seed: int, index: int) -> Draw:

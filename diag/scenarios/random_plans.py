@@ -69,9 +69,21 @@ def dominant_cost_ms(d: Draw, cal: Calibration) -> float:
         return inp * cal.prefill_ms_per_token
     if d.family == "network":
         return network_ms(cal, f["network_x"])
+    if d.family == "frontend":  # waiting for (streams / workers - 1) / 2 whole streams ahead, on average
+        return max(1.0, (p["concurrency"] / f["frontend_workers"] - 1) / 2) * service_ms(cal, inp, out)
+    if d.family == "pipeline_bubble":  # stages idle (N-1)/N of a one-micro-batch prefill
+        return inp * cal.prefill_ms_per_token * (p["pp"] - 1) / p["pp"]
+    if d.family == "prefix_cache":  # the prefix prefilled again on R of every R + 1 requests
+        r = p["prefix_repeats"]
+        return prefix_tokens(cal, p["prefix_x"]) * cal.prefill_ms_per_token * r / (r + 1)
     if d.family == "cold_start":  # the load reaches the first requests only: its mean over the run's requests
         return load_delay_s(cal, f["load_delay_x"]) * 1e3 / p["requests"]
     return out * cal.decode_step_ms  # decode: the stream's own token time
+
+
+def prefix_tokens(cal: Calibration, x: float) -> int:
+    """A shared prefix whose prefill costs ``x`` short-prompt TTFTs (a multiple of 16, 256..1024 tokens)."""
+    return int(min(1024, max(256, 16 * round(x * cal.ttft_short_ms / cal.prefill_ms_per_token / 16))))
 
 
 def tokenize_ms_per_token(cal: Calibration, x: float) -> float:
@@ -102,6 +114,8 @@ def faults_ms(d: Draw, cal: Calibration) -> dict[str, float]:
         out["collective_latency_ms"] = f["collective_x"] * max(1.0, p["input_tokens"] * cal.prefill_ms_per_token / (2 * LAYERS))
     if "load_delay_x" in f:
         out["load_delay_s"] = load_delay_s(cal, f["load_delay_x"])
+    if "frontend_workers" in f:
+        out["frontend_workers"] = float(f["frontend_workers"])
     if d.kind == "mix":
         share_ms = p["mix_share"] * dominant_cost_ms(d, cal)
         if p["mix_second"] == "tokenize":
@@ -124,6 +138,10 @@ def serve_args(d: Draw, cal: Calibration) -> list[str]:
         args += ["--kv-blocks", str(p["kv_fits"] * math.ceil(need / p["block_size"])), "--block-size", str(p["block_size"])]
     if p.get("lazy_load"):
         args.append("--lazy-load")
+    if p.get("prefix_caching"):
+        args.append("--enable-prefix-caching")
+    if "pp" in p:
+        args += ["--pp", str(p["pp"])]
     for k, v in faults_ms(d, cal).items():
         if k != "collective_latency_ms":
             args += ["--inject", f"{k}={v:.4g}"]
@@ -141,6 +159,10 @@ def _step(d: Draw, cal: Calibration) -> ProbeStep:
             values = tuple(round(v * cap, 3) for v in values)
         return ProbeStep(sweep=p["sweep"], sweep_values=values, requests_per_point=p["requests_per_point"],
                          concurrency=p["concurrency"], **common)
+    if p["design"] == "prefix":  # --shared-prefix N:R, one request at a time; input_tokens is the suffix
+        n = prefix_tokens(cal, p["prefix_x"])
+        return ProbeStep(concurrency=1, requests=p["requests"], input_tokens=f"fixed:{n + p['input_tokens']}",
+                         output_tokens=out, warmup=p["warmup"], shared_prefix=(n, p["prefix_repeats"]))
     rate = None
     if p["design"] == "open":
         admitted = p["max_running"] if d.family == "queue" and d.kind != "near-miss" else 1  # a share of one stream
@@ -178,7 +200,8 @@ def build_plan(d: Draw, cal: Calibration) -> Plan:
     elif d.family == "decode":
         slo = (f"ttft_p99={_ms(80 * cal.ttft_short_ms + 256 * cal.prefill_ms_per_token)},"
                f"tpot_p99={_ms(p['tpot_steps'] * cal.decode_step_ms)}")
-    elif d.family in ("queue", "kv_cache", "cold_start", "loadgen", "prefill_compute", "tokenize", "network") and d.kind != "near-miss":
+    elif d.family in ("queue", "kv_cache", "cold_start", "loadgen", "prefill_compute", "tokenize", "network",
+                      "frontend", "pipeline_bubble", "prefix_cache") and d.kind != "near-miss":
         slo = None  # the cause is the answer whatever the users hold, as in the catalogue
     return Plan((Phase(tuple(args), (step,)),), slo=slo, injected=injected)
 

@@ -34,7 +34,13 @@ from diag.tables import build_tables
 #: stage (its own accounting), and TTFT against concurrency (or the line at one level) is the
 #: same curve a batch cap or a saturated device gives. The queue findings say so and send the
 #: user to the engine's KV gauges. Scored right, and counted apart in the matrix output.
-CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"})}
+CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"}),
+                                               # requests held in a front end's line look, from the client,
+                                               # like a line in the engine: only its /metrics or spans tell
+                                               "frontend": frozenset({"queue"}),
+                                               # pipeline stages are invisible to a client: it sees the
+                                               # prefill they stretch (catalogue: Scenario.client_only_also)
+                                               "pipeline_bubble": frozenset({"prefill_compute"})}
 
 
 def scored_right(category: str, truth: str, mode: str) -> bool:
