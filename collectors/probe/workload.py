@@ -194,6 +194,9 @@ class WorkloadSpec:
     #: prompt among short ones: short requests' TTFT with a long one in flight vs without, head-of-line)
     inject_long_tokens: int = 0
     inject_long_every: int = 0
+    #: send no max_tokens (the server's default applies; an engine that reserves KV for max_tokens
+    #: then reserves its max length, NVIDIA/TensorRT-LLM#1012); output_tokens is then not asked for
+    omit_max_tokens: bool = False
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -202,6 +205,7 @@ class WorkloadSpec:
             "shared_prefix_tokens": self.shared_prefix_tokens,
             "shared_prefix_repeats": self.shared_prefix_repeats,
             "inject_long": f"{self.inject_long_tokens}:{self.inject_long_every}" if self.inject_long_every else None,
+            "omit_max_tokens": self.omit_max_tokens,
             "prompts_file": self.prompts_file,
             "exact_output_requested": self.exact_output,
             "seed": self.seed,
@@ -265,7 +269,7 @@ class Workload:
         """A copy drawing synthetic prompts of another input length (for prompt sweeps)."""
         spec = WorkloadSpec(input_tokens, self.spec.output_tokens, self.spec.shared_prefix_tokens, None,
                             self.spec.exact_output, self._rng.randrange(1 << 30), self.spec.shared_prefix_repeats,
-                            self.spec.inject_long_tokens, self.spec.inject_long_every)
+                            self.spec.inject_long_tokens, self.spec.inject_long_every, self.spec.omit_max_tokens)
         clone = Workload.__new__(Workload)
         clone.__dict__.update(self.__dict__)
         clone.spec = spec
@@ -291,7 +295,9 @@ class Workload:
         """The next request's payload (file prompts cycle; synthetic ones are fresh)."""
         spec = self.spec
         rng = self._rng
-        out_len = spec.output_tokens.sample(rng)
+        out_len: int | None = spec.output_tokens.sample(rng)
+        if spec.omit_max_tokens:
+            out_len = None
         self._counter += 1
         if self._file_items is not None:
             base = self._file_items[(self._counter - 1) % len(self._file_items)]

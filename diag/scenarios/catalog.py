@@ -35,6 +35,10 @@ class ProbeStep:
     rate_rps: float | None = None
     #: the probe's --shared-prefix N:R design as (N tokens, R uses per prefix); (0, 0): none
     shared_prefix: tuple[int, int] = (0, 0)
+    #: the probe's --inject-long TOKENS:EVERY design; (0, 0): none
+    inject_long: tuple[int, int] = (0, 0)
+    #: send no max_tokens (the server's default applies)
+    omit_max_tokens: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class Scenario:
     cause: str  # what the scenario does to cause it (the ground truth, in words)
     build: Callable[[Calibration], Plan]
     fast: bool = True  # part of the default test run
+    #: client-only verdicts also scored right where the client cannot see the cause (say why in ``cause``)
+    client_only_also: frozenset[str] = frozenset()
 
 
 def _ms(x: float) -> str:
@@ -206,6 +212,24 @@ def _network(cal: Calibration) -> Plan:
                 injected={"network_delay_ms": round(delay_ms, 3)})
 
 
+def _pipeline_bubble(cal: Calibration) -> Plan:
+    # PP 2 at concurrency 1: each step holds one sequence, so one micro-batch, and each of the two
+    # stages idles while the other runs (about half the stage time). Server-side only: a client
+    # sees prompt-proportional TTFT, which it names prefill_compute (Scenario.client_only_also)
+    step = ProbeStep(sweep="prompt", sweep_values=(64, 128, 256, 512), requests_per_point=5, output_tokens="fixed:4")
+    return Plan((Phase(("--pp", "2"), (step,)),), injected={"pp": 2, "concurrency": 1})
+
+
+def _frontend(cal: Calibration) -> Plan:
+    # two HTTP workers (llama.cpp --threads-http below its slots): past two streams, requests wait in
+    # the front end for a whole stream ahead while the engine's queue stays empty. A client alone
+    # sees TTFT climb with load as behind any one-at-a-time server: client-only names queue
+    # (Scenario.client_only_also); the engine's /metrics or its spans tell the two apart
+    step = ProbeStep(sweep="concurrency", sweep_values=(1, 2, 4, 8), requests_per_point=8,
+                     input_tokens="fixed:32", output_tokens="fixed:16")
+    return Plan((Phase(("--inject", "frontend_workers=2"), (step,)),), injected={"frontend_workers": 2})
+
+
 def _prefix_tokens(cal: Calibration) -> int:
     """A shared prefix whose prefill costs about 8 short-prompt TTFTs (a multiple of 16, 256..1024 tokens)."""
     return int(min(1024, max(256, 16 * round(8 * cal.ttft_short_ms / cal.prefill_ms_per_token / 16))))
@@ -219,6 +243,29 @@ def _prefix_cache(cal: Calibration) -> Plan:
     step = ProbeStep(concurrency=1, requests=20, input_tokens=f"fixed:{n + 48}", output_tokens="fixed:4",
                      shared_prefix=(n, 3))
     return Plan((Phase((), (step,)),), injected={"prefix_caching": False, "shared_prefix_tokens": n})
+
+
+def _head_of_line(cal: Calibration) -> Plan:
+    # chunked prefill with no cap on partial prefills (vLLM before --max-num-partial-prefills,
+    # vllm-project/vllm#10235): a long prompt's chunks take each step's chunk budget, so short
+    # prompts arriving behind it wait for its whole prefill while KV and batch slots are free.
+    # The probe's --inject-long design: every sixth prompt is long (client-only sees it too)
+    longest = _longest_prompt(cal)
+    step = ProbeStep(concurrency=4, requests=42, input_tokens="fixed:16", output_tokens="fixed:8",
+                     inject_long=(min(900, longest), 6))
+    return Plan((Phase(("--policy", "chunked", "--chunk-size", "32"), (step,)),),
+                injected={"policy": "chunked", "chunk_size_tokens": 32, "max_partial_prefills": None})
+
+
+def _kv_reservation(cal: Calibration) -> Plan:
+    # --kv-admission reserve (TensorRT-LLM GUARANTEED_NO_EVICT) and requests without max_tokens:
+    # each reserves the 512-token context (32 of 64 blocks), so two run of eight sent while the
+    # blocks really used stay under 10% (NVIDIA/TensorRT-LLM#1012). A client alone sees a server
+    # that admits two at a time, as a max_running cap would (Scenario.client_only_also: queue)
+    step = ProbeStep(concurrency=8, requests=32, input_tokens="fixed:32", output_tokens="fixed:16",
+                     omit_max_tokens=True)
+    return Plan((Phase(("--kv-admission", "reserve", "--kv-blocks", "64", "--max-context", "512"), (step,)),),
+                injected={"kv_admission": "reserve", "kv_blocks": 64, "max_tokens": None})
 
 
 def _loadgen(cal: Calibration) -> Plan:
@@ -243,9 +290,25 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("cold_start", "cold_start", "first requests arrive while a slow model load (load_delay_s) is under way", _cold_start, fast=False),
     Scenario("network", "network", "a slow network: every SSE chunk delayed (network_delay_ms) after the engine", _network, fast=False),
     Scenario("loadgen", "loadgen", "a starved client: a CPU hog in the load generator's own process", _loadgen, fast=False),
+    Scenario("frontend", "frontend",
+             "two HTTP workers (--inject frontend_workers=2) under a concurrency sweep: requests wait before the engine "
+             "while its queue stays empty; client-only it looks like a one-at-a-time queue (named queue)",
+             _frontend, fast=False, client_only_also=frozenset({"queue"})),
+    Scenario("pipeline_bubble", "pipeline_bubble",
+             "PP 2 (--pp 2) at concurrency 1 under a prompt sweep: one micro-batch per step, each stage idles while "
+             "the other runs; server-side only (a client cannot see stages: client-only names prefill_compute)",
+             _pipeline_bubble, fast=False, client_only_also=frozenset({"prefill_compute"})),
     Scenario("prefix_cache", "prefix_cache",
              "prompts repeat a shared prefix (the probe's --shared-prefix N:3) while the engine's prefix cache is off: "
              "every repeat prefills the whole prefix again, as a first use does", _prefix_cache, fast=False),
+    Scenario("head_of_line", "head_of_line",
+             "chunked prefill without a cap on partial prefills, every sixth prompt long (the probe's --inject-long): "
+             "short prompts wait behind a long one's chunks while KV and batch slots are free", _head_of_line,
+             fast=False),
+    Scenario("kv_reservation", "kv_reservation",
+             "--kv-admission reserve and requests without max_tokens: each reserves the whole context, two of eight "
+             "run while KV usage stays low; client-only it looks like a two-request cap (named queue)",
+             _kv_reservation, fast=False, client_only_also=frozenset({"queue"})),
 )
 
 

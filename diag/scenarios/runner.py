@@ -131,7 +131,9 @@ def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prom
     load = step_load(step, warmup_requests=step.warmup)
     workload = WorkloadSpec(LengthSpec.parse(step.input_tokens), LengthSpec.parse(step.output_tokens),
                             prompts_file=str(prompts_file) if prompts_file else None,
-                            shared_prefix_tokens=step.shared_prefix[0], shared_prefix_repeats=step.shared_prefix[1])
+                            shared_prefix_tokens=step.shared_prefix[0], shared_prefix_repeats=step.shared_prefix[1],
+                            inject_long_tokens=step.inject_long[0], inject_long_every=step.inject_long[1],
+                            omit_max_tokens=step.omit_max_tokens)
     # the engine's own tokenizer sizes the prompts exactly (and no calibration requests go first)
     tokenizer = Path(__file__).resolve().parents[1] / "engine" / "data" / "tokenizer.json"
     # api and model given: no detection request reaches the engine before the measured ones; nor

@@ -38,3 +38,9 @@ def test_the_flag_builds_the_workload_and_bad_values_are_one_line_errors():
             _cfg("--inject-long", bad)
     with pytest.raises(WorkloadError, match="EVERY >= 2"):
         Workload(WorkloadSpec(inject_long_tokens=10, inject_long_every=1))
+
+
+def test_omit_max_tokens_sends_none():
+    w = Workload(WorkloadSpec(LengthSpec.parse("24"), omit_max_tokens=True))
+    assert w.next_item().max_tokens is None and w.spec.describe()["omit_max_tokens"] is True
+    assert Workload(WorkloadSpec(LengthSpec.parse("24"))).next_item().max_tokens == 64
