@@ -19,12 +19,15 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
 
+from diag.analysis import Analysis
+from diag.tables import stage_decomposition
 from tui import adapters
 from tui.layout import LAYOUTS, choose_layout
 from tui.model import ViewModel, build_view_model, request_waterfall
 from tui.sources import Snapshot, Source
 from tui.widgets import (
     BusyOrGpuPanel,
+    FleetScreen,
     HelpScreen,
     LatencyPanel,
     SlowestTable,
@@ -36,7 +39,7 @@ from tui.widgets import (
 )
 
 #: actions that only make sense on the dashboard (not under help or a waterfall)
-_DASHBOARD_ACTIONS = frozenset({"move", "zoom", "whole", "report", "toggle_pause"})
+_DASHBOARD_ACTIONS = frozenset({"move", "zoom", "whole", "report", "toggle_pause", "fleet"})
 
 
 class TTFTApp(App[int]):
@@ -79,6 +82,7 @@ class TTFTApp(App[int]):
         Binding("p", "toggle_pause", "pause"),
         Binding("r", "report", "report"),
         Binding("question_mark", "help", "help"),
+        Binding("f", "fleet", "fleet"),
         Binding("left,left_square_bracket", "move(-1)", "earlier", priority=True),
         Binding("right,right_square_bracket", "move(1)", "later", priority=True),
         Binding("minus", "zoom(0.5)", "narrower", show=False),
@@ -319,6 +323,39 @@ class TTFTApp(App[int]):
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
+
+    def action_fleet(self) -> None:
+        if self.last_snapshot is None:
+            self._say("no data yet: no fleet")
+            return
+        if not isinstance(self.screen, FleetScreen):
+            self._fleet_worker(self.last_snapshot)
+
+    @work(thread=True, group="fleet", exclusive=True, exit_on_error=False)
+    def _fleet_worker(self, snap: Snapshot) -> None:
+        """Judge each replica of the window's engine series (worker thread), then show the table."""
+        from diag.fleet import split_by_replica
+        from diag.report.fleet import format_fleet_table
+
+        try:
+            window = None if snap.whole else snap.window_ns
+            windowed = adapters.window_tables(snap.tables, window)
+            fleet = Analysis([snap.title], windowed, stage_decomposition(windowed.requests),
+                             adapters.run_rules(snap.tables, window, slo=snap.slo or self.slo,
+                                                rules_file=self.rules_file).diagnosis)
+            result = split_by_replica(fleet, "instance", self.rules_file, snap.slo or self.slo)
+            if len(result.replicas) < 2:
+                self.call_from_thread(self._say, f"no fleet: the engine series name {len(result.replicas)} replica(s)"
+                                                 " (ttft scrape --from-prometheus reads every replica)")
+                return
+            self.call_from_thread(self.push_screen, FleetScreen(format_fleet_table(result)))
+        except RuntimeError:
+            pass
+        except Exception as exc:
+            try:
+                self.call_from_thread(self._say, f"fleet failed: {type(exc).__name__}: {exc}")
+            except RuntimeError:
+                pass
 
     def action_report(self) -> None:
         if self.last_vm is None or self.last_snapshot is None:

@@ -15,8 +15,8 @@ def _row(name: str, category: str, confidence: str, p95: str, explains: str, wid
     return f"{name:<{width}}  {category:<16} {confidence:>10}  {p95:>9}  {explains}"
 
 
-def format_fleet(f: FleetAnalysis, verbose: bool = False) -> str:
-    """The fleet's verdict line, one row per replica, then the hot replica's whole diagnosis."""
+def format_fleet_table(f: FleetAnalysis) -> str:
+    """The fleet's verdict line and one row per replica (the hot one marked)."""
     fleet_d = f.fleet.diagnosis
     out: list[str] = []
     if fleet_d is not None:
@@ -32,7 +32,12 @@ def format_fleet(f: FleetAnalysis, verbose: bool = False) -> str:
         out.append(_row(r.name, d.verdict.category, fmt_confidence(d.verdict.confidence), fmt_s(r.ttft_p95_s),
                         fmt_explained(d.verdict), width)
                    + ("   <- hot" if r.name == f.hot else ""))
-    out.append("")
+    return "\n".join(out)
+
+
+def format_fleet(f: FleetAnalysis, verbose: bool = False) -> str:
+    """:func:`format_fleet_table`, then the hot replica's whole diagnosis."""
+    out = [format_fleet_table(f), ""]
     hot = next((r for r in f.replicas if r.name == f.hot), None)
     if hot is None or hot.analysis.diagnosis is None:
         out.append("hot replica: none (no replica's own metrics name a bottleneck)")
@@ -48,4 +53,4 @@ def fleet_document(f: FleetAnalysis) -> dict[str, Any]:
     return envelope("fleet", f.to_dict())
 
 
-__all__ = ["fleet_document", "format_fleet"]
+__all__ = ["fleet_document", "format_fleet", "format_fleet_table"]

@@ -4,12 +4,12 @@ none does data work. All methods run on the UI thread."""
 from tui.widgets.metrics import BusyOrGpuPanel, LatencyPanel, StagePanel, ThroughputPanel
 from tui.widgets.panels import Panel, StatusBar
 from tui.widgets.slowest import SlowestTable
-from tui.widgets.screens import HelpScreen, WaterfallScreen
+from tui.widgets.screens import FleetScreen, HelpScreen, WaterfallScreen
 from tui.widgets.verdict import VerdictPanel
 
 __all__ = [
     "BusyOrGpuPanel",
-    "HelpScreen",
+    "FleetScreen", "HelpScreen",
     "LatencyPanel",
     "Panel",
     "SlowestTable",

@@ -17,7 +17,7 @@ from tui.viewmodels import WaterfallVM
 #: included) fits an 80x24 terminal whole, and every larger one
 HELP_TEXT = """\
 [b]ttft-diag[/b] — why is time-to-first-token high?
-[b]keys[/b]
+[b]keys[/b]     f  fleet: one verdict per replica (engine series by instance)
   q        quit                       p    pause / resume refreshing
   r        report of the window       ?    this help (Esc closes)
   tab      next panel                 0    back to the whole capture
@@ -55,6 +55,30 @@ class HelpScreen(ModalScreen[None]):
             yield Static(HELP_TEXT, id="help-text")
 
     def action_dismiss_help(self) -> None:
+        self.dismiss(None)
+
+
+class FleetScreen(ModalScreen[None]):
+    """One verdict per replica of the window's engine series (:func:`diag.report.fleet.format_fleet_table`);
+    Esc, f or q closes it."""
+
+    BINDINGS = [Binding("escape,f,q", "dismiss_fleet", "close")]
+    DEFAULT_CSS = """
+    FleetScreen { align: center middle; }
+    FleetScreen > VerticalScroll { width: auto; max-width: 100%; height: auto; max-height: 100%;
+                                   border: round $accent; background: $surface; padding: 0 1; }
+    FleetScreen #fleet-text { width: auto; }
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(Text(self.text), id="fleet-text")
+
+    def action_dismiss_fleet(self) -> None:
         self.dismiss(None)
 
 
