@@ -198,8 +198,9 @@ def _plain(family: str, r: random.Random, p: dict[str, Any]) -> None:
     elif family == "pipeline_bubble":
         # PP 2..3 at concurrency 1: one sequence per step, one micro-batch, each stage idles while
         # the others run ((N-1)/N of stage time). Server-side only: a client sees prompt-proportional
-        # TTFT (prefill_compute, random_truth.CLIENT_ONLY_ALSO). No near-miss: on a 2-core CPU every
-        # PP load tried (8 micro-batches at 8 streams too) leaves stages idle >= 20% of prefill steps
+        # TTFT (prefill_compute, random_truth.CLIENT_ONLY_ALSO). No near-miss yet: the one PP load
+        # measured under the rule's 20% (8 micro-batches of 8 simultaneous 256-token prompts: 16% idle
+        # on 2 cores) is a prefill_compute run, not a healthy one; a healthy PP load is still to design
         # A prompt sweep: the client-only half then has the prompt slope to name (one level at 8-12
         # requests read as healthy from the client, which cannot see stages at all)
         p.update(pp=r.choice((2, 2, 3)), concurrency=1, design="sweep", sweep="prompt", input_tokens=r.randint(128, 512),
