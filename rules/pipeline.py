@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from rules.base import Outcome, RuleContext, Triage, finding, rule
 
+#: vLLM keeps pipeline_parallel_size scheduled batches in flight ("PP requires PP-size concurrent
+#: batches to fill the pipeline": VllmConfig.max_concurrent_batches, vllm/config/vllm.py @000fc94b;
+#: EngineCore's batch queue, vllm/v1/engine/core.py @00080ee1), so one request cannot fill it
 PIPELINE_CHECKS = [
-    "more micro-batches per step (more sequences in flight per stage; vLLM fills a pipeline with one "
-    "scheduled batch per stage, so concurrency below the stage count leaves stages idle)",
+    "more micro-batches per step: more sequences in flight than stages (vLLM keeps "
+    "--pipeline-parallel-size batches in flight; fewer concurrent requests than stages leave stages idle)",
     "fewer pipeline stages: each stage added lengthens the fill and drain of every step",
     "tensor parallel instead of pipeline parallel inside a node (NVLink): every GPU works on every "
     "token, no stage waits; keep PP for the hop between nodes",
