@@ -39,7 +39,7 @@ STAGE_DESCRIPTIONS: dict[str, str] = {
     TOKENIZE: "prompt text -> token ids on the serving CPU (incl. chat template)",
     QUEUE: "waiting for the scheduler: admission, KV-cache blocks, a place in a batch",
     PREFILL: "forward passes over the prompt tokens (exclusive of comm)",
-    COMM: "tensor-parallel collectives (all-reduce) inside the prefill passes",
+    COMM: "multi-GPU communication inside the prefill passes: tensor-parallel all-reduces, pipeline send/recv",
     SAMPLE: "last-position logits -> first token (temperature, top-k, top-p)",
     DETOKENIZE: "first token id -> text, ready to be written to the stream",
     DECODE: "one token per step after the first (reported as ITL, not TTFT)",
