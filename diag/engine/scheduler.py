@@ -190,9 +190,9 @@ class SchedulerConfig:
             raise ValueError(f"kv admission {self.kv_admission!r} unknown; expected one of {', '.join(KV_ADMISSIONS)}")
         if self.max_partial_prefills is not None:
             if self.max_partial_prefills < 1:
-                raise ValueError(f"max_partial_prefills must be >= 1, got {self.max_partial_prefills}")
+                raise ValueError(f"--max-partial-prefills must be >= 1, got {self.max_partial_prefills}")
             if self.policy != "chunked":
-                raise ValueError("max_partial_prefills needs policy chunked (only chunked prefill has partial prefills)")
+                raise ValueError("--max-partial-prefills needs --policy chunked (only chunked prefill has partial prefills)")
         for name in ("chunk_size_tokens", "max_num_batched_tokens", "max_running", "max_context_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -134,12 +134,20 @@ def test_a_cap_of_one_admits_nothing_beside_a_partial_prefill():
 
 
 def test_the_cap_needs_chunked():
-    with pytest.raises(ValueError, match="needs policy chunked"):
+    with pytest.raises(ValueError, match="needs --policy chunked"):
         SchedulerConfig(policy="prefill-first", max_partial_prefills=2).validate()
     with pytest.raises(ValueError, match=">= 1"):
         SchedulerConfig(policy="chunked", max_partial_prefills=0).validate()
     with pytest.raises(ValueError, match="admission 'lifo' unknown"):
         SchedulerConfig(admission="lifo").validate()
+
+
+def test_serve_refuses_the_cap_without_chunked_in_one_line(capsys):
+    from diag.cli import main
+
+    assert main(["serve", "--max-partial-prefills", "2", "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--max-partial-prefills needs --policy chunked" in err and len(err.splitlines()) == 1
 
 
 # -- KV admission by reservation ---------------------------------------------------------------
