@@ -19,7 +19,7 @@ GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 def _capture(out: Path, **config) -> Path:
     eng = build_engine(model="tiny", capture_dir=out, **config)
     try:
-        for i in range(8):  # one at a time, 256-token prompts: prefill is most of TTFT
+        for i in range(6):  # one at a time, 256-token prompts: prefill is most of TTFT
             s = SyncEventStream()
             eng.submit(s.push, GREEDY, prompt_ids=list(range(10 + i, 266 + i)))
             list(s)
@@ -31,7 +31,8 @@ def _capture(out: Path, **config) -> Path:
 @pytest.fixture(scope="module")
 def caps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("pp")
-    return {"pp2": _capture(root / "pp2", pp=2), "pp1": _capture(root / "pp1", warmup=False)}
+    return {"pp2": _capture(root / "pp2", pp=2), "pp1": _capture(root / "pp1", warmup=False),
+            "tp2": _capture(root / "tp2", tp=2)}
 
 
 @pytest.mark.slow
@@ -65,3 +66,14 @@ def test_pp_against_one_rank_in_one_capture_is_compared(caps: dict[str, Path]) -
     assert d.features.value("pp_vs_tp_ttft_ratio") > 0
     pp = [f for f in d.findings if f.category == "pipeline_bubble"]
     assert pp and any(e.name.startswith("TTFT per prompt token, PP") for e in pp[0].evidence)
+
+
+@pytest.mark.slow
+def test_pp_against_tp_at_the_same_rank_count_is_compared_and_tp_alone_is_not_a_bubble(caps: dict[str, Path]) -> None:
+    tp = diagnose(build_tables(load_capture(caps["tp2"])))
+    assert tp.verdict.category != "pipeline_bubble"
+    assert any(s.rule_id == "pipeline_bubble" for s in tp.skipped)  # collectives are comm's evidence, not a bubble
+    d = diagnose(build_tables([load_capture(caps["pp2"]), load_capture(caps["tp2"])]))
+    assert set(d.features.value("ttft_by_parallelism")) == {"pp=2", "tp=2"}
+    assert d.features.get("pp_vs_tp_ttft_ratio").source.startswith("PP against TP")
+    assert d.features.value("pp_vs_tp_ttft_ratio") > 0
