@@ -138,3 +138,32 @@ def test_real_server_with_one_http_worker_is_the_front_end(tmp_path: Path) -> No
         d = diagnose(build_tables([load_capture(tmp_path / s) for s in sides]))
         assert d.verdict.category == "frontend", format_diagnosis(d)
         assert "HTTP workers" in d.verdict.title
+
+
+def _dynamo_series(path: Path, frontend_s: float, tokenize_s: float) -> Path:
+    """Ten 5 s windows of a Dynamo front end's canonical series (TTFT 0.8 s, transit 1 ms)."""
+    import pandas as pd
+
+    from diag.capture import CaptureWriter
+
+    t0 = time.time() - 3600
+    rows = []
+    for k in range(10):
+        ts = t0 + 5 * k
+        for name, v in ((stages.SERIES_TTFT_S, 0.8), (stages.SERIES_FRONTEND_TIME_S, frontend_s),
+                        (stages.SERIES_TOKENIZE_TIME_S, tokenize_s), (stages.SERIES_WORKER_TTFT_S, 0.8 - frontend_s),
+                        (stages.SERIES_TRANSIT_S, 0.001), (stages.SERIES_REQUESTS_PER_S, 4.0)):
+            rows.append({"ts_s": ts, "source": "prometheus", "series": name, "entity": "", "value": v})
+    with CaptureWriter(path, {"engine": "dynamo"}) as w:
+        w.write_series("prometheus", pd.DataFrame(rows))
+    return path
+
+
+def test_dynamo_front_end_time_beyond_its_tokenizer_is_the_front_end(tmp_path: Path) -> None:
+    d = diagnose(build_tables(load_capture(_dynamo_series(tmp_path / "a", 0.6, 0.04))))
+    f = _find(d, "frontend")
+    assert f is not None and d.verdict.category == "frontend", format_diagnosis(d)
+    # the same front-end time spent in its tokenizer is tokenize's
+    d = diagnose(build_tables(load_capture(_dynamo_series(tmp_path / "b", 0.6, 0.55))))
+    assert _find(d, "frontend") is None and "see tokenize" in _passed(d, "frontend")
+    assert d.verdict.category == "tokenize", format_diagnosis(d)
