@@ -57,7 +57,8 @@ from typing import Any
 FAMILIES: tuple[str, ...] = ("healthy", "queue", "tokenize", "prefill_compute", "kv_cache", "comm", "decode",
                              "interference", "cold_start", "network", "loadgen",
                              "frontend", "pipeline_bubble",  # from real incidents (issue 15)
-                             "prefix_cache")
+                             "prefix_cache",
+                             "head_of_line", "kv_reservation")
 KINDS = ("plain", "mix", "near-miss")
 #: the second cause of a mix, per dominant family
 MIX_SECOND: dict[str, tuple[str, ...]] = {
@@ -69,7 +70,7 @@ MIX_SECOND: dict[str, tuple[str, ...]] = {
 }
 #: families with a too-weak variant (ground truth healthy)
 NEAR_MISS: tuple[str, ...] = ("queue", "tokenize", "kv_cache", "decode", "interference", "cold_start", "network",
-                               "frontend", "prefix_cache")
+                               "frontend", "prefix_cache", "kv_reservation")
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,21 @@ def _plain(family: str, r: random.Random, p: dict[str, Any]) -> None:
                  input_tokens=r.randint(16, 96), input_spread=0.0, output_tokens=r.randint(4, 12), output_spread=0.0,
                  prefix_groups=r.randint(4, 6))
         p["requests"] = p["prefix_groups"] * (p["prefix_repeats"] + 1)
+    elif family == "head_of_line":
+        # chunked prefill of 16..48-token chunks with no cap on partial prefills, and the probe's
+        # --inject-long design: every 4..8th prompt lasts 45..100 decode steps of prefill among short
+        # ones, which wait for its whole prefill. No near-miss here: the cap splits the chunk, so the
+        # long prompts' own TTFT grows and a users' target decides (the fixed tests hold the near-miss)
+        p.update(policy="chunked", hol_chunk=r.choice((16, 32, 48)), concurrency=r.randint(3, 5), design="closed",
+                 input_tokens=r.randint(8, 24), input_spread=0.0, output_tokens=r.randint(4, 12), output_spread=0.0,
+                 long_steps=r.uniform(45, 100), long_every=r.randint(4, 8), requests=r.randint(36, 54))
+    elif family == "kv_reservation":
+        # --kv-admission reserve and requests without max_tokens: each reserves the 512-token context,
+        # a KV budget of 2..3 contexts runs that many of 3..4x as many streams while KV usage stays low
+        fits = r.randint(2, 3)
+        p.update(kv_admission="reserve", omit_max_tokens=True, reserve_fits=fits, concurrency=fits * r.randint(3, 4),
+                 design="closed", input_tokens=r.randint(16, 64), input_spread=0.0, output_tokens=16, output_spread=0.0)
+        p["requests"] = 4 * p["concurrency"]
     elif family == "loadgen":
         p.update(starve_client=True, concurrency=r.randint(3, 8), design=r.choice(("closed", "open")),
                  requests=r.randint(30, 48), input_tokens=r.randint(16, 64), output_tokens=r.randint(8, 24),
@@ -258,6 +274,8 @@ def _near_miss(family: str, r: random.Random, p: dict[str, Any]) -> None:
         f["frontend_workers"] = p["concurrency"] + r.randint(0, 2)  # the pool never binds
     elif family == "prefix_cache":
         p.update(design="prefix", concurrency=1, prefix_caching=True)  # the same design, the cache on: repeats hit
+    elif family == "kv_reservation":
+        p["kv_admission"] = "on-demand"  # the same budget and requests, blocks taken as used: all run
 
 
 def draw(seed: int, index: int) -> Draw:

@@ -18,6 +18,8 @@ from diag.scenarios.random_draws import Draw
 
 #: the bundled engine's context (prompt + output tokens); a draw never asks for more
 MAX_CONTEXT_TOKENS = 2048
+#: kv_reservation draws: the context each request without max_tokens reserves
+RESERVE_CONTEXT_TOKENS = 512
 LAYERS = 4  # the tiny preset: two all-reduces per layer per forward
 
 
@@ -129,7 +131,10 @@ def serve_args(d: Draw, cal: Calibration) -> list[str]:
     p = d.params
     args = ["--policy", p["policy"]]
     if p["policy"] == "chunked":
-        args += ["--chunk-size", str(chunk_tokens(cal, p["chunk_steps"]))]
+        args += ["--chunk-size", str(p["hol_chunk"] if "hol_chunk" in p else chunk_tokens(cal, p["chunk_steps"]))]
+    if "reserve_fits" in p:  # kv_reservation: a KV budget of that many 512-token contexts
+        args += ["--kv-admission", p["kv_admission"], "--max-context", str(RESERVE_CONTEXT_TOKENS),
+                 "--kv-blocks", str(p["reserve_fits"] * RESERVE_CONTEXT_TOKENS // 16), "--block-size", "16"]
     if "max_running" in p:
         args += ["--max-running", str(p["max_running"])]
     if "kv_fits" in p:
@@ -148,10 +153,17 @@ def serve_args(d: Draw, cal: Calibration) -> list[str]:
     return args
 
 
+def long_prompt_tokens(cal: Calibration, steps: float) -> int:
+    """head_of_line: a prompt whose prefill lasts ``steps`` decode steps (384..1024 tokens)."""
+    return int(min(1024, max(384, steps * cal.decode_step_ms / cal.prefill_ms_per_token)))
+
+
 def _step(d: Draw, cal: Calibration) -> ProbeStep:
     p = d.params
     inp, out = length_spec(p["input_tokens"], p["input_spread"]), length_spec(p["output_tokens"], p["output_spread"])
-    common = dict(input_tokens=inp, output_tokens=out, warmup=p["warmup"], starve_client=bool(p.get("starve_client")))
+    common = dict(input_tokens=inp, output_tokens=out, warmup=p["warmup"], starve_client=bool(p.get("starve_client")),
+                  inject_long=(long_prompt_tokens(cal, p["long_steps"]), p["long_every"]) if "long_steps" in p else (0, 0),
+                  omit_max_tokens=bool(p.get("omit_max_tokens")))
     if p["design"] == "sweep":
         values = tuple(float(v) for v in p["sweep_values"])
         if p["sweep"] == "rate":  # shares of the admitted capacity -> requests/s
@@ -201,7 +213,8 @@ def build_plan(d: Draw, cal: Calibration) -> Plan:
         slo = (f"ttft_p99={_ms(80 * cal.ttft_short_ms + 256 * cal.prefill_ms_per_token)},"
                f"tpot_p99={_ms(p['tpot_steps'] * cal.decode_step_ms)}")
     elif d.family in ("queue", "kv_cache", "cold_start", "loadgen", "prefill_compute", "tokenize", "network",
-                      "frontend", "pipeline_bubble", "prefix_cache") and d.kind != "near-miss":
+                      "frontend", "pipeline_bubble", "prefix_cache", "head_of_line", "kv_reservation") \
+            and d.kind != "near-miss":
         slo = None  # the cause is the answer whatever the users hold, as in the catalogue
     return Plan((Phase(tuple(args), (step,)),), slo=slo, injected=injected)
 

@@ -40,7 +40,10 @@ CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"}),
                                                "frontend": frozenset({"queue"}),
                                                # pipeline stages are invisible to a client: it sees the
                                                # prefill they stretch (catalogue: Scenario.client_only_also)
-                                               "pipeline_bubble": frozenset({"prefill_compute"})}
+                                               "pipeline_bubble": frozenset({"prefill_compute"}),
+                                               # a reservation limit looks, from the client, like a cap on
+                                               # running requests (catalogue: Scenario.client_only_also)
+                                               "kv_reservation": frozenset({"queue", "kv_cache"})}
 
 
 def scored_right(category: str, truth: str, mode: str) -> bool:
