@@ -90,13 +90,18 @@ class BlockManager:
         held = len(self._tables.get(seq_id, ())) + len(hit.blocks)
         return max(0, blocks_needed(total_tokens, self.block_size) - held)
 
+    def available_for(self, hit: PrefixHit = NO_HIT) -> int:
+        """Blocks left to take once a sequence holds ``hit``: free blocks less the hit's blocks
+        that now wait in the LRU (they stop being free when it holds them)."""
+        if self.prefix_cache is None or not hit.blocks:
+            return self.num_free_blocks
+        return self.num_free_blocks - sum(1 for b in hit.blocks if self.prefix_cache.is_evictable(b))
+
     def can_grow(self, seq_id: str, total_tokens: int, hit: PrefixHit = NO_HIT) -> bool:
         """True when :meth:`allocate` (with the same ``hit``) would succeed."""
         if self.prefix_cache is None:
             return self.extra_blocks_for(seq_id, total_tokens) <= len(self._free)
-        # hit blocks that wait in the LRU stop being free once the sequence holds them
-        reused = sum(1 for b in hit.blocks if self.prefix_cache.is_evictable(b))
-        return self.extra_blocks_for(seq_id, total_tokens, hit) <= self.num_free_blocks - reused
+        return self.extra_blocks_for(seq_id, total_tokens, hit) <= self.available_for(hit)
 
     def match_prefix(self, seq_id: str, token_ids: list[int]) -> PrefixHit:
         """The cached blocks that hold the longest prefix of ``token_ids`` (a sequence holding no blocks).

@@ -255,7 +255,7 @@ class Scheduler:
         """None when ``seq`` can be admitted to hold ``total_tokens`` now, else the wait reason."""
         if self.cfg.kv_admission == "reserve":
             need = self.blocks.extra_blocks_for(seq.seq_id, max(total_tokens, self.reserve_tokens(seq)), hit)
-            return None if need <= self.blocks.num_free_blocks - outstanding else WAIT_KV_RESERVATION
+            return None if need <= self.blocks.available_for(hit) - outstanding else WAIT_KV_RESERVATION
         return None if self.blocks.can_grow(seq.seq_id, total_tokens, hit) else WAIT_KV_BLOCKS
 
     def _num_partial_prefills(self) -> int:

@@ -13,7 +13,7 @@ from diag.engine import SamplingParams, SyncEventStream, build_engine
 from diag.engine.kv_cache import BlockManager, NoFreeBlocksError
 from diag.engine.prefix_cache import NO_HIT, chain_hashes, hash_block
 from diag.engine.sampler import SamplerState
-from diag.engine.scheduler import Scheduler, SchedulerConfig, Sequence, StepPlan
+from diag.engine.scheduler import POLICIES, Scheduler, SchedulerConfig, Sequence, StepPlan
 
 BS = 4  # tokens per block in the unit tests
 
@@ -325,3 +325,26 @@ def test_serve_flag_is_off_by_default():
         return p.parse_args(["serve", *argv])
 
     assert parse().enable_prefix_caching is False and parse("--enable-prefix-caching").enable_prefix_caching is True
+
+
+@pytest.mark.parametrize("kv_admission", ["on-demand", "reserve"])
+def test_random_shared_prefixes_under_memory_pressure_never_lose_or_overdraw_blocks(kv_admission):
+    """Many sequences sharing prefixes in small pools (evictions, preemptions, reservations): every
+    plan is allocatable -- a reservation counts a hit's LRU blocks as taken --, every block is held,
+    cached-and-evictable or free, and all end free."""
+    for seed in range(12):
+        rng = random.Random(seed)
+        base = list(range(1, 60))
+        nb = rng.choice((12, 16, 24))
+        bm = BlockManager(nb, BS, prefix_caching=True)
+        s = Scheduler(SchedulerConfig(policy=rng.choice(POLICIES), chunk_size_tokens=8, max_num_batched_tokens=32,
+                                      kv_admission=kv_admission, max_context_tokens=nb * BS - BS), bm)
+        for t in range(400):
+            if t < 200 and rng.random() < 0.4:
+                head = base[: rng.choice((8, 12, 16, 24))] if rng.random() < 0.8 else [700 + t]
+                s.add(_seq(f"s{t}", head + [rng.randint(100, 400) for _ in range(rng.randint(1, 9))],
+                           max_tokens=rng.randint(1, 8)))
+            _run(s, s.schedule())
+            _check(bm, [q.seq_id for q in s.running])
+        assert not s.has_work(), seed
+        assert bm.num_free_blocks == nb and bm.prefix_cache.hits_tokens > 0, seed
