@@ -137,7 +137,17 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
             return t.pass_reason()
         directness, note = 0.9, None
     else:
-        if run is not None:
+        most = ctx.v("running_seqs_max")
+        if run is not None and most:
+            # no known cap: only a batch that ran larger at other times shows the limit is not a fixed cap
+            if not t.below("running sequences while waiting / the most that ran", run / most, "running_frac_max",
+                           "share", f"median {run:g} running while requests waited, {most:g} at other times",
+                           miss="requests waited while {value:.0%} of the largest batch ran and the engine's running "
+                           "cap is unknown: a max_num_seqs / max_running cap looks the same (see queue); the "
+                           "experiment that decides: rerun with a small max_tokens -- concurrency rises under a "
+                           "reservation, not under a cap"):
+                return t.pass_reason()
+        elif run is not None:
             t.context("running sequences while waiting (median)", run, "requests", "the engine's running cap is unknown")
         directness = 0.6
         note = ("the engine's running cap is unknown here: a max_num_seqs cap at this count would look the same; "

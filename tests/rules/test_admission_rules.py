@@ -80,6 +80,14 @@ def test_reserving_the_context_for_each_request_is_kv_reservation(tmp_path: Path
     assert any("capacity_scheduler_policy" in c for c in d.verdict.next_checks)
     queue = [f for f in d.findings if f.category == "queue"]
     assert all("kv_reservation" in f.demoted_by for f in queue)
+    # the same capture without the engine's running cap (an engine that does not say it): two running
+    # while requests wait is the most that ever ran, as under a cap of two -- no finding, the experiment
+    tables = build_tables([load_capture(tmp_path)])
+    tables.meta = {k: v for k, v in (tables.meta or {}).items() if k != "engine_config"}
+    blind = diagnose(tables)
+    assert not any(f.category == "kv_reservation" for f in blind.findings), format_diagnosis(blind)
+    why = next(p.reason for p in blind.passed if p.rule_id == "kv_reservation")
+    assert "cap is unknown" in why and "small max_tokens" in why
 
 
 def test_on_demand_with_the_same_load_is_not(tmp_path: Path) -> None:
