@@ -79,6 +79,9 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
     th = ctx.th
     t = Triage(ctx)
     cached = ctx.v("prefix_repeat_cached_frac")
+    by_metrics = cached is None and ctx.v("prefix_metrics_cached_frac") is not None
+    if by_metrics:  # an external engine's counters: its hit ratio against what the design's repeats allow
+        cached = min(1.0, ctx.v("prefix_metrics_cached_frac"))
     saving = ctx.v("prefix_repeat_saving_frac")
     cost = ctx.v("prefix_cost_share")
     prefill = ctx.v("prefill_share_tail")
@@ -86,6 +89,8 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
     if server:
         how = ("the engine ran with its prefix cache off (meta.json engine_config): nothing was cached"
                if ctx.features.get("prefix_repeat_cached_frac").source == "engine_config" else
+               "the engine's prefix-cache hit ratio (metrics) over the ratio a working cache gives these prompts "
+               "(the repeats' prefix tokens / all prompt tokens)" if by_metrics else
                "server spans (gen_ai.usage.cached_tokens): how much of the repeated prefix the cache served")
         if not t.below("repeats' cached tokens / shared prefix", cached, "cached_frac_max", "share", how,
                        miss="repeats had {value:.0%} of their shared prefix cached (> {threshold:.0%}): the cache hits"):

@@ -91,7 +91,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("client", "%", ("client_cpu_pct_p95",)),
     # frontend (rules/features/frontend.py): waits before the engine sees a request
     ("frontend", "share", ("frontend_wait_share_tail", "frontend_wait_share_median", "frontend_http_wait_frac",
-                           "metrics_frontend_share")),
+                           "metrics_frontend_share", "engine_unseen_share")),
     ("frontend", "s", ("frontend_wait_p50_s", "client_server_gap_by_inflight")),
     ("frontend", "x", ("client_server_gap_concurrency_ratio",)),
     ("frontend", "steps", ("client_server_gap_rise_per_itl",)),
@@ -111,7 +111,8 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # prefix cache (rules/features/prefix_cache.py): repeats of the probe's shared prefix, cached tokens
     ("prefix_cache", "s", ("prefix_first_ttft_p50_s", "prefix_repeat_ttft_p50_s", "prefix_control_ttft_p50_s")),
     ("prefix_cache", "share", ("prefix_cost_share", "prefix_repeat_saving_frac", "prefix_repeat_cached_frac",
-                               "prefix_cached_tokens_frac", "prefix_cache_hit_ratio_metrics")),
+                               "prefix_cached_tokens_frac", "prefix_cache_hit_ratio_metrics",
+                               "prefix_metrics_cached_frac")),
     ("prefix_cache", "tokens", ("prefix_shared_tokens",)),
     ("prefix_cache", "requests", ("prefix_first_n", "prefix_repeat_n", "prefix_control_n")),
     ("prefix_cache", "", ("prefix_caching_enabled", "prefix_engines")),

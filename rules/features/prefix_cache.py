@@ -17,7 +17,10 @@ rule is skipped with the reason.
   engine only).
 * engine metrics: ``prefix_cache_hit_ratio_metrics``, the windowed mean of the canonical
   ``prefix_cache_hit_ratio`` series (vLLM hits/queries or by-source, SGLang, llama.cpp and
-  TensorRT-LLM adapters); ``prefix_engines``, the engines seen (to word the next checks).
+  TensorRT-LLM adapters); with the design, ``prefix_metrics_cached_frac`` = that ratio over the
+  one a working cache gives the design's prompts (the repeats' prefix tokens over all prompt
+  tokens: 1 = as cached as the design allows); ``prefix_engines``, the engines seen (to word
+  the next checks).
 
 Runs on the calling thread, on the shared :class:`~rules.features.context.FeatureContext`.
 """
@@ -32,7 +35,7 @@ from rules.features.context import FeatureContext
 from rules.features.numeric import num_col
 
 CLIENT_NAMES = ("prefix_first_ttft_p50_s", "prefix_repeat_ttft_p50_s", "prefix_control_ttft_p50_s",
-                "prefix_cost_share", "prefix_repeat_saving_frac", "prefix_shared_tokens")
+                "prefix_cost_share", "prefix_repeat_saving_frac", "prefix_shared_tokens", "prefix_metrics_cached_frac")
 NO_DESIGN = ("no request is marked as repeating a prefix: prompt text is not recorded, so only a designed "
              "probe (ttft probe --shared-prefix N:R) tells which prompts share one")
 
@@ -45,16 +48,18 @@ def _roles(ctx: FeatureContext) -> pd.Series:
 
 
 def _engines(ctx: FeatureContext) -> dict[str, float]:
-    """Engines seen: the request rows' ``engine`` and the series' sources, with how often."""
+    """Engines seen: the request rows' ``engine`` (with how many requests) and the engine the
+    metrics scrape detected (``meta.json`` ``prometheus_scrape`` / ``prometheus_api``: 0 requests)."""
     out: dict[str, float] = {}
     req = ctx.req_all
     if len(req) and "engine" in req.columns and "has_server" in req.columns:
         for name, n in req.loc[req["has_server"].astype(bool), "engine"].dropna().astype(str).value_counts().items():
             out[name] = float(n)
-    s = ctx.series
-    if s is not None and len(s) and "source" in s.columns:
-        for name in s["source"].dropna().astype(str).unique():
-            out.setdefault(name, 0.0)
+    meta = ctx.meta if isinstance(ctx.meta, dict) else {}
+    for key in ("prometheus_scrape", "prometheus_api"):
+        eng = meta.get(key, {}).get("engine") if isinstance(meta.get(key), dict) else None
+        if eng:
+            out.setdefault(str(eng), 0.0)
     return out
 
 
@@ -96,6 +101,11 @@ def prefix_cache(ctx: FeatureContext) -> None:
     ctx.add("prefix_first_ttft_p50_s", med["first"])
     ctx.add("prefix_repeat_ttft_p50_s", med["repeat"])
     rep = roles == "repeat"
+    inp_all = num_col(req, "input_tokens").where(lambda x: x > 0, ptok)
+    expected = float(ptok[rep].sum() / inp_all[roles.notna()].sum()) if inp_all[roles.notna()].sum() > 0 else 0.0
+    ctx.add("prefix_metrics_cached_frac", min(1.5, hit / expected) if hit is not None and expected > 0 else None,
+            None if hit is not None and expected > 0 else "the engine's metrics have no prefix-cache hit ratio",
+            source="prometheus")
     rk = rep & cached.notna() & (ptok > 0)
     served = rep & (req["has_server"].astype(bool) if "has_server" in req.columns else False)
     if rk.any():

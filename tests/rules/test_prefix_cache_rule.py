@@ -170,6 +170,46 @@ def test_server_side_cache_hits_pass(tmp_path):
     assert re.search(r"repeats had 100% of their shared prefix cached", _passed(d))
 
 
+def _vllm_texts(queries: float, hits: float) -> list[tuple[float, str]]:
+    """Two scrapes of a vLLM-style /metrics (the names the vLLM adapter reads), 10 s apart."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    out = []
+    for k, (q, h) in enumerate(((0.0, 0.0), (queries, hits))):
+        reg = CollectorRegistry()
+        for name, v in (("vllm:prefix_cache_queries", q), ("vllm:prefix_cache_hits", h)):
+            Counter(name, "tokens", ["model_name", "engine"], registry=reg).labels("m", "0").inc(v)
+        out.append((1_000.0 + 10 * k, generate_latest(reg).decode()))
+    return out
+
+
+@pytest.mark.parametrize("hit", [False, True])
+def test_external_engine_counters_against_what_the_design_allows(tmp_path, hit):
+    """Client design + a vLLM server's prefix-cache counters (no spans): a hit ratio far below what the
+    repeats allow is a miss, in vLLM's terms; one near it passes."""
+    from dataclasses import replace
+
+    from collectors.prometheus import adapt_texts
+
+    cap = _capture(tmp_path / "c", fixed_s=0.010, per_token_s=0.0004, hit=hit, server=False)
+    tables = build_tables([load_capture(cap)])
+    # 6 groups: 6 x 3 x 576 prompt tokens + 6 x 64; repeats' prefix 12 x 512 when the cache works
+    queries = 6 * 3 * 576 + 6 * 64
+    series = adapt_texts(_vllm_texts(queries, 12 * 512 if hit else 0.0), engine="vllm")
+    # as ttft scrape records the engine it detected
+    d = diagnose(replace(tables, series=series, meta={**tables.meta, "prometheus_scrape": {"engine": "vllm"}}))
+    assert d.features.value("prefix_metrics_cached_frac") == pytest.approx(1.0 if hit else 0.0, abs=0.02)
+    f = _find(d)
+    if hit:
+        assert f is None and "the cache hits" in _passed(d)
+        return
+    assert f is not None and d.verdict.rule_id == "prefix_cache", format_diagnosis(d)
+    row = _rows(f)["repeats' cached tokens / shared prefix"]
+    assert row.crossed and "hit ratio (metrics)" in row.meaning
+    checks = " ".join(f.next_checks)
+    assert "vLLM: --enable-prefix-caching" in checks and "cache_prompt" not in checks
+
+
 @pytest.mark.slow
 def test_real_server_and_probe_cache_off_then_on(tmp_path):
     """The real ``ttft serve`` under the real probe with ``--shared-prefix 384:3`` design: named with
