@@ -108,14 +108,13 @@ def _unseen(ctx: RuleContext) -> Outcome:
                      "TTFT grows with load", threshold=qth["bb_ttft_rise_min"],
                      miss="TTFT grows {value:.2f}x with load (< {threshold:g}x)"):
         return t.pass_reason("TTFT does not grow with load")
-    if not t.crossed("client requests in flight the engine never counted", unseen, "unseen_inflight_min", "requests",
-                     f"client in flight max {ctx.v('inflight_at_arrival_max', 0):g} against the engine's running max "
-                     f"{ctx.v('running_seqs_max', 0):g} + waiting max {ctx.v('waiting_seqs_max', 0):g}",
-                     miss="the engine counted every request in flight (unseen {value:g})"):
+    if not t.crossed("client requests in flight the engine did not count (mean over scrapes)", unseen,
+                     "unseen_inflight_min", "requests",
+                     "the client's requests in flight at each scrape less the engine's running + waiting gauges",
+                     miss="the engine counted the client's requests in flight (unseen {value:g})"):
         return t.pass_reason()
-    client_max = ctx.v("inflight_at_arrival_max") or 0
-    if not t.crossed("unseen / client requests in flight", unseen / client_max if client_max else None,
-                     "unseen_share_min", "share", "most of what the client had in flight was not in the engine",
+    if not t.crossed("unseen / client requests in flight", ctx.v("engine_unseen_share"), "unseen_share_min", "share",
+                     "most of what the client had in flight was not in the engine",
                      miss="{value:.0%} of the client's requests in flight were unseen (< {threshold:.0%})"):
         return t.pass_reason()
     t.context("engine waiting (max)", ctx.v("waiting_seqs_max"), "requests", "its own queue stayed empty")
@@ -153,7 +152,7 @@ def _curve(c: dict[str, float] | None) -> str:
 
 
 @rule("frontend", "frontend", needs=(("frontend_wait_share_tail",), ("client_server_gap_concurrency_ratio",),
-                                     ("engine_unseen_inflight", "ttft_concurrency_ratio"), ("metrics_frontend_share",),
+                                     ("engine_unseen_inflight", "engine_unseen_share", "ttft_concurrency_ratio"), ("metrics_frontend_share",),
                                      ("client_only",)))
 def frontend(ctx: RuleContext) -> Outcome:
     """Requests wait before the engine sees them (HTTP workers, tokenizer threads, API-server IPC) while

@@ -6,8 +6,8 @@
 * Client + server joined: client TTFT - server TTFT by in-flight level. A gap that grows with
   load is work queued outside the engine's clock (an external engine whose TTFT starts after
   its front end); a network delay is the same at every level.
-* Client + the engine's gauges: requests the client had in flight that the engine never counted
-  (client in flight max - (engine running max + waiting max)).
+* Client + the engine's gauges: at each scrape, requests the client had in flight that the engine
+  did not count (client in flight then - the engine's running + waiting), the mean over scrapes.
 * Dynamo: the front end's own time (``frontend_time_s``) against its TTFT, from /metrics.
 
 Units: shares 0..1, seconds, x, decode steps, requests. Reads what the ``latency``,
@@ -103,14 +103,35 @@ def _gap_by_load(ctx: FeatureContext) -> None:
 
 
 def _unseen_by_engine(ctx: FeatureContext) -> None:
-    client_max = ctx.features.value("inflight_at_arrival_max")
-    run_max = ctx.features.value("running_seqs_max")
-    wait_max = ctx.features.value("waiting_seqs_max")
-    if client_max is None or run_max is None or wait_max is None or not bool(bool_col(ctx.steady, "has_client").any()):
-        ctx.na(("engine_unseen_inflight",), "needs client requests and the engine's running and waiting counts")
+    """At each scrape of the engine's gauges: the client's requests in flight then, less the engine's
+    running + waiting; the mean over the scrapes with two or more in flight (requests), and its share
+    of the client's requests in flight at those scrapes."""
+    names = ("engine_unseen_inflight", "engine_unseen_share")
+    wait = ctx.series_values(stages.SERIES_WAITING)
+    run = ctx.series_values(stages.SERIES_RUNNING)
+    req = ctx.req_all
+    if not len(wait) or not len(run) or not len(req) or not bool(bool_col(req, "has_client").any()):
+        ctx.na(names, f"needs client requests and the engine's {stages.SERIES_WAITING} and {stages.SERIES_RUNNING} series")
         return
-    ctx.add("engine_unseen_inflight", max(0.0, float(client_max) - float(run_max) - float(wait_max)),
-            source=ctx.features.get("waiting_seqs_max").source)
+    g = pd.DataFrame({"ts_s": pd.to_numeric(wait["ts_s"], errors="coerce"), "entity": wait["entity"].astype(str),
+                      "w": pd.to_numeric(wait["value"], errors="coerce")}).merge(
+        pd.DataFrame({"ts_s": pd.to_numeric(run["ts_s"], errors="coerce"), "entity": run["entity"].astype(str),
+                      "r": pd.to_numeric(run["value"], errors="coerce")}), on=["ts_s", "entity"])
+    seen = g.groupby("ts_s")[["w", "r"]].sum().sum(axis=1)  # every replica's count at that scrape
+    cl = req.loc[bool_col(req, "has_client")]
+    start = num_col(cl, "start_ns").to_numpy(dtype="float64") / 1e9
+    e2e = num_col(cl, "e2e_s").to_numpy(dtype="float64")
+    good = np.isfinite(start) & np.isfinite(e2e)
+    s_sorted, e_sorted = np.sort(start[good]), np.sort(start[good] + e2e[good])
+    ts = seen.index.to_numpy(dtype="float64")
+    inflight = np.searchsorted(s_sorted, ts, side="right") - np.searchsorted(e_sorted, ts, side="right")
+    busy = inflight >= 2
+    if busy.sum() < 3:
+        ctx.na(names, "fewer than 3 scrapes while the client had two or more requests in flight")
+        return
+    unseen = np.maximum(inflight[busy] - seen.to_numpy(dtype="float64")[busy], 0.0)
+    ctx.add("engine_unseen_inflight", float(unseen.mean()), source="prometheus")
+    ctx.add("engine_unseen_share", float(unseen.sum() / inflight[busy].sum()), source="prometheus")
 
 
 def _dynamo(ctx: FeatureContext) -> None:

@@ -167,3 +167,35 @@ def test_dynamo_front_end_time_beyond_its_tokenizer_is_the_front_end(tmp_path: P
     d = diagnose(build_tables(load_capture(_dynamo_series(tmp_path / "b", 0.6, 0.55))))
     assert _find(d, "frontend") is None and "see tokenize" in _passed(d, "frontend")
     assert d.verdict.category == "tokenize", format_diagnosis(d)
+
+
+def _sweep_with_metrics(tmp: Path, engine_args: list[str]):
+    """A real ``ttft serve`` swept at concurrency 1-8 by the real probe scraping its /metrics; the client capture."""
+    from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec
+    from collectors.probe.session import run_sweep
+    from collectors.probe.sweep import SweepSpec
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diag" / "engine"))
+    from engine_testutil import serve_process
+    from test_verdicts_real import LAUNCH
+
+    cmd = [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--threads", "1", *engine_args]
+    with serve_process(cmd) as (proc, line):
+        url = re.search(r"(http://127\.0\.0\.1:\d+)", line).group(1)
+        run_sweep(ProbeConfig(url, load=LoadSpec(concurrency=1, warmup_requests=1), metrics_url=url, timeout_s=60,
+                              workload=WorkloadSpec(LengthSpec.parse("32"), LengthSpec.parse("16")), output=tmp / "cli"),
+                  SweepSpec("concurrency", values=[1, 2, 4, 8], requests_per_point=8))
+    return diagnose(build_tables([load_capture(tmp / "cli")]))
+
+
+@pytest.mark.slow
+def test_client_with_the_engines_gauges_tells_a_front_end_line_from_the_engines(tmp_path: Path) -> None:
+    """From the client and the engine's /metrics alone: two HTTP workers under a sweep to 8 streams is the
+    front end (most of the client's requests in flight are not in the engine); one request at a time in
+    the engine (--max-running 1) is queue, the engine counting every request in flight."""
+    d = _sweep_with_metrics(tmp_path / "fe", ["--inject", "frontend_workers=2"])
+    assert d.verdict.category == "frontend", format_diagnosis(d)
+    assert d.features.value("engine_unseen_share") >= 0.5
+    d = _sweep_with_metrics(tmp_path / "q", ["--max-running", "1"])
+    assert d.verdict.category == "queue", format_diagnosis(d)
+    assert d.features.value("engine_unseen_share") < 0.2 and _find(d, "frontend") is None
