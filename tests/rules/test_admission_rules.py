@@ -125,3 +125,44 @@ def test_client_only_the_injected_long_prompt_shows_head_of_line(tmp_path: Path)
     near = _probe_client_only(tmp_path / "cap", ["--policy", "chunked", "--chunk-size", "32",
                                                  "--max-partial-prefills", "4"])
     assert not any(f.category == "head_of_line" for f in near.findings), format_diagnosis(near)
+
+
+def _burst(tmp: Path, admission: str) -> Diagnosis:
+    """SGLang's case (sgl-project/sglang#22831) in small: eight short requests alone, then a burst of
+    long (600 tokens, 30 out) and short (16, 4) prompts, two shorts per long. 56 blocks of 16: one
+    long holds 40, the next long cannot fit beside it, a short always can."""
+    import time
+
+    eng = build_engine(model="tiny", capture_dir=str(tmp), admission=admission, kv_blocks=56, block_size=16,
+                       max_context=1024)
+
+    def one(i: int, n: int, mx: int) -> None:
+        s = SyncEventStream()
+        eng.submit(s.push, SamplingParams(max_tokens=mx, ignore_eos=True, temperature=0.0),
+                   prompt_ids=[(13 * k + i) % 300 + 1 for k in range(n)])
+        while not s.get(120).finished:
+            pass
+
+    try:
+        for i in range(8):
+            one(i, 16, 4)
+        threads = []
+        for w in range(8):
+            for j, (n, mx) in enumerate(((600, 30), (16, 4), (16, 4))):
+                t = threading.Thread(target=one, args=(100 + 3 * w + j, n, mx))
+                t.start()
+                threads.append(t)
+                time.sleep(0.002)  # in this order
+        for t in threads:
+            t.join(120)
+    finally:
+        eng.shutdown()
+    return diagnose(build_tables([load_capture(tmp)]))
+
+
+def test_a_blocked_long_head_under_fcfs_is_head_of_line(tmp_path: Path) -> None:
+    d = _burst(tmp_path, "fcfs")
+    assert d.verdict.category == "head_of_line", format_diagnosis(d)
+    assert d.features.value("hol_blocked_kv_usage_max") < 0.9  # KV had room for the short ones
+    near = _burst(tmp_path / "skip", "skip-blocked")  # they pass the blocked head: no wait behind it
+    assert not any(f.category == "head_of_line" for f in near.findings), format_diagnosis(near)
