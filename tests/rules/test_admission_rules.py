@@ -25,6 +25,15 @@ pytestmark = pytest.mark.slow
 MIX = [(16, 8)] * 5 + [(900, 2)]
 
 
+def _send(eng, i: int, n: int, mx: int, given: bool = True) -> None:
+    """Request ``i``: an ``n``-token prompt, ``mx`` tokens out; wait for its end."""
+    s = SyncEventStream()
+    eng.submit(s.push, SamplingParams(max_tokens=mx, ignore_eos=True, temperature=0.0),
+               prompt_ids=[(13 * k + i) % 300 + 1 for k in range(n)], max_tokens_given=given)
+    while not s.get(120).finished:
+        pass
+
+
 def _run(tmp: Path, prompts: list[tuple[int, int]], conc: int, total: int, given: bool = True, **cfg) -> Diagnosis:
     """``conc`` closed-loop clients send ``total`` requests (prompt tokens, max_tokens cycled) to an
     in-process engine tracing into ``tmp``; the diagnosis of its capture."""
@@ -37,12 +46,7 @@ def _run(tmp: Path, prompts: list[tuple[int, int]], conc: int, total: int, given
                 i = next(it, None)
             if i is None:
                 return
-            n, mx = prompts[i % len(prompts)]
-            s = SyncEventStream()
-            eng.submit(s.push, SamplingParams(max_tokens=mx, ignore_eos=True, temperature=0.0),
-                       prompt_ids=[(13 * k + i) % 300 + 1 for k in range(n)], max_tokens_given=given)
-            while not s.get(120).finished:
-                pass
+            _send(eng, i, *prompts[i % len(prompts)], given=given)
 
     try:
         threads = [threading.Thread(target=client) for _ in range(conc)]
@@ -136,20 +140,13 @@ def _burst(tmp: Path, admission: str) -> Diagnosis:
     eng = build_engine(model="tiny", capture_dir=str(tmp), admission=admission, kv_blocks=56, block_size=16,
                        max_context=1024)
 
-    def one(i: int, n: int, mx: int) -> None:
-        s = SyncEventStream()
-        eng.submit(s.push, SamplingParams(max_tokens=mx, ignore_eos=True, temperature=0.0),
-                   prompt_ids=[(13 * k + i) % 300 + 1 for k in range(n)])
-        while not s.get(120).finished:
-            pass
-
     try:
         for i in range(8):
-            one(i, 16, 4)
+            _send(eng, i, 16, 4)
         threads = []
         for w in range(8):
             for j, (n, mx) in enumerate(((600, 30), (16, 4), (16, 4))):
-                t = threading.Thread(target=one, args=(100 + 3 * w + j, n, mx))
+                t = threading.Thread(target=_send, args=(eng, 100 + 3 * w + j, n, mx))
                 t.start()
                 threads.append(t)
                 time.sleep(0.002)  # in this order

@@ -11,25 +11,12 @@ from diag.engine.kv_cache import BlockManager
 from diag.engine.sampler import SamplerState, SamplingParams
 from diag.engine.scheduler import (WAIT_HEAD_OF_LINE, WAIT_KV_BLOCKS, WAIT_KV_RESERVATION, WAIT_PARTIAL_PREFILLS,
                                    Scheduler, SchedulerConfig, Sequence, StepPlan)
+from test_scheduler import _run_step as _run  # pretend to execute a plan (the scheduler tests' helper)
 
 
 def _seq(name: str, prompt: int, max_tokens: int = 4, given: bool = True) -> Sequence:
     p = SamplingParams(max_tokens=max_tokens)
     return Sequence(name, list(range(1, prompt + 1)), p, SamplerState(p, 0), max_tokens_given=given)
-
-
-def _run(s: Scheduler, plan: StepPlan) -> list[Sequence]:
-    """Pretend to execute the plan (tokens land in the cache, completing seqs get a token)."""
-    done = []
-    for item in plan.items:
-        s.on_step_done(item)
-        if item.completes:
-            item.seq.output_ids.append(7)
-            if len(item.seq.output_ids) >= item.seq.params.max_tokens:
-                done.append(item.seq)
-    for q in done:
-        s.remove(q)
-    return done
 
 
 def _admitted(plan: StepPlan) -> list[str]:
