@@ -6,7 +6,9 @@ are free. ``head_of_line`` shows it as short requests' TTFT jumping while a long
 them is unfinished (vllm-project/vllm#10235: one partial prefill at a time; sgl-project/sglang#22831:
 a head that cannot be allocated stops the admission walk). ``kv_reservation`` shows it as requests
 waiting while KV usage stays low and the batch has room (NVIDIA/TensorRT-LLM#1012:
-``GUARANTEED_NO_EVICT`` reserves ``max_tokens``, the model's max length when unset). Features:
+``GUARANTEED_NO_EVICT`` reserves ``max_tokens``, the model's max length when unset; its
+``GuaranteedNoEvictScheduler::impl`` reserves what in-progress requests need to complete before it
+admits more, ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` @cf6abc45). Features:
 :mod:`rules.features.admission`.
 """
 

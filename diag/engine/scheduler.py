@@ -39,6 +39,11 @@ Admission (the walk over the waiting queue, oldest first):
   ``max_tokens`` when the request gave one, else the context limit (TensorRT-LLM's
   ``GUARANTEED_NO_EVICT`` with ``max_tokens`` unset, NVIDIA/TensorRT-LLM#1012). Running
   sequences never need preemption then, and KV usage can stay low while requests wait.
+  TensorRT-LLM's ``GuaranteedNoEvictScheduler::impl`` (``cpp/tensorrt_llm/batch_manager/
+  capacityScheduler.cpp`` @cf6abc45) does the same: the blocks in-progress requests still need
+  to run to completion are reserved first, a pending request is admitted only if the rest
+  hold it (``enoughAvailableBlocks``), and the walk breaks at the first that does not fit --
+  our ``fcfs``.
 
 Why each waiting sequence waits after a plan is in :attr:`Scheduler.waiting_reasons`
 (``WAIT_REASONS``).
