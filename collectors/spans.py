@@ -30,7 +30,6 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -38,6 +37,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from collectors.otel_env import resource_for, traces_url
 from diag import stages
 from diag.capture import CaptureWriter
 
@@ -594,8 +594,12 @@ class TraceSink:
         memory: InMemorySpanExporter | None = None,
         max_queue: int = 65536,
         interval_s: float = 0.5,
+        provider_name: str | None = None,
     ) -> None:
         self.provider = provider
+        #: gen_ai.provider.name (and the deprecated gen_ai.system) on every request root
+        self._provider_attrs: dict[str, AttributeValue] = (
+            {stages.GEN_AI_PROVIDER_NAME: provider_name, stages.GEN_AI_SYSTEM: provider_name} if provider_name else {})
         self._tracer = provider.get_tracer("ttft-diag") if provider is not None else None
         self._mat = (
             SpanMaterializer(self._tracer, max_queue=max_queue, interval_s=interval_s)
@@ -641,6 +645,8 @@ class TraceSink:
         }
         if model:
             attrs[stages.GEN_AI_REQUEST_MODEL] = model
+        if self._provider_attrs:
+            attrs.update(self._provider_attrs)
         if attributes:
             attrs.update(attributes)
         name = stages.SPAN_CLIENT_REQUEST if side == "client" else stages.SPAN_REQUEST
@@ -703,16 +709,20 @@ def setup_tracing(
     max_queue: int = 65536,
     export_interval_s: float = 0.5,
     writer: CaptureWriter | None = None,
+    provider_name: str | None = None,
 ) -> TraceSink:
     """Build a TraceSink exporting to a capture directory, an OTLP/HTTP endpoint and/or memory.
 
     Returns NULL_SINK when no destination is given. ``otlp_endpoint`` is a base URL such as
-    ``http://127.0.0.1:4318`` (``/v1/traces`` is appended when missing). ``writer`` lets a
+    ``http://127.0.0.1:4318`` (``/v1/traces`` is appended when it has no path) or a traces URL
+    (:func:`collectors.otel_env.traces_url`). The resource follows ``OTEL_SERVICE_NAME`` and
+    ``OTEL_RESOURCE_ATTRIBUTES``, ``service_name`` by default. ``provider_name`` goes on every
+    request root as ``gen_ai.provider.name`` (and the deprecated ``gen_ai.system``). ``writer`` lets a
     caller share one CaptureWriter with other collectors.
     """
     if capture_dir is None and otlp_endpoint is None and not memory and writer is None:
         return NULL_SINK
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider = TracerProvider(resource=resource_for(service_name))
     processors: list[DroppingBatchProcessor] = []
     if writer is None and capture_dir is not None:
         writer = CaptureWriter(capture_dir, meta=meta)
@@ -725,9 +735,7 @@ def setup_tracing(
     if otlp_endpoint is not None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        url = otlp_endpoint.rstrip("/")
-        if not url.endswith("/v1/traces"):
-            url += "/v1/traces"
+        url = traces_url(otlp_endpoint)
         processors.append(
             DroppingBatchProcessor(OTLPSpanExporter(endpoint=url, timeout=5), max_queue, interval_s=export_interval_s)
         )
@@ -737,7 +745,8 @@ def setup_tracing(
         processors.append(DroppingBatchProcessor(mem, max_queue, interval_s=export_interval_s))
     for p in processors:
         provider.add_span_processor(p)
-    return TraceSink(provider, processors, writer, mem, max_queue=max_queue, interval_s=export_interval_s)
+    return TraceSink(provider, processors, writer, mem, max_queue=max_queue, interval_s=export_interval_s,
+                     provider_name=provider_name)
 
 
 def now_ns() -> int:

@@ -69,6 +69,9 @@ STAGE_SPAN_NAMES = frozenset(ALL_STAGES)
 
 # --- attribute keys: OpenTelemetry GenAI semantic conventions -------------------------------
 
+#: who serves the request, as the GenAI semantic conventions name it (the probe: ``openai``, the
+#: API it speaks; the bundled engine: ``ttft-diag``); GEN_AI_SYSTEM is its deprecated name, sent beside it
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
 GEN_AI_SYSTEM = "gen_ai.system"
 GEN_AI_OPERATION = "gen_ai.operation.name"
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"

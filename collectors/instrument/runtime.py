@@ -75,7 +75,7 @@ class Instrumentation:
             self.meta = {"target": target, "target_version": version, "pid": os.getpid(),
                          "command": self.command, "started_unix_s": time.time()}
             self.sink = setup_tracing(
-                service_name=target, capture_dir=self.capture_dir, otlp_endpoint=self.otlp_url,
+                service_name=target, capture_dir=self.capture_dir, otlp_endpoint=self.otlp_url, provider_name=target,
                 meta={"command": "instrument", "engine": target, "instrument": self.meta_block()},
             )
             _install_exit_paths(self)

@@ -254,6 +254,9 @@ async def run_phase(
 
 # --- worker processes -------------------------------------------------------------------------
 
+#: gen_ai.provider.name of the probe's client spans: the API it speaks (OpenAI-compatible)
+PROBE_PROVIDER = "openai"
+
 
 @dataclass
 class WorkerJob:
@@ -271,6 +274,8 @@ class WorkerJob:
     words_per_token: float = 1.0
     #: CPUs to pin this worker to (``--cpus``: its own one when there is one per worker)
     cpus: tuple[int, ...] | None = None
+    #: also export this worker's client spans over OTLP/HTTP here
+    otlp_endpoint: str | None = None
 
 
 def _worker_main(job: WorkerJob, barrier: Any) -> None:
@@ -288,7 +293,8 @@ def _worker_main(job: WorkerJob, barrier: Any) -> None:
         tok = TokenCounter(job.tokenizer_path) if job.tokenizer_path else None
         workload = Workload(job.workload_spec, tok)
         workload.words_per_token = job.words_per_token
-        sink = setup_tracing(service_name="ttft-probe", memory=True) if job.trace else None
+        sink = setup_tracing(service_name="ttft-probe", memory=True, otlp_endpoint=job.otlp_endpoint,
+                             provider_name=PROBE_PROVIDER) if job.trace else None
 
         async def main() -> PhaseOutcome:
             client = StreamingClient(job.endpoint, job.load.concurrency, sink=sink, **job.client_kwargs)
@@ -334,6 +340,7 @@ def run_phase_in_workers(
     segment: str | None,
     trace: bool = True,
     cpus: tuple[int, ...] | None = None,
+    otlp_endpoint: str | None = None,
 ) -> PhaseOutcome:
     """Run one phase split over ``workers`` spawned processes and merge what they return.
 
@@ -354,7 +361,7 @@ def run_phase_in_workers(
             jobs.append(WorkerJob(k, endpoint, client_kwargs, wspec,
                                   workload.tokenizer.path if workload.tokenizer is not None else None,
                                   share, segment, str(Path(tmp) / f"worker-{k}.pkl"), trace,
-                                  workload.words_per_token, worker_cpus(cpus, k, len(shares))))
+                                  workload.words_per_token, worker_cpus(cpus, k, len(shares)), otlp_endpoint))
         procs = [ctx.Process(target=_worker_main, args=(job, barrier), daemon=True) for job in jobs]
         for p in procs:
             p.start()

@@ -23,7 +23,7 @@ from collectors.probe.affinity import available_cpus
 from collectors.probe.alongside import Alongside
 from collectors.probe.client import (OPTIONAL_ELEMENT_TEXT, OPTIONAL_ELEMENTS, Endpoint, RequestResult,
                                      StreamingClient, resolve_endpoint)
-from collectors.probe.load import LoadSpec, PhaseOutcome, run_phase, run_phase_in_workers
+from collectors.probe.load import PROBE_PROVIDER, LoadSpec, PhaseOutcome, run_phase, run_phase_in_workers
 from collectors.probe.metrics import DEFINITIONS, compute_metrics
 from collectors.probe.spans_io import drain_span_lines
 from collectors.probe.sweep import SweepSpec, label, point_load, stop_reason
@@ -69,6 +69,8 @@ class ProbeConfig:
     compat_check: bool = True
     #: pin the probe's processes to these CPUs (``--cpus``; None = wherever the OS puts them)
     cpus: tuple[int, ...] | None = None
+    #: also export the client spans over OTLP/HTTP to this URL (``--otlp``, or OTEL_EXPORTER_OTLP_* )
+    otlp_endpoint: str | None = None
 
 
 #: 4xx answers that no optional element causes: auth, path, method, rate limits.
@@ -143,7 +145,8 @@ class ProbeSession:
         self.notes.extend(notes)
         if self.writer is None and cfg.output is not None:
             self.writer = CaptureWriter(cfg.output)
-        self.sink = setup_tracing(service_name="ttft-probe", memory=True)
+        self.sink = setup_tracing(service_name="ttft-probe", memory=True, otlp_endpoint=cfg.otlp_endpoint,
+                                  provider_name=PROBE_PROVIDER)
         self._write_meta_start()
         count = self.tokenizer.count if self.tokenizer is not None else None
         self.client = StreamingClient(self.endpoint, self.pool_size, **self._client_kwargs(), sink=self.sink)
@@ -337,7 +340,7 @@ class ProbeSession:
             loop = asyncio.get_running_loop()
             outcome = await loop.run_in_executor(
                 None, run_phase_in_workers, self.config.workers, self.endpoint, self._client_kwargs(), workload,
-                load, segment, True, self.config.cpus)
+                load, segment, True, self.config.cpus, self.config.otlp_endpoint)
             if self.writer is not None and outcome.span_lines:
                 self.writer.append_span_lines(outcome.span_lines)
             outcome.span_lines = []

@@ -29,9 +29,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "Example: ttft instrument --capture srv -- transformers serve MODEL, then ttft probe ... -o cli and "
         "ttft analyze cli srv.",
     )
-    dest = p.add_mutually_exclusive_group(required=True)
+    dest = p.add_mutually_exclusive_group()
     dest.add_argument("--capture", metavar="DIR", help="capture directory to write (spans.otlp.jsonl, meta.json)")
-    dest.add_argument("--otlp", metavar="URL", help="OTLP endpoint to export to instead (e.g. http://127.0.0.1:4318)")
+    dest.add_argument("--otlp", metavar="URL", help="OTLP endpoint to export to instead (e.g. http://127.0.0.1:4318; "
+                      "default without --capture: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT)")
     p.add_argument("--receiver-port", type=int, default=0, metavar="PORT",
                    help="self-tracing engines: our OTLP/gRPC receiver's port (default: any free port)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the engine's command line")
@@ -42,6 +43,17 @@ def run(args: argparse.Namespace) -> int:
     from collectors.instrument import commandline, runtime
     from diag.cli import UsageError
 
+    from collectors.otel_env import check_protocol, endpoint_from_env
+
+    if args.capture is None and args.otlp is None:
+        args.otlp = endpoint_from_env()
+        if args.otlp is None:
+            raise UsageError("give --capture DIR or --otlp URL (or set OTEL_EXPORTER_OTLP_ENDPOINT)")
+    if args.otlp is not None:
+        try:
+            check_protocol()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]

@@ -70,6 +70,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="URL", help="scrape this Prometheus /metrics into the capture while probing")
     p.add_argument("--gpu", action="store_true", help="sample local GPUs (NVML) into the capture while probing")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="client processes (when one core cannot keep up)")
+    p.add_argument("--otlp", metavar="URL", default=None,
+                   help="also export the client spans over OTLP/HTTP to URL (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT "
+                   "or OTEL_EXPORTER_OTLP_ENDPOINT when set); the capture is written as well")
     p.add_argument("--cpus", metavar="LIST", help="pin the probe's processes to these CPUs, e.g. 3 or 2-3 (keep the client "
                    "off the engine's cores when both share a machine; each worker its own CPU when there are enough)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds without a byte before a request fails (default 60)")
@@ -150,6 +153,14 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
             raise _usage(str(exc)) from exc
     if args.timeout <= 0:
         raise _usage("--timeout must be > 0")
+    from collectors.otel_env import check_protocol, endpoint_from_env
+
+    otlp = args.otlp if args.otlp is not None else endpoint_from_env()
+    if otlp is not None:
+        try:
+            check_protocol()
+        except ValueError as exc:
+            raise _usage(str(exc)) from exc
     try:
         prefix_n, _, prefix_r = str(args.shared_prefix).partition(":")
         shared_prefix, shared_repeats = int(prefix_n), int(prefix_r or 0)
@@ -192,7 +203,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
         concurrency_set=args.concurrency is not None or args.max_concurrency is not None,
         dropped=frozenset(e for e, off in (("x_request_id", args.no_request_id), ("traceparent", args.no_traceparent),
                                            ("stream_options", args.no_stream_options)) if off),
-        compat_check=not args.no_compat_check, cpus=cpus,
+        compat_check=not args.no_compat_check, cpus=cpus, otlp_endpoint=otlp,
     )
     sweep = None
     if args.sweep:

@@ -69,7 +69,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (printed)")
     p.add_argument("--capture", metavar="DIR", default=None, help="write a capture (spans + meta.json) to DIR")
-    p.add_argument("--otlp", metavar="URL", default=None, help="export spans over OTLP/HTTP to URL (e.g. http://127.0.0.1:4318)")
+    p.add_argument("--otlp", metavar="URL", default=None,
+                   help="export spans over OTLP/HTTP to URL (e.g. http://127.0.0.1:4318; default: "
+                   "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT when set)")
     p.add_argument("--seed", type=int, default=0, help="seed for random preset weights and unseeded sampling")
     p.add_argument(
         "--lazy-load",
@@ -98,6 +100,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         faults = parse_injections(args.inject)
     except FaultError as exc:
+        print(f"ttft serve: error: {exc}", file=sys.stderr)
+        return 2
+    from collectors.otel_env import check_protocol, endpoint_from_env
+
+    if args.otlp is None:
+        args.otlp = endpoint_from_env()
+    try:
+        if args.otlp is not None:
+            check_protocol()
+    except ValueError as exc:
         print(f"ttft serve: error: {exc}", file=sys.stderr)
         return 2
     if not 0 <= args.port <= 65535:

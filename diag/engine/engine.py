@@ -938,6 +938,7 @@ def build_engine(
             capture_dir=capture_dir,
             otlp_endpoint=otlp_endpoint,
             memory=trace_memory,
+            provider_name="ttft-diag",
         )
     engine = Engine(config, trace_sink)
     if start:
