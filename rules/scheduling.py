@@ -330,7 +330,7 @@ KV_CHECKS = [
 ]
 
 
-@rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",),
+@rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",), ("waiting_for_kv_share",),
                                      ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ratio")))
 def kv_cache(ctx: RuleContext) -> Outcome:
     """TTFT jumps past a concurrency knee with KV usage near capacity or preemptions."""
@@ -338,7 +338,8 @@ def kv_cache(ctx: RuleContext) -> Outcome:
     usage = ctx.v("kv_usage_p95")
     above = ctx.v("kv_time_above_high_frac")
     pre = ctx.v("preemptions_total")
-    pressure_known = usage is not None or pre is not None
+    for_kv = ctx.v("waiting_for_kv_share")
+    pressure_known = usage is not None or pre is not None or for_kv is not None
     jump = ctx.v("ttft_knee_jump_ratio") if ctx.has("concurrency_knee") else None
     qs = ctx.v("queue_share_tail")
     if pressure_known:
@@ -351,6 +352,9 @@ def kv_cache(ctx: RuleContext) -> Outcome:
                          "share of engine time at or above the near-capacity level")
         pressure.crossed("preemptions", pre, "preemptions_min", "count",
                          "running requests evicted to free blocks (their work is redone)")
+        pressure.crossed("waiting requests held for KV capacity (engine gauge)", for_kv, "waiting_for_kv_min", "share",
+                         "the engine's own reason for the waiting (vLLM num_requests_waiting_by_reason{reason=capacity} "
+                         "over num_requests_waiting)")
         effect.crossed("TTFT past the knee / at the knee", jump, "knee_jump_min", "x",
                        f"TTFT jumps past {ctx.v('concurrency_knee', 0):g} requests in flight")
         effect.crossed("queue share of TTFT (slowest 5%)", qs, "queue_share_min", "share",

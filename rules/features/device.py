@@ -167,6 +167,7 @@ def waiting_at_cap(ctx: FeatureContext) -> None:
             ctx.na(("waiting_at_cap_frac",), "the waiting and running gauges were never scraped together")
     else:
         ctx.na(("waiting_at_cap_frac",), f"needs {stages.SERIES_WAITING} and {stages.SERIES_RUNNING} series")
+    waiting_for_kv(ctx, wait)
     ttft = ctx.features.value("ttft_p50_s")
     pre = ctx.features.value("metrics_prefill_time_mean_s")
     if pre is None and ctx.features.value("prefill_s_per_token") is not None and len(ctx.steady):
@@ -176,6 +177,29 @@ def waiting_at_cap(ctx: FeatureContext) -> None:
         ctx.add("ttft_vs_engine_prefill_ratio", float(ttft / pre), source="prometheus")
     else:
         ctx.na(("ttft_vs_engine_prefill_ratio",), "needs TTFT and the engine's prefill time (prompt seconds)")
+
+
+def waiting_for_kv(ctx: FeatureContext, wait: pd.DataFrame) -> None:
+    """``waiting_for_kv_share``: of the requests an engine reports waiting, the share it says wait
+    for KV capacity (vLLM's ``num_requests_waiting_by_reason{reason="capacity"}`` over
+    ``num_requests_waiting``, summed over the scrapes where some wait). Unit: share. Series only."""
+    cap = ctx.series_values(stages.SERIES_WAITING_CAPACITY)
+    if not (len(cap) and len(wait)):
+        ctx.na(("waiting_for_kv_share",), f"needs the engine's waiting-by-reason gauge ({stages.SERIES_WAITING_CAPACITY}, "
+                                          "vLLM num_requests_waiting_by_reason) beside its waiting gauge")
+        return
+    keys = ["ts_s", "entity"]
+    w = pd.DataFrame({"ts_s": pd.to_numeric(wait["ts_s"], errors="coerce"), "entity": wait["entity"].astype(str),
+                      "waiting": pd.to_numeric(wait["value"], errors="coerce")})
+    c = pd.DataFrame({"ts_s": pd.to_numeric(cap["ts_s"], errors="coerce"), "entity": cap["entity"].astype(str),
+                      "capacity": pd.to_numeric(cap["value"], errors="coerce")})
+    j = w.merge(c, on=keys, how="inner")
+    j = j[j["waiting"] >= 1]
+    if j.empty:
+        ctx.na(("waiting_for_kv_share",), "no request was waiting when the by-reason gauge was scraped")
+        return
+    ctx.add("waiting_for_kv_share", float(min(1.0, j["capacity"].clip(lower=0).sum() / j["waiting"].sum())),
+            source="prometheus")
 
 
 def comm_tp(ctx: FeatureContext) -> None:

@@ -132,3 +132,16 @@ def test_spans_keep_their_verdict_over_contrary_metrics(tmp_path: Path) -> None:
     assert d.verdict.confidence == pytest.approx(base.verdict.confidence)
     assert SERIES_ONLY_NOTE not in (d.verdict.note or "")
     assert d.features.get("queue_share_tail").source is None and d.features.value("queue_share_tail") < 0.3
+
+
+def test_an_engine_that_says_its_requests_wait_for_kv_is_kv_cache() -> None:
+    """vLLM's num_requests_waiting_by_reason{reason="capacity"}: the engine's own reason for the
+    queue names KV capacity, even without a KV usage gauge; waiting deferred (LoRA, KV transfer)
+    does not."""
+    base = {k: v for k, v in QUEUE.items() if k != S.SERIES_KV_USAGE}
+    kv = diagnose(_tables(_series([{**base, S.SERIES_WAITING_CAPACITY: 11.0}] * 8))).verdict
+    assert kv.category == "kv_cache", kv.title
+    row = next(e for e in kv.evidence if e.name.startswith("waiting requests held for KV capacity"))
+    assert row.value == pytest.approx(11.0 / 12.0) and row.crossed
+    deferred = diagnose(_tables(_series([{**base, S.SERIES_WAITING_CAPACITY: 0.0, S.SERIES_WAITING_DEFERRED: 11.0}] * 8)))
+    assert deferred.verdict.category == "queue"
