@@ -14,29 +14,32 @@ admits more, ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` @cf6abc45)
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, finding, rule
+from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, rule
 
-HOL_CHECKS = [
-    "vLLM: --max-num-partial-prefills (more than one prompt prefilled at a time under chunked prefill) with "
-    "--long-prefill-token-threshold / --max-long-partial-prefills, so short prompts pass a long one",
-    "chunked prefill (vLLM --enable-chunked-prefill with --max-num-batched-tokens): a long prompt in whole-prompt "
-    "steps holds every request behind it for its whole prefill",
-    "SGLang: --schedule-policy, and whether a waiting request that cannot be allocated stops the admission walk "
-    "for everything behind it (sgl-project/sglang#22831); --chunked-prefill-size",
-    "the bundled engine: --admission skip-blocked (admit what fits past a blocked head) and "
-    "--max-partial-prefills N with --policy chunked",
-    "route long prompts to their own replicas or priority class when they are rare and large",
-]
+#: what to check next, by engine (:func:`rules.base.engine_checks` picks those the capture came from)
+HOL_BY_ENGINE = {
+    "vllm": "vLLM: --max-num-partial-prefills (more than one prompt prefilled at a time under chunked prefill) with "
+            "--long-prefill-token-threshold / --max-long-partial-prefills, so short prompts pass a long one; "
+            "chunked prefill (--enable-chunked-prefill with --max-num-batched-tokens): a long prompt in "
+            "whole-prompt steps holds every request behind it for its whole prefill",
+    "sglang": "SGLang: --schedule-policy, and whether a waiting request that cannot be allocated stops the admission "
+              "walk for everything behind it (sgl-project/sglang#22831); --chunked-prefill-size",
+    "bundled": "the bundled engine: --admission skip-blocked (admit what fits past a blocked head) and "
+               "--max-partial-prefills N with --policy chunked",
+}
+HOL_CHECKS = ["route long prompts to their own replicas or priority class when they are rare and large"]
 
+KVR_BY_ENGINE = {
+    "trtllm": "TensorRT-LLM: capacity_scheduler_policy -- GUARANTEED_NO_EVICT admits a request only if KV holds its "
+              "whole max_tokens (the model's max sequence length when unset); MAX_UTILIZATION admits on what is used "
+              "now (NVIDIA/TensorRT-LLM#1012, #2866)",
+    "bundled": "the bundled engine: --kv-admission on-demand",
+}
 KVR_CHECKS = [
-    "TensorRT-LLM: capacity_scheduler_policy -- GUARANTEED_NO_EVICT admits a request only if KV holds its whole "
-    "max_tokens (the model's max sequence length when unset); MAX_UTILIZATION admits on what is used now "
-    "(NVIDIA/TensorRT-LLM#1012, #2866)",
     "set max_tokens on every request: unset, the reservation is the context limit and requests run one after "
     "another while KV usage stays low",
     "the experiment that decides: rerun the same load with a small max_tokens -- concurrency rises under a "
     "reservation, not under a max_num_seqs / max_running cap",
-    "the bundled engine: --kv-admission on-demand",
 ]
 
 
@@ -66,7 +69,8 @@ def head_of_line(ctx: RuleContext) -> Outcome:
         s, pct = ctx.explained(1.0 - 1.0 / ratio)
         return finding("Short requests' TTFT jumps while a long prompt is in flight ahead of them: head-of-line "
                        "blocking behind long prefills (black box)",
-                       t.confidence(0.7, black_box=True), s, pct, t.evidence, HOL_CHECKS, black_box=True,
+                       t.confidence(0.7, black_box=True), s, pct, t.evidence,
+                       engine_checks(ctx, HOL_BY_ENGINE, HOL_CHECKS), black_box=True,
                        note="client-only evidence: a client cannot tell admission order from a long prefill that "
                        "simply fills the step; a server capture (queue spans, engine steps) tells them apart")
     qs = ctx.v("hol_blocked_queue_share")
@@ -94,7 +98,8 @@ def head_of_line(ctx: RuleContext) -> Outcome:
             return t.pass_reason()
     s, pct = ctx.explained(min(qs, 1.0 - 1.0 / ratio))
     return finding("Short requests wait behind long prompts ahead of them while KV and batch slots are free: "
-                   "head-of-line blocking in admission", t.confidence(0.9), s, pct, t.evidence, HOL_CHECKS)
+                   "head-of-line blocking in admission", t.confidence(0.9), s, pct, t.evidence,
+                   engine_checks(ctx, HOL_BY_ENGINE, HOL_CHECKS))
 
 
 @rule("kv_reservation", "kv_reservation", needs=(("kvr_kv_usage_while_waiting_p95", "queue_share_tail"),
@@ -156,5 +161,6 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
                 "rerun with a small max_tokens -- concurrency rises under a reservation, not under a cap")
     s, pct = ctx.explained(qs)
     return finding("Requests wait while KV usage stays low and the batch has room: admission reserves each "
-                   "request's worst case (KV reservation)", t.confidence(directness), s, pct, t.evidence, KVR_CHECKS,
+                   "request's worst case (KV reservation)", t.confidence(directness), s, pct, t.evidence,
+                   engine_checks(ctx, KVR_BY_ENGINE, KVR_CHECKS),
                    note=note)

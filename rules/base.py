@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,6 +220,17 @@ def finding(title: str, confidence: float, explained_s: float | None, explained_
     """The running rule's :class:`Finding`; the engine fills ``rule_id`` and ``category`` from the
     rule's decorator (``@rule(id, category, …)``)."""
     return Finding("", "", title, confidence, explained_s, explained_pct, evidence, next_checks, **kw)
+
+
+def engine_checks(ctx: RuleContext, by_engine: Mapping[str, str], common: Sequence[str] = ()) -> list[str]:
+    """What to check next in the terms of the engines the capture came from (feature
+    ``engines_seen``): their lines of ``by_engine`` (keys: ``vllm``, ``sglang``, ``llamacpp``,
+    ``trtllm``, ``dynamo``, ``tgi``, ``bundled``, ...), then ``common``. Every engine's line
+    when the capture names none of them (client only, or an engine we do not know)."""
+    seen = [str(s).lower().replace(".", "").replace("-", "").replace("_", "") for s in (ctx.v("engines_seen") or {})]
+    seen = ["bundled" if s.startswith("ttftengine") else s for s in seen]
+    names = [k for k in by_engine if any(k in s for s in seen)]
+    return [by_engine[k] for k in (names or list(by_engine))] + list(common)
 
 
 @dataclass(frozen=True)

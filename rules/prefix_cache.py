@@ -15,9 +15,9 @@ control's) passes; without the design the rule is skipped: nothing else says pro
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, finding, rule
+from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, rule
 
-#: what to check next, by engine (features ``prefix_engines`` names which were seen)
+#: what to check next, by engine (:func:`rules.base.engine_checks` picks those the capture came from)
 ENGINE_CHECKS: dict[str, str] = {
     "vllm": "vLLM: --enable-prefix-caching (on by default in V1; check it was not disabled) and "
             "vllm:prefix_cache_hits_total / prefix_cache_queries_total per request",
@@ -37,17 +37,6 @@ COMMON_CHECKS = [
     "eviction under memory pressure: KV usage near capacity between uses of the prefix evicts its blocks "
     "(more KV memory, fewer concurrent sequences, or route requests that share a prefix to one replica)",
 ]
-
-
-def _checks(ctx: RuleContext) -> list[str]:
-    seen = ctx.v("prefix_engines") or {}
-    names = [k for k in ENGINE_CHECKS if any(k in str(s).lower().replace(".", "").replace("-", "")
-                                             for s in seen)]
-    if any("ttft_engine" in str(s) for s in seen) and "bundled" not in names:
-        names.append("bundled")
-    if not names:  # client-only, or an engine we do not know: each engine's switch
-        names = list(ENGINE_CHECKS)
-    return [ENGINE_CHECKS[k] for k in names] + COMMON_CHECKS
 
 
 def _context_rows(ctx: RuleContext, t: Triage) -> None:
@@ -108,7 +97,7 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
         _context_rows(ctx, t)
         s, pct = ctx.explained(material * (1.0 - cached))
         return finding("Prefix-cache misses: prompts repeat a prefix but it is prefilled again every time",
-                       t.confidence(0.9), s, pct, t.evidence, _checks(ctx),
+                       t.confidence(0.9), s, pct, t.evidence, engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS),
                        note="explained share: the prefill share x the part of the shared prefix not served from the cache")
     # client only (or a server that does not report cached tokens): TTFT on repeats
     if not t.below("repeats' TTFT saving of the prefix's cost", saving, "saving_max", "share",
@@ -127,7 +116,8 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
     bb = ctx.black_box
     return finding("Prefix-cache misses: repeats of a shared prefix take as long as its first use"
                    + (" (client timing)" if bb else ""),
-                   t.confidence(0.85, black_box=bb), s, pct, t.evidence, _checks(ctx), black_box=bb,
+                   t.confidence(0.85, black_box=bb), s, pct, t.evidence,
+                   engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS), black_box=bb,
                    note=("client-only evidence: TTFT of repeats against first uses and controls of the designed probe "
                          "(--shared-prefix N:R); the server's cache is not observed") if bb else
                    "the server reports no cached tokens: judged from TTFT on repeats")

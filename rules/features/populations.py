@@ -16,6 +16,22 @@ from rules.features.context import FeatureContext
 from rules.features.numeric import bool_col, num_col
 
 
+def engines_seen(ctx: FeatureContext) -> dict[str, float]:
+    """``engines_seen``: the request rows' ``engine`` (with how many requests) and the engine the
+    metrics scrape detected (``meta.json`` ``prometheus_scrape`` / ``prometheus_api``: 0 requests)."""
+    out: dict[str, float] = {}
+    req = ctx.req_all
+    if len(req) and "engine" in req.columns and "has_server" in req.columns:
+        for name, n in req.loc[req["has_server"].astype(bool), "engine"].dropna().astype(str).value_counts().items():
+            out[name] = float(n)
+    meta = ctx.meta if isinstance(ctx.meta, dict) else {}
+    for key in ("prometheus_scrape", "prometheus_api"):
+        eng = meta.get(key, {}).get("engine") if isinstance(meta.get(key), dict) else None
+        if eng:
+            out.setdefault(str(eng), 0.0)
+    return out
+
+
 def populations(ctx: FeatureContext) -> None:
     """Request counts, error rate, sides; the ok and steady populations (writes ``ctx.ok``, ``ctx.steady``)."""
     req = ctx.req_all
@@ -29,6 +45,8 @@ def populations(ctx: FeatureContext) -> None:
     ctx.ok = ok.sort_values("start_ns", kind="stable").reset_index(drop=True) if len(ok) else ok
     measured = req.loc[~warm]
     ctx.add("requests_total_n", float(len(measured)))
+    seen = engines_seen(ctx)
+    ctx.add("engines_seen", seen or None, None if seen else "no engine named in the capture")
     ctx.add("requests_failed_n", float(int(err[~warm].sum())))
     ctx.add("error_rate", float(err[~warm].mean()) if len(measured) else None,
             None if len(measured) else "no requests in the capture")

@@ -19,7 +19,7 @@ rule is skipped with the reason.
   ``prefix_cache_hit_ratio`` series (vLLM hits/queries or by-source, SGLang, llama.cpp and
   TensorRT-LLM adapters); with the design, ``prefix_metrics_cached_frac`` = that ratio over the
   one a working cache gives the design's prompts (the repeats' prefix tokens over all prompt
-  tokens: 1 = as cached as the design allows); ``prefix_engines``, the engines seen (to word
+  tokens: 1 = as cached as the design allows); ``engines_seen`` (populations), the engines seen (to word
   the next checks).
 
 Runs on the calling thread, on the shared :class:`~rules.features.context.FeatureContext`.
@@ -47,26 +47,9 @@ def _roles(ctx: FeatureContext) -> pd.Series:
     return req["prefix_role"].where(req["prefix_role"].notna(), None)
 
 
-def _engines(ctx: FeatureContext) -> dict[str, float]:
-    """Engines seen: the request rows' ``engine`` (with how many requests) and the engine the
-    metrics scrape detected (``meta.json`` ``prometheus_scrape`` / ``prometheus_api``: 0 requests)."""
-    out: dict[str, float] = {}
-    req = ctx.req_all
-    if len(req) and "engine" in req.columns and "has_server" in req.columns:
-        for name, n in req.loc[req["has_server"].astype(bool), "engine"].dropna().astype(str).value_counts().items():
-            out[name] = float(n)
-    meta = ctx.meta if isinstance(ctx.meta, dict) else {}
-    for key in ("prometheus_scrape", "prometheus_api"):
-        eng = meta.get(key, {}).get("engine") if isinstance(meta.get(key), dict) else None
-        if eng:
-            out.setdefault(str(eng), 0.0)
-    return out
-
-
 def prefix_cache(ctx: FeatureContext) -> None:
     """``prefix_*``: the designed probe's roles against TTFT, cached tokens on spans, engine hit ratios."""
     p = ctx.params
-    ctx.add("prefix_engines", _engines(ctx) or None, None if _engines(ctx) else "no engine named in the capture")
     cfg = ctx.meta.get("engine_config") if isinstance(ctx.meta, dict) else None
     on = cfg.get("prefix_caching") if isinstance(cfg, dict) else None
     ctx.add("prefix_caching_enabled", float(on) if isinstance(on, bool) else None,
