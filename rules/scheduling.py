@@ -393,4 +393,6 @@ def kv_cache(ctx: RuleContext) -> Outcome:
                    "likely KV-cache capacity (black box)",
                    t.confidence(0.75, black_box=True), s, pct, t.evidence, KV_CHECKS,
                    note="client-only evidence: KV usage is not observed; the same knee comes from a max_num_seqs "
-                   "limit; scrape the server's /metrics (KV usage, preemptions) to confirm", black_box=True)
+                   "limit or a front end with that many workers (HTTP threads, API servers); scrape the server's "
+                   "/metrics (KV usage, preemptions, its waiting gauge: empty while requests wait before it is the "
+                   "front end) to confirm", black_box=True)

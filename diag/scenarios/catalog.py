@@ -292,8 +292,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("loadgen", "loadgen", "a starved client: a CPU hog in the load generator's own process", _loadgen, fast=False),
     Scenario("frontend", "frontend",
              "two HTTP workers (--inject frontend_workers=2) under a concurrency sweep: requests wait before the engine "
-             "while its queue stays empty; client-only it looks like a one-at-a-time queue (named queue)",
-             _frontend, fast=False, client_only_also=frozenset({"queue"})),
+             "while its queue stays empty; client-only it looks like an admission limit of two (named queue, or kv_cache's "
+             "black-box knee: a client cannot tell a worker pool from a batch or KV cap)",
+             _frontend, fast=False, client_only_also=frozenset({"queue", "kv_cache"})),
     Scenario("pipeline_bubble", "pipeline_bubble",
              "PP 2 (--pp 2) at concurrency 1 under a prompt sweep: one micro-batch per step, each stage idles while "
              "the other runs; server-side only (a client cannot see stages: client-only names prefill_compute)",

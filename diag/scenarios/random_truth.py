@@ -36,8 +36,11 @@ from diag.tables import build_tables
 #: user to the engine's KV gauges. Scored right, and counted apart in the matrix output.
 CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"}),
                                                # requests held in a front end's line look, from the client,
-                                               # like a line in the engine: only its /metrics or spans tell
-                                               "frontend": frozenset({"queue"}),
+                                               # like a line in the engine (queue), or under a sweep like any
+                                               # admission limit at the pool's size (kv_cache's black-box knee,
+                                               # which says a batch cap looks the same): only its /metrics or
+                                               # spans tell
+                                               "frontend": frozenset({"queue", "kv_cache"}),
                                                # pipeline stages are invisible to a client: it sees the
                                                # prefill they stretch (catalogue: Scenario.client_only_also)
                                                "pipeline_bubble": frozenset({"prefill_compute"}),
