@@ -129,11 +129,21 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
                    miss="KV usage reached {value:.0%} while requests waited (> {threshold:.0%}): blocks in use, see "
                    "kv_cache"):
         return t.pass_reason()
+    # did they wait for prefill budget (head_of_line) instead? Only if nearly every step's prefill was at its
+    # per-step limit; without the engine's budget, any prefill work in most steps says so
+    bound = ctx.v("kvr_prefill_bound_while_waiting_frac")
     pre = ctx.v("kvr_prefill_steps_while_waiting_frac")
-    if pre is not None and not t.below("steps with prefill work while requests waited", pre, "prefill_steps_max",
-                                       "share", "the engine was not busy prefilling others meanwhile", weigh=False,
-                                       miss="{value:.0%} of the steps while requests waited ran prefill work (> "
-                                       "{threshold:.0%}): they waited for prefill budget, see head_of_line"):
+    if bound is not None:
+        ok = t.below("steps whose prefill hit its per-step limit while requests waited", bound, "prefill_bound_max",
+                     "share", "prefill budget was left in the steps while requests waited", weigh=False,
+                     miss="{value:.0%} of the steps while requests waited had their prefill at its per-step limit "
+                     "(> {threshold:.0%}): they waited for prefill budget, see head_of_line")
+    else:
+        ok = pre is None or t.below("steps with prefill work while requests waited", pre, "prefill_steps_max",
+                                    "share", "the engine was not busy prefilling others meanwhile", weigh=False,
+                                    miss="{value:.0%} of the steps while requests waited ran prefill work (> "
+                                    "{threshold:.0%}): they waited for prefill budget, see head_of_line")
+    if not ok:
         return t.pass_reason()
     run, cap = ctx.v("kvr_running_while_waiting_p50"), ctx.v("running_cap")
     if run is not None and cap is not None:

@@ -28,7 +28,9 @@ HOL_NAMES = ("hol_short_ttft_ratio", "hol_blocked_short_n", "hol_unblocked_short
              "hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",
              "hol_blocked_running_max", "running_cap")
 KVR_NAMES = ("kvr_waiting_steps_frac", "kvr_kv_usage_while_waiting_p95", "kvr_running_while_waiting_p50",
-             "kvr_prefill_steps_while_waiting_frac")
+             "kvr_prefill_steps_while_waiting_frac", "kvr_prefill_bound_while_waiting_frac")
+#: a step's prefill is at its limit from this share of its per-step prefill budget
+PREFILL_BOUND_FRAC = 0.9
 
 
 def _running_cap(ctx: FeatureContext) -> float | None:
@@ -152,3 +154,26 @@ def reservation(ctx: FeatureContext) -> None:
     ctx.add("kvr_running_while_waiting_p50", float(np.nanmedian(r)) if np.isfinite(r).any() else None,
             None if np.isfinite(r).any() else "steps carry no running count")
     ctx.add("kvr_prefill_steps_while_waiting_frac", float((np.nan_to_num(pre[waiting]) > 0).mean()))
+    _prefill_bound(ctx, steps, waiting, pre)
+
+
+def _prefill_bound(ctx: FeatureContext, steps: pd.DataFrame, waiting: np.ndarray, pre: np.ndarray) -> None:
+    """``kvr_prefill_bound_while_waiting_frac``: of the steps that ran while a request waited, the
+    share whose prefill was at its per-step limit (prefill tokens >= 90% of the budget: the chunk
+    under chunked prefill, else the step's token budget; or prefill sequences at the partial-prefill
+    cap), from the engine's configuration in meta.json. A request waits for prefill budget only when
+    nearly every step is at that limit. Unit: share."""
+    cfg = ctx.meta.get("engine_config") if isinstance(ctx.meta, dict) else None
+    if not isinstance(cfg, dict):
+        ctx.na(("kvr_prefill_bound_while_waiting_frac",), "the engine's prefill budget per step is unknown "
+                                                          "(no engine_config in meta.json)")
+        return
+    budget = cfg.get("chunk_size") if cfg.get("policy") == "chunked" else cfg.get("max_batched_tokens")
+    if not isinstance(budget, (int, float)) or budget <= 0:
+        ctx.na(("kvr_prefill_bound_while_waiting_frac",), "the engine's prefill budget per step is unknown")
+        return
+    bound = np.nan_to_num(pre[waiting]) >= PREFILL_BOUND_FRAC * float(budget)
+    cap = cfg.get("max_partial_prefills")
+    if isinstance(cap, (int, float)) and cap > 0 and "prefill_seqs" in steps.columns:
+        bound |= np.nan_to_num(num_col(steps, "prefill_seqs").to_numpy(dtype="float64")[waiting]) >= cap
+    ctx.add("kvr_prefill_bound_while_waiting_frac", float(bound.mean()), source="engine_steps")

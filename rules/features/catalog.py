@@ -106,7 +106,8 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("admission", "requests", ("hol_blocked_short_n", "hol_unblocked_short_n", "hol_blocked_running_max", "running_cap",
                                "kvr_running_while_waiting_p50")),
     ("admission", "share", ("hol_blocked_queue_share", "hol_blocked_kv_usage_max", "kvr_waiting_steps_frac",
-                            "kvr_kv_usage_while_waiting_p95", "kvr_prefill_steps_while_waiting_frac")),
+                            "kvr_kv_usage_while_waiting_p95", "kvr_prefill_steps_while_waiting_frac",
+                            "kvr_prefill_bound_while_waiting_frac")),
     ("admission", "steps", ("hol_blocked_wait_steps",)),
     # prefix cache (rules/features/prefix_cache.py): repeats of the probe's shared prefix, cached tokens
     ("prefix_cache", "s", ("prefix_first_ttft_p50_s", "prefix_repeat_ttft_p50_s", "prefix_control_ttft_p50_s")),

@@ -65,7 +65,9 @@ def test_chunked_without_a_cap_is_head_of_line(tmp_path: Path) -> None:
     assert d.verdict.category == "head_of_line", format_diagnosis(d)
     rows = {e.name for e in d.verdict.evidence}
     assert {"short TTFT behind a long prompt / without", "engine steps while they queued"} <= rows
-    assert any("--max-num-partial-prefills" in c for c in d.verdict.next_checks)
+    # in the terms of the engine the capture came from (the bundled one), not every engine's
+    assert any("--max-partial-prefills" in c and "--admission skip-blocked" in c for c in d.verdict.next_checks)
+    assert not any("--max-num-partial-prefills" in c for c in d.verdict.next_checks)
     assert not any(f.category == "kv_reservation" for f in d.findings)
 
 
@@ -81,7 +83,8 @@ def test_reserving_the_context_for_each_request_is_kv_reservation(tmp_path: Path
     d = _run(tmp_path, [(32, 16)], 8, 32, given=False, kv_admission="reserve", kv_blocks=64, max_context=512)
     assert d.verdict.category == "kv_reservation", format_diagnosis(d)
     assert d.features.value("kvr_kv_usage_while_waiting_p95") <= 0.2
-    assert any("capacity_scheduler_policy" in c for c in d.verdict.next_checks)
+    assert any("--kv-admission on-demand" in c for c in d.verdict.next_checks)
+    assert not any("capacity_scheduler_policy" in c for c in d.verdict.next_checks)  # a TensorRT-LLM knob
     queue = [f for f in d.findings if f.category == "queue"]
     assert all("kv_reservation" in f.demoted_by for f in queue)
     # the same capture without the engine's running cap (an engine that does not say it): two running

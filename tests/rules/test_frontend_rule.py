@@ -186,7 +186,9 @@ def _sweep_with_metrics(tmp: Path, engine_args: list[str]):
         url = re.search(r"(http://127\.0\.0\.1:\d+)", line).group(1)
         run_sweep(ProbeConfig(url, load=LoadSpec(concurrency=1, warmup_requests=1), metrics_url=url, timeout_s=60,
                               workload=WorkloadSpec(LengthSpec.parse("32"), LengthSpec.parse("16")), output=tmp / "cli"),
-                  SweepSpec("concurrency", values=[1, 2, 4, 8], requests_per_point=8))
+                  # by time, not count: a quiet box serves 8 requests in a fraction of a second, and the
+                  # engine's gauges need several scrapes (every 0.5 s) while requests are in flight
+                  SweepSpec("concurrency", values=[1, 2, 4, 8], duration_per_point_s=2.0))
     return diagnose(build_tables([load_capture(tmp / "cli")]))
 
 
