@@ -26,7 +26,7 @@ from rules.features.numeric import NS, num_col
 
 HOL_NAMES = ("hol_short_ttft_ratio", "hol_blocked_short_n", "hol_unblocked_short_n", "hol_long_prompt_ratio",
              "hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",
-             "hol_blocked_running_max", "running_cap")
+             "hol_blocked_running_max", "hol_baseline_own_wait", "running_cap")
 KVR_NAMES = ("kvr_waiting_steps_frac", "kvr_kv_usage_while_waiting_p95", "kvr_running_while_waiting_p50",
              "kvr_prefill_steps_while_waiting_frac", "kvr_prefill_bound_while_waiting_frac")
 #: a step's prefill is at its limit from this share of its per-step prefill budget
@@ -86,16 +86,25 @@ def head_of_line(ctx: FeatureContext) -> None:
     ctx.add("hol_unblocked_short_n", float(nu))
     ctx.add("hol_long_prompt_ratio", float(np.median(tokens[is_long]) / max(np.median(tokens[is_short]), 1.0)))
     need = int(p["min_bin_requests"])
-    if nb < need or nu < need:
-        ctx.na(("hol_short_ttft_ratio", "hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",
-                "hol_blocked_running_max"),
-               f"needs {need} short requests both behind an unfinished long one ({nb}) and not ({nu})")
-        return
     t_short = ttft[si]
-    base = float(np.median(t_short[~blocked]))
+    queue = num_col(req, "queue_s").to_numpy(dtype="float64")[si][blocked]
+    if nb >= need and nu >= need:
+        base = float(np.median(t_short[~blocked]))
+        ctx.add("hol_baseline_own_wait", 0.0)
+    elif nb >= need and np.isfinite(queue).sum() >= need:
+        # a long prompt was always unfinished (no short request ran without one ahead): the baseline is the
+        # blocked requests' own TTFT without their queue wait (server spans)
+        fin = np.isfinite(queue)
+        base = float(np.median(t_short[blocked][fin] - queue[fin]))
+        ctx.add("hol_baseline_own_wait", 1.0)
+    else:
+        ctx.na(("hol_short_ttft_ratio", "hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",
+                "hol_blocked_running_max", "hol_baseline_own_wait"),
+               f"needs {need} short requests both behind an unfinished long one ({nb}) and not ({nu}), or the "
+               "queue times of those behind one (server spans)")
+        return
     ctx.add("hol_short_ttft_ratio", float(np.median(t_short[blocked]) / base) if base > 0 else None)
     # server side: how the blocked short requests waited
-    queue = num_col(req, "queue_s").to_numpy(dtype="float64")[si][blocked]
     if not np.isfinite(queue).any():
         ctx.na(("hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",
                 "hol_blocked_running_max"), "needs server queue spans")
