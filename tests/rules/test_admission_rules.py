@@ -59,6 +59,17 @@ def _run(tmp: Path, prompts: list[tuple[int, int]], conc: int, total: int, given
     return diagnose(build_tables([load_capture(tmp)]))
 
 
+def test_a_long_prompt_always_unfinished_is_still_head_of_line(tmp_path: Path) -> None:
+    # a long prompt every third request at 16-token chunks: one is always in prefill, so no short
+    # request runs without one ahead (no control group); server-side the comparison is the short
+    # requests' own TTFT less their queue wait, with the chunk budget taken in the waiting steps
+    d = _run(tmp_path, [(16, 4), (16, 4), (600, 2)], 4, 36, policy="chunked", chunk_size=16, max_context=1024)
+    assert d.verdict.category == "head_of_line", format_diagnosis(d)
+    rows = {e.name: e for e in d.verdict.evidence}
+    assert rows["short TTFT behind a long prompt / without its queue wait"].crossed
+    assert rows["steps whose prefill hit its per-step limit while requests waited"].crossed
+
+
 def test_chunked_without_a_cap_is_head_of_line(tmp_path: Path) -> None:
     # the running long prompt's chunks take the whole chunk budget: short prompts behind it wait
     d = _run(tmp_path, MIX, 4, 36, policy="chunked", chunk_size=32, max_context=1024)
