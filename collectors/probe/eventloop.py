@@ -29,6 +29,15 @@ def loop_name() -> str:
     return "uvloop"
 
 
+def being_cancelled() -> bool:
+    """Whether the running task has a cancellation pending (Ctrl-C under ``asyncio.run`` cancels the
+    main task): code that awaits a child it cancelled and swallows that child's CancelledError must
+    re-raise when this is true, or the interrupt is lost. Loop thread only; False before 3.11."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if callable(cancelling) else False
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(coro)`` on the loop :func:`loop_name` names. Blocks the calling thread."""
     if loop_name() == "uvloop":

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from collectors.probe.affinity import machine_cpu_s
+from collectors.probe.eventloop import being_cancelled
 from diag import stages
 
 #: Saturation thresholds (client_health.thresholds in meta.json).
@@ -103,12 +104,13 @@ class HealthMonitor:
 
     async def stop(self) -> HealthSamples:
         """Stop sampling (loop thread); the totals since :meth:`start` go on the samples."""
+        interrupted = False
         if self._task is not None:
             self._task.cancel()
             try:
                 await self._task
             except asyncio.CancelledError:
-                pass
+                interrupted = being_cancelled()  # ours (Ctrl-C), not only the sampler's: raised below
             self._task = None
         if self._t0 is not None:
             cpu0, wall0, mach0 = self._t0
@@ -120,6 +122,8 @@ class HealthMonitor:
             if mach0 is not None and mach1 is not None:
                 s.machine_busy_s += mach1[0] - mach0[0]
                 s.machine_total_s += mach1[1] - mach0[1]
+        if interrupted:
+            raise asyncio.CancelledError
         return self.samples
 
     async def _run(self) -> None:

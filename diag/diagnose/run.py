@@ -23,6 +23,7 @@ from typing import Any
 
 from collectors.probe import (LengthSpec, LoadSpec, ProbeConfig, ProbeSession, SweepSpec, WorkloadSpec,
                               compute_metrics, eventloop)
+from collectors.probe.eventloop import being_cancelled
 from collectors.probe.health import HealthMonitor
 from collectors.probe.sweep import stop_reason
 from diag.analysis import Analysis, analyze_paths
@@ -161,6 +162,8 @@ class _Run:
 
     async def _steps(self, session: ProbeSession) -> None:
         while True:
+            if being_cancelled():  # an interrupt some await swallowed: stop here all the same
+                raise asyncio.CancelledError
             verdict, conf = verdict_of(self.analysis)
             points = [r.point for r in self.records if r.point is not None]
             stop = confident_stop(verdict, conf, points, self.plan) if verdict is not None and conf is not None else None

@@ -54,3 +54,28 @@ def test_alongside_skips_with_notes(server):
     a = Alongside(metrics_url="http://127.0.0.1:1/metrics")
     a.start()
     assert "prometheus" in a.stop(None)
+
+
+def test_stopping_the_monitor_keeps_an_interrupt() -> None:
+    """Ctrl-C cancels the main task; if it lands while the monitor's stop() awaits the sampler it
+    cancelled, stop() must pass the cancellation on, not swallow it as the sampler's (ttft diagnose
+    then ran every step instead of stopping)."""
+    import asyncio
+
+    from collectors.probe.health import HealthMonitor
+
+    async def main() -> None:
+        mon = HealthMonitor()
+        mon.start()
+        await asyncio.sleep(0.05)
+        stopping = asyncio.create_task(mon.stop())
+        await asyncio.sleep(0)  # stop() has cancelled the sampler and awaits it
+        stopping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stopping
+        calm = HealthMonitor()
+        calm.start()
+        await asyncio.sleep(0.05)
+        assert (await calm.stop()).wall_s > 0  # without an interrupt: the samples, as before
+
+    asyncio.run(main())
