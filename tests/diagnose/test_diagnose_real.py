@@ -115,8 +115,11 @@ def test_ctrl_c_leaves_a_valid_diagnosed_capture(tmp_path: Path) -> None:
     out = tmp_path / "cap"
     with EngineProcess(["--max-running", "1", "--threads", "1"]) as eng:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        # Ctrl-C as a terminal delivers it: the child's SIGINT at its default even when this test run was
+        # started as a background job, which ignores SIGINT for every process it starts (a shell's `cmd &`)
         proc = subprocess.Popen([sys.executable, "-m", "diag", "diagnose", eng.url, "-o", str(out)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         assert proc.stderr is not None
         seen = []
         for line in proc.stderr:  # the live progress: interrupt once the ladder is under way
