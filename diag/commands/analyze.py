@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        "replica label, e.g. instance), then the fleet, and name the hot replica")
     fleet.add_argument("--from-prometheus", metavar="URL", help="read the engines' series from a Prometheus server "
                        "(or Thanos/Mimir) instead of captures; implies --by instance unless --by is given")
-    fleet.add_argument("--duration", type=float, default=300.0, metavar="S",
+    fleet.add_argument("-d", "--duration", type=float, default=300.0, metavar="S",
                        help="with --from-prometheus: the last S seconds (default 300)")
     fleet.add_argument("--window", default="30s", metavar="PROMQL_DURATION",
                        help="with --from-prometheus: PromQL rate window, e.g. 30s (default 30s)")

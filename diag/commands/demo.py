@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--no-tui) it runs each phase once and prints the verdict of each phase.",
     )
     p.add_argument("--no-tui", action="store_true", help="run headless and print the verdict per phase")
-    p.add_argument("--duration", type=float, metavar="S", default=None,
+    p.add_argument("-d", "--duration", type=float, metavar="S", default=None,
                    help="seconds of load, split evenly over the phases (default: headless 60; dashboard: "
                    f"{DASHBOARD_PHASE_S:g} s per phase, repeating until q). Calibration (~5-10 s) and engine "
                    "starts (~2 s each) come on top")

@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="OTLP/gRPC port (default 4317; 0 = any free port)")
     p.add_argument("--no-grpc", action="store_true", help="do not start the OTLP/gRPC server")
     p.add_argument("-o", "--output", required=True, metavar="CAPTURE", help="capture directory to write")
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    p.add_argument("-d", "--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
     p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
                    help="largest accepted request body in MiB, after gunzip (default 16)")
     p.add_argument("--queue", type=int, default=1024, help="export requests buffered before answering 503")

@@ -48,14 +48,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="with --from-files: Unix time of the first scrape (default: its file's modification time)")
     p.add_argument("--interval", type=float, default=None, metavar="S",
                    help="seconds between scrapes (default 1; with --from-files: default the files' modification times)")
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    p.add_argument("-d", "--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
     p.add_argument("-o", "--output", required=True, metavar="CAPTURE", help="capture directory to write")
     p.add_argument("--engine", choices=sorted(pa.ADAPTERS_BY_ENGINE), help="skip detection from the metric names")
     p.add_argument("--timeout", type=float, default=2.0, metavar="S", help="per-scrape timeout (default 2)")
     p.add_argument("--entity", default="", help="entity name for the rows (e.g. a replica name)")
     p.add_argument("--from-prometheus", action="store_true",
                    help="URL is a Prometheus server: read the last --duration seconds with PromQL")
-    p.add_argument("--window", default="30s", help="PromQL rate window with --from-prometheus (default 30s)")
+    p.add_argument("--window", default="30s", metavar="PROMQL_DURATION", help="PromQL rate window with --from-prometheus (default 30s)")
     return p
 
 

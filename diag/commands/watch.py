@@ -23,11 +23,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("url", metavar="URL", help="base URL of the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--metrics", metavar="URL", default=None,
-                   help="Prometheus /metrics URL (default: URL/metrics; 'none' to skip)")
+                   help="Prometheus /metrics URL (default: URL/metrics; --no-metrics to skip)")
     p.add_argument("--otlp-port", type=int, metavar="P", default=4318,
-                   help="port of the OTLP/HTTP receiver on 127.0.0.1 (default 4318; 0 picks one; -1 off)")
+                   help="port of the OTLP/HTTP receiver on 127.0.0.1 (default 4318; 0 picks one; --no-otlp: none)")
     p.add_argument("--probe-rate", type=float, metavar="R", default=0.5,
-                   help="probe requests per second (default 0.5; 0 = no probe)")
+                   help="probe requests per second (default 0.5; --no-probe: none)")
+    off = p.add_argument_group("sources off (one way for each: --no-SOURCE; the older 'none', -1 and 0 still work)")
+    off.add_argument("--no-metrics", action="store_true", help="do not scrape /metrics")
+    off.add_argument("--no-otlp", action="store_true", help="no OTLP receiver for the engine's spans")
+    off.add_argument("--no-probe", action="store_true", help="no probe requests (no client TTFT)")
     p.add_argument("--probe-prompt", type=int, metavar="TOKENS", default=64, help="probe prompt length")
     p.add_argument("--probe-output", type=int, metavar="TOKENS", default=16, help="probe output length")
     p.add_argument("--probe-timeout", type=float, metavar="S", default=30.0,
@@ -46,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "for a Grafana alert")
     p.add_argument("--expose-interval", type=float, metavar="S", default=5.0,
                    help="seconds between two verdicts served by --expose (default 5)")
-    p.add_argument("--duration", type=float, metavar="S", default=None,
+    p.add_argument("-d", "--duration", type=float, metavar="S", default=None,
                    help="without a terminal: how long to collect before printing the verdict (default 30)")
     return p
 
@@ -54,6 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from diag.cli import UsageError
 
+    if args.no_metrics:
+        args.metrics = "none"
+    if args.no_otlp:
+        args.otlp_port = -1
+    if args.no_probe:
+        args.probe_rate = 0.0
     if args.probe_rate < 0 or args.window <= 0 or args.refresh <= 0 or args.probe_timeout <= 0:
         raise UsageError("--probe-rate must be >= 0, --window, --refresh and --probe-timeout > 0")
     from collectors.probe.client import split_url

@@ -68,3 +68,12 @@ def test_the_progress_line_shows_rate_and_eta() -> None:
     bar(4, 10, "concurrency=4")
     line = out.getvalue().split("\r")[-1]
     assert "4/10" in line and "2.0 req/s" in line and "ETA    3s" in line
+
+
+def test_one_way_to_turn_a_source_off_and_d_for_duration() -> None:
+    parser = build_parser()
+    a = parser.parse_args(["watch", "http://h:1", "--no-metrics", "--no-otlp", "--no-probe", "-d", "5"])
+    assert a.no_metrics and a.no_otlp and a.no_probe and a.duration == 5.0
+    for argv in (["scrape", "http://h:1/metrics", "-o", "x", "-d", "7"], ["receive", "-o", "x", "-d", "7"],
+                 ["probe", "http://h:1", "-d", "7"], ["analyze", "--from-prometheus", "http://h:9", "-d", "7"]):
+        assert parser.parse_args(argv).duration == 7.0, argv[0]
