@@ -1,36 +1,39 @@
 """Overhead of ``ttft instrument`` on Hugging Face ``transformers serve``: on/off, interleaved.
 
-Budget: < 1 % of throughput and of TTFT p50. Two servers on the same random-weight tiny Llama
+Budget: < 1 % of throughput and of TTFT p50. Two servers on the same random-weight Llama
 (tests/thirdparty/hf_serve.py) run side by side on loopback: ``transformers serve`` as it is
 ("off") and ``ttft instrument --capture DIR -- transformers serve`` ("on": the import hooks emit
-every stage span and write a real capture). Each round drives one of them with the same probe
-workload (same seed: the same prompts; closed loop, ``--concurrency`` in flight, ``--requests``
-measured after a warm-up); rounds go off, on, on, off, off, on, ... (ABBA) so that drift
-(neighbours, thermal, the other server idling) hits both sides alike. Each off/on pair gives a
-ratio (instrumented / plain) of output-token throughput and of TTFT p50; the figure is the
-median ratio over the pairs, with their spread (min-max and the interquartile range). Before
-the timed rounds each server gets ``--warmup-requests`` untimed requests: its first ~20 requests
-are slow (a start-up, apart).
+every stage span and write a real capture). One client (the probe's ``StreamingClient``, in this
+process) sends them the same bursts: ``--concurrency`` requests at once, the same prompts to
+both sides, the sides in ABBA order (off, on, on, off, ...), ``--pairs`` pairs after a warm-up.
+A pair of bursts a few tens of ms apart shares the machine's state (frequency, neighbours,
+the hypervisor), which rounds of whole probe runs seconds apart do not: on this 2-core VM a
+pair's ratio spreads ~12 % (IQR) where 0.5 s rounds spread ~30 %.
 
-Both servers run torch with ``--torch-threads`` intra-op threads (default 1: OMP_NUM_THREADS,
-the same for both sides), so that neither spins OpenMP workers on the cores the other side and
-the probe need; the figure is the hooks' cost, not torch's threading under contention.
-Wall-clock figures move with whatever else runs on the machine; the server's own CPU time per
-request (on-CPU ns of the server's threads from /proc schedstat, clock ticks when a thread
-exited during the round) moves much less, so it is
-printed as a third ratio: what the hooks cost in CPU, whatever the neighbours do. The verdict
-is taken on a distribution-free 95 % interval of the median per-pair cost (sign test): "within
-budget" only when the whole interval lies under 1 %, "OVER BUDGET" only when it lies above,
-else "undecided" (the box was too noisy to tell), never a pass on a median alone. Run:
-``python benchmarks/instrument_overhead.py [--rounds 40] [--requests 12] [--concurrency 2]
-[--torch-threads 1] [--hidden-size 64] [--layers 2] [--continuous-batching] [--profile]``.
-``--profile`` also py-spies the instrumented server and prints the share of its busy samples
-in ttft-diag's own frames: the hooks' direct cost, which a noisy box hardly moves.
+Pinning (default when the machine has >= 2 CPUs; ``--no-pin``): both servers on one CPU, the
+client on another, so the idle side and the client never take the active side's core, and
+both sides run on the same core. The instrumented server's deferred work (its span-build and
+export threads wake every 0.5 s) can then run during a plain burst and slow it; the benchmark
+measures that leak (the "on" server's CPU during each "off" burst) and the figures are taken
+with it moved back to its own side (plain wall time less the leak, instrumented wall time plus
+it: a conservative bound, as if every leaked ns had delayed the plain burst one for one).
+
+Both servers run torch with ``--torch-threads`` intra-op threads (default 1: OMP_NUM_THREADS).
+A third figure is the server's own CPU per request (on-CPU ns of its threads from /proc
+schedstat), summed over the whole run per side so that deferred work counts wherever it ran,
+and judged over blocks of ``--block`` pairs. Verdicts use a distribution-free 95 % interval of
+the median per-pair (per-block) cost (sign test): "within budget" only when the whole
+interval lies under 1 %, "OVER BUDGET" only when it lies above, else "undecided". Run:
+``python benchmarks/instrument_overhead.py [--pairs 600] [--concurrency 1] [--hidden-size 256]
+[--layers 4] [--continuous-batching] [--profile]``. ``--profile`` also py-spies the
+instrumented server and prints the share of its busy samples in ttft-diag's own frames.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import math
 import os
@@ -47,7 +50,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "thirdparty"))
 
-from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe  # noqa: E402
+from collectors.probe import LengthSpec, WorkloadSpec  # noqa: E402
+from collectors.probe.client import StreamingClient, resolve_endpoint  # noqa: E402
+from collectors.probe.workload import PromptItem, Workload  # noqa: E402
 from hf_serve import (  # noqa: E402
     CB_SMALL_CACHE_ARGS, InstrumentedTransformersServe, TransformersServe, build_tiny_llama,
 )
@@ -102,18 +107,57 @@ def cpu_delta_s(before: tuple[float, dict[str, int]], after: tuple[float, dict[s
     return sum(ns - ns0.get(t, 0) for t, ns in ns1.items()) / 1e9
 
 
-def one_round(url: str, requests: int, concurrency: int, warmup: int, input_tokens: int,
-              output_tokens: int) -> tuple[float, float]:
-    """One probe round against ``url``: (output tokens/s, TTFT p50 in s)."""
-    cfg = ProbeConfig(url, api="chat", load=LoadSpec(concurrency=concurrency, requests=requests,
-                                                     warmup_requests=warmup, seed=7),
-                      workload=WorkloadSpec(LengthSpec.parse(str(input_tokens)), LengthSpec.parse(str(output_tokens)),
-                                            exact_output=False, seed=7),
-                      timeout_s=120, output=None, compat_check=False)
-    m = run_probe(cfg).metrics
-    if m["requests"]["errors"]:
-        raise SystemExit(f"{url}: {m['requests']['errors']} failed requests: {m['errors']}")
-    return float(m["throughput"]["output_tokens_per_s"]), float(m["ttft_s"]["p50"])
+def own_threads_ns(pid: int, prefix: str = "ttft-") -> int:
+    """On-CPU ns of the threads of ``pid``'s tree whose OS name starts with ``prefix`` (our span
+    build and export threads name themselves: collectors.spans.name_native_thread)."""
+    total = 0
+    for p in _tree_pids(pid):
+        try:
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                if (t / "comm").read_text().startswith(prefix):
+                    total += int((t / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
+
+
+def pin_tree(pid: int, cpu: int) -> None:
+    """Pin every thread of ``pid``'s process tree to ``cpu`` (threads started later inherit it)."""
+    for p in _tree_pids(pid):
+        try:
+            tids = [int(t.name) for t in Path(f"/proc/{p}/task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, {cpu})
+            except OSError:
+                pass
+
+
+class Burst:
+    """One burst's figures: output tokens/s over its wall time, TTFT p50 (s), wall time (s)."""
+
+    __slots__ = ("tput", "ttft_s", "wall_s")
+
+    def __init__(self, tput: float, ttft_s: float, wall_s: float) -> None:
+        self.tput, self.ttft_s, self.wall_s = tput, ttft_s, wall_s
+
+
+async def burst(client: StreamingClient, items: list[PromptItem], tag: str) -> Burst:
+    """Send ``items`` at once through ``client``; raises SystemExit when any request failed."""
+    t0 = time.perf_counter()
+    rs = await asyncio.gather(*(client.request(it, f"{tag}-{i}") for i, it in enumerate(items)))
+    wall_s = time.perf_counter() - t0
+    bad = [r for r in rs if not r.ok]
+    if bad:
+        raise SystemExit(f"{len(bad)} failed request(s): {bad[0].error}: {bad[0].error_detail}")
+    tokens = sum(r.output_tokens or 0 for r in rs)
+    return Burst(tokens / wall_s, statistics.median(r.ttft_s for r in rs if r.ttft_s is not None), wall_s)
 
 
 def abba(rounds: int) -> list[str]:
@@ -227,90 +271,199 @@ def verdict(costs: list[float]) -> str:
         return f"within budget ({where})"
     if lo > BUDGET:
         return f"OVER BUDGET ({where})"
-    return f"undecided: {where} straddles the {BUDGET:.0%} budget (noise; more --rounds or a quieter machine)"
+    return f"undecided: {where} straddles the {BUDGET:.0%} budget (noise; more --pairs or a quieter machine)"
+
+
+class Toggle:
+    """Flips one ``ttft instrument --toggle-signal USR2`` server between hooks on and off, and
+    waits until its meta.json lists the flip (the handler has run)."""
+
+    def __init__(self, pid: int, meta_path: Path, on: bool) -> None:
+        self.pid, self.meta_path, self.on, self.flips = pid, meta_path, on, 0
+
+    def toggles_seen(self) -> int:
+        try:
+            return len(json.loads(self.meta_path.read_text()).get("instrument", {}).get("toggles", []))
+        except (OSError, ValueError):
+            return -1
+
+    async def set(self, on: bool) -> None:
+        if on == self.on:
+            return
+        os.kill(self.pid, signal.SIGUSR2)
+        self.flips += 1
+        deadline = time.monotonic() + 5
+        while self.toggles_seen() < self.flips:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the server did not flip its hooks within 5 s (pid {self.pid})")
+            await asyncio.sleep(0.002)
+        self.on = on
+
+
+async def measure(servers: dict[str, TransformersServe], args: argparse.Namespace,
+                  toggle: Toggle | None = None) -> dict[str, list[tuple[Burst, float, float]]]:
+    """Warm both sides, then ``args.pairs`` ABBA pairs of bursts.
+
+    Per side, per burst: (the burst, its own server's CPU s during it, CPU s during it that
+    belongs to the other side: the idle server's, or with ``toggle`` (one server, hooks flipped
+    between bursts) our span threads' during a hooks-off burst, the on bursts' deferred work).
+    """
+    pids = {side: srv.proc.pid for side, srv in servers.items() if srv.proc is not None}
+    clients: dict[str, StreamingClient] = {}
+    for side, srv in servers.items():
+        endpoint, _notes = await resolve_endpoint(srv.url, "chat")
+        clients[side] = await StreamingClient(endpoint, args.concurrency, timeout_s=120, exact_output=False).open()
+    workload = Workload(WorkloadSpec(LengthSpec.parse(str(args.input_tokens)), LengthSpec.parse(str(args.output_tokens)),
+                                     exact_output=False, seed=7))
+    other = {"off": "on", "on": "off"}
+    out: dict[str, list[tuple[Burst, float, float]]] = {"off": [], "on": []}
+
+    async def one(side: str, items: list[PromptItem], tag: str) -> tuple[Burst, float, float]:
+        if toggle is not None:
+            await toggle.set(side == "on")
+        await asyncio.sleep(0.01)  # the same pause before every burst (a flip's wait ends before it)
+        own0, oth0, thr0 = tree_cpu(pids[side]), tree_cpu(pids[other[side]]), own_threads_ns(pids[side])
+        b = await burst(clients[side], items, tag)
+        own = cpu_delta_s(own0, tree_cpu(pids[side]))
+        if toggle is None:
+            return b, own, cpu_delta_s(oth0, tree_cpu(pids[other[side]]))
+        deferred = (own_threads_ns(pids[side]) - thr0) / 1e9 if side == "off" else 0.0
+        return b, own - deferred, deferred
+
+    try:
+        for w in range(args.warmup_bursts):
+            items = [workload.next_item() for _ in range(args.concurrency)]
+            for side in ("off", "on"):
+                await one(side, items, f"warm{w}{side}")
+        items: list[PromptItem] = []
+        for i, side in enumerate(abba(args.pairs)):
+            if i % 2 == 0:
+                items = [workload.next_item() for _ in range(args.concurrency)]
+            b, own, leak = await one(side, items, f"p{i // 2}{side}")
+            out[side].append((b, own, leak))
+            if args.verbose:
+                print(f"pair {i // 2 + 1:>4} {side:<3} {b.tput:8.1f} tok/s  TTFT p50 {b.ttft_s * 1e3:7.2f} ms  "
+                      f"server CPU {own * 1e3:6.1f} ms  other side's CPU {leak * 1e3:5.2f} ms", flush=True)
+    finally:
+        for c in clients.values():
+            await c.close()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=40, help="off/on pairs (default 40)")
-    ap.add_argument("--requests", type=int, default=12, help="measured requests per round (default 12)")
-    ap.add_argument("--concurrency", type=int, default=2, help="requests in flight (default 2)")
-    ap.add_argument("--warmup-requests", type=int, default=24, help="untimed requests per server first (default 24)")
+    ap.add_argument("--pairs", type=int, default=600, help="off/on pairs of bursts (default 600)")
+    ap.add_argument("--concurrency", type=int, default=1, help="requests per burst, sent at once (default 1)")
+    ap.add_argument("--warmup-bursts", type=int, default=30, help="untimed bursts per server first (default 30)")
+    ap.add_argument("--block", type=int, default=25, help="pairs per block for the CPU verdict (default 25)")
     ap.add_argument("--input-tokens", type=int, default=64)
     ap.add_argument("--output-tokens", type=int, default=16)
     ap.add_argument("--continuous-batching", action="store_true", help="both servers in --continuous-batching mode")
     ap.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of both servers (default 1)")
-    ap.add_argument("--hidden-size", type=int, default=64, help="the random Llama's hidden size (default 64)")
-    ap.add_argument("--layers", type=int, default=2, help="the random Llama's layers (default 2)")
+    ap.add_argument("--hidden-size", type=int, default=256, help="the random Llama's hidden size (default 256)")
+    ap.add_argument("--layers", type=int, default=4, help="the random Llama's layers (default 4)")
+    ap.add_argument("--mode", choices=("toggle", "processes"), default="toggle",
+                    help="toggle: ONE instrumented server whose hooks are flipped on and off between bursts "
+                         "(ttft instrument --toggle-signal USR2): the same process, memory layout and threads on "
+                         "both sides; processes: a plain server against an instrumented one (adds what differs "
+                         "between two processes, see --control)")
+    ap.add_argument("--control", action="store_true",
+                    help="A/A control: the 'on' side is a second plain server (what the method reads when "
+                         "nothing differs; its interval should hold 0)")
+    ap.add_argument("--no-pin", action="store_true", help="leave CPU placement to the scheduler")
+    ap.add_argument("-v", "--verbose", action="store_true", help="one line per burst")
     ap.add_argument("--profile", action="store_true",
-                    help="py-spy the instrumented server during the timed rounds: the share of its busy samples "
-                         "spent in ttft-diag's own frames (a figure the neighbours' noise moves little; py-spy's "
-                         "own CPU then weighs on the wall-clock ratios: judge those from a run without it)")
+                    help="py-spy the instrumented server during the timed pairs: the share of its busy samples "
+                         "spent in ttft-diag's own frames (py-spy's own CPU then weighs on the wall-clock ratios: "
+                         "judge those from a run without it)")
     args = ap.parse_args(argv)
-    if min(args.rounds, args.requests, args.concurrency, args.torch_threads) < 1:
-        ap.error("--rounds, --requests, --concurrency and --torch-threads must be >= 1")
+    if min(args.pairs, args.concurrency, args.torch_threads, args.block) < 1:
+        ap.error("--pairs, --concurrency, --torch-threads and --block must be >= 1")
     os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # the servers inherit it
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = not args.no_pin and len(cpus) >= 2
 
     tmp = Path(tempfile.mkdtemp(prefix="ttft-instr-bench-"))
     model = build_tiny_llama(tmp / "tiny-llama", spaced=True, hidden_size=args.hidden_size, layers=args.layers)
     extra = CB_SMALL_CACHE_ARGS if args.continuous_batching else None
     kw = {"continuous_batching": args.continuous_batching, "extra_args": extra}
-    plain = TransformersServe(model, **kw)
-    instrumented = InstrumentedTransformersServe(model, tmp / "srv", **kw)
-    with plain, instrumented:
-        servers = {"off": plain, "on": instrumented}
+    toggle_mode = args.mode == "toggle" and not args.control
+    if toggle_mode:
+        instrumented = InstrumentedTransformersServe(model, tmp / "srv", ["--toggle-signal", "USR2"], **kw)
+        plain = instrumented
+    else:
+        plain = TransformersServe(model, **kw)
+        instrumented = (TransformersServe(model, **kw) if args.control
+                        else InstrumentedTransformersServe(model, tmp / "srv", **kw))
+    with contextlib.ExitStack() as stack:
+        for srv in {id(plain): plain, id(instrumented): instrumented}.values():
+            stack.enter_context(srv)
+        servers: dict[str, TransformersServe] = {"off": plain, "on": instrumented}
         try:
-            for side, srv in servers.items():
-                one_round(srv.url, args.warmup_requests, args.concurrency, 0, args.input_tokens, args.output_tokens)
-            results: dict[str, list[tuple[float, float, float]]] = {"off": [], "on": []}
+            if pin:
+                for srv in (plain, instrumented):
+                    assert srv.proc is not None
+                    pin_tree(srv.proc.pid, cpus[-1])
+                os.sched_setaffinity(0, set(cpus[:-1]))
             spy = start_py_spy(server_pid(instrumented), tmp / "py-spy.txt") if args.profile else None
             t0 = time.monotonic()
-            for i, side in enumerate(abba(args.rounds)):
-                srv = servers[side]
-                assert srv.proc is not None
-                cpu0 = tree_cpu(srv.proc.pid)
-                tput, ttft = one_round(srv.url, args.requests, args.concurrency, 1, args.input_tokens,
-                                       args.output_tokens)
-                cpu_ms = cpu_delta_s(cpu0, tree_cpu(srv.proc.pid)) / (args.requests + 1) * 1e3
-                results[side].append((tput, ttft, cpu_ms))
-                print(f"round {i + 1:>2} {side:<3} throughput {tput:8.1f} tok/s  TTFT p50 {ttft * 1e3:7.2f} ms  "
-                      f"server CPU {cpu_ms:6.1f} ms/request", flush=True)
+            toggle = Toggle(server_pid(instrumented), tmp / "srv" / "meta.json", on=True) if toggle_mode else None
+            results = asyncio.run(measure(servers, args, toggle))
             elapsed_s = time.monotonic() - t0
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(30)
         finally:
             if args.continuous_batching:  # its CB loop thread does not stop on SIGINT
-                for srv in servers.values():
+                for srv in (plain, instrumented):
                     if srv.proc is not None and srv.proc.poll() is None:
                         srv.proc.send_signal(signal.SIGTERM)
     spans_path = tmp / "srv" / "spans.otlp.jsonl"
     meta_path = tmp / "srv" / "meta.json"
     n_spans = sum(1 for _ in spans_path.open()) if spans_path.exists() else 0
 
-    tput_ratio = [on[0] / off[0] for off, on in zip(results["off"], results["on"])]
-    ttft_ratio = [on[1] / off[1] for off, on in zip(results["off"], results["on"])]
-    cpu_ratio = [on[2] / off[2] for off, on in zip(results["off"], results["on"]) if off[2] > 0]
-    mode = "--continuous-batching" if args.continuous_batching else "plain"
-    print(f"\ntransformers serve ({mode}, Llama hidden {args.hidden_size} x {args.layers} layers), {args.rounds} off/on pairs x {args.requests} requests, "
-          f"{args.concurrency} in flight, {args.input_tokens}/{args.output_tokens} tokens, "
-          f"{args.torch_threads} torch thread(s); {elapsed_s:.0f} s; "
-          f"instrumented capture: {n_spans} span lines")
-    print(f"throughput ratio (instrumented / plain): {spread(tput_ratio)}")
-    print(f"TTFT p50 ratio   (instrumented / plain): {spread(ttft_ratio)}")
-    if cpu_ratio:
-        print(f"server CPU per request ratio:            {spread(cpu_ratio)}")
+    pairs = list(zip(results["off"], results["on"]))
+    # the idle side's CPU during a burst ran on that burst's core: moved back to its own side
+    # (the instrumented server's deferred work during a plain burst, and the plain server's idle
+    # ticks during an instrumented one), as if every leaked ns had delayed the burst one for one
+    leak_s = [off[2] for off, _on in pairs]
+    wall = [(off[0].wall_s - off[2] + on[2], on[0].wall_s - on[2] + off[2]) for off, on in pairs]
+    tput_ratio = [(w_off / w_on) * (on[0].tput * on[0].wall_s) / (off[0].tput * off[0].wall_s)
+                  for (off, on), (w_off, w_on) in zip(pairs, wall)]
+    # for TTFT, the share of each leak that fell before the first token (spread evenly over the burst)
+    ttft_ratio = [(on[0].ttft_s + (off[2] - on[2]) * min(1.0, on[0].ttft_s / on[0].wall_s))
+                  / max(off[0].ttft_s - (off[2] - on[2]) * min(1.0, off[0].ttft_s / off[0].wall_s), 1e-9)
+                  for off, on in pairs]
+    raw_tput = [on[0].tput / off[0].tput for off, on in pairs]
+    raw_ttft = [on[0].ttft_s / off[0].ttft_s for off, on in pairs]
+    blocks = [pairs[i:i + args.block] for i in range(0, len(pairs) - args.block + 1, args.block)]
+    cpu_ratio = [sum(on[1] + off[2] for off, on in blk) / sum(off[1] + on[2] for off, on in blk) for blk in blocks]
+    n_req = args.pairs * args.concurrency
+    cpu_off_ms = sum(off[1] + on[2] for off, on in pairs) / n_req * 1e3
+    cpu_on_ms = sum(on[1] + off[2] for off, on in pairs) / n_req * 1e3
+
+    mode = ("--continuous-batching" if args.continuous_batching else "plain") + (
+        ", A/A CONTROL: two plain servers" if args.control else
+        ", one server, hooks flipped on/off" if toggle_mode else ", a plain and an instrumented server")
+    where = (f"servers pinned to CPU {cpus[-1]}, client to {cpus[:-1]}" if pin else "unpinned")
+    print(f"\ntransformers serve ({mode}, Llama hidden {args.hidden_size} x {args.layers} layers), {args.pairs} off/on "
+          f"pairs of bursts of {args.concurrency}, {args.input_tokens}/{args.output_tokens} tokens, "
+          f"{args.torch_threads} torch thread(s), {where}; {elapsed_s:.0f} s; instrumented capture: {n_spans} span lines")
+    print(f"plain burst: {statistics.median(off[0].wall_s for off, _ in pairs) * 1e3:.1f} ms wall, TTFT p50 "
+          f"{statistics.median(off[0].ttft_s for off, _ in pairs) * 1e3:.2f} ms; the other side's CPU during a burst "
+          f"(the instrumented side's deferred span work, the idle server's ticks): {statistics.mean(leak_s) * 1e3:.3f} ms "
+          f"into a plain burst, {statistics.mean(on[2] for _, on in pairs) * 1e3:.3f} ms into an instrumented one; "
+          f"each moved back to its side")
+    print(f"throughput ratio (instrumented / plain): {spread(tput_ratio)}; raw {statistics.median(raw_tput):.4f}")
+    print(f"TTFT p50 ratio   (instrumented / plain): {spread(ttft_ratio)}; raw {statistics.median(raw_ttft):.4f}")
     tput_costs = [1.0 - r for r in tput_ratio]
     ttft_costs = [r - 1.0 for r in ttft_ratio]
     print(f"budget < {BUDGET:.0%}: throughput cost {statistics.median(tput_costs):+.2%} -> {verdict(tput_costs)}")
     print(f"budget < {BUDGET:.0%}: TTFT p50 cost   {statistics.median(ttft_costs):+.2%} -> {verdict(ttft_costs)}")
     if cpu_ratio:
-        cpu_diff_ms = [on[2] - off[2] for off, on in zip(results["off"], results["on"])]
-        print(f"server CPU cost per request {statistics.median(cpu_ratio) - 1.0:+.2%}: "
-              f"{statistics.median(cpu_diff_ms):+.2f} ms (IQR {iqr(cpu_diff_ms):.2f} ms) on "
-              f"{statistics.median(r[2] for r in results['off']):.1f} ms of a plain request "
-              f"(compare --hidden-size/--layers: a fixed cost per request stays, a per-step one grows); "
-              f"{verdict([r - 1.0 for r in cpu_ratio]).split(' (')[0]} by CPU")
+        print(f"server CPU per request (whole run, deferred work included): {cpu_on_ms:.2f} ms instrumented vs "
+              f"{cpu_off_ms:.2f} ms plain ({cpu_on_ms / cpu_off_ms - 1.0:+.2%}; {cpu_on_ms - cpu_off_ms:+.3f} ms); "
+              f"over {len(blocks)} blocks of {args.block} pairs: {verdict([r - 1.0 for r in cpu_ratio])}")
     if args.profile and (tmp / "py-spy.txt").exists():
         busy, ours, by_fn = own_share(tmp / "py-spy.txt")
         top = ", ".join(f"{fn} {n}" for fn, n in sorted(by_fn.items(), key=lambda kv: -kv[1])[:5])

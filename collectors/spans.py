@@ -52,6 +52,16 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 AttributeValue = str | bool | int | float | Sequence[str] | Sequence[int] | Sequence[float]
 
 
+def name_native_thread() -> None:
+    """Give the calling thread its Python name in the OS (``top -H``, ``/proc/PID/task/TID/comm``),
+    cut to Linux's 15 bytes, so our threads can be told apart in the process they run in. Best effort."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(threading.current_thread().name[:15])
+    except OSError:
+        pass
+
+
 class DroppingBatchProcessor(SpanProcessor):
     """A batch span processor that never blocks the caller: a bounded deque, a worker thread.
 
@@ -108,6 +118,7 @@ class DroppingBatchProcessor(SpanProcessor):
                     self.dropped_spans += len(batch)
 
     def _run(self) -> None:
+        name_native_thread()
         while not self._stopping:
             self._wake.wait(self._interval_s)
             self._wake.clear()
@@ -454,6 +465,7 @@ class SpanMaterializer:
                         log.warning("building a span failed (%s): %s", kind, exc)
 
     def _run(self) -> None:
+        name_native_thread()
         while not self._closed:
             self._wake.wait(self._interval_s)
             self._wake.clear()

@@ -96,8 +96,13 @@ def engine_flags(engine: str, argv: Sequence[str], grpc_endpoint: str) -> list[s
 
 
 def build_env(base: Mapping[str, str], capture_dir: str | None, otlp_url: str | None,
-              argv: Sequence[str], targets: str = "transformers") -> dict[str, str]:
-    """COMMAND's environment: the bootstrap first on PYTHONPATH (any existing entries kept after it)."""
+              argv: Sequence[str], targets: str = "transformers", toggle_signal: str | None = None,
+              paused: bool = False) -> dict[str, str]:
+    """COMMAND's environment: the bootstrap first on PYTHONPATH (any existing entries kept after it).
+
+    ``toggle_signal`` (a name such as ``USR2``) lets that signal pause and resume the hooks;
+    ``paused`` starts them paused.
+    """
     env = dict(base)
     old = env.get("PYTHONPATH", "")
     boot = str(BOOTSTRAP_DIR)
@@ -107,6 +112,12 @@ def build_env(base: Mapping[str, str], capture_dir: str | None, otlp_url: str | 
     env[runtime.ENV_COMMAND] = " ".join(argv)[:500]
     env.pop(runtime.ENV_CAPTURE, None)
     env.pop(runtime.ENV_OTLP, None)
+    env.pop(runtime.ENV_TOGGLE_SIGNAL, None)
+    env.pop(runtime.ENV_PAUSED, None)
+    if toggle_signal:
+        env[runtime.ENV_TOGGLE_SIGNAL] = toggle_signal
+        if paused:
+            env[runtime.ENV_PAUSED] = "1"
     if capture_dir is not None:
         env[runtime.ENV_CAPTURE] = os.path.abspath(capture_dir)
     if otlp_url is not None:
@@ -115,11 +126,12 @@ def build_env(base: Mapping[str, str], capture_dir: str | None, otlp_url: str | 
 
 
 def plan(argv: Sequence[str], base_env: Mapping[str, str], capture_dir: str | None = None,
-         otlp_url: str | None = None, receiver_grpc: str | None = None) -> Plan:
+         otlp_url: str | None = None, receiver_grpc: str | None = None, toggle_signal: str | None = None,
+         paused: bool = False) -> Plan:
     """Build the Plan. For a self-tracing engine the flags point at ``otlp_url`` when given
     (as the user wrote it), else at ``receiver_grpc`` (our receiver, which then must run)."""
     engine = detect_engine(argv)
-    env = build_env(base_env, capture_dir, otlp_url, argv)
+    env = build_env(base_env, capture_dir, otlp_url, argv, toggle_signal=toggle_signal, paused=paused)
     if engine not in SELF_TRACING:
         return Plan(engine, list(argv), env)
     endpoint = otlp_url or receiver_grpc or "127.0.0.1:4317"

@@ -6,7 +6,8 @@ gets the module back, so ``from m import f`` already sees the patched ``f``). A 
 already imported is patched at once. :class:`HookStats` counts what happened: every hook body
 runs under :meth:`HookStats.guard`, which swallows and counts any exception so that a hook can
 never break the engine. Patching is wrapping public attributes with :func:`wrap_method`; the
-original is kept on the wrapper (``__wrapped__``) and is always called.
+original is kept on the wrapper (``__wrapped__``) and is always called. A :class:`HookSwitch`
+turns every wrapper of a process into a plain call of the original (tracing paused) and back.
 
 Threading: the finder runs on whatever thread imports the module (under the import lock);
 :class:`HookStats` counters are plain ints updated under a lock (a hook failing is rare).
@@ -20,6 +21,7 @@ import importlib.machinery
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -68,6 +70,25 @@ class HookStats:
                     "hook_first_error": dict(self.first_error), "patched": list(self.patched)}
 
 
+class HookSwitch:
+    """On: the wrappers run their hooks; off: each calls the original and nothing else.
+
+    Flipped from any thread (a signal handler, on the main thread); a flip takes effect at the
+    next wrapped call, so a request in flight at a flip gets part of its stage spans.
+    ``toggles`` holds (Unix s, on) for every flip, for meta.json.
+    """
+
+    __slots__ = ("on", "toggles")
+
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
+        self.toggles: list[tuple[float, bool]] = []
+
+    def set(self, on: bool) -> None:
+        self.on = on
+        self.toggles.append((round(time.time(), 6), on))
+
+
 class _Guard:
     """A reusable context manager: swallows and counts an ``Exception`` raised in its block."""
 
@@ -90,15 +111,22 @@ class _Guard:
 
 
 def wrap_method(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],
-                stats: HookStats, label: str) -> bool:
+                stats: HookStats, label: str, switch: HookSwitch | None = None) -> bool:
     """Replace ``owner.name`` by ``make(original)`` (functools.wraps'd); False when it is missing.
 
-    Idempotent: an attribute already wrapped by us is left alone.
+    With a ``switch``, the replacement calls ``make(original)`` while the switch is on and the
+    original alone while it is off. Idempotent: an attribute already wrapped by us is left alone.
     """
     original = getattr(owner, name, None)
     if original is None or getattr(original, "__ttft_wrapped__", False):
         return False
-    wrapper = functools.wraps(original)(make(original))
+    hooked = make(original)
+    replacement = hooked
+    if switch is not None:
+        def switched(*args: Any, **kwargs: Any) -> Any:
+            return (hooked if switch.on else original)(*args, **kwargs)
+        replacement = switched
+    wrapper = functools.wraps(original)(replacement)
     wrapper.__ttft_wrapped__ = True  # type: ignore[attr-defined]
     setattr(owner, name, wrapper)
     stats.patched.append(label)

@@ -10,7 +10,9 @@ process may write a capture: it claims ``CAPTURE/.instrument.lock`` (O_EXCL) fir
 Exit: spans are exported continuously (about every 0.5 s) by the sink's own threads; at exit
 (``threading._register_atexit`` - before non-daemon threads are joined - with ``atexit`` as a
 fallback) and on SIGTERM/SIGINT (chained to the handler that was there) the sink is flushed and
-meta.json gets the hook counters. Threading: :meth:`activate` and :meth:`shutdown` are
+meta.json gets the hook counters. Tracing can be paused: with ``ENV_TOGGLE_SIGNAL`` set (a signal
+name, e.g. ``USR2``), that signal flips every hook between on and off (:class:`HookSwitch`);
+``ENV_PAUSED`` starts the process with them off; meta.json lists the flips. Threading: :meth:`activate` and :meth:`shutdown` are
 idempotent and take a lock; call them from any thread.
 """
 
@@ -25,13 +27,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collectors.instrument.hooks import HookStats, PostImportHooks
+from collectors.instrument.hooks import HookStats, HookSwitch, PostImportHooks
 
 ENV_CAPTURE = "TTFT_INSTRUMENT_CAPTURE"  # capture directory to write
 ENV_OTLP = "TTFT_INSTRUMENT_OTLP"  # OTLP/HTTP base URL to export to
 ENV_TARGETS = "TTFT_INSTRUMENT_TARGETS"  # comma-separated targets ("transformers")
 ENV_BOOTSTRAP_DIR = "TTFT_INSTRUMENT_BOOTSTRAP_DIR"  # our sitecustomize's directory (for chaining)
 ENV_COMMAND = "TTFT_INSTRUMENT_COMMAND"  # COMMAND as given, for meta.json
+ENV_TOGGLE_SIGNAL = "TTFT_INSTRUMENT_TOGGLE_SIGNAL"  # a signal name (USR1, USR2): flips tracing on/off
+ENV_PAUSED = "TTFT_INSTRUMENT_PAUSED"  # "1": start with tracing off (needs ENV_TOGGLE_SIGNAL)
 LOCK_NAME = ".instrument.lock"
 
 
@@ -52,6 +56,8 @@ class Instrumentation:
         self.otlp_url = env.get(ENV_OTLP) or None
         self.targets = [t for t in (env.get(ENV_TARGETS) or "transformers").split(",") if t]
         self.command = env.get(ENV_COMMAND, "")
+        self.toggle_signal = env.get(ENV_TOGGLE_SIGNAL) or None
+        self.switch = HookSwitch(on=not (self.toggle_signal and env.get(ENV_PAUSED) == "1"))
         self.stats = HookStats()
         self.hooks = PostImportHooks(self.stats)
         self.sink: Any = None
@@ -102,7 +108,43 @@ class Instrumentation:
             self.write_meta()
 
     def meta_block(self) -> dict[str, Any]:
-        return {**self.meta, **self.stats.as_meta(), "unmeasured": dict(self.unmeasured)}
+        block = {**self.meta, **self.stats.as_meta(), "unmeasured": dict(self.unmeasured)}
+        if self.toggle_signal:
+            block["toggle_signal"] = self.toggle_signal
+            block["tracing_on"] = self.switch.on
+            block["toggles"] = [{"unix_s": t, "on": on} for t, on in self.switch.toggles]
+        return block
+
+    def install_toggle(self) -> None:
+        """Flip tracing on ``toggle_signal`` (main thread only; an unknown name is one line, no toggle).
+
+        A handler already installed for that signal is still called after the flip.
+        """
+        if not self.toggle_signal:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            self.switch.on, self.toggle_signal = True, None  # no handler: never left paused
+            return
+        name = self.toggle_signal.upper()
+        signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
+        if not isinstance(signum, signal.Signals):
+            say(f"unknown toggle signal {self.toggle_signal!r}: tracing cannot be paused in this process")
+            self.switch.on, self.toggle_signal = True, None
+            return
+        previous = signal.getsignal(signum)
+
+        def flip(sig: int, frame: Any) -> None:
+            self.switch.set(not self.switch.on)
+            # not from the handler itself: it may have interrupted this thread inside the writer
+            threading.Thread(target=self.write_meta, name="ttft-toggle-meta", daemon=True).start()
+            if callable(previous):
+                previous(sig, frame)
+
+        try:
+            signal.signal(signum, flip)
+        except (ValueError, OSError) as exc:
+            say(f"cannot handle {signum.name}: {exc}; tracing stays on")
+            self.switch.on, self.toggle_signal = True, None
 
     def write_meta(self) -> None:
         with self.stats.guard("meta"):

@@ -38,15 +38,14 @@ measure is written to meta.json ``instrument.unmeasured``. Every hook body runs 
 Overhead (``benchmarks/instrument_overhead.py``): per decode step only the streamer ``put``
 wrapper runs (plain) or the CB step wrappers with one tuple per request in the batch; no
 torch hook stays on the model, span building and export run on the sink's own threads
-(OTLP JSON written without protobuf). Measured 2026-12-01 on a shared 2-core box (py-spy,
-``--profile``): 0.5-1.3 % of the plain server's busy samples in our frames (64x2 and 256x4
-Llama), about 3.4 % in ``--continuous-batching`` (one ``ttft.engine.step`` span per step, led
-by the capture write); wall-clock on/off pairs there spread +-5-20 %, too wide to judge 1 %.
-After the span path was made cheaper (a step span's build + export 27 -> 17 us of CPU; the
-capture line through orjson, 5 vs 41 us a span), 20 pairs of 12 requests at load average
-3-7 on 2 cores: plain 1.01 % (24 of 2377 busy samples), CB 1.5-2.0 % (56 of 3190, 105 of
-5299), now led by the CB step wrappers themselves; wall-clock and CPU-per-request verdicts
-were still "undecided" or swung both ways (CB CPU +5 to +10 % in three runs, plain -6 %).
+(OTLP JSON written without protobuf). Measured 2026-12-01 on a 2-core VM with one server
+whose hooks were flipped on and off between bursts (``--toggle-signal``: same process, so
+no process-to-process difference; an A/A run of two plain servers differed by 2 %), 256x4
+Llama, bursts ABBA. Plain, 1,000 pairs: server CPU per request +0.32 % (95 % CI of the
+median over blocks [-0.70 %, +0.87 %]: within budget), throughput +0.62 % [-0.02, +1.40],
+TTFT p50 +0.27 % [-0.42, +1.16]; py-spy 0.29 % of busy samples in our frames.
+``--continuous-batching``, 600 pairs of 2: CPU +2.2 % [-0.15, +4.37]; its bursts' TTFT
+spreads too widely (IQR 130 %) to judge wall-clock there.
 """
 
 from __future__ import annotations
@@ -132,10 +131,13 @@ class _Patches:
         """A serving module is being imported: this process is ``transformers serve``."""
         self.inst.activate(rq.ENGINE, self.version)
 
-    def wrap(self, owner: Any, name: str, make: Any) -> None:
+    def wrap(self, owner: Any, name: str, make: Any, switched: bool = True) -> None:
+        """Wrap ``owner.name``; ``switched`` hooks are plain calls while tracing is paused (the
+        setup-time ones, which put our middleware in, are not: a paused start must resume)."""
         from collectors.instrument.hooks import wrap_method
 
-        wrap_method(owner, name, make, self.stats, f"{getattr(owner, '__name__', owner)}.{name}")
+        wrap_method(owner, name, make, self.stats, f"{getattr(owner, '__name__', owner)}.{name}",
+                    self.inst.switch if switched else None)
 
     # -- transformers/cli/serving/server.py: build_server -> ASGI middleware ---------------------
 
@@ -151,7 +153,7 @@ class _Patches:
                 return app
             return build_server
 
-        self.wrap(mod, "build_server", make)
+        self.wrap(mod, "build_server", make, switched=False)  # the middleware checks the switch per request
 
     # -- chat_completion.py / completion.py: handle_request opens the request span ---------------
 
@@ -252,7 +254,8 @@ class TraceMiddleware:
         req = None
         token = None
         stats = self.patches.stats
-        if scope.get("type") == "http" and scope.get("path") in TRACED_PATHS and self.patches.sink is not None:
+        if (scope.get("type") == "http" and scope.get("path") in TRACED_PATHS and self.patches.sink is not None
+                and self.patches.inst.switch.on):
             with stats.guard("asgi_request"):
                 tp = next((v for k, v in scope.get("headers") or () if k == b"traceparent"), None)
                 req = rq.ServeRequest(tp.decode("latin-1") if tp else None, scope["path"])

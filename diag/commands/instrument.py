@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 
+#: signals --toggle-signal may name: the user-defined ones (the others stop, stop or hang an engine)
+TOGGLE_SIGNALS = ("USR1", "USR2")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "instrument",
@@ -35,6 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       "default without --capture: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT)")
     p.add_argument("--receiver-port", type=int, default=0, metavar="PORT",
                    help="self-tracing engines: our OTLP/gRPC receiver's port (default: any free port)")
+    p.add_argument("--toggle-signal", metavar="SIG", default=None,
+                   help="Python engines: this signal (USR1 or USR2) pauses and resumes the hooks in the engine's "
+                        "process (kill -SIG PID; while paused every hook is a plain call, no span); meta.json lists "
+                        "the flips")
+    p.add_argument("--paused", action="store_true",
+                   help="with --toggle-signal: start with the hooks paused (trace only once you send the signal)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the engine's command line")
     return p
 
@@ -67,13 +77,20 @@ def run(args: argparse.Namespace) -> int:
             (cap / runtime.LOCK_NAME).unlink()  # a lock left by a killed run
         except OSError:
             pass
+    if args.paused and not args.toggle_signal:
+        raise UsageError("--paused needs --toggle-signal SIG (otherwise nothing could resume tracing)")
+    if args.toggle_signal and args.toggle_signal.upper().removeprefix("SIG") not in TOGGLE_SIGNALS:
+        raise UsageError(f"--toggle-signal {args.toggle_signal}: use one of {', '.join(TOGGLE_SIGNALS)} "
+                         "(SIGINT and SIGTERM stop the engine)")
     engine = commandline.detect_engine(argv)
     receiver: Any = None
     writer: Any = None
     grpc = None
     if engine in commandline.SELF_TRACING and args.otlp is None:
         receiver, writer, grpc = _start_receiver(args.capture, args.receiver_port, engine)
-    plan = commandline.plan(argv, os.environ, capture_dir=args.capture, otlp_url=args.otlp, receiver_grpc=grpc)
+    toggle = args.toggle_signal.upper().removeprefix("SIG") if args.toggle_signal else None
+    plan = commandline.plan(argv, os.environ, capture_dir=args.capture, otlp_url=args.otlp, receiver_grpc=grpc,
+                            toggle_signal=toggle, paused=args.paused)
     if writer is not None:
         writer.update_meta(instrument={"engine_flags": plan.added_flags, "argv": plan.argv,
                                        "note": "engine tracing flags are tested as built, not against a running engine"})

@@ -160,11 +160,14 @@ def ttft_command() -> list[str]:
 
 
 class InstrumentedTransformersServe(TransformersServe):
-    """The same server under ``ttft instrument --capture CAPTURE_DIR -- transformers serve ...``."""
+    """The same server under ``ttft instrument --capture CAPTURE_DIR [INSTRUMENT_ARGS] -- transformers serve ...``."""
 
-    def __init__(self, model_dir: Path, capture_dir: Path, **kwargs: object) -> None:
+    def __init__(self, model_dir: Path, capture_dir: Path, instrument_args: list[str] | None = None,
+                 **kwargs: object) -> None:
         super().__init__(model_dir, **kwargs)  # type: ignore[arg-type]
         self.capture_dir = Path(capture_dir)
+        self.instrument_args = list(instrument_args or [])
 
     def command(self) -> list[str]:
-        return [*ttft_command(), "instrument", "--capture", str(self.capture_dir), "--", *super().command()]
+        return [*ttft_command(), "instrument", "--capture", str(self.capture_dir), *self.instrument_args, "--",
+                *super().command()]

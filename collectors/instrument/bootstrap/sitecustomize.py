@@ -32,6 +32,7 @@ def _start() -> None:
               "running uninstrumented", file=sys.stderr)
         return
     inst = current()
+    inst.install_toggle()
     if "transformers" in inst.targets:
         from collectors.instrument import transformers_serve
 

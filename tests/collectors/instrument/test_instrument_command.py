@@ -46,8 +46,18 @@ def test_usage_errors_are_one_line(tmp_path, capsys):
     (tmp_path / "old" / "spans.otlp.jsonl").write_text("")
     assert main(["instrument", "--capture", str(tmp_path / "old"), "--", "true"]) == 2
     assert main(["instrument", "--capture", str(tmp_path / "x"), "--", str(tmp_path / "no-such-engine")]) == 2
+    assert main(["instrument", "--capture", str(tmp_path / "y"), "--paused", "--", "true"]) == 2
+    assert main(["instrument", "--capture", str(tmp_path / "y"), "--toggle-signal", "TERM", "--", "true"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and all(line.startswith("ttft instrument: error:") for line in err)
+    assert len(err) == 5 and all(line.startswith("ttft instrument: error:") for line in err)
+    assert "--paused needs --toggle-signal" in err[3] and "USR1, USR2" in err[4]
+
+
+def test_the_toggle_signal_and_paused_reach_the_command(tmp_path):
+    code = "import os; print(os.environ.get('TTFT_INSTRUMENT_TOGGLE_SIGNAL'), os.environ.get('TTFT_INSTRUMENT_PAUSED'))"
+    res = _ttft("instrument", "--capture", str(tmp_path / "srv"), "--toggle-signal", "SIGUSR1", "--paused", "--",
+                sys.executable, "-c", code)
+    assert res.returncode == 0 and res.stdout.split() == ["USR1", "1"], res.stderr
 
 
 @pytest.fixture

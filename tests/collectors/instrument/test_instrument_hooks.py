@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import textwrap
+import time
 
 import pytest
 
 from collectors.instrument import tx_request as rq
-from collectors.instrument.hooks import HookStats, PostImportHooks, wrap_method
+from collectors.instrument.hooks import HookStats, HookSwitch, PostImportHooks, wrap_method
 from collectors.instrument.runtime import Instrumentation
 from collectors.instrument.transformers_serve import _Patches
 
@@ -97,3 +100,50 @@ def test_wrapping_twice_is_a_no_op():
     assert wrap_method(Engine, "step", make, stats, "step")
     assert not wrap_method(Engine, "step", make, stats, "step")
     assert Engine().step() == 8
+
+
+def test_a_switched_off_wrapper_calls_only_the_original_and_on_again_runs_the_hook():
+    stats, switch, calls = HookStats(), HookSwitch(), []
+
+    class Engine:
+        def step(self, x):
+            return x * 2
+
+    def make(orig):
+        def step(self, x):
+            calls.append(x)
+            return orig(self, x) + 1
+        return step
+
+    assert wrap_method(Engine, "step", make, stats, "step", switch)
+    assert Engine().step(3) == 7 and calls == [3]
+    switch.set(False)
+    assert Engine().step(4) == 8 and calls == [3]  # the original's result, no hook
+    switch.set(True)
+    assert Engine().step(5) == 11 and calls == [3, 5]
+    assert [on for _t, on in switch.toggles] == [False, True]
+
+
+def test_the_toggle_signal_pauses_and_resumes_the_hooks_and_meta_lists_the_flips():
+    inst = Instrumentation(environ={"TTFT_INSTRUMENT_TOGGLE_SIGNAL": "usr2", "TTFT_INSTRUMENT_PAUSED": "1"})
+    assert not inst.switch.on  # started paused
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        inst.install_toggle()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        deadline = time.monotonic() + 5
+        while not inst.switch.on and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert inst.switch.on
+        meta = inst.meta_block()
+        assert meta["toggle_signal"] == "usr2" and meta["tracing_on"] is True
+        assert [t["on"] for t in meta["toggles"]] == [True]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_paused_without_a_toggle_signal_or_with_an_unknown_one_traces():
+    assert Instrumentation(environ={"TTFT_INSTRUMENT_PAUSED": "1"}).switch.on  # nothing could resume it
+    inst = Instrumentation(environ={"TTFT_INSTRUMENT_TOGGLE_SIGNAL": "NOPE", "TTFT_INSTRUMENT_PAUSED": "1"})
+    inst.install_toggle()
+    assert inst.switch.on and "toggle_signal" not in inst.meta_block()

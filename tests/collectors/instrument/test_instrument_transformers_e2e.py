@@ -165,3 +165,43 @@ def test_instrumented_transformers_serve_exports_to_an_otlp_endpoint(tiny_llama,
     a = analyze_paths([tmp_path / "cli", tmp_path / "recv"], run_rules=False)
     joined = a.tables.requests.loc[lambda r: r["has_server"] & r["has_client"] & ~r["warmup"]]
     assert len(joined) == 2 and joined[list(MEASURED)].notna().all().all()
+
+
+def _child_pid(pid: int) -> int:
+    """The engine process ``ttft instrument`` started."""
+    return int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+
+
+def test_tracing_paused_by_the_toggle_signal_records_no_request_until_resumed(tiny_llama, tmp_path):
+    """``--toggle-signal USR2 --paused``: requests while paused leave no span; after ``kill -USR2`` they
+    are traced in full; meta.json lists the flip."""
+    srv_dir = tmp_path / "srv"
+    srv = InstrumentedServe(tiny_llama, srv_dir, False)
+    i = srv.cmd.index("--capture")
+    srv.cmd[i + 2:i + 2] = ["--toggle-signal", "USR2", "--paused"]
+
+    def probe(out: Path) -> dict:
+        cfg = ProbeConfig(srv.url, api="chat", load=LoadSpec(concurrency=1, requests=2, warmup_requests=0),
+                          workload=WorkloadSpec(LengthSpec.parse("16"), LengthSpec.parse("4"), exact_output=False),
+                          timeout_s=60, output=out)
+        return run_probe(cfg).metrics
+
+    with srv:
+        assert probe(tmp_path / "cli-paused")["requests"]["ok"] == 2, srv.log_tail()
+        os.kill(_child_pid(srv.proc.pid), signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            meta = json.loads((srv_dir / "meta.json").read_text()) if (srv_dir / "meta.json").exists() else {}
+            if meta.get("instrument", {}).get("tracing_on"):
+                break
+            time.sleep(0.05)
+        assert probe(tmp_path / "cli-on")["requests"]["ok"] == 2, srv.log_tail()
+        srv.stop()
+    inst = json.loads((srv_dir / "meta.json").read_text())["instrument"]
+    assert inst["tracing_on"] is True and [t["on"] for t in inst["toggles"]] == [True], inst
+    assert inst["hook_errors_total"] == 0, inst
+    paused = analyze_paths([tmp_path / "cli-paused", srv_dir], run_rules=False).tables.requests
+    assert not paused.loc[paused["has_client"], "has_server"].any()
+    on = analyze_paths([tmp_path / "cli-on", srv_dir], run_rules=False).tables.requests
+    joined = on.loc[on["has_server"] & on["has_client"] & ~on["warmup"]]
+    assert len(joined) == 2 and joined[list(MEASURED)].notna().all().all()
