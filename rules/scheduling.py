@@ -120,8 +120,19 @@ def queue(ctx: RuleContext) -> Outcome:
              else "decode slows as well: the server is at capacity", op=">=" if holds else "<")
     t.judged("TTFT rise / ITL at the highest concurrency", rise_steps, "wait_steps_min", "steps",
              "new requests wait many steps, not just the one in flight")
+    # the engine's own queue-time histogram, when /metrics was scraped alongside: it measures the wait
+    # the sweep infers (a KV or front-end limit the client also sees as a queue would show elsewhere)
+    mq = ctx.v("metrics_queue_share")
+    measured = holds and t.judged("queue share of TTFT (engine metrics)", mq, "share_min", "share",
+                                  "mean queue time / mean TTFT from the engine's own histograms, request-weighted "
+                                  "over scrape windows: the wait the sweep infers, measured by the engine",
+                                  weigh=True) if mq is not None else False
+    if mq is not None:
+        _queue_metric_rows(t, holds)  # the share is a judged row above when decode held, context otherwise
+    src = " (engine metrics)" if measured else " (black box)"
     if holds:
-        title = "TTFT rises with concurrency from the start while per-stream decode speed holds: the server serialises or admits too few (black box)"
+        title = ("TTFT rises with concurrency from the start while per-stream decode speed holds: the server "
+                 "serialises or admits too few" + src)
         checks = ["the server's admission limits (max_num_seqs, worker count, a global lock) and its queue-time metric",
                   *QUEUE_BUSY_CHECKS[:1], "instrument the server (OTLP spans or /metrics) to confirm the queue share"]
     else:
@@ -129,6 +140,9 @@ def queue(ctx: RuleContext) -> Outcome:
         checks = [*QUEUE_BUSY_CHECKS[:3], BB_KV_CHECK]
     share = (ys[-1] - ys[0]) / ys[-1] if ys and ys[-1] > 0 else None
     s, pct = ctx.explained(share)
+    if measured:
+        return finding(title, t.confidence(0.8), s, pct, t.evidence, checks,
+                       note="the concurrency sweep from the client, and the queue time from the engine's /metrics")
     return finding(title, t.confidence(0.8, black_box=True), s, pct, t.evidence, checks,
                    note="client-only evidence: the queue is inferred from the concurrency sweep, not measured; "
                    "confidence lowered", black_box=True)

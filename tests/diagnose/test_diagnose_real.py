@@ -80,6 +80,9 @@ def test_one_request_at_a_time_is_queue_from_the_ramp(tmp_path: Path) -> None:
     res = _diagnose(["--max-running", "1"], tmp_path / "cap", metrics=True)
     v = res.analysis.diagnosis.verdict
     assert v.category == "queue", v.title
+    # the engine's queue-time histogram measured the wait the sweep infers: not a black-box guess
+    row = next(e for e in v.evidence if e.name == "queue share of TTFT (engine metrics)")
+    assert row.crossed and v.confidence >= 0.7 and not v.black_box, (v.confidence, v.title)
     assert not any(f.category == "healthy" for f in res.analysis.diagnosis.findings)
     stages = _stages(res)
     assert stages[0] == "baseline" and stages.count("ladder") >= 3 and stages.count("ramp") >= 2
@@ -89,6 +92,18 @@ def test_one_request_at_a_time_is_queue_from_the_ramp(tmp_path: Path) -> None:
     assert res.time_to_verdict_s is not None and res.time_to_verdict_s <= res.probing_s <= 90
     _check_capture(res)
     assert "queue" in _view_verdict(res.capture).lower()
+
+
+def test_a_front_end_pool_is_not_called_an_engine_queue_when_the_engines_metrics_say_none(tmp_path: Path) -> None:
+    """One HTTP worker: the client sees requests served one at a time, as behind a queue, but the
+    engine's own queue time is ~0: the queue finding stays a black-box guess, weakened by it."""
+    res = _diagnose(["--inject", "frontend_workers=1"], tmp_path / "cap", metrics=True)
+    d = res.analysis.diagnosis
+    q = next((f for f in d.findings if f.category == "queue"), None)
+    if q is not None:
+        row = next(e for e in q.evidence if e.name == "queue share of TTFT (engine metrics)")
+        assert not row.crossed and row.value < 0.1 and q.black_box and q.confidence < 0.5, (q.confidence, q.title)
+    assert d.verdict.category not in ("healthy", "queue") or d.verdict.confidence < 0.5, d.verdict.title
 
 
 def test_a_slow_tokenizer_is_named_from_the_prompt_ladder(tmp_path: Path) -> None:
