@@ -23,7 +23,7 @@ import json
 import math
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +275,15 @@ class Workload:
         clone.spec = spec
         clone._rng = random.Random(spec.seed)
         clone._file_items = None
+        return clone
+
+    def with_prefix(self, input_tokens: LengthSpec, prefix_tokens: int, repeats: int) -> Workload:
+        """A copy drawing the ``--shared-prefix prefix_tokens:repeats`` design (prompts of
+        ``input_tokens`` in all, the prefix included; see the module doc)."""
+        clone = self.with_input(input_tokens)
+        clone.spec = replace(clone.spec, shared_prefix_tokens=int(prefix_tokens), shared_prefix_repeats=int(repeats))
+        clone._shared_prefix = ""  # groups draw a fresh prefix each
+        clone._counter = 0
         return clone
 
     def _slice_text(self, start: int, n_tokens: int) -> str:

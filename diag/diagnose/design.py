@@ -71,10 +71,15 @@ class PlanConfig:
         return top
 
 
+#: ``prefix`` follow-up: uses of each fresh prefix (the first and R - 1 repeats), then one control
+PREFIX_REPEATS = 3
+
+
 @dataclass(frozen=True)
 class Step:
     """One step to run: ``kind`` as :data:`diag.diagnose.points.KINDS`, ``value`` the prompt
-    length, concurrency or rate, ``stage`` the part of the design, ``reason`` the printed why."""
+    length, concurrency, rate or shared-prefix tokens, ``stage`` the part of the design, ``reason``
+    the printed why."""
 
     kind: str
     value: float
@@ -90,6 +95,10 @@ class Step:
         if self.kind == "baseline":
             return ProbeStep(concurrency=1, requests=self.requests, input_tokens=inp, output_tokens=out,
                              segment=segment_of(self.kind, self.value))
+        if self.kind == "prefix":  # one at a time: groups of a fresh prefix, its repeats and a control
+            return ProbeStep(concurrency=1, requests=self.requests, input_tokens=f"fixed:{int(self.value) + cfg.input_tokens}",
+                             output_tokens=out, segment=segment_of(self.kind, self.value),
+                             shared_prefix=(int(self.value), PREFIX_REPEATS))
         return ProbeStep(sweep=self.kind, sweep_values=(self.value,), requests_per_point=self.requests,
                          input_tokens=inp, output_tokens=out)
 

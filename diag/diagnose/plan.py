@@ -3,7 +3,8 @@ previous steps showed. Pure functions over :class:`~diag.diagnose.points.Point` 
 the choice can be tested on recorded results.
 
 The design (issue 14): a lone-request baseline at concurrency 1 on short prompts; the prompt
-ladder (:mod:`.ladder`); the load ramp and the levels its break skipped (:mod:`.ramp`). The run
+ladder (:mod:`.ladder`); the load ramp and the levels its break skipped (:mod:`.ramp`); then a
+designed follow-up where it decides between the leading candidates (:mod:`.followups`). The run
 ends when the design has run, the budget or the request cap is spent, requests burst into
 errors, or the verdict is confident (:func:`confident_stop`).
 """
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from diag.diagnose.design import Decision, PlanConfig, Step, base_point, segment_of
+from diag.diagnose.followups import followup_reading
 from diag.diagnose.ladder import ladder_reading, prompt_fit
 from diag.diagnose.points import Point
 from diag.diagnose.ramp import RAMP_MIN_LEVELS, ramp_break, ramp_reading
@@ -25,9 +27,10 @@ ERROR_BURST_FRAC = 0.5
 CONFIDENT = 0.7
 
 def next_step(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float = 0.0, confident: bool = False,
-              requests_sent: int = 0) -> Decision:
+              requests_sent: int = 0, leading: str | None = None) -> Decision:
     """The next step from what ran (in order), the probing time spent, whether the running
-    verdict is already confident, and how many requests were sent."""
+    verdict is already confident, how many requests were sent, and the running verdict's
+    category (``leading``: which designed follow-up could decide it)."""
     base = base_point(points)
     if base is None:
         return Decision(Step("baseline", 1.0, cfg.baseline_requests, "baseline",
@@ -59,6 +62,11 @@ def next_step(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float = 0.0, 
         if ladder_done and not any(p.kind == cfg.ramp for p in points):
             step = Step(step.kind, step.value, step.requests, step.stage, f"ladder done: {ladder_done}. {step.reason}")
         return Decision(step, learned=learned)
+    if not any(p.kind == "prefix" for p in points):
+        follow = followup_reading(cfg, points, elapsed_s, leading)
+        if follow is not None:
+            return Decision(Step(follow.kind, follow.value, follow.requests, follow.stage,
+                                 f"{why}. {follow.reason}"), learned=learned)
     return Decision(None, why, learned)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 #: Point kinds: the lone-request baseline (also the ramp's first level), a prompt-ladder rung,
 #: a concurrency-ramp level, an open-loop rate level.
-KINDS = ("baseline", "prompt", "concurrency", "rate")
+KINDS = ("baseline", "prompt", "concurrency", "rate", "prefix")
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,8 @@ class _Run:
             if stop:
                 self.stopped = stop
                 return
-            d: Decision = next_step(self.plan, points, self.elapsed(), confident=False, requests_sent=self.sent)
+            d: Decision = next_step(self.plan, points, self.elapsed(), confident=False, requests_sent=self.sent,
+                                    leading=verdict)
             if d.learned.get("context_limit_tokens"):
                 self.plan = replace(self.plan, context_limit_tokens=int(d.learned["context_limit_tokens"]))
             if d.step is None:
@@ -211,6 +212,9 @@ class _Run:
         load = replace(load, duration_s=left_s, concurrency=min(load.concurrency, pc.max_concurrency),
                        warmup_requests=WARMUP_REQUESTS if step.kind == "baseline" else 0, seed=self.cfg.seed)
         workload = session.workload.with_input(inp) if inp is not None else session.workload
+        ps = step.probe_step(pc)
+        if ps.shared_prefix[0]:
+            workload = session.workload.with_prefix(LengthSpec.parse(ps.input_tokens), *ps.shared_prefix)
         loads = [load]
         if step.kind == "prompt" and load.requests and load.requests > 1:
             loads = [replace(load, requests=1)] * load.requests  # one at a time: a refusal ends the rung

@@ -1,5 +1,5 @@
 """Theme: TTFT against prompt length. A least-squares line of TTFT on prompt tokens over the
-requests that did not queue (slope in ms per token, intercept in ms, R², the prompt-proportional
+requests that did not queue, less a shared prefix's repeats (slope in ms per token, intercept in ms, R², the prompt-proportional
 share of TTFT), and the cost of a prompt token against one decode step.
 """
 
@@ -42,6 +42,8 @@ def prompt_fit(ctx: FeatureContext) -> None:
             mask = pd.Series(True, index=st.index)
             how = f"requests at a steady concurrency (~{float(inflight.median()):g} in flight, closed loop)"
     mask &= tokens.notna() & y.notna()
+    if "prefix_role" in st.columns:  # a shared prefix's repeats: a cache may serve the prefix, so their
+        mask &= st["prefix_role"].ne("repeat")  # prompt length is not what they computed
     x = tokens[mask].to_numpy()
     yy = y[mask].to_numpy()
     min_n = int(ctx.params["min_fit_requests"])

@@ -106,6 +106,27 @@ def test_a_front_end_pool_is_not_called_an_engine_queue_when_the_engines_metrics
     assert d.verdict.category not in ("healthy", "queue") or d.verdict.confidence < 0.5, d.verdict.title
 
 
+@pytest.mark.parametrize("cache", [False, True], ids=["cache-off", "cache-on"])
+def test_when_prompt_work_leads_a_repeated_prefix_tells_whether_the_server_reuses_it(tmp_path: Path, cache: bool) -> None:
+    """Concurrency capped at 1 (no ramp): the ladder says prompt work; the prefix follow-up then
+    decides. Cache off: repeats cost a first use -> prefix_cache. On: they are spared -> the
+    prefix_cache rule passes, saying the cache hits, and prompt work stays the verdict."""
+    res = _diagnose(["--enable-prefix-caching"] if cache else [], tmp_path / "cap",
+                    plan=PlanConfig(budget_s=90, max_concurrency=1))
+    follow = [r for r in res.records if r.step.stage == "follow-up"]
+    assert [r.step.kind for r in follow] == ["prefix"] and "prefix caching" in follow[0].step.reason
+    assert follow[0].point is not None and follow[0].point.ok == follow[0].step.requests
+    d = res.analysis.diagnosis
+    if cache:
+        assert d.verdict.category == "prefill_compute", d.verdict.title
+        assert any(p.rule_id == "prefix_cache" and "the cache hits" in p.reason for p in d.passed)
+    else:
+        assert d.verdict.category == "prefix_cache", d.verdict.title
+        saving = next(e for e in d.verdict.evidence if e.name == "repeats' TTFT saving of the prefix's cost")
+        assert saving.crossed and saving.value < 0.5
+    _check_capture(res)
+
+
 def test_a_slow_tokenizer_is_named_from_the_prompt_ladder(tmp_path: Path) -> None:
     res = _diagnose(["--inject", "tokenize_ms_per_token=3"], tmp_path / "cap")
     assert res.analysis.diagnosis.verdict.category == "tokenize", res.analysis.diagnosis.verdict.title

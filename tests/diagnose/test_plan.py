@@ -214,3 +214,33 @@ def test_bad_plan_settings_are_refused_in_one_line() -> None:
         PlanConfig(ramp="burst")
     with pytest.raises(ValueError, match="max_concurrency must be >= 1"):
         PlanConfig(max_concurrency=0)
+
+
+CAPPED = PlanConfig(max_concurrency=1)  # no ramp level: the design ends after the ladder
+
+
+def test_when_prompt_work_leads_a_repeated_prefix_follows_the_design_sized_from_the_longest_rung() -> None:
+    d = next_step(CAPPED, [BASE, *LADDER], 5.0, leading="prefill_compute")
+    assert d.step is not None and (d.step.kind, d.step.stage) == ("prefix", "follow-up")
+    assert d.step.value == 512 - CAPPED.input_tokens and d.step.requests == 12
+    assert "(the cap)" in d.step.reason and "prefix caching" in d.step.reason
+    ps = d.step.probe_step(CAPPED)
+    assert ps.shared_prefix == (448, 3) and ps.concurrency == 1 and ps.input_tokens == "fixed:512"
+    # it ran: the design ends
+    done = next_step(CAPPED, [BASE, *LADDER, pt("prefix", 448, 0.06, n=12)], 8.0, leading="prefill_compute")
+    assert done.step is None and "(the cap)" in (done.done or "")
+
+
+@pytest.mark.parametrize("leading", ["queue", "healthy", "kv_cache", None])
+def test_no_prefix_follow_up_when_something_else_leads(leading) -> None:
+    assert next_step(CAPPED, [BASE, *LADDER], 5.0, leading=leading).step is None
+
+
+def test_no_prefix_follow_up_on_a_failing_server_a_short_ladder_or_without_the_budget() -> None:
+    cfg = PlanConfig(max_concurrency=2)
+    failing = pt("concurrency", 2, 0.02, n=8, ok=6, errors={"http_5xx": 2})
+    d = next_step(cfg, [BASE, *LADDER, failing], 5.0, leading="prefill_compute")
+    assert d.step is None or d.step.kind != "prefix"
+    small = replace(CAPPED, context_limit_tokens=200)  # the ladder ends at 128 tokens: a prefix of 64 says little
+    assert next_step(small, [BASE, pt("prompt", 128, 0.017)], 5.0, leading="prefill_compute").step is None
+    assert next_step(replace(CAPPED, budget_s=5.5), [BASE, *LADDER], 5.0, leading="prefill_compute").step is None
