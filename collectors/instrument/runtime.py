@@ -12,8 +12,8 @@ Exit: spans are exported continuously (about every 0.5 s) by the sink's own thre
 fallback) and on SIGTERM/SIGINT (chained to the handler that was there) the sink is flushed and
 meta.json gets the hook counters. Tracing can be paused: with ``ENV_TOGGLE_SIGNAL`` set (a signal
 name, e.g. ``USR2``), that signal flips every hook between on and off (:class:`HookSwitch`);
-``ENV_PAUSED`` starts the process with them off; meta.json lists the flips. Threading: :meth:`activate` and :meth:`shutdown` are
-idempotent and take a lock; call them from any thread.
+``ENV_PAUSED`` starts the process with them off; meta.json lists the flips. Threading:
+:meth:`activate` and :meth:`shutdown` are idempotent and take a lock; call them from any thread.
 """
 
 from __future__ import annotations

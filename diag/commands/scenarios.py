@@ -43,6 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     c.add_argument("--repeat", type=int, metavar="K", default=1, help="run each draw K times and report the flip rate")
     c.add_argument("--mode", choices=("server", "client", "both"), default="both",
                    help="diagnose with server spans, client-only, or both (default)")
+    c.add_argument("--via", choices=("probe", "diagnose"), default="probe",
+                   help="probe: each case's fixed probe, scored per --mode (default); diagnose: ttft diagnose "
+                        "designs the experiment against each case's engine (client only), scored with its time "
+                        "to verdict")
+    c.add_argument("--budget", type=float, metavar="S", default=120.0,
+                   help="with --via diagnose: each run's probing budget in seconds (ttft diagnose --budget)")
     m = ssub.add_parser("samples", help="regenerate samples/<scenario>/ (small captures, checked)")
     m.add_argument("names", nargs="*", metavar="NAME", help="scenarios (default: all)")
     m.add_argument("-o", "--output", metavar="DIR", default="samples", help="samples directory (default ./samples)")
@@ -91,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         rows = make_samples(_pick(args.names, False), args.output, cal, log=log)
         print(confusion_table(rows))
         return 0 if all(r.ok(m) for r in rows for m in ("server", "client-only")) else 1
+    if args.via == "diagnose":
+        return _check_via_diagnose(args, cal, log)
     if args.random is not None:
         return _check_random(args, cal, log)
     rows = check(_pick(args.names, args.fast), args.output, cal, log=log)
@@ -102,6 +110,40 @@ def run(args: argparse.Namespace) -> int:
         print(confusion_table(rows))
         print(f"matrix wall time: {wall:.0f} s")
     return 0 if all(r.ok(m) for r in rows for m in ("server", "client-only")) else 1
+
+
+def _check_via_diagnose(args: argparse.Namespace, cal: Calibration, log: Callable[[str], None]) -> int:
+    """``check --via diagnose``: scenarios (or ``--random N`` draws) through ttft diagnose; 0 when none missed."""
+    import random
+
+    from diag.scenarios.via_diagnose import ViaDiagnoseReport, draws_via_diagnose, scenarios_via_diagnose
+
+    if args.budget <= 0:
+        raise UsageError("--budget must be > 0 seconds")
+    if args.repeat != 1:
+        raise UsageError("--repeat is not supported with --via diagnose")
+    out = Path(args.output)
+    t0 = time.monotonic()
+    if args.random is not None:
+        if args.random < 1 or args.draw < 0:
+            raise UsageError("--random must be >= 1, --draw >= 0")
+        if args.names or args.fast:
+            raise UsageError("--random draws its own scenarios: no NAME or --fast with it")
+        seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+        log(f"random draws through ttft diagnose: seed {seed}, draws {args.draw}..{args.draw + args.random - 1}")
+        cases = draws_via_diagnose(seed, range(args.draw, args.draw + args.random), out / f"diagnose-random-{seed}",
+                                   cal, args.budget, log)
+        title = f"random draws through ttft diagnose (client only): seed {seed}, {len(cases)} draws"
+    else:
+        cases = scenarios_via_diagnose(_pick(args.names, args.fast), out / "diagnose", cal, args.budget, log)
+        title = f"scenarios through ttft diagnose (client only): {len(cases)} scenarios"
+    rep = ViaDiagnoseReport(cases, title, wall_s=time.monotonic() - t0, extra={"calibration": cal.to_dict()})
+    if args.json:
+        json.dump(rep.to_dict(), sys.stdout, indent=2, default=str)
+        print()
+    else:
+        print(rep.format_text())
+    return 0 if all(c.ok() for c in rep.scored()) else 1
 
 
 def _check_random(args: argparse.Namespace, cal: Calibration, log: Callable[[str], None]) -> int:
