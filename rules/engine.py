@@ -28,6 +28,8 @@ from rules.model import (FAILURES, INCONCLUSIVE, ITL_CATEGORIES, NO_DATA, TTFT_C
 from rules.overrides import apply_overrides
 
 HEALTHY_ID = "healthy"
+#: the tier a conditional finding ranks at, at the earliest: after the rules' own (2)
+CONDITIONAL_TIER = 3
 _STAGE_CATEGORY = {
     stages.QUEUE: "queue", stages.TOKENIZE: "tokenize", stages.PREFILL: "prefill_compute", stages.COMM: "comm",
     stages.SAMPLE: "prefill_compute", stages.DETOKENIZE: "network", stages.NETWORK: "network",
@@ -87,6 +89,8 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
             out.rule_id, out.category = r.id, r.category  # declared once, by the rule's decorator
             # the rule's registered tier, unless the finding promoted itself (a dominant cold start)
             out.tier = min(out.tier, r.tier) if out.category == "cold_start" else r.tier
+            if out.conditional:  # after the findings of what was measured (Finding.conditional)
+                out.tier = max(out.tier, CONDITIONAL_TIER)
             if out.category in ITL_CATEGORIES:
                 out.weight = float(general["itl_weight"])
             elif out.category in TTFT_CATEGORIES:

@@ -84,6 +84,9 @@ class Finding:
     weight: float = 1.0
     demoted_by: list[str] = field(default_factory=list)
     black_box: bool = False
+    #: holds only if the users' workload has what the tool's own test had (ttft diagnose's shared
+    #: prefix): it overrides no other finding and ranks after those of what was measured
+    conditional: bool = False
 
     @property
     def score(self) -> float:
@@ -104,6 +107,7 @@ class Finding:
             "next_checks": list(self.next_checks),
             "note": self.note,
             "black_box": self.black_box,
+            "conditional": self.conditional,
             "demoted_by": list(self.demoted_by),
             "score": round(float(self.score), 4),
         }

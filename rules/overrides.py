@@ -79,8 +79,8 @@ def demote(f: Finding, by: str, why: str, factor: float) -> None:
 def winner(name: str, findings: list[Finding], all_met: bool | None, ttft_met: bool | None,
            strong: float) -> str | None:
     """Who wins row ``name`` now (the ``demoted_by`` name), or None when the row does not apply."""
-    if name in CATEGORIES:
-        return name if any(f.category == name for f in findings) else None
+    if name in CATEGORIES:  # a conditional finding (the tool's own test) overrides nothing
+        return name if any(f.category == name and not f.conditional for f in findings) else None
     if name == "slo_ttft_met":
         return "slo" if ttft_met and not all_met else None
     if name in ("ttft_strong", "ttft_not_fine"):

@@ -96,9 +96,13 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
                      "(first - repeat) / (first - control): 1 = repeats cost what the suffix alone costs", op="<=")
         _context_rows(ctx, t)
         s, pct = ctx.explained(material * (1.0 - cached))
-        return finding("Prefix-cache misses: prompts repeat a prefix but it is prefilled again every time",
-                       t.confidence(0.9), s, pct, t.evidence, engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS),
-                       note="explained share: the prefill share x the part of the shared prefix not served from the cache")
+        own = _own_test(ctx)
+        return finding(OWN_TITLE if own else "Prefix-cache misses: prompts repeat a prefix but it is prefilled again every time",
+                       t.confidence(0.9) * own_scale(ctx), s, pct, t.evidence,
+                       engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS),
+                       note=(OWN_NOTE + "; " if own else "")
+                       + "explained share: the prefill share x the part of the shared prefix not served from the cache",
+                       conditional=own)
     # client only (or a server that does not report cached tokens): TTFT on repeats
     if not t.below("repeats' TTFT saving of the prefix's cost", saving, "saving_max", "share",
                    "(first - repeat) / (first - control) of TTFT p50s: 1 = repeats cost what the suffix alone costs, "
@@ -114,10 +118,28 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
     share = max(0.0, (rep - ctl) / rep) if rep and ctl is not None else None
     s, pct = ctx.explained(share)
     bb = ctx.black_box
-    return finding("Prefix-cache misses: repeats of a shared prefix take as long as its first use"
+    own = _own_test(ctx)
+    note = (("client-only evidence: TTFT of repeats against first uses and controls of the designed probe "
+             "(--shared-prefix N:R); the server's cache is not observed") if bb else
+            "the server reports no cached tokens: judged from TTFT on repeats")
+    return finding((OWN_TITLE if own else "Prefix-cache misses: repeats of a shared prefix take as long as its first use")
                    + (" (client timing)" if bb else ""),
-                   t.confidence(0.85, black_box=bb), s, pct, t.evidence,
+                   t.confidence(0.85, black_box=bb) * own_scale(ctx), s, pct, t.evidence,
                    engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS), black_box=bb,
-                   note=("client-only evidence: TTFT of repeats against first uses and controls of the designed probe "
-                         "(--shared-prefix N:R); the server's cache is not observed") if bb else
-                   "the server reports no cached tokens: judged from TTFT on repeats")
+                   note=(OWN_NOTE + "; " if own else "") + note, conditional=own)
+
+
+#: the title when the shared prefix was ttft diagnose's own test (not known to be the users' workload)
+OWN_TITLE = ("The server prefills a repeated prefix again every time: if your prompts share one (a system prompt, "
+             "a document), prefix caching would spare it")
+OWN_NOTE = ("the shared prefix was ttft diagnose's own test, not the users' prompts: a conditional finding, ranked "
+            "after what was measured (confidence x [prefix_cache] own_test_scale)")
+
+
+def _own_test(ctx: RuleContext) -> bool:
+    return bool(ctx.v("prefix_design_by_diagnose"))
+
+
+def own_scale(ctx: RuleContext) -> float:
+    """1, or ``own_test_scale`` when the shared prefix was ttft diagnose's own follow-up."""
+    return float(ctx.th["own_test_scale"]) if _own_test(ctx) else 1.0

@@ -264,7 +264,7 @@ class ProbeSession:
             return
         cfg = self.config
         self.writer.update_meta(
-            kind="probe",
+            kind=self.writer.meta.get("kind") or "probe",  # a caller's capture (ttft diagnose) keeps its own
             probe={
                 "url": self.endpoint.url,
                 "api": self.endpoint.api,

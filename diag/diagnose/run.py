@@ -115,7 +115,7 @@ class _Run:
                                   exact_output=cfg.exact_output, seed=cfg.seed),
             tokenizer_path=cfg.tokenizer_path, timeout_s=cfg.timeout_s, slo=cfg.slo, metrics_url=cfg.metrics_url,
             progress=self.progress, dropped=cfg.dropped, concurrency_set=True)
-        writer = CaptureWriter(cfg.output)
+        writer = CaptureWriter(cfg.output, meta={"kind": "diagnose"})  # known to the rules from the first step
         self.t0 = time.monotonic()
         task = asyncio.current_task()
         try:

@@ -117,7 +117,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
                                "prefix_metrics_cached_frac")),
     ("prefix_cache", "tokens", ("prefix_shared_tokens",)),
     ("prefix_cache", "requests", ("prefix_first_n", "prefix_repeat_n", "prefix_control_n")),
-    ("prefix_cache", "", ("prefix_caching_enabled",)),
+    ("prefix_cache", "", ("prefix_caching_enabled", "prefix_design_by_diagnose")),
     ("populations", "", ("engines_seen",)),
 )
 
