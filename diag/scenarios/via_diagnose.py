@@ -112,12 +112,15 @@ def diagnose_case(name: str, expected: str, also_right: frozenset[str], plan: Pl
 def scenarios_via_diagnose(scenarios: Sequence[Scenario], out_root: str | Path, cal: Calibration,
                            budget_s: float = 120.0, log: Callable[[str], None] | None = None) -> list[DiagnosedCase]:
     """The catalogue's scenarios through ``ttft diagnose``."""
+    from diag.scenarios.random_truth import CLIENT_ONLY_ALSO
+
     out = []
     for sc in scenarios:
         if log:
             log(f"scenario {sc.name} (expect {sc.category}) through ttft diagnose ...")
-        case = diagnose_case(sc.name, sc.category, sc.client_only_also, sc.build(cal), Path(out_root) / sc.name,
-                             budget_s, log)
+        # what a client cannot tell apart: the scenario's own, and the random matrix's (random_truth)
+        also = sc.client_only_also | CLIENT_ONLY_ALSO.get(sc.category, frozenset())
+        case = diagnose_case(sc.name, sc.category, also, sc.build(cal), Path(out_root) / sc.name, budget_s, log)
         _log_case(case, log)
         out.append(case)
     return out
