@@ -97,7 +97,8 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
         _context_rows(ctx, t)
         s, pct = ctx.explained(material * (1.0 - cached))
         own = _own_test(ctx)
-        return finding(OWN_TITLE if own else "Prefix-cache misses: prompts repeat a prefix but it is prefilled again every time",
+        title = OWN_TITLE if own else "Prefix-cache misses: prompts repeat a prefix but it is prefilled again every time"
+        return finding(title,
                        t.confidence(0.9) * own_scale(ctx), s, pct, t.evidence,
                        engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS),
                        note=(OWN_NOTE + "; " if own else "")
@@ -122,8 +123,8 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
     note = (("client-only evidence: TTFT of repeats against first uses and controls of the designed probe "
              "(--shared-prefix N:R); the server's cache is not observed") if bb else
             "the server reports no cached tokens: judged from TTFT on repeats")
-    return finding((OWN_TITLE if own else "Prefix-cache misses: repeats of a shared prefix take as long as its first use")
-                   + (" (client timing)" if bb else ""),
+    title = OWN_TITLE if own else "Prefix-cache misses: repeats of a shared prefix take as long as its first use"
+    return finding(title + (" (client timing)" if bb else ""),
                    t.confidence(0.85, black_box=bb) * own_scale(ctx), s, pct, t.evidence,
                    engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS), black_box=bb,
                    note=(OWN_NOTE + "; " if own else "") + note, conditional=own)

@@ -96,8 +96,9 @@ class Step:
             return ProbeStep(concurrency=1, requests=self.requests, input_tokens=inp, output_tokens=out,
                              segment=segment_of(self.kind, self.value))
         if self.kind == "prefix":  # one at a time: groups of a fresh prefix, its repeats and a control
-            return ProbeStep(concurrency=1, requests=self.requests, input_tokens=f"fixed:{int(self.value) + cfg.input_tokens}",
-                             output_tokens=out, segment=segment_of(self.kind, self.value),
+            return ProbeStep(concurrency=1, requests=self.requests,
+                             input_tokens=f"fixed:{int(self.value) + cfg.input_tokens}", output_tokens=out,
+                             segment=segment_of(self.kind, self.value),
                              shared_prefix=(int(self.value), PREFIX_REPEATS))
         return ProbeStep(sweep=self.kind, sweep_values=(self.value,), requests_per_point=self.requests,
                          input_tokens=inp, output_tokens=out)

@@ -207,14 +207,15 @@ class _Run:
         refusal, so that finding the context limit costs one failed request, not a rung of them."""
         pc = self.plan
         seg = segment_of(step.kind, step.value)
-        ((load, inp, label),) = step_chunks(step.probe_step(pc), seg)
+        ps = step.probe_step(pc)
+        ((load, inp, label),) = step_chunks(ps, seg)
         left_s = max(1.0, pc.budget_s - self.elapsed())
         load = replace(load, duration_s=left_s, concurrency=min(load.concurrency, pc.max_concurrency),
                        warmup_requests=WARMUP_REQUESTS if step.kind == "baseline" else 0, seed=self.cfg.seed)
-        workload = session.workload.with_input(inp) if inp is not None else session.workload
-        ps = step.probe_step(pc)
-        if ps.shared_prefix[0]:
+        if ps.shared_prefix[0]:  # the prefix follow-up: groups of a fresh prefix, its repeats and a control
             workload = session.workload.with_prefix(LengthSpec.parse(ps.input_tokens), *ps.shared_prefix)
+        else:
+            workload = session.workload.with_input(inp) if inp is not None else session.workload
         loads = [load]
         if step.kind == "prompt" and load.requests and load.requests > 1:
             loads = [replace(load, requests=1)] * load.requests  # one at a time: a refusal ends the rung

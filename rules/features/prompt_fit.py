@@ -1,6 +1,7 @@
 """Theme: TTFT against prompt length. A least-squares line of TTFT on prompt tokens over the
-requests that did not queue, less a shared prefix's repeats (slope in ms per token, intercept in ms, R², the prompt-proportional
-share of TTFT), and the cost of a prompt token against one decode step.
+requests that did not queue, less a shared prefix's repeats (slope in ms per token, intercept in
+ms, R², the prompt-proportional share of TTFT), and the cost of a prompt token against one
+decode step.
 """
 
 from __future__ import annotations
