@@ -36,6 +36,7 @@ class Override:
     why: str
     demote: bool = True
     tier: int | None = None  #: losers rank at this tier or later
+    black_box_only: bool = False  #: only losers inferred from client timing (Finding.black_box)
 
 
 OVERRIDES: tuple[Override, ...] = (
@@ -57,6 +58,10 @@ OVERRIDES: tuple[Override, ...] = (
     # the wait was before the engine: its queue was empty, the gap that grew with load was not the network
     Override("frontend", frozenset({"queue", "network"}),
              "the time is spent before the engine sees the request, in its front end (see frontend)"),
+    # from the client, requests waiting behind a slow (serial) tokenizer look like a queue: the
+    # inferred queue is demoted, not one the engine measured
+    Override("tokenize", frozenset({"queue"}), "TTFT rising with load here can be requests waiting behind the slow "
+             "tokenizer (see tokenize): from the client the two look alike", black_box_only=True),
     # ITL spikes explained by prefills are not a decode problem
     Override("interference", frozenset({"decode"}), "the slow tokens are stalls behind other requests' prefills"),
     # TTFT findings say where TTFT goes, not what is wrong; the broken (ITL) SLO's findings come first
@@ -103,7 +108,7 @@ def apply_overrides(findings: list[Finding], all_met: bool | None, ttft_met: boo
         if by is None:
             continue
         for f in findings:
-            if f.category not in row.losers:
+            if f.category not in row.losers or (row.black_box_only and not f.black_box):
                 continue
             if row.demote:
                 demote(f, by, row.why, factor)

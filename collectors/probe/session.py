@@ -264,7 +264,8 @@ class ProbeSession:
             return
         cfg = self.config
         self.writer.update_meta(
-            kind=self.writer.meta.get("kind") or "probe",  # a caller's capture (ttft diagnose) keeps its own
+            # a caller's capture (ttft diagnose) keeps its own kind; the demo's queue writer has no meta
+            kind=(getattr(self.writer, "meta", None) or {}).get("kind") or "probe",
             probe={
                 "url": self.endpoint.url,
                 "api": self.endpoint.api,

@@ -68,3 +68,23 @@ def test_a_custom_table_is_applied_in_order() -> None:
     table = (Override("network", frozenset({"tokenize"}), "why", demote=False, tier=4),)
     apply_overrides([a, b], None, None, GENERAL, table)
     assert b.tier == 4 and b.demoted_by == [] and b.confidence == 0.8
+
+
+def test_a_slow_tokenizer_demotes_only_a_queue_inferred_from_the_client() -> None:
+    tok = _f("tokenize", 0.39)
+    inferred, measured = _f("queue", 0.48), _f("queue", 0.9)
+    inferred.black_box = True
+    apply_overrides([tok, inferred], None, None, GENERAL)
+    assert inferred.confidence == pytest.approx(0.24) and inferred.demoted_by == ["tokenize"]
+    apply_overrides([_f("tokenize", 0.8), measured], None, None, GENERAL)
+    assert measured.confidence == 0.9 and measured.demoted_by == []  # the engine's own queue stands
+
+
+def test_a_conditional_finding_overrides_nothing() -> None:
+    own, prefill = _f("prefix_cache", 0.5), _f("prefill_compute", 0.45)
+    own.conditional = True
+    apply_overrides([own, prefill], None, None, GENERAL)
+    assert prefill.confidence == 0.45 and prefill.demoted_by == []
+    users = _f("prefix_cache", 0.5)
+    apply_overrides([users, prefill], None, None, GENERAL)
+    assert prefill.demoted_by == ["prefix_cache"]
