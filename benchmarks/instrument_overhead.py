@@ -140,12 +140,17 @@ def pin_tree(pid: int, cpu: int) -> None:
 
 
 class Burst:
-    """One burst's figures: output tokens/s over its wall time, TTFT p50 (s), wall time (s)."""
+    """One burst's figures: output tokens, TTFT p50 (s), wall time (s)."""
 
-    __slots__ = ("tput", "ttft_s", "wall_s")
+    __slots__ = ("tokens", "ttft_s", "wall_s")
 
-    def __init__(self, tput: float, ttft_s: float, wall_s: float) -> None:
-        self.tput, self.ttft_s, self.wall_s = tput, ttft_s, wall_s
+    def __init__(self, tokens: int, ttft_s: float, wall_s: float) -> None:
+        self.tokens, self.ttft_s, self.wall_s = tokens, ttft_s, wall_s
+
+    @property
+    def tput(self) -> float:
+        """Output tokens/s over the burst's wall time."""
+        return self.tokens / self.wall_s
 
 
 async def burst(client: StreamingClient, items: list[PromptItem], tag: str) -> Burst:
@@ -157,7 +162,7 @@ async def burst(client: StreamingClient, items: list[PromptItem], tag: str) -> B
     if bad:
         raise SystemExit(f"{len(bad)} failed request(s): {bad[0].error}: {bad[0].error_detail}")
     tokens = sum(r.output_tokens or 0 for r in rs)
-    return Burst(tokens / wall_s, statistics.median(r.ttft_s for r in rs if r.ttft_s is not None), wall_s)
+    return Burst(tokens, statistics.median(r.ttft_s for r in rs if r.ttft_s is not None), wall_s)
 
 
 def abba(rounds: int) -> list[str]:
@@ -405,9 +410,10 @@ def main(argv: list[str] | None = None) -> int:
                     assert srv.proc is not None
                     pin_tree(srv.proc.pid, cpus[-1])
                 os.sched_setaffinity(0, set(cpus[:-1]))
-            spy = start_py_spy(server_pid(instrumented), tmp / "py-spy.txt") if args.profile else None
+            engine_pid = server_pid(instrumented)
+            spy = start_py_spy(engine_pid, tmp / "py-spy.txt") if args.profile else None
             t0 = time.monotonic()
-            toggle = Toggle(server_pid(instrumented), tmp / "srv" / "meta.json", on=True) if toggle_mode else None
+            toggle = Toggle(engine_pid, tmp / "srv" / "meta.json", on=True) if toggle_mode else None
             results = asyncio.run(measure(servers, args, toggle))
             elapsed_s = time.monotonic() - t0
             if spy is not None:
@@ -428,8 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     # ticks during an instrumented one), as if every leaked ns had delayed the burst one for one
     leak_s = [off[2] for off, _on in pairs]
     wall = [(off[0].wall_s - off[2] + on[2], on[0].wall_s - on[2] + off[2]) for off, on in pairs]
-    tput_ratio = [(w_off / w_on) * (on[0].tput * on[0].wall_s) / (off[0].tput * off[0].wall_s)
-                  for (off, on), (w_off, w_on) in zip(pairs, wall)]
+    tput_ratio = [(w_off / w_on) * on[0].tokens / off[0].tokens for (off, on), (w_off, w_on) in zip(pairs, wall)]
     # for TTFT, the share of each leak that fell before the first token (spread evenly over the burst)
     ttft_ratio = [(on[0].ttft_s + (off[2] - on[2]) * min(1.0, on[0].ttft_s / on[0].wall_s))
                   / max(off[0].ttft_s - (off[2] - on[2]) * min(1.0, off[0].ttft_s / off[0].wall_s), 1e-9)

@@ -96,10 +96,10 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
                      "(first - repeat) / (first - control): 1 = repeats cost what the suffix alone costs", op="<=")
         _context_rows(ctx, t)
         s, pct = ctx.explained(material * (1.0 - cached))
-        own = _own_test(ctx)
+        own, scale = _own_test(ctx)
         title = OWN_TITLE if own else "Prefix-cache misses: prompts repeat a prefix but it is prefilled again every time"
         return finding(title,
-                       t.confidence(0.9) * own_scale(ctx), s, pct, t.evidence,
+                       t.confidence(0.9) * scale, s, pct, t.evidence,
                        engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS),
                        note=(OWN_NOTE + "; " if own else "")
                        + "explained share: the prefill share x the part of the shared prefix not served from the cache",
@@ -119,13 +119,13 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
     share = max(0.0, (rep - ctl) / rep) if rep and ctl is not None else None
     s, pct = ctx.explained(share)
     bb = ctx.black_box
-    own = _own_test(ctx)
+    own, scale = _own_test(ctx)
     note = (("client-only evidence: TTFT of repeats against first uses and controls of the designed probe "
              "(--shared-prefix N:R); the server's cache is not observed") if bb else
             "the server reports no cached tokens: judged from TTFT on repeats")
     title = OWN_TITLE if own else "Prefix-cache misses: repeats of a shared prefix take as long as its first use"
     return finding(title + (" (client timing)" if bb else ""),
-                   t.confidence(0.85, black_box=bb) * own_scale(ctx), s, pct, t.evidence,
+                   t.confidence(0.85, black_box=bb) * scale, s, pct, t.evidence,
                    engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS), black_box=bb,
                    note=(OWN_NOTE + "; " if own else "") + note, conditional=own)
 
@@ -137,10 +137,8 @@ OWN_NOTE = ("the shared prefix was ttft diagnose's own test, not the users' prom
             "after what was measured (confidence x [prefix_cache] own_test_scale)")
 
 
-def _own_test(ctx: RuleContext) -> bool:
-    return bool(ctx.v("prefix_design_by_diagnose"))
-
-
-def own_scale(ctx: RuleContext) -> float:
-    """1, or ``own_test_scale`` when the shared prefix was ttft diagnose's own follow-up."""
-    return float(ctx.th["own_test_scale"]) if _own_test(ctx) else 1.0
+def _own_test(ctx: RuleContext) -> tuple[bool, float]:
+    """Whether the shared prefix was ttft diagnose's own follow-up, and the confidence factor:
+    ``own_test_scale`` then, else 1."""
+    own = bool(ctx.v("prefix_design_by_diagnose"))
+    return own, float(ctx.th["own_test_scale"]) if own else 1.0

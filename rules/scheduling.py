@@ -123,12 +123,13 @@ def queue(ctx: RuleContext) -> Outcome:
     # the engine's own queue-time histogram, when /metrics was scraped alongside: it measures the wait
     # the sweep infers (a KV or front-end limit the client also sees as a queue would show elsewhere)
     mq = ctx.v("metrics_queue_share")
-    measured = holds and t.judged("queue share of TTFT (engine metrics)", mq, "share_min", "share",
-                                  "mean queue time / mean TTFT from the engine's own histograms, request-weighted "
-                                  "over scrape windows: the wait the sweep infers, measured by the engine",
-                                  weigh=True) if mq is not None else False
+    measured = False
     if mq is not None:
-        _queue_metric_rows(t, holds)  # the share is a judged row above when decode held, context otherwise
+        if holds:
+            measured = t.judged("queue share of TTFT (engine metrics)", mq, "share_min", "share",
+                                "mean queue time / mean TTFT from the engine's own histograms, request-weighted "
+                                "over scrape windows: the wait the sweep infers, measured by the engine", weigh=True)
+        _queue_metric_rows(t, holds)  # the share is the judged row above when decode held, context otherwise
     src = " (engine metrics)" if measured else " (black box)"
     if holds:
         title = ("TTFT rises with concurrency from the start while per-stream decode speed holds: the server "

@@ -114,8 +114,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_via_diagnose(args: argparse.Namespace, cal: Calibration, log: Callable[[str], None]) -> int:
     """``check --via diagnose``: scenarios (or ``--random N`` draws) through ttft diagnose; 0 when none missed."""
-    import random
-
     from diag.scenarios.via_diagnose import ViaDiagnoseReport, draws_via_diagnose, scenarios_via_diagnose
 
     if args.budget <= 0:
@@ -125,11 +123,7 @@ def _check_via_diagnose(args: argparse.Namespace, cal: Calibration, log: Callabl
     out = Path(args.output)
     t0 = time.monotonic()
     if args.random is not None:
-        if args.random < 1 or args.draw < 0:
-            raise UsageError("--random must be >= 1, --draw >= 0")
-        if args.names or args.fast:
-            raise UsageError("--random draws its own scenarios: no NAME or --fast with it")
-        seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+        seed = _draws_seed(args)
         log(f"random draws through ttft diagnose: seed {seed}, draws {args.draw}..{args.draw + args.random - 1}")
         cases = draws_via_diagnose(seed, range(args.draw, args.draw + args.random), out / f"diagnose-random-{seed}",
                                    cal, args.budget, log)
@@ -146,17 +140,24 @@ def _check_via_diagnose(args: argparse.Namespace, cal: Calibration, log: Callabl
     return 0 if all(c.ok() for c in rep.scored()) else 1
 
 
-def _check_random(args: argparse.Namespace, cal: Calibration, log: Callable[[str], None]) -> int:
-    """``check --random N``: draws of one seed, scored per mode; 0 when none missed."""
+def _draws_seed(args: argparse.Namespace) -> int:
+    """``--random N`` checked (N >= 1, ``--draw`` >= 0, no NAME or --fast); the seed (given, or a fresh one)."""
     import random
 
-    from diag.scenarios.random_matrix import RandomResult, check_random
-
-    if args.random < 1 or args.repeat < 1 or args.draw < 0:
-        raise UsageError("--random and --repeat must be >= 1, --draw >= 0")
+    if args.random < 1 or args.draw < 0:
+        raise UsageError("--random must be >= 1, --draw >= 0")
     if args.names or args.fast:
         raise UsageError("--random draws its own scenarios: no NAME or --fast with it")
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+    return args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+
+
+def _check_random(args: argparse.Namespace, cal: Calibration, log: Callable[[str], None]) -> int:
+    """``check --random N``: draws of one seed, scored per mode; 0 when none missed."""
+    from diag.scenarios.random_matrix import RandomResult, check_random
+
+    if args.repeat < 1:
+        raise UsageError("--repeat must be >= 1")
+    seed = _draws_seed(args)
     modes = {"server": ("server",), "client": ("client-only",), "both": ("server", "client-only")}[args.mode]
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)

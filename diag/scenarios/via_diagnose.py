@@ -139,13 +139,12 @@ def draws_via_diagnose(seed: int, indices: Sequence[int], out_root: str | Path, 
         plan = build_plan(d, cal)
         if log:
             log(f"draw {d.name} (expect {d.expected}) through ttft diagnose: {d.describe()}")
-        case = diagnose_case(d.name, d.expected, CLIENT_ONLY_ALSO.get(d.expected, frozenset()), plan,
-                             Path(out_root) / d.name, budget_s, log,
+        case = diagnose_case(d.name, d.expected, frozenset(), plan, Path(out_root) / d.name, budget_s, log,
                              # a mix's truth by the engine's accounting; a designed-healthy draw's SLO
                              # is the diagnose --slo (its ramp is built to cross it), not a void test
                              truth=(lambda caps, d=d, plan=plan: run_truth(d, plan.slo, caps)[0])
                              if d.kind == "mix" else None)
-        case.also_right = CLIENT_ONLY_ALSO.get(case.expected, frozenset())
+        case.also_right = CLIENT_ONLY_ALSO.get(case.expected, frozenset())  # of the truth the run made
         _log_case(case, log)
         out.append(case)
     return out
