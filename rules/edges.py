@@ -52,6 +52,10 @@ def cold_start(ctx: RuleContext) -> Outcome:
         t.crossed("first-request penalty / steady TTFT p95", penalty, "penalty_vs_ttft_p95_min", "x",
                   "the start-up cost a first user paid against what every later one waits")
         t.crossed("first-request penalty", excess, "penalty_min_s", "s", "an absolute floor: a few ms more is noise")
+        contact = ctx.v("cold_start_first_contact_s")
+        if contact is not None and contact >= worst:
+            t.context("the probe's first request answered after", contact, "s",
+                      "API detection / compatibility check, before the run: the server was still starting")
         if breaks_slo:
             t.context("first request against the TTFT SLO", worst, "s", f"breaks the TTFT SLO ({min(slo_targets):.3g} s)")
     if not t.evidence:

@@ -190,6 +190,10 @@ class Endpoint:
     api: str
     model: str | None
     detected: bool = False
+    #: the first generation request the server answered (meta.json ``probe.first_contact``):
+    #: ``{"request", "sent_ns" (Unix ns), "answer_s" (sent to last byte), "output_tokens"}``;
+    #: a server still loading its model answers it late (cold start)
+    first_contact: dict[str, Any] | None = None
 
     @property
     def url(self) -> str:
@@ -712,11 +716,14 @@ async def resolve_endpoint(
             else:
                 body["prompt"] = "hi"
             try:
+                sent_ns = time.time_ns()
                 async with session.post(base + _PATHS[candidate], json=body) as r:
                     await r.read()
                     if r.status < 400:
                         notes.append(f"API detected: {candidate} ({_PATHS[candidate]} answered {r.status})")
-                        return Endpoint(base, candidate, model, detected=True), notes
+                        contact = {"request": "api_detection", "sent_ns": sent_ns,
+                                   "answer_s": (time.time_ns() - sent_ns) / 1e9, "output_tokens": 1}
+                        return Endpoint(base, candidate, model, detected=True, first_contact=contact), notes
                     notes.append(f"{_PATHS[candidate]} answered {r.status}")
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 notes.append(f"{_PATHS[candidate]}: {type(exc).__name__}")

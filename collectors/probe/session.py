@@ -148,6 +148,7 @@ class ProbeSession:
         self.sink = setup_tracing(service_name="ttft-probe", memory=True, otlp_endpoint=cfg.otlp_endpoint,
                                   provider_name=PROBE_PROVIDER)
         self._write_meta_start()
+        self._record_first_contact()
         count = self.tokenizer.count if self.tokenizer is not None else None
         self.client = StreamingClient(self.endpoint, self.pool_size, **self._client_kwargs(), sink=self.sink)
         self.client.count_tokens = count
@@ -173,6 +174,11 @@ class ProbeSession:
         first = await self.client.request(item, "compat-0", "compat", warmup=True)
         self.compat = {"first_status": first.status, "first_error": first.error, "dropped": sorted(self.dropped),
                        "refused": []}
+        if self.endpoint is not None and self.endpoint.first_contact is None and first.error is None and first.last_ns:
+            self.endpoint.first_contact = {"request": "compat", "sent_ns": first.start_ns,
+                                           "answer_s": (first.last_ns - first.start_ns) / 1e9,
+                                           "output_tokens": item.max_tokens}
+            self._record_first_contact()
         if first.error != "http_4xx" or first.status in _NOT_ELEMENT_STATUSES:
             self._record_compat()
             return
@@ -202,6 +208,10 @@ class ProbeSession:
             self.compat["refused"] = sorted(refused)
         self.compat["dropped"] = sorted(self.dropped)
         self._record_compat()
+
+    def _record_first_contact(self) -> None:
+        if self.writer is not None and self.endpoint is not None and self.endpoint.first_contact:
+            self.writer.update_meta(probe={"first_contact": self.endpoint.first_contact})
 
     def _record_compat(self) -> None:
         if self.writer is not None:

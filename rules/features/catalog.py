@@ -35,7 +35,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("populations", "share", ("error_rate", "error_rate_by_segment")),
     ("populations", "", ("client_only",)),
     ("populations", "s", ("cold_start_outlier_ttft_s", "cold_start_outlier_excess_s", "cold_start_s",
-                          "cold_start_by_phase_s")),
+                          "cold_start_by_phase_s", "cold_start_first_contact_s")),
     ("engine_metrics", "count", ("metrics_windows_n",)),
     ("engine_metrics", "requests", ("metrics_requests_n",)),
     ("engine_metrics", "s", ("metrics_ttft_mean_s", "metrics_queue_time_mean_s", "metrics_tokenize_time_mean_s", "metrics_queue_time_p95_s",

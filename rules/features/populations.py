@@ -98,12 +98,15 @@ def cold_start_outliers(ctx: FeatureContext) -> None:
     the backlog behind them: any later request sent before the last outlier's first token, and
     as far above the requests sent after that moment (open-loop arrivals keep coming while the
     model loads). With cold_start spans (server side), a request sent before start-up ended
-    that got its first token after it waited for start-up by the engine's own account.
+    that got its first token after it waited for start-up by the engine's own account. The
+    probe's first contact (API detection or compatibility check, before the run and not one of
+    its requests) counts as one more when it was answered far above the shortest prompts' TTFT.
     """
     ok = ctx.ok
     n = len(ok)
     ctx.steady = ok
-    names = ("cold_start_outliers_n", "cold_start_outlier_ttft_s", "cold_start_outlier_excess_s")
+    names = ("cold_start_outliers_n", "cold_start_outlier_ttft_s", "cold_start_outlier_excess_s",
+             "cold_start_first_contact_s")
     if n < 6:
         ctx.add("cold_start_outliers_n", 0.0 if n else None,
                 None if n else "no completed requests")
@@ -128,15 +131,18 @@ def cold_start_outliers(ctx: FeatureContext) -> None:
         if not more:
             break
         out.update(more)
-    ctx.add("cold_start_outliers_n", float(len(out)))
+    contact = _first_contact(ctx)
+    contact_excess = _far_above_steady(contact, ttft, tokens, factor) if contact is not None else None
+    ctx.add("cold_start_first_contact_s", contact, None if contact is not None else
+            "the probe's first answered request is not in this window (or the capture does not say: meta.json "
+            "probe.first_contact)")
+    worst = [float(ttft[i]) for i in out] + ([contact] if contact_excess else [])
+    excess = list(out.values()) + ([contact_excess] if contact_excess else [])
+    ctx.add("cold_start_outliers_n", float(len(worst)))
     if out:
-        idx = sorted(out)
-        ctx.steady = ok.drop(index=ok.index[idx]).reset_index(drop=True)
-        ctx.add("cold_start_outlier_ttft_s", float(ttft[idx].max()))
-        ctx.add("cold_start_outlier_excess_s", float(max(out.values())))
-    else:
-        ctx.add("cold_start_outlier_ttft_s", 0.0)
-        ctx.add("cold_start_outlier_excess_s", 0.0)
+        ctx.steady = ok.drop(index=ok.index[sorted(out)]).reset_index(drop=True)
+    ctx.add("cold_start_outlier_ttft_s", max(worst, default=0.0))
+    ctx.add("cold_start_outlier_excess_s", max(excess, default=0.0))
 
 
 def _far_above(ttft: np.ndarray, tokens: np.ndarray, which, pool: np.ndarray, factor: float) -> dict[int, float]:
@@ -160,6 +166,40 @@ def _far_above(ttft: np.ndarray, tokens: np.ndarray, which, pool: np.ndarray, fa
         if ttft[i] > factor * ref and ttft[i] > p99:
             out[int(i)] = float(ttft[i] - ref)
     return out
+
+
+def _first_contact(ctx: FeatureContext) -> float | None:
+    """Seconds the server took to answer the probe's first generation request (API detection or
+    the compatibility check, sent before the run: meta.json ``probe.first_contact``), when it
+    was sent inside the window; a server still loading its model answers it late."""
+    probe = ctx.meta.get("probe") if isinstance(ctx.meta, dict) else None
+    fc = probe.get("first_contact") if isinstance(probe, dict) else None
+    if not isinstance(fc, dict):
+        return None
+    answer, sent = fc.get("answer_s"), fc.get("sent_ns")
+    if not isinstance(answer, (int, float)) or not math.isfinite(answer):
+        return None
+    if ctx.window_ns is not None and not (isinstance(sent, (int, float)) and ctx.window_ns[0] <= sent < ctx.window_ns[1]):
+        return None
+    return float(answer)
+
+
+def _far_above_steady(answer_s: float, ttft: np.ndarray, tokens: np.ndarray, factor: float) -> float | None:
+    """Excess seconds of a short first request (1-2 tokens out) over the run's shortest prompts'
+    median TTFT (prompts up to 2x the shortest, else every request), when it is above ``factor``
+    x that and above every request's p99; else None."""
+    ok = np.isfinite(ttft)
+    if ok.sum() < 3:
+        return None
+    ref = float(np.median(ttft[ok]))
+    tok_ok = ok & np.isfinite(tokens) & (tokens > 0)
+    if tok_ok.any():
+        short = tok_ok & (tokens <= 2 * tokens[tok_ok].min())
+        if short.sum() >= 3:
+            ref = float(np.median(ttft[short]))
+    if answer_s > factor * ref and answer_s > float(np.percentile(ttft[ok], 99)):
+        return answer_s - ref
+    return None
 
 
 def _waited_for_startup(ctx: FeatureContext, start: np.ndarray, first: np.ndarray) -> list[int]:

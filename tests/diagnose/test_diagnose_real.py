@@ -150,6 +150,20 @@ def test_a_healthy_engine_within_a_generous_slo_is_healthy_with_its_goodput(tmp_
     _check_capture(res)
 
 
+def test_a_server_still_loading_its_model_is_a_cold_start_from_its_first_answer(tmp_path: Path) -> None:
+    # the engine listens at once and loads for 2.5 s: diagnose's API detection waits for it,
+    # before any request of the run; every run request is warm
+    res = _diagnose(["--lazy-load", "--inject", "load_delay_s=2.5"], tmp_path / "cap")
+    v = res.analysis.diagnosis.verdict
+    assert v.category == "cold_start", v.title
+    row = next(e for e in v.evidence if e.name == "the probe's first request answered after")
+    assert row.value >= 2.0
+    assert res.startup["startup_s"] >= 2.0  # and start-up is reported apart
+    meta = json.loads((res.capture / "meta.json").read_text())
+    assert meta["probe"]["first_contact"]["request"] == "api_detection"
+    _check_capture(res)
+
+
 def test_ctrl_c_leaves_a_valid_diagnosed_capture(tmp_path: Path) -> None:
     out = tmp_path / "cap"
     with EngineProcess(["--max-running", "1", "--threads", "1"]) as eng:

@@ -33,3 +33,29 @@ def test_a_slow_request_later_in_the_run_is_not_start_up() -> None:
     feats = compute_features(make_tables(make_requests(ttft, input_tokens=[64] * 50)))
     assert feats.value("cold_start_outliers_n") == 0
     assert feats.value("requests_n") == 50
+
+
+def _first_contact(answer_s: float, sent_ns: float = 1.7e18 - 5e9) -> dict:
+    return {"probe": {"first_contact": {"request": "api_detection", "sent_ns": sent_ns, "answer_s": answer_s,
+                                        "output_tokens": 1}}}
+
+
+def test_a_late_answer_to_the_probes_first_contact_is_start_up_the_run_never_saw() -> None:
+    # the server loaded its model while answering the API detection; every run request is warm
+    ttft = [0.01 + 0.001 * (i % 3) for i in range(50)]
+    tables = make_tables(make_requests(ttft, input_tokens=[64] * 50), meta=_first_contact(3.0))
+    feats = compute_features(tables)
+    assert feats.value("cold_start_first_contact_s") == 3.0
+    assert feats.value("cold_start_outliers_n") == 1
+    assert abs(feats.value("cold_start_outlier_excess_s") - (3.0 - 0.011)) < 1e-6
+    assert feats.value("requests_n") == 50  # not a run request: the steady population keeps them all
+
+
+def test_a_prompt_first_contact_or_one_outside_the_window_is_no_start_up() -> None:
+    ttft = [0.01 + 0.001 * (i % 3) for i in range(50)]
+    req = make_requests(ttft, input_tokens=[64] * 50)
+    warm = compute_features(make_tables(req, meta=_first_contact(0.02)))
+    assert warm.value("cold_start_first_contact_s") == 0.02 and warm.value("cold_start_outliers_n") == 0
+    late = make_tables(req, meta=_first_contact(3.0))
+    windowed = compute_features(late, window_ns=(int(1.7e18), int(1.7e18 + 6e9)))
+    assert windowed.value("cold_start_first_contact_s") is None and windowed.value("cold_start_outliers_n") == 0
