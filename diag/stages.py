@@ -96,6 +96,9 @@ ATTR_TOKEN_TIMES_NS = "ttft.token_times_ns"
 ATTR_FIRST_TOKEN_NS = "ttft.first_token_ns"  # Unix ns: the TTFT end boundary on this side
 ATTR_ERROR = "ttft.error"  # error kind, e.g. "http_503", "timeout", "disconnect"
 ATTR_SEGMENT = "ttft.segment"  # a labelled sweep point / workload phase
+#: segments ``long=N``: ttft diagnose's long ramp, N in flight at a long prompt (a designed
+#: experiment, kept out of the steady population and read by the ``long_ramp_*`` features)
+SEGMENT_LONG_RAMP = "long"
 ATTR_WARMUP = "ttft.warmup"  # bool: excluded from results
 ATTR_PREEMPTIONS = "ttft.preemptions"  # int: times this request was preempted
 #: bool, on a ``queue`` span: a wait after preemption (re-queued for recompute), not the first

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rules.base import Outcome, RuleContext, Triage, beyond_chance, finding, rule, strength
 
 QUEUE_IDLE_CHECKS = [
@@ -345,7 +347,44 @@ KV_CHECKS = [
 ]
 
 
+def _kv_from_long_ramp(ctx: RuleContext) -> Outcome:
+    """Client only, from ttft diagnose's long ramp: how many requests in flight TTFT holds at
+    prompts holding several times the tokens per request. A token budget (KV capacity) holds that
+    many times fewer; a request limit (max_num_seqs, HTTP workers) holds as many."""
+    kr, tr = ctx.v("long_ramp_knee_ratio"), ctx.v("long_ramp_token_ratio")
+    held, short_held = ctx.v("long_ramp_held"), ctx.v("long_ramp_short_held")
+    short_flat = bool(ctx.v("long_ramp_short_flat"))
+    tokens = ctx.v("long_ramp_prompt_tokens", 0)
+    if not tr or tr <= 1.0 or kr <= 0:
+        return f"the long ramp's prompts held no more tokens per request (x{tr or 0:.2f}): it cannot tell"
+    shift = math.log(max(kr, 1e-9)) / math.log(tr)
+    short = f"held to {'at least ' if short_flat else ''}{short_held:g}"
+    t = Triage(ctx)
+    if not t.crossed("knee shift with the tokens each request holds", shift, "long_knee_shift_min", "x",
+                     f"log(knee ratio {kr:.2f}) / log(token ratio {tr:.2f}): 1 = the knee moved as the tokens held, "
+                     "0 = it stayed"):
+        return (f"TTFT holds to {held:g} in flight at {tokens:.0f}-token prompts, {tr:.1f}x the tokens per request, "
+                f"and the short ramp {short}: the knee did not move with the tokens held (a limit in requests or "
+                "compute, not KV capacity)")
+    t.crossed("TTFT past the held level / at it (long prompts)", ctx.v("long_ramp_jump_ratio"), "knee_jump_min", "x",
+              f"at {tokens:.0f}-token prompts TTFT leaves its lone request's past {held:g} in flight", weigh=False)
+    t.context("requests in flight TTFT holds, short / long prompts", kr, "x",
+              f"short prompts {short} in flight, long ones {held:g}: {tr:.1f}x the tokens per request, {kr:.1f}x "
+              "fewer requests")
+    s, pct = ctx.explained(1.0 - 1.0 / max(ctx.v("long_ramp_jump_ratio", 1.0), 1.0))
+    return finding(f"Fewer requests fit the more tokens each holds: TTFT holds to {held:g} in flight at "
+                   f"{tokens:.0f}-token prompts, {short_held:g} at short ones: a limit in tokens, likely KV-cache "
+                   "capacity (black box)",
+                   t.confidence(0.9, black_box=True), s, pct, t.evidence, KV_CHECKS,
+                   note="client-only evidence from ttft diagnose's long ramp: a request limit would hold as many "
+                   "requests at either length, but prefill compute per step is a token budget too (long prompts "
+                   "batched together); KV usage is not observed. To decide: scrape the server's /metrics (KV usage, "
+                   "preemptions), or rerun the long ramp with longer answers (a KV limit holds fewer requests, "
+                   "compute does not care)", black_box=True)
+
+
 @rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",), ("waiting_for_kv_share",),
+                                     ("long_ramp_knee_ratio", "long_ramp_token_ratio"),
                                      ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ratio")))
 def kv_cache(ctx: RuleContext) -> Outcome:
     """TTFT jumps past a concurrency knee with KV usage near capacity or preemptions."""
@@ -384,6 +423,8 @@ def kv_cache(ctx: RuleContext) -> Outcome:
         s, pct = ctx.explained(share)
         return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
                        t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
+    if ctx.v("long_ramp_knee_ratio") is not None:
+        return _kv_from_long_ramp(ctx)
     # black box: flat, then a jump, while decode speed holds -- against a concurrency the client held
     if not closed_loop(ctx):
         return ("TTFT jumps past a knee in requests in flight, but the arrivals were open loop: the number in "

@@ -63,6 +63,11 @@ class PlanConfig:
         return float(self.thresholds["features"]["flat_factor"])
 
     @property
+    def long_prompt_tokens(self) -> int:
+        """The prompt of the long ramp: :data:`LONG_PROMPT_X` x the short prompt, below the limit."""
+        return int(min(LONG_PROMPT_X * self.input_tokens, self.prompt_limit_tokens))
+
+    @property
     def prompt_limit_tokens(self) -> int:
         """The longest prompt the ladder may send: below the context limit, room for the output."""
         top = self.max_prompt_tokens
@@ -70,6 +75,9 @@ class PlanConfig:
             top = min(top, self.context_limit_tokens - self.output_tokens - 8)
         return top
 
+
+#: ``long`` follow-up: its prompts are this many times the ramp's (more tokens held per request)
+LONG_PROMPT_X = 4
 
 #: ``prefix`` follow-up: uses of each fresh prefix (the first and R - 1 repeats), then one control
 PREFIX_REPEATS = 3
@@ -94,6 +102,10 @@ class Step:
         inp = f"fixed:{cfg.input_tokens}"
         if self.kind == "baseline":
             return ProbeStep(concurrency=1, requests=self.requests, input_tokens=inp, output_tokens=out,
+                             segment=segment_of(self.kind, self.value))
+        if self.kind == "long":  # the long ramp: closed loop at the long prompt
+            return ProbeStep(concurrency=int(self.value), requests=self.requests,
+                             input_tokens=f"fixed:{cfg.long_prompt_tokens}", output_tokens=out,
                              segment=segment_of(self.kind, self.value))
         if self.kind == "prefix":  # one at a time: groups of a fresh prefix, its repeats and a control
             return ProbeStep(concurrency=1, requests=self.requests,
@@ -141,4 +153,4 @@ def steps_of(p: Point) -> str:
     return f" = {n:.1f} decode steps" if n is not None else ""
 
 
-__all__ = ["Decision", "PlanConfig", "Step", "base_point", "ratio", "segment_of", "steps_of", "tokens_of"]
+__all__ = ["Decision", "LONG_PROMPT_X", "PlanConfig", "Step", "base_point", "ratio", "segment_of", "steps_of", "tokens_of"]

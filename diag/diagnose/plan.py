@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from diag.diagnose.design import Decision, PlanConfig, Step, base_point, segment_of
-from diag.diagnose.followups import followup_reading
+from diag.diagnose.followups import followup_reading, long_ramp_reading
 from diag.diagnose.ladder import ladder_reading, prompt_fit
 from diag.diagnose.points import Point
 from diag.diagnose.ramp import RAMP_MIN_LEVELS, ramp_break, ramp_reading
@@ -62,6 +62,11 @@ def next_step(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float = 0.0, 
         if ladder_done and not any(p.kind == cfg.ramp for p in points):
             step = Step(step.kind, step.value, step.requests, step.stage, f"ladder done: {ladder_done}. {step.reason}")
         return Decision(step, learned=learned)
+    follow = long_ramp_reading(cfg, points, elapsed_s, leading)
+    if follow is not None:
+        if not any(p.kind == "long" for p in points):
+            follow = Step(follow.kind, follow.value, follow.requests, follow.stage, f"{why}. {follow.reason}")
+        return Decision(follow, learned=learned)
     if not any(p.kind == "prefix" for p in points):
         follow = followup_reading(cfg, points, elapsed_s, leading)
         if follow is not None:

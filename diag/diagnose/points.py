@@ -10,8 +10,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 #: Point kinds: the lone-request baseline (also the ramp's first level), a prompt-ladder rung,
-#: a concurrency-ramp level, an open-loop rate level.
-KINDS = ("baseline", "prompt", "concurrency", "rate", "prefix")
+#: a concurrency-ramp level, an open-loop rate level, a shared-prefix follow-up, a level of the
+#: long ramp (requests in flight at the long prompt).
+KINDS = ("baseline", "prompt", "concurrency", "rate", "prefix", "long")
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,11 @@ def _ramp_requests(cfg: PlanConfig, kind: str, value: float) -> int:
     return max(12, min(200, int(round(value * 3.0))))  # ~3 s of arrivals
 
 
-def ramp_break(cfg: PlanConfig, base: Point, p: Point, earlier: Sequence[Point] = ()) -> str | None:
+def ramp_break(cfg: PlanConfig, base: Point, p: Point, earlier: Sequence[Point] = (), decode: bool = True) -> str | None:
     """Why the ramp has seen enough at ``p`` (None: go on); ``earlier`` are the levels below it, in
     order. A knee is the rules' own: one step steeper than every step before it by
-    ``knee_sharpness`` and at least ``knee_jump_min``, after TTFT stayed within ``flat_factor``."""
+    ``knee_sharpness`` and at least ``knee_jump_min``, after TTFT stayed within ``flat_factor``.
+    ``decode=False``: slower decode does not end it (the long ramp looks for TTFT's knee only)."""
     prev = earlier[-1] if earlier else None
     where = f"{p.kind}={p.value:g}"
     if p.error_frac >= 0.05:
@@ -62,7 +63,7 @@ def ramp_break(cfg: PlanConfig, base: Point, p: Point, earlier: Sequence[Point] 
     if t is not None and t >= cfg.ttft_break_x:
         hold = f"; per-stream decode x{1 / d:.2f} of a lone stream's" if d else ""
         return f"TTFT broke at {where}: {t:.1f}x the lone request's{hold}"
-    if d is not None and d >= cfg.decode_break_x:
+    if decode and d is not None and d >= cfg.decode_break_x:
         return f"decode broke at {where}: time per token {d:.1f}x a lone stream's"
     if prev is not None and prev.ttft_p50_s and p.ttft_p50_s:
         jump = p.ttft_p50_s / prev.ttft_p50_s

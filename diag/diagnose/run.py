@@ -215,7 +215,8 @@ class _Run:
         if ps.shared_prefix[0]:  # the prefix follow-up: groups of a fresh prefix, its repeats and a control
             workload = session.workload.with_prefix(LengthSpec.parse(ps.input_tokens), *ps.shared_prefix)
         else:
-            workload = session.workload.with_input(inp) if inp is not None else session.workload
+            # a ladder rung's length (a sweep point), else the step's own (the long ramp's)
+            workload = session.workload.with_input(inp or LengthSpec.parse(ps.input_tokens))
         loads = [load]
         if step.kind == "prompt" and load.requests and load.requests > 1:
             loads = [replace(load, requests=1)] * load.requests  # one at a time: a refusal ends the rung

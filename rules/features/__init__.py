@@ -61,6 +61,7 @@ THEMES: tuple[Theme, ...] = (
     engine_metrics.series_fallback,  # series-only: TTFT, stage shares, request count from the series
     concurrency.inflight,  # writes ctx.inflight_at
     concurrency.concurrency,
+    concurrency.long_ramp,  # reads ctx.long_ramp and the short ramp's segments
     prompt_fit.prompt_fit,  # reads ctx.inflight_at
     device.device_busy,  # writes ctx.busy
     device.kv,

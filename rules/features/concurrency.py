@@ -54,6 +54,87 @@ def inflight(ctx: FeatureContext) -> None:
     ctx.add("starts_n", int(len(qs)))
 
 
+def knee_index(y: np.ndarray, params: dict[str, float]) -> int:
+    """The last level before TTFT's knee in a curve ``y`` by level (``len(y) - 1``: no knee).
+
+    The knee is the steepest step between adjacent levels. It is a *sharp* knee (a cliff, "TTFT
+    suddenly worsens") when that single step is steeper than every step before it by
+    ``knee_sharpness`` and larger than the whole rise before it; a curve that climbs from the
+    lowest level on (a serialising server) has none, and its knee is where it leaves
+    ``flat_factor`` x the first level."""
+    base = max(float(y[0]), 1e-9)
+    steps = y[1:] / np.maximum(y[:-1], 1e-9)
+    k = int(np.argmax(steps))
+    before = float(steps[:k].max()) if k > 0 else 1.0
+    sharp = k >= 1 and steps[k] >= float(params["knee_sharpness"]) * max(before, 1.0) and steps[k] >= y[k] / base
+    b = k if sharp else 0
+    if not sharp:
+        while b + 1 < len(y) and y[b + 1] <= float(params["flat_factor"]) * base:
+            b += 1
+    return b
+
+
+def held_level(curve: pd.Series, factor: float) -> float:
+    """The highest level (index of ``curve``, TTFT by level) up to which TTFT stays within
+    ``factor`` x its lowest level's: where a ramp still held."""
+    y = curve.to_numpy(dtype="float64")
+    held = np.flatnonzero(np.cumprod(y <= factor * max(float(y[0]), 1e-9)))
+    return float(curve.index[held[-1]]) if len(held) else float(curve.index[0])
+
+
+def long_ramp(ctx: FeatureContext) -> None:
+    """ttft diagnose's long ramp (``ctx.long_ramp``: N in flight at a prompt several times the
+    ramp's) against the short ramp (segments ``concurrency=N``, the baseline at 1).
+
+    * ``long_ramp_held`` / ``long_ramp_short_held`` — the most requests in flight at which TTFT
+      stays within ``long_ramp_held_factor`` x its lone request's, at the long / short prompt.
+    * ``long_ramp_knee_ratio`` — short held / long held: how many times fewer requests fit at
+      the long prompt; ``long_ramp_short_flat`` = 1 when the short ramp held to its top (the ratio
+      is then a lower bound).
+    * ``long_ramp_token_ratio`` — (long prompt + output) / (short prompt + output) tokens: how
+      many times more each request holds. A limit in tokens held (KV capacity) gives a knee
+      ratio near it; a limit in requests, near 1.
+    * ``long_ramp_jump_ratio`` — the long ramp's TTFT at its top level / at its held level.
+    Units: requests, x, tokens.
+    """
+    names = ("long_ramp_held", "long_ramp_short_held", "long_ramp_jump_ratio", "long_ramp_knee_ratio",
+             "long_ramp_token_ratio", "long_ramp_short_flat", "long_ramp_prompt_tokens")
+    lr = ctx.long_ramp
+    if len(lr) == 0:
+        ctx.na(names, "no long ramp (ttft diagnose runs one when prompt work, a KV limit or a queue leads)")
+        return
+    short = ctx.steady
+    seg = segment_numbers(short["segment"]) if "segment" in short.columns else None
+    if seg is None:
+        ctx.na(names, "the short ramp is not labelled")
+        return
+    short = short.loc[seg["conc"].notna() & seg["prompt"].isna()]
+    s_level = seg.loc[short.index, "conc"]
+    l_level = pd.to_numeric(lr["segment"].astype(str).str.split("=").str[1], errors="coerce")
+    min_bin = max(2, int(ctx.params["min_bin_requests"]) // 2)
+
+    def curve(df: pd.DataFrame, level: pd.Series) -> pd.Series:
+        g = num_col(df, "ttft_s").groupby(level)
+        return g.median()[g.size() >= min_bin].sort_index()
+
+    sc, lc = curve(short, s_level), curve(lr, l_level)
+    if len(lc) < 3 or len(sc) < 3:
+        ctx.na(names, f"too few levels (long ramp {len(lc)}, short ramp {len(sc)}; 3 each)")
+        return
+    factor = float(ctx.params["long_ramp_held_factor"])
+    lh, sh = held_level(lc, factor), held_level(sc, factor)
+    l_tok = float(num_col(lr, "input_tokens").median())
+    s_tok = float(num_col(short, "input_tokens").median())
+    out = float(num_col(pd.concat([short, lr]), "output_tokens").median())
+    ctx.add("long_ramp_prompt_tokens", l_tok)
+    ctx.add("long_ramp_token_ratio", (l_tok + out) / (s_tok + out) if s_tok + out > 0 else None)
+    ctx.add("long_ramp_held", lh)
+    ctx.add("long_ramp_short_held", sh)
+    ctx.add("long_ramp_jump_ratio", float(lc.iloc[-1] / max(float(lc.loc[lh]), 1e-9)))
+    ctx.add("long_ramp_knee_ratio", sh / lh)
+    ctx.add("long_ramp_short_flat", 1.0 if sh >= float(sc.index[-1]) else 0.0)
+
+
 def concurrency(ctx: FeatureContext) -> None:
     """Median TTFT by in-flight level (or labelled sweep point), the knee, and decode speed by level."""
     st = ctx.steady
@@ -98,19 +179,7 @@ def concurrency(ctx: FeatureContext) -> None:
     xs = curve.index.to_numpy(dtype="float64")
     base = max(y[0], 1e-9)
     ctx.add("ttft_concurrency_ratio", float(y[-1] / base), source=source)
-    # The knee is the steepest step between adjacent levels. It is a *sharp* knee (a cliff,
-    # "TTFT suddenly worsens") when that single step is steeper than every step before it by
-    # ``knee_sharpness`` and larger than the whole rise before it; a curve that climbs from
-    # the lowest level on (a serialising server) has none.
-    steps = y[1:] / np.maximum(y[:-1], 1e-9)
-    k = int(np.argmax(steps))
-    before = float(steps[:k].max()) if k > 0 else 1.0
-    flat = float(ctx.params["flat_factor"])
-    sharp = k >= 1 and steps[k] >= float(ctx.params["knee_sharpness"]) * max(before, 1.0) and steps[k] >= y[k] / base
-    b = k if sharp else 0
-    if not sharp:
-        while b + 1 < len(y) and y[b + 1] <= flat * base:
-            b += 1
+    b = knee_index(y, ctx.params)
     if b < len(y) - 1:
         ctx.add("concurrency_knee", float(xs[b]), source=source)
         ctx.add("ttft_knee_jump_ratio", float(y[-1] / max(y[b], 1e-9)), source=source)

@@ -244,3 +244,34 @@ def test_no_prefix_follow_up_on_a_failing_server_a_short_ladder_or_without_the_b
     small = replace(CAPPED, context_limit_tokens=200)  # the ladder ends at 128 tokens: a prefix of 64 says little
     assert next_step(small, [BASE, pt("prompt", 128, 0.017)], 5.0, leading="prefill_compute").step is None
     assert next_step(replace(CAPPED, budget_s=5.5), [BASE, *LADDER], 5.0, leading="prefill_compute").step is None
+
+
+RAMPED = PlanConfig(max_concurrency=8)
+SHORT_RAMP = [pt("concurrency", 2, 0.011), pt("concurrency", 4, 0.012), pt("concurrency", 8, 0.013)]
+
+
+@pytest.mark.parametrize("leading", ["prefill_compute", "kv_cache", "queue"])
+def test_after_the_ramp_a_long_ramp_tells_a_token_limit_from_a_request_limit(leading) -> None:
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP], 6.0, leading=leading)
+    assert d.step is not None and (d.step.kind, d.step.value, d.step.stage) == ("long", 1, "follow-up")
+    assert "256-token prompts" in d.step.reason and "limit in tokens" in d.step.reason
+    ps = d.step.probe_step(RAMPED)
+    assert ps.concurrency == 1 and ps.input_tokens == "fixed:256" and ps.segment == "long=1"
+    # it climbs 1, 2, 3, 4, 6, 8 (the short ramp's top) while TTFT holds, whatever leads meanwhile
+    ran = [pt("long", v, 0.030 * (1 + 0.05 * v), tokens=256) for v in (1, 2, 3, 4, 6)]
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *ran], 9.0, leading="healthy")
+    assert d.step is not None and (d.step.kind, d.step.value) == ("long", 8)
+
+
+def test_the_long_ramp_ends_where_ttft_breaks_and_not_on_a_failing_or_cramped_server() -> None:
+    broke = [pt("long", 1, 0.030, tokens=256), pt("long", 2, 0.032, tokens=256), pt("long", 3, 0.300, tokens=256)]
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *broke], 9.0, leading="prefill_compute")
+    assert d.step is None or d.step.kind != "long"
+    failing = [*SHORT_RAMP[:2], pt("concurrency", 8, 0.02, ok=6, errors={"http_5xx": 2})]
+    d = next_step(RAMPED, [BASE, *LADDER, *failing], 6.0, leading="prefill_compute")
+    assert d.step is None or d.step.kind != "long"
+    cramped = replace(RAMPED, context_limit_tokens=150)  # 4x the prompt would not fit
+    d = next_step(cramped, [BASE, pt("prompt", 100, 0.015), *SHORT_RAMP], 6.0, leading="prefill_compute")
+    assert d.step is None or d.step.kind != "long"
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP], 6.0, leading="decode")
+    assert d.step is None or d.step.kind != "long"
