@@ -50,10 +50,11 @@ BB_KV_CHECK = ("scrape the server's /metrics for KV usage and preemptions: from 
 
 SINGLE_LEVEL = ("ttft_in_itl_steps_p50", "ttft_inline_ratio", "first_token_after_end_frac")
 AT_CAP = ("waiting_at_cap_frac", "ttft_vs_engine_prefill_ratio")
+LONG_RAMP = ("long_ramp_knee_ratio", "long_ramp_token_ratio")
 SWEEP = ("ttft_concurrency_ratio", "decode_speed_hold_ratio", "concurrency_flat_levels", "ttft_rise_per_itl")
 
 
-@rule("queue", "queue", needs=(("queue_share_tail",), SWEEP, SINGLE_LEVEL, AT_CAP))
+@rule("queue", "queue", needs=(("queue_share_tail",), SWEEP, SINGLE_LEVEL, AT_CAP, LONG_RAMP))
 def queue(ctx: RuleContext) -> Outcome:
     """TTFT spent waiting for the scheduler: high queue share, or TTFT rising with concurrency."""
     th = ctx.th
@@ -96,6 +97,9 @@ def queue(ctx: RuleContext) -> Outcome:
             checks = QUEUE_BUSY_CHECKS
         s, pct = ctx.explained(ctx.v("queue_share_tail"))
         return finding(title, t.confidence(0.95), s, pct, t.evidence, checks)
+    shift = long_ramp_shift(ctx)
+    if shift is not None and shift < ctx.th_of("kv_cache")["long_knee_shift_min"]:
+        return _request_limit(ctx, shift)  # ttft diagnose's long ramp: the knee stayed with more tokens
     if not all(ctx.has(n) for n in SWEEP):
         return _queue_one_level(ctx)
     # black box: TTFT against concurrency and per-stream decode speed
@@ -347,6 +351,37 @@ KV_CHECKS = [
 ]
 
 
+def long_ramp_shift(ctx: RuleContext) -> float | None:
+    """ttft diagnose's long ramp: log(knee ratio) / log(token ratio), how far TTFT's knee moved
+    with the tokens each request holds (1: as the tokens, a token budget; 0: not, a request
+    limit); None without a long ramp whose prompts held more tokens per request."""
+    kr, tr = ctx.v("long_ramp_knee_ratio"), ctx.v("long_ramp_token_ratio")
+    if kr is None or not tr or tr <= 1.0 or kr <= 0:
+        return None
+    return math.log(kr) / math.log(tr)
+
+
+def _request_limit(ctx: RuleContext, shift: float) -> Outcome:
+    """The queue finding from ttft diagnose's long ramp: the knee stayed at the same count of
+    requests with several times the tokens each: the server admits that many, the rest wait."""
+    held, tr = ctx.v("long_ramp_held"), ctx.v("long_ramp_token_ratio")
+    t = Triage(ctx)
+    t.below("knee shift with the tokens each request holds", shift, None, "x",
+            f"log(knee ratio) / log(token ratio {tr:.2f}): 0 = the knee stayed at the same count of requests",
+            threshold=ctx.th_of("kv_cache")["long_knee_shift_min"], op="<")
+    t.crossed("TTFT past the held level / at it (long prompts)", ctx.v("long_ramp_jump_ratio"), None, "x",
+              f"TTFT jumps past {held:g} requests in flight at {ctx.v('long_ramp_prompt_tokens', 0):.0f}-token prompts "
+              f"as at short ones", threshold=ctx.th_of("kv_cache")["knee_jump_min"], weigh=False)
+    s, pct = ctx.explained(1.0 - 1.0 / max(ctx.v("ttft_knee_jump_ratio", 1.0) or 1.0, 1.0))
+    return finding(f"TTFT jumps past {held:g} requests in flight at any prompt length: the server admits {held:g} at "
+                   "a time and the rest wait (a limit in requests, black box)",
+                   t.confidence(0.8, black_box=True), s, pct, t.evidence, QUEUE_BUSY_CHECKS,
+                   note="client-only evidence from ttft diagnose's long ramp: a KV limit would hold fewer requests at "
+                   "longer prompts; from the client the cap may be the engine's (max_num_seqs, max running) or its "
+                   "front end's (HTTP workers, API servers): the engine's waiting gauge in /metrics tells them apart "
+                   "(empty while requests wait before it is the front end)", black_box=True)
+
+
 def _kv_from_long_ramp(ctx: RuleContext) -> Outcome:
     """Client only, from ttft diagnose's long ramp: how many requests in flight TTFT holds at
     prompts holding several times the tokens per request. A token budget (KV capacity) holds that
@@ -355,17 +390,17 @@ def _kv_from_long_ramp(ctx: RuleContext) -> Outcome:
     held, short_held = ctx.v("long_ramp_held"), ctx.v("long_ramp_short_held")
     short_flat = bool(ctx.v("long_ramp_short_flat"))
     tokens = ctx.v("long_ramp_prompt_tokens", 0)
-    if not tr or tr <= 1.0 or kr <= 0:
+    shift = long_ramp_shift(ctx)
+    if shift is None:
         return f"the long ramp's prompts held no more tokens per request (x{tr or 0:.2f}): it cannot tell"
-    shift = math.log(max(kr, 1e-9)) / math.log(tr)
     short = f"held to {'at least ' if short_flat else ''}{short_held:g}"
     t = Triage(ctx)
     if not t.crossed("knee shift with the tokens each request holds", shift, "long_knee_shift_min", "x",
                      f"log(knee ratio {kr:.2f}) / log(token ratio {tr:.2f}): 1 = the knee moved as the tokens held, "
                      "0 = it stayed"):
         return (f"TTFT holds to {held:g} in flight at {tokens:.0f}-token prompts, {tr:.1f}x the tokens per request, "
-                f"and the short ramp {short}: the knee did not move with the tokens held (a limit in requests or "
-                "compute, not KV capacity)")
+                f"and the short ramp {short}: the knee did not move with the tokens held (a limit in requests, see "
+                "queue; not KV capacity)")
     t.crossed("TTFT past the held level / at it (long prompts)", ctx.v("long_ramp_jump_ratio"), "knee_jump_min", "x",
               f"at {tokens:.0f}-token prompts TTFT leaves its lone request's past {held:g} in flight", weigh=False)
     t.context("requests in flight TTFT holds, short / long prompts", kr, "x",
@@ -384,7 +419,7 @@ def _kv_from_long_ramp(ctx: RuleContext) -> Outcome:
 
 
 @rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",), ("waiting_for_kv_share",),
-                                     ("long_ramp_knee_ratio", "long_ramp_token_ratio"),
+                                     LONG_RAMP,
                                      ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ratio")))
 def kv_cache(ctx: RuleContext) -> Outcome:
     """TTFT jumps past a concurrency knee with KV usage near capacity or preemptions."""

@@ -74,20 +74,22 @@ def knee_index(y: np.ndarray, params: dict[str, float]) -> int:
     return b
 
 
-def held_level(curve: pd.Series, factor: float) -> float:
-    """The highest level (index of ``curve``, TTFT by level) up to which TTFT stays within
-    ``factor`` x its lowest level's: where a ramp still held."""
+def jump_level(curve: pd.Series, factor: float) -> float | None:
+    """The first level (index of ``curve``, TTFT by level) past which TTFT jumps ``factor`` x or
+    more to the next level; None when no step does. With levels at most ``factor`` apart, sharing
+    compute cannot do that (TTFT grows at most as the load): requests past it wait for others."""
     y = curve.to_numpy(dtype="float64")
-    held = np.flatnonzero(np.cumprod(y <= factor * max(float(y[0]), 1e-9)))
-    return float(curve.index[held[-1]]) if len(held) else float(curve.index[0])
+    steps = np.flatnonzero(y[1:] >= factor * np.maximum(y[:-1], 1e-9))
+    return float(curve.index[steps[0]]) if len(steps) else None
 
 
 def long_ramp(ctx: FeatureContext) -> None:
     """ttft diagnose's long ramp (``ctx.long_ramp``: N in flight at a prompt several times the
     ramp's) against the short ramp (segments ``concurrency=N``, the baseline at 1).
 
-    * ``long_ramp_held`` / ``long_ramp_short_held`` — the most requests in flight at which TTFT
-      stays within ``long_ramp_held_factor`` x its lone request's, at the long / short prompt.
+    * ``long_ramp_held`` / ``long_ramp_short_held`` — the most requests in flight before TTFT jumps
+      ``long_ramp_jump_factor`` x from one level to the next (levels at most that far apart), at
+      the long / short prompt; the short ramp's top level when it never jumps.
     * ``long_ramp_knee_ratio`` — short held / long held: how many times fewer requests fit at
       the long prompt; ``long_ramp_short_flat`` = 1 when the short ramp held to its top (the ratio
       is then a lower bound).
@@ -121,8 +123,14 @@ def long_ramp(ctx: FeatureContext) -> None:
     if len(lc) < 3 or len(sc) < 3:
         ctx.na(names, f"too few levels (long ramp {len(lc)}, short ramp {len(sc)}; 3 each)")
         return
-    factor = float(ctx.params["long_ramp_held_factor"])
-    lh, sh = held_level(lc, factor), held_level(sc, factor)
+    factor = float(ctx.params["long_ramp_jump_factor"])
+    lh, sh = jump_level(lc, factor), jump_level(sc, factor)
+    if lh is None:
+        ctx.na(names, f"TTFT never jumps {factor:g}x between levels of the long ramp (to {lc.index[-1]:g} in flight): "
+               "no limit in requests or tokens within it")
+        return
+    short_flat = sh is None
+    sh = float(sc.index[-1]) if sh is None else sh
     l_tok = float(num_col(lr, "input_tokens").median())
     s_tok = float(num_col(short, "input_tokens").median())
     out = float(num_col(pd.concat([short, lr]), "output_tokens").median())
@@ -132,7 +140,7 @@ def long_ramp(ctx: FeatureContext) -> None:
     ctx.add("long_ramp_short_held", sh)
     ctx.add("long_ramp_jump_ratio", float(lc.iloc[-1] / max(float(lc.loc[lh]), 1e-9)))
     ctx.add("long_ramp_knee_ratio", sh / lh)
-    ctx.add("long_ramp_short_flat", 1.0 if sh >= float(sc.index[-1]) else 0.0)
+    ctx.add("long_ramp_short_flat", 1.0 if short_flat else 0.0)
 
 
 def concurrency(ctx: FeatureContext) -> None:

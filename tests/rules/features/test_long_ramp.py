@@ -53,6 +53,8 @@ def test_the_same_count_at_either_length_is_not_kv() -> None:
     d = diagnose(tables)
     assert not any(f.category == "kv_cache" for f in d.findings)
     assert any("did not move with the tokens held" in p.reason for p in d.passed if p.rule_id == "kv_cache")
+    queue = next(f for f in d.findings if f.category == "queue")
+    assert queue.black_box and "a limit in requests" in queue.title and "admits 4" in queue.title
 
 
 def test_no_long_ramp_no_long_ramp_features() -> None:
