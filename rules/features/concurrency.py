@@ -74,13 +74,17 @@ def knee_index(y: np.ndarray, params: dict[str, float]) -> int:
     return b
 
 
-def jump_level(curve: pd.Series, factor: float) -> float | None:
+def jump_level(curve: pd.Series, factor: float, sharpness: float) -> float | None:
     """The first level (index of ``curve``, TTFT by level) past which TTFT jumps ``factor`` x or
-    more to the next level; None when no step does. With levels at most ``factor`` apart, sharing
-    compute cannot do that (TTFT grows at most as the load): requests past it wait for others."""
+    more to the next level, and ``sharpness`` x more steeply than every step before; None when
+    no step does. Requests past it wait for others; shared compute (a policy that lets prefills
+    cut in, batches that slow) grows TTFT step by step, without one step that stands out."""
     y = curve.to_numpy(dtype="float64")
-    steps = np.flatnonzero(y[1:] >= factor * np.maximum(y[:-1], 1e-9))
-    return float(curve.index[steps[0]]) if len(steps) else None
+    steps = y[1:] / np.maximum(y[:-1], 1e-9)
+    for i, step in enumerate(steps):
+        if step >= factor and step >= sharpness * max([1.0, *steps[:i]]):
+            return float(curve.index[i])
+    return None
 
 
 def long_ramp(ctx: FeatureContext) -> None:
@@ -88,8 +92,9 @@ def long_ramp(ctx: FeatureContext) -> None:
     ramp's) against the short ramp (segments ``concurrency=N``, the baseline at 1).
 
     * ``long_ramp_held`` / ``long_ramp_short_held`` — the most requests in flight before TTFT jumps
-      ``long_ramp_jump_factor`` x from one level to the next (levels at most that far apart), at
-      the long / short prompt; the short ramp's top level when it never jumps.
+      ``long_ramp_jump_factor`` x from one level to the next, ``knee_sharpness`` x more steeply
+      than any step before (:func:`jump_level`), at the long / short prompt; the short ramp's top
+      level when it never jumps.
     * ``long_ramp_knee_ratio`` — short held / long held: how many times fewer requests fit at
       the long prompt; ``long_ramp_short_flat`` = 1 when the short ramp held to its top (the ratio
       is then a lower bound).
@@ -124,10 +129,11 @@ def long_ramp(ctx: FeatureContext) -> None:
         ctx.na(names, f"too few levels (long ramp {len(lc)}, short ramp {len(sc)}; 3 each)")
         return
     factor = float(ctx.params["long_ramp_jump_factor"])
-    lh, sh = jump_level(lc, factor), jump_level(sc, factor)
+    sharp = float(ctx.params["knee_sharpness"])
+    lh, sh = jump_level(lc, factor, sharp), jump_level(sc, factor, sharp)
     if lh is None:
-        ctx.na(names, f"TTFT never jumps {factor:g}x between levels of the long ramp (to {lc.index[-1]:g} in flight): "
-               "no limit in requests or tokens within it")
+        ctx.na(names, f"TTFT never jumps {factor:g}x (and {sharp:g}x more steeply than before) between levels of "
+               f"the long ramp (to {lc.index[-1]:g} in flight): no limit in requests or tokens within it")
         return
     short_flat = sh is None
     sh = float(sc.index[-1]) if sh is None else sh
