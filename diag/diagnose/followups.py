@@ -8,11 +8,11 @@ where they decide between the leading candidates. Pure; no I/O.
   time, and a prefix cache would spare it; repeats as fast as the control: it reuses the prefix.
   The prefix is as long as the ladder's longest rung that was answered, less the suffix.
 - ``long`` (when prompt work, a KV limit or a queue leads after a closed-loop ramp): the ramp
-  again, 1, 2, 4 … in flight up to the short ramp's top, at :data:`~diag.diagnose.design.LONG_PROMPT_X`
-  x its prompt, until TTFT breaks or a knee shows. Each request then holds that many more
-  tokens: a limit in tokens held (KV-cache capacity) moves the knee to fewer requests in
+  again at :data:`~diag.diagnose.design.LONG_PROMPT_X` x its prompt, at :data:`LONG_LEVELS` in
+  flight up to the short ramp's top, until TTFT breaks or a knee shows. Each request then holds
+  more tokens: a limit in tokens held (KV-cache capacity) moves the knee to fewer requests in
   flight, a limit in requests (max_num_seqs, HTTP workers) keeps it where it was, and compute
-  alone shows no knee. Read by the ``kv_cache`` rule (``long_ramp_*`` features).
+  alone shows no sharp knee. Read by the ``kv_cache`` and ``queue`` rules (``long_ramp_*``).
 """
 
 from __future__ import annotations
@@ -66,9 +66,10 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
         return Step("long", v, n, "follow-up", f"long ramp: TTFT {t:.1f}x its lone request's at {ran[-1].value:g} in "
                                                f"flight; next {v:g}")
     return Step("long", v, n, "follow-up",
-                f"{leading} leads (the ramp reached {top:g} in flight at {cfg.input_tokens}-token prompts): the ramp again at {tokens}-token prompts ({LONG_PROMPT_X}x, more tokens "
-                "held per request) tells a limit in tokens (KV cache: the knee moves to fewer requests) from one in "
-                "requests (the knee stays) or compute alone (no knee)")
+                f"{leading} leads (the ramp reached {top:g} in flight at {cfg.input_tokens}-token prompts): the ramp "
+                f"again at {tokens}-token prompts ({LONG_PROMPT_X}x, more tokens held per request) tells a limit in "
+                "tokens (KV cache: the knee moves to fewer requests) from one in requests (the knee stays) or compute "
+                "alone (no knee)")
 
 
 def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | None:
