@@ -25,6 +25,8 @@ from typing import Any
 from rules.model import CATEGORIES, ITL_CATEGORIES, TTFT_CATEGORIES, Finding
 
 _SERVER = TTFT_CATEGORIES | ITL_CATEGORIES
+#: the kv_cache finding's row from ttft diagnose's long ramp (rules.scheduling)
+LONG_RAMP_ROW = "shift with the tokens each request holds"
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Override:
     demote: bool = True
     tier: int | None = None  #: losers rank at this tier or later
     black_box_only: bool = False  #: only losers inferred from client timing (Finding.black_box)
+    winner_row: str | None = None  #: a finding winner counts only when it carries an evidence row so named
 
 
 OVERRIDES: tuple[Override, ...] = (
@@ -44,6 +47,11 @@ OVERRIDES: tuple[Override, ...] = (
     Override("loadgen", _SERVER, "the load generator was saturated, so this server-side blame is unreliable"),
     # waiting for KV blocks is queue time: the KV finding owns it
     Override("kv_cache", frozenset({"queue"}), "the queue time here is waiting for KV-cache space (see kv_cache)"),
+    # from the client, TTFT that grows with the prompt is prefill at one request in flight; under load
+    # a KV limit makes longer prompts wait for others to end: the KV finding owns that time
+    Override("kv_cache", frozenset({"prefill_compute"}),
+             "under load, longer prompts wait here for KV-cache space (see kv_cache), beyond their own prefill",
+             black_box_only=True, winner_row=LONG_RAMP_ROW),
     # queue time that free capacity could have served: admission order / reservations own it
     Override("head_of_line", frozenset({"queue", "kv_reservation"}),
              "the queue time here is short requests held behind long prompts ahead of them (see head_of_line)"),
@@ -82,10 +90,12 @@ def demote(f: Finding, by: str, why: str, factor: float) -> None:
 
 
 def winner(name: str, findings: list[Finding], all_met: bool | None, ttft_met: bool | None,
-           strong: float) -> str | None:
-    """Who wins row ``name`` now (the ``demoted_by`` name), or None when the row does not apply."""
+           strong: float, row: str | None = None) -> str | None:
+    """Who wins row ``name`` now (the ``demoted_by`` name), or None when the row does not apply;
+    ``row``: a finding winner must carry an evidence row so named."""
     if name in CATEGORIES:  # a conditional finding (the tool's own test) overrides nothing
-        return name if any(f.category == name and not f.conditional for f in findings) else None
+        return name if any(f.category == name and not f.conditional
+                           and (row is None or any(e.name == row for e in f.evidence)) for f in findings) else None
     if name == "slo_ttft_met":
         return "slo" if ttft_met and not all_met else None
     if name in ("ttft_strong", "ttft_not_fine"):
@@ -104,7 +114,7 @@ def apply_overrides(findings: list[Finding], all_met: bool | None, ttft_met: boo
     factor = float(general["demote_factor"])
     strong = float(general["strong_confidence"])
     for row in table:
-        by = winner(row.winner, findings, all_met, ttft_met, strong)
+        by = winner(row.winner, findings, all_met, ttft_met, strong, row.winner_row)
         if by is None:
             continue
         for f in findings:

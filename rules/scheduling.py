@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rules.base import Outcome, RuleContext, Triage, beyond_chance, finding, rule, strength
+from rules.overrides import LONG_RAMP_ROW
 
 QUEUE_IDLE_CHECKS = [
     "queue wait share and the scheduler thread: take a CPU profile of the serving process (py-spy) "
@@ -98,8 +99,8 @@ def queue(ctx: RuleContext) -> Outcome:
         s, pct = ctx.explained(ctx.v("queue_share_tail"))
         return finding(title, t.confidence(0.95), s, pct, t.evidence, checks)
     shift = long_ramp_shift(ctx)
-    if shift is not None and shift < ctx.th_of("kv_cache")["long_knee_shift_min"]:
-        return _request_limit(ctx, shift)  # ttft diagnose's long ramp: the knee stayed with more tokens
+    if shift is not None and shift < ctx.th_of("kv_cache")["long_knee_shift_min"] and not ctx.v("long_ramp_short_flat"):
+        return _request_limit(ctx, shift)  # ttft diagnose's long ramp: the same count waits at either length
     if not all(ctx.has(n) for n in SWEEP):
         return _queue_one_level(ctx)
     # black box: TTFT against concurrency and per-stream decode speed
@@ -352,70 +353,77 @@ KV_CHECKS = [
 
 
 def long_ramp_shift(ctx: RuleContext) -> float | None:
-    """ttft diagnose's long ramp: log(knee ratio) / log(token ratio), how far TTFT's knee moved
-    with the tokens each request holds (1: as the tokens, a token budget; 0: not, a request
-    limit); None without a long ramp whose prompts held more tokens per request."""
+    """ttft diagnose's long ramp: log(knee ratio) / log(token ratio), how far the level where
+    requests start waiting for others to end moved with the tokens each request holds (1: as
+    the tokens, a token budget; 0: not, a request limit); None without a long ramp that showed
+    such a level at prompts holding more tokens per request."""
     kr, tr = ctx.v("long_ramp_knee_ratio"), ctx.v("long_ramp_token_ratio")
     if kr is None or not tr or tr <= 1.0 or kr <= 0:
         return None
     return math.log(kr) / math.log(tr)
 
 
+def long_ramp_short_held(ctx: RuleContext) -> bool:
+    """The short ramp ran at the level where the long ramp's requests waited for others to end
+    (or above it) and its own did not: at the same count, fewer tokens each were all admitted."""
+    la, top = ctx.v("long_ramp_admission"), ctx.v("long_ramp_short_top")
+    return bool(ctx.v("long_ramp_short_flat")) and la is not None and top is not None and top >= la
+
+
+def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) -> None:
+    """The long ramp's evidence: where requests waited for others to end at each length, and the shift."""
+    la, sa, tr = ctx.v("long_ramp_admission"), ctx.v("long_ramp_short_admission"), ctx.v("long_ramp_token_ratio")
+    tokens = ctx.v("long_ramp_prompt_tokens", 0)
+    t.context("requests in flight from which requests wait for others to end (long prompts)", la, "requests",
+              f"at {tokens:.0f}-token prompts, most requests of that level got their first token right after another "
+              "stream ended: admitted as others leave, not slowed by shared compute")
+    t.context("the same, short prompts", sa, "requests", "the short ramp" if sa is not None else
+              "the short ramp never showed it: its top level is a lower bound")
+    meaning = f"log(knee ratio {ctx.v('long_ramp_knee_ratio'):.2f}) / log(token ratio {tr:.2f}): 1 = it moved as the " \
+              "tokens each request holds, 0 = it stayed"
+    limit = ctx.th_of("kv_cache")["long_knee_shift_min"]
+    if crossed and long_ramp_short_held(ctx):
+        t.context(LONG_RAMP_ROW, shift, "x", meaning + "; a lower bound: the short "
+                  f"ramp admitted every request up to {ctx.v('long_ramp_short_top'):g} in flight")
+        t.add_strength(1.0)
+    elif crossed:
+        t.crossed(LONG_RAMP_ROW, shift, None, "x", meaning, threshold=limit)
+    else:
+        t.below(LONG_RAMP_ROW, shift, None, "x", meaning, threshold=limit, op="<")
+
+
 def _request_limit(ctx: RuleContext, shift: float) -> Outcome:
-    """The queue finding from ttft diagnose's long ramp: the knee stayed at the same count of
-    requests with several times the tokens each: the server admits that many, the rest wait."""
-    held, tr = ctx.v("long_ramp_held"), ctx.v("long_ramp_token_ratio")
+    """The queue finding from ttft diagnose's long ramp: requests wait for others to end from the
+    same count in flight with several times the tokens each: the server admits that many."""
+    la = ctx.v("long_ramp_admission")
     t = Triage(ctx)
-    t.below("knee shift with the tokens each request holds", shift, None, "x",
-            f"log(knee ratio) / log(token ratio {tr:.2f}): 0 = the knee stayed at the same count of requests",
-            threshold=ctx.th_of("kv_cache")["long_knee_shift_min"], op="<")
-    t.crossed("TTFT past the held level / at it (long prompts)", ctx.v("long_ramp_jump_ratio"), None, "x",
-              f"TTFT jumps past {held:g} requests in flight at {ctx.v('long_ramp_prompt_tokens', 0):.0f}-token prompts "
-              f"as at short ones", threshold=ctx.th_of("kv_cache")["knee_jump_min"], weigh=False)
-    s, pct = ctx.explained(1.0 - 1.0 / max(ctx.v("ttft_knee_jump_ratio", 1.0) or 1.0, 1.0))
-    return finding(f"TTFT jumps past {held:g} requests in flight at any prompt length: the server admits {held:g} at "
-                   "a time and the rest wait (a limit in requests, black box)",
+    _long_ramp_rows(t, ctx, shift, crossed=False)
+    s, pct = ctx.explained(ctx.v("long_ramp_wait_share"))
+    return finding(f"Requests wait for others to end from {la:g} in flight at any prompt length: the server admits "
+                   "a fixed number at a time and the rest wait (a limit in requests, black box)",
                    t.confidence(0.8, black_box=True), s, pct, t.evidence, QUEUE_BUSY_CHECKS,
-                   note="client-only evidence from ttft diagnose's long ramp: a KV limit would hold fewer requests at "
+                   note="client-only evidence from ttft diagnose's long ramp: a KV limit would admit fewer requests at "
                    "longer prompts; from the client the cap may be the engine's (max_num_seqs, max running) or its "
                    "front end's (HTTP workers, API servers): the engine's waiting gauge in /metrics tells them apart "
                    "(empty while requests wait before it is the front end)", black_box=True)
 
 
-def _kv_from_long_ramp(ctx: RuleContext) -> Outcome:
-    """Client only, from ttft diagnose's long ramp: how many requests in flight TTFT holds at
-    prompts holding several times the tokens per request. A token budget (KV capacity) holds that
-    many times fewer; a request limit (max_num_seqs, HTTP workers) holds as many."""
-    kr, tr = ctx.v("long_ramp_knee_ratio"), ctx.v("long_ramp_token_ratio")
-    held, short_held = ctx.v("long_ramp_held"), ctx.v("long_ramp_short_held")
-    short_flat = bool(ctx.v("long_ramp_short_flat"))
-    tokens = ctx.v("long_ramp_prompt_tokens", 0)
-    shift = long_ramp_shift(ctx)
-    if shift is None:
-        return f"the long ramp's prompts held no more tokens per request (x{tr or 0:.2f}): it cannot tell"
-    short = f"held to {'at least ' if short_flat else ''}{short_held:g}"
+def _kv_from_long_ramp(ctx: RuleContext, shift: float) -> Outcome:
+    """Client only, from ttft diagnose's long ramp: requests admitted as others end, from fewer
+    requests in flight the more tokens each holds: a token budget (KV capacity)."""
+    la, tokens = ctx.v("long_ramp_admission"), ctx.v("long_ramp_prompt_tokens", 0)
+    sa = ctx.v("long_ramp_short_admission")
     t = Triage(ctx)
-    if not t.crossed("knee shift with the tokens each request holds", shift, "long_knee_shift_min", "x",
-                     f"log(knee ratio {kr:.2f}) / log(token ratio {tr:.2f}): 1 = the knee moved as the tokens held, "
-                     "0 = it stayed"):
-        return (f"TTFT holds to {held:g} in flight at {tokens:.0f}-token prompts, {tr:.1f}x the tokens per request, "
-                f"and the short ramp {short}: the knee did not move with the tokens held (a limit in requests, see "
-                "queue; not KV capacity)")
-    t.crossed("TTFT past the held level / at it (long prompts)", ctx.v("long_ramp_jump_ratio"), "knee_jump_min", "x",
-              f"at {tokens:.0f}-token prompts TTFT leaves its lone request's past {held:g} in flight", weigh=False)
-    t.context("requests in flight TTFT holds, short / long prompts", kr, "x",
-              f"short prompts {short} in flight, long ones {held:g}: {tr:.1f}x the tokens per request, {kr:.1f}x "
-              "fewer requests")
-    s, pct = ctx.explained(1.0 - 1.0 / max(ctx.v("long_ramp_jump_ratio", 1.0), 1.0))
-    return finding(f"Fewer requests fit the more tokens each holds: TTFT holds to {held:g} in flight at "
-                   f"{tokens:.0f}-token prompts, {short_held:g} at short ones: a limit in tokens, likely KV-cache "
-                   "capacity (black box)",
+    _long_ramp_rows(t, ctx, shift, crossed=True)
+    short = f"{sa:g}" if sa is not None else "none within the ramp"
+    s, pct = ctx.explained(ctx.v("long_ramp_wait_share"))
+    return finding(f"Fewer requests are admitted the more tokens each holds: requests wait for others to end from {la:g} "
+                   f"in flight at {tokens:.0f}-token prompts ({short} at short ones): a limit in tokens, likely "
+                   "KV-cache capacity (black box)",
                    t.confidence(0.9, black_box=True), s, pct, t.evidence, KV_CHECKS,
-                   note="client-only evidence from ttft diagnose's long ramp: a request limit would hold as many "
-                   "requests at either length, but prefill compute per step is a token budget too (long prompts "
-                   "batched together); KV usage is not observed. To decide: scrape the server's /metrics (KV usage, "
-                   "preemptions), or rerun the long ramp with longer answers (a KV limit holds fewer requests, "
-                   "compute does not care)", black_box=True)
+                   note="client-only evidence from ttft diagnose's long ramp: a request limit would admit as many at "
+                   "either length, and shared compute does not order first tokens after ends; KV usage is not "
+                   "observed: the server's /metrics (KV usage, preemptions) confirm it", black_box=True)
 
 
 @rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",), ("waiting_for_kv_share",),
@@ -458,8 +466,12 @@ def kv_cache(ctx: RuleContext) -> Outcome:
         s, pct = ctx.explained(share)
         return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
                        t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
-    if ctx.v("long_ramp_knee_ratio") is not None:
-        return _kv_from_long_ramp(ctx)
+    shift = long_ramp_shift(ctx)
+    if shift is not None and (shift >= th["long_knee_shift_min"] or long_ramp_short_held(ctx)):
+        return _kv_from_long_ramp(ctx, shift)
+    if shift is not None and not ctx.v("long_ramp_short_flat"):
+        return (f"requests wait for others to end from {ctx.v('long_ramp_admission'):g} in flight at short and long "
+                "prompts alike: a limit in requests (see queue), not in KV capacity")
     # black box: flat, then a jump, while decode speed holds -- against a concurrency the client held
     if not closed_loop(ctx):
         return ("TTFT jumps past a knee in requests in flight, but the arrivals were open loop: the number in "

@@ -56,7 +56,7 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
     if not todo:
         return None
     v = todo[0]
-    n = max(4, 2 * int(v))
+    n = max(4, 3 * int(v))  # three rounds per client: enough waiting requests to judge against chance
     rung = min((p for p in points if p.kind == "prompt" and p.ok), key=lambda p: abs(p.value - tokens), default=None)
     e2e = (ran[-1].e2e_p50_s if ran else None) or (rung.e2e_p50_s if rung else None) or 0.0
     if n / v * e2e * (2.0 if ran else 1.0) > cfg.budget_s - elapsed_s:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from rules.features.context import FeatureContext
-from rules.features.numeric import NS, as_float, num_col, segment_numbers
+from rules.features.numeric import NS, as_float, binomial_tail, num_col, segment_numbers
 
 
 def inflight(ctx: FeatureContext) -> None:
@@ -74,16 +74,38 @@ def knee_index(y: np.ndarray, params: dict[str, float]) -> int:
     return b
 
 
-def jump_level(curve: pd.Series, factor: float, sharpness: float) -> float | None:
-    """The first level (index of ``curve``, TTFT by level) past which TTFT jumps ``factor`` x or
-    more to the next level, and ``sharpness`` x more steeply than every step before; None when
-    no step does. Requests past it wait for others; shared compute (a policy that lets prefills
-    cut in, batches that slow) grows TTFT step by step, without one step that stands out."""
-    y = curve.to_numpy(dtype="float64")
-    steps = y[1:] / np.maximum(y[:-1], 1e-9)
-    for i, step in enumerate(steps):
-        if step >= factor and step >= sharpness * max([1.0, *steps[:i]]):
-            return float(curve.index[i])
+def admission_level(df: pd.DataFrame, level: pd.Series, p_max: float, min_n: int) -> float | None:
+    """The lowest level (requests in flight) from which on requests are admitted as others end:
+    pooling the waiting requests (TTFT at least twice the level-1 median) of that level and the
+    ones above (at least ``min_n``), their first tokens came right after another stream ended
+    (:func:`_first_after_end`, events within 1.5 decode steps merged) more often than chance
+    gives (the share of end events among all events; one-sided binomial tail <= ``p_max``), and
+    at least as often at that level itself. A limit on what runs at once does that; shared
+    compute does not order first tokens after ends. None when no level shows it."""
+    ttft = num_col(df, "ttft_s").to_numpy()
+    start = num_col(df, "start_ns").to_numpy()
+    e2e = num_col(df, "e2e_s").to_numpy()
+    one = (level == 1).to_numpy()
+    lone = float(np.nanmedian(ttft[one])) if one.any() else float("nan")
+    itl = float(np.nanmedian(num_col(df, "itl_p50_s"))) if "itl_p50_s" in df.columns else float("nan")
+    if not (np.isfinite(lone) and np.isfinite(itl)):
+        return None
+    first = start + ttft * NS
+    merge = 1.5 * itl * NS
+    end_c = _clusters(np.sort((start + e2e * NS)[np.isfinite(e2e)]), merge)
+    first_c = _clusters(np.sort(first[np.isfinite(first)]), merge)
+    if len(end_c) == 0:
+        return None
+    chance = len(end_c) / (len(end_c) + len(first_c))
+    waited = ttft >= 2.0 * lone
+    hit = _first_after_end(end_c, first_c, start, first, merge) & waited
+    by = pd.DataFrame({"w": waited, "h": hit}, index=df.index).groupby(level.to_numpy()).sum().sort_index()
+    for lv in by.index:
+        above = by.loc[by.index >= lv]
+        n_w, n_h = int(above["w"].sum()), int(above["h"].sum())
+        here = by.loc[lv]
+        if n_w >= min_n and here["w"] and here["h"] >= chance * here["w"] and binomial_tail(n_h, n_w, chance) <= p_max:
+            return float(lv)
     return None
 
 
@@ -91,21 +113,22 @@ def long_ramp(ctx: FeatureContext) -> None:
     """ttft diagnose's long ramp (``ctx.long_ramp``: N in flight at a prompt several times the
     ramp's) against the short ramp (segments ``concurrency=N``, the baseline at 1).
 
-    * ``long_ramp_held`` / ``long_ramp_short_held`` — the most requests in flight before TTFT jumps
-      ``long_ramp_jump_factor`` x from one level to the next, ``knee_sharpness`` x more steeply
-      than any step before (:func:`jump_level`), at the long / short prompt; the short ramp's top
-      level when it never jumps.
-    * ``long_ramp_knee_ratio`` — short held / long held: how many times fewer requests fit at
-      the long prompt; ``long_ramp_short_flat`` = 1 when the short ramp held to its top (the ratio
-      is then a lower bound).
+    * ``long_ramp_admission`` / ``long_ramp_short_admission`` — the fewest requests in flight at
+      which requests wait to be admitted as others end (:func:`admission_level`), at the long /
+      short prompt; the short one is None when its ramp never showed it (then
+      ``long_ramp_short_flat`` = 1 and its top level is a lower bound).
+    * ``long_ramp_knee_ratio`` — short / long admission level (the short ramp's top when it never
+      showed one): how many times fewer requests are admitted at the long prompt;
+      ``long_ramp_short_top`` — the short ramp's highest level.
     * ``long_ramp_token_ratio`` — (long prompt + output) / (short prompt + output) tokens: how
       many times more each request holds. A limit in tokens held (KV capacity) gives a knee
       ratio near it; a limit in requests, near 1.
-    * ``long_ramp_jump_ratio`` — the long ramp's TTFT at its top level / at its held level.
-    Units: requests, x, tokens.
+    * ``long_ramp_wait_share`` — at the long ramp's top level, the part of TTFT p50 above its
+      lone request's: what waiting costs there.
+    Units: requests, x, tokens, share.
     """
-    names = ("long_ramp_held", "long_ramp_short_held", "long_ramp_jump_ratio", "long_ramp_knee_ratio",
-             "long_ramp_token_ratio", "long_ramp_short_flat", "long_ramp_prompt_tokens")
+    names = ("long_ramp_admission", "long_ramp_short_admission", "long_ramp_knee_ratio", "long_ramp_token_ratio",
+             "long_ramp_short_flat", "long_ramp_short_top", "long_ramp_prompt_tokens", "long_ramp_wait_share")
     lr = ctx.long_ramp
     if len(lr) == 0:
         ctx.na(names, "no long ramp (ttft diagnose runs one when prompt work, a KV limit or a queue leads)")
@@ -118,35 +141,30 @@ def long_ramp(ctx: FeatureContext) -> None:
     short = short.loc[seg["conc"].notna() & seg["prompt"].isna()]
     s_level = seg.loc[short.index, "conc"]
     l_level = pd.to_numeric(lr["segment"].astype(str).str.split("=").str[1], errors="coerce")
-    min_bin = max(2, int(ctx.params["min_bin_requests"]) // 2)
-
-    def curve(df: pd.DataFrame, level: pd.Series) -> pd.Series:
-        g = num_col(df, "ttft_s").groupby(level)
-        return g.median()[g.size() >= min_bin].sort_index()
-
-    sc, lc = curve(short, s_level), curve(lr, l_level)
-    if len(lc) < 3 or len(sc) < 3:
-        ctx.na(names, f"too few levels (long ramp {len(lc)}, short ramp {len(sc)}; 3 each)")
+    if l_level.nunique() < 3 or s_level.nunique() < 3:
+        ctx.na(names, f"too few levels (long ramp {l_level.nunique()}, short ramp {s_level.nunique()}; 3 each)")
         return
-    factor = float(ctx.params["long_ramp_jump_factor"])
-    sharp = float(ctx.params["knee_sharpness"])
-    lh, sh = jump_level(lc, factor, sharp), jump_level(sc, factor, sharp)
-    if lh is None:
-        ctx.na(names, f"TTFT never jumps {factor:g}x (and {sharp:g}x more steeply than before) between levels of "
-               f"the long ramp (to {lc.index[-1]:g} in flight): no limit in requests or tokens within it")
-        return
-    short_flat = sh is None
-    sh = float(sc.index[-1]) if sh is None else sh
+    p_max, n_min = float(ctx.params["long_ramp_after_end_p_max"]), int(ctx.params["min_bin_requests"])
+    la, sa = admission_level(lr, l_level, p_max, n_min), admission_level(short, s_level, p_max, n_min)
     l_tok = float(num_col(lr, "input_tokens").median())
     s_tok = float(num_col(short, "input_tokens").median())
     out = float(num_col(pd.concat([short, lr]), "output_tokens").median())
+    lone = float(num_col(lr, "ttft_s")[l_level == 1].median())
+    top = float(num_col(lr, "ttft_s")[l_level == l_level.max()].median())
     ctx.add("long_ramp_prompt_tokens", l_tok)
+    ctx.add("long_ramp_short_top", float(s_level.max()))
     ctx.add("long_ramp_token_ratio", (l_tok + out) / (s_tok + out) if s_tok + out > 0 else None)
-    ctx.add("long_ramp_held", lh)
-    ctx.add("long_ramp_short_held", sh)
-    ctx.add("long_ramp_jump_ratio", float(lc.iloc[-1] / max(float(lc.loc[lh]), 1e-9)))
-    ctx.add("long_ramp_knee_ratio", sh / lh)
-    ctx.add("long_ramp_short_flat", 1.0 if short_flat else 0.0)
+    ctx.add("long_ramp_wait_share", max(0.0, 1.0 - lone / top) if top > 0 else None)
+    ctx.add("long_ramp_short_admission", sa, None if sa is not None else
+            f"no level of the short ramp (to {s_level.max():g} in flight) admitted its waiting requests as others ended")
+    if la is None:
+        ctx.na(("long_ramp_admission", "long_ramp_knee_ratio", "long_ramp_short_flat"),
+               f"no level of the long ramp (to {l_level.max():g} in flight) admitted its waiting requests as others "
+               "ended: no limit on what runs at once shows (shared compute alone does not order first tokens after ends)")
+        return
+    ctx.add("long_ramp_admission", la)
+    ctx.add("long_ramp_knee_ratio", (sa if sa is not None else float(s_level.max())) / la)
+    ctx.add("long_ramp_short_flat", 1.0 if sa is None else 0.0)
 
 
 def concurrency(ctx: FeatureContext) -> None:
@@ -242,12 +260,19 @@ def _after_end_in_order(ends_ns: np.ndarray, firsts_ns: np.ndarray, start_ns: np
     first_c = _clusters(firsts_ns, merge_ns)
     if len(end_c) == 0 or len(first_c) == 0:
         return 0.0, 0.0
+    hit = _first_after_end(end_c, first_c, start_ns, first_ns, merge_ns)
+    return float(hit.mean()), float(len(end_c) / (len(end_c) + len(first_c)))
+
+
+def _first_after_end(end_c: np.ndarray, first_c: np.ndarray, start_ns: np.ndarray, first_ns: np.ndarray,
+                     merge_ns: float) -> np.ndarray:
+    """Per request: whether the event before its first token (clusters of stream ends
+    ``end_c`` and of first tokens ``first_c``, sorted) is a stream end after its start."""
     i = np.searchsorted(end_c, first_ns + merge_ns, side="right") - 1
     last_end = np.where(i >= 0, end_c[np.clip(i, 0, None)], -np.inf)
     j = np.searchsorted(first_c, first_ns - merge_ns, side="left") - 1  # other first tokens, not its own step's
     last_first = np.where(j >= 0, first_c[np.clip(j, 0, None)], -np.inf)
-    hit = (last_end > start_ns) & (last_end > last_first)
-    return float(hit.mean()), float(len(end_c) / (len(end_c) + len(first_c)))
+    return (last_end > start_ns) & (last_end > last_first)
 
 
 def _end_cluster_gap_ns(ends_ns: np.ndarray, merge_ns: float) -> float:

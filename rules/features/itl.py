@@ -72,9 +72,12 @@ def itl(ctx: FeatureContext) -> None:
         p50 = num_col(ctx.steady, "itl_p50_s").dropna()
         if len(p50):  # per-request statistics when the raw token times are gone
             ctx.add("itl_p50_s", float(p50.median()), source="per-request medians")
-            ctx.add("itl_p90_s", float(np.percentile(num_col(ctx.steady, "itl_p99_s").dropna(), 90)))
-            ctx.add("itl_p99_s", float(np.percentile(num_col(ctx.steady, "itl_p99_s").dropna(), 99)))
-            ctx.add("itl_max_s", float(num_col(ctx.steady, "itl_max_s").max()))
+            p99 = num_col(ctx.steady, "itl_p99_s").dropna()
+            p99 = p99 if len(p99) else p50  # a capture with per-request medians only
+            top = num_col(ctx.steady, "itl_max_s").dropna()
+            ctx.add("itl_p90_s", float(np.percentile(p99, 90)))
+            ctx.add("itl_p99_s", float(np.percentile(p99, 99)))
+            ctx.add("itl_max_s", float(top.max() if len(top) else p99.max()))
         elif not _itl_from_series(ctx, names):
             ctx.na(names, "needs token emission times (ttft.token_times_ns) with two or more tokens, "
                    "or an itl_s series from the engine's metrics")

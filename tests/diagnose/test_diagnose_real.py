@@ -150,6 +150,20 @@ def test_a_healthy_engine_within_a_generous_slo_is_healthy_with_its_goodput(tmp_
     _check_capture(res)
 
 
+def test_a_small_kv_cache_is_named_from_the_long_ramp(tmp_path: Path) -> None:
+    # 51 blocks of 16 tokens: about 8 short requests (64 + 32 tokens) fit at once, 2-3 long ones
+    res = _diagnose(["--policy", "chunked", "--chunk-size", "16", "--kv-blocks", "51", "--block-size", "16"],
+                    tmp_path / "cap")
+    v = res.analysis.diagnosis.verdict
+    assert v.category == "kv_cache", v.title
+    assert "Fewer requests are admitted the more tokens each holds" in v.title and v.black_box
+    long = [r for r in res.records if r.step.kind == "long"]
+    assert len(long) >= 3 and "limit in tokens" in long[0].step.reason
+    feats = res.analysis.diagnosis.features
+    assert feats.value("long_ramp_admission") <= 4 < feats.value("long_ramp_knee_ratio") * feats.value("long_ramp_admission")
+    _check_capture(res)
+
+
 def test_a_server_still_loading_its_model_is_a_cold_start_from_its_first_answer(tmp_path: Path) -> None:
     # the engine listens at once and loads for 2.5 s: diagnose's API detection waits for it,
     # before any request of the run; every run request is warm

@@ -88,3 +88,23 @@ def test_a_conditional_finding_overrides_nothing() -> None:
     users = _f("prefix_cache", 0.5)
     apply_overrides([users, prefill], None, None, GENERAL)
     assert prefill.demoted_by == ["prefix_cache"]
+
+
+def test_a_kv_limit_from_the_long_ramp_demotes_a_black_box_prefill_finding_only() -> None:
+    from rules.model import Evidence
+    from rules.overrides import LONG_RAMP_ROW
+
+    def bb_prefill() -> Finding:
+        f = _f("prefill_compute")
+        f.black_box = True
+        return f
+
+    measured, inferred = _f("prefill_compute"), bb_prefill()
+    kv = _f("kv_cache")
+    kv.evidence = [Evidence(LONG_RAMP_ROW, 1.0, 0.5, "x", "moved as the tokens")]
+    apply_overrides([kv, measured, inferred], None, None, GENERAL)
+    assert inferred.demoted_by == ["kv_cache"] and measured.demoted_by == []
+    # a kv_cache finding without the long ramp's row (a knee alone) demotes no prefill finding
+    other = bb_prefill()
+    apply_overrides([_f("kv_cache"), other], None, None, GENERAL)
+    assert other.demoted_by == []

@@ -1,62 +1,96 @@
-"""rules.features.concurrency.long_ramp and the kv_cache rule's reading of it: ttft diagnose's
-long ramp (segments ``long=N``) against the short one, client only."""
+"""rules.features.concurrency.long_ramp and the rules' reading of it (kv_cache, queue): ttft
+diagnose's long ramp (segments ``long=N``) against the short ramp, client only, on timelines
+of a closed loop against a server that admits a fixed number of requests at a time (a slot
+heap: a waiting request starts when a running one ends) or shares its compute (no limit)."""
 
 from __future__ import annotations
+
+import heapq
 
 from featcap import make_requests, make_tables
 
 from rules import diagnose
 from rules.features import compute_features
 
-
-def _ramp(label: str, ttft_by_level: dict[int, float], tokens: int, per_level: int = 4) -> dict[str, list]:
-    rows: dict[str, list] = {"ttft": [], "segment": [], "input_tokens": []}
-    for level, ttft in ttft_by_level.items():
-        for i in range(per_level):
-            rows["ttft"].append(ttft * (1 + 0.01 * i))
-            rows["segment"].append(f"{label}={level}")
-            rows["input_tokens"].append(tokens)
-    return rows
+STEP_S = 0.004  # one decode step
+OUT = 32  # output tokens
 
 
-def _tables(short: dict[int, float], long: dict[int, float]):  # noqa: ANN202
-    s, lr = _ramp("concurrency", short, 64), _ramp("long", long, 256)
-    ttft = s["ttft"] + lr["ttft"]
-    n = len(ttft)
-    req = make_requests(ttft, segment=s["segment"] + lr["segment"], input_tokens=s["input_tokens"] + lr["input_tokens"],
-                        output_tokens=[32] * n, tpot_s=[0.004] * n, has_client=[True] * n, has_server=[False] * n,
-                        client_ttft_s=ttft)
+def _closed_loop(c: int, limit: int | None, prefill_s: float, t0_s: float, per_client: int = 4,
+                 shared: float = 0.0) -> list[tuple[float, float, float]]:
+    """(start s, TTFT s, e2e s) of ``c`` clients sending ``per_client`` requests each, one after
+    another, to a server admitting ``limit`` at a time (None: all; then ``shared`` x prefill more
+    per other request in flight: compute shared, not a queue)."""
+    slots = [t0_s] * (limit or c)
+    sends = [(t0_s + 0.001 * i, i, 0) for i in range(c)]
+    heapq.heapify(sends)
+    out = []
+    while sends:
+        s, client, k = heapq.heappop(sends)
+        free = heapq.heappop(slots)
+        admit = max(s, free)
+        pre = prefill_s * (1 + shared * (c - 1))
+        end = admit + pre + OUT * STEP_S
+        heapq.heappush(slots, end)
+        out.append((s, admit - s + pre, end - s))
+        if k + 1 < per_client:
+            heapq.heappush(sends, (end, client, k + 1))
+    return out
+
+
+def _tables(short_limit: int | None, long_limit: int | None, shared: float = 0.0):  # noqa: ANN202
+    rows, t = [], 1000.0
+    for label, levels, limit, prefill, tokens in (("concurrency", (1, 2, 4, 8), short_limit, 0.010, 64),
+                                                   ("long", (1, 2, 3, 4, 6), long_limit, 0.030, 256)):
+        for c in levels:
+            for s, ttft, e2e in _closed_loop(c, limit, prefill, t, shared=shared):
+                rows.append((s, ttft, e2e, f"{label}={c}", tokens))
+            t = max(r[0] + r[2] for r in rows) + 1.0
+    start, ttft, e2e, seg, tok = map(list, zip(*rows))
+    n = len(rows)
+    req = make_requests(ttft, start_ns=[x * 1e9 for x in start], e2e_s=e2e, segment=seg, input_tokens=tok,
+                        output_tokens=[OUT] * n, itl_p50_s=[STEP_S] * n, tpot_s=[STEP_S] * n,
+                        has_client=[True] * n, has_server=[False] * n, client_ttft_s=ttft)
     return make_tables(req)
 
 
-SHORT_FLAT = {1: 0.010, 2: 0.011, 4: 0.012, 8: 0.013}
-
-
-def test_fewer_requests_holding_more_tokens_is_a_token_limit() -> None:
-    # short prompts hold to 8 in flight; 4x the prompt (3x the tokens held) only to 2
-    tables = _tables(SHORT_FLAT, {1: 0.030, 2: 0.033, 3: 0.090, 4: 0.120, 6: 0.200})
+def test_fewer_requests_admitted_the_more_tokens_each_holds_is_a_kv_limit() -> None:
+    # 8 short requests run at once, 2 long ones: a budget in tokens
+    tables = _tables(short_limit=None, long_limit=2)
     feats = compute_features(tables)
-    assert feats.value("long_ramp_held") == 2 and feats.value("long_ramp_short_held") == 8
-    assert feats.value("long_ramp_knee_ratio") == 4 and feats.value("long_ramp_short_flat") == 1
-    assert abs(feats.value("long_ramp_token_ratio") - 3.0) < 1e-9
-    assert feats.value("requests_n") == 16  # the experiment is kept out of the TTFT statistics
-    kv = next(f for f in diagnose(tables).findings if f.category == "kv_cache")
-    assert kv.black_box and "limit in tokens" in kv.title
-    assert any(e.name == "knee shift with the tokens each request holds" and e.crossed for e in kv.evidence)
+    assert feats.value("long_ramp_admission") in (3, 4) and feats.value("long_ramp_short_admission") is None
+    assert feats.value("long_ramp_short_flat") == 1 and feats.value("long_ramp_short_top") == 8
+    assert abs(feats.value("long_ramp_token_ratio") - (256 + OUT) / (64 + OUT)) < 1e-9
+    assert feats.value("requests_n") == sum(4 * c for c in (1, 2, 4, 8))  # the experiment is not TTFT statistics
+    d = diagnose(tables)
+    kv = next(f for f in d.findings if f.category == "kv_cache")
+    assert kv.black_box and "Fewer requests are admitted the more tokens each holds" in kv.title
+    assert d.verdict.category == "kv_cache"
 
 
-def test_the_same_count_at_either_length_is_not_kv() -> None:
-    # both hold to 4 in flight, then jump: a limit in requests (max_num_seqs, workers)
-    tables = _tables({1: 0.010, 2: 0.011, 4: 0.012, 8: 0.060}, {1: 0.030, 2: 0.032, 3: 0.034, 4: 0.036, 6: 0.150})
+def test_the_same_count_admitted_at_either_length_is_a_limit_in_requests() -> None:
+    tables = _tables(short_limit=2, long_limit=2)
     feats = compute_features(tables)
-    assert feats.value("long_ramp_knee_ratio") == 1
+    # from about the same count (the short ramp has no level 3): 4 / 3, against 3x the tokens
+    assert feats.value("long_ramp_admission") == 3 and feats.value("long_ramp_short_admission") == 4
     d = diagnose(tables)
     assert not any(f.category == "kv_cache" for f in d.findings)
-    assert any("did not move with the tokens held" in p.reason for p in d.passed if p.rule_id == "kv_cache")
+    assert any("a limit in requests (see queue)" in p.reason for p in d.passed if p.rule_id == "kv_cache")
     queue = next(f for f in d.findings if f.category == "queue")
-    assert queue.black_box and "a limit in requests" in queue.title and "admits 4" in queue.title
+    assert queue.black_box and "a limit in requests" in queue.title
 
 
-def test_no_long_ramp_no_long_ramp_features() -> None:
-    feats = compute_features(_tables(SHORT_FLAT, {}))
+def test_shared_compute_orders_no_first_token_after_an_end_and_claims_no_limit() -> None:
+    # no limit: TTFT grows with every request in flight (compute shared), whatever ends when
+    tables = _tables(short_limit=None, long_limit=None, shared=0.6)
+    feats = compute_features(tables)
+    assert feats.value("long_ramp_admission") is None and feats.value("long_ramp_short_admission") is None
     assert feats.value("long_ramp_knee_ratio") is None
+    d = diagnose(tables)
+    assert not any(f.category == "kv_cache" or "a limit in requests" in f.title for f in d.findings)
+
+
+def test_without_a_long_ramp_its_features_say_so() -> None:
+    tables = make_tables(make_requests([0.01] * 12, segment=[f"concurrency={c}" for c in (1, 2, 4) for _ in range(4)]))
+    feat = compute_features(tables).get("long_ramp_knee_ratio")
+    assert feat.value is None and "no long ramp" in feat.reason
