@@ -467,7 +467,8 @@ def kv_cache(ctx: RuleContext) -> Outcome:
         return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
                        t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
     shift = long_ramp_shift(ctx)
-    if shift is not None and (shift >= th["long_knee_shift_min"] or long_ramp_short_held(ctx)):
+    low = shift is not None and ctx.v("long_ramp_admission") <= th["long_admission_max"]
+    if low and (shift >= th["long_knee_shift_min"] or long_ramp_short_held(ctx)):
         return _kv_from_long_ramp(ctx, shift)
     if shift is not None and not ctx.v("long_ramp_short_flat"):
         return (f"requests wait for others to end from {ctx.v('long_ramp_admission'):g} in flight at short and long "
