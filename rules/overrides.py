@@ -52,6 +52,10 @@ OVERRIDES: tuple[Override, ...] = (
     Override("kv_cache", frozenset({"prefill_compute"}),
              "under load, longer prompts wait here for KV-cache space (see kv_cache), beyond their own prefill",
              black_box_only=True, winner_row=LONG_RAMP_ROW),
+    # ... and so does a limit in requests the long ramp showed (at most N decode at once at any length)
+    Override("queue", frozenset({"prefill_compute"}),
+             "under load, requests wait here to be admitted (see queue: a limit in requests), beyond their own prefill",
+             black_box_only=True, winner_row=LONG_RAMP_ROW),
     # queue time that free capacity could have served: admission order / reservations own it
     Override("head_of_line", frozenset({"queue", "kv_reservation"}),
              "the queue time here is short requests held behind long prompts ahead of them (see head_of_line)"),

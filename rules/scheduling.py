@@ -353,54 +353,43 @@ KV_CHECKS = [
 
 
 def long_ramp_shift(ctx: RuleContext) -> float | None:
-    """ttft diagnose's long ramp: log(knee ratio) / log(token ratio), how far the level where
-    requests start waiting for others to end moved with the tokens each request holds (1: as
-    the tokens, a token budget; 0: not, a request limit); None without a long ramp that showed
-    such a level at prompts holding more tokens per request."""
+    """ttft diagnose's long ramp: log(knee ratio) / log(token ratio), how far the number of
+    streams the server decodes at once moved with the tokens each request holds (1: as the
+    tokens, a token budget; 0: not, a request limit); None without a long ramp that showed such
+    a cap at prompts holding more tokens per request. A lower bound when the short ramp had no cap."""
     kr, tr = ctx.v("long_ramp_knee_ratio"), ctx.v("long_ramp_token_ratio")
     if kr is None or not tr or tr <= 1.0 or kr <= 0:
         return None
     return math.log(kr) / math.log(tr)
 
 
-def long_ramp_short_held(ctx: RuleContext) -> bool:
-    """The short ramp ran at the level where the long ramp's requests waited for others to end
-    (or above it) and its own did not: at the same count, fewer tokens each were all admitted."""
-    la, top = ctx.v("long_ramp_admission"), ctx.v("long_ramp_short_top")
-    return bool(ctx.v("long_ramp_short_flat")) and la is not None and top is not None and top >= la
-
-
 def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) -> None:
-    """The long ramp's evidence: where requests waited for others to end at each length, and the shift."""
-    la, sa, tr = ctx.v("long_ramp_admission"), ctx.v("long_ramp_short_admission"), ctx.v("long_ramp_token_ratio")
+    """The long ramp's evidence: how many streams decode at once at each length, and the shift."""
+    lc, sc, tr = ctx.v("long_ramp_decode_cap"), ctx.v("long_ramp_short_decode_cap"), ctx.v("long_ramp_token_ratio")
     tokens = ctx.v("long_ramp_prompt_tokens", 0)
-    t.context("requests in flight from which requests wait for others to end (long prompts)", la, "requests",
-              f"at {tokens:.0f}-token prompts, most requests of that level got their first token right after another "
-              "stream ended: admitted as others leave, not slowed by shared compute")
-    t.context("the same, short prompts", sa, "requests", "the short ramp" if sa is not None else
-              "the short ramp never showed it: its top level is a lower bound")
-    meaning = f"log(knee ratio {ctx.v('long_ramp_knee_ratio'):.2f}) / log(token ratio {tr:.2f}): 1 = it moved as the " \
-              "tokens each request holds, 0 = it stayed"
+    t.context("streams decoding at once, long prompts (most)", lc, "requests",
+              f"at {tokens:.0f}-token prompts at most {lc:g} streams decode together however many are in flight: "
+              "the server admits that many, the rest wait")
+    t.context("streams decoding at once, short prompts (most)", sc, "requests", "the short ramp's cap" if sc is not None
+              else "the short ramp's streams decoded together as the load grew: no cap within it (a lower bound)")
+    meaning = f"log(cap ratio {ctx.v('long_ramp_knee_ratio'):.2f}) / log(token ratio {tr:.2f}): 1 = the cap moved as " \
+              "the tokens each request holds, 0 = it stayed"
     limit = ctx.th_of("kv_cache")["long_knee_shift_min"]
-    if crossed and long_ramp_short_held(ctx):
-        t.context(LONG_RAMP_ROW, shift, "x", meaning + "; a lower bound: the short "
-                  f"ramp admitted every request up to {ctx.v('long_ramp_short_top'):g} in flight")
-        t.add_strength(1.0)
-    elif crossed:
+    if crossed:
         t.crossed(LONG_RAMP_ROW, shift, None, "x", meaning, threshold=limit)
     else:
         t.below(LONG_RAMP_ROW, shift, None, "x", meaning, threshold=limit, op="<")
 
 
 def _request_limit(ctx: RuleContext, shift: float) -> Outcome:
-    """The queue finding from ttft diagnose's long ramp: requests wait for others to end from the
-    same count in flight with several times the tokens each: the server admits that many."""
-    la = ctx.v("long_ramp_admission")
+    """The queue finding from ttft diagnose's long ramp: as many streams decode at once with
+    several times the tokens each: the server admits a fixed number of requests."""
+    lc = ctx.v("long_ramp_decode_cap")
     t = Triage(ctx)
     _long_ramp_rows(t, ctx, shift, crossed=False)
     s, pct = ctx.explained(ctx.v("long_ramp_wait_share"))
-    return finding(f"Requests wait for others to end from {la:g} in flight at any prompt length: the server admits "
-                   "a fixed number at a time and the rest wait (a limit in requests, black box)",
+    return finding(f"At most {lc:g} streams decode at once at any prompt length: the server admits a fixed number of "
+                   "requests at a time and the rest wait (a limit in requests, black box)",
                    t.confidence(0.8, black_box=True), s, pct, t.evidence, QUEUE_BUSY_CHECKS,
                    note="client-only evidence from ttft diagnose's long ramp: a KV limit would admit fewer requests at "
                    "longer prompts; from the client the cap may be the engine's (max_num_seqs, max running) or its "
@@ -409,21 +398,21 @@ def _request_limit(ctx: RuleContext, shift: float) -> Outcome:
 
 
 def _kv_from_long_ramp(ctx: RuleContext, shift: float) -> Outcome:
-    """Client only, from ttft diagnose's long ramp: requests admitted as others end, from fewer
-    requests in flight the more tokens each holds: a token budget (KV capacity)."""
-    la, tokens = ctx.v("long_ramp_admission"), ctx.v("long_ramp_prompt_tokens", 0)
-    sa = ctx.v("long_ramp_short_admission")
+    """Client only, from ttft diagnose's long ramp: fewer streams decode at once the more tokens
+    each holds: a budget in tokens held, KV capacity."""
+    lc, tokens = ctx.v("long_ramp_decode_cap"), ctx.v("long_ramp_prompt_tokens", 0)
+    sc = ctx.v("long_ramp_short_decode_cap")
     t = Triage(ctx)
     _long_ramp_rows(t, ctx, shift, crossed=True)
-    short = f"{sa:g}" if sa is not None else "none within the ramp"
+    short = f"{sc:g}" if sc is not None else "no cap"
     s, pct = ctx.explained(ctx.v("long_ramp_wait_share"))
-    return finding(f"Fewer requests are admitted the more tokens each holds: requests wait for others to end from {la:g} "
-                   f"in flight at {tokens:.0f}-token prompts ({short} at short ones): a limit in tokens, likely "
-                   "KV-cache capacity (black box)",
+    return finding(f"Fewer requests are admitted the more tokens each holds: at most {lc:g} streams decode at once at "
+                   f"{tokens:.0f}-token prompts ({short} at short ones): a limit in tokens held, likely KV-cache "
+                   "capacity (black box)",
                    t.confidence(0.9, black_box=True), s, pct, t.evidence, KV_CHECKS,
                    note="client-only evidence from ttft diagnose's long ramp: a request limit would admit as many at "
-                   "either length, and shared compute does not order first tokens after ends; KV usage is not "
-                   "observed: the server's /metrics (KV usage, preemptions) confirm it", black_box=True)
+                   "either length, and a per-step token budget (chunked prefill) lets every stream decode; KV usage "
+                   "is not observed: the server's /metrics (KV usage, preemptions) confirm it", black_box=True)
 
 
 @rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",), ("waiting_for_kv_share",),
@@ -467,12 +456,11 @@ def kv_cache(ctx: RuleContext) -> Outcome:
         return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
                        t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
     shift = long_ramp_shift(ctx)
-    low = shift is not None and ctx.v("long_ramp_admission") <= th["long_admission_max"]
-    if low and (shift >= th["long_knee_shift_min"] or long_ramp_short_held(ctx)):
+    if shift is not None and shift >= th["long_knee_shift_min"]:
         return _kv_from_long_ramp(ctx, shift)
     if shift is not None and not ctx.v("long_ramp_short_flat"):
-        return (f"requests wait for others to end from {ctx.v('long_ramp_admission'):g} in flight at short and long "
-                "prompts alike: a limit in requests (see queue), not in KV capacity")
+        return (f"at most {ctx.v('long_ramp_decode_cap'):g} streams decode at once at short and long prompts alike: "
+                "a limit in requests (see queue), not in KV capacity")
     # black box: flat, then a jump, while decode speed holds -- against a concurrency the client held
     if not closed_loop(ctx):
         return ("TTFT jumps past a knee in requests in flight, but the arrivals were open loop: the number in "

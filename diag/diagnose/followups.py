@@ -10,9 +10,9 @@ where they decide between the leading candidates. Pure; no I/O.
 - ``long`` (when prompt work, a KV limit or a queue leads after a closed-loop ramp): the ramp
   again at :data:`~diag.diagnose.design.LONG_PROMPT_X` x its prompt, at :data:`LONG_LEVELS` in
   flight up to the short ramp's top, until TTFT breaks or a knee shows. Each request then holds
-  more tokens: a limit in tokens held (KV-cache capacity) moves the knee to fewer requests in
-  flight, a limit in requests (max_num_seqs, HTTP workers) keeps it where it was, and compute
-  alone shows no sharp knee. Read by the ``kv_cache`` and ``queue`` rules (``long_ramp_*``).
+  more tokens: under a limit in tokens held (KV-cache capacity) fewer streams decode at once,
+  under a limit in requests (max_num_seqs, HTTP workers) as many, and with compute shared all
+  of them. Read by the ``kv_cache`` and ``queue`` rules (``long_ramp_*``).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
                                "network_share_median", "network_share_tail")),
     ("stage_shares", "s", ("stage_tail_mean_s",)),
     ("concurrency", "requests", ("inflight_at_arrival_p50", "inflight_at_arrival_max", "concurrency_knee",
-                                 "long_ramp_admission", "long_ramp_short_admission", "long_ramp_short_top")),
+                                 "long_ramp_decode_cap", "long_ramp_short_decode_cap", "long_ramp_short_top")),
     ("concurrency", "x", ("long_ramp_knee_ratio", "long_ramp_token_ratio")),
     ("concurrency", "share", ("long_ramp_wait_share",)),
     ("concurrency", "", ("long_ramp_short_flat",)),

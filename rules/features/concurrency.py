@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from rules.features.context import FeatureContext
-from rules.features.numeric import NS, as_float, binomial_tail, num_col, segment_numbers
+from rules.features.numeric import NS, as_float, num_col, segment_numbers
 
 
 def inflight(ctx: FeatureContext) -> None:
@@ -74,51 +74,46 @@ def knee_index(y: np.ndarray, params: dict[str, float]) -> int:
     return b
 
 
-def admission_level(df: pd.DataFrame, level: pd.Series, p_max: float, min_n: int) -> float | None:
-    """The lowest level (requests in flight) from which on requests are admitted as others end:
-    pooling the waiting requests (TTFT at least twice the level-1 median) of that level and the
-    ones above (at least ``min_n``), their first tokens came right after another stream ended
-    (:func:`_first_after_end`, events within 1.5 decode steps merged) more often than chance
-    gives (the share of end events among all events; one-sided binomial tail <= ``p_max``), and
-    at least as often at that level itself. A limit on what runs at once does that; shared
-    compute does not order first tokens after ends. None when no level shows it."""
-    ttft = num_col(df, "ttft_s").to_numpy()
+def decoding_at_once(df: pd.DataFrame, level: pd.Series) -> pd.Series:
+    """By level (requests in flight): the 90th percentile, over the level's first tokens, of how
+    many of its streams were decoding at that instant (between their first token and their end,
+    itself included). A server that admits L at a time keeps it near L however many are in flight;
+    one that runs all of them (sharing compute) lets it follow the level."""
     start = num_col(df, "start_ns").to_numpy()
-    e2e = num_col(df, "e2e_s").to_numpy()
-    one = (level == 1).to_numpy()
-    lone = float(np.nanmedian(ttft[one])) if one.any() else float("nan")
-    itl = float(np.nanmedian(num_col(df, "itl_p50_s"))) if "itl_p50_s" in df.columns else float("nan")
-    if not (np.isfinite(lone) and np.isfinite(itl)):
+    first = start + num_col(df, "ttft_s").to_numpy() * NS
+    end = start + num_col(df, "e2e_s").to_numpy() * NS
+    lv = level.to_numpy()
+    out = {}
+    for v in np.unique(lv[np.isfinite(lv)]):
+        m = (lv == v) & np.isfinite(first) & np.isfinite(end)
+        f, e = first[m], end[m]
+        if len(f):
+            counts = ((f[None, :] <= f[:, None]) & (e[None, :] > f[:, None])).sum(axis=1)
+            out[float(v)] = float(np.percentile(counts, 90))
+    return pd.Series(out, dtype="float64").sort_index()
+
+
+def decode_cap(at_once: pd.Series, share: float) -> float | None:
+    """The most streams decoding at once over a ramp's levels, when its top level had at least
+    1 / ``share`` times as many in flight (and 4 or more): a limit on what runs at once; None
+    when decoding followed the load."""
+    if at_once.empty:
         return None
-    first = start + ttft * NS
-    merge = 1.5 * itl * NS
-    end_c = _clusters(np.sort((start + e2e * NS)[np.isfinite(e2e)]), merge)
-    first_c = _clusters(np.sort(first[np.isfinite(first)]), merge)
-    if len(end_c) == 0:
-        return None
-    chance = len(end_c) / (len(end_c) + len(first_c))
-    waited = ttft >= 2.0 * lone
-    hit = _first_after_end(end_c, first_c, start, first, merge) & waited
-    by = pd.DataFrame({"w": waited, "h": hit}, index=df.index).groupby(level.to_numpy()).sum().sort_index()
-    for lv in by.index:
-        above = by.loc[by.index >= lv]
-        n_w, n_h = int(above["w"].sum()), int(above["h"].sum())
-        here = by.loc[lv]
-        if n_w >= min_n and here["w"] and here["h"] >= chance * here["w"] and binomial_tail(n_h, n_w, chance) <= p_max:
-            return float(lv)
-    return None
+    cap, top = float(at_once.max()), float(at_once.index[-1])
+    return cap if top >= 4 and cap <= share * top else None
 
 
 def long_ramp(ctx: FeatureContext) -> None:
     """ttft diagnose's long ramp (``ctx.long_ramp``: N in flight at a prompt several times the
     ramp's) against the short ramp (segments ``concurrency=N``, the baseline at 1).
 
-    * ``long_ramp_admission`` / ``long_ramp_short_admission`` — the fewest requests in flight at
-      which requests wait to be admitted as others end (:func:`admission_level`), at the long /
-      short prompt; the short one is None when its ramp never showed it (then
-      ``long_ramp_short_flat`` = 1 and its top level is a lower bound).
-    * ``long_ramp_knee_ratio`` — short / long admission level (the short ramp's top when it never
-      showed one): how many times fewer requests are admitted at the long prompt;
+    * ``long_ramp_decode_cap`` / ``long_ramp_short_decode_cap`` — the most streams decoding at
+      once (:func:`decoding_at_once`) when that stays at most ``long_ramp_cap_share`` of the
+      requests in flight at the ramp's top (:func:`decode_cap`): the server admits that many at a
+      time. At the long / short prompt; the short one is None when decoding followed the load
+      (then ``long_ramp_short_flat`` = 1 and its most decoding at once is a lower bound).
+    * ``long_ramp_knee_ratio`` — short / long cap (the short ramp's most decoding at once when
+      uncapped): how many times fewer requests are admitted at the long prompt;
       ``long_ramp_short_top`` — the short ramp's highest level.
     * ``long_ramp_token_ratio`` — (long prompt + output) / (short prompt + output) tokens: how
       many times more each request holds. A limit in tokens held (KV capacity) gives a knee
@@ -127,7 +122,7 @@ def long_ramp(ctx: FeatureContext) -> None:
       lone request's: what waiting costs there.
     Units: requests, x, tokens, share.
     """
-    names = ("long_ramp_admission", "long_ramp_short_admission", "long_ramp_knee_ratio", "long_ramp_token_ratio",
+    names = ("long_ramp_decode_cap", "long_ramp_short_decode_cap", "long_ramp_knee_ratio", "long_ramp_token_ratio",
              "long_ramp_short_flat", "long_ramp_short_top", "long_ramp_prompt_tokens", "long_ramp_wait_share")
     lr = ctx.long_ramp
     if len(lr) == 0:
@@ -144,8 +139,9 @@ def long_ramp(ctx: FeatureContext) -> None:
     if l_level.nunique() < 3 or s_level.nunique() < 3:
         ctx.na(names, f"too few levels (long ramp {l_level.nunique()}, short ramp {s_level.nunique()}; 3 each)")
         return
-    p_max, n_min = float(ctx.params["long_ramp_after_end_p_max"]), int(ctx.params["min_bin_requests"])
-    la, sa = admission_level(lr, l_level, p_max, n_min), admission_level(short, s_level, p_max, n_min)
+    share = float(ctx.params["long_ramp_cap_share"])
+    l_once, s_once = decoding_at_once(lr, l_level), decoding_at_once(short, s_level)
+    lc, sc = decode_cap(l_once, share), decode_cap(s_once, share)
     l_tok = float(num_col(lr, "input_tokens").median())
     s_tok = float(num_col(short, "input_tokens").median())
     out = float(num_col(pd.concat([short, lr]), "output_tokens").median())
@@ -155,16 +151,16 @@ def long_ramp(ctx: FeatureContext) -> None:
     ctx.add("long_ramp_short_top", float(s_level.max()))
     ctx.add("long_ramp_token_ratio", (l_tok + out) / (s_tok + out) if s_tok + out > 0 else None)
     ctx.add("long_ramp_wait_share", max(0.0, 1.0 - lone / top) if top > 0 else None)
-    ctx.add("long_ramp_short_admission", sa, None if sa is not None else
-            f"no level of the short ramp (to {s_level.max():g} in flight) admitted its waiting requests as others ended")
-    if la is None:
-        ctx.na(("long_ramp_admission", "long_ramp_knee_ratio", "long_ramp_short_flat"),
-               f"no level of the long ramp (to {l_level.max():g} in flight) admitted its waiting requests as others "
-               "ended: no limit on what runs at once shows (shared compute alone does not order first tokens after ends)")
+    ctx.add("long_ramp_short_decode_cap", sc, None if sc is not None else
+            f"the short ramp's streams decoded together up to {s_once.max():g} at once (to {s_level.max():g} in flight)")
+    if lc is None:
+        ctx.na(("long_ramp_decode_cap", "long_ramp_knee_ratio", "long_ramp_short_flat"),
+               f"the long ramp's streams decoded together up to {l_once.max():g} at once at {l_level.max():g} in "
+               "flight: no limit on what runs at once shows")
         return
-    ctx.add("long_ramp_admission", la)
-    ctx.add("long_ramp_knee_ratio", (sa if sa is not None else float(s_level.max())) / la)
-    ctx.add("long_ramp_short_flat", 1.0 if sa is None else 0.0)
+    ctx.add("long_ramp_decode_cap", lc)
+    ctx.add("long_ramp_knee_ratio", (sc if sc is not None else float(s_once.max())) / lc)
+    ctx.add("long_ramp_short_flat", 1.0 if sc is None else 0.0)
 
 
 def concurrency(ctx: FeatureContext) -> None:

@@ -160,7 +160,8 @@ def test_a_small_kv_cache_is_named_from_the_long_ramp(tmp_path: Path) -> None:
     long = [r for r in res.records if r.step.kind == "long"]
     assert len(long) >= 3 and "limit in tokens" in long[0].step.reason
     feats = res.analysis.diagnosis.features
-    assert feats.value("long_ramp_admission") <= 4 < feats.value("long_ramp_knee_ratio") * feats.value("long_ramp_admission")
+    # about 2-3 long streams fit the 816 tokens at once, 8 short ones
+    assert feats.value("long_ramp_decode_cap") <= 3 and feats.value("long_ramp_knee_ratio") >= 2
     _check_capture(res)
 
 

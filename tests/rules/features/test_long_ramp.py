@@ -1,7 +1,8 @@
 """rules.features.concurrency.long_ramp and the rules' reading of it (kv_cache, queue): ttft
 diagnose's long ramp (segments ``long=N``) against the short ramp, client only, on timelines
 of a closed loop against a server that admits a fixed number of requests at a time (a slot
-heap: a waiting request starts when a running one ends) or shares its compute (no limit)."""
+heap: a waiting request starts when a running one ends) or shares its compute (no limit): how
+many streams decode at once tells them apart."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_fewer_requests_admitted_the_more_tokens_each_holds_is_a_kv_limit() -> N
     # 8 short requests run at once, 2 long ones: a budget in tokens
     tables = _tables(short_limit=None, long_limit=2)
     feats = compute_features(tables)
-    assert feats.value("long_ramp_admission") in (3, 4) and feats.value("long_ramp_short_admission") is None
+    assert feats.value("long_ramp_decode_cap") == 2 and feats.value("long_ramp_short_decode_cap") is None
     assert feats.value("long_ramp_short_flat") == 1 and feats.value("long_ramp_short_top") == 8
     assert abs(feats.value("long_ramp_token_ratio") - (256 + OUT) / (64 + OUT)) < 1e-9
     assert feats.value("requests_n") == sum(4 * c for c in (1, 2, 4, 8))  # the experiment is not TTFT statistics
@@ -71,8 +72,7 @@ def test_fewer_requests_admitted_the_more_tokens_each_holds_is_a_kv_limit() -> N
 def test_the_same_count_admitted_at_either_length_is_a_limit_in_requests() -> None:
     tables = _tables(short_limit=2, long_limit=2)
     feats = compute_features(tables)
-    # from about the same count (the short ramp has no level 3): 4 / 3, against 3x the tokens
-    assert feats.value("long_ramp_admission") == 3 and feats.value("long_ramp_short_admission") == 4
+    assert feats.value("long_ramp_decode_cap") == 2 and feats.value("long_ramp_short_decode_cap") == 2
     d = diagnose(tables)
     assert not any(f.category == "kv_cache" for f in d.findings)
     assert any("a limit in requests (see queue)" in p.reason for p in d.passed if p.rule_id == "kv_cache")
@@ -80,11 +80,11 @@ def test_the_same_count_admitted_at_either_length_is_a_limit_in_requests() -> No
     assert queue.black_box and "a limit in requests" in queue.title
 
 
-def test_shared_compute_orders_no_first_token_after_an_end_and_claims_no_limit() -> None:
+def test_shared_compute_lets_every_stream_decode_and_claims_no_limit() -> None:
     # no limit: TTFT grows with every request in flight (compute shared), whatever ends when
     tables = _tables(short_limit=None, long_limit=None, shared=0.6)
     feats = compute_features(tables)
-    assert feats.value("long_ramp_admission") is None and feats.value("long_ramp_short_admission") is None
+    assert feats.value("long_ramp_decode_cap") is None and feats.value("long_ramp_short_decode_cap") is None
     assert feats.value("long_ramp_knee_ratio") is None
     d = diagnose(tables)
     assert not any(f.category == "kv_cache" or "a limit in requests" in f.title for f in d.findings)
