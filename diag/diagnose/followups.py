@@ -9,8 +9,9 @@ where they decide between the leading candidates. Pure; no I/O.
   The prefix is as long as the ladder's longest rung that was answered, less the suffix.
 - ``long`` (when prompt work, a KV limit or a queue leads after a closed-loop ramp): the ramp
   again at :data:`~diag.diagnose.design.LONG_PROMPT_X` x its prompt, at :data:`LONG_LEVELS` in
-  flight up to the short ramp's top, until TTFT breaks or a knee shows. Each request then holds
-  more tokens: under a limit in tokens held (KV-cache capacity) fewer streams decode at once,
+  flight up to the short ramp's top, until TTFT breaks past :data:`LONG_MIN_TOP` in flight (a
+  cap shows as at most half the requests in flight decoding) or requests fail. Each request then
+  holds more tokens: under a limit in tokens held (KV-cache capacity) fewer streams decode at once,
   under a limit in requests (max_num_seqs, HTTP workers) as many, and with compute shared all
   of them. Read by the ``kv_cache`` and ``queue`` rules (``long_ramp_*``).
 """
@@ -26,6 +27,8 @@ from diag.units import fmt_s
 
 #: the long ramp's levels (requests in flight), up to the short ramp's top
 LONG_LEVELS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
+#: the long ramp climbs at least this far (a cap shows as at most half the requests in flight)
+LONG_MIN_TOP = 8.0
 #: the leading categories the long ramp can decide: a limit in tokens, in requests, or neither
 LONG_LEADS = frozenset({"prefill_compute", "kv_cache", "queue"})
 
@@ -47,11 +50,11 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
     if tokens < 2 * cfg.input_tokens or any(p.kind == "prompt" and p.refused_4xx and p.value <= tokens for p in points):
         return None  # the context limit leaves no room for prompts that much longer
     top = max(p.value for p in short) if short else 4.0
-    # 1, 2, 3, 4, 6, 8, 12, ...: the level where it stops holding, close enough to compare
-    levels = [v for v in LONG_LEVELS if v <= max(top, 4.0)]
+    # 1, 2, 3, 4, 6, 8, 12, ...: to the short ramp's top, and at least 8 (twice a cap of 4)
+    levels = [v for v in LONG_LEVELS if v <= min(max(top, LONG_MIN_TOP), cfg.max_concurrency)]
     for i, p in enumerate(ran[1:], 1):
-        if ramp_break(cfg, ran[0], p, ran[:i], decode=False):
-            return None  # broke: its knee (or its absence) is what the rules read
+        if p.error_frac >= 0.05 or (p.value >= LONG_MIN_TOP and ramp_break(cfg, ran[0], p, ran[:i], decode=False)):
+            return None  # failing, or broke high enough: how many decode at once is what the rules read
     todo = [v for v in levels if not any(abs(p.value - v) < 1e-9 for p in ran)]
     if not todo:
         return None

@@ -263,9 +263,17 @@ def test_after_the_ramp_a_long_ramp_tells_a_token_limit_from_a_request_limit(lea
     assert d.step is not None and (d.step.kind, d.step.value) == ("long", 8)
 
 
-def test_the_long_ramp_ends_where_ttft_breaks_and_not_on_a_failing_or_cramped_server() -> None:
-    broke = [pt("long", 1, 0.030, tokens=256), pt("long", 2, 0.032, tokens=256), pt("long", 3, 0.300, tokens=256)]
+def test_the_long_ramp_ends_where_ttft_breaks_past_8_in_flight_and_not_on_a_failing_or_cramped_server() -> None:
+    ran = [pt("long", v, 0.030 * (1 + 0.05 * v), tokens=256) for v in (1, 2)]
+    broke = [*ran, pt("long", 3, 0.300, tokens=256)]
     d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *broke], 9.0, leading="prefill_compute")
+    assert d.step is not None and (d.step.kind, d.step.value) == ("long", 4)  # below 8: on, to see a cap
+    high = [*ran, *(pt("long", v, 0.040, tokens=256) for v in (3, 4, 6)), pt("long", 8, 0.400, tokens=256)]
+    d = next_step(PlanConfig(max_concurrency=16), [BASE, *LADDER, *SHORT_RAMP, pt("concurrency", 16, 0.02), *high],
+                  9.0, leading="prefill_compute")
+    assert d.step is None or d.step.kind != "long"
+    failing_long = [*ran, pt("long", 3, 0.05, ok=6, errors={"http_5xx": 2}, tokens=256)]
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *failing_long], 9.0, leading="prefill_compute")
     assert d.step is None or d.step.kind != "long"
     failing = [*SHORT_RAMP[:2], pt("concurrency", 8, 0.02, ok=6, errors={"http_5xx": 2})]
     d = next_step(RAMPED, [BASE, *LADDER, *failing], 6.0, leading="prefill_compute")
