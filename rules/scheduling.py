@@ -461,6 +461,11 @@ def kv_cache(ctx: RuleContext) -> Outcome:
     if shift is not None and not ctx.v("long_ramp_short_flat"):
         return (f"at most {ctx.v('long_ramp_decode_cap'):g} streams decode at once at short and long prompts alike: "
                 "a limit in requests (see queue), not in KV capacity")
+    most, top = ctx.v("long_ramp_decode_max"), ctx.v("long_ramp_top")
+    if most is not None and ctx.v("long_ramp_decode_cap") is None:
+        return (f"ttft diagnose's long ramp: {most:g} streams decoded at once at {top:g} in flight, with "
+                f"{ctx.v('long_ramp_token_ratio') or 0:.1f}x the tokens each: an admission limit (KV or requests) "
+                "would have held them to fewer, so a knee in TTFT is not one")
     # black box: flat, then a jump, while decode speed holds -- against a concurrency the client held
     if not closed_loop(ctx):
         return ("TTFT jumps past a knee in requests in flight, but the arrivals were open loop: the number in "

@@ -111,7 +111,9 @@ def long_ramp(ctx: FeatureContext) -> None:
       once (:func:`decoding_at_once`) when that stays at most ``long_ramp_cap_share`` of the
       requests in flight at the ramp's top (:func:`decode_cap`): the server admits that many at a
       time. At the long / short prompt; the short one is None when decoding followed the load
-      (then ``long_ramp_short_flat`` = 1 and its most decoding at once is a lower bound).
+      (then ``long_ramp_short_flat`` = 1 and its most decoding at once is a lower bound);
+      ``long_ramp_decode_max`` / ``long_ramp_top`` — the long ramp's most decoding at once and
+      its highest level, capped or not.
     * ``long_ramp_knee_ratio`` — short / long cap (the short ramp's most decoding at once when
       uncapped): how many times fewer requests are admitted at the long prompt;
       ``long_ramp_short_top`` — the short ramp's highest level.
@@ -123,7 +125,8 @@ def long_ramp(ctx: FeatureContext) -> None:
     Units: requests, x, tokens, share.
     """
     names = ("long_ramp_decode_cap", "long_ramp_short_decode_cap", "long_ramp_knee_ratio", "long_ramp_token_ratio",
-             "long_ramp_short_flat", "long_ramp_short_top", "long_ramp_prompt_tokens", "long_ramp_wait_share")
+             "long_ramp_short_flat", "long_ramp_short_top", "long_ramp_prompt_tokens", "long_ramp_wait_share",
+             "long_ramp_decode_max", "long_ramp_top")
     lr = ctx.long_ramp
     if len(lr) == 0:
         ctx.na(names, "no long ramp (ttft diagnose runs one when prompt work, a KV limit or a queue leads)")
@@ -151,6 +154,8 @@ def long_ramp(ctx: FeatureContext) -> None:
     ctx.add("long_ramp_short_top", float(s_level.max()))
     ctx.add("long_ramp_token_ratio", (l_tok + out) / (s_tok + out) if s_tok + out > 0 else None)
     ctx.add("long_ramp_wait_share", max(0.0, 1.0 - lone / top) if top > 0 else None)
+    ctx.add("long_ramp_decode_max", float(l_once.max()))
+    ctx.add("long_ramp_top", float(l_level.max()))
     ctx.add("long_ramp_short_decode_cap", sc, None if sc is not None else
             f"the short ramp's streams decoded together up to {s_once.max():g} at once (to {s_level.max():g} in flight)")
     if lc is None:

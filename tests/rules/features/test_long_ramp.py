@@ -86,8 +86,10 @@ def test_shared_compute_lets_every_stream_decode_and_claims_no_limit() -> None:
     feats = compute_features(tables)
     assert feats.value("long_ramp_decode_cap") is None and feats.value("long_ramp_short_decode_cap") is None
     assert feats.value("long_ramp_knee_ratio") is None
+    assert feats.value("long_ramp_decode_max") == 6 and feats.value("long_ramp_top") == 6
     d = diagnose(tables)
     assert not any(f.category == "kv_cache" or "a limit in requests" in f.title for f in d.findings)
+    assert any("6 streams decoded at once at 6 in flight" in p.reason for p in d.passed if p.rule_id == "kv_cache")
 
 
 def test_without_a_long_ramp_its_features_say_so() -> None:
