@@ -366,6 +366,7 @@ def long_ramp_shift(ctx: RuleContext) -> float | None:
 def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) -> None:
     """The long ramp's evidence: how many streams decode at once at each length, and the shift."""
     lc, sc, tr = ctx.v("long_ramp_decode_cap"), ctx.v("long_ramp_short_decode_cap"), ctx.v("long_ramp_token_ratio")
+    sc_most = ctx.v("long_ramp_knee_ratio", 0) * lc
     tokens = ctx.v("long_ramp_prompt_tokens", 0)
     t.context("streams decoding at once, long prompts (most)", lc, "requests",
               f"at {tokens:.0f}-token prompts at most {lc:g} streams decode together however many are in flight: "
@@ -375,7 +376,11 @@ def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) ->
     meaning = f"log(cap ratio {ctx.v('long_ramp_knee_ratio'):.2f}) / log(token ratio {tr:.2f}): 1 = the cap moved as " \
               "the tokens each request holds, 0 = it stayed"
     limit = ctx.th_of("kv_cache")["long_knee_shift_min"]
-    if crossed:
+    if crossed and shift < limit:  # a lower bound: the uncapped short ramp decoded more at once than the cap
+        t.context(LONG_RAMP_ROW, shift, "x", meaning + f"; a lower bound: the short ramp decoded {sc_most:g} at once "
+                  f"and was not capped, more than the long ramp's {lc:g}")
+        t.add_strength(0.75)
+    elif crossed:
         t.crossed(LONG_RAMP_ROW, shift, None, "x", meaning, threshold=limit)
     else:
         t.below(LONG_RAMP_ROW, shift, None, "x", meaning, threshold=limit, op="<")
@@ -383,18 +388,30 @@ def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) ->
 
 def _request_limit(ctx: RuleContext, shift: float) -> Outcome:
     """The queue finding from ttft diagnose's long ramp: as many streams decode at once with
-    several times the tokens each: the server admits a fixed number of requests."""
+    several times the tokens each: the server admits a fixed number of requests. The engine's
+    own queue-time histogram, when scraped, measures the wait (or says it is before the engine)."""
     lc = ctx.v("long_ramp_decode_cap")
     t = Triage(ctx)
     _long_ramp_rows(t, ctx, shift, crossed=False)
+    measured = False
+    mq = ctx.v("metrics_queue_share")
+    if mq is not None:
+        measured = t.judged("queue share of TTFT (engine metrics)", mq, "share_min", "share",
+                            "mean queue time / mean TTFT from the engine's own histograms, request-weighted over "
+                            "scrape windows: the wait the long ramp infers, measured by the engine", weigh=True)
+    _queue_metric_rows(t, True)
     s, pct = ctx.explained(ctx.v("long_ramp_wait_share"))
-    return finding(f"At most {lc:g} streams decode at once at any prompt length: the server admits a fixed number of "
-                   "requests at a time and the rest wait (a limit in requests, black box)",
-                   t.confidence(0.8, black_box=True), s, pct, t.evidence, QUEUE_BUSY_CHECKS,
+    title = (f"At most {lc:g} stream(s) decode at once at any prompt length: the server admits a fixed number of "
+             "requests at a time and the rest wait (a limit in requests, "
+             + ("engine metrics)" if measured else "black box)"))
+    if measured:
+        return finding(title, t.confidence(0.8), s, pct, t.evidence, QUEUE_BUSY_CHECKS,
+                       note="ttft diagnose's long ramp from the client, and the queue time from the engine's /metrics")
+    return finding(title, t.confidence(0.8, black_box=True), s, pct, t.evidence, QUEUE_BUSY_CHECKS,
                    note="client-only evidence from ttft diagnose's long ramp: a KV limit would admit fewer requests at "
                    "longer prompts; from the client the cap may be the engine's (max_num_seqs, max running) or its "
-                   "front end's (HTTP workers, API servers): the engine's waiting gauge in /metrics tells them apart "
-                   "(empty while requests wait before it is the front end)", black_box=True)
+                   "front end's (HTTP workers, API servers): the engine's waiting gauge or queue time in /metrics "
+                   "tells them apart (empty while requests wait before it is the front end)", black_box=True)
 
 
 def _kv_from_long_ramp(ctx: RuleContext, shift: float) -> Outcome:
@@ -406,7 +423,7 @@ def _kv_from_long_ramp(ctx: RuleContext, shift: float) -> Outcome:
     _long_ramp_rows(t, ctx, shift, crossed=True)
     short = f"{sc:g}" if sc is not None else "no cap"
     s, pct = ctx.explained(ctx.v("long_ramp_wait_share"))
-    return finding(f"Fewer requests are admitted the more tokens each holds: at most {lc:g} streams decode at once at "
+    return finding(f"Fewer requests are admitted the more tokens each holds: at most {lc:g} stream(s) decode at once at "
                    f"{tokens:.0f}-token prompts ({short} at short ones): a limit in tokens held, likely KV-cache "
                    "capacity (black box)",
                    t.confidence(0.9, black_box=True), s, pct, t.evidence, KV_CHECKS,
@@ -456,7 +473,10 @@ def kv_cache(ctx: RuleContext) -> Outcome:
         return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
                        t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
     shift = long_ramp_shift(ctx)
-    if shift is not None and shift >= th["long_knee_shift_min"]:
+    # the short ramp, uncapped, decoded more at once than the long one's cap: at as many in flight
+    # or fewer, fewer tokens each were all admitted (a request limit would cap both alike)
+    more_short = shift is not None and bool(ctx.v("long_ramp_short_flat")) and ctx.v("long_ramp_knee_ratio") > 1.0
+    if shift is not None and (shift >= th["long_knee_shift_min"] or more_short):
         return _kv_from_long_ramp(ctx, shift)
     if shift is not None and not ctx.v("long_ramp_short_flat"):
         return (f"at most {ctx.v('long_ramp_decode_cap'):g} streams decode at once at short and long prompts alike: "

@@ -39,9 +39,10 @@ def _closed_loop(c: int, limit: int | None, prefill_s: float, t0_s: float, per_c
     return out
 
 
-def _tables(short_limit: int | None, long_limit: int | None, shared: float = 0.0):  # noqa: ANN202
+def _tables(short_limit: int | None, long_limit: int | None, shared: float = 0.0,  # noqa: ANN202
+            short_levels: tuple[int, ...] = (1, 2, 4, 8)):
     rows, t = [], 1000.0
-    for label, levels, limit, prefill, tokens in (("concurrency", (1, 2, 4, 8), short_limit, 0.010, 64),
+    for label, levels, limit, prefill, tokens in (("concurrency", short_levels, short_limit, 0.010, 64),
                                                    ("long", (1, 2, 3, 4, 6), long_limit, 0.030, 256)):
         for c in levels:
             for s, ttft, e2e in _closed_loop(c, limit, prefill, t, shared=shared):
@@ -67,6 +68,15 @@ def test_fewer_requests_admitted_the_more_tokens_each_holds_is_a_kv_limit() -> N
     kv = next(f for f in d.findings if f.category == "kv_cache")
     assert kv.black_box and "Fewer requests are admitted the more tokens each holds" in kv.title
     assert d.verdict.category == "kv_cache"
+
+
+def test_a_short_ramp_that_decoded_more_at_once_than_the_long_cap_is_enough() -> None:
+    # the short ramp stopped at 4 (all 4 decoding together), the long one decodes 3 at most to 6
+    tables = _tables(short_limit=None, long_limit=3, short_levels=(1, 2, 3, 4))
+    feats = compute_features(tables)
+    assert feats.value("long_ramp_decode_cap") == 3 and feats.value("long_ramp_short_flat") == 1
+    kv = next(f for f in diagnose(tables).findings if f.category == "kv_cache")
+    assert any("a lower bound" in e.meaning for e in kv.evidence)
 
 
 def test_the_same_count_admitted_at_either_length_is_a_limit_in_requests() -> None:
