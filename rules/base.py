@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rules.features import Features
-from rules.features.numeric import binomial_tail
 from rules.model import Evidence, Finding
 
 Outcome = Finding | str  # a finding, or the reason it did not fire
@@ -207,7 +206,13 @@ def beyond_chance(share: float | None, chance: float, n: float | None, p_max: fl
     hits = int(round(share * n))
     if hits == 0:
         return False
-    return binomial_tail(hits, n, chance) <= p_max
+    p0 = min(max(float(chance), 0.0), 1.0)
+    if p0 <= 0.0:
+        return True
+    if p0 >= 1.0:
+        return False
+    tail = sum(math.comb(n, k) * p0 ** k * (1.0 - p0) ** (n - k) for k in range(hits, n + 1))
+    return tail <= p_max
 
 
 def finding(title: str, confidence: float, explained_s: float | None, explained_pct: float | None,

@@ -54,26 +54,6 @@ def inflight(ctx: FeatureContext) -> None:
     ctx.add("starts_n", int(len(qs)))
 
 
-def knee_index(y: np.ndarray, params: dict[str, float]) -> int:
-    """The last level before TTFT's knee in a curve ``y`` by level (``len(y) - 1``: no knee).
-
-    The knee is the steepest step between adjacent levels. It is a *sharp* knee (a cliff, "TTFT
-    suddenly worsens") when that single step is steeper than every step before it by
-    ``knee_sharpness`` and larger than the whole rise before it; a curve that climbs from the
-    lowest level on (a serialising server) has none, and its knee is where it leaves
-    ``flat_factor`` x the first level."""
-    base = max(float(y[0]), 1e-9)
-    steps = y[1:] / np.maximum(y[:-1], 1e-9)
-    k = int(np.argmax(steps))
-    before = float(steps[:k].max()) if k > 0 else 1.0
-    sharp = k >= 1 and steps[k] >= float(params["knee_sharpness"]) * max(before, 1.0) and steps[k] >= y[k] / base
-    b = k if sharp else 0
-    if not sharp:
-        while b + 1 < len(y) and y[b + 1] <= float(params["flat_factor"]) * base:
-            b += 1
-    return b
-
-
 def decoding_at_once(df: pd.DataFrame, level: pd.Series) -> pd.Series:
     """By level (requests in flight): the 90th percentile, over the level's first tokens, of how
     many of its streams were decoding at that instant (between their first token and their end,
@@ -115,8 +95,7 @@ def long_ramp(ctx: FeatureContext) -> None:
       ``long_ramp_decode_max`` / ``long_ramp_top`` — the long ramp's most decoding at once and
       its highest level, capped or not.
     * ``long_ramp_knee_ratio`` — short / long cap (the short ramp's most decoding at once when
-      uncapped): how many times fewer requests are admitted at the long prompt;
-      ``long_ramp_short_top`` — the short ramp's highest level.
+      uncapped): how many times fewer requests are admitted at the long prompt.
     * ``long_ramp_token_ratio`` — (long prompt + output) / (short prompt + output) tokens: how
       many times more each request holds. A limit in tokens held (KV capacity) gives a knee
       ratio near it; a limit in requests, near 1.
@@ -125,7 +104,7 @@ def long_ramp(ctx: FeatureContext) -> None:
     Units: requests, x, tokens, share.
     """
     names = ("long_ramp_decode_cap", "long_ramp_short_decode_cap", "long_ramp_knee_ratio", "long_ramp_token_ratio",
-             "long_ramp_short_flat", "long_ramp_short_top", "long_ramp_prompt_tokens", "long_ramp_wait_share",
+             "long_ramp_short_flat", "long_ramp_prompt_tokens", "long_ramp_wait_share",
              "long_ramp_decode_max", "long_ramp_top")
     lr = ctx.long_ramp
     if len(lr) == 0:
@@ -151,7 +130,6 @@ def long_ramp(ctx: FeatureContext) -> None:
     lone = float(num_col(lr, "ttft_s")[l_level == 1].median())
     top = float(num_col(lr, "ttft_s")[l_level == l_level.max()].median())
     ctx.add("long_ramp_prompt_tokens", l_tok)
-    ctx.add("long_ramp_short_top", float(s_level.max()))
     ctx.add("long_ramp_token_ratio", (l_tok + out) / (s_tok + out) if s_tok + out > 0 else None)
     ctx.add("long_ramp_wait_share", max(0.0, 1.0 - lone / top) if top > 0 else None)
     ctx.add("long_ramp_decode_max", float(l_once.max()))
@@ -212,7 +190,19 @@ def concurrency(ctx: FeatureContext) -> None:
     xs = curve.index.to_numpy(dtype="float64")
     base = max(y[0], 1e-9)
     ctx.add("ttft_concurrency_ratio", float(y[-1] / base), source=source)
-    b = knee_index(y, ctx.params)
+    # The knee is the steepest step between adjacent levels. It is a *sharp* knee (a cliff,
+    # "TTFT suddenly worsens") when that single step is steeper than every step before it by
+    # ``knee_sharpness`` and larger than the whole rise before it; a curve that climbs from
+    # the lowest level on (a serialising server) has none.
+    steps = y[1:] / np.maximum(y[:-1], 1e-9)
+    k = int(np.argmax(steps))
+    before = float(steps[:k].max()) if k > 0 else 1.0
+    flat = float(ctx.params["flat_factor"])
+    sharp = k >= 1 and steps[k] >= float(ctx.params["knee_sharpness"]) * max(before, 1.0) and steps[k] >= y[k] / base
+    b = k if sharp else 0
+    if not sharp:
+        while b + 1 < len(y) and y[b + 1] <= flat * base:
+            b += 1
     if b < len(y) - 1:
         ctx.add("concurrency_knee", float(xs[b]), source=source)
         ctx.add("ttft_knee_jump_ratio", float(y[-1] / max(y[b], 1e-9)), source=source)
@@ -261,19 +251,12 @@ def _after_end_in_order(ends_ns: np.ndarray, firsts_ns: np.ndarray, start_ns: np
     first_c = _clusters(firsts_ns, merge_ns)
     if len(end_c) == 0 or len(first_c) == 0:
         return 0.0, 0.0
-    hit = _first_after_end(end_c, first_c, start_ns, first_ns, merge_ns)
-    return float(hit.mean()), float(len(end_c) / (len(end_c) + len(first_c)))
-
-
-def _first_after_end(end_c: np.ndarray, first_c: np.ndarray, start_ns: np.ndarray, first_ns: np.ndarray,
-                     merge_ns: float) -> np.ndarray:
-    """Per request: whether the event before its first token (clusters of stream ends
-    ``end_c`` and of first tokens ``first_c``, sorted) is a stream end after its start."""
     i = np.searchsorted(end_c, first_ns + merge_ns, side="right") - 1
     last_end = np.where(i >= 0, end_c[np.clip(i, 0, None)], -np.inf)
     j = np.searchsorted(first_c, first_ns - merge_ns, side="left") - 1  # other first tokens, not its own step's
     last_first = np.where(j >= 0, first_c[np.clip(j, 0, None)], -np.inf)
-    return (last_end > start_ns) & (last_end > last_first)
+    hit = (last_end > start_ns) & (last_end > last_first)
+    return float(hit.mean()), float(len(end_c) / (len(end_c) + len(first_c)))
 
 
 def _end_cluster_gap_ns(ends_ns: np.ndarray, merge_ns: float) -> float:

@@ -122,16 +122,6 @@ def segment_numbers(segments: pd.Series) -> pd.DataFrame:
     return out
 
 
-def binomial_tail(hits: int, n: int, p: float) -> float:
-    """P(X >= ``hits``) for X ~ Binomial(``n``, ``p``): how often chance alone gives that many."""
-    p = min(max(float(p), 0.0), 1.0)
-    if hits <= 0:
-        return 1.0
-    if p <= 0.0 or p >= 1.0:
-        return 0.0 if p <= 0.0 else 1.0
-    return float(sum(math.comb(n, k) * p ** k * (1.0 - p) ** (n - k) for k in range(hits, n + 1)))
-
-
 def linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     """Least squares y = a + b x: (slope b, intercept a, R²)."""
     xm, ym = x.mean(), y.mean()
