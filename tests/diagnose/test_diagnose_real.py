@@ -160,8 +160,9 @@ def test_a_small_kv_cache_is_named_from_the_long_ramp(tmp_path: Path) -> None:
     long = [r for r in res.records if r.step.kind == "long"]
     assert len(long) >= 3 and "limit in tokens" in long[0].step.reason
     feats = res.analysis.diagnosis.features
-    # about 2-3 long streams fit the 816 tokens at once, 8 short ones
-    assert feats.value("long_ramp_decode_cap") <= 3 and feats.value("long_ramp_knee_ratio") >= 2
+    # about 2-3 long streams fit the 816 tokens at once, 8 short ones: fewer decode at once at the
+    # long prompt than the short ramp reached (which may stop at 4 when decode breaks on 2 cores)
+    assert feats.value("long_ramp_decode_cap") <= 3 and feats.value("long_ramp_knee_ratio") > 1
     _check_capture(res)
 
 
