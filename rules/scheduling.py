@@ -45,6 +45,14 @@ def _queue_metric_rows(t: Triage, share_from_metrics: bool) -> None:
                   "mean queue time / mean TTFT from the engine's own histograms: the same story from /metrics")
 
 
+def _judged_metrics_queue_share(t: Triage, mq: float, what: str) -> bool:
+    """The engine's queue-time share of TTFT judged against ``share_min`` (weighed): whether it
+    measures the wait ``what`` (the sweep, the long ramp) infers."""
+    return t.judged("queue share of TTFT (engine metrics)", mq, "share_min", "share",
+                    "mean queue time / mean TTFT from the engine's own histograms, request-weighted over scrape "
+                    f"windows: the wait {what} infers, measured by the engine", weigh=True)
+
+
 #: what a client cannot see: the same curve (and the same line at one level) comes from KV space
 BB_KV_CHECK = ("scrape the server's /metrics for KV usage and preemptions: from the client a KV-capacity limit "
                "looks the same as a batch cap or a saturated device (see kv_cache)")
@@ -98,9 +106,9 @@ def queue(ctx: RuleContext) -> Outcome:
             checks = QUEUE_BUSY_CHECKS
         s, pct = ctx.explained(ctx.v("queue_share_tail"))
         return finding(title, t.confidence(0.95), s, pct, t.evidence, checks)
-    shift = long_ramp_shift(ctx)
-    if shift is not None and shift < ctx.th_of("kv_cache")["long_knee_shift_min"] and not ctx.v("long_ramp_short_flat"):
-        return _request_limit(ctx, shift)  # ttft diagnose's long ramp: the same count waits at either length
+    limit, shift = long_ramp_limit(ctx)
+    if limit == "requests":
+        return _request_limit(ctx, shift)  # ttft diagnose's long ramp: as many decode at once at either length
     if not all(ctx.has(n) for n in SWEEP):
         return _queue_one_level(ctx)
     # black box: TTFT against concurrency and per-stream decode speed
@@ -133,9 +141,7 @@ def queue(ctx: RuleContext) -> Outcome:
     measured = False
     if mq is not None:
         if holds:
-            measured = t.judged("queue share of TTFT (engine metrics)", mq, "share_min", "share",
-                                "mean queue time / mean TTFT from the engine's own histograms, request-weighted "
-                                "over scrape windows: the wait the sweep infers, measured by the engine", weigh=True)
+            measured = _judged_metrics_queue_share(t, mq, "the sweep")
         _queue_metric_rows(t, holds)  # the share is the judged row above when decode held, context otherwise
     src = " (engine metrics)" if measured else " (black box)"
     if holds:
@@ -363,6 +369,21 @@ def long_ramp_shift(ctx: RuleContext) -> float | None:
     return math.log(kr) / math.log(tr)
 
 
+def long_ramp_limit(ctx: RuleContext) -> tuple[str | None, float | None]:
+    """What ttft diagnose's long ramp says, with its shift: ``"tokens"`` (fewer decode at once
+    the more tokens each holds: the shift reaches ``long_knee_shift_min``, or the uncapped short
+    ramp decoded more at once than the long cap), ``"requests"`` (both ramps capped alike), or
+    None (no capped long ramp, or an uncapped short ramp that cannot tell)."""
+    shift = long_ramp_shift(ctx)
+    if shift is None:
+        return None, None
+    short_flat = bool(ctx.v("long_ramp_short_flat"))
+    # uncapped, the short ramp decoded more at once than the long cap: fewer tokens each were all admitted
+    if shift >= ctx.th_of("kv_cache")["long_knee_shift_min"] or (short_flat and ctx.v("long_ramp_knee_ratio") > 1.0):
+        return "tokens", shift
+    return (None if short_flat else "requests"), shift
+
+
 def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) -> None:
     """The long ramp's evidence: how many streams decode at once at each length, and the shift."""
     lc, sc, tr = ctx.v("long_ramp_decode_cap"), ctx.v("long_ramp_short_decode_cap"), ctx.v("long_ramp_token_ratio")
@@ -396,9 +417,7 @@ def _request_limit(ctx: RuleContext, shift: float) -> Outcome:
     measured = False
     mq = ctx.v("metrics_queue_share")
     if mq is not None:
-        measured = t.judged("queue share of TTFT (engine metrics)", mq, "share_min", "share",
-                            "mean queue time / mean TTFT from the engine's own histograms, request-weighted over "
-                            "scrape windows: the wait the long ramp infers, measured by the engine", weigh=True)
+        measured = _judged_metrics_queue_share(t, mq, "the long ramp")
     _queue_metric_rows(t, True)
     s, pct = ctx.explained(ctx.v("long_ramp_wait_share"))
     title = (f"At most {lc:g} stream(s) decode at once at any prompt length: the server admits a fixed number of "
@@ -472,13 +491,10 @@ def kv_cache(ctx: RuleContext) -> Outcome:
         s, pct = ctx.explained(share)
         return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
                        t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
-    shift = long_ramp_shift(ctx)
-    # the short ramp, uncapped, decoded more at once than the long one's cap: at as many in flight
-    # or fewer, fewer tokens each were all admitted (a request limit would cap both alike)
-    more_short = shift is not None and bool(ctx.v("long_ramp_short_flat")) and ctx.v("long_ramp_knee_ratio") > 1.0
-    if shift is not None and (shift >= th["long_knee_shift_min"] or more_short):
+    limit, shift = long_ramp_limit(ctx)
+    if limit == "tokens":
         return _kv_from_long_ramp(ctx, shift)
-    if shift is not None and not ctx.v("long_ramp_short_flat"):
+    if limit == "requests":
         return (f"at most {ctx.v('long_ramp_decode_cap'):g} streams decode at once at short and long prompts alike: "
                 "a limit in requests (see queue), not in KV capacity")
     most, top = ctx.v("long_ramp_decode_max"), ctx.v("long_ramp_top")
