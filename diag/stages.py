@@ -99,6 +99,9 @@ ATTR_SEGMENT = "ttft.segment"  # a labelled sweep point / workload phase
 #: segments ``long=N``: ttft diagnose's long ramp, N in flight at a long prompt (a designed
 #: experiment, kept out of the steady population and read by the ``long_ramp_*`` features)
 SEGMENT_LONG_RAMP = "long"
+#: segments ``mixed=N``: ttft diagnose's mixed follow-up, N-token prompts among short streams (kept
+#: out of the steady population, read by the head-of-line and interference features)
+SEGMENT_MIXED = "mixed"
 ATTR_WARMUP = "ttft.warmup"  # bool: excluded from results
 ATTR_PREEMPTIONS = "ttft.preemptions"  # int: times this request was preempted
 #: bool, on a ``queue`` span: a wait after preemption (re-queued for recompute), not the first

@@ -78,7 +78,9 @@ def head_of_line(ctx: RuleContext) -> Outcome:
                        "blocking behind long prefills (black box)",
                        t.confidence(0.7, black_box=True), s, pct, t.evidence,
                        engine_checks(ctx, HOL_BY_ENGINE, HOL_CHECKS), black_box=True,
-                       note="client-only evidence: a client cannot tell admission order from a long prefill that "
+                       note=("the long prompts were ttft diagnose's own test (its mixed follow-up): what your short "
+                             "prompts meet when long ones arrive among them; " if ctx.v("mixed_by_diagnose") else "")
+                       + "client-only evidence: a client cannot tell admission order from a long prefill that "
                        "simply fills the step; a server capture (queue spans, engine steps) tells them apart")
     qs = ctx.v("hol_blocked_queue_share")
     if not t.crossed("queue share of those short requests' TTFT", qs, "queue_share_min", "share",

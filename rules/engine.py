@@ -57,6 +57,12 @@ def _slo_state(feats: Any) -> tuple[bool | None, bool | None, list[Evidence]]:
             all_met = False
         if key.startswith("ttft"):
             ttft_met = (ttft_met is not False) and bool(met)
+    # an ITL target that ttft diagnose's mixed follow-up (long prompts among the streams) broke is broken
+    for key, c in (feats.value("itl_mixed_slo") or {}).items():
+        if c.get("met") is False:
+            rows.append(Evidence(f"SLO {key} with long prompts among the streams", c.get("value_s"), c["target_s"], "s",
+                                 "broken in ttft diagnose's mixed follow-up", op=">", crossed=True))
+            all_met = False
     return all_met, ttft_met, rows
 
 

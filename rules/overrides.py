@@ -59,6 +59,11 @@ OVERRIDES: tuple[Override, ...] = (
     # queue time that free capacity could have served: admission order / reservations own it
     Override("head_of_line", frozenset({"queue", "kv_reservation"}),
              "the queue time here is short requests held behind long prompts ahead of them (see head_of_line)"),
+    # from the client, TTFT that grows with the prompt is prefill compute, a cost every prompt pays; short
+    # prompts that wait for a long one's whole prefill pay another's: the scheduler's order owns that time
+    Override("head_of_line", frozenset({"prefill_compute"}),
+             "short prompts here wait for a long prompt's whole prefill ahead of them, beyond their own (see "
+             "head_of_line)", black_box_only=True),
     # prefill stretched by idle pipeline stages: the bubble owns that prefill time
     Override("pipeline_bubble", frozenset({"prefill_compute"}),
              "the prefill time here is pipeline stages idling while the pipeline fills and drains (see pipeline_bubble)"),

@@ -286,6 +286,17 @@ class Workload:
         clone._counter = 0
         return clone
 
+    def with_long(self, input_tokens: LengthSpec, long_tokens: int, every: int,
+                  output_tokens: LengthSpec | None = None) -> Workload:
+        """A copy drawing ``input_tokens`` prompts (and ``output_tokens`` answers, when given) with
+        every ``every``-th prompt ``long_tokens`` long (the ``--inject-long TOKENS:EVERY`` design)."""
+        if long_tokens < 1 or every < 2:
+            raise WorkloadError("--inject-long TOKENS:EVERY needs TOKENS >= 1 and EVERY >= 2")
+        clone = self.with_input(input_tokens)
+        clone.spec = replace(clone.spec, inject_long_tokens=int(long_tokens), inject_long_every=int(every),
+                             output_tokens=output_tokens or clone.spec.output_tokens)
+        return clone
+
     def _slice_text(self, start: int, n_tokens: int) -> str:
         """About ``n_tokens`` tokens of corpus from ``start`` (wrapping around)."""
         pool: list[Any] = self._ids if self._ids is not None else self._words

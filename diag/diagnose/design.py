@@ -32,6 +32,8 @@ class PlanConfig:
     ramp: str = "concurrency"
     baseline_requests: int = 8
     rung_requests: int = 4
+    #: the users' tightest ITL target (s; from ``--slo itl_pNN``), None when none is given
+    itl_target_s: float | None = None
     thresholds: Mapping[str, Any] = field(default_factory=default_thresholds)
 
     def __post_init__(self) -> None:
@@ -79,6 +81,10 @@ class PlanConfig:
 #: ``long`` follow-up: its prompts are this many times the ramp's (more tokens held per request)
 LONG_PROMPT_X = 4
 
+#: ``mixed`` follow-up: every this-many-th request carries the long prompt, at this many in flight
+MIXED_EVERY = 4
+MIXED_CONCURRENCY = 4
+
 #: ``prefix`` follow-up: uses of each fresh prefix (the first and R - 1 repeats), then one control
 PREFIX_REPEATS = 3
 
@@ -107,6 +113,14 @@ class Step:
             return ProbeStep(concurrency=int(self.value), requests=self.requests,
                              input_tokens=f"fixed:{cfg.long_prompt_tokens}", output_tokens=out,
                              segment=segment_of(self.kind, self.value))
+        if self.kind == "mixed":  # short streams with a long prompt among them (the probe's --inject-long);
+            # outputs of mixed lengths, so the streams end apart and a long prompt meets streams mid-way
+            # (equal ones end in lockstep, and the closed loop then sends the next round all at once)
+            o = cfg.output_tokens
+            return ProbeStep(concurrency=min(MIXED_CONCURRENCY, cfg.max_concurrency), requests=self.requests,
+                             input_tokens=inp, output_tokens=f"uniform:{max(1, o // 2)}-{max(1, 3 * o // 2)}",
+                             segment=segment_of(self.kind, self.value),
+                             inject_long=(int(self.value), MIXED_EVERY))
         if self.kind == "prefix":  # one at a time: groups of a fresh prefix, its repeats and a control
             return ProbeStep(concurrency=1, requests=self.requests,
                              input_tokens=f"fixed:{int(self.value) + cfg.input_tokens}", output_tokens=out,
@@ -153,4 +167,4 @@ def steps_of(p: Point) -> str:
     return f" = {n:.1f} decode steps" if n is not None else ""
 
 
-__all__ = ["Decision", "LONG_PROMPT_X", "PlanConfig", "Step", "base_point", "ratio", "segment_of", "steps_of", "tokens_of"]
+__all__ = ["Decision", "LONG_PROMPT_X", "MIXED_CONCURRENCY", "MIXED_EVERY", "PlanConfig", "Step", "base_point", "ratio", "segment_of", "steps_of", "tokens_of"]

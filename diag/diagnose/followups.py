@@ -14,13 +14,25 @@ where they decide between the leading candidates. Pure; no I/O.
   holds more tokens: under a limit in tokens held (KV-cache capacity) fewer streams decode at once,
   under a limit in requests (max_num_seqs, HTTP workers) as many, and with compute shared all
   of them. Read by the ``kv_cache`` and ``queue`` rules (``long_ramp_*``).
+- ``mixed`` (when prompt work leads, or an ITL target is given and nothing else leads): short
+  streams at :data:`~diag.diagnose.design.MIXED_CONCURRENCY` in flight with every
+  :data:`~diag.diagnose.design.MIXED_EVERY`-th prompt long (the probe's ``--inject-long``). Short
+  requests that arrive behind an unfinished long prompt and wait for its whole prefill while the
+  running streams keep their pace: head-of-line blocking (a chunked prefill that serves one prompt
+  at a time); running streams stalled for the long prefill: prefill-decode interference (a
+  prefill that runs whole, ahead of decode); neither: the scheduler shares the step. The long
+  prompt's lone TTFT is :data:`MIXED_LONG_TTFT_X` x the baseline's (from the ladder's fit), and
+  with an ITL target at least twice it, below the context limit. Read by the ``head_of_line``
+  and ``interference`` rules (``ctx.mixed``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from diag.diagnose.design import LONG_PROMPT_X, PREFIX_REPEATS, PlanConfig, Step, ratio
+from diag.diagnose.design import (LONG_PROMPT_X, MIXED_CONCURRENCY, MIXED_EVERY, PREFIX_REPEATS, PlanConfig, Step,
+                                  base_point, ratio)
+from diag.diagnose.ladder import prompt_fit
 from diag.diagnose.points import Point
 from diag.diagnose.ramp import ramp_break
 from diag.units import fmt_s
@@ -31,6 +43,18 @@ LONG_LEVELS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 LONG_MIN_TOP = 8.0
 #: the leading categories the long ramp can decide: a limit in tokens, in requests, or neither
 LONG_LEADS = frozenset({"prefill_compute", "kv_cache", "queue"})
+
+#: the mixed follow-up's long prompt: its lone TTFT this many times the baseline's, by the ladder's fit
+MIXED_LONG_TTFT_X = 10.0
+#: ... and at least this many times the short prompt (a "long" one to the head-of-line features)
+MIXED_LONG_MIN_X = 4
+#: requests the mixed follow-up sends (a quarter of them long)
+MIXED_REQUESTS = 32
+#: the leading categories the mixed follow-up can decide: prompt work, where a long prompt's
+#: prefill may hold short ones (head-of-line) or running streams (interference) ...
+MIXED_LEADS = frozenset({"prefill_compute"})
+#: ... and, when the users hold an ITL target, what a long prompt's stall would break
+MIXED_ITL_LEADS = frozenset({"healthy", "decode", "prefill_compute"})
 
 #: prefix groups the follow-up sends (each: PREFIX_REPEATS uses and a control)
 PREFIX_GROUPS = 3
@@ -75,6 +99,52 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
                 "alone (no knee)")
 
 
+def mixed_long_tokens(cfg: PlanConfig, points: Sequence[Point]) -> int | None:
+    """The mixed follow-up's long prompt (tokens), or None when the context leaves no room for one."""
+    base = base_point(points)
+    fit = prompt_fit(points)
+    shortest = MIXED_LONG_MIN_X * cfg.input_tokens
+    if fit is None or fit[0] <= 0 or base is None or not base.ttft_p50_s:
+        want = 4 * shortest  # TTFT does not follow the prompt (or is unmeasured): a long one, well past short
+    else:
+        slope, icpt, _ = fit
+        lone_s = MIXED_LONG_TTFT_X * base.ttft_p50_s
+        if cfg.itl_target_s:
+            lone_s = max(lone_s, 2.0 * cfg.itl_target_s)  # a whole-prompt prefill would stall streams past it
+        want = int((lone_s - icpt) / slope)
+    refused = [p.value for p in points if p.kind == "prompt" and p.refused_4xx]
+    top = min([cfg.prompt_limit_tokens, *(v - cfg.input_tokens for v in refused)])
+    tokens = int(min(max(want, shortest), top))
+    return tokens if tokens >= shortest else None
+
+
+def mixed_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | None:
+    """The mixed follow-up, or None (it does not apply, ran already, or would not fit)."""
+    if any(p.kind == "mixed" for p in points):
+        return None
+    if leading not in MIXED_LEADS and not (cfg.itl_target_s and leading in MIXED_ITL_LEADS):
+        return None
+    ramp = [p for p in points if p.kind == cfg.ramp]
+    if not ramp or any(p.error_frac >= 0.05 for p in ramp):
+        return None  # no load level ran, or the server is failing under load
+    tokens = mixed_long_tokens(cfg, points)
+    base = base_point(points)
+    if tokens is None or base is None:
+        return None
+    fit = prompt_fit(points)
+    long_s = (fit[1] + fit[0] * tokens) if fit and fit[0] > 0 else (base.ttft_p50_s or 0.0)
+    c = min(MIXED_CONCURRENCY, cfg.max_concurrency)
+    cost = MIXED_REQUESTS / c * (base.e2e_p50_s or 0.0) + MIXED_REQUESTS / MIXED_EVERY * long_s
+    if cost > cfg.budget_s - elapsed_s:
+        return None
+    why = (f"an ITL target of {fmt_s(cfg.itl_target_s)} is given" if cfg.itl_target_s and leading != "prefill_compute"
+           else f"prompt work leads ({leading})")
+    return Step("mixed", float(tokens), MIXED_REQUESTS, "follow-up",
+                f"{why}: short streams at {c} in flight with every {MIXED_EVERY}th prompt {tokens} tokens (a lone "
+                f"TTFT of about {fmt_s(long_s)}) tell short prompts waiting behind a long one (head-of-line) and "
+                "running streams stalled while it prefills (interference) from a scheduler that shares the step")
+
+
 def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | None:
     """The next follow-up step, or None (none applies, ran already, or would not fit the budget)."""
     if leading not in PREFIX_LEADS or any(p.kind == "prefix" for p in points):
@@ -99,4 +169,5 @@ def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
                 "prefilled every time")
 
 
-__all__ = ["LONG_LEADS", "PREFIX_GROUPS", "followup_reading", "long_ramp_reading"]
+__all__ = ["LONG_LEADS", "MIXED_LEADS", "MIXED_REQUESTS", "PREFIX_GROUPS", "followup_reading", "long_ramp_reading",
+           "mixed_long_tokens", "mixed_reading"]

@@ -107,6 +107,9 @@ class _Run:
         self.note(how)
         if limit:
             self.plan = replace(self.plan, context_limit_tokens=limit)
+        itl = [v for k, v in (cfg.slo or {}).items() if k.startswith("itl_")]
+        if itl and self.plan.itl_target_s is None:
+            self.plan = replace(self.plan, itl_target_s=min(itl))
         pc = self.plan
         probe = ProbeConfig(
             cfg.url, api=cfg.api, model=cfg.model, api_key=cfg.api_key,
@@ -214,6 +217,9 @@ class _Run:
                        warmup_requests=WARMUP_REQUESTS if step.kind == "baseline" else 0, seed=self.cfg.seed)
         if ps.shared_prefix[0]:  # the prefix follow-up: groups of a fresh prefix, its repeats and a control
             workload = session.workload.with_prefix(LengthSpec.parse(ps.input_tokens), *ps.shared_prefix)
+        elif ps.inject_long[1]:  # the mixed follow-up: every EVERY-th prompt long
+            workload = session.workload.with_long(LengthSpec.parse(ps.input_tokens), *ps.inject_long,
+                                                  output_tokens=LengthSpec.parse(ps.output_tokens))
         else:
             # a ladder rung's length (a sweep point), else the step's own (the long ramp's)
             workload = session.workload.with_input(inp or LengthSpec.parse(ps.input_tokens))

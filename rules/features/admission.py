@@ -53,8 +53,11 @@ def _steps_in(steps: pd.DataFrame, a_ns: np.ndarray, b_ns: np.ndarray) -> list[n
 
 
 def head_of_line(ctx: FeatureContext) -> None:
-    """``hol_*``: TTFT of short requests behind an unfinished long one against the other short ones."""
-    req = ctx.steady
+    """``hol_*``: TTFT of short requests behind an unfinished long one against the other short ones;
+    on ttft diagnose's mixed follow-up when the capture holds one (``mixed_by_diagnose``)."""
+    designed = len(ctx.mixed) > 0
+    req = ctx.mixed if designed else ctx.steady
+    ctx.add("mixed_by_diagnose", 1.0 if designed else 0.0)
     p = ctx.params
     ctx.add("running_cap", _running_cap(ctx), None if _running_cap(ctx) is not None else
             "the engine's running cap is unknown (bundled engine: meta.json engine_config.max_running)")

@@ -87,7 +87,8 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("device", "x", ("tp_ttft_ratio", "ttft_vs_engine_prefill_ratio")),
     ("device", "share", ("waiting_at_cap_frac", "waiting_for_kv_share")),
     ("itl", "s", ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s", "tpot_p50_s", "tpot_p99_s",
-                  "itl_during_prefill_p50_s", "itl_during_prefill_mean_s", "itl_without_prefill_p50_s")),
+                  "itl_during_prefill_p50_s", "itl_during_prefill_mean_s", "itl_without_prefill_p50_s",
+                  "itl_mixed_slo")),
     ("itl", "x", ("itl_interference_ratio",)),
     ("itl", "share", ("itl_prefill_stall_share", "itl_tail_during_prefill_frac", "itl_during_prefill_frac")),
     ("itl", "count", ("itl_tail_gaps_n",)),
@@ -115,7 +116,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
                             "kvr_kv_usage_while_waiting_p95", "kvr_prefill_steps_while_waiting_frac",
                             "kvr_prefill_bound_while_waiting_frac")),
     ("admission", "steps", ("hol_blocked_wait_steps",)),
-    ("admission", "", ("hol_baseline_own_wait",)),
+    ("admission", "", ("hol_baseline_own_wait", "mixed_by_diagnose")),
     # prefix cache (rules/features/prefix_cache.py): repeats of the probe's shared prefix, cached tokens
     ("prefix_cache", "s", ("prefix_first_ttft_p50_s", "prefix_repeat_ttft_p50_s", "prefix_control_ttft_p50_s")),
     ("prefix_cache", "share", ("prefix_cost_share", "prefix_repeat_saving_frac", "prefix_repeat_cached_frac",

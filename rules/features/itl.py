@@ -16,8 +16,13 @@ from rules.features.context import FeatureContext
 from rules.features.numeric import NS, Coverage, name_is, num_col
 
 
-def _token_gaps(ctx: FeatureContext, span_name: str) -> pd.DataFrame | None:
-    """Gaps between consecutive tokens of steady requests (ns start/end, ``gap_s``), or None."""
+#: the interference features' source on ttft diagnose's mixed follow-up (read by the rule)
+MIXED_SOURCE = "long prompts' TTFT windows vs client token times (black box; ttft diagnose's mixed follow-up)"
+
+
+def _token_gaps(ctx: FeatureContext, span_name: str, pop: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """Gaps between consecutive tokens of steady requests (or of ``pop``'s) (ns start/end, ``gap_s``), or None."""
+    pop = ctx.steady if pop is None else pop
     sp = ctx.spans
     key = stages.ATTR_TOKEN_TIMES_NS
     if sp is None or sp.empty or key not in sp.columns:
@@ -30,7 +35,7 @@ def _token_gaps(ctx: FeatureContext, span_name: str) -> pd.DataFrame | None:
     # keep steady requests only: drop the (usually few) excluded ones by set lookup; string
     # isin on pyarrow strings is a Python loop in pandas, far slower at 1M spans
     all_ids = ctx.tables.requests["trace_id"].to_numpy(dtype=object) if "trace_id" in ctx.tables.requests.columns else []
-    steady_ids = set(ctx.steady["trace_id"].to_numpy(dtype=object)) if "trace_id" in ctx.steady.columns else set()
+    steady_ids = set(pop["trace_id"].to_numpy(dtype=object)) if "trace_id" in pop.columns else set()
     excluded = set(all_ids) - steady_ids if len(steady_ids) != len(all_ids) else set()
     keep = np.fromiter((t not in excluded and t in steady_ids for t in tids), dtype=bool, count=len(tids)) \
         if excluded or not steady_ids else np.ones(len(tids), dtype=bool)
@@ -53,8 +58,8 @@ def _token_gaps(ctx: FeatureContext, span_name: str) -> pd.DataFrame | None:
     g_start = flat[:-1][same]
     g_end = flat[1:][same]
     tid_of = rows["trace_id"].to_numpy(dtype=object)
-    seg_by_tid = dict(zip(ctx.steady["trace_id"].to_numpy(dtype=object), ctx.steady["segment"].to_numpy(dtype=object))) \
-        if "segment" in ctx.steady.columns and "trace_id" in ctx.steady.columns else {}
+    seg_by_tid = dict(zip(pop["trace_id"].to_numpy(dtype=object), pop["segment"].to_numpy(dtype=object))) \
+        if "segment" in pop.columns and "trace_id" in pop.columns else {}
     seg = np.array([seg_by_tid.get(t) for t in tid_of], dtype=object)
     return pd.DataFrame({"start_ns": g_start.astype("float64"), "end_ns": g_end.astype("float64"),
                          "gap_s": (g_end - g_start) / NS,
@@ -131,6 +136,18 @@ def interference(ctx: FeatureContext, server: pd.DataFrame | None, client: pd.Da
         if len(pre):
             windows = (pre["start_ns"].to_numpy(dtype="float64"), pre["end_ns"].to_numpy(dtype="float64"))
             gaps, src = server, "prefill stage spans vs server token times"
+    mixed = _token_gaps(ctx, stages.SPAN_CLIENT_REQUEST, ctx.mixed) if windows is None and len(ctx.mixed) else None
+    if mixed is not None and len(mixed):
+        # ttft diagnose's mixed follow-up: the long prompts' TTFT windows (queue and prefill) are the prefills
+        # that matter; the short streams' gaps during them against their gaps otherwise
+        mx = ctx.mixed
+        tok = num_col(mx, "input_tokens").to_numpy(dtype="float64")
+        long = tok >= float(ctx.params["hol_long_factor"]) * float(np.nanmedian(tok)) if np.isfinite(tok).any() else tok > 0
+        a = num_col(mx, "start_ns").to_numpy()[long]
+        b = a + num_col(mx, "ttft_s").to_numpy()[long] * NS
+        good = np.isfinite(a) & np.isfinite(b)
+        windows = (a[good], b[good])
+        gaps, src = mixed, MIXED_SOURCE
     if windows is None and client is not None and len(client):
         st = ctx.steady
         a = num_col(st, "start_ns").to_numpy()
@@ -172,3 +189,19 @@ def interference(ctx: FeatureContext, server: pd.DataFrame | None, client: pd.Da
     tail = g >= np.percentile(g, 99)
     ctx.add("itl_tail_during_prefill_frac", float(during[tail].mean()) if tail.any() else None, source=src)
     ctx.add("itl_tail_gaps_n", float(tail.sum()), source=src)
+    if gaps is mixed:
+        _mixed_slo(ctx, gaps["gap_s"].to_numpy())
+    else:
+        ctx.na(("itl_mixed_slo",), "no mixed follow-up (ttft diagnose) in the capture")
+
+
+def _mixed_slo(ctx: FeatureContext, gaps_s: np.ndarray) -> None:
+    """``itl_mixed_slo``: each ITL target given, against the mixed follow-up's token gaps (seconds)."""
+    out: dict[str, dict[str, float | bool]] = {}
+    for key, target in (ctx.slo or {}).items():
+        metric, _, pct = key.partition("_")
+        if metric != "itl" or not (pct == "max" or (pct.startswith("p") and pct[1:].replace(".", "", 1).isdigit())):
+            continue
+        val = float(gaps_s.max() if pct == "max" else np.percentile(gaps_s, float(pct[1:])))
+        out[key] = {"target_s": float(target), "value_s": val, "met": bool(val <= target)}
+    ctx.add("itl_mixed_slo", out or None, None if out else "no ITL target given")

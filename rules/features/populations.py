@@ -62,20 +62,26 @@ def populations(ctx: FeatureContext) -> None:
     client_side = bool(has_client.any())
     ctx.add("client_only", 1.0 if (client_side and not server_side) else 0.0)
     cold_start_outliers(ctx)
-    long_ramp_apart(ctx)
+    designed_apart(ctx)
     ctx.add("requests_n", float(len(ctx.steady)))
 
 
-def long_ramp_apart(ctx: FeatureContext) -> None:
-    """Move ttft diagnose's long ramp (segments ``long=N``) from ``ctx.steady`` to ``ctx.long_ramp``:
-    a designed experiment at prompts the users may never send, read by its own features only."""
+def designed_apart(ctx: FeatureContext) -> None:
+    """Move ttft diagnose's designed experiments from ``ctx.steady``: the long ramp (segments
+    ``long=N``) to ``ctx.long_ramp``, the mixed follow-up (``mixed=N``) to ``ctx.mixed``. Both send
+    prompts the users may never send; each is read by its own features only."""
     st = ctx.steady
     if len(st) == 0 or "segment" not in st.columns:
         return
-    mine = st["segment"].astype(str).str.startswith(stages.SEGMENT_LONG_RAMP + "=")
-    if mine.any():
-        ctx.long_ramp = st.loc[mine].reset_index(drop=True)
-        ctx.steady = st.loc[~mine].reset_index(drop=True)
+    seg = st["segment"].astype(str)
+    keep = pd.Series(True, index=st.index)
+    for attr, name in (("long_ramp", stages.SEGMENT_LONG_RAMP), ("mixed", stages.SEGMENT_MIXED)):
+        mine = seg.str.startswith(name + "=")
+        if mine.any():
+            setattr(ctx, attr, st.loc[mine].reset_index(drop=True))
+            keep &= ~mine
+    if not keep.all():
+        ctx.steady = st.loc[keep].reset_index(drop=True)
 
 
 def errors_by_segment(ctx: FeatureContext, err: pd.Series, measured: pd.Series) -> None:

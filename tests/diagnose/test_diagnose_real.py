@@ -166,6 +166,47 @@ def test_a_small_kv_cache_is_named_from_the_long_ramp(tmp_path: Path) -> None:
     _check_capture(res)
 
 
+def _mixed(res: DiagnoseResult) -> list:
+    return [r for r in res.records if r.step.kind == "mixed"]
+
+
+def test_short_prompts_waiting_for_a_long_ones_chunks_are_head_of_line_from_the_mixed_follow_up(tmp_path: Path) -> None:
+    # chunked prefill with no cap on partial prefills: a running partial prefill takes each step's
+    # 48-token chunk, so a short prompt behind a long one waits for its whole prefill. (With 16-token
+    # chunks the long ramp's prompts prefill one at a time for as long as they decode, which caps
+    # how many decode at once as a KV limit does: the long ramp then reads kv_cache.)
+    res = _diagnose(["--policy", "chunked", "--chunk-size", "48"], tmp_path / "cap")
+    (mixed,) = _mixed(res)
+    assert "head-of-line" in mixed.step.reason and mixed.step.value >= 4 * PlanConfig().input_tokens
+    v = res.analysis.diagnosis.verdict
+    assert v.category == "head_of_line", v.title
+    row = next(e for e in v.evidence if e.name == "short TTFT behind a long prompt / without")
+    assert row.value >= 3.0 and row.crossed
+    assert "ttft diagnose's own test" in (v.note or "")
+    _check_capture(res)
+
+
+@pytest.mark.parametrize("engine,stalls", [(["--policy", "prefill-first"], True),
+                                           (["--policy", "chunked", "--chunk-size", "32", "--max-partial-prefills",
+                                             "4"], False)], ids=["whole-prompt", "chunked-shared"])
+def test_an_itl_target_is_judged_with_long_prompts_among_the_streams(tmp_path: Path, engine: list[str],
+                                                                       stalls: bool) -> None:
+    # the long prompt prefills for twice the target alone: a prefill that runs whole, ahead of
+    # decode, stalls the running streams past it; chunks shared with the short prompts do not
+    res = _diagnose(engine, tmp_path / "cap", slo={"ttft_p99": 5.0, "itl_p99": 0.06})
+    (mixed,) = _mixed(res)
+    assert "ITL target of 60.0 ms" in mixed.step.reason
+    d = res.analysis.diagnosis
+    mixed_itl = d.features.value("itl_mixed_slo")["itl_p99"]
+    assert mixed_itl["met"] is (not stalls)
+    if stalls:
+        assert d.verdict.category == "interference", d.verdict.title
+        assert any(e.name == "SLO itl_p99 with long prompts among the streams" and e.crossed for e in d.verdict.evidence)
+    else:
+        assert d.verdict.category not in ("interference", "head_of_line"), d.verdict.title
+    _check_capture(res)
+
+
 def test_a_server_still_loading_its_model_is_a_cold_start_from_its_first_answer(tmp_path: Path) -> None:
     # the engine listens at once and loads for 2.5 s: diagnose's API detection waits for it,
     # before any request of the run; every run request is warm

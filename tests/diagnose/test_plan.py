@@ -283,3 +283,61 @@ def test_the_long_ramp_ends_where_ttft_breaks_past_8_in_flight_and_not_on_a_fail
     assert d.step is None or d.step.kind != "long"
     d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP], 6.0, leading="decode")
     assert d.step is None or d.step.kind != "long"
+
+
+LONG_RAN = [pt("long", v, 0.030 * (1 + 0.05 * v), tokens=256) for v in (1, 2, 3, 4, 6, 8)]
+
+
+def _lone_ttft_s(tokens: float) -> float:
+    """The ladder's straight line (BASE and LADDER) at ``tokens``."""
+    from diag.diagnose.ladder import prompt_fit
+
+    slope, icpt, _ = prompt_fit([BASE, *LADDER])
+    return icpt + slope * tokens
+
+
+def test_when_prompt_work_leads_long_prompts_are_mixed_among_short_streams_sized_from_the_ladder() -> None:
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 12.0, leading="prefill_compute")
+    assert d.step is not None and (d.step.kind, d.step.stage) == ("mixed", "follow-up")
+    # the long prompt's lone TTFT is 10x the baseline's, by the ladder's fit
+    assert _lone_ttft_s(d.step.value) == pytest.approx(10 * BASE.ttft_p50_s, rel=0.02)
+    assert "head-of-line" in d.step.reason and "interference" in d.step.reason
+    ps = d.step.probe_step(RAMPED)
+    assert ps.concurrency == 4 and ps.inject_long == (int(d.step.value), 4) and ps.input_tokens == "fixed:64"
+    assert ps.output_tokens == "uniform:16-48" and ps.segment == f"mixed={d.step.value:g}"
+    # it ran: next the prefix follow-up, never the mixed one again
+    ran = pt("mixed", d.step.value, 0.05, n=32)
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN, ran], 15.0, leading="prefill_compute")
+    assert d.step is not None and d.step.kind == "prefix"
+
+
+def test_with_an_itl_target_the_long_prompt_prefills_for_twice_it_below_the_context_limit() -> None:
+    cfg = replace(RAMPED, itl_target_s=0.05)
+    d = next_step(cfg, [BASE, *LADDER, *SHORT_RAMP], 8.0, leading="healthy")
+    assert d.step is not None and d.step.kind == "mixed" and "ITL target of 50.0 ms" in d.step.reason
+    assert _lone_ttft_s(d.step.value) == pytest.approx(0.100, rel=0.02)
+    tight = replace(cfg, itl_target_s=0.5, context_limit_tokens=2048)
+    d = next_step(tight, [BASE, *LADDER, *SHORT_RAMP], 8.0, leading="healthy")
+    assert d.step is not None and d.step.value == tight.prompt_limit_tokens  # 1 s of prefill would not fit
+    # a rung the server refused bounds it too
+    refused = pt("prompt", 1024, 0.1, n=1, ok=0, errors={"http_4xx": 1})
+    d = next_step(cfg, [BASE, *LADDER, refused, *SHORT_RAMP], 8.0, leading="healthy")
+    assert d.step is not None and d.step.kind == "mixed" and d.step.value < 1024
+
+
+@pytest.mark.parametrize("leading,itl_target_s", [("healthy", None), ("decode", None), ("queue", 0.05),
+                                                  ("kv_cache", None)])
+def test_no_mixed_follow_up_when_nothing_it_decides_leads(leading, itl_target_s) -> None:
+    cfg = replace(RAMPED, itl_target_s=itl_target_s)
+    d = next_step(cfg, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 12.0, leading=leading)
+    assert d.step is None or d.step.kind != "mixed"
+
+
+def test_no_mixed_follow_up_before_a_ramp_on_a_failing_server_or_a_cramped_context() -> None:
+    assert next_step(CAPPED, [BASE, *LADDER], 5.0, leading="prefill_compute").step.kind == "prefix"
+    failing = [*SHORT_RAMP[:2], pt("concurrency", 8, 0.02, ok=6, errors={"http_5xx": 2})]
+    d = next_step(RAMPED, [BASE, *LADDER, *failing], 6.0, leading="prefill_compute")
+    assert d.step is None or d.step.kind != "mixed"
+    cramped = replace(RAMPED, context_limit_tokens=250)  # no room for 4x the 64-token prompt
+    d = next_step(cramped, [BASE, pt("prompt", 128, 0.017), *SHORT_RAMP], 6.0, leading="prefill_compute")
+    assert d.step is None or d.step.kind != "mixed"

@@ -62,7 +62,7 @@ class Phase:
     segment: str
     n: int
     prompt: int | list[int]
-    output: int
+    output: int | list[int]  # a list cycles, as ``prompt`` does (one index for both)
     conc: int | None = 1  # closed loop with this many clients; None -> open arrivals
     arrivals_s: list[float] | None = None  # open loop: offsets from the phase start
     engine: Engine | None = None  # this phase's engine (e.g. another TP degree); default: the run's
@@ -124,12 +124,13 @@ def simulate(path: Path, engine: Engine, phases: list[Phase], client: Client | N
         def make(at: float, ci: int) -> _Req:
             nonlocal issued, counter
             p = prompts[issued % len(prompts)]
+            out = ph.output[issued % len(ph.output)] if isinstance(ph.output, list) else ph.output
             issued += 1
             counter += 1
             lag = j(client.lag_s) if client.lag_s else 0.0
             cs = at + lag
             fe = j(client.frontend_s_per_conc * ((ph.conc or 1) - 1)) if client.frontend_s_per_conc else 0.0
-            r = _Req(f"r{counter}", ph.segment, p, ph.output, client_start=cs, arrival=cs + j(client.net_s) + fe, phase_i=pi,
+            r = _Req(f"r{counter}", ph.segment, p, out, client_start=cs, arrival=cs + j(client.net_s) + fe, phase_i=pi,
                      client_i=ci, tp_size=engine.tp_size)
             if error_every and counter % error_every == 0:
                 r.error = "http_503"
