@@ -111,6 +111,12 @@ def queue(ctx: RuleContext) -> Outcome:
         return _request_limit(ctx, shift)  # ttft diagnose's long ramp: as many decode at once at either length
     if not all(ctx.has(n) for n in SWEEP):
         return _queue_one_level(ctx)
+    most, top = ctx.v("long_ramp_decode_max"), ctx.v("long_ramp_top")
+    if most is not None and limit is None and ctx.v("long_ramp_decode_cap") is None and not ctx.has("metrics_queue_share"):
+        # the long ramp's streams all decoded together: nothing admitted fewer than came, so what the sweep
+        # shows (TTFT rising with load) is compute shared among the streams, not requests held in a line
+        return (f"ttft diagnose's long ramp: {most:g} streams decoded at once at {top:g} in flight: no admission limit "
+                "holds requests back, so TTFT rising with load is the streams sharing the compute, not a queue")
     # black box: TTFT against concurrency and per-stream decode speed
     ratio = ctx.v("ttft_concurrency_ratio")
     hold = ctx.v("decode_speed_hold_ratio")

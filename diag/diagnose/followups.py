@@ -39,17 +39,18 @@ from diag.units import fmt_s
 
 #: the long ramp's levels (requests in flight), up to the short ramp's top
 LONG_LEVELS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
-#: the long ramp climbs at least this far (a cap shows as at most half the requests in flight)
-LONG_MIN_TOP = 8.0
+#: the long ramp climbs at least this far: a cap shows as at most half the requests in flight, so caps
+#: up to 6 show (a reservation of 5-6 contexts, a max_num_seqs of 6, as well as a KV limit of 1-3 long requests)
+LONG_MIN_TOP = 12.0
 #: the leading categories the long ramp can decide: a limit in tokens, in requests, or neither
 LONG_LEADS = frozenset({"prefill_compute", "kv_cache", "queue"})
 
 #: the mixed follow-up's long prompt: its lone TTFT this many times the baseline's, by the ladder's fit
-MIXED_LONG_TTFT_X = 10.0
+MIXED_LONG_TTFT_X = 20.0
 #: ... and at least this many times the short prompt (a "long" one to the head-of-line features)
 MIXED_LONG_MIN_X = 4
 #: requests the mixed follow-up sends (a quarter of them long)
-MIXED_REQUESTS = 32
+MIXED_REQUESTS = 48
 #: the leading categories the mixed follow-up can decide: prompt work, where a long prompt's
 #: prefill may hold short ones (head-of-line) or running streams (interference) ...
 MIXED_LEADS = frozenset({"prefill_compute"})
@@ -74,7 +75,7 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
     if tokens < 2 * cfg.input_tokens or any(p.kind == "prompt" and p.refused_4xx and p.value <= tokens for p in points):
         return None  # the context limit leaves no room for prompts that much longer
     top = max(p.value for p in short) if short else 4.0
-    # 1, 2, 3, 4, 6, 8, 12, ...: to the short ramp's top, and at least 8 (twice a cap of 4)
+    # 1, 2, 3, 4, 6, 8, 12, ...: to the short ramp's top, and at least 12 (twice a cap of 6)
     levels = [v for v in LONG_LEVELS if v <= min(max(top, LONG_MIN_TOP), cfg.max_concurrency)]
     for i, p in enumerate(ran[1:], 1):
         if p.error_frac >= 0.05 or (p.value >= LONG_MIN_TOP and ramp_break(cfg, ran[0], p, ran[:i], decode=False)):

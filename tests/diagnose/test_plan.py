@@ -263,14 +263,18 @@ def test_after_the_ramp_a_long_ramp_tells_a_token_limit_from_a_request_limit(lea
     assert d.step is not None and (d.step.kind, d.step.value) == ("long", 8)
 
 
-def test_the_long_ramp_ends_where_ttft_breaks_past_8_in_flight_and_not_on_a_failing_or_cramped_server() -> None:
+def test_the_long_ramp_ends_where_ttft_breaks_past_12_in_flight_and_not_on_a_failing_or_cramped_server() -> None:
     ran = [pt("long", v, 0.030 * (1 + 0.05 * v), tokens=256) for v in (1, 2)]
     broke = [*ran, pt("long", 3, 0.300, tokens=256)]
     d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *broke], 9.0, leading="prefill_compute")
-    assert d.step is not None and (d.step.kind, d.step.value) == ("long", 4)  # below 8: on, to see a cap
-    high = [*ran, *(pt("long", v, 0.040, tokens=256) for v in (3, 4, 6)), pt("long", 8, 0.400, tokens=256)]
-    d = next_step(PlanConfig(max_concurrency=16), [BASE, *LADDER, *SHORT_RAMP, pt("concurrency", 16, 0.02), *high],
-                  9.0, leading="prefill_compute")
+    assert d.step is not None and (d.step.kind, d.step.value) == ("long", 4)  # below 12: on, to see a cap
+    wide = PlanConfig(max_concurrency=16)
+    short = [*SHORT_RAMP, pt("concurrency", 16, 0.02)]
+    mid = [*ran, *(pt("long", v, 0.040, tokens=256) for v in (3, 4, 6))]
+    d = next_step(wide, [BASE, *LADDER, *short, *mid, pt("long", 8, 0.400, tokens=256)], 9.0, leading="prefill_compute")
+    assert d.step is not None and (d.step.kind, d.step.value) == ("long", 12)  # a cap of 5 or 6 shows there
+    high = [*mid, pt("long", 8, 0.050, tokens=256), pt("long", 12, 0.400, tokens=256)]
+    d = next_step(wide, [BASE, *LADDER, *short, *high], 9.0, leading="prefill_compute")
     assert d.step is None or d.step.kind != "long"
     failing_long = [*ran, pt("long", 3, 0.05, ok=6, errors={"http_5xx": 2}, tokens=256)]
     d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *failing_long], 9.0, leading="prefill_compute")
@@ -299,23 +303,23 @@ def _lone_ttft_s(tokens: float) -> float:
 def test_when_prompt_work_leads_long_prompts_are_mixed_among_short_streams_sized_from_the_ladder() -> None:
     d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 12.0, leading="prefill_compute")
     assert d.step is not None and (d.step.kind, d.step.stage) == ("mixed", "follow-up")
-    # the long prompt's lone TTFT is 10x the baseline's, by the ladder's fit
-    assert _lone_ttft_s(d.step.value) == pytest.approx(10 * BASE.ttft_p50_s, rel=0.02)
+    # the long prompt's lone TTFT is 20x the baseline's, by the ladder's fit
+    assert _lone_ttft_s(d.step.value) == pytest.approx(20 * BASE.ttft_p50_s, rel=0.02)
     assert "head-of-line" in d.step.reason and "interference" in d.step.reason
     ps = d.step.probe_step(RAMPED)
     assert ps.concurrency == 4 and ps.inject_long == (int(d.step.value), 4) and ps.input_tokens == "fixed:64"
     assert ps.output_tokens == "uniform:16-48" and ps.segment == f"mixed={d.step.value:g}"
     # it ran: next the prefix follow-up, never the mixed one again
-    ran = pt("mixed", d.step.value, 0.05, n=32)
+    ran = pt("mixed", d.step.value, 0.05, n=48)
     d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN, ran], 15.0, leading="prefill_compute")
     assert d.step is not None and d.step.kind == "prefix"
 
 
 def test_with_an_itl_target_the_long_prompt_prefills_for_twice_it_below_the_context_limit() -> None:
-    cfg = replace(RAMPED, itl_target_s=0.05)
+    cfg = replace(RAMPED, itl_target_s=0.15)
     d = next_step(cfg, [BASE, *LADDER, *SHORT_RAMP], 8.0, leading="healthy")
-    assert d.step is not None and d.step.kind == "mixed" and "ITL target of 50.0 ms" in d.step.reason
-    assert _lone_ttft_s(d.step.value) == pytest.approx(0.100, rel=0.02)
+    assert d.step is not None and d.step.kind == "mixed" and "ITL target of 150.0 ms" in d.step.reason
+    assert _lone_ttft_s(d.step.value) == pytest.approx(0.300, rel=0.02)  # above 20x the baseline's 10 ms
     tight = replace(cfg, itl_target_s=0.5, context_limit_tokens=2048)
     d = next_step(tight, [BASE, *LADDER, *SHORT_RAMP], 8.0, leading="healthy")
     assert d.step is not None and d.step.value == tight.prompt_limit_tokens  # 1 s of prefill would not fit
