@@ -100,6 +100,9 @@ def test_shared_compute_lets_every_stream_decode_and_claims_no_limit() -> None:
     d = diagnose(tables)
     assert not any(f.category == "kv_cache" or "a limit in requests" in f.title for f in d.findings)
     assert any("6 streams decoded at once at 6 in flight" in p.reason for p in d.passed if p.rule_id == "kv_cache")
+    # nor a queue: TTFT rising with load is the streams sharing the compute
+    assert not any(f.category == "queue" for f in d.findings)
+    assert any("no admission limit holds requests back" in p.reason for p in d.passed if p.rule_id == "queue")
 
 
 def test_without_a_long_ramp_its_features_say_so() -> None:
