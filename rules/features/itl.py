@@ -148,6 +148,10 @@ def interference(ctx: FeatureContext, server: pd.DataFrame | None, client: pd.Da
         good = np.isfinite(a) & np.isfinite(b)
         windows = (a[good], b[good])
         gaps, src = mixed, MIXED_SOURCE
+    if mixed is not None and len(mixed):  # the users' ITL target on its gaps, however few overlap a long prefill
+        _mixed_slo(ctx, mixed["gap_s"].to_numpy())
+    else:
+        ctx.na(("itl_mixed_slo",), "no mixed follow-up (ttft diagnose) in the capture")
     if windows is None and client is not None and len(client):
         st = ctx.steady
         a = num_col(st, "start_ns").to_numpy()
@@ -189,10 +193,6 @@ def interference(ctx: FeatureContext, server: pd.DataFrame | None, client: pd.Da
     tail = g >= np.percentile(g, 99)
     ctx.add("itl_tail_during_prefill_frac", float(during[tail].mean()) if tail.any() else None, source=src)
     ctx.add("itl_tail_gaps_n", float(tail.sum()), source=src)
-    if gaps is mixed:
-        _mixed_slo(ctx, gaps["gap_s"].to_numpy())
-    else:
-        ctx.na(("itl_mixed_slo",), "no mixed follow-up (ttft diagnose) in the capture")
 
 
 def _mixed_slo(ctx: FeatureContext, gaps_s: np.ndarray) -> None:
