@@ -111,10 +111,11 @@ def queue(ctx: RuleContext) -> Outcome:
         return _request_limit(ctx, shift)  # ttft diagnose's long ramp: as many decode at once at either length
     if not all(ctx.has(n) for n in SWEEP):
         return _queue_one_level(ctx)
-    most, top = ctx.v("long_ramp_decode_max"), ctx.v("long_ramp_top")
-    if most is not None and limit is None and ctx.v("long_ramp_decode_cap") is None and not ctx.has("metrics_queue_share"):
+    uncapped = long_ramp_uncapped(ctx)
+    if uncapped is not None and not ctx.has("metrics_queue_share"):
         # the long ramp's streams all decoded together: nothing admitted fewer than came, so what the sweep
         # shows (TTFT rising with load) is compute shared among the streams, not requests held in a line
+        most, top = uncapped
         return (f"ttft diagnose's long ramp: {most:g} streams decoded at once at {top:g} in flight: no admission limit "
                 "holds requests back, so TTFT rising with load is the streams sharing the compute, not a queue")
     # black box: TTFT against concurrency and per-stream decode speed
@@ -390,6 +391,16 @@ def long_ramp_limit(ctx: RuleContext) -> tuple[str | None, float | None]:
     return (None if short_flat else "requests"), shift
 
 
+def long_ramp_uncapped(ctx: RuleContext) -> tuple[float, float] | None:
+    """ttft diagnose's long ramp ran and no cap on what decodes at once showed: (the most of its
+    streams decoding at once, its top level in flight), else None. Without a cap there is no knee
+    ratio, so :func:`long_ramp_limit` is None then too."""
+    most = ctx.v("long_ramp_decode_max")
+    if most is None or ctx.v("long_ramp_decode_cap") is not None:
+        return None
+    return most, ctx.v("long_ramp_top")
+
+
 def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) -> None:
     """The long ramp's evidence: how many streams decode at once at each length, and the shift."""
     lc, sc, tr = ctx.v("long_ramp_decode_cap"), ctx.v("long_ramp_short_decode_cap"), ctx.v("long_ramp_token_ratio")
@@ -503,8 +514,9 @@ def kv_cache(ctx: RuleContext) -> Outcome:
     if limit == "requests":
         return (f"at most {ctx.v('long_ramp_decode_cap'):g} streams decode at once at short and long prompts alike: "
                 "a limit in requests (see queue), not in KV capacity")
-    most, top = ctx.v("long_ramp_decode_max"), ctx.v("long_ramp_top")
-    if most is not None and ctx.v("long_ramp_decode_cap") is None:
+    uncapped = long_ramp_uncapped(ctx)
+    if uncapped is not None:
+        most, top = uncapped
         return (f"ttft diagnose's long ramp: {most:g} streams decoded at once at {top:g} in flight, with "
                 f"{ctx.v('long_ramp_token_ratio') or 0:.1f}x the tokens each: an admission limit (KV or requests) "
                 "would have held them to fewer, so a knee in TTFT is not one")
