@@ -100,8 +100,9 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
                 "alone (no knee)")
 
 
-def mixed_long_tokens(cfg: PlanConfig, points: Sequence[Point]) -> int | None:
-    """The mixed follow-up's long prompt (tokens), or None when the context leaves no room for one."""
+def mixed_long_prompt(cfg: PlanConfig, points: Sequence[Point]) -> tuple[int, float | None] | None:
+    """The mixed follow-up's long prompt: (tokens, its lone TTFT by the ladder's fit, None where TTFT
+    does not follow the prompt), or None when the context leaves no room for one."""
     base = base_point(points)
     fit = prompt_fit(points)
     shortest = MIXED_LONG_MIN_X * cfg.input_tokens
@@ -116,7 +117,9 @@ def mixed_long_tokens(cfg: PlanConfig, points: Sequence[Point]) -> int | None:
     refused = [p.value for p in points if p.kind == "prompt" and p.refused_4xx]
     top = min([cfg.prompt_limit_tokens, *(v - cfg.input_tokens for v in refused)])
     tokens = int(min(max(want, shortest), top))
-    return tokens if tokens >= shortest else None
+    if tokens < shortest:
+        return None
+    return tokens, ((fit[1] + fit[0] * tokens) if fit and fit[0] > 0 else None)
 
 
 def mixed_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | None:
@@ -128,12 +131,12 @@ def mixed_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, le
     ramp = [p for p in points if p.kind == cfg.ramp]
     if not ramp or any(p.error_frac >= 0.05 for p in ramp):
         return None  # no load level ran, or the server is failing under load
-    tokens = mixed_long_tokens(cfg, points)
+    long = mixed_long_prompt(cfg, points)
     base = base_point(points)
-    if tokens is None or base is None:
+    if long is None or base is None:
         return None
-    fit = prompt_fit(points)
-    long_s = (fit[1] + fit[0] * tokens) if fit and fit[0] > 0 else (base.ttft_p50_s or 0.0)
+    tokens, fit_s = long
+    long_s = fit_s if fit_s is not None else (base.ttft_p50_s or 0.0)
     c = min(MIXED_CONCURRENCY, cfg.max_concurrency)
     cost = MIXED_REQUESTS / c * (base.e2e_p50_s or 0.0) + MIXED_REQUESTS / MIXED_EVERY * long_s
     if cost > cfg.budget_s - elapsed_s:
@@ -171,4 +174,4 @@ def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
 
 
 __all__ = ["LONG_LEADS", "MIXED_LEADS", "MIXED_REQUESTS", "PREFIX_GROUPS", "followup_reading", "long_ramp_reading",
-           "mixed_long_tokens", "mixed_reading"]
+           "mixed_long_prompt", "mixed_reading"]
