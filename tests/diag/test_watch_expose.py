@@ -21,6 +21,8 @@ from diag.report.verdict_metrics import VERDICT_STATES, verdict_exposition
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "tui"))
+sys.path.insert(0, str(ROOT / "tests" / "diag" / "engine"))
+from engine_testutil import stop_process  # noqa: E402
 from test_tui_live_faults import _free_port, ttft_serve  # noqa: E402
 
 
@@ -98,8 +100,4 @@ def test_a_server_that_dies_turns_the_exposed_verdict_to_failures(tmp_path: Path
                 fams = _scrape(url) or fams
             assert _state(fams) == "failures"
         finally:
-            watch.send_signal(signal.SIGINT)
-            try:
-                watch.wait(30)
-            except subprocess.TimeoutExpired:
-                watch.kill()
+            stop_process(watch)

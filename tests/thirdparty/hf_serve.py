@@ -3,7 +3,8 @@
 :func:`build_tiny_llama` saves a random-weight Llama (2 layers, hidden 64) with the bundled
 engine's byte-level BPE tokenizer and a plain chat template — no hub access.
 :class:`TransformersServe` runs ``transformers serve MODEL_DIR`` as a subprocess on a free
-loopback port (plain, one request at a time; or ``--continuous-batching``) and stops it.
+loopback port (plain, one request at a time; or ``--continuous-batching``) and stops it;
+:class:`InstrumentedTransformersServe` runs it under ``ttft instrument``.
 
 What this engine exposes (transformers 5.2x, ``transformers/cli/serve.py``): no ``/metrics``,
 no traces; ``usage`` in the last chunk of a stream; a role-only chunk sent before the prompt's
@@ -92,8 +93,9 @@ def serve_command() -> list[str]:
 class TransformersServe:
     """``with TransformersServe(model_dir, continuous_batching=False) as srv: srv.url``.
 
-    Starts the server, waits until ``/health`` answers (``start_timeout_s``), and on exit sends
-    SIGINT, then kills it if it has not stopped within 10 s. The log is ``srv.log_path``.
+    Starts the server, waits until ``/health`` answers (``start_timeout_s``), and on exit
+    (or :meth:`stop`) sends SIGINT, then SIGTERM, then kills it, each when it has not stopped within
+    10 s (``srv.killed``). The log is ``srv.log_path``.
     """
 
     def __init__(self, model_dir: Path, continuous_batching: bool = False, start_timeout_s: float = 90.0,
@@ -107,6 +109,7 @@ class TransformersServe:
         self.log_path = self.model_dir.parent / f"serve-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_s: float | None = None
+        self.killed = False
 
     def command(self) -> list[str]:
         """The server's command line (``__enter__`` runs it)."""
@@ -136,15 +139,27 @@ class TransformersServe:
         self.__exit__()
         raise RuntimeError(f"transformers serve did not answer /health in {self.start_timeout_s:g} s: {self.log_tail()}")
 
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
+    def stop(self) -> int | None:
+        """Stop the server (if it runs); its exit code, None if it never started."""
+        if self.proc is None:
+            return None
+        # transformers serve --continuous-batching does not exit on SIGINT by itself (its CB loop
+        # thread is not a daemon; the same without ttft instrument): SIGTERM follows, as a supervisor would send
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
+                try:
+                    self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
+        if self.proc.poll() is None:
+            self.killed = True
             self.proc.kill()
             self.proc.wait(5)
+        return self.proc.returncode
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def log_tail(self, n_chars: int = 2000) -> str:
         try:
@@ -160,14 +175,15 @@ def ttft_command() -> list[str]:
 
 
 class InstrumentedTransformersServe(TransformersServe):
-    """The same server under ``ttft instrument --capture CAPTURE_DIR [INSTRUMENT_ARGS] -- transformers serve ...``."""
+    """The same server under ``ttft instrument --capture CAPTURE_DIR [INSTRUMENT_ARGS] -- transformers serve ...``
+    (``capture_dir`` None: no ``--capture``, e.g. ``INSTRUMENT_ARGS`` ``--otlp URL``)."""
 
-    def __init__(self, model_dir: Path, capture_dir: Path, instrument_args: list[str] | None = None,
+    def __init__(self, model_dir: Path, capture_dir: Path | None, instrument_args: list[str] | None = None,
                  **kwargs: object) -> None:
         super().__init__(model_dir, **kwargs)  # type: ignore[arg-type]
-        self.capture_dir = Path(capture_dir)
+        self.capture_dir = Path(capture_dir) if capture_dir is not None else None
         self.instrument_args = list(instrument_args or [])
 
     def command(self) -> list[str]:
-        return [*ttft_command(), "instrument", "--capture", str(self.capture_dir), *self.instrument_args, "--",
-                *super().command()]
+        capture = ["--capture", str(self.capture_dir)] if self.capture_dir is not None else []
+        return [*ttft_command(), "instrument", *capture, *self.instrument_args, "--", *super().command()]

@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, ru
 from diag import stages  # noqa: E402
 from diag.analysis import analyze_paths  # noqa: E402
 
-from hf_serve import _free_port, build_tiny_llama, serve_command  # noqa: E402
+from hf_serve import CB_SMALL_CACHE_ARGS, InstrumentedTransformersServe, build_tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -32,74 +29,12 @@ def tiny_llama(tmp_path_factory):
     return build_tiny_llama(tmp_path_factory.mktemp("hf") / "tiny-llama")
 
 
-def _ttft_command() -> list[str]:
-    exe = Path(sys.executable).with_name("ttft")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "diag"]
-
-
-class InstrumentedServe:
-    """``ttft instrument --capture SRV -- transformers serve MODEL …`` on a free port; SIGINT on exit."""
-
-    def __init__(self, model_dir: Path, capture: Path, continuous_batching: bool) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = capture.parent / f"instrumented-{self.port}.log"
-        self.cmd = [*_ttft_command(), "instrument", "--capture", str(capture), "--",
-                    *serve_command(), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port),
-                    "--device", "cpu"]
-        if continuous_batching:  # a small paged KV cache: the default sizes it from free memory
-            self.cmd += ["--continuous-batching", "--cb-num-blocks", "128", "--cb-block-size", "32"]
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.killed = False
-
-    def __enter__(self) -> InstrumentedServe:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log_tail()
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.25)
-        self.stop()
-        raise AssertionError(f"no /health in 90 s: {self.log_tail()}")
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        # transformers serve --continuous-batching does not exit on SIGINT by itself (its CB loop
-        # thread is not a daemon; the same without us): SIGTERM follows, as a supervisor would send
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            if self.proc.poll() is None:
-                self.proc.send_signal(sig)
-                try:
-                    self.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    pass
-        if self.proc.poll() is None:
-            self.killed = True
-            self.proc.kill()
-            self.proc.wait(5)
-        return self.proc.returncode
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return "(no log)"
-
-
 @pytest.mark.parametrize("continuous_batching", [False, True], ids=["plain", "continuous-batching"])
 def test_instrumented_transformers_serve_joins_every_stage(tiny_llama, tmp_path, continuous_batching):
     srv_dir, cli_dir = tmp_path / "srv", tmp_path / "cli"
-    with InstrumentedServe(tiny_llama, srv_dir, continuous_batching) as srv:
+    extra = CB_SMALL_CACHE_ARGS if continuous_batching else None
+    with InstrumentedTransformersServe(tiny_llama, srv_dir, continuous_batching=continuous_batching,
+                                       extra_args=extra) as srv:
         cfg = ProbeConfig(srv.url, api="chat", load=LoadSpec(concurrency=2, requests=6, warmup_requests=1),
                           workload=WorkloadSpec(LengthSpec.parse("32"), LengthSpec.parse("6")),
                           timeout_s=60, output=cli_dir)
@@ -147,9 +82,7 @@ def test_instrumented_transformers_serve_exports_to_an_otlp_endpoint(tiny_llama,
     writer = CaptureWriter(tmp_path / "recv", meta={"command": "receive"})
     receiver = OTLPReceiver(writer.append_span_request, host="127.0.0.1", port=0)
     host, port = receiver.start()
-    srv = InstrumentedServe(tiny_llama, tmp_path / "unused", False)
-    i = srv.cmd.index("--capture")
-    srv.cmd[i:i + 2] = ["--otlp", f"http://{host}:{port}"]
+    srv = InstrumentedTransformersServe(tiny_llama, None, ["--otlp", f"http://{host}:{port}"])
     try:
         with srv:
             cfg = ProbeConfig(srv.url, api="chat", load=LoadSpec(concurrency=1, requests=2, warmup_requests=0),
@@ -161,7 +94,6 @@ def test_instrumented_transformers_serve_exports_to_an_otlp_endpoint(tiny_llama,
         receiver.stop()
         writer.close()
     assert res.metrics["requests"]["ok"] == 2, srv.log_tail()
-    assert not (tmp_path / "unused").exists()
     a = analyze_paths([tmp_path / "cli", tmp_path / "recv"], run_rules=False)
     joined = a.tables.requests.loc[lambda r: r["has_server"] & r["has_client"] & ~r["warmup"]]
     assert len(joined) == 2 and joined[list(MEASURED)].notna().all().all()
@@ -176,9 +108,7 @@ def test_tracing_paused_by_the_toggle_signal_records_no_request_until_resumed(ti
     """``--toggle-signal USR2 --paused``: requests while paused leave no span; after ``kill -USR2`` they
     are traced in full; meta.json lists the flip."""
     srv_dir = tmp_path / "srv"
-    srv = InstrumentedServe(tiny_llama, srv_dir, False)
-    i = srv.cmd.index("--capture")
-    srv.cmd[i + 2:i + 2] = ["--toggle-signal", "USR2", "--paused"]
+    srv = InstrumentedTransformersServe(tiny_llama, srv_dir, ["--toggle-signal", "USR2", "--paused"])
 
     def probe(out: Path) -> dict:
         cfg = ProbeConfig(srv.url, api="chat", load=LoadSpec(concurrency=1, requests=2, warmup_requests=0),

@@ -31,6 +31,16 @@ def spans_by_request(spans) -> dict[int, dict[str, list[Any]]]:
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def stop_process(proc: subprocess.Popen) -> int:
+    """SIGINT (a ``ttft`` command flushes its capture), 30 s to exit, then kill; the exit code."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
 @contextlib.contextmanager
 def serve_process(cmd: list[str]) -> Iterator[tuple[subprocess.Popen, str]]:
     """Run a ``ttft serve`` command line from the repository root; yield (process, its first
@@ -42,9 +52,4 @@ def serve_process(cmd: list[str]) -> Iterator[tuple[subprocess.Popen, str]]:
         assert proc.stdout is not None
         yield proc, proc.stdout.readline()
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
