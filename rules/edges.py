@@ -7,13 +7,18 @@ from rules.scheduling import served_in_line
 
 
 def startup_note(ctx: RuleContext) -> str | None:
-    """The start-up line reported apart, e.g. "start-up 0.41 s: load 0.32 s, warm-up 0.10 s — not TTFT"."""
+    """The start-up line reported apart, e.g. "start-up 0.41 s: load 0.32 s, warm-up 0.10 s — not TTFT";
+    a server the probe waited for first ("not serving for 41.0 s at first contact (connection refused)")."""
     load = ctx.v("cold_start_s", 0.0) or 0.0
     n_out = ctx.v("cold_start_outliers_n", 0) or 0
     excess = ctx.v("cold_start_outlier_excess_s", 0.0) or 0.0
-    if not load and not n_out:
+    not_serving = ctx.v("cold_start_not_serving_s", 0.0) or 0.0
+    if not load and not n_out and not not_serving:
         return None
     parts = []
+    if not_serving:
+        seen = ctx.features.get("cold_start_not_serving_s").source
+        parts.append(f"not serving for {not_serving:.1f} s at first contact" + (f" ({seen})" if seen else ""))
     if load:
         phases = ctx.v("cold_start_by_phase_s") or {}
         parts.append(f"start-up {load:.2f} s" + (": " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())

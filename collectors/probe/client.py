@@ -37,6 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from collectors.probe.ready import NOT_SERVING_STATUSES, ReadyWait, loading_message
 from collectors.spans import NULL_REQUEST, RequestTrace, TraceSink
 from diag import stages
 
@@ -200,6 +201,17 @@ class Endpoint:
         return self.base_url + _PATHS[self.api]
 
 
+def _why(raw: bytes) -> str:
+    """': Loading model' when a refusal's body says why, else ''."""
+    why = loading_message(raw[:512].decode("utf-8", "replace"))
+    return f": {why}" if why else ""
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The bearer-token header for ``api_key`` (none without one); the key is never recorded."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def split_url(url: str) -> tuple[str, str | None]:
     """``http://h:p[/v1[/chat]/completions]`` -> (base ``http://h:p[/prefix]``, api or None)."""
     if "://" not in url:
@@ -344,9 +356,7 @@ class StreamingClient:
         self.session: aiohttp.ClientSession | None = None
         # perf_counter_ns -> Unix ns: one offset for the whole run (monotonic intervals)
         self.offset_ns = time.time_ns() - time.perf_counter_ns()
-        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **auth_headers(api_key)}
 
     @property
     def exact_output(self) -> bool:
@@ -680,16 +690,19 @@ async def resolve_endpoint(
     model: str | None = None,
     api_key: str | None = None,
     timeout_s: float = 10.0,
+    ready: ReadyWait | None = None,
 ) -> tuple[Endpoint, list[str]]:
     """Find the API and model: URL path or ``api``; else try completions, then chat.
 
     Returns (endpoint, notes). The model comes from ``GET /v1/models`` when not given (the
-    first listed). Detection requests are one-token and are not part of the results.
+    first listed). Detection requests are one-token and are not part of the results. With
+    ``ready`` (the wait for a starting server), a detection answered 502/503/504 is sent again
+    while that wait has time left.
     """
     base, api_from_url = split_url(url)
     notes: list[str] = []
     api = api or api_from_url
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         if model is None:
@@ -716,15 +729,19 @@ async def resolve_endpoint(
             else:
                 body["prompt"] = "hi"
             try:
-                sent_ns = time.time_ns()
-                async with session.post(base + _PATHS[candidate], json=body) as r:
-                    await r.read()
-                    if r.status < 400:
-                        notes.append(f"API detected: {candidate} ({_PATHS[candidate]} answered {r.status})")
-                        contact = {"request": "api_detection", "sent_ns": sent_ns,
-                                   "answer_s": (time.time_ns() - sent_ns) / 1e9, "output_tokens": 1}
-                        return Endpoint(base, candidate, model, detected=True, first_contact=contact), notes
-                    notes.append(f"{_PATHS[candidate]} answered {r.status}")
+                while True:
+                    sent_ns = time.time_ns()
+                    async with session.post(base + _PATHS[candidate], json=body) as r:
+                        raw = await r.read()
+                    if r.status not in NOT_SERVING_STATUSES or ready is None or not await ready.again(
+                            f"HTTP {r.status} to {_PATHS[candidate]}" + _why(raw)):
+                        break
+                if r.status < 400:
+                    notes.append(f"API detected: {candidate} ({_PATHS[candidate]} answered {r.status})")
+                    contact = {"request": "api_detection", "sent_ns": sent_ns,
+                               "answer_s": (time.time_ns() - sent_ns) / 1e9, "output_tokens": 1}
+                    return Endpoint(base, candidate, model, detected=True, first_contact=contact), notes
+                notes.append(f"{_PATHS[candidate]} answered {r.status}")
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 notes.append(f"{_PATHS[candidate]}: {type(exc).__name__}")
                 break  # the server is not reachable: do not try the other path

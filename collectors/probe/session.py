@@ -22,9 +22,10 @@ from collectors.probe import health as health_mod
 from collectors.probe.affinity import available_cpus
 from collectors.probe.alongside import Alongside
 from collectors.probe.client import (OPTIONAL_ELEMENT_TEXT, OPTIONAL_ELEMENTS, Endpoint, RequestResult,
-                                     StreamingClient, resolve_endpoint)
+                                     StreamingClient, auth_headers, resolve_endpoint, split_url)
 from collectors.probe.load import PROBE_PROVIDER, LoadSpec, PhaseOutcome, run_phase, run_phase_in_workers
 from collectors.probe.metrics import DEFINITIONS, compute_metrics
+from collectors.probe.ready import NOT_SERVING_STATUSES, ReadyWait, wait_until_serving
 from collectors.probe.spans_io import drain_span_lines
 from collectors.probe.sweep import SweepSpec, label, point_load, stop_reason
 from collectors.probe.workload import LengthSpec, TokenCounter, Workload, WorkloadSpec
@@ -71,6 +72,10 @@ class ProbeConfig:
     cpus: tuple[int, ...] | None = None
     #: also export the client spans over OTLP/HTTP to this URL (``--otlp``, or OTEL_EXPORTER_OTLP_* )
     otlp_endpoint: str | None = None
+    #: seconds to wait for a server that is not serving yet (refused, 503 loading; ``--wait-ready``)
+    wait_ready_s: float = 0.0
+    #: told one line at once when the server is not serving yet (the CLI prints it on stderr)
+    on_wait: Callable[[str], None] | None = None
 
 
 #: 4xx answers that no optional element causes: auth, path, method, rate limits.
@@ -135,19 +140,27 @@ class ProbeSession:
             frozenset() if config.workload.exact_output else frozenset({"exact_output"}))
         #: what the compatibility check found (meta.json ``probe.compat``)
         self.compat: dict[str, Any] = {}
+        #: the wait for a server not serving yet (meta.json ``probe.ready``; None without --wait-ready)
+        self.ready: ReadyWait | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def __aenter__(self) -> ProbeSession:
         cfg = self.config
+        ready: ReadyWait | None = None
+        if cfg.wait_ready_s > 0:
+            ready = await wait_until_serving(split_url(cfg.url)[0], cfg.wait_ready_s, auth_headers(cfg.api_key),
+                                             cfg.on_wait)
         self.endpoint, notes = await resolve_endpoint(cfg.url, cfg.api, cfg.model, cfg.api_key,
-                                                      timeout_s=min(cfg.timeout_s, 30.0))
+                                                      timeout_s=min(cfg.timeout_s, 30.0), ready=ready)
+        self.ready = ready
         self.notes.extend(notes)
         if self.writer is None and cfg.output is not None:
             self.writer = CaptureWriter(cfg.output)
         self.sink = setup_tracing(service_name="ttft-probe", memory=True, otlp_endpoint=cfg.otlp_endpoint,
                                   provider_name=PROBE_PROVIDER)
         self._write_meta_start()
+        self._record_ready()
         self._record_first_contact()
         count = self.tokenizer.count if self.tokenizer is not None else None
         self.client = StreamingClient(self.endpoint, self.pool_size, **self._client_kwargs(), sink=self.sink)
@@ -155,6 +168,8 @@ class ProbeSession:
         await self.client.open()
         if cfg.compat_check:
             await self._check_compat()
+        if ready is not None and ready.seen:
+            self.notes.append(ready.line())
         if self.tokenizer is None and not cfg.workload.prompts_file:
             await self._calibrate()
         self.monitor = health_mod.HealthMonitor()
@@ -172,6 +187,10 @@ class ProbeSession:
         assert self.client is not None
         item = PromptItem(prompt=self.workload.calibration_text(16), max_tokens=2)
         first = await self.client.request(item, "compat-0", "compat", warmup=True)
+        while (first.status in NOT_SERVING_STATUSES and self.ready is not None
+               and await self.ready.again(first.error_detail or f"HTTP {first.status}")):
+            self._record_ready()
+            first = await self.client.request(item, "compat-0", "compat", warmup=True)
         self.compat = {"first_status": first.status, "first_error": first.error, "dropped": sorted(self.dropped),
                        "refused": []}
         if self.endpoint is not None and self.endpoint.first_contact is None and first.error is None and first.last_ns:
@@ -208,6 +227,10 @@ class ProbeSession:
             self.compat["refused"] = sorted(refused)
         self.compat["dropped"] = sorted(self.dropped)
         self._record_compat()
+
+    def _record_ready(self) -> None:
+        if self.writer is not None and self.ready is not None:
+            self.writer.update_meta(probe={"ready": self.ready.to_meta()})
 
     def _record_first_contact(self) -> None:
         if self.writer is not None and self.endpoint is not None and self.endpoint.first_contact:

@@ -59,6 +59,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json for exact prompt lengths")
     p.add_argument("--rules", metavar="FILE", help="TOML file overriding rule thresholds")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds without a byte before a request fails (default 30)")
+    p.add_argument("--wait-ready", type=float, default=60.0, metavar="S",
+                   help="wait this long for a server that is not serving yet (connection refused, HTTP 503 "
+                        "'Loading model'), reported as start-up; 0 does not wait (default 60)")
     p.add_argument("--seed", type=int, default=0, help="random seed for prompts and arrivals")
     p.add_argument("-o", "--output", metavar="CAPTURE", help="capture directory (default: diagnose-YYYYmmdd-HHMMSS)")
     p.add_argument("--json", action="store_true", help="print the run and the verdict as JSON on stdout")
@@ -138,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         raise _usage(str(exc).replace("max_prompt_tokens", "--max-prompt").replace("_", "-")) from exc
     if args.timeout <= 0:
         raise _usage("--timeout must be > 0")
+    if args.wait_ready < 0:
+        raise _usage("--wait-ready must be >= 0")
     for j in args.join:
         if not Path(j).exists():
             raise _usage(f"--join {j}: no such capture")
@@ -152,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                          api_key=args.api_key or os.environ.get("OPENAI_API_KEY"), slo=slo_option(args.slo),
                          metrics_url=args.metrics, join=list(args.join), rules_file=args.rules,
                          tokenizer_path=args.tokenizer, exact_output=not args.no_exact_output, dropped=dropped,
-                         timeout_s=args.timeout, seed=args.seed)
+                         timeout_s=args.timeout, seed=args.seed, wait_ready_s=args.wait_ready)
     live = None if args.no_progress else _Live()
     res = run_diagnose(cfg, on_event=live, progress=live.bar if live is not None else None)
     if args.json:

@@ -76,6 +76,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--cpus", metavar="LIST", help="pin the probe's processes to these CPUs, e.g. 3 or 2-3 (keep the client "
                    "off the engine's cores when both share a machine; each worker its own CPU when there are enough)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds without a byte before a request fails (default 60)")
+    p.add_argument("--wait-ready", type=float, default=60.0, metavar="S",
+                   help="wait this long for a server that is not serving yet (connection refused, HTTP 503 "
+                        "'Loading model'), reported as start-up; 0 does not wait (default 60)")
     p.add_argument("--seed", type=int, default=0, help="random seed for prompts and arrivals")
     p.add_argument("--record-prompts", action="store_true", help="store prompt text on the spans (off by default)")
     p.add_argument("-o", "--output", metavar="CAPTURE", help="capture directory to write (default: probe-YYYYmmdd-HHMMSS)")
@@ -153,6 +156,8 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
             raise _usage(str(exc)) from exc
     if args.timeout <= 0:
         raise _usage("--timeout must be > 0")
+    if args.wait_ready < 0:
+        raise _usage("--wait-ready must be >= 0")
     from collectors.otel_env import check_protocol, endpoint_from_env
 
     otlp = args.otlp if args.otlp is not None else endpoint_from_env()
@@ -204,6 +209,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
         dropped=frozenset(e for e, off in (("x_request_id", args.no_request_id), ("traceparent", args.no_traceparent),
                                            ("stream_options", args.no_stream_options)) if off),
         compat_check=not args.no_compat_check, cpus=cpus, otlp_endpoint=otlp,
+        wait_ready_s=args.wait_ready, on_wait=lambda line: print(line, file=sys.stderr, flush=True),
     )
     sweep = None
     if args.sweep:

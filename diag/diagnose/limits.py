@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from collectors.probe.client import split_url
+from collectors.probe.client import auth_headers, split_url
 
 #: Keys of a ``/v1/models`` entry that give the context limit in tokens (see the module docstring).
 CONTEXT_KEYS: tuple[str, ...] = ("max_model_len",)
@@ -43,7 +43,7 @@ async def context_limit(url: str, model: str | None, api_key: str | None = None,
                         timeout_s: float = 10.0) -> tuple[int | None, str]:
     """(context limit in tokens or None, where it came from / why not)."""
     base, _ = split_url(url)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers) as s:
             async with s.get(base + "/v1/models") as r:

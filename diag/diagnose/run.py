@@ -65,6 +65,8 @@ class DiagnoseConfig:
     dropped: frozenset[str] = frozenset()
     timeout_s: float = 30.0
     seed: int = 0
+    #: seconds to wait for a server that is not serving yet (refused, 503 loading), reported as start-up
+    wait_ready_s: float = 60.0
 
 
 class _Run:
@@ -103,10 +105,6 @@ class _Run:
         if cfg.output.exists() and (not cfg.output.is_dir() or any(cfg.output.iterdir())):
             raise DiagnoseError(f"{cfg.output}: exists and is not empty (a capture holds one run: choose another -o)")
         self.contact_unix_s = time.time()
-        limit, how = await context_limit(cfg.url, cfg.model, cfg.api_key)
-        self.note(how)
-        if limit:
-            self.plan = replace(self.plan, context_limit_tokens=limit)
         itl = [v for k, v in (cfg.slo or {}).items() if k.startswith("itl_")]
         if itl and self.plan.itl_target_s is None:
             self.plan = replace(self.plan, itl_target_s=min(itl))
@@ -117,7 +115,8 @@ class _Run:
             workload=WorkloadSpec(LengthSpec("fixed", pc.input_tokens), LengthSpec("fixed", pc.output_tokens),
                                   exact_output=cfg.exact_output, seed=cfg.seed),
             tokenizer_path=cfg.tokenizer_path, timeout_s=cfg.timeout_s, slo=cfg.slo, metrics_url=cfg.metrics_url,
-            progress=self.progress, dropped=cfg.dropped, concurrency_set=True)
+            progress=self.progress, dropped=cfg.dropped, concurrency_set=True,
+            wait_ready_s=cfg.wait_ready_s, on_wait=self.note)
         writer = CaptureWriter(cfg.output, meta={"kind": "diagnose"})  # known to the rules from the first step
         self.t0 = time.monotonic()
         task = asyncio.current_task()
@@ -129,7 +128,12 @@ class _Run:
                     self.note(n)
                 first_error = session.compat.get("first_error")
                 if first_error in ("connect_refused", "connect_error", "timeout"):
-                    raise DiagnoseError(f"{cfg.url}: the server did not answer ({first_error})")
+                    waited = f" in {session.ready.waited_s:.0f} s (--wait-ready)" if session.ready else ""
+                    raise DiagnoseError(f"{cfg.url}: the server did not answer ({first_error}){waited}")
+                limit, how = await context_limit(cfg.url, cfg.model, cfg.api_key)
+                self.note(how)
+                if limit:
+                    self.plan = replace(self.plan, context_limit_tokens=limit)
                 try:
                     await self._steps(session)
                 except asyncio.CancelledError:
@@ -142,6 +146,8 @@ class _Run:
             if self.final is not None:
                 self.startup = startup_of(self.final, [r.point for r in self.records if r.point is not None],
                                         self.contact_unix_s)
+            if session.ready is not None and session.ready.not_serving_s > 0:
+                self.startup.update(not_serving_s=session.ready.not_serving_s, not_serving=list(session.ready.seen))
             self.result = self._result()
             writer.update_meta(kind="diagnose", diagnose=self.result.to_dict(with_analysis=False))
         finally:

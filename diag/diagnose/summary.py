@@ -37,7 +37,10 @@ def format_result(res: DiagnoseResult, analysis_text: str | None = None) -> str:
             lines.append(f"     running verdict: {r.verdict} ({r.confidence:.2f})")
     lines.append(f"stopped: {res.stopped}")
     su = res.startup
-    if su:
+    if su.get("not_serving_s"):
+        lines.append(f"start-up: the server was not serving for {fmt_s(su['not_serving_s'])} at first contact "
+                     f"({', then '.join(su.get('not_serving') or [])}) — waited for (--wait-ready), reported apart")
+    if su.get("startup_s") is not None:
         wait = su.get("waited_before_first_s", 0.0)
         lines.append(f"start-up ≈ {fmt_s(su['startup_s'])}: the first answered request was sent {fmt_s(wait)} after the "
                      f"first contact and took {fmt_s(su['first_ttft_s'])} to its first token, a warm one "

@@ -122,6 +122,10 @@ def cold_start_outliers(ctx: FeatureContext) -> None:
     probe's first contact (API detection or compatibility check, before the run and not one of
     its requests) counts as one more when it was answered far above the shortest prompts' TTFT.
     """
+    not_serving, seen = _not_serving(ctx)
+    ctx.add("cold_start_not_serving_s", not_serving, None if not_serving is not None else
+            "the probe did not wait for the server (or the capture does not say: meta.json probe.ready)",
+            source=seen or None)
     ok = ctx.ok
     n = len(ok)
     ctx.steady = ok
@@ -202,6 +206,21 @@ def _first_contact(ctx: FeatureContext) -> float | None:
     if ctx.window_ns is not None and not (isinstance(sent, (int, float)) and ctx.window_ns[0] <= sent < ctx.window_ns[1]):
         return None
     return float(answer)
+
+
+def _not_serving(ctx: FeatureContext) -> tuple[float | None, str]:
+    """(seconds, what was seen) the server was not serving when the probe first contacted it
+    (connection refused, HTTP 503 "Loading model": meta.json ``probe.ready``, written when the
+    probe waited for it); 0 s when it served at once. Start-up, reported apart: no request of
+    the run waited for it."""
+    probe = ctx.meta.get("probe") if isinstance(ctx.meta, dict) else None
+    ready = probe.get("ready") if isinstance(probe, dict) else None
+    if not isinstance(ready, dict):
+        return None, ""
+    value, seen = ready.get("not_serving_s"), ready.get("seen")
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None, ""
+    return float(value), ", then ".join(str(x) for x in seen) if isinstance(seen, list) else ""
 
 
 def _far_above_steady(answer_s: float, ttft: np.ndarray, tokens: np.ndarray, factor: float) -> float | None:

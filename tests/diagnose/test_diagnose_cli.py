@@ -23,6 +23,7 @@ def _free_port() -> int:
     (["--max-concurrency", "0"], "max-concurrency must be >= 1"),
     (["--slo", "ttft=2s"], "bad SLO item 'ttft=2s'"),
     (["--join", "/nonexistent/capture"], "--join /nonexistent/capture: no such capture"),
+    (["--wait-ready", "-1"], "--wait-ready must be >= 0"),
 ])
 def test_bad_options_are_one_line_errors(argv, message, capsys, tmp_path) -> None:  # noqa: ANN001
     rc = cli.main(["diagnose", "http://127.0.0.1:9", "-o", str(tmp_path / "out"), *argv])
@@ -31,9 +32,11 @@ def test_bad_options_are_one_line_errors(argv, message, capsys, tmp_path) -> Non
 
 
 def test_a_server_that_does_not_answer_is_a_one_line_error(capsys, tmp_path) -> None:  # noqa: ANN001
-    rc = cli.main(["diagnose", f"http://127.0.0.1:{_free_port()}", "-o", str(tmp_path / "out"), "--no-progress"])
+    rc = cli.main(["diagnose", f"http://127.0.0.1:{_free_port()}", "-o", str(tmp_path / "out"), "--no-progress",
+                   "--wait-ready", "1"])
     err = capsys.readouterr().err
-    assert rc == 2 and "the server did not answer (connect_refused)" in err and err.count("\n") == 1, err
+    assert rc == 2 and "the server did not answer (connect_refused) in 1 s (--wait-ready)" in err, err
+    assert err.count("\n") == 1, err
 
 
 def test_an_output_directory_that_holds_a_capture_is_refused(capsys, tmp_path) -> None:  # noqa: ANN001

@@ -11,8 +11,10 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -218,6 +220,31 @@ def test_a_server_still_loading_its_model_is_a_cold_start_from_its_first_answer(
     assert res.startup["startup_s"] >= 2.0  # and start-up is reported apart
     meta = json.loads((res.capture / "meta.json").read_text())
     assert meta["probe"]["first_contact"]["request"] == "api_detection"
+    _check_capture(res)
+
+
+def test_a_server_that_refuses_connections_while_it_loads_is_waited_for_and_reported_apart(tmp_path: Path) -> None:
+    # as vLLM does: the port is taken while the model loads (3 s here, after torch's import) and
+    # nothing answers until it is loaded; diagnose starts at once, waits, then diagnoses
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    eng = EngineProcess(["--port", str(port), "--inject", "load_delay_s=3", "--threads", "1"])
+    starting = threading.Thread(target=eng.start, daemon=True)
+    starting.start()
+    try:
+        res = run_diagnose(DiagnoseConfig(f"http://127.0.0.1:{port}", tmp_path / "cap", PlanConfig(budget_s=60),
+                                          wait_ready_s=120))
+    finally:
+        starting.join(180)
+        eng.stop()
+    text = format_result(res, format_analysis(res.analysis) if res.analysis else None)
+    print(text)
+    assert res.startup["not_serving_s"] >= 3.0 and res.startup["not_serving"] == ["connection refused"]
+    assert "start-up: the server was not serving for" in text
+    assert res.analysis.diagnosis.verdict.category not in ("failures", "no_data", "cold_start")
+    assert any("not serving for" in n and "not TTFT" in n for n in res.analysis.diagnosis.notes)
+    assert res.analysis.decomposition["requests"] >= 10
     _check_capture(res)
 
 

@@ -6,7 +6,10 @@ Modes: ok, slow, http400, http503, malformed, empty, midclose, hang, json, nousa
 crlf, flaky (every 3rd request 503), cap2 (503 when more than 2 are in flight), and servers that
 refuse one optional element as real ones do: uuid-rid (400, empty body, unless X-Request-Id is
 a UUID), no-tp (400 on a traceparent header), strict (422 on min_tokens/ignore_eos, as
-``transformers serve``), no-so (400 on stream_options), strict-all (all four at once).
+``transformers serve``), no-so (400 on stream_options), strict-all (all four at once); and servers
+that load their model until ``FakeServer.loading_until`` (time.monotonic()) as llama.cpp's does:
+loading (503 "Loading model" on every path, /v1/models too), loading-gen (older builds: /v1/models
+answers, generation 503s).
 Every request is logged (headers, arrival time, first content send time).
 """
 
@@ -18,6 +21,8 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +49,11 @@ class FakeServer:
     in_flight: int = 0
     max_in_flight: int = 0
     counter: int = 0
+    #: time.monotonic() until which the loading modes answer 503 "Loading model"
+    loading_until: float = 0.0
+
+    def loading(self, mode: str) -> bool:
+        return mode in ("loading", "loading-gen") and time.monotonic() < self.loading_until
 
     def url(self, mode: str) -> str:
         return f"{self.base}/{mode}"
@@ -51,6 +61,7 @@ class FakeServer:
     def reset(self) -> None:
         self.log.clear()
         self.in_flight = self.max_in_flight = self.counter = 0
+        self.loading_until = 0.0
 
 
 def _chunk(chat: bool, text: str | None, role: bool = False, finish: str | None = None) -> bytes:
@@ -70,8 +81,16 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
+def loading_answer() -> web.Response:
+    """llama.cpp's answer while it loads (its error body's shape)."""
+    return web.json_response({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
+                             status=503)
+
+
 def make_app(state: FakeServer) -> web.Application:
     async def models(request: web.Request) -> web.Response:
+        if request.match_info["mode"] == "loading" and state.loading(request.match_info["mode"]):
+            return loading_answer()
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
     async def metrics(request: web.Request) -> web.Response:
@@ -115,6 +134,8 @@ def make_app(state: FakeServer) -> web.Application:
     async def _respond(request: web.Request, mode: str, chat: bool, body: dict[str, Any], seen: Seen,
                        n: int) -> web.StreamResponse:
         max_tokens = int(body.get("max_tokens") or 4)
+        if state.loading(mode):
+            return loading_answer()
         refused = refusal(request, mode, body)
         if refused is not None:
             return refused
@@ -221,6 +242,46 @@ def fake_server() -> Any:
 def server(fake_server: FakeServer) -> FakeServer:
     fake_server.reset()
     return fake_server
+
+
+@contextmanager
+def _listening_after(delay_s: float) -> Iterator[str]:
+    """A port bound at once that listens (and serves the fake modes) only after ``delay_s``, as
+    vLLM binds before it builds its engine: until then connections are refused."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    loop = asyncio.new_event_loop()
+    holder: dict = {}
+
+    async def serve() -> None:
+        await asyncio.sleep(delay_s)
+        runner = web.AppRunner(make_app(FakeServer(f"http://127.0.0.1:{port}", port)), access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        holder["runner"] = runner
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        loop.create_task(serve())
+        loop.run_forever()
+
+    t = threading.Thread(target=main, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{port}/ok"
+    finally:
+        if "runner" in holder:
+            asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)
+        sock.close()
+
+
+@pytest.fixture
+def listening_after() -> Any:
+    """``with listening_after(s) as url``: a server whose port refuses connections for ``s`` seconds."""
+    return _listening_after
 
 
 @pytest.fixture
