@@ -99,6 +99,9 @@ ATTR_SEGMENT = "ttft.segment"  # a labelled sweep point / workload phase
 #: segments ``long=N``: ttft diagnose's long ramp, N in flight at a long prompt (a designed
 #: experiment, kept out of the steady population and read by the ``long_ramp_*`` features)
 SEGMENT_LONG_RAMP = "long"
+#: segments ``longout=N``: ttft diagnose's long prompt again with N-token answers (kept out of the
+#: steady population, read by the ``long_out_*`` features)
+SEGMENT_LONG_OUT = "longout"
 #: segments ``mixed=N``: ttft diagnose's mixed follow-up, N-token prompts among short streams (kept
 #: out of the steady population, read by the head-of-line and interference features)
 SEGMENT_MIXED = "mixed"

@@ -149,7 +149,9 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     th = ctx.th
     intercept_s = ctx.v("ttft_prompt_intercept_ms", 0.0) / 1e3
     itl = ctx.v("itl_p50_s")
-    p50 = ctx.v("ttft_p50_s")
+    # the fixed part is judged against the TTFT of the requests it was fitted on: a capture that
+    # also holds a load ramp (ttft diagnose) has TTFTs that waiting inflated, not the fit's
+    p50 = ctx.v("ttft_prompt_fit_ttft_p50_s") or ctx.v("ttft_p50_s")
     if not itl or not p50:
         return "needs ITL and TTFT to judge a fixed latency"
     slope = ctx.v("ttft_prompt_slope_ms_per_token")
@@ -173,7 +175,9 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     qth = ctx.th_of("queue")
     inline = ctx.v("ttft_inline_ratio")
     line_explains = inline is not None and qth["bb_inline_ratio_min"] <= inline <= qth["bb_inline_ratio_max"]
-    if any(served_in_line(ctx)) and line_explains and (ctx.v("inflight_at_arrival_p50") or 1) > 1:
+    # fitted on lone requests (nearly all alone in flight at arrival): no line was ahead of them
+    alone = (ctx.v("ttft_prompt_fit_alone_frac") or 0.0) >= float(th["bb_fit_alone_min"])
+    if not alone and any(served_in_line(ctx)) and line_explains and (ctx.v("inflight_at_arrival_p50") or 1) > 1:
         # waiting in line is also a fixed part no prompt token explains: it is the queue's (see queue)
         return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is waiting in line: requests are served one "
                 "after another (see queue)")
@@ -184,8 +188,11 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     t.crossed("fixed part of TTFT / ITL p50", steps, "bb_intercept_itl_min", "steps",
               f"the TTFT-vs-prompt intercept {intercept_s * 1e3:.1f} ms: latency no prompt token explains")
     t.crossed("fixed part of TTFT / TTFT p50", share, "bb_intercept_share_min", "share",
-              "most of what users wait for is not prompt processing")
+              "most of what users wait for is not prompt processing"
+              + (" (TTFT of the lone requests the fit is over)" if alone else ""))
     s, pct = ctx.explained(min(share, 1.0))
+    if alone and ctx.ttft_p95_s:  # a fixed latency is that many seconds of every request's TTFT, no more
+        s, pct = intercept_s, min(100.0, 100.0 * intercept_s / ctx.ttft_p95_s)
     return finding("A fixed latency outside the engine's compute dominates TTFT: network, proxy or front end (black box)",
                    t.confidence(0.7, black_box=True), s, pct, t.evidence, NETWORK_CHECKS + ["join a server capture (OTLP spans) to split network from the "
                                                    "server's front end"],

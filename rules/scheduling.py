@@ -108,7 +108,8 @@ def queue(ctx: RuleContext) -> Outcome:
         return finding(title, t.confidence(0.95), s, pct, t.evidence, checks)
     limit, shift = long_ramp_limit(ctx)
     if limit == "requests":
-        return _request_limit(ctx, shift)  # ttft diagnose's long ramp: as many decode at once at either length
+        # ttft diagnose's long ramp: as many decode at once at either length, unless longer answers overlap more
+        return long_out_refutes(ctx) or _request_limit(ctx, shift)
     if not all(ctx.has(n) for n in SWEEP):
         return _queue_one_level(ctx)
     uncapped = long_ramp_uncapped(ctx)
@@ -391,6 +392,24 @@ def long_ramp_limit(ctx: RuleContext) -> tuple[str | None, float | None]:
     return (None if short_flat else "requests"), shift
 
 
+def long_out_refutes(ctx: RuleContext) -> str | None:
+    """Why ttft diagnose's longout follow-up refutes the long ramp's cap as a limit on what runs at
+    once, or None: with answers several times longer, clearly more streams decoded at once (at
+    least ``long_out_rise_min`` x the cap and the cap + 2). A limit in tokens or in requests would
+    have held them to as many or fewer; the cap was how far short decode windows overlap behind a
+    stage that takes prompts one at a time before the engine (a tokenizer, a front end)."""
+    cap, most, x = ctx.v("long_ramp_decode_cap"), ctx.v("long_out_decode_max"), ctx.v("long_out_output_x")
+    th = ctx.th_of("kv_cache")
+    if cap is None or most is None or x is None or x < float(th["long_out_output_x_min"]):
+        return None
+    if most < max(float(th["long_out_rise_min"]) * cap, cap + 2):
+        return None
+    return (f"ttft diagnose's long ramp capped streams decoding at once at {cap:g}, but with {x:.1f}x longer answers "
+            f"{most:g} decoded at once: a limit on what runs at once (KV capacity, max_num_seqs, workers) would have "
+            "held them to as many or fewer; the cap was short decode windows overlapping little behind a stage that "
+            "takes prompts one at a time before the engine (a tokenizer or front end: see tokenize, network)")
+
+
 def long_ramp_uncapped(ctx: RuleContext) -> tuple[float, float] | None:
     """ttft diagnose's long ramp ran and no cap on what decodes at once showed: (the most of its
     streams decoding at once, its top level in flight), else None. Without a cap there is no knee
@@ -413,6 +432,11 @@ def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) ->
               else "the short ramp's streams decoded together as the load grew: no cap within it (a lower bound)")
     meaning = f"log(cap ratio {ctx.v('long_ramp_knee_ratio'):.2f}) / log(token ratio {tr:.2f}): 1 = the cap moved as " \
               "the tokens each request holds, 0 = it stayed"
+    most, x = ctx.v("long_out_decode_max"), ctx.v("long_out_output_x")
+    if most is not None and x is not None:
+        t.context("streams decoding at once, long prompts with longer answers", most, "requests",
+                  f"answers {x:.1f}x as long: a limit on what runs at once holds as many or fewer (a stage taking "
+                  "prompts one at a time would let more overlap)")
     limit = ctx.th_of("kv_cache")["long_knee_shift_min"]
     if crossed and shift < limit:  # a lower bound: the uncapped short ramp decoded more at once than the cap
         t.context(LONG_RAMP_ROW, shift, "x", meaning + f"; a lower bound: the short ramp decoded {sc_most:g} at once "
@@ -510,7 +534,7 @@ def kv_cache(ctx: RuleContext) -> Outcome:
                        t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
     limit, shift = long_ramp_limit(ctx)
     if limit == "tokens":
-        return _kv_from_long_ramp(ctx, shift)
+        return long_out_refutes(ctx) or _kv_from_long_ramp(ctx, shift)
     if limit == "requests":
         return (f"at most {ctx.v('long_ramp_decode_cap'):g} streams decode at once at short and long prompts alike: "
                 "a limit in requests (see queue), not in KV capacity")

@@ -265,9 +265,10 @@ class Workload:
             return f"estimate calibrated from the server's usage ({self.calibration}; no --tokenizer given)"
         return f"estimate ({WORDS_PER_TOKEN_ESTIMATE:g} word ~ 1 token; no --tokenizer given)"
 
-    def with_input(self, input_tokens: LengthSpec) -> Workload:
-        """A copy drawing synthetic prompts of another input length (for prompt sweeps)."""
-        spec = WorkloadSpec(input_tokens, self.spec.output_tokens, self.spec.shared_prefix_tokens, None,
+    def with_input(self, input_tokens: LengthSpec, output_tokens: LengthSpec | None = None) -> Workload:
+        """A copy drawing synthetic prompts of another input length (for prompt sweeps), and answers of
+        ``output_tokens`` when given."""
+        spec = WorkloadSpec(input_tokens, output_tokens or self.spec.output_tokens, self.spec.shared_prefix_tokens, None,
                             self.spec.exact_output, self._rng.randrange(1 << 30), self.spec.shared_prefix_repeats,
                             self.spec.inject_long_tokens, self.spec.inject_long_every, self.spec.omit_max_tokens)
         clone = Workload.__new__(Workload)
@@ -292,9 +293,8 @@ class Workload:
         every ``every``-th prompt ``long_tokens`` long (the ``--inject-long TOKENS:EVERY`` design)."""
         if long_tokens < 1 or every < 2:
             raise WorkloadError("--inject-long TOKENS:EVERY needs TOKENS >= 1 and EVERY >= 2")
-        clone = self.with_input(input_tokens)
-        clone.spec = replace(clone.spec, inject_long_tokens=int(long_tokens), inject_long_every=int(every),
-                             output_tokens=output_tokens or clone.spec.output_tokens)
+        clone = self.with_input(input_tokens, output_tokens)
+        clone.spec = replace(clone.spec, inject_long_tokens=int(long_tokens), inject_long_every=int(every))
         return clone
 
     def _slice_text(self, start: int, n_tokens: int) -> str:

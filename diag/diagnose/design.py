@@ -80,6 +80,8 @@ class PlanConfig:
 
 #: ``long`` follow-up: its prompts are this many times the ramp's (more tokens held per request)
 LONG_PROMPT_X = 4
+#: ``longout`` follow-up: the long prompt with longer answers, at this many in flight
+LONG_OUT_CONCURRENCY = 8
 
 #: ``mixed`` follow-up: every this-many-th request carries the long prompt, at this many in flight
 MIXED_EVERY = 4
@@ -112,6 +114,10 @@ class Step:
         if self.kind == "long":  # the long ramp: closed loop at the long prompt
             return ProbeStep(concurrency=int(self.value), requests=self.requests,
                              input_tokens=f"fixed:{cfg.long_prompt_tokens}", output_tokens=out,
+                             segment=segment_of(self.kind, self.value))
+        if self.kind == "longout":  # the long prompt again, answers of ``value`` tokens: longer decode windows
+            return ProbeStep(concurrency=min(LONG_OUT_CONCURRENCY, cfg.max_concurrency), requests=self.requests,
+                             input_tokens=f"fixed:{cfg.long_prompt_tokens}", output_tokens=f"fixed:{int(self.value)}",
                              segment=segment_of(self.kind, self.value))
         if self.kind == "mixed":  # short streams with a long prompt among them (the probe's --inject-long);
             # outputs of mixed lengths, so the streams end apart and a long prompt meets streams mid-way
@@ -167,4 +173,4 @@ def steps_of(p: Point) -> str:
     return f" = {n:.1f} decode steps" if n is not None else ""
 
 
-__all__ = ["Decision", "LONG_PROMPT_X", "MIXED_CONCURRENCY", "MIXED_EVERY", "PlanConfig", "Step", "base_point", "ratio", "segment_of", "steps_of", "tokens_of"]
+__all__ = ["Decision", "LONG_OUT_CONCURRENCY", "LONG_PROMPT_X", "MIXED_CONCURRENCY", "MIXED_EVERY", "PlanConfig", "Step", "base_point", "ratio", "segment_of", "steps_of", "tokens_of"]

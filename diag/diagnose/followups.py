@@ -14,6 +14,14 @@ where they decide between the leading candidates. Pure; no I/O.
   holds more tokens: under a limit in tokens held (KV-cache capacity) fewer streams decode at once,
   under a limit in requests (max_num_seqs, HTTP workers) as many, and with compute shared all
   of them. Read by the ``kv_cache`` and ``queue`` rules (``long_ramp_*``).
+- ``longout`` (when, after the long ramp, a limit in tokens or in requests leads): the long prompt
+  again at :data:`~diag.diagnose.design.LONG_OUT_CONCURRENCY` in flight with answers several
+  times longer (each stream's decode window at least :data:`LONG_OUT_WINDOW_X` x the long prompt's
+  per-token part at concurrency 1). A limit on what runs at once (KV capacity, max_num_seqs, HTTP
+  workers held until the answer ends) holds as many, or fewer, streams with longer answers; a stage
+  that takes prompts one at a time at its own pace before the engine (a tokenizer, a front end)
+  lets more of the longer decode windows overlap, so the count rises. Read by the ``kv_cache``
+  and ``queue`` rules (``long_out_*``).
 - ``mixed`` (when prompt work leads, or an ITL target is given and nothing else leads): short
   streams at :data:`~diag.diagnose.design.MIXED_CONCURRENCY` in flight with every
   :data:`~diag.diagnose.design.MIXED_EVERY`-th prompt long (the probe's ``--inject-long``). Short
@@ -28,9 +36,10 @@ where they decide between the leading candidates. Pure; no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from diag.diagnose.design import (LONG_PROMPT_X, MIXED_CONCURRENCY, MIXED_EVERY, PREFIX_REPEATS, PlanConfig, Step,
+from diag.diagnose.design import (LONG_OUT_CONCURRENCY, LONG_PROMPT_X, MIXED_CONCURRENCY, MIXED_EVERY, PREFIX_REPEATS, PlanConfig, Step,
                                   base_point, ratio)
 from diag.diagnose.ladder import prompt_fit
 from diag.diagnose.points import Point
@@ -44,6 +53,16 @@ LONG_LEVELS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 LONG_MIN_TOP = 12.0
 #: the leading categories the long ramp can decide: a limit in tokens, in requests, or neither
 LONG_LEADS = frozenset({"prefill_compute", "kv_cache", "queue"})
+
+#: the leading categories the longout follow-up can decide: a cap the long ramp read as a limit
+LONG_OUT_LEADS = frozenset({"kv_cache", "queue"})
+#: its answers: each stream's decode window at least this many times the long prompt's per-token part
+#: at concurrency 1 (the most a stage taking prompts one at a time could spend on one) ...
+LONG_OUT_WINDOW_X = 3.0
+#: ... between these many times the ramp's answer
+LONG_OUT_MIN_X, LONG_OUT_MAX_X = 4, 8
+#: rounds per client
+LONG_OUT_ROUNDS = 2
 
 #: the mixed follow-up's long prompt: its lone TTFT this many times the baseline's, by the ladder's fit
 MIXED_LONG_TTFT_X = 20.0
@@ -98,6 +117,46 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
                 f"again at {tokens}-token prompts ({LONG_PROMPT_X}x, more tokens held per request) tells a limit in "
                 "tokens (KV cache: the knee moves to fewer requests) from one in requests (the knee stays) or compute "
                 "alone (no knee)")
+
+
+def long_output_tokens(cfg: PlanConfig, points: Sequence[Point]) -> int | None:
+    """The longout follow-up's answer length (tokens), or None when the context leaves no room for
+    answers at least :data:`LONG_OUT_MIN_X` / 2 times the ramp's."""
+    base = base_point(points)
+    fit = prompt_fit(points)
+    o = cfg.output_tokens
+    want = LONG_OUT_MIN_X * o
+    itl = (base.tpot_p50_s or base.itl_p50_s) if base is not None else None
+    if fit is not None and fit[0] > 0 and itl:
+        want = max(want, math.ceil(LONG_OUT_WINDOW_X * fit[0] * cfg.long_prompt_tokens / itl))
+    want = min(want, LONG_OUT_MAX_X * o)
+    if cfg.context_limit_tokens:
+        want = min(want, cfg.context_limit_tokens - cfg.long_prompt_tokens - 8)
+    return want if want * 2 >= LONG_OUT_MIN_X * o else None
+
+
+def long_output_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | None:
+    """The longout follow-up, or None (it does not apply, ran already, or would not fit)."""
+    if any(p.kind == "longout" for p in points) or leading not in LONG_OUT_LEADS:
+        return None
+    ran = [p for p in points if p.kind == "long"]
+    if not ran or any(p.error_frac >= 0.05 for p in ran):
+        return None
+    out = long_output_tokens(cfg, points)
+    base = base_point(points)
+    if out is None or base is None:
+        return None
+    c = min(LONG_OUT_CONCURRENCY, cfg.max_concurrency)
+    n = LONG_OUT_ROUNDS * c
+    lone = ran[0].ttft_p50_s or 0.0
+    per_token = base.tpot_p50_s or base.itl_p50_s or 0.0
+    if n * (lone + out * per_token) > cfg.budget_s - elapsed_s:  # at worst one at a time
+        return None
+    return Step("longout", float(out), n, "follow-up",
+                f"{leading} leads from the long ramp's cap on streams decoding at once: the long prompt again at {c} "
+                f"in flight with {out}-token answers ({out / cfg.output_tokens:.0f}x) tells a limit on what runs at "
+                "once (as many or fewer decode together) from a stage that takes prompts one at a time before the "
+                "engine, a tokenizer or front end (more of the longer answers overlap)")
 
 
 def mixed_long_prompt(cfg: PlanConfig, points: Sequence[Point]) -> tuple[int, float | None] | None:
@@ -173,5 +232,5 @@ def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
                 "prefilled every time")
 
 
-__all__ = ["LONG_LEADS", "MIXED_LEADS", "MIXED_REQUESTS", "PREFIX_GROUPS", "followup_reading", "long_ramp_reading",
-           "mixed_long_prompt", "mixed_reading"]
+__all__ = ["LONG_LEADS", "LONG_OUT_LEADS", "MIXED_LEADS", "MIXED_REQUESTS", "PREFIX_GROUPS", "followup_reading",
+           "long_output_reading", "long_output_tokens", "long_ramp_reading", "mixed_long_prompt", "mixed_reading"]

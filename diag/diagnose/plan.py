@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from diag.diagnose.design import Decision, PlanConfig, Step, base_point, segment_of
-from diag.diagnose.followups import followup_reading, long_ramp_reading, mixed_reading
+from diag.diagnose.followups import followup_reading, long_output_reading, long_ramp_reading, mixed_reading
 from diag.diagnose.ladder import ladder_reading, prompt_fit
 from diag.diagnose.points import Point
 from diag.diagnose.ramp import RAMP_MIN_LEVELS, ramp_break, ramp_reading
@@ -67,6 +67,10 @@ def next_step(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float = 0.0, 
         if not any(p.kind == "long" for p in points):
             follow = Step(follow.kind, follow.value, follow.requests, follow.stage, f"{why}. {follow.reason}")
         return Decision(follow, learned=learned)
+    follow = long_output_reading(cfg, points, elapsed_s, leading)
+    if follow is not None:
+        return Decision(Step(follow.kind, follow.value, follow.requests, follow.stage, f"{why}. {follow.reason}"),
+                        learned=learned)
     follow = mixed_reading(cfg, points, elapsed_s, leading)
     if follow is not None:
         return Decision(Step(follow.kind, follow.value, follow.requests, follow.stage, f"{why}. {follow.reason}"),

@@ -11,9 +11,9 @@ from typing import Any
 
 #: Point kinds: the lone-request baseline (also the ramp's first level), a prompt-ladder rung,
 #: a concurrency-ramp level, an open-loop rate level, a shared-prefix follow-up, a level of the
-#: long ramp (requests in flight at the long prompt), the mixed follow-up (long prompts of ``value``
-#: tokens among short streams).
-KINDS = ("baseline", "prompt", "concurrency", "rate", "prefix", "long", "mixed")
+#: long ramp (requests in flight at the long prompt), the long prompt with answers of ``value``
+#: tokens, the mixed follow-up (long prompts of ``value`` tokens among short streams).
+KINDS = ("baseline", "prompt", "concurrency", "rate", "prefix", "long", "longout", "mixed")
 
 
 @dataclass(frozen=True)

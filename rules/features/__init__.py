@@ -62,6 +62,7 @@ THEMES: tuple[Theme, ...] = (
     concurrency.inflight,  # writes ctx.inflight_at
     concurrency.concurrency,
     concurrency.long_ramp,  # reads ctx.long_ramp and the short ramp's segments
+    concurrency.long_outputs,  # reads ctx.long_out and ctx.long_ramp
     prompt_fit.prompt_fit,  # reads ctx.inflight_at
     device.device_busy,  # writes ctx.busy
     device.kv,

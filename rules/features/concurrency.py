@@ -146,6 +146,27 @@ def long_ramp(ctx: FeatureContext) -> None:
     ctx.add("long_ramp_short_flat", 1.0 if sc is None else 0.0)
 
 
+def long_outputs(ctx: FeatureContext) -> None:
+    """ttft diagnose's longout follow-up (``ctx.long_out``: the long ramp's prompt at one level in
+    flight with answers several times longer). ``long_out_decode_max``: the most of its streams
+    decoding at once (:func:`decoding_at_once`); ``long_out_output_x``: its median answer / the long
+    ramp's (a server that stops at EOS, ignoring min_tokens, may not lengthen them). A limit on what
+    runs at once holds as many or fewer; a stage that takes prompts one at a time before the
+    engine lets more of the longer decode windows overlap. Units: requests, x."""
+    names = ("long_out_decode_max", "long_out_output_x")
+    lo, lr = ctx.long_out, ctx.long_ramp
+    if len(lo) == 0 or len(lr) == 0:
+        ctx.na(names, "no longout follow-up (ttft diagnose runs one when a cap in the long ramp leads)")
+        return
+    once = decoding_at_once(lo, pd.Series(1.0, index=lo.index))
+    out_lo, out_lr = float(num_col(lo, "output_tokens").median()), float(num_col(lr, "output_tokens").median())
+    if once.empty or not out_lr > 0:
+        ctx.na(names, "no completed longout request with its answer's length")
+        return
+    ctx.add("long_out_decode_max", float(once.max()))
+    ctx.add("long_out_output_x", out_lo / out_lr)
+
+
 def concurrency(ctx: FeatureContext) -> None:
     """Median TTFT by in-flight level (or labelled sweep point), the knee, and decode speed by level."""
     st = ctx.steady

@@ -62,12 +62,14 @@ class FeatureContext:
         # -- derived state, written once by the theme named, read by the themes after it --
         #: populations: completed requests (not warm-up, no error, with a TTFT), by start time
         self.ok: pd.DataFrame = pd.DataFrame()
-        #: populations: ``ok`` minus cold-start outliers and diagnose's long ramp and mixed follow-up; TTFT statistics use these
+        #: populations: ``ok`` minus cold-start outliers and diagnose's long ramp, longout and mixed follow-ups; TTFT statistics use these
         self.steady: pd.DataFrame = pd.DataFrame()
         #: populations: completed requests of ttft diagnose's long ramp (segments ``long=N``)
         self.long_ramp: pd.DataFrame = pd.DataFrame()
         #: populations: completed requests of ttft diagnose's mixed follow-up (segments ``mixed=N``)
         self.mixed: pd.DataFrame = pd.DataFrame()
+        #: populations: completed requests of ttft diagnose's longout follow-up (segments ``longout=N``)
+        self.long_out: pd.DataFrame = pd.DataFrame()
         #: engine_metrics: no request has a TTFT, the engine's /metrics series describe the run
         self.series_only: bool = False
         #: concurrency.inflight: requests in flight at each steady request's arrival (itself included)

@@ -17,7 +17,8 @@ def prompt_fit(ctx: FeatureContext) -> None:
     """TTFT = intercept + slope x prompt tokens on comparable requests (needs a prompt-length sweep)."""
     st = ctx.steady
     names = ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_r2",
-             "ttft_prompt_explained_frac", "ttft_prompt_fit_n")
+             "ttft_prompt_explained_frac", "ttft_prompt_fit_n", "ttft_prompt_fit_ttft_p50_s",
+             "ttft_prompt_fit_alone_frac")
     if len(st) == 0:
         ctx.na(names, "no completed requests")
         return
@@ -69,7 +70,10 @@ def prompt_fit(ctx: FeatureContext) -> None:
         how += ", median TTFT per prompt length"
     elif (point := _sweep_points(st, mask)) is not None:
         # a prompt sweep whose token counts vary a little per request (the server's tokenizer, a
-        # chat template): the median of each sweep point, robust the same way
+        # chat template): the median of each sweep point, robust the same way; requests outside its
+        # points (a load ramp's that happened to be alone in flight) are left out of it
+        mask &= point.notna()
+        x, yy = tokens[mask].to_numpy(), y[mask].to_numpy()
         labels = point[mask].to_numpy()
         keys, counts = np.unique(labels, return_counts=True)
         fx = np.array([np.median(x[labels == k]) for k in keys])
@@ -91,6 +95,12 @@ def prompt_fit(ctx: FeatureContext) -> None:
     # clipped to 0..1: a negative intercept (a narrow range, extrapolated) would put it above 1
     ctx.add("ttft_prompt_explained_frac", min(1.0, max(0.0, expl)) if expl is not None else None)
     ctx.add("ttft_prompt_fit_n", float(x.size))
+    # what the fit's own requests waited and how many were in flight with them: the fixed part is
+    # judged against these (a diagnose capture holds its ramp too, whose TTFT load inflated)
+    ctx.add("ttft_prompt_fit_ttft_p50_s", float(np.median(yy)), source=how)
+    inflight = ctx.inflight_at[mask].dropna() if len(ctx.inflight_at) else pd.Series(dtype="float64")
+    ctx.add("ttft_prompt_fit_alone_frac", float((inflight <= 1).mean()) if len(inflight) else None,
+            None if len(inflight) else "no in-flight count at arrival")
 
 
 def _slope_resolved(ctx: FeatureContext, x: np.ndarray, y: np.ndarray, spread: float) -> bool:
@@ -121,16 +131,22 @@ def prompt_slope_per_itl(ctx: FeatureContext) -> None:
 
 
 def _sweep_points(st: pd.DataFrame, mask: pd.Series) -> pd.Series | None:
-    """The prompt-sweep point of each request (``prompt=N`` segments) when at least 3 points of
-    2+ requests each hold every fitted request; else None."""
+    """The prompt-sweep point of each request: its ``prompt=N`` segment, and ``concurrency=1`` (ttft
+    diagnose's lone-request baseline) as one more point; NaN for the others. None unless at least 3
+    prompt points of 2+ fitted requests each, with the baseline, hold at least half of them."""
     if "segment" not in st.columns:
         return None
     seg = segment_numbers(st["segment"])
     if "prompt" not in seg.columns:
         return None
-    point = seg["prompt"]
+    point = seg["prompt"].copy()
+    base = seg["conc"].eq(1) & point.isna()
+    point[base] = -1.0  # the baseline: its own point, at its own prompt length
     fitted = point[mask]
-    if fitted.isna().any() or len(fitted) == 0:
+    counts = fitted[fitted.ge(0)].value_counts()
+    counts = counts[counts >= 2]
+    n_base = int(base[mask].sum())
+    if len(counts) < 3 or counts.sum() + (n_base if n_base >= 2 else 0) < 0.5 * len(fitted):
         return None
-    counts = fitted.value_counts()
-    return point if (counts >= 2).all() and len(counts) >= 3 else None
+    keep = point.isin(list(counts.index)) | (base & (n_base >= 2))
+    return point.where(keep)

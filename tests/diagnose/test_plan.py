@@ -345,3 +345,39 @@ def test_no_mixed_follow_up_before_a_ramp_on_a_failing_server_or_a_cramped_conte
     cramped = replace(RAMPED, context_limit_tokens=250)  # no room for 4x the 64-token prompt
     d = next_step(cramped, [BASE, pt("prompt", 128, 0.017), *SHORT_RAMP], 6.0, leading="prefill_compute")
     assert d.step is None or d.step.kind != "mixed"
+
+
+@pytest.mark.parametrize("leading", ["kv_cache", "queue"])
+def test_after_a_capped_long_ramp_longer_answers_tell_a_limit_from_a_stage_taking_prompts_one_at_a_time(
+        leading) -> None:
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 12.0, leading=leading)
+    assert d.step is not None and (d.step.kind, d.step.stage) == ("longout", "follow-up")
+    assert d.step.value == 4 * RAMPED.output_tokens and d.step.requests == 16  # 2 rounds at 8 in flight
+    assert "one at a time before the engine" in d.step.reason
+    ps = d.step.probe_step(RAMPED)
+    assert (ps.concurrency, ps.input_tokens, ps.output_tokens, ps.segment) == (8, "fixed:256", "fixed:128",
+                                                                               "longout=128")
+    ran = pt("longout", d.step.value, 0.05, n=16, tokens=256)
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN, ran], 20.0, leading=leading)
+    assert d.step is None or d.step.kind != "longout"
+
+
+def test_longer_answers_outlast_a_long_prompts_per_token_part_within_the_context() -> None:
+    # a prompt token costs 1 ms at concurrency 1: a stage taking the 256-token prompt one at a time
+    # could spend 256 ms on it, so the answers decode for 3x that: 192 tokens at 4 ms
+    steep = [pt("prompt", v, 0.010 + 0.001 * (v - 64)) for v in (128, 256, 512)]
+    d = next_step(RAMPED, [BASE, *steep, *SHORT_RAMP, *LONG_RAN], 12.0, leading="kv_cache")
+    assert d.step is not None and d.step.kind == "longout" and d.step.value == 192
+    roomy = replace(RAMPED, context_limit_tokens=400)  # 256 + 136 + 8
+    assert next_step(roomy, [BASE, *steep, *SHORT_RAMP, *LONG_RAN], 12.0, leading="kv_cache").step.value == 136
+    cramped = replace(RAMPED, context_limit_tokens=320)  # 56 tokens: under twice the ramp's answer
+    d = next_step(cramped, [BASE, *steep, *SHORT_RAMP, *LONG_RAN], 12.0, leading="kv_cache")
+    assert d.step is None or d.step.kind != "longout"
+
+
+@pytest.mark.parametrize("leading", ["prefill_compute", "healthy", "decode"])
+def test_no_longer_answers_unless_a_limit_leads_or_without_the_budget(leading) -> None:
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 12.0, leading=leading)
+    assert d.step is None or d.step.kind != "longout"
+    d = next_step(replace(RAMPED, budget_s=13.0), [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 12.0, leading="kv_cache")
+    assert d.step is None or d.step.kind != "longout"

@@ -266,3 +266,23 @@ def test_a_fixed_delay_longer_than_any_line_is_not_deferred_to_the_queue(tmp_pat
     d = _diag(tmp_path, Engine(), [Phase("concurrency=2", 36, prompts, 38, conc=2)], Client(net_s=0.14))
     assert d.features.value("ttft_inline_ratio") > 2.0
     assert d.verdict.category == "network", format_diagnosis(d)
+
+
+def test_a_fixed_part_measured_on_lone_requests_is_never_waiting_in_line(tmp_path: Path) -> None:
+    """ttft diagnose's shape: a prompt ladder one request at a time, then a concurrency ramp, against
+    a server that runs one request at a time behind a 150 ms network delay. The ramp's requests are
+    served in line (a queue), but the ladder's fixed part was fitted on lone requests, with nothing
+    ahead of them: it is the network's, judged against those requests' own TTFT, not deferred to
+    the queue (seed 31337 draw 7 read the network delay as 'waiting in line')."""
+    phases = [Phase("concurrency=1", 12, 64, 64, conc=1),
+              *(Phase(f"prompt={n}", 6, n, 64, conc=1) for n in (128, 256, 512)),
+              *(Phase(f"concurrency={c}", 8 * c, 64, 64, conc=c) for c in (2, 4, 8))]
+    d = _diag(tmp_path, Engine(max_running=1), phases, Client(net_s=0.15))
+    assert d.features.value("ttft_prompt_fit_alone_frac") >= 0.9
+    net = next((f for f in d.findings if f.category == "network"), None)
+    assert net is not None, format_diagnosis(d)
+    row = next(e for e in net.evidence if e.name == "fixed part of TTFT / TTFT p50")
+    assert "lone requests" in row.meaning and row.value > 0.6
+    assert net.explained_s == pytest.approx(d.features.value("ttft_prompt_intercept_ms") / 1e3)
+    queue = next(f for f in d.findings if f.category == "queue")  # the ramp's line is still the queue's
+    assert queue.explained_s > net.explained_s

@@ -18,40 +18,53 @@ OUT = 32  # output tokens
 
 
 def _closed_loop(c: int, limit: int | None, prefill_s: float, t0_s: float, per_client: int = 4,
-                 shared: float = 0.0) -> list[tuple[float, float, float]]:
+                 shared: float = 0.0, out: int = OUT, serial_s: float = 0.0) -> list[tuple[float, float, float]]:
     """(start s, TTFT s, e2e s) of ``c`` clients sending ``per_client`` requests each, one after
     another, to a server admitting ``limit`` at a time (None: all; then ``shared`` x prefill more
-    per other request in flight: compute shared, not a queue)."""
+    per other request in flight: compute shared, not a queue). ``serial_s``: a stage before the
+    engine (a tokenizer thread) that takes each prompt that long, one prompt at a time."""
     slots = [t0_s] * (limit or c)
     sends = [(t0_s + 0.001 * i, i, 0) for i in range(c)]
     heapq.heapify(sends)
-    out = []
+    rows = []
+    stage_free = t0_s
     while sends:
         s, client, k = heapq.heappop(sends)
+        ready = s
+        if serial_s:
+            ready = stage_free = max(s, stage_free) + serial_s
         free = heapq.heappop(slots)
-        admit = max(s, free)
+        admit = max(ready, free)
         pre = prefill_s * (1 + shared * (c - 1))
-        end = admit + pre + OUT * STEP_S
+        end = admit + pre + out * STEP_S
         heapq.heappush(slots, end)
-        out.append((s, admit - s + pre, end - s))
+        rows.append((s, admit - s + pre, end - s))
         if k + 1 < per_client:
             heapq.heappush(sends, (end, client, k + 1))
-    return out
+    return rows
 
 
 def _tables(short_limit: int | None, long_limit: int | None, shared: float = 0.0,  # noqa: ANN202
-            short_levels: tuple[int, ...] = (1, 2, 4, 8)):
+            short_levels: tuple[int, ...] = (1, 2, 4, 8), serial_s_per_token: float = 0.0,
+            long_out: int | None = None):
+    """The short ramp (64-token prompts), the long ramp (256) and, with ``long_out``, the longout
+    follow-up (the long prompt at 8 in flight, 2 rounds, ``long_out``-token answers)."""
     rows, t = [], 1000.0
-    for label, levels, limit, prefill, tokens in (("concurrency", short_levels, short_limit, 0.010, 64),
-                                                   ("long", (1, 2, 3, 4, 6), long_limit, 0.030, 256)):
+    steps = [("concurrency", short_levels, short_limit, 0.010, 64, OUT),
+             ("long", (1, 2, 3, 4, 6), long_limit, 0.030, 256, OUT)]
+    if long_out:
+        steps.append(("longout", (8,), long_limit, 0.030, 256, long_out))
+    for label, levels, limit, prefill, tokens, out in steps:
         for c in levels:
-            for s, ttft, e2e in _closed_loop(c, limit, prefill, t, shared=shared):
-                rows.append((s, ttft, e2e, f"{label}={c}", tokens))
+            for s, ttft, e2e in _closed_loop(c, limit, prefill, t, shared=shared, out=out,
+                                             serial_s=serial_s_per_token * tokens,
+                                             per_client=2 if label == "longout" else 4):
+                rows.append((s, ttft, e2e, f"{label}={out if label == 'longout' else c}", tokens, out))
             t = max(r[0] + r[2] for r in rows) + 1.0
-    start, ttft, e2e, seg, tok = map(list, zip(*rows))
+    start, ttft, e2e, seg, tok, outs = map(list, zip(*rows))
     n = len(rows)
     req = make_requests(ttft, start_ns=[x * 1e9 for x in start], e2e_s=e2e, segment=seg, input_tokens=tok,
-                        output_tokens=[OUT] * n, itl_p50_s=[STEP_S] * n, tpot_s=[STEP_S] * n,
+                        output_tokens=outs, itl_p50_s=[STEP_S] * n, tpot_s=[STEP_S] * n,
                         has_client=[True] * n, has_server=[False] * n, client_ttft_s=ttft)
     return make_tables(req)
 
@@ -103,6 +116,38 @@ def test_shared_compute_lets_every_stream_decode_and_claims_no_limit() -> None:
     # nor a queue: TTFT rising with load is the streams sharing the compute
     assert not any(f.category == "queue" for f in d.findings)
     assert any("no admission limit holds requests back" in p.reason for p in d.passed if p.rule_id == "queue")
+
+
+def test_a_stage_taking_prompts_one_at_a_time_reads_as_a_kv_limit_until_longer_answers_overlap() -> None:
+    # a tokenizer thread before an engine with no limit: 1 ms per prompt token, one prompt at a
+    # time. Its decode windows (32 x 4 ms) overlap little at 256-token prompts (256 ms apart), so
+    # the long ramp sees one stream decoding at a time, as under a KV limit ...
+    tables = _tables(short_limit=None, long_limit=None, serial_s_per_token=0.001)
+    feats = compute_features(tables)
+    assert feats.value("long_ramp_decode_cap") == 1
+    assert feats.value("long_out_decode_max") is None and "no longout" in feats.get("long_out_decode_max").reason
+    assert diagnose(tables).verdict.category == "kv_cache"
+    # ... and with answers 5x longer more of them decode together: no limit on what runs at once
+    tables = _tables(short_limit=None, long_limit=None, serial_s_per_token=0.001, long_out=5 * OUT)
+    feats = compute_features(tables)
+    assert feats.value("long_out_decode_max") >= 3 and feats.value("long_out_output_x") == 5
+    assert feats.value("requests_n") == sum(4 * c for c in (1, 2, 4, 8))  # kept apart, as the long ramp
+    d = diagnose(tables)
+    assert not any(f.category in ("kv_cache", "queue") for f in d.findings), [f.title for f in d.findings]
+    reason = next(p.reason for p in d.passed if p.rule_id == "kv_cache")
+    assert "with 5.0x longer answers" in reason and "one at a time before the engine" in reason
+
+
+def test_a_kv_limit_holds_as_few_streams_with_longer_answers() -> None:
+    tables = _tables(short_limit=None, long_limit=2, long_out=5 * OUT)
+    feats = compute_features(tables)
+    assert feats.value("long_ramp_decode_cap") == 2 and feats.value("long_out_decode_max") == 2
+    kv = next(f for f in diagnose(tables).findings if f.category == "kv_cache")
+    row = next(e for e in kv.evidence if e.name == "streams decoding at once, long prompts with longer answers")
+    assert row.value == 2 and "5.0x as long" in row.meaning
+    # a limit in requests likewise
+    d = diagnose(_tables(short_limit=2, long_limit=2, long_out=5 * OUT))
+    assert any(f.category == "queue" and "a limit in requests" in f.title for f in d.findings)
 
 
 def test_without_a_long_ramp_its_features_say_so() -> None:
