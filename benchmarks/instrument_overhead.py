@@ -153,14 +153,17 @@ class Burst:
         return self.tokens / self.wall_s
 
 
-async def burst(client: StreamingClient, items: list[PromptItem], tag: str) -> Burst:
-    """Send ``items`` at once through ``client``; raises SystemExit when any request failed."""
+async def burst(client: StreamingClient, items: list[PromptItem], tag: str) -> Burst | None:
+    """Send ``items`` at once through ``client``; None when any request failed (the random model
+    can say EOS first: no content), and its pair is then left out."""
     t0 = time.perf_counter()
     rs = await asyncio.gather(*(client.request(it, f"{tag}-{i}") for i, it in enumerate(items)))
     wall_s = time.perf_counter() - t0
     bad = [r for r in rs if not r.ok]
     if bad:
-        raise SystemExit(f"{len(bad)} failed request(s): {bad[0].error}: {bad[0].error_detail}")
+        print(f"burst {tag}: {len(bad)} failed request(s) ({bad[0].error}: {bad[0].error_detail}); its pair is "
+              "left out", file=sys.stderr)
+        return None
     tokens = sum(r.output_tokens or 0 for r in rs)
     return Burst(tokens, statistics.median(r.ttft_s for r in rs if r.ttft_s is not None), wall_s)
 
@@ -316,7 +319,7 @@ class Toggle:
 
 
 async def measure(servers: dict[str, TransformersServe], args: argparse.Namespace,
-                  toggle: Toggle | None = None) -> dict[str, list[tuple[Burst, float, float]]]:
+                  toggle: Toggle | None = None) -> dict[str, list[tuple[Burst | None, float, float]]]:
     """Warm both sides, then ``args.pairs`` ABBA pairs of bursts.
 
     Per side, per burst: (the burst, its own server's CPU s during it, CPU s during it that
@@ -331,9 +334,9 @@ async def measure(servers: dict[str, TransformersServe], args: argparse.Namespac
     workload = Workload(WorkloadSpec(LengthSpec.parse(str(args.input_tokens)), LengthSpec.parse(str(args.output_tokens)),
                                      exact_output=False, seed=7))
     other = {"off": "on", "on": "off"}
-    out: dict[str, list[tuple[Burst, float, float]]] = {"off": [], "on": []}
+    out: dict[str, list[tuple[Burst | None, float, float]]] = {"off": [], "on": []}
 
-    async def one(side: str, items: list[PromptItem], tag: str) -> tuple[Burst, float, float]:
+    async def one(side: str, items: list[PromptItem], tag: str) -> tuple[Burst | None, float, float]:
         if toggle is not None:
             await toggle.set(side == "on")
         await asyncio.sleep(0.01)  # the same pause before every burst (a flip's wait ends before it)
@@ -356,7 +359,7 @@ async def measure(servers: dict[str, TransformersServe], args: argparse.Namespac
                 items = [workload.next_item() for _ in range(args.concurrency)]
             b, own, leak = await one(side, items, f"p{i // 2}{side}")
             out[side].append((b, own, leak))
-            if args.verbose:
+            if args.verbose and b is not None:
                 print(f"pair {i // 2 + 1:>4} {side:<3} {b.tput:8.1f} tok/s  TTFT p50 {b.ttft_s * 1e3:7.2f} ms  "
                       f"server CPU {own * 1e3:6.1f} ms  other side's CPU {leak * 1e3:5.2f} ms", flush=True)
     finally:
@@ -438,7 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     meta_path = tmp / "srv" / "meta.json"
     n_spans = sum(1 for _ in spans_path.open()) if spans_path.exists() else 0
 
-    pairs = list(zip(results["off"], results["on"]))
+    pairs = [(off, on) for off, on in zip(results["off"], results["on"]) if off[0] is not None and on[0] is not None]
+    if len(pairs) < args.pairs:
+        print(f"{args.pairs - len(pairs)} pair(s) left out: a request of theirs failed", file=sys.stderr)
     # the idle side's CPU during a burst ran on that burst's core: moved back to its own side
     # (the instrumented server's deferred work during a plain burst, and the plain server's idle
     # ticks during an instrumented one), as if every leaked ns had delayed the burst one for one
@@ -453,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     raw_ttft = [on[0].ttft_s / off[0].ttft_s for off, on in pairs]
     blocks = [pairs[i:i + args.block] for i in range(0, len(pairs) - args.block + 1, args.block)]
     cpu_ratio = [sum(on[1] + off[2] for off, on in blk) / sum(off[1] + on[2] for off, on in blk) for blk in blocks]
-    n_req = args.pairs * args.concurrency
+    n_req = len(pairs) * args.concurrency
     cpu_off_ms = sum(off[1] + on[2] for off, on in pairs) / n_req * 1e3
     cpu_on_ms = sum(on[1] + off[2] for off, on in pairs) / n_req * 1e3
 
