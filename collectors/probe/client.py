@@ -37,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from collectors.probe.ready import NOT_SERVING_STATUSES, ReadyWait, loading_message
+from collectors.probe.ready import NOT_SERVING_STATUSES, ReadyWait, not_serving_text
 from collectors.spans import NULL_REQUEST, RequestTrace, TraceSink
 from diag import stages
 
@@ -199,12 +199,6 @@ class Endpoint:
     @property
     def url(self) -> str:
         return self.base_url + _PATHS[self.api]
-
-
-def _why(raw: bytes) -> str:
-    """': Loading model' when a refusal's body says why, else ''."""
-    why = loading_message(raw[:512].decode("utf-8", "replace"))
-    return f": {why}" if why else ""
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -734,7 +728,7 @@ async def resolve_endpoint(
                     async with session.post(base + _PATHS[candidate], json=body) as r:
                         raw = await r.read()
                     if r.status not in NOT_SERVING_STATUSES or ready is None or not await ready.again(
-                            f"HTTP {r.status} to {_PATHS[candidate]}" + _why(raw)):
+                            not_serving_text(r.status, raw, _PATHS[candidate])):
                         break
                 if r.status < 400:
                     notes.append(f"API detected: {candidate} ({_PATHS[candidate]} answered {r.status})")

@@ -59,17 +59,21 @@ class ReadyWait:
         if what not in self.seen:
             self.seen.append(what)
 
+    @property
+    def left_s(self) -> float:
+        """Seconds left of the wait (<= 0 once it is over)."""
+        return self.t0_mono + self.wait_s - time.monotonic()
+
     async def again(self, what: str, poll_s: float = POLL_S) -> bool:
-        """A request after the polls met a server not serving (``what``, e.g. llama.cpp builds
-        that answer /v1/models but 503 generation while loading): True after a pause when the
-        wait has time left (send it again), False when it has not."""
-        left = self.t0_mono + self.wait_s - time.monotonic()
+        """The server was seen not serving (``what``: a poll, or a request after the polls, e.g.
+        llama.cpp builds that answer /v1/models but 503 generation while loading): noted, then
+        True after a pause when the wait has time left (try again), False when it has not."""
+        self.saw(what)
+        left = self.left_s
         if left <= 0:
             return False
-        self.saw(what)
         await asyncio.sleep(min(poll_s, left))
         self.waited_s = time.monotonic() - self.t0_mono
-        self.ready = True  # it served the polls; the request decides
         return True
 
     @property
@@ -99,8 +103,7 @@ async def _poll(session: aiohttp.ClientSession, url: str, timeout_s: float) -> s
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=max(0.05, timeout_s))) as r:
             if r.status not in NOT_SERVING_STATUSES:
                 return None
-            why = loading_message((await r.content.read(512)).decode("utf-8", "replace"))
-            return f"HTTP {r.status}" + (f": {why}" if why else "")
+            return not_serving_text(r.status, await r.content.read(512))
     except aiohttp.ClientConnectorError as exc:
         os_err = getattr(exc, "os_error", None)
         return "connection refused" if isinstance(os_err, ConnectionRefusedError) else "cannot connect"
@@ -110,6 +113,12 @@ async def _poll(session: aiohttp.ClientSession, url: str, timeout_s: float) -> s
         return "no answer"
     except aiohttp.ClientError as exc:
         return type(exc).__name__
+
+
+def not_serving_text(status: int, body: bytes, where: str = "") -> str:
+    """How a not-serving answer reads in ``ReadyWait.seen``: "HTTP 503 [to PATH]: Loading model"."""
+    why = loading_message(body[:512].decode("utf-8", "replace"))
+    return f"HTTP {status}" + (f" to {where}" if where else "") + (f": {why}" if why else "")
 
 
 def loading_message(body: str) -> str:
@@ -134,24 +143,19 @@ async def wait_until_serving(base_url: str, wait_s: float, headers: dict[str, st
     long the wait may last). With ``wait_s`` <= 0 it polls once and does not wait.
     """
     res = ReadyWait(since_ns=time.time_ns(), wait_s=max(0.0, wait_s))
-    t0 = res.t0_mono
-    deadline = t0 + res.wait_s
     async with aiohttp.ClientSession(headers=headers or {}) as session:
         while True:
             res.polls += 1
-            seen = await _poll(session, base_url + "/v1/models", max(poll_s, deadline - time.monotonic()))
-            res.waited_s = time.monotonic() - t0
+            seen = await _poll(session, base_url + "/v1/models", max(poll_s, res.left_s))
+            res.waited_s = time.monotonic() - res.t0_mono
             if seen is None:
                 res.ready = True
                 return res
             if not res.seen and say is not None and res.wait_s > 0:
                 say(f"the server is not serving yet ({seen}); waiting up to {res.wait_s:g} s for it "
                     "(--wait-ready 0 does not wait)")
-            res.saw(seen)
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if not await res.again(seen, poll_s):
                 return res
-            await asyncio.sleep(min(poll_s, left))
 
 
-__all__ = ["NOT_SERVING_STATUSES", "POLL_S", "ReadyWait", "loading_message", "wait_until_serving"]
+__all__ = ["NOT_SERVING_STATUSES", "POLL_S", "ReadyWait", "loading_message", "not_serving_text", "wait_until_serving"]

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from diag.commands.probe import add_wait_ready
+
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -59,9 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json for exact prompt lengths")
     p.add_argument("--rules", metavar="FILE", help="TOML file overriding rule thresholds")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds without a byte before a request fails (default 30)")
-    p.add_argument("--wait-ready", type=float, default=60.0, metavar="S",
-                   help="wait this long for a server that is not serving yet (connection refused, HTTP 503 "
-                        "'Loading model'), reported as start-up; 0 does not wait (default 60)")
+    add_wait_ready(p)
     p.add_argument("--seed", type=int, default=0, help="random seed for prompts and arrivals")
     p.add_argument("-o", "--output", metavar="CAPTURE", help="capture directory (default: diagnose-YYYYmmdd-HHMMSS)")
     p.add_argument("--json", action="store_true", help="print the run and the verdict as JSON on stdout")

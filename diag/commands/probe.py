@@ -18,6 +18,13 @@ from typing import Any
 HELP_SPEC = "token length: N, fixed:N, uniform:A-B or normal:MEAN,STD"
 
 
+def add_wait_ready(p: argparse.ArgumentParser) -> None:
+    """``--wait-ready S``, as ``ttft probe`` and ``ttft diagnose`` both take it."""
+    p.add_argument("--wait-ready", type=float, default=60.0, metavar="S",
+                   help="wait this long for a server that is not serving yet (connection refused, HTTP 503 "
+                        "'Loading model'), reported as start-up; 0 does not wait (default 60)")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "probe",
@@ -76,9 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--cpus", metavar="LIST", help="pin the probe's processes to these CPUs, e.g. 3 or 2-3 (keep the client "
                    "off the engine's cores when both share a machine; each worker its own CPU when there are enough)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds without a byte before a request fails (default 60)")
-    p.add_argument("--wait-ready", type=float, default=60.0, metavar="S",
-                   help="wait this long for a server that is not serving yet (connection refused, HTTP 503 "
-                        "'Loading model'), reported as start-up; 0 does not wait (default 60)")
+    add_wait_ready(p)
     p.add_argument("--seed", type=int, default=0, help="random seed for prompts and arrivals")
     p.add_argument("--record-prompts", action="store_true", help="store prompt text on the spans (off by default)")
     p.add_argument("-o", "--output", metavar="CAPTURE", help="capture directory to write (default: probe-YYYYmmdd-HHMMSS)")

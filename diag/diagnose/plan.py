@@ -12,6 +12,7 @@ errors, or the verdict is confident (:func:`confident_stop`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from diag.diagnose.design import Decision, PlanConfig, Step, base_point, segment_of
@@ -67,19 +68,13 @@ def next_step(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float = 0.0, 
         if not any(p.kind == "long" for p in points):
             follow = Step(follow.kind, follow.value, follow.requests, follow.stage, f"{why}. {follow.reason}")
         return Decision(follow, learned=learned)
-    follow = long_output_reading(cfg, points, elapsed_s, leading)
-    if follow is not None:
-        return Decision(Step(follow.kind, follow.value, follow.requests, follow.stage, f"{why}. {follow.reason}"),
-                        learned=learned)
-    follow = mixed_reading(cfg, points, elapsed_s, leading)
-    if follow is not None:
-        return Decision(Step(follow.kind, follow.value, follow.requests, follow.stage, f"{why}. {follow.reason}"),
-                        learned=learned)
+    readings = [long_output_reading, mixed_reading]
     if not any(p.kind == "prefix" for p in points):
-        follow = followup_reading(cfg, points, elapsed_s, leading)
+        readings.append(followup_reading)
+    for reading in readings:  # the designed follow-ups, in this order; each printed after why the ramp ended
+        follow = reading(cfg, points, elapsed_s, leading)
         if follow is not None:
-            return Decision(Step(follow.kind, follow.value, follow.requests, follow.stage,
-                                 f"{why}. {follow.reason}"), learned=learned)
+            return Decision(replace(follow, reason=f"{why}. {follow.reason}"), learned=learned)
     return Decision(None, why, learned)
 
 

@@ -227,9 +227,9 @@ class _Run:
             workload = session.workload.with_long(LengthSpec.parse(ps.input_tokens), *ps.inject_long,
                                                   output_tokens=LengthSpec.parse(ps.output_tokens))
         else:
-            # a ladder rung's length (a sweep point), else the step's own (the long ramp's; longout's answers too)
+            # a ladder rung's length (a sweep point), else the step's own (the long ramp's); the step's answers
             workload = session.workload.with_input(inp or LengthSpec.parse(ps.input_tokens),
-                                                   LengthSpec.parse(ps.output_tokens) if step.kind == "longout" else None)
+                                                   LengthSpec.parse(ps.output_tokens))
         loads = [load]
         if step.kind == "prompt" and load.requests and load.requests > 1:
             loads = [replace(load, requests=1)] * load.requests  # one at a time: a refusal ends the rung

@@ -193,13 +193,19 @@ def _far_above(ttft: np.ndarray, tokens: np.ndarray, which, pool: np.ndarray, fa
     return out
 
 
+def _probe_meta(ctx: FeatureContext, key: str) -> dict | None:
+    """meta.json ``probe.<key>`` (what the probe recorded before its run), when it is there."""
+    probe = ctx.meta.get("probe") if isinstance(ctx.meta, dict) else None
+    block = probe.get(key) if isinstance(probe, dict) else None
+    return block if isinstance(block, dict) else None
+
+
 def _first_contact(ctx: FeatureContext) -> float | None:
     """Seconds the server took to answer the probe's first generation request (API detection or
     the compatibility check, sent before the run: meta.json ``probe.first_contact``), when it
     was sent inside the window; a server still loading its model answers it late."""
-    probe = ctx.meta.get("probe") if isinstance(ctx.meta, dict) else None
-    fc = probe.get("first_contact") if isinstance(probe, dict) else None
-    if not isinstance(fc, dict):
+    fc = _probe_meta(ctx, "first_contact")
+    if fc is None:
         return None
     answer, sent = fc.get("answer_s"), fc.get("sent_ns")
     if not isinstance(answer, (int, float)) or not math.isfinite(answer):
@@ -214,9 +220,8 @@ def _not_serving(ctx: FeatureContext) -> tuple[float | None, str]:
     (connection refused, HTTP 503 "Loading model": meta.json ``probe.ready``, written when the
     probe waited for it); 0 s when it served at once. Start-up, reported apart: no request of
     the run waited for it."""
-    probe = ctx.meta.get("probe") if isinstance(ctx.meta, dict) else None
-    ready = probe.get("ready") if isinstance(probe, dict) else None
-    if not isinstance(ready, dict):
+    ready = _probe_meta(ctx, "ready")
+    if ready is None:
         return None, ""
     value, seen = ready.get("not_serving_s"), ready.get("seen")
     if not isinstance(value, (int, float)) or not math.isfinite(value):
