@@ -67,6 +67,11 @@ def head_of_line(ctx: RuleContext) -> Outcome:
     if lr is not None:
         t.context("long / short prompt tokens", lr, "x", "median prompt of the long requests against the short ones")
     server = ctx.has("hol_blocked_queue_share")
+    spread = ctx.v("users_prompt_spread_x")
+    if ctx.v("mixed_by_diagnose") and spread is not None and spread < th["users_spread_min"]:
+        return (f"short prompts wait {ratio:.1f}x behind ttft diagnose's own long ones, but your prompts do not mix "
+                f"lengths that far (--workload prompt_tokens: longest {spread:.1f}x the shortest < "
+                f"{th['users_spread_min']:g}x): none of yours waits for another's whole prefill")
     if not server:
         inter, lim = ctx.v("itl_interference_ratio"), ctx.th_of("interference")["itl_ratio_min"]
         if inter is not None and inter >= lim:

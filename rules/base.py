@@ -83,14 +83,24 @@ class RuleContext:
             need = float(self.general.get("min_requests", 20))
         return 1.0 if n >= need else math.sqrt(max(n, 0.0) / need)
 
+    def black_box_scale(self) -> float:
+        """The confidence factor of client-only evidence: ``[general] black_box_scale`` for a
+        load the client happened to send, ``designed_scale`` when the load was ``ttft diagnose``'s
+        designed experiment (feature ``designed_by_diagnose``): each step varies one thing (prompt
+        length at 1 in flight, then load at short prompts, then the follow-up that tells the
+        leading candidates apart), so what changes with it is measured, not read from a mixture."""
+        key = "designed_scale" if self.v("designed_by_diagnose") else "black_box_scale"
+        return float(self.general.get(key, self.general.get("black_box_scale", 0.6)))
+
     def confidence(self, directness: float, strengths: list[float], black_box: bool = False,
                    n_requests: float | None = None) -> float:
         """directness (how directly the evidence measures the cause) x mean strength x sample size
-        (:meth:`sample_factor` of ``n_requests``)."""
+        (:meth:`sample_factor` of ``n_requests``), x the black-box scale for evidence seen only
+        from the client (:meth:`black_box_scale`)."""
         s = sum(strengths) / len(strengths) if strengths else 0.5
         c = directness * s * self.sample_factor(n_requests)
         if black_box:
-            c *= float(self.general.get("black_box_scale", 0.6))
+            c *= self.black_box_scale()
         return round(min(max(c, 0.0), 1.0), 3)
 
 

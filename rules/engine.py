@@ -172,7 +172,13 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
         notes.append(f"{err:.0%} of requests failed (" + ", ".join(f"{k} x{v}" for k, v in kinds.items())
                      + "); they are left out of TTFT")
     if black_box:
-        notes.append("client-only capture: verdicts come from client timing (a sweep, or one load level) with lowered confidence")
+        if feats.value("designed_by_diagnose"):
+            notes.append("client-only capture of ttft diagnose's designed experiment: verdicts come from client timing, "
+                         "one thing varied per step; what only the server tells apart (a KV limit from a batch cap, "
+                         "a pipeline from prefill) is left to the next checks")
+        else:
+            notes.append("client-only capture: verdicts come from client timing (a sweep, or one load level) with "
+                         "lowered confidence")
     if series_only:
         notes.append(f"{SERIES_ONLY_NOTE}: no request in the capture has a TTFT, so TTFT, stage shares and the "
                      "request count come from the engine's /metrics series (windowed means and percentiles); "

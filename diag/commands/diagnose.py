@@ -42,6 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--api", choices=["completions", "chat"], help="which API (default: from the URL, else detected)")
     p.add_argument("--api-key", metavar="KEY", help="bearer token (default: $OPENAI_API_KEY); never recorded")
     p.add_argument("--slo", metavar="SPEC", help="SLOs for the verdict, the ramp's stop and goodput, e.g. ttft_p99=2s,tpot_p99=100ms")
+    p.add_argument("--workload", metavar="SPEC",
+                   help="what your users send, lengths only: prompt_tokens=MIN-MAX,shared_prefix=N (tokens). Findings "
+                        "that hold only for some prompts (a repeated prefix recomputed, short prompts behind long "
+                        "ones) are then judged for yours instead of conditional")
     p.add_argument("--budget", default="120s", metavar="T", help="probing time budget, e.g. 120s or 3m (default 120s)")
     p.add_argument("--metrics", metavar="URL", help="scrape this Prometheus /metrics into the capture alongside")
     p.add_argument("--join", action="append", default=[], metavar="SERVER_CAPTURE",
@@ -150,6 +154,12 @@ def run(args: argparse.Namespace) -> int:
         from rules import load_thresholds
 
         plan = type(plan)(**{**plan.__dict__, "thresholds": load_thresholds(args.rules)})
+    from diag.diagnose.workload import parse_users_workload
+
+    try:
+        workload = parse_users_workload(args.workload) if args.workload else None
+    except ValueError as exc:
+        raise _usage(str(exc)) from exc
     output = Path(args.output or time.strftime("diagnose-%Y%m%d-%H%M%S"))
     dropped = frozenset(e for e, off in (("x_request_id", args.no_request_id), ("traceparent", args.no_traceparent),
                                          ("stream_options", args.no_stream_options)) if off)
@@ -157,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
                          api_key=args.api_key or os.environ.get("OPENAI_API_KEY"), slo=slo_option(args.slo),
                          metrics_url=args.metrics, join=list(args.join), rules_file=args.rules,
                          tokenizer_path=args.tokenizer, exact_output=not args.no_exact_output, dropped=dropped,
-                         timeout_s=args.timeout, seed=args.seed, wait_ready_s=args.wait_ready)
+                         timeout_s=args.timeout, seed=args.seed, wait_ready_s=args.wait_ready, workload=workload)
     live = None if args.no_progress else _Live()
     res = run_diagnose(cfg, on_event=live, progress=live.bar if live is not None else None)
     if args.json:

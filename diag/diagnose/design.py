@@ -34,6 +34,8 @@ class PlanConfig:
     rung_requests: int = 4
     #: the users' tightest ITL target (s; from ``--slo itl_pNN``), None when none is given
     itl_target_s: float | None = None
+    #: the prefix the users' prompts share (tokens; ``--workload shared_prefix``; 0: none), None: not said
+    users_shared_prefix_tokens: int | None = None
     thresholds: Mapping[str, Any] = field(default_factory=default_thresholds)
 
     def __post_init__(self) -> None:

@@ -217,8 +217,12 @@ def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
     rungs = [p for p in points if p.kind == "prompt" and p.ok > 0]
     if not rungs:
         return None
+    if cfg.users_shared_prefix_tokens == 0:
+        return None  # the users' prompts share no prefix: a cache would not reach them
     top = max(rungs, key=lambda p: p.value)
     prefix = int(min(top.value, cfg.prompt_limit_tokens) - cfg.input_tokens)
+    if cfg.users_shared_prefix_tokens:  # the users' own prefix, as long as the ladder reached
+        prefix = max(min(prefix, cfg.users_shared_prefix_tokens), 2 * cfg.input_tokens)
     if prefix < 2 * cfg.input_tokens:
         return None  # too short beside the suffix to show what a cache saves
     n = PREFIX_GROUPS * (PREFIX_REPEATS + 1)

@@ -78,14 +78,19 @@ def next_step(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float = 0.0, 
     return Decision(None, why, learned)
 
 
-def confident_stop(category: str, confidence: float, points: Sequence[Point], cfg: PlanConfig) -> str | None:
+def confident_stop(category: str, confidence: float, points: Sequence[Point], cfg: PlanConfig,
+                   black_box: bool = False) -> str | None:
     """Why the running verdict ends the run (None: go on). ``inconclusive``, ``failures`` and
     ``no_data`` never do, nor ``healthy``: the evidence that could show a problem (the ladder and
     the ramp to its break or cap) must all be there, so a healthy run ends when the design has run.
-    Any other verdict only once the ramp ran :data:`~diag.diagnose.ramp.RAMP_MIN_LEVELS` levels."""
+    Nor does a verdict seen only from the client (``black_box``): what tells it from the causes
+    that look the same from outside is the rest of the ramp and the follow-up designed for it (a
+    queue from a KV limit, a cap from a serial stage, prefill from head-of-line blocking), so the
+    plan ends that run too. Any other verdict once the ramp ran
+    :data:`~diag.diagnose.ramp.RAMP_MIN_LEVELS` levels."""
     if category in OUTCOMES or confidence < CONFIDENT:
         return None
-    if category == "healthy":  # only once the whole design ran: the plan ends the run then
+    if category == "healthy" or black_box:  # only once the whole design ran: the plan ends the run then
         return None
     # a verdict from concurrency 1 alone cannot rule out what only load shows (a queue, a KV
     # limit, decode under batching): the ramp must have run its first levels

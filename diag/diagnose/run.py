@@ -32,6 +32,7 @@ from diag.diagnose.limits import context_limit
 from diag.diagnose.plan import Decision, PlanConfig, Step, confident_stop, next_step, segment_of
 from diag.diagnose.points import Point, point_from_metrics
 from diag.diagnose.result import DiagnoseResult, StepRecord, startup_of, time_to_verdict, verdict_of
+from diag.diagnose.workload import UsersWorkload
 from diag.scenarios.runner import step_chunks
 
 #: Events for live progress: ("note", text), ("step", StepRecord), ("point", StepRecord),
@@ -67,6 +68,8 @@ class DiagnoseConfig:
     seed: int = 0
     #: seconds to wait for a server that is not serving yet (refused, 503 loading), reported as start-up
     wait_ready_s: float = 60.0
+    #: what the users send (lengths only): findings that hold for some prompts are judged for theirs
+    workload: UsersWorkload | None = None
 
 
 class _Run:
@@ -108,6 +111,8 @@ class _Run:
         itl = [v for k, v in (cfg.slo or {}).items() if k.startswith("itl_")]
         if itl and self.plan.itl_target_s is None:
             self.plan = replace(self.plan, itl_target_s=min(itl))
+        if cfg.workload is not None and cfg.workload.shared_prefix_tokens is not None:
+            self.plan = replace(self.plan, users_shared_prefix_tokens=cfg.workload.shared_prefix_tokens)
         pc = self.plan
         probe = ProbeConfig(
             cfg.url, api=cfg.api, model=cfg.model, api_key=cfg.api_key,
@@ -117,7 +122,12 @@ class _Run:
             tokenizer_path=cfg.tokenizer_path, timeout_s=cfg.timeout_s, slo=cfg.slo, metrics_url=cfg.metrics_url,
             progress=self.progress, dropped=cfg.dropped, concurrency_set=True,
             wait_ready_s=cfg.wait_ready_s, on_wait=self.note)
-        writer = CaptureWriter(cfg.output, meta={"kind": "diagnose"})  # known to the rules from the first step
+        meta: dict[str, Any] = {"kind": "diagnose"}  # known to the rules from the first step
+        if cfg.workload is not None:
+            meta["users_workload"] = cfg.workload.to_meta()
+        writer = CaptureWriter(cfg.output, meta=meta)
+        if cfg.workload is not None:
+            self.note(f"your users' workload (--workload): {cfg.workload.describe()}")
         self.t0 = time.monotonic()
         task = asyncio.current_task()
         try:
@@ -175,7 +185,9 @@ class _Run:
                 raise asyncio.CancelledError
             verdict, conf = verdict_of(self.analysis)
             points = [r.point for r in self.records if r.point is not None]
-            stop = confident_stop(verdict, conf, points, self.plan) if verdict is not None and conf is not None else None
+            diag = self.analysis.diagnosis if self.analysis is not None else None
+            stop = (confident_stop(verdict, conf, points, self.plan, diag is not None and diag.verdict.black_box)
+                    if verdict is not None and conf is not None else None)
             if stop:
                 self.stopped = stop
                 return

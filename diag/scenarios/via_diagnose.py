@@ -3,7 +3,8 @@
 Each case's engine runs as the scenario (or draw) builds it, with its own capture for the
 ground truth of a mix (:func:`~diag.scenarios.random_truth.run_truth`); ``ttft diagnose``
 then designs the experiment against it, client only (no server spans, no ``/metrics``: the
-most common user's view), with the users' SLO where the case has one. The verdict is scored as
+most common user's view), with the users' SLO where the case has one and what they send
+(``--workload``: their prompt lengths and shared prefix, :func:`users_workload`). The verdict is scored as
 the matrix scores client-only verdicts (the case's ``client_only_also``). Recorded per case:
 the verdict, its confidence, the probing time and the time to verdict (the probing time until
 the running verdict became the final one and stayed).
@@ -11,14 +12,16 @@ the running verdict became the final one and stayed).
 A case diagnose cannot reproduce is listed apart, with why, never scored: one that compares two
 engine configurations (``comm``: TP 1 against TP 2) or whose cause is the client's own CPU
 (``loadgen``). Cases whose cause shows only under the users' workload (a shared prefix, long
-prompts among short ones, a mixed prompt set) are scored: diagnose's own workload, and its
-follow-ups, are what a user without our scenario would get.
+prompts among short ones, a mixed prompt set) are scored: diagnose's own workload and its
+follow-ups measure the server, and ``--workload`` (what the case's users send, as its user would
+say it) tells whether what they found reaches those users.
 
 Runs engines as subprocesses; the calling thread only.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from diag.scenarios.calibrate import Calibration
-from diag.scenarios.catalog import Plan, Scenario
+from diag.diagnose.workload import UsersWorkload
+from diag.scenarios.catalog import Plan, ProbeStep, Scenario
 from diag.scenarios.engine_process import EngineProcess
 from diag.scenarios.matrix import Verdict
 
@@ -74,6 +78,23 @@ def not_applicable(plan: Plan) -> str | None:
     return None
 
 
+def users_workload(steps: Sequence[ProbeStep]) -> UsersWorkload:
+    """What a case's users send, as its user would tell ``ttft diagnose --workload``: the range of
+    the prompts its probe steps send (their lengths, cycled prompts, injected long ones; a sweep's
+    values are that probe's experiment, not the users') and the prefix they share (0: none)."""
+    from collectors.probe import LengthSpec
+
+    lo, hi = math.inf, 0.0
+    for st in steps:
+        spec = LengthSpec.parse(st.input_tokens)
+        a, b = {"fixed": (spec.a, spec.a), "uniform": (spec.a, spec.b)}.get(
+            spec.kind, (max(1.0, spec.a - 2 * spec.b), spec.a + 2 * spec.b))
+        lens = [a, b, *(t for t, _ in st.prompts), *((st.inject_long[0],) if st.inject_long[0] else ())]
+        lo, hi = min(lo, *lens), max(hi, *lens)
+    prompt = (int(lo), int(hi)) if hi >= lo >= 1 else None
+    return UsersWorkload(prompt, max((st.shared_prefix[0] for st in steps), default=0))
+
+
 def diagnose_case(name: str, expected: str, also_right: frozenset[str], plan: Plan, out_dir: Path,
                   budget_s: float = 120.0, log: Callable[[str], None] | None = None,
                   truth: Callable[[list[Path]], str] | None = None) -> DiagnosedCase:
@@ -97,7 +118,8 @@ def diagnose_case(name: str, expected: str, also_right: frozenset[str], plan: Pl
     with EngineProcess(phase.serve_args, capture_dir=server) as eng:
         if log:
             log(f"  engine {' '.join(phase.serve_args) or '(defaults)'} at {eng.url}; ttft diagnose -o {client}")
-        res = run_diagnose(DiagnoseConfig(eng.url, client, PlanConfig(budget_s=budget_s), slo=slo))
+        res = run_diagnose(DiagnoseConfig(eng.url, client, PlanConfig(budget_s=budget_s), slo=slo,
+                                          workload=users_workload(phase.steps)))
     case.wall_s = time.monotonic() - t0
     if res.analysis is not None and res.analysis.diagnosis is not None:
         v = res.analysis.diagnosis.verdict
@@ -213,4 +235,4 @@ class ViaDiagnoseReport:
 
 
 __all__ = ["DiagnosedCase", "ViaDiagnoseReport", "diagnose_case", "draws_via_diagnose", "not_applicable",
-           "scenarios_via_diagnose"]
+           "scenarios_via_diagnose", "users_workload"]

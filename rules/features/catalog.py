@@ -33,7 +33,9 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("populations", "requests", ("requests_total_n", "requests_failed_n", "errors_by_kind", "sides_n", "requests_n",
                                  "cold_start_outliers_n", "cold_start_waited_n", "failed_inflight_p50")),
     ("populations", "share", ("error_rate", "error_rate_by_segment")),
-    ("populations", "", ("client_only",)),
+    ("populations", "", ("client_only", "designed_by_diagnose")),
+    ("populations", "x", ("users_prompt_spread_x",)),
+    ("populations", "tokens", ("users_shared_prefix_tokens",)),
     ("populations", "s", ("cold_start_outlier_ttft_s", "cold_start_outlier_excess_s", "cold_start_s",
                           "cold_start_by_phase_s", "cold_start_first_contact_s",
                           "cold_start_not_serving_s")),
@@ -127,7 +129,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
                                "prefix_metrics_cached_frac")),
     ("prefix_cache", "tokens", ("prefix_shared_tokens",)),
     ("prefix_cache", "requests", ("prefix_first_n", "prefix_repeat_n", "prefix_control_n")),
-    ("prefix_cache", "", ("prefix_caching_enabled", "prefix_design_by_diagnose")),
+    ("prefix_cache", "", ("prefix_caching_enabled",)),
     ("populations", "", ("engines_seen",)),
 )
 

@@ -1,5 +1,6 @@
 """Theme: who counts. Requests by outcome (completed, failed, warm-up), the client/server sides,
-the steady population (cold-start outliers taken out), and the cold-start spans reported apart.
+the steady population (cold-start outliers taken out), the cold-start spans reported apart, and
+whether the load was ``ttft diagnose``'s design and what the users said they send.
 
 Writes ``ctx.ok`` and ``ctx.steady`` (every later theme reads them). Units: counts of requests,
 seconds.
@@ -61,9 +62,28 @@ def populations(ctx: FeatureContext) -> None:
     server_side = bool(has_server.any())
     client_side = bool(has_client.any())
     ctx.add("client_only", 1.0 if (client_side and not server_side) else 0.0)
+    # the load is ttft diagnose's designed experiment (its ladder, ramp and follow-ups), not the users'
+    ctx.add("designed_by_diagnose", 1.0 if isinstance(ctx.meta, dict) and ctx.meta.get("kind") == "diagnose" else 0.0)
+    users_workload(ctx)
     cold_start_outliers(ctx)
     designed_apart(ctx)
     ctx.add("requests_n", float(len(ctx.steady)))
+
+
+def users_workload(ctx: FeatureContext) -> None:
+    """What the users send, as ``ttft diagnose --workload`` recorded it (``meta.json``
+    ``users_workload``): ``users_prompt_spread_x`` (their longest prompt / shortest) and
+    ``users_shared_prefix_tokens`` (0: none). Unavailable when not given."""
+    wl = ctx.meta.get("users_workload") if isinstance(ctx.meta, dict) else None
+    wl = wl if isinstance(wl, dict) else {}
+    why = "the users' workload is not given (ttft diagnose --workload {})"
+    pt = wl.get("prompt_tokens")
+    ok = isinstance(pt, list) and len(pt) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in pt)
+    ctx.add("users_prompt_spread_x", float(pt[1]) / float(pt[0]) if ok else None,
+            None if ok else why.format("prompt_tokens=MIN-MAX"))
+    sp = wl.get("shared_prefix_tokens")
+    ok = isinstance(sp, (int, float)) and sp >= 0
+    ctx.add("users_shared_prefix_tokens", float(sp) if ok else None, None if ok else why.format("shared_prefix=N"))
 
 
 def designed_apart(ctx: FeatureContext) -> None:

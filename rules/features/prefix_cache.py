@@ -21,8 +21,6 @@ rule is skipped with the reason.
   one a working cache gives the design's prompts (the repeats' prefix tokens over all prompt
   tokens: 1 = as cached as the design allows); ``engines_seen`` (populations), the engines seen (to word
   the next checks).
-* ``prefix_design_by_diagnose``: 1 when the design is ``ttft diagnose``'s own follow-up (the capture's
-  kind), so what it shows is how the server treats a repeated prefix, not that the users' prompts repeat one.
 
 Runs on the calling thread, on the shared :class:`~rules.features.context.FeatureContext`.
 """
@@ -56,9 +54,6 @@ def prefix_cache(ctx: FeatureContext) -> None:
     on = cfg.get("prefix_caching") if isinstance(cfg, dict) else None
     ctx.add("prefix_caching_enabled", float(on) if isinstance(on, bool) else None,
             None if isinstance(on, bool) else "the engine's configuration does not say (bundled engine: meta.json)")
-    # ttft diagnose's prefix follow-up: the shared prefix is the tool's own test, not the users' prompts
-    own = isinstance(ctx.meta, dict) and ctx.meta.get("kind") == "diagnose"
-    ctx.add("prefix_design_by_diagnose", 1.0 if own else 0.0)
     hit = ctx.wmean(stages.SERIES_PREFIX_CACHE_HIT_RATIO)
     ctx.add("prefix_cache_hit_ratio_metrics", hit, None if hit is not None else
             "the engine's metrics have no prefix-cache hit ratio (vLLM prefix_cache_hits/queries, SGLang "

@@ -71,3 +71,17 @@ def test_scenarios_check_via_diagnose_prints_the_table_and_exits_by_the_score(tm
     by = {c["name"]: c for c in doc["cases"]}
     assert by["comm"]["skipped"] and by["comm"]["right"] is None
     assert by["healthy"]["verdict"]["category"] and res.returncode == (0 if by["healthy"]["right"] else 1), res.stderr
+
+
+def test_a_cases_users_say_what_their_probe_steps_send() -> None:
+    """--workload for a case: its prompts' range (cycled and injected long ones too; a sweep's
+    values are the experiment, not the users') and the prefix they share."""
+    from diag.diagnose.workload import UsersWorkload
+    from diag.scenarios.catalog import ProbeStep
+    from diag.scenarios.via_diagnose import users_workload
+
+    assert users_workload([ProbeStep(input_tokens="fixed:16", inject_long=(900, 6))]) == UsersWorkload((16, 900), 0)
+    assert users_workload([ProbeStep(input_tokens="uniform:600-900", sweep="prompt", sweep_values=(64.0, 2048.0))]) \
+        == UsersWorkload((600, 900), 0)
+    assert users_workload([ProbeStep(input_tokens="fixed:792", shared_prefix=(736, 3))]) == UsersWorkload((792, 792), 736)
+    assert users_workload([ProbeStep(input_tokens="fixed:32", prompts=((32, 8), (1400, 8)))]).prompt_tokens == (32, 1400)

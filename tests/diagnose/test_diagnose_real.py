@@ -129,7 +129,24 @@ def test_when_prompt_work_leads_a_repeated_prefix_tells_whether_the_server_reuse
         assert pc.conditional and "if your prompts share one" in pc.title and not d.verdict.demoted_by
         saving = next(e for e in pc.evidence if e.name == "repeats' TTFT saving of the prefix's cost")
         assert saving.crossed and saving.value < 0.5
+        # users who say their prompts share a prefix (--workload) are judged for it: measured, not
+        # conditional; users who say they share none are not told about a cache
+        theirs = _with_workload(res, shared_prefix_tokens=512)
+        mine = next(f for f in theirs.findings if f.category == "prefix_cache")
+        assert not mine.conditional and mine.confidence > pc.confidence
+        none = _with_workload(res, shared_prefix_tokens=0)
+        assert any(p.rule_id == "prefix_cache" and "your prompts share none" in p.reason for p in none.passed)
     _check_capture(res)
+
+
+def _with_workload(res: DiagnoseResult, **workload):  # noqa: ANN003, ANN202
+    """The run's capture diagnosed again as if the users had said ``--workload`` this."""
+    from dataclasses import replace
+
+    from rules import diagnose
+
+    tables = analyze_paths([res.capture], slo=res.analysis.slo).tables
+    return diagnose(replace(tables, meta={**tables.meta, "users_workload": workload}), slo=res.analysis.slo)
 
 
 def test_a_slow_tokenizer_is_named_from_the_prompt_ladder(tmp_path: Path) -> None:
@@ -185,6 +202,12 @@ def test_short_prompts_waiting_for_a_long_ones_chunks_are_head_of_line_from_the_
     row = next(e for e in v.evidence if e.name == "short TTFT behind a long prompt / without")
     assert row.value >= 3.0 and row.crossed
     assert "ttft diagnose's own test" in (v.note or "")
+    # users whose prompts do not mix lengths (--workload prompt_tokens=600-900) never wait behind another's
+    # prefill: not head-of-line for them
+    alike = _with_workload(res, prompt_tokens=[600, 900])
+    assert alike.verdict.category != "head_of_line"
+    assert any(p.rule_id == "head_of_line" and "do not mix lengths" in p.reason for p in alike.passed)
+    assert _with_workload(res, prompt_tokens=[16, 900]).verdict.category == "head_of_line"
     _check_capture(res)
 
 

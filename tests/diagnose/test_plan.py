@@ -189,6 +189,8 @@ def test_confidence_ends_the_run_but_never_for_healthy_or_an_outcome() -> None:
     assert confident_stop("queue", 0.69, pts, PlanConfig()) is None
     for cat in ("healthy", "inconclusive", "failures", "no_data"):
         assert confident_stop(cat, 0.95, pts, PlanConfig()) is None
+    # client only: the same queue at 0.75 waits for the design (the long ramp tells it from a KV limit)
+    assert confident_stop("queue", 0.75, pts, PlanConfig(), black_box=True) is None
 
 
 def test_goodput_is_the_best_level_within_the_slo_and_without_failures() -> None:
@@ -229,6 +231,18 @@ def test_when_prompt_work_leads_a_repeated_prefix_follows_the_design_sized_from_
     # it ran: the design ends
     done = next_step(CAPPED, [BASE, *LADDER, pt("prefix", 448, 0.06, n=12)], 8.0, leading="prefill_compute")
     assert done.step is None and "(the cap)" in (done.done or "")
+
+
+def test_the_users_prefix_sizes_the_follow_up_and_none_skips_it() -> None:
+    # --workload shared_prefix=200: their prefix, not the longest rung's
+    d = next_step(replace(CAPPED, users_shared_prefix_tokens=200), [BASE, *LADDER], 5.0, leading="prefill_compute")
+    assert d.step is not None and d.step.kind == "prefix" and d.step.value == 200
+    # longer than the ladder reached: as long as it reached
+    d = next_step(replace(CAPPED, users_shared_prefix_tokens=4000), [BASE, *LADDER], 5.0, leading="prefill_compute")
+    assert d.step is not None and d.step.value == 512 - CAPPED.input_tokens
+    # shared_prefix=0: no cache would reach them, no test
+    assert next_step(replace(CAPPED, users_shared_prefix_tokens=0), [BASE, *LADDER], 5.0,
+                     leading="prefill_compute").step is None
 
 
 @pytest.mark.parametrize("leading", ["queue", "healthy", "kv_cache", None])

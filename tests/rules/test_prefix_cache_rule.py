@@ -28,11 +28,12 @@ PREFIX, SUFFIX = 512, 64
 
 
 def _capture(path: Path, *, fixed_s: float, per_token_s: float, hit: bool, server: bool, roles: bool = True,
-             groups: int = 6, repeats: int = 3, engine_config: dict | None = None) -> Path:
+             groups: int = 6, repeats: int = 3, engine_config: dict | None = None, kind: str | None = None) -> Path:
     """Groups of (first, repeat x (repeats - 1), control) requests one after another (concurrency 1).
 
     ``hit``: repeats' prefix is served from the cache (not computed). ``server``: the server's spans
-    (queue, prefill, cached tokens) joined to the client's; else the client's alone.
+    (queue, prefill, cached tokens) joined to the client's; else the client's alone. ``kind``: the
+    capture's kind in meta.json (``diagnose``: ttft diagnose's own design).
     """
     sink = setup_tracing("probe", capture_dir=path, export_interval_s=60)
     srv = setup_tracing("engine", capture_dir=path / "server", export_interval_s=60) if server else None
@@ -79,6 +80,8 @@ def _capture(path: Path, *, fixed_s: float, per_token_s: float, hit: bool, serve
         if engine_config is not None:
             srv.set_meta(engine="bundled", engine_config=engine_config)
         srv.shutdown()
+    if kind is not None:
+        sink.set_meta(kind=kind)
     sink.shutdown()
     return path
 
@@ -115,6 +118,21 @@ def test_client_only_repeats_that_cost_a_first_use_are_named(tmp_path):
         assert word in checks
     # the share explained is what repeats pay above a control
     assert f.explained_pct == pytest.approx(100 * (0.2456 - 0.0356) / 0.2456, rel=0.05)
+
+
+def test_diagnose_own_prefix_is_conditional_and_weighed_as_a_designed_test(tmp_path):
+    """The same repeats sent by ttft diagnose: how the server treats a repeated prefix is measured
+    by design (designed_scale, not the black-box scale), but that the users' prompts repeat one is
+    not (own_test_scale), so the finding is conditional."""
+    found = _find(_diagnose(_capture(tmp_path / "p", fixed_s=0.010, per_token_s=0.0004, hit=False, server=False)))
+    d = _diagnose(_capture(tmp_path / "d", fixed_s=0.010, per_token_s=0.0004, hit=False, server=False,
+                           kind="diagnose"))
+    f = _find(d)
+    assert f is not None and f.conditional and "diagnose's own test" in f.note, format_diagnosis(d)
+    g, pc = d.thresholds["general"], d.thresholds["prefix_cache"]
+    assert g["designed_scale"] > g["black_box_scale"]
+    assert f.confidence == pytest.approx(found.confidence * g["designed_scale"] / g["black_box_scale"]
+                                         * pc["own_test_scale"], abs=0.002)
 
 
 def test_client_only_cache_that_hits_is_a_near_miss(tmp_path):

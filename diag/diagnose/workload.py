@@ -1,0 +1,83 @@
+"""What the users send, as ``ttft diagnose --workload`` takes it: lengths only, never text.
+
+``ttft diagnose`` designs its own load, so some of what it measures holds for the server but not
+necessarily for its users: that a repeated prefix is prefilled again matters only if their
+prompts share one; that a short prompt waits behind a long one's prefill only if their prompt
+lengths mix. When the user says what their prompts are like, those findings are judged for them
+(measured) instead of conditional. Spec: comma-separated ``key=value``::
+
+    prompt_tokens=MIN-MAX   the users' shortest and longest prompt (tokens); one number: all alike
+    shared_prefix=N         tokens their prompts share at the start (a system prompt); 0: none
+
+Recorded in the capture's ``meta.json`` as ``users_workload`` (the rules read it there). Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+KEYS = ("prompt_tokens", "shared_prefix")
+
+
+@dataclass(frozen=True)
+class UsersWorkload:
+    """The users' prompt lengths (tokens, inclusive) and the prefix they share (tokens); None: not said."""
+
+    prompt_tokens: tuple[int, int] | None = None
+    shared_prefix_tokens: int | None = None
+
+    def to_meta(self) -> dict[str, Any]:
+        """The ``meta.json`` ``users_workload`` block (only what was said)."""
+        out: dict[str, Any] = {}
+        if self.prompt_tokens is not None:
+            out["prompt_tokens"] = list(self.prompt_tokens)
+        if self.shared_prefix_tokens is not None:
+            out["shared_prefix_tokens"] = self.shared_prefix_tokens
+        return out
+
+    def describe(self) -> str:
+        parts = []
+        if self.prompt_tokens is not None:
+            lo, hi = self.prompt_tokens
+            parts.append(f"prompts of {lo} tokens" if lo == hi else f"prompts of {lo}-{hi} tokens")
+        if self.shared_prefix_tokens is not None:
+            parts.append(f"a shared prefix of {self.shared_prefix_tokens} tokens" if self.shared_prefix_tokens
+                         else "no shared prefix")
+        return ", ".join(parts) or "not given"
+
+
+def _int(key: str, text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"--workload {key}={text}: expected a whole number of tokens") from None
+    if v < 0:
+        raise ValueError(f"--workload {key}={text}: must be >= 0")
+    return v
+
+
+def parse_users_workload(spec: str) -> UsersWorkload:
+    """``prompt_tokens=MIN-MAX,shared_prefix=N`` -> :class:`UsersWorkload`; ValueError with one line."""
+    prompt: tuple[int, int] | None = None
+    prefix: int | None = None
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or key not in KEYS:
+            raise ValueError(f"--workload {part}: expected key=value with key one of {', '.join(KEYS)}")
+        if key == "prompt_tokens":
+            lo_s, dash, hi_s = value.partition("-")
+            lo = _int(key, lo_s)
+            hi = _int(key, hi_s) if dash else lo
+            if lo < 1 or hi < lo:
+                raise ValueError(f"--workload prompt_tokens={value}: expected MIN-MAX with 1 <= MIN <= MAX")
+            prompt = (lo, hi)
+        else:
+            prefix = _int(key, value)
+    return UsersWorkload(prompt, prefix)
+
+
+__all__ = ["UsersWorkload", "parse_users_workload"]

@@ -1,0 +1,53 @@
+"""``ttft diagnose --workload``: what the users send, lengths only, parsed with one-line errors,
+recorded in meta.json and read by the rules as features."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diag.diagnose.workload import UsersWorkload, parse_users_workload
+from rules.features import compute_features
+
+#: a small real client capture (the healthy sample's probe side)
+CAPTURE = Path(__file__).resolve().parents[2] / "samples" / "healthy" / "client"
+
+
+def test_a_spec_gives_lengths_and_the_shared_prefix() -> None:
+    w = parse_users_workload("prompt_tokens=16-900, shared_prefix=512")
+    assert w == UsersWorkload((16, 900), 512)
+    assert w.to_meta() == {"prompt_tokens": [16, 900], "shared_prefix_tokens": 512}
+    assert parse_users_workload("prompt_tokens=700") == UsersWorkload((700, 700), None)
+    assert parse_users_workload("shared_prefix=0").describe() == "no shared prefix"
+    assert UsersWorkload().to_meta() == {} and UsersWorkload().describe() == "not given"
+
+
+@pytest.mark.parametrize("spec,says", [("prompts=5", "key one of prompt_tokens, shared_prefix"),
+                                       ("prompt_tokens=900-16", "1 <= MIN <= MAX"),
+                                       ("prompt_tokens=0", "1 <= MIN <= MAX"),
+                                       ("shared_prefix=-3", "must be >= 0"),
+                                       ("shared_prefix=lots", "whole number"),
+                                       ("shared_prefix", "expected key=value")])
+def test_a_bad_spec_is_one_line_naming_the_part(spec: str, says: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        parse_users_workload(spec)
+    assert says in str(exc.value) and "\n" not in str(exc.value)
+
+
+def _features(meta: dict):  # noqa: ANN202
+    from dataclasses import replace
+
+    from diag.capture import load_capture
+    from diag.tables import build_tables
+
+    return compute_features(replace(build_tables([load_capture(CAPTURE)]), meta=meta))
+
+
+def test_the_rules_read_it_from_the_capture_meta() -> None:
+    f = _features({"kind": "diagnose", "users_workload": UsersWorkload((16, 900), 0).to_meta()})
+    assert f.value("designed_by_diagnose") == 1.0
+    assert f.value("users_prompt_spread_x") == pytest.approx(900 / 16) and f.value("users_shared_prefix_tokens") == 0
+    none = _features({"kind": "probe"})
+    assert none.value("designed_by_diagnose") == 0.0
+    assert not none.available("users_prompt_spread_x") and "--workload" in str(none.get("users_shared_prefix_tokens").reason)
