@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         from rules import load_thresholds
 
         plan = type(plan)(**{**plan.__dict__, "thresholds": load_thresholds(args.rules)})
-    from diag.diagnose.workload import parse_users_workload
+    from diag.diagnose.users_workload import parse_users_workload
 
     try:
         workload = parse_users_workload(args.workload) if args.workload else None

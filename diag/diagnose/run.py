@@ -32,7 +32,7 @@ from diag.diagnose.limits import context_limit
 from diag.diagnose.plan import Decision, PlanConfig, Step, confident_stop, next_step, segment_of
 from diag.diagnose.points import Point, point_from_metrics
 from diag.diagnose.result import DiagnoseResult, StepRecord, startup_of, time_to_verdict, verdict_of
-from diag.diagnose.workload import UsersWorkload
+from diag.diagnose.users_workload import UsersWorkload
 from diag.scenarios.runner import step_chunks
 
 #: Events for live progress: ("note", text), ("step", StepRecord), ("point", StepRecord),

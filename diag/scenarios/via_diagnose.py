@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from diag.scenarios.calibrate import Calibration
-from diag.diagnose.workload import UsersWorkload
+from diag.diagnose.users_workload import UsersWorkload
 from diag.scenarios.catalog import Plan, ProbeStep, Scenario
 from diag.scenarios.engine_process import EngineProcess
 from diag.scenarios.matrix import Verdict

@@ -76,7 +76,7 @@ def test_scenarios_check_via_diagnose_prints_the_table_and_exits_by_the_score(tm
 def test_a_cases_users_say_what_their_probe_steps_send() -> None:
     """--workload for a case: its prompts' range (cycled and injected long ones too; a sweep's
     values are the experiment, not the users') and the prefix they share."""
-    from diag.diagnose.workload import UsersWorkload
+    from diag.diagnose.users_workload import UsersWorkload
     from diag.scenarios.catalog import ProbeStep
     from diag.scenarios.via_diagnose import users_workload
 

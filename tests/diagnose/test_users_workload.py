@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.diagnose.workload import UsersWorkload, parse_users_workload
+from diag.diagnose.users_workload import UsersWorkload, parse_users_workload
 from rules.features import compute_features
 
 #: a small real client capture (the healthy sample's probe side)
