@@ -65,6 +65,9 @@ def _context_rows(ctx: RuleContext, t: Triage) -> None:
                                              ("prefix_repeat_saving_frac", "prefix_cost_share")))
 def prefix_cache(ctx: RuleContext) -> Outcome:
     """Prompts repeat a prefix but the repeats are prefilled in full again (prefix-cache misses)."""
+    if ctx.v("designed_by_diagnose") and ctx.v("users_shared_prefix_tokens") == 0:
+        return ("whatever the server does with a repeated prefix, your prompts share none (--workload "
+                "shared_prefix=0): a prefix cache would not shorten their TTFT")
     th = ctx.th
     t = Triage(ctx)
     cached = ctx.v("prefix_repeat_cached_frac")
@@ -96,8 +99,6 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
                      "(first - repeat) / (first - control): 1 = repeats cost what the suffix alone costs", op="<=")
         _context_rows(ctx, t)
         s, pct = ctx.explained(material * (1.0 - cached))
-        if _users_share_none(ctx):
-            return str(_users_share_none(ctx))
         own, scale = _own_test(ctx)
         title = OWN_TITLE if own else "Prefix-cache misses: prompts repeat a prefix but it is prefilled again every time"
         return finding(title,
@@ -120,8 +121,6 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
     rep, ctl = ctx.v("prefix_repeat_ttft_p50_s"), ctx.v("prefix_control_ttft_p50_s")
     share = max(0.0, (rep - ctl) / rep) if rep and ctl is not None else None
     s, pct = ctx.explained(share)
-    if _users_share_none(ctx):
-        return str(_users_share_none(ctx))
     bb = ctx.black_box
     own, scale = _own_test(ctx)
     note = (("client-only evidence: TTFT of repeats against first uses and controls of the designed probe "
@@ -148,10 +147,3 @@ def _own_test(ctx: RuleContext) -> tuple[bool, float]:
     own = bool(ctx.v("designed_by_diagnose")) and ctx.v("users_shared_prefix_tokens") is None
     return own, float(ctx.th["own_test_scale"]) if own else 1.0
 
-
-def _users_share_none(ctx: RuleContext) -> str | None:
-    """Why the finding does not reach the users (their prompts share no prefix), or None."""
-    if ctx.v("designed_by_diagnose") and ctx.v("users_shared_prefix_tokens") == 0:
-        return ("the server prefills a repeated prefix again, but your prompts share none (--workload "
-                "shared_prefix=0): a prefix cache would not shorten their TTFT")
-    return None

@@ -135,6 +135,22 @@ def test_diagnose_own_prefix_is_conditional_and_weighed_as_a_designed_test(tmp_p
                                          * pc["own_test_scale"], abs=0.002)
 
 
+@pytest.mark.parametrize("shared", [512, 0])
+def test_diagnose_with_the_users_workload_judges_the_prefix_for_their_prompts(tmp_path, shared):
+    """--workload shared_prefix=N: the users' prompts share one, so the finding is theirs (not
+    conditional); shared_prefix=0: theirs share none, so no cache finding at all."""
+    from dataclasses import replace
+
+    tables = build_tables([load_capture(_capture(tmp_path / "d", fixed_s=0.010, per_token_s=0.0004, hit=False,
+                                                 server=False, kind="diagnose"))])
+    d = diagnose(replace(tables, meta={**tables.meta, "users_workload": {"shared_prefix_tokens": shared}}))
+    if shared:
+        f = _find(d)
+        assert f is not None and not f.conditional and d.verdict.rule_id == "prefix_cache", format_diagnosis(d)
+    else:
+        assert _find(d) is None and "your prompts share none" in _passed(d)
+
+
 def test_client_only_cache_that_hits_is_a_near_miss(tmp_path):
     d = _diagnose(_capture(tmp_path / "c", fixed_s=0.010, per_token_s=0.0004, hit=True, server=False))
     assert _find(d) is None
