@@ -112,6 +112,22 @@ def queue(ctx: RuleContext) -> Outcome:
         return long_out_refutes(ctx) or _request_limit(ctx, shift)
     if not all(ctx.has(n) for n in SWEEP):
         return _queue_one_level(ctx)
+    out = _queue_sweep(ctx)
+    if isinstance(out, str) and not closed_loop(ctx):
+        # open-loop arrivals: the levels in flight are not a designed sweep (their number grows because
+        # requests wait), so TTFT may rise less than a sweep's would; the order of first tokens and
+        # stream ends at the load offered is evidence of its own
+        line = _queue_one_level(ctx)
+        if not isinstance(line, str):
+            return line
+        out = "; ".join(r for r in (out, line) if r)
+    return out
+
+
+def _queue_sweep(ctx: RuleContext) -> Outcome:
+    """Client only, several levels in flight: TTFT against concurrency and per-stream decode speed
+    (ttft diagnose's long ramp first, when it ran)."""
+    th = ctx.th
     uncapped = long_ramp_uncapped(ctx)
     if uncapped is not None and not ctx.has("metrics_queue_share"):
         # the long ramp's streams all decoded together: nothing admitted fewer than came, so what the sweep
