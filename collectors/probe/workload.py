@@ -105,6 +105,15 @@ class LengthSpec:
     def mean(self) -> float:
         return (self.a + self.b) / 2 if self.kind == "uniform" else self.a
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """(shortest, longest) length in tokens it draws; normal: mean +- 2 std, at least 1."""
+        if self.kind == "fixed":
+            return self.a, self.a
+        if self.kind == "uniform":
+            return self.a, self.b
+        return max(1.0, self.a - 2 * self.b), self.a + 2 * self.b
+
     def __str__(self) -> str:
         if self.kind == "fixed":
             return f"fixed:{int(self.a)}"

@@ -185,8 +185,8 @@ class _Run:
                 raise asyncio.CancelledError
             verdict, conf = verdict_of(self.analysis)
             points = [r.point for r in self.records if r.point is not None]
-            diag = self.analysis.diagnosis if self.analysis is not None else None
-            stop = (confident_stop(verdict, conf, points, self.plan, diag is not None and diag.verdict.black_box)
+            running = self.analysis.diagnosis if self.analysis is not None else None
+            stop = (confident_stop(verdict, conf, points, self.plan, running is not None and running.verdict.black_box)
                     if verdict is not None and conf is not None else None)
             if stop:
                 self.stopped = stop

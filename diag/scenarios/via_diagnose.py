@@ -86,10 +86,7 @@ def users_workload(steps: Sequence[ProbeStep]) -> UsersWorkload:
 
     lo, hi = math.inf, 0.0
     for st in steps:
-        spec = LengthSpec.parse(st.input_tokens)
-        a, b = {"fixed": (spec.a, spec.a), "uniform": (spec.a, spec.b)}.get(
-            spec.kind, (max(1.0, spec.a - 2 * spec.b), spec.a + 2 * spec.b))
-        lens = [a, b, *(t for t, _ in st.prompts), *((st.inject_long[0],) if st.inject_long[0] else ())]
+        lens = [*LengthSpec.parse(st.input_tokens).bounds, *(t for t, _ in st.prompts), *((st.inject_long[0],) if st.inject_long[0] else ())]
         lo, hi = min(lo, *lens), max(hi, *lens)
     prompt = (int(lo), int(hi)) if hi >= lo >= 1 else None
     return UsersWorkload(prompt, max((st.shared_prefix[0] for st in steps), default=0))

@@ -21,6 +21,9 @@ def test_length_spec_parse():
     assert LengthSpec.parse("uniform:10-20") == LengthSpec("uniform", 10, 20)
     assert LengthSpec.parse("normal:100,10") == LengthSpec("normal", 100, 10)
     assert str(LengthSpec.parse("uniform:10-20")) == "uniform:10-20"
+    # the lengths each kind draws: a normal's tails cut at 2 std, never below one token
+    assert [LengthSpec.parse(s).bounds for s in ("64", "uniform:10-20", "normal:100,10", "normal:5,4")] == \
+        [(64, 64), (10, 20), (80, 120), (1.0, 13)]
     for bad in ("", "0", "uniform:5-2", "normal:1", "gauss:3,4", "fixed:-1", "abc"):
         with pytest.raises(WorkloadError, match="spec"):
             LengthSpec.parse(bad)
