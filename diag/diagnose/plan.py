@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from diag.diagnose.certainty import CONFIDENT
 from diag.diagnose.design import Decision, PlanConfig, Step, base_point, segment_of
 from diag.diagnose.followups import followup_reading, long_output_reading, long_ramp_reading, mixed_reading
 from diag.diagnose.ladder import ladder_reading, prompt_fit
@@ -24,8 +25,6 @@ from rules import OUTCOMES
 
 #: A step whose failed share reaches this is an error burst: stop probing, spare the server.
 ERROR_BURST_FRAC = 0.5
-#: The confidence at which the verdict ends the run (issue 14).
-CONFIDENT = 0.7
 
 def next_step(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float = 0.0, confident: bool = False,
               requests_sent: int = 0, leading: str | None = None) -> Decision:

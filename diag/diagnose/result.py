@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from diag.analysis import Analysis
+from diag.diagnose.certainty import Certainty, certainty_of
 from diag.diagnose.design import Step, segment_of
 from diag.diagnose.ladder import prompt_fit
 from diag.diagnose.points import Point, goodput
@@ -66,6 +67,15 @@ class DiagnoseResult:
         ramp = "rate" if any(p.kind == "rate" for p in self.points) else "concurrency"
         return goodput(self.points, self.analysis.slo if self.analysis else None, ramp)
 
+    def certainty(self) -> Certainty | None:
+        """Whether the final verdict is confident, and if not why and what would decide (None: no verdict)."""
+        if self.analysis is None or self.analysis.diagnosis is None:
+            return None
+        d = self.analysis.diagnosis
+        series = self.analysis.tables.series
+        scraped = bool(len(series)) and "source" in series.columns and bool((series["source"] == "prometheus").any())
+        return certainty_of(d, self.stopped, scraped, int((d.thresholds.get("general") or {}).get("min_requests", 20)))
+
     def to_dict(self, with_analysis: bool = True) -> dict[str, Any]:
         """The run as JSON: steps, stop, start-up, goodput, timing, and (``with_analysis``) the
         verdict as ``ttft analyze --json`` gives it (else its category and confidence only)."""
@@ -78,6 +88,8 @@ class DiagnoseResult:
         }
         cat, conf = verdict_of(self.analysis)
         out["verdict"] = None if cat is None else {"category": cat, "confidence": conf}
+        cert = self.certainty()
+        out["certainty"] = None if cert is None else cert.to_dict()
         if with_analysis and self.analysis is not None:
             from diag.report.jsondoc import analysis_document
 

@@ -55,6 +55,9 @@ def format_result(res: DiagnoseResult, analysis_text: str | None = None) -> str:
         lines.append(f"goodput: none ({g['why']})")
     lines.append(f"probing: {res.probing_s:.1f} s, {res.requests_sent} requests; time to verdict "
                  + (f"{res.time_to_verdict_s:.1f} s" if res.time_to_verdict_s is not None else "-"))
+    cert = res.certainty()
+    if cert is not None:
+        lines.extend(cert.lines())
     if analysis_text:
         lines.append("")
         lines.append(analysis_text)

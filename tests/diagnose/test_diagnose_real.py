@@ -22,9 +22,10 @@ import pytest
 
 from diag import cli
 from diag.analysis import analyze_paths
-from diag.diagnose import DiagnoseConfig, DiagnoseResult, PlanConfig, format_result, run_diagnose
+from diag.diagnose import CONFIDENT, DiagnoseConfig, DiagnoseResult, PlanConfig, format_result, run_diagnose
 from diag.report.text import format_analysis
 from diag.scenarios.engine_process import EngineProcess
+from rules import OUTCOMES
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +58,13 @@ def _check_capture(res: DiagnoseResult) -> None:
     meta = json.loads((res.capture / "meta.json").read_text())
     assert meta["kind"] == "diagnose" and len(meta["diagnose"]["steps"]) == len(res.records)
     assert all(s["reason"] for s in meta["diagnose"]["steps"])
+    # confident or not is said, and a verdict under the bar names what would decide
+    cert = res.certainty()
+    assert meta["diagnose"]["certainty"]["confident"] == cert.confident
+    assert cert.confident == (res.analysis.diagnosis.verdict.confidence >= CONFIDENT
+                              and cert.category not in OUTCOMES)
+    assert cert.confident or (cert.why_not and cert.decide)
+    assert cert.lines()[0] in format_result(res)
     assert cli.main(["report", str(res.capture), "-o", str(res.capture.parent / "report.html")]) == 0
 
 
