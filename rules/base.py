@@ -104,11 +104,18 @@ class RuleContext:
         return round(min(max(c, 0.0), 1.0), 3)
 
 
-def strength(value: float | None, threshold: float, higher_is_worse: bool = True) -> float:
-    """How far a value is past its threshold: 0.5 at the threshold, 1.0 at 2x (or 1/2x), 0 below."""
+def strength(value: float | None, threshold: float, higher_is_worse: bool = True, bound: float | None = None) -> float:
+    """How far a value is past its threshold: 0.5 at the threshold, 1.0 at 2x (or 1/2x), 0 below.
+
+    ``bound`` is the most a bounded measure can reach (1 for a share or an R²). When 2x the
+    threshold lies past it (a share judged at 60%), the value could never be 2x: full strength is
+    at the bound instead, linear from the threshold (an R² of 0.98 against 0.6 is as strong as a
+    fit gets, not 0.85 of it)."""
     if value is None or threshold is None:
         return 0.0
     v, t = float(value), float(threshold)
+    if higher_is_worse and bound is not None and t > 0 and t < bound < 2.0 * t:
+        return 0.0 if v < t else min(1.0, 0.5 + 0.5 * (v - t) / (bound - t))
     if not higher_is_worse:
         v, t = (1.0 / v if v > 0 else math.inf), (1.0 / t if t > 0 else math.inf)
     if t <= 0:
@@ -116,6 +123,10 @@ def strength(value: float | None, threshold: float, higher_is_worse: bool = True
     if v < t:
         return 0.0
     return min(1.0, 0.5 + 0.5 * math.log2(v / t)) if math.isfinite(v) else 1.0
+
+
+#: the bound of a measure by its evidence unit (a share of TTFT, of time, of requests is at most 1)
+BOUND_BY_UNIT: dict[str, float] = {"share": 1.0}
 
 
 def ev(name: str, value: Any, threshold: Any, unit: str, meaning: str) -> Evidence:
@@ -149,20 +160,23 @@ class Triage:
             raise ValueError("a check needs a threshold key or a threshold")
         return self.ctx.th[key]
 
-    def _weigh(self, value: Any, limit: Any, op: str) -> None:
-        self.strengths.append(strength(value, limit, higher_is_worse=op in (">=", ">")))
+    def _weigh(self, value: Any, limit: Any, op: str, unit: str, bound: float | None) -> None:
+        bound = BOUND_BY_UNIT.get(unit) if bound is None else bound
+        self.strengths.append(strength(value, limit, higher_is_worse=op in (">=", ">"), bound=bound))
 
     def crossed(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
-                threshold: float | None = None, miss: str | None = None, weigh: bool = True) -> bool:
+                threshold: float | None = None, miss: str | None = None, weigh: bool = True,
+                bound: float | None = None) -> bool:
         """When ``value op threshold``: a crossed row and (``weigh``) its strength; True. Else False,
         and ``miss`` (a ``str.format`` template of ``value`` and ``threshold``) joins the pass
-        reason when the value is known."""
+        reason when the value is known. ``bound``: the most the measure can be (:func:`strength`;
+        a ``share`` row's is 1 without saying)."""
         limit = self._limit(key, threshold)
         hit = value is not None and _OPS[op](value, limit)
         if hit:
             self.evidence.append(Evidence(name, value, limit, unit, meaning, op=op, crossed=True))
             if weigh:
-                self._weigh(value, limit, op)
+                self._weigh(value, limit, op, unit, bound)
         elif value is not None and miss is not None:
             self.misses.append(miss.format(value=value, threshold=limit))
         return hit
@@ -173,14 +187,14 @@ class Triage:
         return self.crossed(name, value, key, unit, meaning, op=op, threshold=threshold, miss=miss, weigh=weigh)
 
     def judged(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
-               threshold: float | None = None, weigh: bool = False) -> bool:
+               threshold: float | None = None, weigh: bool = False, bound: float | None = None) -> bool:
         """A row shown whether or not ``value op threshold`` (``crossed`` says which); its strength
-        only when ``weigh``. Returns whether it crossed."""
+        only when ``weigh`` (``bound`` as for :meth:`crossed`). Returns whether it crossed."""
         limit = self._limit(key, threshold)
         hit = value is not None and _OPS[op](value, limit)
         self.evidence.append(Evidence(name, value, limit, unit, meaning, op=op, crossed=hit))
         if weigh:
-            self._weigh(value, limit, op)
+            self._weigh(value, limit, op, unit, bound)
         return hit
 
     def context(self, name: str, value: Any, unit: str, meaning: str) -> None:

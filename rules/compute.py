@@ -44,7 +44,7 @@ def _fit_rows(t: Triage, weigh: bool) -> None:
         return
     t.judged("TTFT vs prompt tokens R²", r2, "r2_min", "",
              f"requests that did not queue; slope {ctx.v('ttft_prompt_slope_ms_per_token'):.3g} ms/token, intercept "
-             f"{ctx.v('ttft_prompt_intercept_ms', 0):.3g} ms", weigh=weigh)
+             f"{ctx.v('ttft_prompt_intercept_ms', 0):.3g} ms", weigh=weigh, bound=1.0)
     t.judged("prompt-proportional part of median TTFT", ctx.v("ttft_prompt_explained_frac"), "explained_frac_min",
              "share", "slope x mean prompt / mean TTFT: how much of the TTFT time is prompt processing", weigh=weigh)
 
@@ -99,7 +99,7 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         t.judged(label, ps, "share_min" if fit_ok else "share_only_min", "share",
                  "forward passes over the prompt tokens" + (f" ({how})" if how else ""), weigh=by_fit)
         if not by_fit:
-            t.add_strength(strength(ps, th["share_only_min"]))
+            t.add_strength(strength(ps, th["share_only_min"], bound=1.0))
         _fit_rows(t, weigh=by_fit)
         pb = ctx.v("prefill_busy_ratio")
         if pb is not None:

@@ -108,8 +108,8 @@ def interference(ctx: RuleContext) -> Outcome:
                      threshold=c.get("target_s"))
     t.context("token gaps overlapping a prefill", ctx.v("itl_during_prefill_frac"), "share", "how often it happens")
     # the time lost, or (an ITL SLO broken) the tail made of stalls: whichever says it louder
-    t.add_strength(max(strength(stall, th["stall_share_min"]),
-                       strength(tail, th["tail_during_prefill_min"]) if tail_caused else 0.0))
+    t.add_strength(max(strength(stall, th["stall_share_min"], bound=1.0),
+                       strength(tail, th["tail_during_prefill_min"], bound=1.0) if tail_caused else 0.0))
     # the long prompts were diagnose's own and the users gave no ITL target: what a long prompt would do
     own = designed and not mixed
     if designed:

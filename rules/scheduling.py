@@ -363,7 +363,7 @@ def tokenize(ctx: RuleContext) -> Outcome:
     t.crossed("TTFT per prompt token / ITL p50", ratio, "bb_slope_per_itl_min", "x",
               "each prompt token costs a sizeable part of a whole decode step: sequential per-token CPU work, "
               "not a parallel prefill")
-    t.crossed("TTFT vs prompt tokens R²", r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token")
+    t.crossed("TTFT vs prompt tokens R²", r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token", bound=1.0)
     share = ctx.v("ttft_prompt_explained_frac")
     s, pct = ctx.explained(min(share, 1.0) if share is not None else None)
     return finding("TTFT grows per prompt token far faster than a parallel prefill would: tokenization (black box)",

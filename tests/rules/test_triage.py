@@ -56,6 +56,22 @@ def test_a_judged_row_is_shown_either_way_and_weighs_only_when_asked() -> None:
     assert t.strengths == [pytest.approx(strength(0.9, 0.6))]
 
 
+def test_a_bounded_measure_reaches_full_strength_at_its_bound_not_at_twice_a_threshold_past_it() -> None:
+    # an R² of 1 or a share of 100% is as strong as such evidence gets, whatever the threshold
+    assert strength(1.0, 0.6, bound=1.0) == pytest.approx(1.0)
+    assert strength(0.8, 0.6, bound=1.0) == pytest.approx(0.75)  # halfway from the threshold to the bound
+    assert strength(0.6, 0.6, bound=1.0) == pytest.approx(0.5) and strength(0.59, 0.6, bound=1.0) == 0.0
+    assert strength(0.8, 0.6) < 0.75  # unbounded: 1.0 only at 1.2, a value the measure never takes
+    # a low threshold saturates at 2x as before: the bound changes nothing there
+    assert strength(0.3, 0.15, bound=1.0) == strength(0.3, 0.15) == pytest.approx(1.0)
+    # a share row is bounded without saying; an R² row says so
+    t = Triage(_ctx({"share_min": 0.8, "r2_min": 0.6}))
+    t.crossed("prefill share", 0.9, "share_min", "share", "")
+    t.judged("R²", 0.8, "r2_min", "", "", weigh=True, bound=1.0)
+    t.judged("R² unbounded", 0.8, "r2_min", "", "", weigh=True)
+    assert t.strengths == [pytest.approx(0.75), pytest.approx(0.75), pytest.approx(strength(0.8, 0.6))]
+
+
 def test_a_context_row_has_no_threshold_and_no_strength() -> None:
     t = Triage(_ctx({}))
     t.context("device busy fraction", 0.42, "share", "utilisation alone says little")
