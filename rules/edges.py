@@ -167,6 +167,11 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
         slope = max(slope, 0.0)
     steps = intercept_s / itl
     share = intercept_s / p50
+    # the fixed part is an extrapolation to zero tokens: as far below it as the fit's scatter
+    # allows (k standard errors) it must still be many decode steps long, or the points do not
+    # show that there is one (how much of TTFT it is stays the point estimate's)
+    se_s = (ctx.v("ttft_prompt_intercept_se_ms") or 0.0) / 1e3
+    low_s = intercept_s - float(th["bb_intercept_se_k"]) * se_s
     if (slope is not None and slope < 0) or share > 1.05:
         # TTFT falling with the prompt, or an intercept above TTFT itself: the fit over this prompt
         # range is noise, and its intercept is an extrapolation, not a latency
@@ -184,12 +189,21 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     if steps < th["bb_intercept_itl_min"] or share < th["bb_intercept_share_min"]:
         return (f"TTFT's fixed part (prompt-fit intercept {intercept_s * 1e3:.1f} ms) is {steps:.1f} decode steps "
                 f"and {share:.0%} of TTFT p50: no outside latency stands out")
+    if low_s / itl < th["bb_intercept_itl_min"]:
+        n = ctx.v("ttft_prompt_fit_n")
+        return (f"TTFT's fixed part is not resolved: the prompt fit's intercept {intercept_s * 1e3:.1f} ms could be "
+                f"as low as {low_s * 1e3:.1f} ms ({th['bb_intercept_se_k']:g} standard errors of {se_s * 1e3:.1f} ms), "
+                f"{max(low_s, 0.0) / itl:.1f} decode steps (< {th['bb_intercept_itl_min']:g}; over "
+                f"{n:g} requests, prompts too close together or TTFT too scattered to pin it): a prompt sweep from "
+                "short prompts with a few requests per length (`ttft probe URL --sweep prompt`) decides")
     t = Triage(ctx)
     t.crossed("fixed part of TTFT / ITL p50", steps, "bb_intercept_itl_min", "steps",
               f"the TTFT-vs-prompt intercept {intercept_s * 1e3:.1f} ms: latency no prompt token explains")
     t.crossed("fixed part of TTFT / TTFT p50", share, "bb_intercept_share_min", "share",
               "most of what users wait for is not prompt processing"
               + (" (TTFT of the lone requests the fit is over)" if alone else ""))
+    t.context("fixed part of TTFT, lower bound", low_s, "s",
+              f"the intercept less {th['bb_intercept_se_k']:g} of its standard errors: what the fit's points show at least")
     s, pct = ctx.explained(min(share, 1.0))
     if alone and ctx.ttft_p95_s:  # a fixed latency is that many seconds of every request's TTFT, no more
         s, pct = intercept_s, min(100.0, 100.0 * intercept_s / ctx.ttft_p95_s)

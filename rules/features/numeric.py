@@ -133,3 +133,16 @@ def linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     ss_res = float(((y - (intercept + slope * x)) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0
     return slope, intercept, r2
+
+
+def linear_fit_se(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Standard errors of :func:`linear_fit`'s (slope, intercept), from its residuals; infinite
+    with fewer than 3 points or one distinct x (nothing left to measure the scatter with)."""
+    n = int(x.size)
+    xm = float(x.mean()) if n else 0.0
+    sxx = float(((x - xm) ** 2).sum()) if n else 0.0
+    if n < 3 or sxx <= 0:
+        return math.inf, math.inf
+    slope, intercept, _ = linear_fit(x, y)
+    s2 = float(((y - (intercept + slope * x)) ** 2).sum()) / (n - 2)
+    return math.sqrt(s2 / sxx), math.sqrt(s2 * (1.0 / n + xm * xm / sxx))

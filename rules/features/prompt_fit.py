@@ -1,7 +1,7 @@
 """Theme: TTFT against prompt length. A least-squares line of TTFT on prompt tokens over the
 requests that did not queue, less a shared prefix's repeats (slope in ms per token, intercept in
-ms, R², the prompt-proportional share of TTFT), and the cost of a prompt token against one
-decode step.
+ms, their standard errors, R², the prompt-proportional share of TTFT), and the cost of a prompt
+token against one decode step.
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import numpy as np
 import pandas as pd
 
 from rules.features.context import FeatureContext
-from rules.features.numeric import bool_col, linear_fit, num_col, segment_numbers
+from rules.features.numeric import bool_col, linear_fit, linear_fit_se, num_col, segment_numbers
 
 
 def prompt_fit(ctx: FeatureContext) -> None:
     """TTFT = intercept + slope x prompt tokens on comparable requests (needs a prompt-length sweep)."""
     st = ctx.steady
-    names = ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_r2",
+    names = ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_slope_se_ms_per_token",
+             "ttft_prompt_intercept_se_ms", "ttft_prompt_r2",
              "ttft_prompt_explained_frac", "ttft_prompt_fit_n", "ttft_prompt_fit_ttft_p50_s",
              "ttft_prompt_fit_alone_frac")
     if len(st) == 0:
@@ -82,10 +83,18 @@ def prompt_fit(ctx: FeatureContext) -> None:
         expl = slope * float((counts * fx).sum()) / max(float((counts * fy).sum()), 1e-12)
         how += ", median TTFT per prompt-sweep point"
     else:
-        slope, intercept, r2 = linear_fit(x, yy)
+        fx, fy = x.astype("float64"), yy.astype("float64")
+        slope, intercept, r2 = linear_fit(fx, fy)
         expl = None
     ctx.add("ttft_prompt_slope_ms_per_token", slope * 1e3, source=how)
     ctx.add("ttft_prompt_intercept_ms", intercept * 1e3, source=how)
+    # how well the points pin the line: a narrow range far from zero tokens leaves the intercept
+    # an extrapolation, and scattered TTFT a slope that could be zero or a whole prefill's
+    for name, se in zip(("ttft_prompt_slope_se_ms_per_token", "ttft_prompt_intercept_se_ms"), linear_fit_se(fx, fy)):
+        if np.isfinite(se):
+            ctx.add(name, se * 1e3, source=f"over {fx.size} fit points ({how})")
+        else:
+            ctx.add(name, None, f"{fx.size} fit points leave no scatter to measure it with")
     ctx.add("ttft_prompt_r2", max(0.0, r2), source=how)
     # time-weighted (means, not medians): in a mixed workload most requests are short, yet
     # the long ones carry most of the TTFT time
@@ -110,12 +119,10 @@ def _slope_resolved(ctx: FeatureContext, x: np.ndarray, y: np.ndarray, spread: f
     grows with the prompt). A flat or noisy TTFT over the range stays unresolved."""
     if spread < float(ctx.params["fit_narrow_range_min"]) or x.size < 3:
         return False
-    slope, intercept, _ = linear_fit(x, y)
-    resid = y - (intercept + slope * x)
-    sxx = float(((x - x.mean()) ** 2).sum())
-    if sxx <= 0 or slope <= 0:
+    slope, _, _ = linear_fit(x, y)
+    se = linear_fit_se(x, y)[0]
+    if slope <= 0 or not np.isfinite(se):
         return False
-    se = float(np.sqrt((resid ** 2).sum() / (x.size - 2) / sxx)) if x.size > 2 else np.inf
     return se == 0 or slope / se >= float(ctx.params["fit_slope_t_min"])
 
 
