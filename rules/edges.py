@@ -186,6 +186,12 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
         # waiting in line is also a fixed part no prompt token explains: it is the queue's (see queue)
         return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is waiting in line: requests are served one "
                 "after another (see queue)")
+    hol, hol_min = ctx.v("hol_short_ttft_ratio"), ctx.th_of("head_of_line")["ttft_ratio_min"]
+    if not alone and hol is not None and hol >= hol_min:
+        # short prompts that waited behind a long one's prefill pull the fit's intercept up: their
+        # TTFT is waiting, at zero tokens as at eight, not a latency outside the server
+        return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is short prompts waiting behind long ones ahead of "
+                f"them ({hol:.1f}x the TTFT of short requests with none ahead, >= {hol_min:g}x): see head_of_line")
     if steps < th["bb_intercept_itl_min"] or share < th["bb_intercept_share_min"]:
         return (f"TTFT's fixed part (prompt-fit intercept {intercept_s * 1e3:.1f} ms) is {steps:.1f} decode steps "
                 f"and {share:.0%} of TTFT p50: no outside latency stands out")
