@@ -129,6 +129,13 @@ def strength(value: float | None, threshold: float, higher_is_worse: bool = True
 BOUND_BY_UNIT: dict[str, float] = {"share": 1.0}
 
 
+def check_strength(value: Any, threshold: Any, op: str, unit: str, bound: float | None = None) -> float:
+    """:func:`strength` of one check as an evidence row states it: ``op`` says which way is worse,
+    ``bound`` defaults to the unit's (:data:`BOUND_BY_UNIT`)."""
+    return strength(value, threshold, higher_is_worse=op in (">=", ">"),
+                    bound=BOUND_BY_UNIT.get(unit) if bound is None else bound)
+
+
 def ev(name: str, value: Any, threshold: Any, unit: str, meaning: str) -> Evidence:
     """A hand-built evidence row (threshold as given: None, a number or a text)."""
     return Evidence(name, value, threshold, unit, meaning)
@@ -161,8 +168,7 @@ class Triage:
         return self.ctx.th[key]
 
     def _weigh(self, value: Any, limit: Any, op: str, unit: str, bound: float | None) -> None:
-        bound = BOUND_BY_UNIT.get(unit) if bound is None else bound
-        self.strengths.append(strength(value, limit, higher_is_worse=op in (">=", ">"), bound=bound))
+        self.strengths.append(check_strength(value, limit, op, unit, bound))
 
     def crossed(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
                 threshold: float | None = None, miss: str | None = None, weigh: bool = True,

@@ -16,7 +16,7 @@ from typing import Any
 
 from diag.report.cells import evidence_cells
 from rules import INCONCLUSIVE, OUTCOMES, Diagnosis, Finding
-from rules.base import BOUND_BY_UNIT, strength
+from rules.base import check_strength
 
 #: The confidence at which a verdict is confident (issue 14); the plan stops on it too.
 CONFIDENT = 0.7
@@ -66,7 +66,7 @@ def _narrowest(f: Finding) -> tuple[float, str] | None:
     rows = [e for e in f.evidence if e.crossed and isinstance(e.value, (int, float)) and isinstance(e.threshold, (int, float))]
     if not rows:
         return None
-    scored = [(strength(e.value, e.threshold, e.op in (">=", ">"), BOUND_BY_UNIT.get(e.unit)), e) for e in rows]
+    scored = [(check_strength(e.value, e.threshold, e.op, e.unit), e) for e in rows]
     mean = sum(s for s, _ in scored) / len(scored)
     c = evidence_cells(min(scored, key=lambda x: x[0])[1])
     return mean, f"{c.name} {c.value}, threshold {c.threshold}"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors.prometheus import SOURCE as PROMETHEUS
 from diag.analysis import Analysis
 from diag.diagnose.certainty import Certainty, certainty_of
 from diag.diagnose.design import Step, segment_of
@@ -73,7 +74,7 @@ class DiagnoseResult:
             return None
         d = self.analysis.diagnosis
         series = self.analysis.tables.series
-        scraped = bool(len(series)) and "source" in series.columns and bool((series["source"] == "prometheus").any())
+        scraped = "source" in series.columns and bool((series["source"] == PROMETHEUS).any())
         return certainty_of(d, self.stopped, scraped, int((d.thresholds.get("general") or {}).get("min_requests", 20)))
 
     def to_dict(self, with_analysis: bool = True) -> dict[str, Any]:

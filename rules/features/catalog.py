@@ -8,9 +8,9 @@ fails at once. The theme is the module in :mod:`rules.features` that first write
 feature; ``engine_metrics.series_fallback`` may later replace TTFT and stage-share features
 in a series-only capture.
 
-Four names keep milliseconds (``ttft_prompt_slope_ms_per_token``, ``ttft_prompt_intercept_ms`` and
-their standard errors ``ttft_prompt_slope_se_ms_per_token``, ``ttft_prompt_intercept_se_ms``): their
-values are pinned by name, so they carry ``""`` and the name says the unit.
+Three names keep milliseconds (``ttft_prompt_slope_ms_per_token``, ``ttft_prompt_intercept_ms`` and
+the intercept's standard error ``ttft_prompt_intercept_se_ms``): their values are pinned by name, so
+they carry ``""`` and the name says the unit.
 """
 
 from __future__ import annotations
@@ -78,8 +78,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("concurrency", "share", ("starts_after_end_frac", "starts_after_end_control")),
     ("concurrency", "requests", ("starts_n",)),
     ("concurrency", "tokens/s", ("decode_speed_by_inflight",)),
-    ("prompt_fit", "", ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_slope_se_ms_per_token",
-                        "ttft_prompt_intercept_se_ms")),
+    ("prompt_fit", "", ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_intercept_se_ms")),
     ("prompt_fit", "share", ("ttft_prompt_r2", "ttft_prompt_explained_frac")),
     ("prompt_fit", "requests", ("ttft_prompt_fit_n",)),
     ("prompt_fit", "share", ("ttft_prompt_fit_alone_frac",)),

@@ -1,6 +1,6 @@
 """Theme: TTFT against prompt length. A least-squares line of TTFT on prompt tokens over the
 requests that did not queue, less a shared prefix's repeats (slope in ms per token, intercept in
-ms, their standard errors, R², the prompt-proportional share of TTFT), and the cost of a prompt
+ms, the intercept's standard error, R², the prompt-proportional share of TTFT), and the cost of a prompt
 token against one decode step.
 """
 
@@ -16,8 +16,7 @@ from rules.features.numeric import bool_col, linear_fit, linear_fit_se, num_col,
 def prompt_fit(ctx: FeatureContext) -> None:
     """TTFT = intercept + slope x prompt tokens on comparable requests (needs a prompt-length sweep)."""
     st = ctx.steady
-    names = ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_slope_se_ms_per_token",
-             "ttft_prompt_intercept_se_ms", "ttft_prompt_r2",
+    names = ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_intercept_se_ms", "ttft_prompt_r2",
              "ttft_prompt_explained_frac", "ttft_prompt_fit_n", "ttft_prompt_fit_ttft_p50_s",
              "ttft_prompt_fit_alone_frac")
     if len(st) == 0:
@@ -88,13 +87,13 @@ def prompt_fit(ctx: FeatureContext) -> None:
         expl = None
     ctx.add("ttft_prompt_slope_ms_per_token", slope * 1e3, source=how)
     ctx.add("ttft_prompt_intercept_ms", intercept * 1e3, source=how)
-    # how well the points pin the line: a narrow range far from zero tokens leaves the intercept
-    # an extrapolation, and scattered TTFT a slope that could be zero or a whole prefill's
-    for name, se in zip(("ttft_prompt_slope_se_ms_per_token", "ttft_prompt_intercept_se_ms"), linear_fit_se(fx, fy)):
-        if np.isfinite(se):
-            ctx.add(name, se * 1e3, source=f"over {fx.size} fit points ({how})")
-        else:
-            ctx.add(name, None, f"{fx.size} fit points leave no scatter to measure it with")
+    # how well the points pin the intercept: a narrow range far from zero tokens leaves it an
+    # extrapolation (the network rule asks how far below it the points allow)
+    se = linear_fit_se(fx, fy)[1]
+    if np.isfinite(se):
+        ctx.add("ttft_prompt_intercept_se_ms", se * 1e3, source=f"over {fx.size} fit points ({how})")
+    else:
+        ctx.add("ttft_prompt_intercept_se_ms", None, f"{fx.size} fit points leave no scatter to measure it with")
     ctx.add("ttft_prompt_r2", max(0.0, r2), source=how)
     # time-weighted (means, not medians): in a mixed workload most requests are short, yet
     # the long ones carry most of the TTFT time
