@@ -102,7 +102,7 @@ class _Live:
     def __call__(self, kind: str, payload: Any) -> None:
         if self.bar is not None:
             self.bar.finish()
-        if kind == "note":
+        if kind in ("note", "wait"):
             self.stream.write(f"  note: {payload}\n")
         elif kind == "step":
             from diag.diagnose.design import segment_of
@@ -121,6 +121,12 @@ class _Live:
         elif kind == "stopped":
             self.stream.write(f"stopped: {payload}\n")
         self.stream.flush()
+
+
+def _waits_only(kind: str, payload: Any) -> None:
+    """--no-progress: only a wait for a server that is not serving yet is said at once (stderr)."""
+    if kind == "wait":
+        print(f"ttft diagnose: {payload}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
                          tokenizer_path=args.tokenizer, exact_output=not args.no_exact_output, dropped=dropped,
                          timeout_s=args.timeout, seed=args.seed, wait_ready_s=args.wait_ready, workload=workload)
     live = None if args.no_progress else _Live()
-    res = run_diagnose(cfg, on_event=live, progress=live.bar if live is not None else None)
+    res = run_diagnose(cfg, on_event=live or _waits_only, progress=live.bar if live is not None else None)
     if args.json:
         json.dump(res.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

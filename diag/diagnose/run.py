@@ -35,7 +35,8 @@ from diag.diagnose.result import DiagnoseResult, StepRecord, startup_of, time_to
 from diag.diagnose.users_workload import UsersWorkload
 from diag.scenarios.runner import step_chunks
 
-#: Events for live progress: ("note", text), ("step", StepRecord), ("point", StepRecord),
+#: Events for live progress: ("note", text), ("wait", text) (the server is not serving yet: worth
+#: saying at once even without progress), ("step", StepRecord), ("point", StepRecord),
 #: ("verdict", StepRecord), ("stopped", text); progress of requests goes to ``progress``.
 OnEvent = Callable[[str, Any], None]
 #: Warm-up requests before the baseline (excluded from the results; the start-up shows in them).
@@ -121,13 +122,14 @@ class _Run:
                                   exact_output=cfg.exact_output, seed=cfg.seed),
             tokenizer_path=cfg.tokenizer_path, timeout_s=cfg.timeout_s, slo=cfg.slo, metrics_url=cfg.metrics_url,
             progress=self.progress, dropped=cfg.dropped, concurrency_set=True,
-            wait_ready_s=cfg.wait_ready_s, on_wait=self.note)
+            wait_ready_s=cfg.wait_ready_s, on_wait=self.waiting)
         meta: dict[str, Any] = {"kind": "diagnose"}  # known to the rules from the first step
         if cfg.workload is not None:
             meta["users_workload"] = cfg.workload.to_meta()
         writer = CaptureWriter(cfg.output, meta=meta)
         if cfg.workload is not None:
-            self.note(f"your users' workload (--workload): {cfg.workload.describe()}")
+            self.note(f"your users' workload (--workload): {cfg.workload.describe()}; the baseline and the load ramp "
+                      f"send {pc.input_tokens}-token prompts")
         self.t0 = time.monotonic()
         task = asyncio.current_task()
         try:
@@ -178,6 +180,11 @@ class _Run:
     def note(self, text: str) -> None:
         self.notes.append(text)
         self.emit("note", text)
+
+    def waiting(self, text: str) -> None:
+        """The probe waits for a server that is not serving yet: a note, and a "wait" event."""
+        self.notes.append(text)
+        self.emit("wait", text)
 
     async def _steps(self, session: ProbeSession) -> None:
         while True:
