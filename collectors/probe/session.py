@@ -165,16 +165,20 @@ class ProbeSession:
         count = self.tokenizer.count if self.tokenizer is not None else None
         self.client = StreamingClient(self.endpoint, self.pool_size, **self._client_kwargs(), sink=self.sink)
         self.client.count_tokens = count
-        await self.client.open()
-        if cfg.compat_check:
-            await self._check_compat()
-        if ready is not None and ready.seen:
-            self.notes.append(ready.line())
-        if self.tokenizer is None and not cfg.workload.prompts_file:
-            await self._calibrate()
-        self.monitor = health_mod.HealthMonitor()
-        self.monitor.start()
-        self.alongside.start()
+        try:
+            await self.client.open()
+            if cfg.compat_check:
+                await self._check_compat()
+            if ready is not None and ready.seen:
+                self.notes.append(ready.line())
+            if self.tokenizer is None and not cfg.workload.prompts_file:
+                await self._calibrate()
+            self.monitor = health_mod.HealthMonitor()
+            self.monitor.start()
+            self.alongside.start()
+        except BaseException:  # an error or Ctrl-C while starting: close what is open (session, spans, capture)
+            await self.close()
+            raise
         return self
 
     async def _check_compat(self) -> None:
