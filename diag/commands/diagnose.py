@@ -54,7 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="closed-loop concurrency ramp (default) or open-loop rate ramp")
     p.add_argument("--max-concurrency", type=int, default=32, metavar="C", help="most requests in flight (default 32)")
     p.add_argument("--max-requests", type=int, default=1000, metavar="N", help="most requests in all (default 1000)")
-    p.add_argument("--input-tokens", type=int, default=64, metavar="N", help="short prompt of the baseline and the ramp (default 64)")
+    p.add_argument("--input-tokens", type=int, metavar="N", help="prompt of the baseline and the ramp (default 64, or the middle "
+                   "of --workload prompt_tokens when shorter)")
     p.add_argument("--output-tokens", type=int, default=32, metavar="N", help="tokens per answer (default 32)")
     p.add_argument("--max-prompt", type=int, default=4096, metavar="N", help="longest prompt of the ladder (default 4096, "
                    "and below the server's context limit)")
@@ -143,8 +144,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise _usage(str(exc)) from exc
     budget = parse_budget(args.budget)
+    from diag.diagnose.design import DEFAULT_INPUT_TOKENS
+    from diag.diagnose.users_workload import parse_users_workload, ramp_prompt_tokens
+
     try:
-        plan = PlanConfig(input_tokens=args.input_tokens, output_tokens=args.output_tokens,
+        workload = parse_users_workload(args.workload) if args.workload else None
+    except ValueError as exc:
+        raise _usage(str(exc)) from exc
+    try:
+        plan = PlanConfig(input_tokens=ramp_prompt_tokens(workload, args.input_tokens, DEFAULT_INPUT_TOKENS),
+                          output_tokens=args.output_tokens,
                           max_concurrency=args.max_concurrency, max_prompt_tokens=args.max_prompt, budget_s=budget,
                           max_requests=args.max_requests, ramp=args.ramp)
     except ValueError as exc:
@@ -160,12 +169,6 @@ def run(args: argparse.Namespace) -> int:
         from rules import load_thresholds
 
         plan = type(plan)(**{**plan.__dict__, "thresholds": load_thresholds(args.rules)})
-    from diag.diagnose.users_workload import parse_users_workload
-
-    try:
-        workload = parse_users_workload(args.workload) if args.workload else None
-    except ValueError as exc:
-        raise _usage(str(exc)) from exc
     output = Path(args.output or time.strftime("diagnose-%Y%m%d-%H%M%S"))
     dropped = frozenset(e for e, off in (("x_request_id", args.no_request_id), ("traceparent", args.no_traceparent),
                                          ("stream_options", args.no_stream_options)) if off)

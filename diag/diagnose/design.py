@@ -17,12 +17,16 @@ from rules import default_thresholds
 
 
 
+#: the prompt of the baseline and the ramp unless --input-tokens says, or the users' are shorter (tokens)
+DEFAULT_INPUT_TOKENS = 64
+
+
 @dataclass(frozen=True)
 class PlanConfig:
     """What the plan works within. Lengths in tokens; ``budget_s`` of probing; ``ramp`` is
     ``"concurrency"`` (closed loop) or ``"rate"`` (open loop, capped at ``max_concurrency``)."""
 
-    input_tokens: int = 64
+    input_tokens: int = DEFAULT_INPUT_TOKENS
     output_tokens: int = 32
     max_concurrency: int = 32
     max_prompt_tokens: int = 4096
@@ -68,8 +72,16 @@ class PlanConfig:
 
     @property
     def long_prompt_tokens(self) -> int:
-        """The prompt of the long ramp: :data:`LONG_PROMPT_X` x the short prompt, below the limit."""
-        return int(min(LONG_PROMPT_X * self.input_tokens, self.prompt_limit_tokens))
+        """The prompt of the long ramp: :data:`LONG_PROMPT_X` x :attr:`step_base_tokens`, below the limit."""
+        return int(min(LONG_PROMPT_X * self.step_base_tokens, self.prompt_limit_tokens))
+
+    @property
+    def step_base_tokens(self) -> int:
+        """What the ladder doubles from and the long ramp multiplies: the ramp's prompt, at least
+        :data:`DEFAULT_INPUT_TOKENS`. A ramp on the users' very short prompts keeps the ladder's and
+        the long ramp's lengths: rungs of a few dozen tokens would measure the fixed part only, and
+        a long ramp of them leaves each request holding mostly its answer."""
+        return max(self.input_tokens, DEFAULT_INPUT_TOKENS)
 
     @property
     def prompt_limit_tokens(self) -> int:
@@ -175,4 +187,4 @@ def steps_of(p: Point) -> str:
     return f" = {n:.1f} decode steps" if n is not None else ""
 
 
-__all__ = ["Decision", "LONG_OUT_CONCURRENCY", "LONG_PROMPT_X", "MIXED_CONCURRENCY", "MIXED_EVERY", "PlanConfig", "Step", "base_point", "ratio", "segment_of", "steps_of", "tokens_of"]
+__all__ = ["DEFAULT_INPUT_TOKENS", "Decision", "LONG_OUT_CONCURRENCY", "LONG_PROMPT_X", "MIXED_CONCURRENCY", "MIXED_EVERY", "PlanConfig", "Step", "base_point", "ratio", "segment_of", "steps_of", "tokens_of"]

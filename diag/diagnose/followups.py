@@ -8,7 +8,7 @@ where they decide between the leading candidates. Pure; no I/O.
   time, and a prefix cache would spare it; repeats as fast as the control: it reuses the prefix.
   The prefix is as long as the ladder's longest rung that was answered, less the suffix.
 - ``long`` (when prompt work, a KV limit or a queue leads after a closed-loop ramp): the ramp
-  again at :data:`~diag.diagnose.design.LONG_PROMPT_X` x its prompt, at :data:`LONG_LEVELS` in
+  again at :attr:`~diag.diagnose.design.PlanConfig.long_prompt_tokens` (4x its prompt), at :data:`LONG_LEVELS` in
   flight up to the short ramp's top, until TTFT breaks past :data:`LONG_MIN_TOP` in flight (a
   cap shows as at most half the requests in flight decoding) or requests fail. Each request then
   holds more tokens: under a limit in tokens held (KV-cache capacity) fewer streams decode at once,
@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from diag.diagnose.design import (LONG_OUT_CONCURRENCY, LONG_PROMPT_X, MIXED_CONCURRENCY, MIXED_EVERY, PREFIX_REPEATS, PlanConfig, Step,
+from diag.diagnose.design import (LONG_OUT_CONCURRENCY, MIXED_CONCURRENCY, MIXED_EVERY, PREFIX_REPEATS, PlanConfig, Step,
                                   base_point, ratio)
 from diag.diagnose.ladder import prompt_fit
 from diag.diagnose.points import Point
@@ -114,7 +114,7 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
                                                f"flight; next {v:g}")
     return Step("long", v, n, "follow-up",
                 f"{leading} leads (the ramp reached {top:g} in flight at {cfg.input_tokens}-token prompts): the ramp "
-                f"again at {tokens}-token prompts ({LONG_PROMPT_X}x, more tokens held per request) tells a limit in "
+                f"again at {tokens}-token prompts ({tokens / cfg.input_tokens:.0f}x, more tokens held per request) tells a limit in "
                 "tokens (KV cache: the knee moves to fewer requests) from one in requests (the knee stays) or compute "
                 "alone (no knee)")
 

@@ -80,7 +80,7 @@ def ladder_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float) -
                           "measured"), learned
     if len(rungs) >= LADDER_MAX_RUNGS:
         return None, f"{len(rungs)} rungs ran (TTFT {growth or 0:.1f}x over {span:.0f}x the tokens)", learned
-    prev_len = last.value if rungs else float(cfg.input_tokens)
+    prev_len = last.value if rungs else float(cfg.step_base_tokens)
     nxt = int(2 * prev_len)
     limit = cfg.prompt_limit_tokens
     if nxt > limit:

@@ -36,6 +36,14 @@ class UsersWorkload:
             out["shared_prefix_tokens"] = self.shared_prefix_tokens
         return out
 
+    @property
+    def typical_prompt_tokens(self) -> int | None:
+        """The middle of the users' prompt lengths (tokens), None when not said."""
+        if self.prompt_tokens is None:
+            return None
+        lo, hi = self.prompt_tokens
+        return max(1, round((lo + hi) / 2))
+
     def describe(self) -> str:
         parts = []
         if self.prompt_tokens is not None:
@@ -80,4 +88,16 @@ def parse_users_workload(spec: str) -> UsersWorkload:
     return UsersWorkload(prompt, prefix)
 
 
-__all__ = ["UsersWorkload", "parse_users_workload"]
+def ramp_prompt_tokens(workload: UsersWorkload | None, given: int | None, default: int) -> int:
+    """The prompt (tokens) of ttft diagnose's baseline and load ramp: ``given`` (``--input-tokens``)
+    when said; else ``default``, or the users' typical prompt (``--workload prompt_tokens``) when
+    theirs is shorter. A ramp on longer prompts than the users send puts prompt work (a tokenizer, a
+    prefill) under load that their requests never carry, and its break is then no break of theirs;
+    longer prompts than the default are the ladder's and the long ramp's to measure."""
+    if given is not None:
+        return given
+    typical = workload.typical_prompt_tokens if workload is not None else None
+    return min(default, typical) if typical is not None else default
+
+
+__all__ = ["UsersWorkload", "parse_users_workload", "ramp_prompt_tokens"]

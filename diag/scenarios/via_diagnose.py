@@ -101,6 +101,8 @@ def diagnose_case(name: str, expected: str, also_right: frozenset[str], plan: Pl
     ``expected`` stands.
     """
     from diag.diagnose import DiagnoseConfig, PlanConfig, run_diagnose
+    from diag.diagnose.design import DEFAULT_INPUT_TOKENS
+    from diag.diagnose.users_workload import ramp_prompt_tokens
     from diag.slo import parse_slo
 
     case = DiagnosedCase(name, expected, also_right)
@@ -115,8 +117,9 @@ def diagnose_case(name: str, expected: str, also_right: frozenset[str], plan: Pl
     with EngineProcess(phase.serve_args, capture_dir=server) as eng:
         if log:
             log(f"  engine {' '.join(phase.serve_args) or '(defaults)'} at {eng.url}; ttft diagnose -o {client}")
-        res = run_diagnose(DiagnoseConfig(eng.url, client, PlanConfig(budget_s=budget_s), slo=slo,
-                                          workload=users_workload(phase.steps)))
+        users = users_workload(phase.steps)  # as the CLI does with --workload: the ramp on prompts no longer than theirs
+        plan_cfg = PlanConfig(input_tokens=ramp_prompt_tokens(users, None, DEFAULT_INPUT_TOKENS), budget_s=budget_s)
+        res = run_diagnose(DiagnoseConfig(eng.url, client, plan_cfg, slo=slo, workload=users))
     case.wall_s = time.monotonic() - t0
     if res.analysis is not None and res.analysis.diagnosis is not None:
         v = res.analysis.diagnosis.verdict

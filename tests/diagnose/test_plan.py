@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.diagnose import PlanConfig, Point, confident_stop, goodput, next_step
+from diag.diagnose import PlanConfig, Point, Step, confident_stop, goodput, next_step
 from diag.diagnose.limits import limit_from_models
 from diag.diagnose.plan import segment_of
 
@@ -395,3 +395,20 @@ def test_no_longer_answers_unless_a_limit_leads_or_without_the_budget(leading) -
     assert d.step is None or d.step.kind != "longout"
     d = next_step(replace(RAMPED, budget_s=13.0), [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 12.0, leading="kv_cache")
     assert d.step is None or d.step.kind != "longout"
+
+
+def test_a_ramp_on_the_users_short_prompts_keeps_the_ladders_and_the_long_ramps_lengths() -> None:
+    """Users who send 11-token prompts: the baseline and the ramp send theirs (a 64-token ramp puts
+    six times their prompt work under load), while the ladder still doubles from 64 and the long
+    ramp still holds 256-token prompts (rungs of 22 and 44 tokens would measure the fixed part only)."""
+    cfg = PlanConfig(input_tokens=11)
+    base = pt("baseline", 1, 0.010, tokens=11)
+    d = next_step(cfg, [])
+    assert d.step.probe_step(cfg).input_tokens == "fixed:11" and "11-token" in d.step.reason
+    d = next_step(cfg, [base])
+    assert (d.step.kind, d.step.value) == ("prompt", 128)
+    ramp = [pt("concurrency", c, 0.010 * (1 + 0.1 * c), tokens=11) for c in (2, 4, 8)]
+    d = next_step(replace(cfg, max_concurrency=8), [base, *LADDER, *ramp], 6.0, leading="kv_cache")
+    assert d.step is not None and d.step.kind == "long"
+    assert d.step.probe_step(cfg).input_tokens == "fixed:256" and "(23x," in d.step.reason
+    assert Step("concurrency", 2, 8, "ramp", "").probe_step(cfg).input_tokens == "fixed:11"

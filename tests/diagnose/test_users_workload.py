@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.diagnose.users_workload import UsersWorkload, parse_users_workload
+from diag.diagnose.users_workload import UsersWorkload, parse_users_workload, ramp_prompt_tokens
 from rules.features import compute_features
 
 #: a small real client capture (the healthy sample's probe side)
@@ -33,6 +33,16 @@ def test_a_bad_spec_is_one_line_naming_the_part(spec: str, says: str) -> None:
     with pytest.raises(ValueError) as exc:
         parse_users_workload(spec)
     assert says in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_ramp_sends_the_users_prompts_when_theirs_are_shorter_and_input_tokens_always_wins() -> None:
+    short, long_ = parse_users_workload("prompt_tokens=7-15"), parse_users_workload("prompt_tokens=600-900")
+    assert short.typical_prompt_tokens == 11 and long_.typical_prompt_tokens == 750
+    assert ramp_prompt_tokens(short, None, 64) == 11
+    assert ramp_prompt_tokens(long_, None, 64) == 64  # longer prompts are the ladder's to measure
+    assert ramp_prompt_tokens(short, 200, 64) == 200  # --input-tokens said
+    assert ramp_prompt_tokens(None, None, 64) == 64
+    assert ramp_prompt_tokens(parse_users_workload("shared_prefix=0"), None, 64) == 64
 
 
 def _features(meta: dict):  # noqa: ANN202
