@@ -50,8 +50,9 @@ def _slo_state(feats: Any) -> tuple[bool | None, bool | None, list[Evidence]]:
     for key, c in checks.items():
         met = c.get("met")
         # the target as a number with the comparison that breaks it; crossed = broken
+        state = "met" if met else ("broken" if met is False else "not measurable")
         rows.append(Evidence(f"SLO {key}", c.get("value_s"), c["target_s"], "s",
-                             "met" if met else ("broken" if met is False else "not measurable"),
+                             f"{state} over {c['over']}" if c.get("over") else state,
                              op=">", crossed=None if met is None else met is False))
         if met is False:
             all_met = False
@@ -157,8 +158,10 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
             if f.rule_id in (HEALTHY_ID, "slo_fallback"):
                 _series_only(f, general)
     if all_met is False and not any(f.category == HEALTHY_ID for f in findings):
+        over = next((c["over"] for c in (feats.value("slo_checks") or {}).values() if c.get("over")), None)
         notes.append("an SLO is broken: " + ", ".join(f"{r.name} = {r.value if r.value is None else round(r.value * 1e3, 1)} ms"
-                                                      for r in slo_rows if r.meaning == "broken"))
+                                                      for r in slo_rows if r.meaning.partition(" over ")[0] == "broken")
+                     + (f" (over {over})" if over else ""))
     if not any(f.category == "cold_start" for f in findings):
         line = startup_note(RuleContext(feats, th.get("cold_start", {}), general, dict(slo or {}), black_box))
         if line:

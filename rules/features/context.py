@@ -70,6 +70,9 @@ class FeatureContext:
         self.mixed: pd.DataFrame = pd.DataFrame()
         #: populations: completed requests of ttft diagnose's longout follow-up (segments ``longout=N``)
         self.long_out: pd.DataFrame = pd.DataFrame()
+        #: populations.users_workload: the users' shortest and longest prompt (tokens), as ttft
+        #: diagnose --workload recorded them; None when not given
+        self.users_prompt_tokens: tuple[float, float] | None = None
         #: engine_metrics: no request has a TTFT, the engine's /metrics series describe the run
         self.series_only: bool = False
         #: concurrency.inflight: requests in flight at each steady request's arrival (itself included)

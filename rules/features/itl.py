@@ -20,7 +20,7 @@ from rules.features.numeric import NS, Coverage, name_is, num_col
 MIXED_SOURCE = "long prompts' TTFT windows vs client token times (black box; ttft diagnose's mixed follow-up)"
 
 
-def _token_gaps(ctx: FeatureContext, span_name: str, pop: pd.DataFrame | None = None) -> pd.DataFrame | None:
+def token_gaps(ctx: FeatureContext, span_name: str, pop: pd.DataFrame | None = None) -> pd.DataFrame | None:
     """Gaps between consecutive tokens of steady requests (or of ``pop``'s) (ns start/end, ``gap_s``), or None."""
     pop = ctx.steady if pop is None else pop
     sp = ctx.spans
@@ -67,10 +67,17 @@ def _token_gaps(ctx: FeatureContext, span_name: str, pop: pd.DataFrame | None = 
                          "segment": seg[owner[1:][same]]})
 
 
+def gaps_of(ctx: FeatureContext, pop: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """Token gaps of ``pop`` (steady requests by default): from the client's token times when it
+    has them, else the server's (as :func:`itl` chooses)."""
+    client = token_gaps(ctx, stages.SPAN_CLIENT_REQUEST, pop)
+    return client if client is not None and len(client) else token_gaps(ctx, stages.SPAN_REQUEST, pop)
+
+
 def itl(ctx: FeatureContext) -> None:
     """ITL percentiles and max, TPOT p50/p99 (seconds), then the interference comparison."""
-    client = _token_gaps(ctx, stages.SPAN_CLIENT_REQUEST)
-    server = _token_gaps(ctx, stages.SPAN_REQUEST)
+    client = token_gaps(ctx, stages.SPAN_CLIENT_REQUEST)
+    server = token_gaps(ctx, stages.SPAN_REQUEST)
     gaps = client if client is not None and len(client) else server
     names = ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s")
     if gaps is None or gaps.empty:
@@ -136,7 +143,7 @@ def interference(ctx: FeatureContext, server: pd.DataFrame | None, client: pd.Da
         if len(pre):
             windows = (pre["start_ns"].to_numpy(dtype="float64"), pre["end_ns"].to_numpy(dtype="float64"))
             gaps, src = server, "prefill stage spans vs server token times"
-    mixed = _token_gaps(ctx, stages.SPAN_CLIENT_REQUEST, ctx.mixed) if windows is None and len(ctx.mixed) else None
+    mixed = token_gaps(ctx, stages.SPAN_CLIENT_REQUEST, ctx.mixed) if windows is None and len(ctx.mixed) else None
     if mixed is not None and len(mixed):
         # ttft diagnose's mixed follow-up: the long prompts' TTFT windows (queue and prefill) are the prefills
         # that matter; the short streams' gaps during them against their gaps otherwise

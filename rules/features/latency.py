@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from rules.features.context import FeatureContext
+from rules.features.itl import gaps_of
 from rules.features.numeric import bool_col, num_col
 
 
@@ -53,18 +54,53 @@ def network(ctx: FeatureContext) -> None:
             source="requests whose server TTFT starts after the engine's front end (diag.external_spans)")
 
 
+#: a request counts as sent at the users' prompt lengths within this factor of their range: the
+#: probe reaches a length through words per token, calibrated, not exactly (x)
+USERS_PROMPT_TOLERANCE_X = 1.25
+
+
+def slo_population(ctx: FeatureContext) -> tuple[pd.DataFrame, str | None]:
+    """The requests an SLO is judged on, and what they are (None: the steady requests, as always).
+
+    In a ttft diagnose capture whose users' prompt lengths are known (``--workload
+    prompt_tokens=MIN-MAX``), only the requests sent at those lengths: the ladder's rungs and the
+    prefix follow-up send lengths of the design's choosing, and a TTFT target broken by a
+    2,000-token rung says nothing of users who send 10 tokens. None at those lengths (the ladder
+    stopped below them): all steady requests, and the SLO rows say so.
+    """
+    st = ctx.steady
+    users = ctx.users_prompt_tokens
+    if users is None or not ctx.features.value("designed_by_diagnose") or len(st) == 0 or "input_tokens" not in st.columns:
+        return st, None
+    lo, hi = users[0] / USERS_PROMPT_TOLERANCE_X, users[1] * USERS_PROMPT_TOLERANCE_X
+    tokens = num_col(st, "input_tokens")
+    mine = st.loc[(tokens >= lo) & (tokens <= hi)]
+    span = f"{users[0]:g}-{users[1]:g} tokens"
+    if len(mine) == 0:
+        return st, f"all {len(st)} requests: none was sent at your users' prompt lengths ({span})"
+    return mine.reset_index(drop=True), f"{len(mine)} of {len(st)} requests, those at your users' prompt lengths ({span})"
+
+
 def slo_checks(ctx: FeatureContext) -> None:
-    """Each SLO given (``ctx.slo``): target, measured value (seconds) and whether it is met. Runs last (reads ITL)."""
+    """Each SLO given (``ctx.slo``): target, measured value (seconds), whether it is met, and over
+    which requests (:func:`slo_population`; ``over`` when not all steady ones). Runs last (reads ITL)."""
     if not ctx.slo:
         ctx.add("slo_checks", None, "no SLO given")
         return
-    st = ctx.steady
+    st, over = slo_population(ctx)
     gaps_p = {"p50": "itl_p50_s", "p90": "itl_p90_s", "p99": "itl_p99_s", "max": "itl_max_s"}
+    gaps = None
     out: dict[str, dict[str, Any]] = {}
     for key, target in ctx.slo.items():
         metric, _, pct = key.partition("_")
         val: float | None = None
-        if metric == "itl" and pct in gaps_p:
+        if metric == "itl" and pct in gaps_p and st is not ctx.steady:  # the gaps of those requests only
+            if gaps is None:
+                gaps = gaps_of(ctx, st)
+            g = gaps["gap_s"].to_numpy() if gaps is not None and len(gaps) else None
+            if g is not None:
+                val = float(g.max()) if pct == "max" else float(np.percentile(g, float(pct[1:])))
+        elif metric == "itl" and pct in gaps_p:
             val = ctx.features.value(gaps_p[pct])
         else:
             col = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "itl": "itl_mean_s"}.get(metric)
@@ -77,4 +113,6 @@ def slo_checks(ctx: FeatureContext) -> None:
                 elif pct.startswith("p"):
                     val = float(np.percentile(v, float(pct[1:])))
         out[key] = {"target_s": float(target), "value_s": val, "met": None if val is None else bool(val <= target)}
+        if over is not None:
+            out[key]["over"] = over
     ctx.add("slo_checks", out)

@@ -81,6 +81,8 @@ def users_workload(ctx: FeatureContext) -> None:
     ok = isinstance(pt, list) and len(pt) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in pt)
     ctx.add("users_prompt_spread_x", float(pt[1]) / float(pt[0]) if ok else None,
             None if ok else why.format("prompt_tokens=MIN-MAX"))
+    if ok:
+        ctx.users_prompt_tokens = (float(pt[0]), float(pt[1]))
     sp = wl.get("shared_prefix_tokens")
     ok = isinstance(sp, (int, float)) and sp >= 0
     ctx.add("users_shared_prefix_tokens", float(sp) if ok else None, None if ok else why.format("shared_prefix=N"))
