@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from rules.base import Outcome, RuleContext, Triage, beyond_chance, finding, rule, strength
+from rules.base import Outcome, RuleContext, Triage, beyond_chance, check_strength, finding, rule, strength
 from rules.overrides import LONG_RAMP_ROW
 
 QUEUE_IDLE_CHECKS = [
@@ -436,6 +436,12 @@ def long_ramp_uncapped(ctx: RuleContext) -> tuple[float, float] | None:
     return most, ctx.v("long_ramp_top")
 
 
+#: the strength of a shift that is a lower bound (the short ramp was never capped, yet decoded more
+#: streams at once than the long ramp's cap): a limit in requests is refuted however far the
+#: short ramp's own cap lies, but by how much the cap moved is not measured
+UNCAPPED_SHORT_STRENGTH = 0.75
+
+
 def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) -> None:
     """The long ramp's evidence: how many streams decode at once at each length, and the shift."""
     lc, sc, tr = ctx.v("long_ramp_decode_cap"), ctx.v("long_ramp_short_decode_cap"), ctx.v("long_ramp_token_ratio")
@@ -454,10 +460,13 @@ def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) ->
                   f"answers {x:.1f}x as long: a limit on what runs at once holds as many or fewer (a stage taking "
                   "prompts one at a time would let more overlap)")
     limit = ctx.th_of("kv_cache")["long_knee_shift_min"]
+    lower = f"; a lower bound: the short ramp decoded {sc_most:g} at once and was not capped, more than the long ramp's {lc:g}"
     if crossed and shift < limit:  # a lower bound: the uncapped short ramp decoded more at once than the cap
-        t.context(LONG_RAMP_ROW, shift, "x", meaning + f"; a lower bound: the short ramp decoded {sc_most:g} at once "
-                  f"and was not capped, more than the long ramp's {lc:g}")
-        t.add_strength(0.75)
+        t.context(LONG_RAMP_ROW, shift, "x", meaning + lower)
+        t.add_strength(UNCAPPED_SHORT_STRENGTH)
+    elif crossed and sc is None:  # a lower bound past the threshold: at least as strong as one short of it
+        t.crossed(LONG_RAMP_ROW, shift, None, "x", meaning + lower, threshold=limit, weigh=False)
+        t.add_strength(max(UNCAPPED_SHORT_STRENGTH, check_strength(shift, limit, ">=", "x", None)))
     elif crossed:
         t.crossed(LONG_RAMP_ROW, shift, None, "x", meaning, threshold=limit)
     else:

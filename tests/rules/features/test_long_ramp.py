@@ -92,6 +92,20 @@ def test_a_short_ramp_that_decoded_more_at_once_than_the_long_cap_is_enough() ->
     assert any("a lower bound" in e.meaning for e in kv.evidence)
 
 
+def test_an_uncapped_short_ramp_counts_as_much_past_the_threshold_as_short_of_it() -> None:
+    """The short ramp never capped: how far the cap moved is a lower bound either way. Reaching 6 in
+    flight against a long cap of 3 (shift >= 0.63, past the 0.5 threshold) is no weaker evidence
+    than reaching 4 (shift >= 0.26) -- the short ramp ran on shorter prompts, say."""
+    def kv(levels: tuple[int, ...]):  # noqa: ANN202
+        d = diagnose(_tables(short_limit=None, long_limit=3, short_levels=levels))
+        return next(f for f in d.findings if f.category == "kv_cache")
+
+    to4, to6 = kv((1, 2, 3, 4)), kv((1, 2, 4, 6))
+    row = next(e for e in to6.evidence if e.name == "shift with the tokens each request holds")
+    assert row.crossed and "a lower bound" in row.meaning
+    assert to6.confidence >= to4.confidence
+
+
 def test_the_same_count_admitted_at_either_length_is_a_limit_in_requests() -> None:
     tables = _tables(short_limit=2, long_limit=2)
     feats = compute_features(tables)
