@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from diag.diagnose.followups import UNFIT
 from diag.report.cells import evidence_cells
 from rules import INCONCLUSIVE, OUTCOMES, Diagnosis, Finding
 from rules.base import check_strength
@@ -54,8 +55,9 @@ class Certainty:
         """The text ``ttft diagnose`` prints under the run's timing."""
         if self.confident:
             return [f"verdict confident: {self.category} ({self.confidence:.2f} >= {CONFIDENT:g})"]
-        out = [f"verdict not confident: {self.category} ({self.confidence:.2f} < {CONFIDENT:g}) is the leading "
-               "candidate, not a verdict to act on alone"]
+        how = (f"{self.confidence:.2f} < {CONFIDENT:g}" if self.confidence < CONFIDENT
+               else f"{self.confidence:.2f}, but the design did not run to its end")
+        out = [f"verdict not confident: {self.category} ({how}) is the leading candidate, not a verdict to act on alone"]
         out.extend(f"  why: {w}" for w in self.why_not)
         out.extend(f"  to decide: {d}" for d in self.decide)
         return out
@@ -80,7 +82,9 @@ def certainty_of(d: Diagnosis, stopped: str = "", scraped: bool = False, min_req
     the rules' ``[general] min_requests`` (below it, confidence shrinks with the sample)."""
     v = d.verdict
     conf = float(v.confidence)
-    if v.category not in OUTCOMES and conf >= CONFIDENT:
+    # a follow-up designed to tell the leading candidates apart did not run: its reading is missing
+    unfit = UNFIT in stopped
+    if v.category not in OUTCOMES and conf >= CONFIDENT and not unfit:
         return Certainty(v.category, conf, True)
     why: list[str] = []
     decide: list[str] = []
@@ -115,7 +119,7 @@ def certainty_of(d: Diagnosis, stopped: str = "", scraped: bool = False, min_req
         why.append(f"{runner.category} is nearly as likely ({runner.confidence:.2f}): {runner.title}")
         if runner.next_checks:
             want(f"to tell it from {runner.category}: {runner.next_checks[0]}")
-    if "budget is spent" in stopped or "request cap" in stopped:
+    if "budget is spent" in stopped or "request cap" in stopped or unfit:
         why.append(f"the design was cut short: {stopped}")
         want(LONGER)
     if v.category == "healthy":

@@ -119,6 +119,16 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
                 "alone (no knee)")
 
 
+#: how a follow-up that applied but did not fit the budget is said (read by diag.diagnose.certainty)
+UNFIT = "did not fit the budget"
+
+
+def unfit(kind: str, tells: str, cost_s: float, left_s: float) -> str:
+    """Why the ``kind`` follow-up, which would tell ``tells``, was not run: the budget left was too short."""
+    return (f"the {kind} follow-up, which tells {tells}, {UNFIT} (about {cost_s:.0f} s, {max(left_s, 0.0):.0f} s "
+            "left)")
+
+
 def long_output_tokens(cfg: PlanConfig, points: Sequence[Point]) -> int | None:
     """The longout follow-up's answer length (tokens), or None when the context leaves no room for
     answers at least :data:`LONG_OUT_MIN_X` / 2 times the ramp's."""
@@ -135,8 +145,10 @@ def long_output_tokens(cfg: PlanConfig, points: Sequence[Point]) -> int | None:
     return want if want * 2 >= LONG_OUT_MIN_X * o else None
 
 
-def long_output_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | None:
-    """The longout follow-up, or None (it does not apply, ran already, or would not fit)."""
+def long_output_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
+                        leading: str | None) -> Step | str | None:
+    """The longout follow-up; why it did not fit the budget (:func:`unfit`); or None (it does not
+    apply, or ran already)."""
     if any(p.kind == "longout" for p in points) or leading not in LONG_OUT_LEADS:
         return None
     ran = [p for p in points if p.kind == "long"]
@@ -150,8 +162,10 @@ def long_output_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: flo
     n = LONG_OUT_ROUNDS * c
     lone = ran[0].ttft_p50_s or 0.0
     per_token = base.tpot_p50_s or base.itl_p50_s or 0.0
-    if n * (lone + out * per_token) > cfg.budget_s - elapsed_s:  # at worst one at a time
-        return None
+    cost = n * (lone + out * per_token)  # at worst one at a time
+    if cost > cfg.budget_s - elapsed_s:
+        return unfit("longout", "a limit on what runs at once from a stage taking prompts one at a time", cost,
+                     cfg.budget_s - elapsed_s)
     return Step("longout", float(out), n, "follow-up",
                 f"{leading} leads from the long ramp's cap on streams decoding at once: the long prompt again at {c} "
                 f"in flight with {out}-token answers ({out / cfg.output_tokens:.0f}x) tells a limit on what runs at "
@@ -181,8 +195,9 @@ def mixed_long_prompt(cfg: PlanConfig, points: Sequence[Point]) -> tuple[int, fl
     return tokens, ((fit[1] + fit[0] * tokens) if fit and fit[0] > 0 else None)
 
 
-def mixed_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | None:
-    """The mixed follow-up, or None (it does not apply, ran already, or would not fit)."""
+def mixed_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | str | None:
+    """The mixed follow-up; why it did not fit the budget (:func:`unfit`); or None (it does not
+    apply, or ran already)."""
     if any(p.kind == "mixed" for p in points):
         return None
     if leading not in MIXED_LEADS and not (cfg.itl_target_s and leading in MIXED_ITL_LEADS):
@@ -199,7 +214,7 @@ def mixed_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, le
     c = min(MIXED_CONCURRENCY, cfg.max_concurrency)
     cost = MIXED_REQUESTS / c * (base.e2e_p50_s or 0.0) + MIXED_REQUESTS / MIXED_EVERY * long_s
     if cost > cfg.budget_s - elapsed_s:
-        return None
+        return unfit("mixed", "short prompts waiting behind long ones from prefill itself", cost, cfg.budget_s - elapsed_s)
     why = (f"an ITL target of {fmt_s(cfg.itl_target_s)} is given" if cfg.itl_target_s and leading != "prefill_compute"
            else f"prompt work leads ({leading})")
     return Step("mixed", float(tokens), MIXED_REQUESTS, "follow-up",
@@ -208,8 +223,10 @@ def mixed_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, le
                 "running streams stalled while it prefills (interference) from a scheduler that shares the step")
 
 
-def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | None:
-    """The next follow-up step, or None (none applies, ran already, or would not fit the budget)."""
+def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
+                     leading: str | None) -> Step | str | None:
+    """The prefix follow-up; why it did not fit the budget (:func:`unfit`); or None (it does not
+    apply, or ran already)."""
     if leading not in PREFIX_LEADS or any(p.kind == "prefix" for p in points):
         return None
     if any(p.error_frac >= 0.05 for p in points if p.kind == cfg.ramp):
@@ -228,7 +245,7 @@ def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
     n = PREFIX_GROUPS * (PREFIX_REPEATS + 1)
     cost = n * (top.e2e_p50_s or top.ttft_p50_s or 0.0)
     if cost > cfg.budget_s - elapsed_s:
-        return None
+        return unfit("prefix", "a prefix recomputed on every use from prefill itself", cost, cfg.budget_s - elapsed_s)
     return Step("prefix", float(prefix), n, "follow-up",
                 f"prompt work leads ({leading}: TTFT {fmt_s(top.ttft_p50_s)} at {top.value:g} tokens): a repeated "
                 f"{prefix}-token prefix ({PREFIX_REPEATS} uses, then a control without it; {PREFIX_GROUPS} groups, one "
@@ -236,5 +253,6 @@ def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
                 "prefilled every time")
 
 
-__all__ = ["LONG_LEADS", "LONG_OUT_LEADS", "MIXED_LEADS", "MIXED_REQUESTS", "PREFIX_GROUPS", "followup_reading",
-           "long_output_reading", "long_output_tokens", "long_ramp_reading", "mixed_long_prompt", "mixed_reading"]
+__all__ = ["LONG_LEADS", "LONG_OUT_LEADS", "MIXED_LEADS", "MIXED_REQUESTS", "PREFIX_GROUPS", "UNFIT", "followup_reading",
+           "long_output_reading", "long_output_tokens", "long_ramp_reading", "mixed_long_prompt", "mixed_reading",
+           "unfit"]

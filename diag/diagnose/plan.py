@@ -70,11 +70,14 @@ def next_step(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float = 0.0, 
     readings = [long_output_reading, mixed_reading]
     if not any(p.kind == "prefix" for p in points):
         readings.append(followup_reading)
+    unfit: list[str] = []
     for reading in readings:  # the designed follow-ups, in this order; each printed after why the ramp ended
         follow = reading(cfg, points, elapsed_s, leading)
-        if follow is not None:
+        if isinstance(follow, str):  # it applied, but the budget left was too short: the end says so
+            unfit.append(follow)
+        elif follow is not None:
             return Decision(replace(follow, reason=f"{why}. {follow.reason}"), learned=learned)
-    return Decision(None, why, learned)
+    return Decision(None, "; ".join([why, *unfit]), learned)
 
 
 def confident_stop(category: str, confidence: float, points: Sequence[Point], cfg: PlanConfig,

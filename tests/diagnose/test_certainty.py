@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from diag.diagnose.certainty import CONFIDENT, JOIN, LONGER, SCRAPE, SLO, WORKLOAD, certainty_of
+from diag.diagnose.followups import unfit
 from rules import Diagnosis, Evidence, Finding
 from rules.features import Feature, Features
 
@@ -79,3 +80,15 @@ def test_inconclusive_is_never_confident_and_leads_with_its_own_experiment() -> 
     assert not c.confident
     assert c.decide[0] == "run `ttft probe URL --sweep concurrency`"
     assert c.to_dict()["threshold"] == CONFIDENT
+
+
+def test_a_follow_up_that_did_not_fit_the_budget_leaves_even_a_strong_verdict_unconfirmed() -> None:
+    """The long ramp read a KV limit at 0.81, but the longout follow-up that tells it from a stage
+    taking prompts one at a time (a tokenizer) did not fit: not confident, a longer budget decides."""
+    stopped = ("TTFT broke at concurrency=8; " + unfit("longout", "a limit on what runs at once from a stage taking "
+                                                       "prompts one at a time", 25.0, 14.0))
+    c = certainty_of(_diagnosis(_finding("kv_cache", 0.81, value=8.0)), stopped=stopped)
+    assert not c.confident and LONGER in c.decide
+    assert any("cut short" in w and "longout follow-up" in w for w in c.why_not)
+    assert c.lines()[0].startswith("verdict not confident: kv_cache (0.81, but the design did not run to its end) is")
+    assert certainty_of(_diagnosis(_finding("kv_cache", 0.81, value=8.0)), stopped="TTFT broke at concurrency=8").confident

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from diag.diagnose import PlanConfig, Point, Step, confident_stop, goodput, next_step
+from diag.diagnose.followups import UNFIT
 from diag.diagnose.limits import limit_from_models
 from diag.diagnose.plan import segment_of
 
@@ -395,6 +396,8 @@ def test_no_longer_answers_unless_a_limit_leads_or_without_the_budget(leading) -
     assert d.step is None or d.step.kind != "longout"
     d = next_step(replace(RAMPED, budget_s=13.0), [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 12.0, leading="kv_cache")
     assert d.step is None or d.step.kind != "longout"
+    # it applied but did not fit: the design's end says so (diagnose then calls the verdict unconfirmed)
+    assert d.step is None and "the longout follow-up" in d.done and UNFIT in d.done and "1 s left" in d.done
 
 
 def test_a_ramp_on_the_users_short_prompts_keeps_the_ladders_and_the_long_ramps_lengths() -> None:
