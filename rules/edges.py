@@ -148,7 +148,8 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     """
     th = ctx.th
     intercept_s = ctx.v("ttft_prompt_intercept_ms", 0.0) / 1e3
-    itl = ctx.v("itl_p50_s")
+    # in decode steps of the requests the fit is made of (lone ones): a ramp's batched steps are longer
+    itl = ctx.v("ttft_prompt_fit_itl_p50_s") or ctx.v("itl_p50_s")
     # the fixed part is judged against the TTFT of the requests it was fitted on: a capture that
     # also holds a load ramp (ttft diagnose) has TTFTs that waiting inflated, not the fit's
     p50 = ctx.v("ttft_prompt_fit_ttft_p50_s") or ctx.v("ttft_p50_s")

@@ -508,13 +508,33 @@ def _kv_from_long_ramp(ctx: RuleContext, shift: float) -> Outcome:
     _long_ramp_rows(t, ctx, shift, crossed=True)
     short = f"{sc:g}" if sc is not None else "no cap"
     s, pct = ctx.explained(ctx.v("long_ramp_wait_share"))
+    confidence = t.confidence(0.9, black_box=True)
+    note = ("client-only evidence from ttft diagnose's long ramp: a request limit would admit as many at either length, "
+            "and a per-step token budget (chunked prefill) lets every stream decode; KV usage is not observed: the "
+            "server's /metrics (KV usage, preemptions) confirm it")
+    serial = _serial_stage_not_ruled_out(ctx)
+    if serial is not None:
+        t.context("TTFT per prompt token / ITL p50", serial, "x", "as sequential per-token work before the engine (a "
+                  "tokenizer) costs: such a stage caps streams decoding at once at long prompts the same way")
+        confidence = round(confidence * float(ctx.general["demote_factor"]), 3)
+        note += ("; not confirmed: a stage taking prompts one at a time (see tokenize) is not ruled out, the longout "
+                 "follow-up (the long prompt with longer answers) did not run")
     return finding(f"Fewer requests are admitted the more tokens each holds: at most {lc:g} stream(s) decode at once at "
                    f"{tokens:.0f}-token prompts ({short} at short ones): a limit in tokens held, likely KV-cache "
-                   "capacity (black box)",
-                   t.confidence(0.9, black_box=True), s, pct, t.evidence, KV_CHECKS,
-                   note="client-only evidence from ttft diagnose's long ramp: a request limit would admit as many at "
-                   "either length, and a per-step token budget (chunked prefill) lets every stream decode; KV usage "
-                   "is not observed: the server's /metrics (KV usage, preemptions) confirm it", black_box=True)
+                   "capacity (black box)", confidence, s, pct, t.evidence, KV_CHECKS, note=note, black_box=True)
+
+
+def _serial_stage_not_ruled_out(ctx: RuleContext) -> float | None:
+    """A prompt token's cost in decode steps when it reads as sequential per-token work before the
+    engine (tokenize's black-box thresholds) and ttft diagnose's longout follow-up, which tells
+    such a stage from a limit on what runs at once (:func:`long_out_refutes`), did not run; else None."""
+    if ctx.v("long_out_decode_max") is not None:
+        return None
+    ratio, r2 = ctx.v("prompt_slope_per_itl"), ctx.v("ttft_prompt_r2")
+    th = ctx.th_of("tokenize")
+    if ratio is None or r2 is None or ratio < th["bb_slope_per_itl_min"] or r2 < th["bb_r2_min"]:
+        return None
+    return float(ratio)
 
 
 @rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",), ("waiting_for_kv_share",),

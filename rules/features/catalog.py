@@ -82,7 +82,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("prompt_fit", "share", ("ttft_prompt_r2", "ttft_prompt_explained_frac")),
     ("prompt_fit", "requests", ("ttft_prompt_fit_n",)),
     ("prompt_fit", "share", ("ttft_prompt_fit_alone_frac",)),
-    ("prompt_fit", "s", ("ttft_prompt_fit_ttft_p50_s",)),
+    ("prompt_fit", "s", ("ttft_prompt_fit_ttft_p50_s", "ttft_prompt_fit_itl_p50_s")),
     ("prompt_fit", "x", ("prompt_slope_per_itl",)),
     ("device", "share", ("device_busy_frac", "engine_busy_frac", "device_busy_frac_while_queued", "kv_usage_p95",
                          "kv_usage_max", "kv_time_above_high_frac", "preempted_requests_frac", "comm_share_of_prefill", "comm_share_tp_ttft",

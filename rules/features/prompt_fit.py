@@ -18,7 +18,7 @@ def prompt_fit(ctx: FeatureContext) -> None:
     st = ctx.steady
     names = ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_intercept_se_ms", "ttft_prompt_r2",
              "ttft_prompt_explained_frac", "ttft_prompt_fit_n", "ttft_prompt_fit_ttft_p50_s",
-             "ttft_prompt_fit_alone_frac")
+             "ttft_prompt_fit_itl_p50_s", "ttft_prompt_fit_alone_frac")
     if len(st) == 0:
         ctx.na(names, "no completed requests")
         return
@@ -106,6 +106,12 @@ def prompt_fit(ctx: FeatureContext) -> None:
     # what the fit's own requests waited and how many were in flight with them: the fixed part is
     # judged against these (a diagnose capture holds its ramp too, whose TTFT load inflated)
     ctx.add("ttft_prompt_fit_ttft_p50_s", float(np.median(yy)), source=how)
+    # ... and their decode step: a prompt token's cost and the fixed part are counted in the decode
+    # steps of these requests, not in those of a load ramp's batches (slower the more in flight)
+    itl = num_col(st, "itl_p50_s")[mask].dropna()
+    itl = itl if len(itl) else num_col(st, "tpot_s")[mask].dropna()
+    ctx.add("ttft_prompt_fit_itl_p50_s", float(itl.median()) if len(itl) else None,
+            None if len(itl) else "the fit's requests have no inter-token times (one output token each)", source=how)
     inflight = ctx.inflight_at[mask].dropna() if len(ctx.inflight_at) else pd.Series(dtype="float64")
     ctx.add("ttft_prompt_fit_alone_frac", float((inflight <= 1).mean()) if len(inflight) else None,
             None if len(inflight) else "no in-flight count at arrival")
@@ -126,9 +132,10 @@ def _slope_resolved(ctx: FeatureContext, x: np.ndarray, y: np.ndarray, spread: f
 
 
 def prompt_slope_per_itl(ctx: FeatureContext) -> None:
-    """TTFT cost of one prompt token / one decode step (ITL p50), x; runs after the ITL theme."""
+    """TTFT cost of one prompt token / one decode step (the fit's own requests' ITL p50, else all
+    requests'), x; runs after the ITL theme."""
     slope = ctx.features.value("ttft_prompt_slope_ms_per_token")
-    itl = ctx.features.value("itl_p50_s")
+    itl = ctx.features.value("ttft_prompt_fit_itl_p50_s") or ctx.features.value("itl_p50_s")
     if slope is not None and itl:
         ctx.add("prompt_slope_per_itl", (slope / 1e3) / itl,
                 source="prompt-token cost over one decode step: a parallel prefill keeps this far below 1")

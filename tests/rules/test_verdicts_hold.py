@@ -317,7 +317,8 @@ def test_a_network_delay_the_prompt_fit_pins_is_still_network(tmp_path: Path) ->
     assert 0.2 < low.value < d.features.value("ttft_prompt_intercept_ms") / 1e3
 
 
-def _fixed_part_ctx(hol_ratio: float | None, alone_frac: float):  # noqa: ANN202
+def _fixed_part_ctx(hol_ratio: float | None, alone_frac: float, itl_s: float = 0.0135,  # noqa: ANN202
+                    fit_itl_s: float | None = None):
     """Client only: a 236 ms prompt-fit intercept (16 decode steps, 88% of TTFT p50, resolved to
     +-6 ms) over requests that arrived with others in flight or alone, with short requests behind
     a long prompt ``hol_ratio`` x the TTFT of the others (None: no long prompts among them)."""
@@ -328,7 +329,8 @@ def _fixed_part_ctx(hol_ratio: float | None, alone_frac: float):  # noqa: ANN202
     feats = Features()
     for name, value, unit in (("requests_n", 37.0, "requests"), ("ttft_prompt_intercept_ms", 236.0, ""),
                               ("ttft_prompt_intercept_se_ms", 6.0, ""), ("ttft_prompt_slope_ms_per_token", 0.05, ""),
-                              ("ttft_prompt_r2", 0.7, "share"), ("ttft_mean_s", 0.30, "s"), ("itl_p50_s", 0.0135, "s"),
+                              ("ttft_prompt_r2", 0.7, "share"), ("ttft_mean_s", 0.30, "s"), ("itl_p50_s", itl_s, "s"),
+                              ("ttft_prompt_fit_itl_p50_s", fit_itl_s, "s"),
                               ("ttft_p50_s", 0.267, "s"), ("ttft_p95_s", 0.6, "s"),
                               ("ttft_prompt_fit_alone_frac", alone_frac, "share"),
                               ("hol_short_ttft_ratio", hol_ratio, "x")):
@@ -349,3 +351,14 @@ def test_short_prompts_waiting_behind_long_ones_are_no_fixed_latency() -> None:
     assert not isinstance(network(_fixed_part_ctx(None, 0.03)), str)
     assert not isinstance(network(_fixed_part_ctx(1.2, 0.03)), str)
     assert not isinstance(network(_fixed_part_ctx(12.6, 1.0)), str)
+
+
+def test_the_fixed_part_is_counted_in_the_decode_steps_of_the_requests_it_was_fitted_on() -> None:
+    """Seed 20261203 r014: 151 ms of network delay, ITL 10 ms alone but 20 ms over the whole capture
+    (ttft diagnose's ramp batches 16 streams a step). The fixed part is an intercept over lone
+    requests: in their decode steps it is 17 long, a latency outside the engine; in the ramp's, 8.6,
+    and the rule had passed it as nothing standing out."""
+    from rules.edges import network
+
+    assert isinstance(network(_fixed_part_ctx(None, 1.0, itl_s=0.030)), str)  # no lone-request ITL known
+    assert not isinstance(network(_fixed_part_ctx(None, 1.0, itl_s=0.030, fit_itl_s=0.0135)), str)

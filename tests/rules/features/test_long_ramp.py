@@ -46,12 +46,14 @@ def _closed_loop(c: int, limit: int | None, prefill_s: float, t0_s: float, per_c
 
 def _tables(short_limit: int | None, long_limit: int | None, shared: float = 0.0,  # noqa: ANN202
             short_levels: tuple[int, ...] = (1, 2, 4, 8), serial_s_per_token: float = 0.0,
-            long_out: int | None = None):
+            long_out: int | None = None, ladder: tuple[int, ...] = ()):
     """The short ramp (64-token prompts), the long ramp (256) and, with ``long_out``, the longout
-    follow-up (the long prompt at 8 in flight, 2 rounds, ``long_out``-token answers)."""
+    follow-up (the long prompt at 8 in flight, 2 rounds, ``long_out``-token answers); ``ladder``:
+    rungs at 1 in flight first (segments ``prompt=N``, prefill as the ramps')."""
     rows, t = [], 1000.0
-    steps = [("concurrency", short_levels, short_limit, 0.010, 64, OUT),
-             ("long", (1, 2, 3, 4, 6), long_limit, 0.030, 256, OUT)]
+    steps = [("prompt", (1,), None, 0.010 * n / 64, n, OUT) for n in ladder]
+    steps += [("concurrency", short_levels, short_limit, 0.010, 64, OUT),
+              ("long", (1, 2, 3, 4, 6), long_limit, 0.030, 256, OUT)]
     if long_out:
         steps.append(("longout", (8,), long_limit, 0.030, 256, long_out))
     for label, levels, limit, prefill, tokens, out in steps:
@@ -59,7 +61,8 @@ def _tables(short_limit: int | None, long_limit: int | None, shared: float = 0.0
             for s, ttft, e2e in _closed_loop(c, limit, prefill, t, shared=shared, out=out,
                                              serial_s=serial_s_per_token * tokens,
                                              per_client=2 if label == "longout" else 4):
-                rows.append((s, ttft, e2e, f"{label}={out if label == 'longout' else c}", tokens, out))
+                value = out if label == "longout" else tokens if label == "prompt" else c
+                rows.append((s, ttft, e2e, f"{label}={value}", tokens, out))
             t = max(r[0] + r[2] for r in rows) + 1.0
     start, ttft, e2e, seg, tok, outs = map(list, zip(*rows))
     n = len(rows)
@@ -150,6 +153,24 @@ def test_a_stage_taking_prompts_one_at_a_time_reads_as_a_kv_limit_until_longer_a
     assert not any(f.category in ("kv_cache", "queue") for f in d.findings), [f.title for f in d.findings]
     reason = next(p.reason for p in d.passed if p.rule_id == "kv_cache")
     assert "with 5.0x longer answers" in reason and "one at a time before the engine" in reason
+
+
+def test_a_cap_with_a_prompt_token_costing_a_decode_step_is_not_called_a_kv_limit_without_longer_answers() -> None:
+    """The same tokenizer stage (1 ms a token, one prompt at a time), now with the ladder's rungs: a
+    prompt token costs over a quarter of a decode step, as sequential work before the engine does. Without the
+    longout follow-up that tells such a stage from a limit, the long ramp's cap stays a candidate,
+    demoted and saying why; tokenize leads."""
+    tables = _tables(short_limit=None, long_limit=None, serial_s_per_token=0.001, ladder=(128, 256, 512))
+    feats = compute_features(tables)
+    assert feats.value("long_ramp_decode_cap") == 1 and feats.value("prompt_slope_per_itl") >= 0.25
+    assert feats.value("ttft_prompt_fit_itl_p50_s") == STEP_S
+    d = diagnose(tables)
+    kv = next(f for f in d.findings if f.category == "kv_cache")
+    assert "a stage taking prompts one at a time (see tokenize) is not ruled out" in kv.note
+    assert d.verdict.category == "tokenize"
+    # a real limit with a fast prefill: the same ladder leaves the long ramp's reading whole
+    d = diagnose(_tables(short_limit=None, long_limit=2, ladder=(128, 256, 512)))
+    assert d.verdict.category == "kv_cache" and "not ruled out" not in (d.verdict.note or "")
 
 
 def test_a_kv_limit_holds_as_few_streams_with_longer_answers() -> None:
