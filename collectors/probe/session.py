@@ -247,17 +247,22 @@ class ProbeSession:
     async def _calibrate(self) -> None:
         """Two one-token requests (100 and 300 words, warm-up spans) give the server's tokens
         per word from ``usage.prompt_tokens``, so synthetic prompt lengths match without a
-        tokenizer. Without usage in the answers, the 1 word ~ 1 token estimate stays."""
+        tokenizer; when the 300 words are refused (a context of a few hundred tokens), 30 and 100
+        words do. Without usage in the answers, the 1 word ~ 1 token estimate stays."""
         from collectors.probe.workload import PromptItem
 
         assert self.client is not None
-        got = []
-        for n_words in (100, 300):
+
+        async def tokens_of(n_words: int) -> int | None:
             item = PromptItem(prompt=self.workload.calibration_text(n_words), max_tokens=1)
-            res = await self.client.request(item, f"calibrate-{n_words}", "calibrate", warmup=True)
-            got.append(res.usage_input_tokens)
+            return (await self.client.request(item, f"calibrate-{n_words}", "calibrate", warmup=True)).usage_input_tokens
+
+        words = [100, 300]
+        got = [await tokens_of(n) for n in words]
+        if got[0] is not None and got[1] is None:  # the longer one refused: a shorter pair, below it
+            words, got = [30, 100], [await tokens_of(30), got[0]]
         if got[0] is not None and got[1] is not None and got[1] > got[0]:
-            self.workload.calibrate((got[1] - got[0]) / 200.0, "from the server's usage.prompt_tokens")
+            self.workload.calibrate((got[1] - got[0]) / float(words[1] - words[0]), "from the server's usage.prompt_tokens")
             self.notes.append(f"prompt lengths: {self.workload.calibration}")
         else:
             self.notes.append("prompt lengths: estimated at 1 word ~ 1 token (the server gave no usage to "

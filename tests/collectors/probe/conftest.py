@@ -9,7 +9,7 @@ a UUID), no-tp (400 on a traceparent header), strict (422 on min_tokens/ignore_e
 ``transformers serve``), no-so (400 on stream_options), strict-all (all four at once); and servers
 that load their model until ``FakeServer.loading_until`` (time.monotonic()) as llama.cpp's does:
 loading (503 "Loading model" on every path, /v1/models too), loading-gen (older builds: /v1/models
-answers, generation 503s).
+answers, generation 503s); words2x (two tokens a word in usage), words2x-512 (and a 512-token context).
 Every request is logged (headers, arrival time, first content send time).
 """
 
@@ -129,6 +129,10 @@ def make_app(state: FakeServer) -> web.Application:
                                      status=422)
         if (mode == "no-so" or strict) and "stream_options" in body:
             return web.json_response({"error": {"message": "unknown field stream_options"}}, status=400)
+        prompt_tokens = 2 * len(str(body.get("prompt", "")).split())
+        if mode == "words2x-512" and prompt_tokens + int(body.get("max_tokens") or 0) > 512:
+            return web.json_response({"error": {"message": f"this model's maximum context length is 512 tokens; you "
+                                                           f"requested {prompt_tokens} tokens in the prompt"}}, status=400)
         return None
 
     async def _respond(request: web.Request, mode: str, chat: bool, body: dict[str, Any], seen: Seen,
@@ -179,7 +183,7 @@ def make_app(state: FakeServer) -> web.Application:
                 request.transport.close()
                 return resp
             await asyncio.sleep(0.002)
-        if mode == "words2x":  # a tokenizer that makes two tokens of every word
+        if mode.startswith("words2x"):  # a tokenizer that makes two tokens of every word
             await resp.write(_usage(2 * len(str(body.get("prompt", "")).split()), produced))
         elif mode != "nousage":
             await resp.write(_usage(17, produced))

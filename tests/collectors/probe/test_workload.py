@@ -130,3 +130,15 @@ def test_lengths_calibrated_from_server_usage(server):
     assert any("2.00 tokens/word" in n for n in res.notes)
     for r in res.results:
         assert abs(r.usage_input_tokens - 400) <= 8  # 200 words, not 400
+
+
+def test_a_context_too_short_for_the_long_calibration_prompt_is_calibrated_below_it(server):
+    """A 512-token context refuses the 300-word calibration prompt (600 tokens): 30 and 100 words
+    calibrate instead, so the first measured prompts already have the lengths asked for."""
+    from collectors.probe import LoadSpec, ProbeConfig, run_probe
+
+    res = run_probe(ProbeConfig(server.url("words2x-512"), api="completions", load=LoadSpec(requests=2),
+                                workload=WorkloadSpec(LengthSpec.parse("22"), LengthSpec.parse("2"))))
+    assert any("2.00 tokens/word" in n for n in res.notes), res.notes
+    got = [r.usage_input_tokens for r in res.results]
+    assert all(abs(x - 22) <= 6 for x in got), got  # 1 word ~ 1 token would send 44
