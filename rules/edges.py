@@ -151,8 +151,14 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     # in decode steps of the requests the fit is made of (lone ones): a ramp's batched steps are longer
     itl = ctx.v("ttft_prompt_fit_itl_p50_s") or ctx.v("itl_p50_s")
     # the fixed part is judged against the TTFT of the requests it was fitted on: a capture that
-    # also holds a load ramp (ttft diagnose) has TTFTs that waiting inflated, not the fit's
+    # also holds a load ramp (ttft diagnose) has TTFTs that waiting inflated, not the fit's; and
+    # when the users' prompt lengths are known, against the fit's TTFT at their typical prompt (the
+    # ladder's rungs are the design's lengths: a long rung's prompt work is not the users' share)
     p50 = ctx.v("ttft_prompt_fit_ttft_p50_s") or ctx.v("ttft_p50_s")
+    users_mid, fit_slope = ctx.v("users_prompt_mid_tokens"), ctx.v("ttft_prompt_slope_ms_per_token")
+    at_users = users_mid is not None and fit_slope is not None and fit_slope > 0 and intercept_s > 0
+    if at_users:
+        p50 = intercept_s + fit_slope / 1e3 * users_mid
     if not itl or not p50:
         return "needs ITL and TTFT to judge a fixed latency"
     slope = ctx.v("ttft_prompt_slope_ms_per_token")
@@ -208,7 +214,8 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
               f"the TTFT-vs-prompt intercept {intercept_s * 1e3:.1f} ms: latency no prompt token explains")
     t.crossed("fixed part of TTFT / TTFT p50", share, "bb_intercept_share_min", "share",
               "most of what users wait for is not prompt processing"
-              + (" (TTFT of the lone requests the fit is over)" if alone else ""))
+              + (f" (the fit's TTFT at your users' {users_mid:g}-token prompts)" if at_users
+                 else " (TTFT of the lone requests the fit is over)" if alone else ""))
     t.context("fixed part of TTFT, lower bound", low_s, "s",
               f"the intercept less {th['bb_intercept_se_k']:g} of its standard errors: what the fit's points show at least")
     s, pct = ctx.explained(min(share, 1.0))

@@ -359,12 +359,17 @@ def tokenize(ctx: RuleContext) -> Outcome:
         return (f"a prompt token costs {ratio:.2f} of a decode step (< {th['bb_slope_per_itl_min']:g}) or TTFT is "
                 f"not linear in prompt length (R² {r2:.2f})")
     slope = ctx.v("ttft_prompt_slope_ms_per_token")
+    share, share_min = ctx.v("ttft_prompt_explained_frac"), float(ctx.th_of("prefill_compute")["explained_frac_min"])
+    users_mid = ctx.v("users_prompt_mid_tokens")
+    if users_mid is not None and share is not None and share < share_min:
+        # per-token work that the users' short prompts barely pay: not where their TTFT goes
+        return (f"a prompt token costs {ratio:.2f} of a decode step, but at your users' {users_mid:g}-token prompts "
+                f"prompt work is {share:.0%} of TTFT (< {share_min:.0%})")
     t = Triage(ctx)
     t.crossed("TTFT per prompt token / ITL p50", ratio, "bb_slope_per_itl_min", "x",
               "each prompt token costs a sizeable part of a whole decode step: sequential per-token CPU work, "
               "not a parallel prefill")
     t.crossed("TTFT vs prompt tokens R²", r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token", bound=1.0)
-    share = ctx.v("ttft_prompt_explained_frac")
     s, pct = ctx.explained(min(share, 1.0) if share is not None else None)
     return finding("TTFT grows per prompt token far faster than a parallel prefill would: tokenization (black box)",
                    t.confidence(0.7, black_box=True), s, pct, t.evidence, checks, black_box=True,

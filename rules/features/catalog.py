@@ -36,6 +36,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("populations", "share", ("error_rate", "error_rate_by_segment")),
     ("populations", "", ("client_only", "designed_by_diagnose")),
     ("populations", "x", ("users_prompt_spread_x",)),
+    ("populations", "tokens", ("users_prompt_mid_tokens",)),
     ("populations", "tokens", ("users_shared_prefix_tokens",)),
     ("populations", "s", ("cold_start_outlier_ttft_s", "cold_start_outlier_excess_s", "cold_start_s",
                           "cold_start_by_phase_s", "cold_start_first_contact_s",

@@ -72,7 +72,8 @@ def populations(ctx: FeatureContext) -> None:
 
 def users_workload(ctx: FeatureContext) -> None:
     """What the users send, as ``ttft diagnose --workload`` recorded it (``meta.json``
-    ``users_workload``): ``users_prompt_spread_x`` (their longest prompt / shortest) and
+    ``users_workload``): ``users_prompt_spread_x`` (their longest prompt / shortest),
+    ``users_prompt_mid_tokens`` (the middle of their range) and
     ``users_shared_prefix_tokens`` (0: none). Unavailable when not given."""
     wl = ctx.meta.get("users_workload") if isinstance(ctx.meta, dict) else None
     wl = wl if isinstance(wl, dict) else {}
@@ -80,6 +81,8 @@ def users_workload(ctx: FeatureContext) -> None:
     pt = wl.get("prompt_tokens")
     ok = isinstance(pt, list) and len(pt) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in pt)
     ctx.add("users_prompt_spread_x", float(pt[1]) / float(pt[0]) if ok else None,
+            None if ok else why.format("prompt_tokens=MIN-MAX"))
+    ctx.add("users_prompt_mid_tokens", (float(pt[0]) + float(pt[1])) / 2.0 if ok else None,
             None if ok else why.format("prompt_tokens=MIN-MAX"))
     if ok:
         ctx.users_prompt_tokens = (float(pt[0]), float(pt[1]))

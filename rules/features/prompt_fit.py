@@ -100,8 +100,17 @@ def prompt_fit(ctx: FeatureContext) -> None:
     mean_y = float(np.mean(yy))
     if expl is None:
         expl = slope * float(np.mean(x)) / mean_y if mean_y > 0 else None
+    expl_how = how
+    users = ctx.users_prompt_tokens
+    if users is not None and slope > 0 and ctx.features.value("designed_by_diagnose"):
+        # ttft diagnose's ladder runs lengths of its own choosing: the share that matters is the one
+        # at the users' typical prompt, on the fitted line
+        mid = (users[0] + users[1]) / 2.0
+        at_mid = intercept + slope * mid
+        if at_mid > 0:
+            expl, expl_how = slope * mid / at_mid, f"on the fit at your users' {mid:g}-token prompts"
     # clipped to 0..1: a negative intercept (a narrow range, extrapolated) would put it above 1
-    ctx.add("ttft_prompt_explained_frac", min(1.0, max(0.0, expl)) if expl is not None else None)
+    ctx.add("ttft_prompt_explained_frac", min(1.0, max(0.0, expl)) if expl is not None else None, source=expl_how)
     ctx.add("ttft_prompt_fit_n", float(x.size))
     # what the fit's own requests waited and how many were in flight with them: the fixed part is
     # judged against these (a diagnose capture holds its ramp too, whose TTFT load inflated)

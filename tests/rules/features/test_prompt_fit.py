@@ -75,3 +75,39 @@ def test_a_diagnose_ladder_is_fitted_per_rung_with_the_baseline_and_without_the_
     assert feats.value("ttft_prompt_r2") > 0.99 and feats.value("ttft_prompt_fit_n") == 17
     assert feats.value("ttft_prompt_slope_ms_per_token") == pytest.approx(0.1, rel=0.02)
     assert feats.value("ttft_prompt_fit_alone_frac") == 1.0
+
+
+def _ladder_with_a_fixed_part(users: list[int] | None):  # noqa: ANN202
+    """ttft diagnose's ladder at 1 in flight behind a 380 ms fixed latency and 3.4 ms a prompt
+    token (seed 20261203 r017: a network delay and a slow tokenizer), client only."""
+    rows = [("concurrency=1", 29, 0.380 + 0.0034 * 29)] * 6
+    rows += [(f"prompt={n}", n, 0.380 + 0.0034 * n) for n in (128, 256, 512) for _ in range(3)]
+    seg, tokens, ttft = map(list, zip(*rows))
+    n = len(rows)
+    meta = {"kind": "diagnose"} | ({"users_workload": {"prompt_tokens": users}} if users else {})
+    return make_tables(make_requests(ttft, input_tokens=tokens, segment=seg, has_client=[True] * n,
+                                     has_server=[False] * n, client_ttft_s=ttft, itl_p50_s=[0.0067] * n), meta=meta)
+
+
+def test_prompt_work_is_shared_out_at_the_users_typical_prompt_when_it_is_known() -> None:
+    """Over the ladder's rungs (128-512 tokens) prompt work is most of TTFT; at the users' 15-44
+    tokens (29 in the middle) it is a fifth: the share that matters is theirs, on the fitted line."""
+    theirs = compute_features(_ladder_with_a_fixed_part([15, 44]))
+    assert theirs.value("ttft_prompt_explained_frac") == pytest.approx(0.0034 * 29.5 / (0.380 + 0.0034 * 29.5), rel=0.01)
+    assert "your users' 29.5-token prompts" in theirs.get("ttft_prompt_explained_frac").source
+    assert theirs.value("users_prompt_mid_tokens") == 29.5
+    design = compute_features(_ladder_with_a_fixed_part(None))
+    assert design.value("ttft_prompt_explained_frac") > 0.5 and not design.available("users_prompt_mid_tokens")
+
+
+def test_at_the_users_short_prompts_the_fixed_part_is_network_and_the_tokenizer_is_not_the_story() -> None:
+    from rules import diagnose
+
+    d = diagnose(_ladder_with_a_fixed_part([15, 44]))
+    assert d.verdict.category == "network"
+    share = next(e for e in d.verdict.evidence if e.name == "fixed part of TTFT / TTFT p50")
+    assert share.value == pytest.approx(0.380 / (0.380 + 0.0034 * 29.5), rel=0.01) and "29.5-token" in share.meaning
+    tok = next(p.reason for p in d.passed if p.rule_id == "tokenize")
+    assert "at your users' 29.5-token prompts prompt work is 21% of TTFT" in tok
+    # not knowing the users' prompts, the ladder's lengths stand in for them, as before
+    assert diagnose(_ladder_with_a_fixed_part(None)).verdict.category == "tokenize"
