@@ -160,7 +160,7 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
     if all_met is False and not any(f.category == HEALTHY_ID for f in findings):
         over = next((c["over"] for c in (feats.value("slo_checks") or {}).values() if c.get("over")), None)
         notes.append("an SLO is broken: " + ", ".join(f"{r.name} = {r.value if r.value is None else round(r.value * 1e3, 1)} ms"
-                                                      for r in slo_rows if r.meaning.partition(" over ")[0] == "broken")
+                                                      for r in slo_rows if r.crossed)
                      + (f" (over {over})" if over else ""))
     if not any(f.category == "cold_start" for f in findings):
         line = startup_note(RuleContext(feats, th.get("cold_start", {}), general, dict(slo or {}), black_box))

@@ -224,11 +224,13 @@ def test_short_prompts_waiting_for_a_long_ones_chunks_are_head_of_line_from_the_
                                              "4"], False)], ids=["whole-prompt", "chunked-shared"])
 def test_an_itl_target_is_judged_with_long_prompts_among_the_streams(tmp_path: Path, engine: list[str],
                                                                        stalls: bool) -> None:
-    # the long prompt prefills for twice the target alone: a prefill that runs whole, ahead of
-    # decode, stalls the running streams past it; chunks shared with the short prompts do not
-    res = _diagnose(engine, tmp_path / "cap", slo={"ttft_p99": 5.0, "itl_p99": 0.06})
+    # the long prompt prefills for at least twice the target alone (about 500 ms here): a prefill
+    # that runs whole, ahead of decode, stalls the running streams past it; 32-token chunks shared
+    # with the short prompts do not. The target sits well apart from both: the chunked steps' p99
+    # gap is ~40 ms on a quiet 2-core box and passed 60 ms on a loaded CI one
+    res = _diagnose(engine, tmp_path / "cap", slo={"ttft_p99": 5.0, "itl_p99": 0.15})
     (mixed,) = _mixed(res)
-    assert "ITL target of 60.0 ms" in mixed.step.reason
+    assert "ITL target of 150.0 ms" in mixed.step.reason
     d = res.analysis.diagnosis
     mixed_itl = d.features.value("itl_mixed_slo")["itl_p99"]
     assert mixed_itl["met"] is (not stalls)

@@ -42,5 +42,7 @@ def test_an_itl_target_the_long_prompts_break_names_interference(tmp_path: Path)
     assert check["met"] is False and check["value_s"] > 0.1  # a 1000-token prefill, 150 ms, in one step
     assert d.verdict.category == "interference" and not d.verdict.conditional
     assert any(e.name == "SLO itl_p99 with long prompts among the streams" and e.crossed for e in d.verdict.evidence)
+    note = next(n for n in d.notes if n.startswith("an SLO is broken"))  # names what broke, not an empty list
+    assert f"itl_p99 with long prompts among the streams = {round(check['value_s'] * 1e3, 1)} ms" in note
     # a target the stalls stay under: judged met
     assert diagnose(tables, slo={"itl_p99": 1.0}).features.value("itl_mixed_slo")["itl_p99"]["met"] is True
