@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,10 +106,20 @@ def make_app(state: FakeServer) -> web.Application:
         n = state.counter
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        released = False
+
+        def release() -> None:
+            # out of flight before the answer's last bytes leave: a closed-loop client that reads
+            # them sends its next request while write_eof still awaits, and must not find this one
+            nonlocal released
+            if not released:
+                released = True
+                state.in_flight -= 1
+
         try:
-            return await _respond(request, mode, chat, body, seen, n)
+            return await _respond(request, mode, chat, body, seen, n, release)
         finally:
-            state.in_flight -= 1
+            release()
 
     def refusal(request: web.Request, mode: str, body: dict[str, Any]) -> web.Response | None:
         strict = mode == "strict-all"
@@ -136,7 +146,7 @@ def make_app(state: FakeServer) -> web.Application:
         return None
 
     async def _respond(request: web.Request, mode: str, chat: bool, body: dict[str, Any], seen: Seen,
-                       n: int) -> web.StreamResponse:
+                       n: int, release: Callable[[], None]) -> web.StreamResponse:
         max_tokens = int(body.get("max_tokens") or 4)
         if state.loading(mode):
             return loading_answer()
@@ -183,6 +193,7 @@ def make_app(state: FakeServer) -> web.Application:
                 request.transport.close()
                 return resp
             await asyncio.sleep(0.002)
+        release()
         if mode.startswith("words2x"):  # a tokenizer that makes two tokens of every word
             await resp.write(_usage(2 * len(str(body.get("prompt", "")).split()), produced))
         elif mode != "nousage":
