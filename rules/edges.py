@@ -155,13 +155,12 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     # when the users' prompt lengths are known, against the fit's TTFT at their typical prompt (the
     # ladder's rungs are the design's lengths: a long rung's prompt work is not the users' share)
     p50 = ctx.v("ttft_prompt_fit_ttft_p50_s") or ctx.v("ttft_p50_s")
-    users_mid, fit_slope = ctx.v("users_prompt_mid_tokens"), ctx.v("ttft_prompt_slope_ms_per_token")
-    at_users = users_mid is not None and fit_slope is not None and fit_slope > 0 and intercept_s > 0
+    users_mid, slope = ctx.v("users_prompt_mid_tokens"), ctx.v("ttft_prompt_slope_ms_per_token")
+    at_users = users_mid is not None and slope is not None and slope > 0 and intercept_s > 0
     if at_users:
-        p50 = intercept_s + fit_slope / 1e3 * users_mid
+        p50 = intercept_s + slope / 1e3 * users_mid
     if not itl or not p50:
         return "needs ITL and TTFT to judge a fixed latency"
-    slope = ctx.v("ttft_prompt_slope_ms_per_token")
     r2 = ctx.v("ttft_prompt_r2")
     pth = ctx.th_of("prefill_compute")
     mean_s = ctx.v("ttft_mean_s")
