@@ -41,9 +41,10 @@ torch hook stays on the model, span building and export run on the sink's own th
 (OTLP JSON written without protobuf). Measured 2026-12-01 on a 2-core VM with one server
 whose hooks were flipped on and off between bursts (``--toggle-signal``: same process, so
 no process-to-process difference; an A/A run of two plain servers differed by 2 %), 256x4
-Llama, bursts ABBA. Plain, 1,000 pairs: server CPU per request +0.32 % (95 % CI of the
-median over blocks [-0.70 %, +0.87 %]: within budget), throughput +0.62 % [-0.02, +1.40],
-TTFT p50 +0.27 % [-0.42, +1.16]; py-spy 0.29 % of busy samples in our frames.
+Llama, bursts ABBA. Plain, 6,000 pairs (2026-12-03, pinned, 64/16 tokens): throughput
++0.82 % (95 % CI of the median [+0.70, +0.98]: within budget), TTFT p50 +0.89 % [+0.67, +1.16]
+and server CPU per request +0.78 % [+0.44, +1.08] (both undecided at the line); py-spy 0.38 %
+of busy samples in our frames.
 ``--continuous-batching``, 600 pairs of 2: CPU +2.2 % [-0.15, +4.37]; its bursts' TTFT
 spreads too widely (IQR 130 %) to judge wall-clock there.
 """
