@@ -49,6 +49,8 @@ class FakeServer:
     in_flight: int = 0
     max_in_flight: int = 0
     counter: int = 0
+    #: bumped by reset(): a request counts in ``in_flight`` only within the test it arrived in
+    generation: int = 0
     #: time.monotonic() until which the loading modes answer 503 "Loading model"
     loading_until: float = 0.0
 
@@ -59,8 +61,10 @@ class FakeServer:
         return f"{self.base}/{mode}"
 
     def reset(self) -> None:
+        """Start a test afresh; requests of earlier tests still running (hang mode) no longer count."""
         self.log.clear()
         self.in_flight = self.max_in_flight = self.counter = 0
+        self.generation += 1
         self.loading_until = 0.0
 
 
@@ -106,6 +110,7 @@ def make_app(state: FakeServer) -> web.Application:
         n = state.counter
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        generation = state.generation
         released = False
 
         def release() -> None:
@@ -114,7 +119,8 @@ def make_app(state: FakeServer) -> web.Application:
             nonlocal released
             if not released:
                 released = True
-                state.in_flight -= 1
+                if state.generation == generation:  # a reset since its arrival zeroed the count already
+                    state.in_flight -= 1
 
         try:
             return await _respond(request, mode, chat, body, seen, n, release)
