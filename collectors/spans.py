@@ -186,7 +186,11 @@ def _json_value(value: Any) -> dict[str, Any]:
             raise _NotPlain  # "NaN"/"Infinity": leave them to the protobuf route
         return {"doubleValue": value}
     if isinstance(value, (list, tuple)):
-        return {"arrayValue": {"values": [_json_value(v) for v in value]} if value else {}}
+        if not value:
+            return {"arrayValue": {}}
+        if all(type(v) is int for v in value):  # token times: the one long array, ints only
+            return {"arrayValue": {"values": [{"intValue": str(v)} for v in value]}}
+        return {"arrayValue": {"values": [_json_value(v) for v in value]}}
     raise _NotPlain
 
 
@@ -195,29 +199,35 @@ def _json_attributes(attributes: Mapping[str, Any] | None) -> list[dict[str, Any
 
 
 def _json_span(span: ReadableSpan) -> dict[str, Any]:
-    ctx = span.context
-    parent = span.parent
+    return _json_span_doc(span.context, span.parent, span.name, span.kind, span.start_time, span.end_time,
+                          span.attributes, span.dropped_attributes, span.status)
+
+
+def _json_span_doc(ctx: SpanContext, parent: SpanContext | None, name: str, kind: SpanKind, start_ns: int,
+                   end_ns: int, attributes: Mapping[str, Any] | None, dropped_attributes: int,
+                   status: Status) -> dict[str, Any]:
+    """One span as OTLP JSON (what ``request_to_dict(encode_spans(...))`` holds for it)."""
     doc: dict[str, Any] = {"traceId": format(ctx.trace_id, "032x"), "spanId": format(ctx.span_id, "016x")}
     if ctx.trace_state:
         doc["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
     if parent is not None:
         doc["parentSpanId"] = format(parent.span_id, "016x")
     doc["flags"] = _FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if parent is not None and parent.is_remote else 0)
-    doc["name"] = span.name
-    doc["kind"] = _OTLP_KIND[span.kind]
-    doc["startTimeUnixNano"] = str(span.start_time)
-    doc["endTimeUnixNano"] = str(span.end_time)
-    attrs = _json_attributes(span.attributes)
+    doc["name"] = name
+    doc["kind"] = _OTLP_KIND[kind]
+    doc["startTimeUnixNano"] = str(start_ns)
+    doc["endTimeUnixNano"] = str(end_ns)
+    attrs = _json_attributes(attributes)
     if attrs:
         doc["attributes"] = attrs
-    if span.dropped_attributes:
-        doc["droppedAttributesCount"] = span.dropped_attributes
-    status: dict[str, Any] = {}
-    if span.status.status_code.value:
-        status["code"] = span.status.status_code.value
-    if span.status.description:
-        status["message"] = span.status.description
-    doc["status"] = status
+    if dropped_attributes:
+        doc["droppedAttributesCount"] = dropped_attributes
+    status_doc: dict[str, Any] = {}
+    if status.status_code.value:
+        status_doc["code"] = status.status_code.value
+    if status.description:
+        status_doc["message"] = status.description
+    doc["status"] = status_doc
     return doc
 
 
@@ -251,41 +261,45 @@ def otlp_json_request(spans: Sequence[ReadableSpan]) -> dict[str, Any] | None:
         groups: dict[Any, dict[Any, list[dict[str, Any]]]] = {}
         for resource, scope, docs in by_id.values():
             groups.setdefault(resource, {}).setdefault(scope, []).extend(docs)
-        out = []
-        for resource, by_scope in groups.items():
-            scope_spans = []
-            for scope, docs in by_scope.items():
-                sdoc: dict[str, Any] = {}
-                if scope is not None:
-                    if scope.name:
-                        sdoc["name"] = scope.name
-                    if scope.version:
-                        sdoc["version"] = scope.version
-                    if _json_attributes(scope.attributes):
-                        sdoc["attributes"] = _json_attributes(scope.attributes)
-                entry: dict[str, Any] = {"scope": sdoc, "spans": docs}
-                if scope is not None and scope.schema_url:
-                    entry["schemaUrl"] = scope.schema_url
-                scope_spans.append(entry)
-            rdoc: dict[str, Any] = {}
-            if _json_attributes(resource.attributes):
-                rdoc["attributes"] = _json_attributes(resource.attributes)
-            rs: dict[str, Any] = {"resource": rdoc, "scopeSpans": scope_spans}
-            if resource.schema_url:
-                rs["schemaUrl"] = resource.schema_url
-            out.append(rs)
+        out = [_resource_spans_doc(resource, by_scope) for resource, by_scope in groups.items()]
     except _NotPlain:
         return None
     return {"resourceSpans": out}
 
 
+def _resource_spans_doc(resource: Any, by_scope: Mapping[Any, list[dict[str, Any]]]) -> dict[str, Any]:
+    """OTLP JSON ``ResourceSpans`` for span docs grouped by instrumentation scope."""
+    scope_spans = []
+    for scope, docs in by_scope.items():
+        sdoc: dict[str, Any] = {}
+        if scope is not None:
+            if scope.name:
+                sdoc["name"] = scope.name
+            if scope.version:
+                sdoc["version"] = scope.version
+            if _json_attributes(scope.attributes):
+                sdoc["attributes"] = _json_attributes(scope.attributes)
+        entry: dict[str, Any] = {"scope": sdoc, "spans": docs}
+        if scope is not None and scope.schema_url:
+            entry["schemaUrl"] = scope.schema_url
+        scope_spans.append(entry)
+    rdoc: dict[str, Any] = {}
+    if _json_attributes(resource.attributes):
+        rdoc["attributes"] = _json_attributes(resource.attributes)
+    rs: dict[str, Any] = {"resource": rdoc, "scopeSpans": scope_spans}
+    if resource.schema_url:
+        rs["schemaUrl"] = resource.schema_url
+    return rs
+
+
 # --- the record path: plain tuples on the caller's thread, SDK spans on the materialiser's ------
 
-_STAGE = 0  # (_STAGE, root SpanContext, name, start_ns, end_ns, attributes | None)
-_ROOT = 1  # (_ROOT, SpanContext, parent SpanContext | None, name, kind, start_ns, end_ns,
-#            attributes, [attribute updates], token times | None, error | None)
+_STAGE = 0  # (_STAGE, RequestTrace, name, start_ns, end_ns, attributes | None)
+_ROOT = 1  # (_ROOT, RequestTrace, end_ns, token times | None, error | None)
 _LOOSE = 2  # (_LOOSE, name, start_ns, end_ns, attributes): a root span of its own trace
 _EMPTY_CONTEXT = otel_context.Context()
+_LINE_SPANS = 512  # spans per OTLP JSON line written by the materialiser (the batch processor's batch)
+_SETTLE_LOCK = threading.Lock()  # settles a RequestTrace's root once, whichever thread asks first
 _UNSET = Status(StatusCode.UNSET)
 
 
@@ -321,19 +335,27 @@ def _plain_attributes(attrs: dict[str, Any], max_attrs: int | None, max_len: int
 class SpanMaterializer:
     """Builds OpenTelemetry SDK spans from plain records, on its own thread.
 
-    The caller's side (:meth:`submit`, :meth:`new_root`) only generates ids, asks the sampler
-    about a request's root, and appends a tuple to a bounded deque: O(1), never blocks, never
-    raises; a full queue drops and counts (:attr:`dropped_spans`). The ``ttft-span-build``
-    thread turns records into :class:`ReadableSpan` objects with the tracer's resource,
+    The caller's side (:meth:`submit`) only appends a tuple to a bounded deque: O(1), never
+    blocks, never raises; a full queue drops and counts (:attr:`dropped_spans`). The
+    ``ttft-span-build`` thread settles each request root's ids and sampling (:meth:`new_root`,
+    unless the caller asked for them first) and turns records into :class:`ReadableSpan` objects with the tracer's resource,
     scope, span limits and id generator (the same content ``Tracer.start_span``/``end`` give:
     names, ids, parents, timestamps in Unix ns, attributes, status) and hands each to the
     provider's span processor's ``on_end`` (exporters then run on the processors' threads).
     Children follow their request root's sampling decision (what ``ParentBased`` does).
     It wakes every ``interval_s`` or when ``batch`` records wait; :meth:`drain` builds now.
+
+    With a ``writer`` (a capture and nothing else to export to), the thread skips the SDK
+    objects and the export thread: it writes each span's OTLP JSON (the document
+    :class:`CaptureSpanExporter` writes for the same spans) into the capture itself, one line
+    per :data:`_LINE_SPANS` spans; a write that fails drops and counts its spans.
     """
 
-    def __init__(self, tracer: Any, max_queue: int = 65536, batch: int = 256, interval_s: float = 0.5) -> None:
+    def __init__(self, tracer: Any, max_queue: int = 65536, batch: int = 256, interval_s: float = 0.5,
+                 writer: CaptureWriter | None = None) -> None:
         self._tracer = tracer
+        self._writer = writer
+        self._shell: dict[str, Any] | None = None
         self._processor: SpanProcessor = tracer.span_processor
         self._sampler = tracer.sampler
         self._ids = tracer.id_generator
@@ -416,23 +438,23 @@ class SpanMaterializer:
                     attrs[key] = value
         return attrs
 
-    def _span(self, name: str, ctx: SpanContext, parent: SpanContext | None, kind: SpanKind,
-              attributes: BoundedAttributes, start_ns: int, end_ns: int, status: Status = _UNSET) -> ReadableSpan:
-        return ReadableSpan(
-            name=name, context=ctx, parent=parent, resource=self._resource, attributes=attributes,
-            kind=kind, instrumentation_info=self._info, status=status, start_time=start_ns, end_time=end_ns,
-            instrumentation_scope=self._scope,
-        )
-
-    def _build(self, rec: tuple[Any, ...]) -> ReadableSpan | None:
+    def _fields(self, rec: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """(name, context, parent, kind, attributes, start_ns, end_ns, status) of a record's span;
+        None when its request is not sampled."""
         tag = rec[0]
         if tag == _STAGE:
-            _, root, name, start_ns, end_ns, attributes = rec
+            _, req, name, start_ns, end_ns, attributes = rec
+            root = req.root_context()
+            if req.recorded_attributes is None:
+                return None
             ctx = SpanContext(root.trace_id, self._ids.generate_span_id(), False, root.trace_flags, root.trace_state)
-            return self._span(name, ctx, root, SpanKind.INTERNAL, self._attrs(attributes), start_ns, end_ns)
+            return name, ctx, root, SpanKind.INTERNAL, self._attrs(attributes), start_ns, end_ns, _UNSET
         if tag == _ROOT:
-            _, ctx, parent, name, kind, start_ns, end_ns, attributes, updates, token_times, error = rec
-            attrs = self._attrs(attributes, *updates)
+            _, req, end_ns, token_times, error = rec
+            ctx = req.root_context()
+            if req.recorded_attributes is None:
+                return None
+            attrs = self._attrs(req.recorded_attributes, *req.attribute_updates)
             if token_times:
                 attrs[stages.ATTR_TOKEN_TIMES_NS] = token_times
                 attrs[stages.ATTR_FIRST_TOKEN_NS] = token_times[0]
@@ -440,29 +462,82 @@ class SpanMaterializer:
             if error:
                 attrs[stages.ATTR_ERROR] = error
                 status = Status(StatusCode.ERROR, error)
-            return self._span(name, ctx, parent, kind, attrs, start_ns, end_ns, status)
+            return req.name, ctx, req.parent_context, req.kind, attrs, req.start_ns, end_ns, status
         _, name, start_ns, end_ns, attributes = rec  # _LOOSE: a root of its own trace
         ctx, recorded = self.new_root(name, SpanKind.INTERNAL, attributes, None, _EMPTY_CONTEXT)
         if recorded is None:
             return None
-        return self._span(name, ctx, None, SpanKind.INTERNAL, self._attrs(recorded), start_ns, end_ns)
+        return name, ctx, None, SpanKind.INTERNAL, self._attrs(recorded), start_ns, end_ns, _UNSET
+
+    def _span(self, name: str, ctx: SpanContext, parent: SpanContext | None, kind: SpanKind,
+              attributes: Mapping[str, Any], start_ns: int, end_ns: int, status: Status = _UNSET) -> ReadableSpan:
+        return ReadableSpan(
+            name=name, context=ctx, parent=parent, resource=self._resource, attributes=attributes,
+            kind=kind, instrumentation_info=self._info, status=status, start_time=start_ns, end_time=end_ns,
+            instrumentation_scope=self._scope,
+        )
+
+    def _build(self, rec: tuple[Any, ...]) -> ReadableSpan | None:
+        fields = self._fields(rec)
+        return None if fields is None else self._span(*fields)
+
+    def _doc(self, fields: tuple[Any, ...]) -> dict[str, Any]:
+        """A span's OTLP JSON straight from its fields (raises _NotPlain for the protobuf route)."""
+        name, ctx, parent, kind, attrs, start_ns, end_ns, status = fields
+        dropped = attrs.dropped if isinstance(attrs, BoundedAttributes) else 0
+        return _json_span_doc(ctx, parent, name, kind, start_ns, end_ns, attrs, dropped, status)
 
     def drain(self) -> None:
         """Build and hand on every queued record now (any thread; records keep their order)."""
         with self._lock:
             q = self._queue
+            docs: list[dict[str, Any]] = []
             while q:
                 rec = q.popleft()
                 try:
-                    span = self._build(rec)
-                    if span is not None:
-                        self._processor.on_end(span)
+                    fields = self._fields(rec)
+                    if fields is None:
+                        continue
+                    if self._writer is None:
+                        self._processor.on_end(self._span(*fields))
+                        continue
+                    try:
+                        docs.append(self._doc(fields))
+                    except _NotPlain:  # a value the fast path leaves to protobuf: its own line, in order
+                        self._write(docs)
+                        docs = []
+                        self._write_protobuf(self._span(*fields))
+                    if len(docs) >= _LINE_SPANS:
+                        self._write(docs)
+                        docs = []
                 except Exception as exc:  # never let one bad record stop the others
-                    self.dropped_spans += 1
-                    kind = type(exc).__name__
-                    if kind not in self._failures_logged:
-                        self._failures_logged.add(kind)
-                        log.warning("building a span failed (%s): %s", kind, exc)
+                    self._failed(exc)
+            self._write(docs)
+
+    def _write(self, docs: list[dict[str, Any]]) -> None:
+        """Append span docs to the capture as one OTLP JSON line (a failure drops and counts them)."""
+        if not docs or self._writer is None:
+            return
+        try:
+            shell = self._shell
+            if shell is None:
+                shell = self._shell = _resource_spans_doc(self._resource, {self._scope: []})
+            scope_spans = [{**shell["scopeSpans"][0], "spans": docs}]
+            self._writer.append_span_lines([json_line({"resourceSpans": [{**shell, "scopeSpans": scope_spans}]})])
+        except Exception as exc:
+            self._failed(exc, len(docs))
+
+    def _write_protobuf(self, span: ReadableSpan) -> None:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        self._writer.append_span_request(encode_spans([span]))  # type: ignore[union-attr]
+
+    def _failed(self, exc: Exception, spans: int = 1) -> None:
+        self.dropped_spans += spans
+        kind = type(exc).__name__
+        if kind not in self._failures_logged:
+            self._failures_logged.add(kind)
+            log.warning("building or writing a span failed (%s): %s", kind, exc)
 
     def _run(self) -> None:
         name_native_thread()
@@ -483,61 +558,87 @@ class SpanMaterializer:
 class RequestTrace:
     """One request's trace: a root span plus stage spans. Created by TraceSink.start_request.
 
-    Calls only note plain values (the root's ids exist from the start, so :meth:`traceparent`
-    works at once); each stage is handed on when it ends, the root when :meth:`end` is called,
-    and the SDK spans are built on the sink's materialiser thread. Attribute values must not
-    be mutated after they are passed in.
+    Calls only note plain values; each stage is handed on when it ends, the root when
+    :meth:`end` is called, and the SDK spans are built on the sink's materialiser thread.
+    The root's ids and sampling decision (the caller's ``traceparent`` parsed, the sampler
+    asked) are settled once, on first need (:meth:`root_context`): by the caller when it asks
+    for :meth:`traceparent` or :attr:`trace_id_hex`, else on the materialiser thread, off the
+    request's path. A request its sampler does not record keeps its ids and exports nothing.
+    Attribute values must not be mutated after they are passed in.
     """
 
-    __slots__ = ("_mat", "_ctx", "_parent", "_name", "_kind", "_start_ns", "_attrs", "_updates",
-                 "_token_times_ns", "_ended", "_recording")
+    __slots__ = ("_mat", "_ctx", "parent_context", "name", "kind", "start_ns", "recorded_attributes",
+                 "attribute_updates", "_token_times_ns", "_ended", "_pending")
 
     def __init__(
         self,
         materializer: SpanMaterializer | None = None,
-        context: SpanContext | None = None,
-        parent: SpanContext | None = None,
         name: str = "",
         kind: SpanKind = SpanKind.INTERNAL,
         start_ns: int = 0,
-        attributes: Mapping[str, Any] | None = None,
+        attributes: dict[str, AttributeValue] | None = None,
+        traceparent: str | None = None,
     ) -> None:
         self._mat = materializer
-        self._ctx = context
-        self._parent = parent
-        self._name = name
-        self._kind = kind
-        self._start_ns = start_ns
-        self._attrs = attributes
-        self._updates: list[dict[str, AttributeValue]] = []
+        self._ctx: SpanContext | None = None
+        self.parent_context: SpanContext | None = None
+        self.name = name
+        self.kind = kind
+        self.start_ns = start_ns
+        #: the root's attributes as the sampler returned them; None: not recorded (or not settled)
+        self.recorded_attributes: Mapping[str, Any] | None = None
+        self.attribute_updates: list[dict[str, AttributeValue]] = []
         self._token_times_ns: list[int] = []
         self._ended = False
-        # not sampled (e.g. the caller's traceparent says so): ids exist, nothing is recorded
-        self._recording = materializer is not None and attributes is not None
+        # (attributes, traceparent) until the root is settled; None for the tracing-off trace
+        self._pending: tuple[dict[str, AttributeValue], str | None] | None = (
+            (attributes or {}, traceparent) if materializer is not None else None)
+
+    def root_context(self) -> SpanContext | None:
+        """The root span's context (None when tracing is off); settles ids and sampling once (any thread)."""
+        ctx = self._ctx
+        if ctx is not None or self._pending is None:
+            return ctx
+        with _SETTLE_LOCK:
+            if self._pending is not None:
+                attributes, traceparent = self._pending
+                parent_context = _EMPTY_CONTEXT
+                if traceparent:
+                    parent_context = _PROPAGATOR.extract({"traceparent": traceparent})
+                    found = trace.get_current_span(parent_context).get_span_context()
+                    if found.is_valid:
+                        self.parent_context = found
+                    else:
+                        parent_context = _EMPTY_CONTEXT
+                ctx, self.recorded_attributes = self._mat.new_root(  # type: ignore[union-attr]
+                    self.name, self.kind, attributes, self.parent_context, parent_context)
+                self._ctx = ctx
+                self._pending = None
+        return self._ctx
 
     @property
     def enabled(self) -> bool:
-        return self._ctx is not None
+        return self._mat is not None
 
     @property
     def trace_id_hex(self) -> str:
         """The 32-hex-digit trace id ("" when tracing is off)."""
-        if self._ctx is None:
-            return ""
-        return format(self._ctx.trace_id, "032x")
+        ctx = self.root_context()
+        return "" if ctx is None else format(ctx.trace_id, "032x")
 
     def traceparent(self) -> str | None:
         """The W3C ``traceparent`` header value that makes a callee join this trace."""
-        if self._ctx is None:
+        ctx = self.root_context()
+        if ctx is None:
             return None
         carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(trace.NonRecordingSpan(self._ctx)))
+        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(trace.NonRecordingSpan(ctx)))
         return carrier.get("traceparent")
 
     @contextlib.contextmanager
     def stage(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> Iterator[None]:
         """Time a stage on the calling thread as a child span of the request."""
-        if not self._recording:
+        if self._mat is None:
             yield
             return
         attrs = dict(attributes) if attributes else None
@@ -545,7 +646,7 @@ class RequestTrace:
         try:
             yield
         finally:
-            self._mat.submit((_STAGE, self._ctx, name, start_ns, time.time_ns(), attrs))  # type: ignore[union-attr]
+            self._mat.submit((_STAGE, self, name, start_ns, time.time_ns(), attrs))
 
     def record_stage(
         self,
@@ -555,36 +656,35 @@ class RequestTrace:
         attributes: Mapping[str, AttributeValue] | None = None,
     ) -> None:
         """Record a stage timed elsewhere (e.g. inside a batched engine step). O(1)."""
-        if not self._recording:
+        if self._mat is None:
             return
         start_ns = int(start_ns)
         end_ns = int(end_ns)
-        self._mat.submit(  # type: ignore[union-attr]
-            (_STAGE, self._ctx, name, start_ns, end_ns if end_ns > start_ns else start_ns,
+        self._mat.submit(
+            (_STAGE, self, name, start_ns, end_ns if end_ns > start_ns else start_ns,
              dict(attributes) if attributes else None)
         )
 
-    def add_token_time(self, ns: int) -> None:
-        """Note the Unix ns at which a token was emitted (kept as one array attribute)."""
-        if self._recording and not self._ended:
-            self._token_times_ns.append(int(ns))
+    def add_token_time(self, ns: int, n: int = 1) -> None:
+        """Note the Unix ns at which ``n`` tokens were emitted (kept as one array attribute)."""
+        if self._mat is not None and not self._ended:
+            if n == 1:
+                self._token_times_ns.append(int(ns))
+            elif n > 1:
+                self._token_times_ns.extend([int(ns)] * n)
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
         """Set attributes on the request span (ignored once it has ended, as the SDK does)."""
-        if self._recording and not self._ended:
-            self._updates.append(dict(attributes))
+        if self._mat is not None and not self._ended:
+            self.attribute_updates.append(dict(attributes))
 
     def end(self, end_ns: int | None = None, error: str | None = None) -> None:
         """End the request span; idempotent. ``error`` is a short kind like "disconnect"."""
-        if self._ctx is None or self._ended:
+        if self._mat is None or self._ended:
             return
         self._ended = True
-        if not self._recording:
-            return
-        self._mat.submit(  # type: ignore[union-attr]
-            (_ROOT, self._ctx, self._parent, self._name, self._kind, self._start_ns,
-             time.time_ns() if end_ns is None else int(end_ns), self._attrs, self._updates,
-             self._token_times_ns or None, error or None)
+        self._mat.submit(
+            (_ROOT, self, time.time_ns() if end_ns is None else int(end_ns), self._token_times_ns or None, error or None)
         )
 
 
@@ -596,6 +696,7 @@ class TraceSink:
 
     Record calls are cheap on the caller's thread (see :class:`SpanMaterializer`); spans reach
     the processors within about ``interval_s`` or at :meth:`force_flush`/:meth:`shutdown`.
+    ``direct``: ``writer`` is the only destination and the materialiser writes it itself.
     """
 
     def __init__(
@@ -607,6 +708,7 @@ class TraceSink:
         max_queue: int = 65536,
         interval_s: float = 0.5,
         provider_name: str | None = None,
+        direct: bool = False,
     ) -> None:
         self.provider = provider
         #: gen_ai.provider.name (and the deprecated gen_ai.system) on every request root
@@ -614,7 +716,8 @@ class TraceSink:
             {stages.GEN_AI_PROVIDER_NAME: provider_name, stages.GEN_AI_SYSTEM: provider_name} if provider_name else {})
         self._tracer = provider.get_tracer("ttft-diag") if provider is not None else None
         self._mat = (
-            SpanMaterializer(self._tracer, max_queue=max_queue, interval_s=interval_s)
+            SpanMaterializer(self._tracer, max_queue=max_queue, interval_s=interval_s,
+                             writer=writer if direct else None)
             if self._tracer is not None else None
         )
         self._processors = list(processors)
@@ -640,17 +743,14 @@ class TraceSink:
         start_ns: int | None = None,
         side: str = "server",
     ) -> RequestTrace:
-        """Open a request's root span; joins the caller's trace when ``traceparent`` is given."""
+        """Open a request's root span; joins the caller's trace when ``traceparent`` is given.
+
+        O(1): the ``traceparent`` is parsed and the sampler asked when the root is first needed
+        (:meth:`RequestTrace.root_context`), off the caller's path unless it asks for the ids.
+        """
         mat = self._mat
         if mat is None:
             return NULL_REQUEST
-        parent_context = _EMPTY_CONTEXT
-        parent: SpanContext | None = None
-        if traceparent:
-            parent_context = _PROPAGATOR.extract({"traceparent": traceparent})
-            found = trace.get_current_span(parent_context).get_span_context()
-            if found.is_valid:
-                parent = found
         attrs: dict[str, AttributeValue] = {
             stages.ATTR_SIDE: side,
             stages.ATTR_REQUEST_ID: request_id,
@@ -663,8 +763,7 @@ class TraceSink:
             attrs.update(attributes)
         name = stages.SPAN_CLIENT_REQUEST if side == "client" else stages.SPAN_REQUEST
         kind = SpanKind.CLIENT if side == "client" else SpanKind.SERVER
-        ctx, recorded = mat.new_root(name, kind, attrs, parent, parent_context)
-        return RequestTrace(mat, ctx, parent, name, kind, time.time_ns() if start_ns is None else int(start_ns), recorded)
+        return RequestTrace(mat, name, kind, time.time_ns() if start_ns is None else int(start_ns), attrs, traceparent)
 
     def _record(self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any]) -> None:
         if self._mat is None:
@@ -740,7 +839,9 @@ def setup_tracing(
         writer = CaptureWriter(capture_dir, meta=meta)
     elif writer is not None and meta:
         writer.update_meta(**meta)
-    if writer is not None:
+    # a capture alone is written by the span-build thread itself (no SDK span objects, no export thread)
+    direct = writer is not None and otlp_endpoint is None and not memory
+    if writer is not None and not direct:
         processors.append(
             DroppingBatchProcessor(CaptureSpanExporter(writer), max_queue, interval_s=export_interval_s)
         )
@@ -758,7 +859,7 @@ def setup_tracing(
     for p in processors:
         provider.add_span_processor(p)
     return TraceSink(provider, processors, writer, mem, max_queue=max_queue, interval_s=export_interval_s,
-                     provider_name=provider_name)
+                     provider_name=provider_name, direct=direct)
 
 
 def now_ns() -> int:

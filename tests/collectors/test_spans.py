@@ -256,6 +256,41 @@ def test_sdk_spans_are_built_on_the_materialiser_thread_not_the_callers(monkeypa
     sink.shutdown()
 
 
+def test_a_callers_traceparent_is_parsed_and_sampled_off_the_request_path(monkeypatch):
+    """An instrumented server never asks for the ids: the sampler runs on the materialiser
+    thread, and the exported root still joins the caller's trace; a caller that asks for
+    them settles them once, on its own thread, and the export keeps the same ids."""
+    import threading
+
+    sink = setup_tracing(memory=True, export_interval_s=10)
+    sampler = sink._tracer.sampler
+    askers: list[str] = []
+    real = sampler.should_sample
+
+    def spy(*a, **k):
+        askers.append(threading.current_thread().name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(sampler, "should_sample", spy)
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    served = sink.start_request("s1", traceparent=tp)
+    served.record_stage(stages.TOKENIZE, 1, 2)
+    served.end()
+    assert askers == []  # nothing settled on the caller's thread
+    asked = sink.start_request("s2")
+    header = asked.traceparent()
+    assert askers == [threading.current_thread().name]
+    asked.end()
+    sink.force_flush()
+    spans = {s.attributes.get(stages.ATTR_REQUEST_ID, s.name): s for s in sink.memory.get_finished_spans()}
+    assert askers[1:] == [threading.current_thread().name]  # force_flush builds on the caller's thread
+    assert format(spans["s1"].context.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert spans["s1"].parent.span_id == 0x00F067AA0BA902B7 and spans["s1"].parent.is_remote
+    assert spans[stages.TOKENIZE].parent.span_id == spans["s1"].context.span_id
+    assert header.startswith(f"00-{spans['s2'].context.trace_id:032x}-{spans['s2'].context.span_id:016x}-")
+    sink.shutdown()
+
+
 def test_full_record_queue_drops_and_counts_without_blocking():
     sink = setup_tracing(memory=True, max_queue=50, export_interval_s=10)
     t0 = time.perf_counter()

@@ -66,3 +66,87 @@ def test_values_outside_the_fast_path_take_the_protobuf_route_and_the_capture_li
     lines = [json.loads(x) for x in (tmp_path / "cap" / "spans.otlp.jsonl").read_text().splitlines()]
     assert lines[0] == request_to_dict(encode_spans(spans))
     assert len(lines[1]["resourceSpans"][0]["scopeSpans"][0]["spans"]) == 6
+
+
+class _CountingIds:
+    """Deterministic span and trace ids, so two sinks fed the same records give the same spans."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def generate_span_id(self) -> int:
+        self.n += 1
+        return self.n
+
+    def generate_trace_id(self) -> int:
+        self.n += 1
+        return (self.n << 64) | self.n
+
+    def is_trace_id_random(self) -> bool:
+        return True
+
+
+def _feed(sink):
+    sink._mat._ids = _CountingIds()
+    joined = sink.start_request("r-1", model="tiny", traceparent=CALLER, start_ns=500,
+                                attributes={stages.GEN_AI_REQUEST_TEMPERATURE: 0.7, "ttft.names": ["a", "b"]})
+    joined.record_stage(stages.TOKENIZE, 1_000, 2_000)
+    joined.record_stage(stages.PREFILL, 2_000, 5_000, {"ttft.tokens": 64})
+    joined.add_token_time(6_000, 3)
+    joined.set_attributes({stages.GEN_AI_USAGE_OUTPUT_TOKENS: 3})
+    joined.end(end_ns=9_000)
+    sink.record_step(3_000, 4_000, {"ttft.nan": math.nan})  # the protobuf route, in order
+    alone = sink.start_request("r-2", start_ns=1, traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")
+    alone.record_stage(stages.QUEUE, 1, 2)  # not sampled by its caller: nothing of it is written
+    alone.end(end_ns=10)
+    sink.record_cold_start(10, 20, "load", {stages.GEN_AI_REQUEST_MODEL: "tiny"})
+    failed = sink.start_request("r-3", start_ns=12_000)
+    failed.end(end_ns=12_345, error="disconnect")
+    sink.force_flush()
+    sink.shutdown()
+
+
+def _lines(path):
+    return [json.loads(x) for x in (path / "spans.otlp.jsonl").read_text().splitlines()]
+
+
+def test_a_capture_alone_is_written_by_the_build_thread_as_the_exporter_would_write_it(tmp_path):
+    """Capture only: no SDK span objects, no export thread; the file is the one the SDK route
+    (materialiser -> batch processor -> CaptureSpanExporter) writes for the same records."""
+    direct = setup_tracing(service_name="transformers", capture_dir=tmp_path / "direct", export_interval_s=3600)
+    assert direct._processors == [] and direct._mat._writer is direct.writer
+    _feed(direct)
+    via_sdk = setup_tracing(service_name="transformers", capture_dir=tmp_path / "sdk", memory=True,
+                            export_interval_s=3600)
+    assert via_sdk._mat._writer is None
+    _feed(via_sdk)
+    got, want = _lines(tmp_path / "direct"), _lines(tmp_path / "sdk")
+    spans = [s for line in got for rs in line["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert [s["name"] for s in spans] == [stages.TOKENIZE, stages.PREFILL, stages.SPAN_REQUEST,
+                                          stages.SPAN_ENGINE_STEP, stages.SPAN_COLD_START, stages.SPAN_REQUEST]
+    assert len(got) == 3  # before the NaN step, the step (protobuf), after it
+    assert [s for line in want for rs in line["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]] == spans
+    assert got[0]["resourceSpans"][0]["resource"] == want[0]["resourceSpans"][0]["resource"]
+    assert got[0]["resourceSpans"][0]["scopeSpans"][0]["scope"] == want[0]["resourceSpans"][0]["scopeSpans"][0]["scope"]
+
+
+def test_a_capture_write_that_fails_drops_and_counts_its_spans_and_the_next_lines_still_land(tmp_path, monkeypatch):
+    sink = setup_tracing(capture_dir=tmp_path / "cap", export_interval_s=3600)
+    real = sink.writer.append_span_lines
+    calls = []
+
+    def flaky(lines):
+        calls.append(len(lines))
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        real(lines)
+
+    monkeypatch.setattr(sink.writer, "append_span_lines", flaky)
+    for i in range(3):
+        sink.record_step(i, i + 1, {stages.ATTR_STEP_INDEX: i})
+    sink.force_flush()
+    assert sink.dropped_spans == 3
+    sink.record_step(5, 6, {stages.ATTR_STEP_INDEX: 5})
+    sink.shutdown()
+    assert [len(line["resourceSpans"][0]["scopeSpans"][0]["spans"]) for line in _lines(tmp_path / "cap")] == [1]
+    assert json.loads((tmp_path / "cap" / "meta.json").read_text())["dropped_spans"] == 3
