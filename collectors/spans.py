@@ -298,6 +298,7 @@ _STAGE = 0  # (_STAGE, RequestTrace, name, start_ns, end_ns, attributes | None)
 _ROOT = 1  # (_ROOT, RequestTrace, end_ns, token times | None, error | None)
 _LOOSE = 2  # (_LOOSE, name, start_ns, end_ns, attributes): a root span of its own trace
 _EMPTY_CONTEXT = otel_context.Context()
+_YIELD_EVERY = 32  # records built between GIL releases (~1 ms of work; a waiting thread would wait up to 5 ms)
 _LINE_SPANS = 512  # spans per OTLP JSON line written by the materialiser (the batch processor's batch)
 _SETTLE_LOCK = threading.Lock()  # settles a RequestTrace's root once, whichever thread asks first
 _UNSET = Status(StatusCode.UNSET)
@@ -492,7 +493,11 @@ class SpanMaterializer:
         with self._lock:
             q = self._queue
             docs: list[dict[str, Any]] = []
+            n = 0
             while q:
+                n += 1
+                if n % _YIELD_EVERY == 0:
+                    time.sleep(0)  # let a thread waiting for the GIL (the engine's) have it now, not in 5 ms
                 rec = q.popleft()
                 try:
                     fields = self._fields(rec)

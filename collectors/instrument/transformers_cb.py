@@ -82,11 +82,12 @@ def patch_continuous_api(p: Any, mod: ModuleType) -> None:
                             p.inst.note_unmeasured(stage, "continuous batching with async batching: a step's "
                                                           "tokens are read one step later")
                     else:
-                        batch = [(fs.state.request_id, bool(fs.has_new_token), int(fs.query_length),
-                                  fs.state.generated_len() == 0)
-                                 for fs in bp.inputs_and_outputs.requests_in_batch]
-                        first_token = any(new and pre for _rid, new, _q, pre in batch)
-                        rq.THREAD.cb_batch = (t0, batch, first_token)
+                        batch = bp.inputs_and_outputs.requests_in_batch
+                        # only the requests still before their first token (decode steps: none)
+                        prefill = [(fs.state.request_id, bool(fs.has_new_token), int(fs.query_length))
+                                   for fs in batch if fs.state.generated_len() == 0]
+                        first_token = any(new for _rid, new, _q in prefill)
+                        rq.THREAD.cb_batch = (t0, prefill, len(batch) - len(prefill), first_token)
             return ok
         return prepare_next_batch
 
@@ -99,7 +100,7 @@ def patch_continuous_api(p: Any, mod: ModuleType) -> None:
             noted = getattr(rq.THREAD, "cb_batch", None)
             handle = None
             rq.THREAD.forward_end_ns = None
-            if noted is not None and noted[2]:  # a first token comes out of this step: time its forward
+            if noted is not None and noted[3]:  # a first token comes out of this step: time its forward
                 with stats.guard("forward_hook"):
                     model = args[0] if args else kwargs["model"]
                     handle = model.register_forward_hook(note_forward_end)
@@ -114,18 +115,16 @@ def patch_continuous_api(p: Any, mod: ModuleType) -> None:
             with stats.guard("generation_step"):
                 if noted is not None:
                     fwd_end = getattr(rq.THREAD, "forward_end_ns", None)
-                    if fwd_end is None and noted[2]:
+                    if fwd_end is None and noted[3]:
                         p.inst.note_unmeasured(stages.SAMPLE, "continuous batching: the model's forward hook did "
                                                               "not run (CUDA graph / compiled step); prefill ends at the step end")
                     firsts = []
-                    for rid, has_new_token, _q, prefilling in noted[1]:
-                        if not prefilling:
-                            continue  # decoding: its queue and prefill are recorded already
+                    for rid, has_new_token, _q in noted[1]:  # decoding ones: recorded already
                         req = rq.BY_REQUEST_ID.get(rid)
                         if req is None or req.trace is None:
                             continue
                         req.first_forward(t0)
-                        if has_new_token and prefilling and req.prefill_end_ns is None:
+                        if has_new_token and req.prefill_end_ns is None:
                             req.prefill_done(fwd_end if fwd_end is not None else t1)
                             if fwd_end is None:
                                 req.sample_start_ns = None
@@ -146,11 +145,10 @@ def patch_continuous_api(p: Any, mod: ModuleType) -> None:
                     for req in step[3]:
                         req.sampled(t1)
                     if noted is not None and p.sink is not None:
-                        prefill = [(q, pre) for _rid, _new, q, pre in noted[1] if pre]
                         p.sink.record_step(step[0], t1, {
-                            stages.ATTR_STEP_PREFILL_TOKENS: sum(q for q, _ in prefill),
-                            stages.ATTR_STEP_PREFILL_SEQS: len(prefill),
-                            stages.ATTR_STEP_DECODE_SEQS: len(noted[1]) - len(prefill),
+                            stages.ATTR_STEP_PREFILL_TOKENS: sum(q for _rid, _new, q in noted[1]),
+                            stages.ATTR_STEP_PREFILL_SEQS: len(noted[1]),
+                            stages.ATTR_STEP_DECODE_SEQS: noted[2],
                         })
             return result
         return update_batch

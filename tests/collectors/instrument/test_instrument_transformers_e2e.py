@@ -67,7 +67,12 @@ def test_instrumented_transformers_serve_joins_every_stage(tiny_llama, tmp_path,
     assert "load" in set(colds["phase"])
     if continuous_batching:
         assert "warmup" in set(colds["phase"])
-        assert (a.tables.steps.shape[0] > 0)
+        steps = a.tables.steps
+        assert steps.shape[0] > 0
+        # each step's batch make-up: every measured request was prefilled in some step, the rest decode
+        pre, toks, dec = (steps[c].fillna(0) for c in ("prefill_seqs", "prefill_tokens", "decode_seqs"))
+        assert pre.sum() >= len(joined), steps[["prefill_seqs", "prefill_tokens", "decode_seqs"]].to_string()
+        assert ((pre > 0) == (toks > 0)).all() and (dec > 0).any()
     else:
         assert "cold_start.warmup" in inst["unmeasured"]
     # prompt text is never recorded
