@@ -8,7 +8,8 @@ Threading: a sink and its RequestTraces may be used from any thread; one Request
 be driven by one thread at a time (the engine loop or the HTTP handler that owns it).
 Record calls only note plain tuples on the caller's thread (a few microseconds, O(1));
 the SDK spans are built on one ``ttft-span-build`` thread per sink (:class:`SpanMaterializer`)
-and exported on a background thread per exporter (:class:`DroppingBatchProcessor`). Nothing
+and exported on a background thread per exporter (:class:`DroppingBatchProcessor`); a capture
+with no other destination is written as OTLP JSON by the ``ttft-span-build`` thread itself. Nothing
 blocks or raises on the caller's thread; when a queue is full, spans are dropped and counted
 in :attr:`TraceSink.dropped_spans`. Spans reach exporters within about two export intervals,
 or at once on :meth:`TraceSink.force_flush`.
@@ -298,7 +299,6 @@ _STAGE = 0  # (_STAGE, RequestTrace, name, start_ns, end_ns, attributes | None)
 _ROOT = 1  # (_ROOT, RequestTrace, end_ns, token times | None, error | None)
 _LOOSE = 2  # (_LOOSE, name, start_ns, end_ns, attributes): a root span of its own trace
 _EMPTY_CONTEXT = otel_context.Context()
-_YIELD_EVERY = 32  # records built between GIL releases (~1 ms of work; a waiting thread would wait up to 5 ms)
 _LINE_SPANS = 512  # spans per OTLP JSON line written by the materialiser (the batch processor's batch)
 _SETTLE_LOCK = threading.Lock()  # settles a RequestTrace's root once, whichever thread asks first
 _UNSET = Status(StatusCode.UNSET)
@@ -493,11 +493,7 @@ class SpanMaterializer:
         with self._lock:
             q = self._queue
             docs: list[dict[str, Any]] = []
-            n = 0
             while q:
-                n += 1
-                if n % _YIELD_EVERY == 0:
-                    time.sleep(0)  # let a thread waiting for the GIL (the engine's) have it now, not in 5 ms
                 rec = q.popleft()
                 try:
                     fields = self._fields(rec)

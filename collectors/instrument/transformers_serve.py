@@ -44,7 +44,11 @@ no process-to-process difference; an A/A run of two plain servers differed by 2 
 Llama, bursts ABBA. Plain, 6,000 pairs (2026-12-03, pinned, 64/16 tokens): throughput
 +0.82 % (95 % CI of the median [+0.70, +0.98]: within budget), TTFT p50 +0.89 % [+0.67, +1.16]
 and server CPU per request +0.78 % [+0.44, +1.08] (both undecided at the line); py-spy 0.38 %
-of busy samples in our frames.
+of busy samples in our frames. 2026-12-03, after the root settles off the request path and a
+capture is written without SDK span objects (``collectors.spans``), 6,000 pairs: throughput
++0.54 % [+0.28, +0.82] (within budget), TTFT p50 +0.64 % [+0.21, +1.02], CPU +0.67 %
+[+0.30, +1.08]; a 5,000-pair rerun that also yielded the GIL in the span-build loop (since
+removed) gave +0.75 %, +1.01 %, +1.00 %: runs on this VM differ by more than their intervals.
 ``--continuous-batching``, 600 pairs of 2: CPU +2.2 % [-0.15, +4.37]; its bursts' TTFT
 spreads too widely (IQR 130 %) to judge wall-clock there.
 """
