@@ -356,7 +356,8 @@ class SpanMaterializer:
                  writer: CaptureWriter | None = None) -> None:
         self._tracer = tracer
         self._writer = writer
-        self._shell: dict[str, Any] | None = None
+        #: the capture exporter, for a span the direct JSON cannot write (its protobuf route)
+        self._protobuf = CaptureSpanExporter(writer) if writer is not None else None
         self._processor: SpanProcessor = tracer.span_processor
         self._sampler = tracer.sampler
         self._ids = tracer.id_generator
@@ -478,10 +479,6 @@ class SpanMaterializer:
             instrumentation_scope=self._scope,
         )
 
-    def _build(self, rec: tuple[Any, ...]) -> ReadableSpan | None:
-        fields = self._fields(rec)
-        return None if fields is None else self._span(*fields)
-
     def _doc(self, fields: tuple[Any, ...]) -> dict[str, Any]:
         """A span's OTLP JSON straight from its fields (raises _NotPlain for the protobuf route)."""
         name, ctx, parent, kind, attrs, start_ns, end_ns, status = fields
@@ -507,7 +504,7 @@ class SpanMaterializer:
                     except _NotPlain:  # a value the fast path leaves to protobuf: its own line, in order
                         self._write(docs)
                         docs = []
-                        self._write_protobuf(self._span(*fields))
+                        self._protobuf.export([self._span(*fields)])  # type: ignore[union-attr]
                     if len(docs) >= _LINE_SPANS:
                         self._write(docs)
                         docs = []
@@ -520,18 +517,10 @@ class SpanMaterializer:
         if not docs or self._writer is None:
             return
         try:
-            shell = self._shell
-            if shell is None:
-                shell = self._shell = _resource_spans_doc(self._resource, {self._scope: []})
-            scope_spans = [{**shell["scopeSpans"][0], "spans": docs}]
-            self._writer.append_span_lines([json_line({"resourceSpans": [{**shell, "scopeSpans": scope_spans}]})])
+            doc = {"resourceSpans": [_resource_spans_doc(self._resource, {self._scope: docs})]}
+            self._writer.append_span_lines([json_line(doc)])
         except Exception as exc:
             self._failed(exc, len(docs))
-
-    def _write_protobuf(self, span: ReadableSpan) -> None:
-        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
-        self._writer.append_span_request(encode_spans([span]))  # type: ignore[union-attr]
 
     def _failed(self, exc: Exception, spans: int = 1) -> None:
         self.dropped_spans += spans
@@ -609,8 +598,6 @@ class RequestTrace:
                     found = trace.get_current_span(parent_context).get_span_context()
                     if found.is_valid:
                         self.parent_context = found
-                    else:
-                        parent_context = _EMPTY_CONTEXT
                 ctx, self.recorded_attributes = self._mat.new_root(  # type: ignore[union-attr]
                     self.name, self.kind, attributes, self.parent_context, parent_context)
                 self._ctx = ctx
