@@ -21,7 +21,9 @@ it: a conservative bound, as if every leaked ns had delayed the plain burst one 
 Both servers run torch with ``--torch-threads`` intra-op threads (default 1: OMP_NUM_THREADS).
 A third figure is the server's own CPU per request (on-CPU ns of its threads from /proc
 schedstat), summed over the whole run per side so that deferred work counts wherever it ran,
-and judged over blocks of ``--block`` pairs. Verdicts use a distribution-free 95 % interval of
+and judged over blocks of ``--block`` pairs; in toggle mode it is also split by server thread
+(event loop, inference thread, our span-build thread: py-spy names the Python threads), which
+says where the hooks' CPU runs. Verdicts use a distribution-free 95 % interval of
 the median per-pair (per-block) cost (sign test): "within budget" only when the whole
 interval lies under 1 %, "OVER BUDGET" only when it lies above, else "undecided". Run:
 ``python benchmarks/instrument_overhead.py [--pairs 600] [--concurrency 1] [--hidden-size 256]
@@ -123,6 +125,37 @@ def own_threads_ns(pid: int, prefix: str = "ttft-") -> int:
             except (OSError, ValueError, IndexError):
                 continue
     return total
+
+
+def thread_labels(pid: int) -> dict[str, str]:
+    """A name per live thread of ``pid``'s tree, keyed as :func:`tree_cpu` keys them: the Python
+    thread's name where py-spy sees one (``py-spy dump --json``: os_thread_id), else the OS name
+    (torch's OpenMP workers, native threads; ours name themselves ``ttft-...``)."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    labels: dict[str, str] = {}
+    for p in _tree_pids(pid):
+        try:
+            for t in Path(f"/proc/{p}/task").iterdir():
+                labels[f"{p}/{t.name}"] = f"{(t / 'comm').read_text().strip()} (native)"
+        except OSError:
+            continue
+        if not Path(exe).exists():
+            continue
+        try:
+            dump = subprocess.run([exe, "dump", "--json", "--pid", str(p)], capture_output=True, timeout=30)
+            threads = json.loads(dump.stdout) if dump.returncode == 0 else []
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            threads = []
+        for th in threads:
+            if th.get("os_thread_id") and th.get("thread_name"):
+                labels[f"{p}/{th['os_thread_id']}"] = f"{th['thread_name']} (pid {p})"
+    return labels
+
+
+def add_thread_deltas(into: dict[str, int], before: dict[str, int], after: dict[str, int]) -> None:
+    """Add each live thread's on-CPU ns between two :func:`tree_cpu` readings to ``into``."""
+    for key, ns in after.items():
+        into[key] = into.get(key, 0) + ns - before.get(key, 0)
 
 
 def pin_tree(pid: int, cpu: int) -> None:
@@ -319,12 +352,15 @@ class Toggle:
 
 
 async def measure(servers: dict[str, TransformersServe], args: argparse.Namespace,
-                  toggle: Toggle | None = None) -> dict[str, list[tuple[Burst | None, float, float]]]:
+                  toggle: Toggle | None = None, per_thread: dict[str, dict[str, int]] | None = None
+                  ) -> dict[str, list[tuple[Burst | None, float, float]]]:
     """Warm both sides, then ``args.pairs`` ABBA pairs of bursts.
 
     Per side, per burst: (the burst, its own server's CPU s during it, CPU s during it that
     belongs to the other side: the idle server's, or with ``toggle`` (one server, hooks flipped
     between bursts) our span threads' during a hooks-off burst, the on bursts' deferred work).
+    ``per_thread`` (side -> thread key -> ns), when given, sums each live server thread's on-CPU
+    ns over that side's timed bursts.
     """
     pids = {side: srv.proc.pid for side, srv in servers.items() if srv.proc is not None}
     clients: dict[str, StreamingClient] = {}
@@ -342,7 +378,10 @@ async def measure(servers: dict[str, TransformersServe], args: argparse.Namespac
         await asyncio.sleep(0.01)  # the same pause before every burst (a flip's wait ends before it)
         own0, oth0, thr0 = tree_cpu(pids[side]), tree_cpu(pids[other[side]]), own_threads_ns(pids[side])
         b = await burst(clients[side], items, tag)
-        own = cpu_delta_s(own0, tree_cpu(pids[side]))
+        own1 = tree_cpu(pids[side])
+        own = cpu_delta_s(own0, own1)
+        if per_thread is not None and not tag.startswith("warm"):
+            add_thread_deltas(per_thread.setdefault(side, {}), own0[1], own1[1])
         if toggle is None:
             return b, own, cpu_delta_s(oth0, tree_cpu(pids[other[side]]))
         deferred = (own_threads_ns(pids[side]) - thr0) / 1e9 if side == "off" else 0.0
@@ -366,6 +405,30 @@ async def measure(servers: dict[str, TransformersServe], args: argparse.Namespac
         for c in clients.values():
             await c.close()
     return out
+
+
+def print_thread_split(per_thread: dict[str, dict[str, int]], labels: dict[str, str], n_req: int) -> None:
+    """Where the instrumented side's extra CPU runs: each server thread's on-CPU ms per request
+    in hooks-off and hooks-on bursts (toggle mode: the same threads on both sides) and the cost
+    the hooks add on it: on - off, except for our own ``ttft-*`` threads, whose CPU during
+    hooks-off bursts is the on bursts' deferred work (on + off). The costs add up to the server
+    CPU figure's difference."""
+    by_label: dict[str, list[float]] = {}
+    for side, col in (("off", 0), ("on", 1)):
+        for key, ns in per_thread.get(side, {}).items():
+            by_label.setdefault(labels.get(key, f"{key} (exited or unnamed)"), [0.0, 0.0])[col] += ns / 1e6 / n_req
+
+    def cost(label: str, off_ms: float, on_ms: float) -> float:
+        return on_ms + off_ms if label.startswith("ttft-") else on_ms - off_ms
+
+    rows = sorted(by_label.items(), key=lambda kv: -abs(cost(kv[0], *kv[1])))
+    print("server CPU per request by thread, ms: hooks off / hooks on / cost of the hooks")
+    for label, (off_ms, on_ms) in rows:
+        if max(off_ms, on_ms) >= 0.005:
+            print(f"  {label:<44} {off_ms:8.3f} {on_ms:8.3f} {cost(label, off_ms, on_ms):+8.3f}")
+    total = sum(cost(label, *v) for label, v in by_label.items())
+    print(f"  {'all live threads':<44} {sum(v[0] for v in by_label.values()):8.3f} "
+          f"{sum(v[1] for v in by_label.values()):8.3f} {total:+8.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,8 +490,10 @@ def main(argv: list[str] | None = None) -> int:
             spy = start_py_spy(engine_pid, tmp / "py-spy.txt") if args.profile else None
             t0 = time.monotonic()
             toggle = Toggle(engine_pid, tmp / "srv" / "meta.json", on=True) if toggle_mode else None
-            results = asyncio.run(measure(servers, args, toggle))
+            per_thread: dict[str, dict[str, int]] = {}
+            results = asyncio.run(measure(servers, args, toggle, per_thread if toggle_mode else None))
             elapsed_s = time.monotonic() - t0
+            labels = thread_labels(engine_pid) if toggle_mode else {}
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(30)
@@ -484,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"server CPU per request (whole run, deferred work included): {cpu_on_ms:.2f} ms instrumented vs "
               f"{cpu_off_ms:.2f} ms plain ({cpu_on_ms / cpu_off_ms - 1.0:+.2%}; {cpu_on_ms - cpu_off_ms:+.3f} ms); "
               f"over {len(blocks)} blocks of {args.block} pairs: {verdict([r - 1.0 for r in cpu_ratio])}")
+    if toggle_mode and per_thread:
+        print_thread_split(per_thread, labels, n_req)
     if args.profile and (tmp / "py-spy.txt").exists():
         busy, ours, by_fn, toggle = own_share(tmp / "py-spy.txt")
         top = ", ".join(f"{fn} {n}" for fn, n in sorted(by_fn.items(), key=lambda kv: -kv[1])[:5])
