@@ -87,12 +87,16 @@ def _tree_pids(pid: int) -> list[int]:
     return out
 
 
-def tree_cpu(pid: int) -> tuple[float, dict[str, int]]:
-    """CPU of ``pid``'s process tree: (ticks-based seconds, on-CPU ns per live thread).
+Sched = tuple[int, int, int]  # a thread's (on-CPU ns, ns waiting on a run queue, timeslices run)
+
+
+def tree_cpu(pid: int) -> tuple[float, dict[str, Sched]]:
+    """CPU of ``pid``'s process tree: (ticks-based seconds, :data:`Sched` per live thread).
 
     ``/proc/P/stat`` user + system counts exited threads too but only in clock ticks (10 ms:
     over a 13-request round that is 0.8 ms per request, 3 % of a small model's request);
-    ``/proc/P/task/T/schedstat`` gives each live thread's on-CPU time in ns.
+    ``/proc/P/task/T/schedstat`` gives each live thread's on-CPU and run-queue time in ns and
+    the timeslices it ran.
     """
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     ticks_s, per_thread = 0.0, {}
@@ -101,20 +105,21 @@ def tree_cpu(pid: int) -> tuple[float, dict[str, int]]:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             ticks_s += (int(fields[11]) + int(fields[12])) / tick
             for t in Path(f"/proc/{p}/task").iterdir():
-                per_thread[f"{p}/{t.name}"] = int((t / "schedstat").read_text().split()[0])
+                cpu_ns, wait_ns, slices = (int(v) for v in (t / "schedstat").read_text().split()[:3])
+                per_thread[f"{p}/{t.name}"] = (cpu_ns, wait_ns, slices)
         except (OSError, IndexError, ValueError):
             continue
     return ticks_s, per_thread
 
 
-def cpu_delta_s(before: tuple[float, dict[str, int]], after: tuple[float, dict[str, int]]) -> float:
+def cpu_delta_s(before: tuple[float, dict[str, Sched]], after: tuple[float, dict[str, Sched]]) -> float:
     """CPU seconds between two :func:`tree_cpu` readings: ns from schedstat when no thread exited
     in between (a thread that exits takes its ns with it), else the ticks."""
     ticks0, ns0 = before
     ticks1, ns1 = after
     if not ns1 or any(t not in ns1 for t in ns0):
         return ticks1 - ticks0
-    return sum(ns - ns0.get(t, 0) for t, ns in ns1.items()) / 1e9
+    return sum(ns[0] - ns0.get(t, (0, 0, 0))[0] for t, ns in ns1.items()) / 1e9
 
 
 def own_threads_ns(pid: int, prefix: str = "ttft-") -> int:
@@ -160,10 +165,13 @@ def thread_labels(pid: int) -> dict[str, str]:
     return labels
 
 
-def add_thread_deltas(into: dict[str, int], before: dict[str, int], after: dict[str, int]) -> None:
-    """Add each live thread's on-CPU ns between two :func:`tree_cpu` readings to ``into``."""
-    for key, ns in after.items():
-        into[key] = into.get(key, 0) + ns - before.get(key, 0)
+def add_thread_deltas(into: dict[str, list[int]], before: dict[str, Sched], after: dict[str, Sched]) -> None:
+    """Add each live thread's :data:`Sched` change between two :func:`tree_cpu` readings to ``into``."""
+    for key, now in after.items():
+        then = before.get(key, (0, 0, 0))
+        acc = into.setdefault(key, [0, 0, 0])
+        for i in range(3):
+            acc[i] += now[i] - then[i]
 
 
 def pin_tree(pid: int, cpu: int) -> None:
@@ -393,15 +401,15 @@ class Toggle:
 
 
 async def measure(servers: dict[str, TransformersServe], args: argparse.Namespace,
-                  toggle: Toggle | None = None, per_thread: dict[str, dict[str, int]] | None = None
+                  toggle: Toggle | None = None, per_thread: dict[str, dict[str, list[int]]] | None = None
                   ) -> dict[str, list[tuple[Burst | None, float, float]]]:
     """Warm both sides, then ``args.pairs`` ABBA pairs of bursts.
 
     Per side, per burst: (the burst, its own server's CPU s during it, CPU s during it that
     belongs to the other side: the idle server's, or with ``toggle`` (one server, hooks flipped
     between bursts) our span threads' during a hooks-off burst, the on bursts' deferred work).
-    ``per_thread`` (side -> thread key -> ns), when given, sums each live server thread's on-CPU
-    ns over that side's timed bursts.
+    ``per_thread`` (side -> thread key -> [on-CPU ns, run-queue ns, timeslices]), when given,
+    sums each live server thread's scheduling over that side's timed bursts.
     """
     pids = {side: srv.proc.pid for side, srv in servers.items() if srv.proc is not None}
     clients: dict[str, StreamingClient] = {}
@@ -448,28 +456,33 @@ async def measure(servers: dict[str, TransformersServe], args: argparse.Namespac
     return out
 
 
-def print_thread_split(per_thread: dict[str, dict[str, int]], labels: dict[str, str], n_req: int) -> None:
+def print_thread_split(per_thread: dict[str, dict[str, list[int]]], labels: dict[str, str], n_req: int) -> None:
     """Where the instrumented side's extra CPU runs: each server thread's on-CPU ms per request
     in hooks-off and hooks-on bursts (toggle mode: the same threads on both sides) and the cost
     the hooks add on it: on - off, except for our own ``ttft-*`` threads, whose CPU during
     hooks-off bursts is the on bursts' deferred work (on + off). The costs add up to the server
-    CPU figure's difference."""
-    by_label: dict[str, list[float]] = {}
+    CPU figure's difference. Beside them, off / on: ms per request the thread waited on a run
+    queue (runnable, the core busy with another thread) and timeslices it ran per request."""
+    by_label: dict[str, list[list[float]]] = {}
     for side, col in (("off", 0), ("on", 1)):
-        for key, ns in per_thread.get(side, {}).items():
-            by_label.setdefault(labels.get(key, f"{key} (exited or unnamed)"), [0.0, 0.0])[col] += ns / 1e6 / n_req
+        for key, sched in per_thread.get(side, {}).items():
+            row = by_label.setdefault(labels.get(key, f"{key} (exited or unnamed)"), [[0.0] * 3, [0.0] * 3])
+            for i, scale in enumerate((1e6, 1e6, 1.0)):
+                row[col][i] += sched[i] / scale / n_req
 
     def cost(label: str, off_ms: float, on_ms: float) -> float:
         return on_ms + off_ms if label.startswith("ttft-") else on_ms - off_ms
 
-    rows = sorted(by_label.items(), key=lambda kv: -abs(cost(kv[0], *kv[1])))
-    print("server CPU per request by thread, ms: hooks off / hooks on / cost of the hooks")
-    for label, (off_ms, on_ms) in rows:
-        if max(off_ms, on_ms) >= 0.005:
-            print(f"  {label:<44} {off_ms:8.3f} {on_ms:8.3f} {cost(label, off_ms, on_ms):+8.3f}")
-    total = sum(cost(label, *v) for label, v in by_label.items())
-    print(f"  {'all live threads':<44} {sum(v[0] for v in by_label.values()):8.3f} "
-          f"{sum(v[1] for v in by_label.values()):8.3f} {total:+8.3f}")
+    rows = sorted(by_label.items(), key=lambda kv: -abs(cost(kv[0], kv[1][0][0], kv[1][1][0])))
+    print("server CPU per request by thread, ms: hooks off / hooks on / cost of the hooks; "
+          "run-queue wait ms off / on; timeslices off / on")
+    for label, (off, on) in rows:
+        if max(off[0], on[0]) >= 0.005:
+            print(f"  {label:<44} {off[0]:8.3f} {on[0]:8.3f} {cost(label, off[0], on[0]):+8.3f}   "
+                  f"{off[1]:7.3f} {on[1]:7.3f}   {off[2]:6.1f} {on[2]:6.1f}")
+    total = sum(cost(label, off[0], on[0]) for label, (off, on) in by_label.items())
+    print(f"  {'all live threads':<44} {sum(v[0][0] for v in by_label.values()):8.3f} "
+          f"{sum(v[1][0] for v in by_label.values()):8.3f} {total:+8.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -532,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             spy = start_py_spy(engine_pid, tmp / "py-spy.txt") if args.profile else None
             t0 = time.monotonic()
             toggle = Toggle(engine_pid, tmp / "srv" / "meta.json", on=True) if toggle_mode else None
-            per_thread: dict[str, dict[str, int]] = {}
+            per_thread: dict[str, dict[str, list[int]]] = {}
             results = asyncio.run(measure(servers, args, toggle, per_thread if toggle_mode else None))
             elapsed_s = time.monotonic() - t0
             labels = thread_labels(engine_pid) if toggle_mode else {}
@@ -602,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
                         "other_side_cpu_s": on[2]}} for off, on in pairs]
         threads = {side: {labels.get(k, k): ns for k, ns in by_key.items()} for side, by_key in per_thread.items()}
         Path(args.save).write_text(json.dumps({"args": vars(args), "mode": mode, "pairs": rows,
-                                               "thread_cpu_ns": threads}))
+                                               "thread_sched_cpu_wait_ns_slices": threads}))
         print(f"per-pair figures saved to {args.save}")
     if cpu_ratio:
         print(f"server CPU per request (whole run, deferred work included): {cpu_on_ms:.2f} ms instrumented vs "
