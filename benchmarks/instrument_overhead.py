@@ -569,7 +569,11 @@ def main(argv: list[str] | None = None) -> int:
                          "other_side_cpu_s": off[2]},
                  "on": {"tokens": on[0].tokens, "ttft_s": on[0].ttft_s, "wall_s": on[0].wall_s, "cpu_s": on[1],
                         "other_side_cpu_s": on[2]}} for off, on in pairs]
-        threads = {side: {labels.get(k, k): ns for k, ns in by_key.items()} for side, by_key in per_thread.items()}
+        threads: dict[str, dict[str, list[int]]] = {}
+        for side, by_key in per_thread.items():
+            for key, sched in by_key.items():  # threads of one OS name (OpenMP workers) are summed
+                acc = threads.setdefault(side, {}).setdefault(labels.get(key, key), [0, 0, 0])
+                acc[:] = [a + b for a, b in zip(acc, sched)]
         Path(args.save).write_text(json.dumps({"args": vars(args), "mode": mode, "pairs": rows,
                                                "thread_sched_cpu_wait_ns_slices": threads}))
         print(f"per-pair figures saved to {args.save}")
