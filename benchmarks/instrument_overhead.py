@@ -119,10 +119,10 @@ def cpu_delta_s(before: tuple[float, dict[str, Sched]], after: tuple[float, dict
     return sum(ns[0] - ns0.get(t, (0, 0, 0))[0] for t, ns in ns1.items()) / 1e9
 
 
-def own_threads_ns(pid: int, prefix: str = "ttft-") -> int:
-    """On-CPU ns of the threads of ``pid``'s tree whose OS name starts with ``prefix`` (our span
-    build and export threads name themselves: collectors.spans.name_native_thread)."""
-    total = 0
+def own_threads(pid: int, prefix: str = "ttft-") -> list[Path]:
+    """``/proc/P/task/T`` of the threads of ``pid``'s tree whose OS name starts with ``prefix``
+    (our span build and export threads name themselves: collectors.spans.name_native_thread)."""
+    out = []
     for p in _tree_pids(pid):
         try:
             tasks = list(Path(f"/proc/{p}/task").iterdir())
@@ -131,9 +131,20 @@ def own_threads_ns(pid: int, prefix: str = "ttft-") -> int:
         for t in tasks:
             try:
                 if (t / "comm").read_text().startswith(prefix):
-                    total += int((t / "schedstat").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
+                    out.append(t)
+            except OSError:
                 continue
+    return out
+
+
+def own_threads_ns(pid: int) -> int:
+    """On-CPU ns of our own threads in ``pid``'s tree (:func:`own_threads`)."""
+    total = 0
+    for t in own_threads(pid):
+        try:
+            total += int((t / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
     return total
 
 
@@ -183,6 +194,15 @@ def pin_tree(pid: int, cpu: int) -> None:
                 os.sched_setaffinity(tid, {cpu})
             except OSError:
                 pass
+
+
+def pin_own_threads(pid: int, cpu: int) -> None:
+    """Pin our own threads in ``pid``'s tree (:func:`own_threads`) to ``cpu``."""
+    for t in own_threads(pid):
+        try:
+            os.sched_setaffinity(int(t.name), {cpu})
+        except (OSError, ValueError):
+            continue
 
 
 class Burst:
@@ -470,6 +490,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="A/A control: the 'on' side is a second plain server (what the method reads when "
                          "nothing differs; its interval should hold 0)")
     ap.add_argument("--no-pin", action="store_true", help="leave CPU placement to the scheduler")
+    ap.add_argument("--own-threads-apart", action="store_true",
+                    help="diagnostic: pin our ttft-* threads to the client's first CPU, off the engine's core "
+                         "(does the engine thread's extra CPU come from sharing its core with them?); the "
+                         "client then shares a core with them, so judge CPU from such a run, not wall time")
     ap.add_argument("--save", metavar="FILE", help="write every pair's figures (JSON) for analysis later")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per burst")
     ap.add_argument("--profile", action="store_true",
@@ -505,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
                     assert srv.proc is not None
                     pin_tree(srv.proc.pid, cpus[-1])
                 os.sched_setaffinity(0, set(cpus[:-1]))
+                if args.own_threads_apart:
+                    pin_own_threads(instrumented.proc.pid, cpus[0])  # type: ignore[union-attr]
             engine_pid = server_pid(instrumented)
             spy = start_py_spy(engine_pid, tmp / "py-spy.txt") if args.profile else None
             t0 = time.monotonic()
