@@ -49,6 +49,9 @@ capture is written without SDK span objects (``collectors.spans``), 6,000 pairs:
 +0.54 % [+0.28, +0.82] (within budget), TTFT p50 +0.64 % [+0.21, +1.02], CPU +0.67 %
 [+0.30, +1.08]; a 5,000-pair rerun that also yielded the GIL in the span-build loop (since
 removed) gave +0.75 %, +1.01 %, +1.00 %: runs on this VM differ by more than their intervals.
+The same code, 6,000 pairs again: throughput +0.78 % [+0.64, +0.95] (within budget), TTFT p50
++0.80 % [+0.45, +1.06], CPU +0.93 % (+1.14 ms) [+0.52, +0.96] (within budget); by thread (ms
+per request): inference thread +0.67, ``ttft-span-build`` +0.33, event loop +0.16.
 ``--continuous-batching``, 600 pairs of 2: CPU +2.2 % [-0.15, +4.37]; its bursts' TTFT
 spreads too widely (IQR 130 %) to judge wall-clock there.
 """
