@@ -68,9 +68,10 @@ from collectors.instrument import tx_request as rq
 from collectors.instrument.runtime import Instrumentation, say
 from diag import stages
 
-#: transformers versions whose serving code the patches were written against
-SUPPORTED = (5, 20), (6, 0)
-SUPPORTED_TEXT = ">=5.20,<6"
+#: transformers versions whose serving code the patches were written against (5.25.0, released
+#: 2026-12-03, no longer has ``cli/serving/utils.DirectStreamer``: the plain-mode hooks' anchor)
+SUPPORTED = (5, 20), (5, 25)
+SUPPORTED_TEXT = ">=5.20,<5.25"
 TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _SERVING = "transformers.cli.serving."
 _NON_STREAMING_NOTE = ("requests with stream=false have no streamer: only their request span and tokenize "
