@@ -102,7 +102,8 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 #: Extra columns after REQUEST_COLUMNS: the engine span's id, the model and the inference time
 #: (prefill + decode) where the engine reports it.
 EXTRA_COLUMNS: tuple[str, ...] = ("span_id", "model", "inference_s", "cached_tokens")
-#: vLLM span attribute: prompt tokens served from the prefix cache (``vllm/tracing/utils.py`` @0bf3270f)
+#: vLLM span attribute: prompt tokens served from the prefix cache (``vllm/tracing/utils.py`` @0bf3270f;
+#: not emitted by vLLM 0.32.0)
 VLLM_CACHED_TOKENS = "gen_ai.usage.cached_tokens"
 
 

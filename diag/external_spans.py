@@ -15,7 +15,10 @@ Engines handled:
   *before* the first detokenize (see ``_VLLM_LUMPED_NOTE``): with a client capture joined,
   client TTFT - server TTFT holds those, and :func:`fold_client_gap` lumps it instead of
   calling it network. ``gen_ai.usage.cached_tokens`` (``vllm/tracing/utils.py`` @0bf3270f)
-  is kept as ``cached_tokens``.
+  is kept as ``cached_tokens``. A running vLLM 0.32.0 (``tests/thirdparty/test_vllm_instrument.py``)
+  emits ``llm_request`` with every latency and usage key read here, but not
+  ``cached_tokens``, the model or the semconv span (newer sources): those stay NaN/absent; its
+  start-up spans ("Overall Loading", ...) are not requests and are left alone.
 * **TGI** — the router's handler span (``generate``, ``generate_stream``, ...) with the fields
   ``total_time``/``validation_time``/``queue_time``/``inference_time``/``time_per_token`` as
   Rust ``Debug`` duration strings ("12.3ms", "850µs", "1.2s"; ``router/src/server.rs``

@@ -267,7 +267,7 @@ SERIES_PREFIX_CACHE_HIT_RATIO = "prefix_cache_hit_ratio"  # 0..1, hit tokens / q
 SERIES_PREFILL_COMPUTED_TOKENS = "prefill_computed_tokens"  # mean prompt tokens computed per request
 SERIES_ITERATION_TOKENS = "iteration_tokens"  # mean tokens per engine step (budget saturation)
 SERIES_BUSY_SLOTS_PER_DECODE = "busy_slots_per_decode"  # llama.cpp: mean busy slots per llama_decode()
-SERIES_WAITING_CAPACITY = "num_waiting_capacity"  # waiting for KV capacity (vLLM reason="capacity")
+SERIES_WAITING_CAPACITY = "num_waiting_capacity"  # waiting, not deferred: any capacity (vLLM reason="capacity")
 SERIES_WAITING_DEFERRED = "num_waiting_deferred"  # waiting on LoRA / KV transfer (vLLM reason="deferred")
 #: 1 where the engine's gauges were not refreshed in the window (SGLang sets them only while
 #: it logs stats: idle, they freeze) and its gauge rows were left out; 0 where they were fresh
@@ -301,3 +301,4 @@ SERIES_TENSOR_UTIL_PCT = "tensor_util_pct"  # GPM
 # client-health series (probe)
 SERIES_LOOP_LAG_S = "client_loop_lag_s"
 SERIES_CLIENT_CPU_PCT = "client_cpu_pct"
+SERIES_LOOP_STARVED_S = "client_loop_starved_s"  # the part of a lag sample the machine caused (Linux run-queue wait)

