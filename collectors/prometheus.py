@@ -205,16 +205,32 @@ class PrometheusScraper:
 
     def scrape_once(self, now_s: float | None = None) -> list[tuple[float, str, str, float]]:
         """Fetch, parse and adapt one scrape; returns its rows ([] on error, counted)."""
+        got = self.fetch_text(now_s)
+        return [] if got is None else self.ingest(*got)
+
+    def fetch_text(self, now_s: float | None = None) -> tuple[float, str] | None:
+        """Fetch one exposition text, not parsed: (Unix s it was taken at, text), or None on an
+        error (counted). The parse is :meth:`ingest`'s, on whichever thread calls it."""
         ts = time.time() if now_s is None else now_s
         self.scrapes += 1
         try:
             text = self._fetch(self.url, self.timeout_s)
             if _looks_like_json(text):
                 text = self._switch_from_json()
-            return self.ingest_text(text, ts)
-        except (ScrapeError, ExpositionError, ValueError) as exc:
+            return ts, text
+        except (ScrapeError, ValueError) as exc:
             self._error(str(exc))
         except Exception as exc:  # never let the thread die
+            self._error(f"{type(exc).__name__}: {exc}")
+        return None
+
+    def ingest(self, ts_s: float, text: str) -> list[tuple[float, str, str, float]]:
+        """:meth:`ingest_text`, with a malformed text counted as an error instead of raised."""
+        try:
+            return self.ingest_text(text, ts_s)
+        except (ExpositionError, ValueError) as exc:
+            self._error(str(exc))
+        except Exception as exc:
             self._error(f"{type(exc).__name__}: {exc}")
         return []
 

@@ -45,6 +45,7 @@ HOUSE: tuple[Room, ...] = (
     Room(1, "ground", (
         "diag", "diag.stages", "diag.capture", "diag.capture_arrow", "diag.capture_files", "diag.otlp_json", "diag.tables",
         "diag.slo", "diag.exit_codes", "diag.units", "diag.external_spans", "diag.external_engines", "diag.external_frames",
+        "diag.client_lag",
     )),
     Room(2, "collectors", ("collectors", "collectors.*")),
     Room(2, "rules", ("rules", "rules.*")),

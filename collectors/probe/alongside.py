@@ -5,14 +5,101 @@ The collectors live in ``collectors.prometheus`` (``PrometheusScraper``) and
 ``collectors.nvml`` (``NvmlSampler``); they are imported lazily here, and anything missing or
 failing becomes a one-line note in meta.json's ``alongside`` instead of an error.
 
-Threading: both collectors sample on their own daemon threads; start/stop from one thread.
+A scrape is fetched while the probe runs and parsed later (:class:`DeferredScrape`): the
+fetching thread mostly waits on its socket with the GIL released, while parsing an engine's
+exposition holds the GIL for milliseconds the probe's event loop would wait for, in the middle
+of the requests it times. The texts wait, compressed, until :meth:`Alongside.parse_pending`
+(called between load phases, when no request is in flight) or :meth:`Alongside.stop`.
+
+Threading: the collectors sample on their own daemon threads; start/stop/parse_pending from one
+thread.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+import zlib
 from typing import Any
 
 from diag.capture import CaptureWriter
+
+#: fetched texts waiting to be parsed, compressed, at most this many bytes: past it the fetching
+#: thread parses the oldest itself (counted in the notes' ``parsed_while_probing``)
+MAX_PENDING_BYTES = 64 * 1024 * 1024
+
+
+class DeferredScrape:
+    """A :class:`collectors.prometheus.PrometheusScraper` whose thread only fetches: the texts are
+    parsed by :meth:`parse_pending` on the caller's thread, in the order they were taken (rates and
+    histogram deltas between scrapes come out as the scraper's own loop gives them).
+
+    Threading: the fetching thread appends under a lock; :meth:`parse_pending`, :meth:`stop`,
+    :meth:`collect` and :meth:`stats` from one other thread."""
+
+    def __init__(self, scraper: Any) -> None:
+        self.scraper = scraper
+        self._pending: list[tuple[float, bytes]] = []
+        self._pending_bytes = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.parsed_while_probing = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name=f"ttft-scrape {self.scraper.url}", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        interval = self.scraper.interval_s
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            got = self.scraper.fetch_text()
+            if got is not None:
+                packed = zlib.compress(got[1].encode("utf-8"), 1)
+                with self._lock:
+                    self._pending.append((got[0], packed))
+                    self._pending_bytes += len(packed)
+                    over = self._pending_bytes > MAX_PENDING_BYTES
+                if over:  # a bound on memory: the oldest is parsed here, while the probe runs
+                    self._parse(1)
+                    self.parsed_while_probing += 1
+            next_t += interval
+            delay = next_t - time.monotonic()
+            if delay < 0:  # fell behind (slow endpoint): skip the missed ticks
+                next_t, delay = time.monotonic(), 0.0
+            if self._stop.wait(delay):
+                break
+
+    def _parse(self, most: int | None = None) -> int:
+        with self._lock:
+            take = self._pending if most is None else self._pending[:most]
+            self._pending = [] if most is None else self._pending[most:]
+            self._pending_bytes -= sum(len(p) for _, p in take)
+        for ts, packed in take:
+            self.scraper.ingest(ts, zlib.decompress(packed).decode("utf-8"))
+        return len(take)
+
+    def parse_pending(self) -> int:
+        """Parse every text fetched so far into rows; returns how many."""
+        return self._parse()
+
+    def stop(self) -> None:
+        """Stop fetching (join the thread) and parse what is left."""
+        self._stop.set()
+        t = self._thread
+        if t is not None:
+            t.join(self.scraper.timeout_s + 1.0)
+        self._thread = None
+        self.parse_pending()
+
+    def collect(self) -> Any:
+        return self.scraper.collect()
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.scraper.stats(), "parsed_while_probing": self.parsed_while_probing}
 
 
 def _frame_of(obj: Any) -> Any:
@@ -43,7 +130,7 @@ class Alongside:
                 from collectors.prometheus import PrometheusScraper, metrics_url
 
                 url = metrics_url(self.metrics_url)
-                self.scraper = PrometheusScraper(url, interval_s=self.metrics_interval_s)
+                self.scraper = DeferredScrape(PrometheusScraper(url, interval_s=self.metrics_interval_s))
                 self.scraper.start()
                 self.notes["prometheus"] = {"url": url, "interval_s": self.metrics_interval_s}
             except Exception as exc:  # missing module or bad URL: note and go on
@@ -63,6 +150,11 @@ class Alongside:
             except Exception as exc:
                 self.nvml = None
                 self.notes["nvml"] = f"skipped: {type(exc).__name__}: {exc}"
+
+    def parse_pending(self) -> None:
+        """Parse the scrapes fetched so far (call between load phases: no request in flight)."""
+        if self.scraper is not None:
+            self.scraper.parse_pending()
 
     def stop(self, writer: CaptureWriter | None) -> dict[str, Any]:
         """Stop the samplers and write ``series/prometheus`` and ``series/nvml``; returns notes."""

@@ -6,7 +6,8 @@ concurrency (``limit=concurrency``; no 100-connection cap) and whose read buffer
 (``read_bufsize`` 4 MiB; not aiohttp's 64 KiB). Each request records, on one monotonic clock
 (``perf_counter_ns``) converted to Unix ns with one offset taken when the client opens:
 
-* start: just before the request is handed to aiohttp (it then takes/opens a connection);
+* start: just before the request is handed to aiohttp (it then takes/opens a connection); for
+  a request sent again after its reused connection was found closed, the second send's;
 * connected: connection created or reused (aiohttp TraceConfig);
 * sent: request body written (TraceConfig ``on_request_chunk_sent``);
 * headers: response status and headers read;
@@ -17,6 +18,11 @@ concurrency (``limit=concurrency``; no 100-connection cap) and whose read buffer
 
 Failures never raise out of :meth:`StreamingClient.request`; they come back as
 ``RequestResult.error`` kinds (see :data:`ERROR_KINDS`).
+
+Idle pooled connections are kept at most :data:`KEEPALIVE_S` (below the 5 s idle timeout common
+to LLM servers), and a request whose reused connection turns out closed before any response
+byte is sent once more on a fresh connection (:meth:`StreamingClient.request` says which times
+it keeps); the retry is counted on the result (``conn_retries``), not as a failure.
 
 Threading: a client and its session belong to the event loop that opened it; call its
 coroutines from that loop only.
@@ -60,6 +66,18 @@ ATTR_CLIENT_CONTENT_CHUNKS = stages.ATTR_CLIENT_CONTENT_CHUNKS
 ATTR_CLIENT_FIRST_ANSWER_NS = stages.ATTR_CLIENT_FIRST_ANSWER_NS
 ATTR_CLIENT_API = stages.ATTR_CLIENT_API
 ATTR_CLIENT_INPUT_TOKENS_EST = stages.ATTR_CLIENT_INPUT_TOKENS_EST
+
+#: Seconds an idle pooled connection may be reused (aiohttp's ``keepalive_timeout``). Servers close
+#: idle keep-alive connections on their own clock: uvicorn (under vLLM, SGLang, llama-cpp-python)
+#: after ``timeout_keep_alive`` = 5 s (Kludex/uvicorn@72d0fa4de2200fa3de95c847440fb15232906290,
+#: ``uvicorn/config.py`` ``Config.__init__``), cpp-httplib (llama.cpp's server) after
+#: ``CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND`` = 5 s (yhirose/cpp-httplib@510b4eaaaed7042ee4af66183107e3f4d8020b41,
+#: ``httplib.h``). aiohttp's own default is 15 s, and its connector reuses a pooled connection
+#: while ``now - released <= keepalive_timeout`` (aio-libs/aiohttp@feffaed94e5bf718bf05d86239f420e6e466978a,
+#: ``aiohttp/connector.py`` ``BaseConnector._get``): past 5 s it would hand out connections the
+#: server is closing. The server's idle clock starts when it sent the last byte, ours when we read
+#: it, and our next request reaches it a one-way trip later: 4 s leaves a second for that.
+KEEPALIVE_S = 4.0
 
 API_COMPLETIONS = "completions"
 API_CHAT = "chat"
@@ -112,6 +130,10 @@ class RequestResult:
     tokenizer_output_tokens: int | None = None
     conn_wait_s: float = 0.0
     conn_reused: bool | None = None
+    #: sent again on a fresh connection after its reused one was found closed (0 or 1)
+    conn_retries: int = 0
+    #: seconds lost on the dead reused connection before the retry (not part of TTFT; in slot wait)
+    conn_retry_lost_s: float = 0.0
     trace_id: str = ""
     output_text: str | None = None
     #: the workload's shared-prefix design (PromptItem.prefix_tokens / prefix_role)
@@ -316,6 +338,9 @@ class StreamingClient:
     results (for tokenizer counts; never written to the capture). ``record_prompts`` puts the
     prompt on the span (off by default). ``dropped`` names :data:`OPTIONAL_ELEMENTS` not to send
     (what the compatibility check found the server refuses, or the user turned off).
+    ``keepalive_s`` is how long an idle pooled connection may be reused (:data:`KEEPALIVE_S`);
+    ``retry_reused`` sends a request once more on a fresh connection when its reused one was
+    closed before any response byte (off: such a request fails as ``server_disconnected``).
     """
 
     READ_BUFSIZE_BYTES = 4 * 1024 * 1024
@@ -332,6 +357,8 @@ class StreamingClient:
         record_prompts: bool = False,
         extra_body: dict[str, Any] | None = None,
         dropped: frozenset[str] | set[str] = frozenset(),
+        keepalive_s: float = KEEPALIVE_S,
+        retry_reused: bool = True,
     ) -> None:
         unknown = set(dropped) - set(OPTIONAL_ELEMENTS)
         if unknown:
@@ -347,7 +374,11 @@ class StreamingClient:
         self.extra_body = dict(extra_body or {})
         #: counts tokens of the streamed text when set (a --tokenizer); the text is then dropped
         self.count_tokens: Callable[[str], int] | None = None
+        self.keepalive_s = float(keepalive_s)
+        self.retry_reused = retry_reused
         self.session: aiohttp.ClientSession | None = None
+        #: one-connection-per-request session for retries (opened at the first retry)
+        self._fresh: aiohttp.ClientSession | None = None
         # perf_counter_ns -> Unix ns: one offset for the whole run (monotonic intervals)
         self.offset_ns = time.time_ns() - time.perf_counter_ns()
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **auth_headers(api_key)}
@@ -364,21 +395,32 @@ class StreamingClient:
     async def open(self) -> StreamingClient:
         """Create the session (on the running loop)."""
         if self.session is None:
-            connector = aiohttp.TCPConnector(limit=self.concurrency, limit_per_host=0,
-                                             ttl_dns_cache=300, enable_cleanup_closed=False)
-            self.session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s),
-                read_bufsize=self.READ_BUFSIZE_BYTES,
-                trace_configs=[_trace_config()],
-                auto_decompress=True,
-            )
+            self.session = self._new_session(aiohttp.TCPConnector(
+                limit=self.concurrency, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=False,
+                keepalive_timeout=self.keepalive_s))
         return self
 
+    def _new_session(self, connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s),
+            read_bufsize=self.READ_BUFSIZE_BYTES,
+            trace_configs=[_trace_config()],
+            auto_decompress=True,
+        )
+
+    def _fresh_session(self) -> aiohttp.ClientSession:
+        """The session retries go through: every request on a new connection, closed after it."""
+        if self._fresh is None:
+            self._fresh = self._new_session(aiohttp.TCPConnector(limit=self.concurrency, force_close=True,
+                                                                 ttl_dns_cache=300, enable_cleanup_closed=False))
+        return self._fresh
+
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
+        for session in (self.session, self._fresh):
+            if session is not None:
+                await session.close()
+        self.session = self._fresh = None
 
     async def __aenter__(self) -> StreamingClient:
         return await self.open()
@@ -418,7 +460,9 @@ class StreamingClient:
         warmup: bool = False,
         scheduled_perf_ns: int | None = None,
     ) -> RequestResult:
-        """Send one streaming request and time it; never raises (errors are kinds)."""
+        """Send one streaming request and time it; never raises (errors are kinds). A reused
+        connection found closed before any response byte gets the request once more on a fresh
+        one (see :meth:`_begin_retry` for the times kept); any other failure is final."""
         assert self.session is not None, "StreamingClient.open() first"
         body = _dumps(self.build_body(item))
         res = RequestResult(request_id=request_id, segment=segment, warmup=warmup,
@@ -450,29 +494,15 @@ class StreamingClient:
         if "x_request_id" not in self.dropped:
             headers["X-Request-Id"] = request_id_header(res.trace_id)
         timing = _Timing()
-        start = time.perf_counter_ns()
-        res.start_ns = start + off
+        res.start_ns = time.perf_counter_ns() + off
         try:
-            async with self.session.post(self.endpoint.url, data=body, headers=headers,
-                                         trace_request_ctx=timing) as resp:
-                res.headers_ns = time.perf_counter_ns() + off
-                res.status = resp.status
-                if resp.status >= 400:
-                    res.error = "http_4xx" if resp.status < 500 else "http_5xx"
-                    try:
-                        raw = await resp.content.read(2048)
-                        res.error_detail = f"HTTP {resp.status}: " + _one_line(raw.decode("utf-8", "replace"))
-                    except Exception:
-                        res.error_detail = f"HTTP {resp.status}"
-                else:
-                    ctype = resp.headers.get("Content-Type", "")
-                    if ctype.startswith("application/json"):
-                        await resp.read()
-                        res.last_ns = time.perf_counter_ns() + off
-                        res.error = "not_streamed"
-                        res.error_detail = f"Content-Type {ctype}: the server ignored stream=true"
-                    else:
-                        await self._read_stream(resp, res)
+            try:
+                await self._attempt(self.session, body, headers, timing, res)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError) as exc:
+                if not self._may_retry(exc, timing, res):
+                    raise
+                timing = self._begin_retry(timing, res)
+                await self._attempt(self._fresh_session(), body, headers, timing, res)
         except aiohttp.ClientConnectorError as exc:
             refused = getattr(exc, "os_error", None)
             refused_errno = getattr(refused, "errno", None) == errno.ECONNREFUSED
@@ -498,6 +528,59 @@ class StreamingClient:
             res.error_detail = _one_line(f"{type(exc).__name__}: {exc}")
         self._finish(res, timing, span)
         return res
+
+    async def _attempt(self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str], timing: _Timing,
+                       res: RequestResult) -> None:
+        """One send of the request on ``session``, reading the answer into ``res``; connection
+        errors and timeouts raise (:meth:`request` classifies them)."""
+        off = self.offset_ns
+        async with session.post(self.endpoint.url, data=body, headers=headers, trace_request_ctx=timing) as resp:
+            res.headers_ns = time.perf_counter_ns() + off
+            res.status = resp.status
+            if resp.status >= 400:
+                res.error = "http_4xx" if resp.status < 500 else "http_5xx"
+                try:
+                    raw = await resp.content.read(2048)
+                    res.error_detail = f"HTTP {resp.status}: " + _one_line(raw.decode("utf-8", "replace"))
+                except Exception:
+                    res.error_detail = f"HTTP {resp.status}"
+            else:
+                ctype = resp.headers.get("Content-Type", "")
+                if ctype.startswith("application/json"):
+                    await resp.read()
+                    res.last_ns = time.perf_counter_ns() + off
+                    res.error = "not_streamed"
+                    res.error_detail = f"Content-Type {ctype}: the server ignored stream=true"
+                else:
+                    await self._read_stream(resp, res)
+
+    def _may_retry(self, exc: BaseException, timing: _Timing, res: RequestResult) -> bool:
+        """Whether a connection error is the stale keep-alive race: on a reused pooled
+        connection, before any response byte, and not retried yet."""
+        return (self.retry_reused and timing.reused is True and res.headers_ns is None and res.conn_retries == 0
+                and not isinstance(exc, aiohttp.ClientConnectorError))
+
+    def _begin_retry(self, dead: _Timing, res: RequestResult) -> _Timing:
+        """Mark ``res`` as sent again on a fresh connection (:meth:`_fresh_session`); returns
+        the hook timings for the new send.
+
+        The server closed the reused connection before answering (its idle timeout crossed our
+        request on the wire), so it never worked on the first send. Clocks: ``scheduled_ns``
+        stays the first send's, ``start_ns`` becomes the retry's send. TTFT is then what the
+        server and the network took for the request the server answered (a new connection's
+        handshake included, as for any fresh connection), and the time lost on the dead
+        connection is client-side delay: it shows in ``slot_wait_s`` (start - scheduled,
+        reported beside TTFT and in TTFT + slot wait) and in ``conn_retry_lost_s``, never in
+        TTFT. A user's client whose pool met the same race would retry the same way; one whose
+        pool is kept below the server's idle timeout would not meet it at all.
+        """
+        now = time.perf_counter_ns() + self.offset_ns
+        res.conn_retries = 1
+        res.conn_retry_lost_s = max(0.0, (now - res.start_ns) / 1e9)
+        res.start_ns = now
+        timing = _Timing()
+        timing.conn_wait_ns = dead.conn_wait_ns  # both sends waited for the pool
+        return timing
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, res: RequestResult) -> None:
         """Parse the SSE stream, timestamping events as their bytes arrive (hot path)."""

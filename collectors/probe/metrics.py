@@ -8,7 +8,7 @@ count, mean, p50, p90, p95, p99 and max. Pure functions, no I/O.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -72,9 +72,16 @@ def request_meets_slo(r: RequestResult, slo: dict[str, float]) -> bool:
     return True
 
 
-def compute_metrics(results: Sequence[RequestResult], duration_s: float, slo: dict[str, float] | None = None) -> dict[str, Any]:
-    """Every probe metric for one phase (warm-up results are left out here)."""
+def compute_metrics(results: Sequence[RequestResult], duration_s: float, slo: dict[str, float] | None = None,
+                    over_context: Collection[str] = ()) -> dict[str, Any]:
+    """Every probe metric for one phase (warm-up results are left out here). ``http_4xx``
+    refusals in the ``over_context`` segments (where a designed experiment met the server's
+    context limit) are counted apart, in ``requests.over_context``, not as requests or errors."""
     measured = [r for r in results if not r.warmup]
+    n_over = 0
+    if over_context:
+        kept = [r for r in measured if not (r.error == "http_4xx" and r.segment in over_context)]
+        n_over, measured = len(measured) - len(kept), kept
     ok = [r for r in measured if r.error is None]
     dur = max(duration_s, 1e-9)
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -95,7 +102,7 @@ def compute_metrics(results: Sequence[RequestResult], duration_s: float, slo: di
         e["fraction"] = e["count"] / max(1, len(measured))
     out: dict[str, Any] = {
         "requests": {"total": len(measured), "ok": len(ok), "errors": len(measured) - len(ok),
-                     "warmup_excluded": len(results) - len(measured)},
+                     "warmup_excluded": sum(1 for r in results if r.warmup), "over_context": n_over},
         "duration_s": duration_s,
         "ttft_s": distribution(ttft),
         "ttft_incl_slot_wait_s": distribution(ttft_sched),
@@ -192,8 +199,10 @@ _ROWS = (("TTFT", "ttft_s"), ("TTFT+slot wait", "ttft_incl_slot_wait_s"), ("ITL 
 def format_metrics(m: dict[str, Any], definitions: bool = True) -> str:
     """The end-of-run summary table."""
     req = m["requests"]
+    over = (f"; {req['over_context']} refused past the context limit, the experiment's limit, not counted"
+            if req.get("over_context") else "")
     lines = [f"{req['total']} requests ({req['ok']} ok, {req['errors']} errors; {req['warmup_excluded']} warm-up "
-             f"excluded) in {m['duration_s']:.2f} s"]
+             f"excluded{over}) in {m['duration_s']:.2f} s"]
     cols = ["p50", "p90", "p95", "p99", "max", "mean"]
     lines.append(f"{'':16}" + "".join(f"{c:>9}" for c in cols))
     for label, key in _ROWS:
@@ -228,13 +237,16 @@ def format_metrics(m: dict[str, Any], definitions: bool = True) -> str:
     return "\n".join(lines)
 
 
-def format_sweep_table(points: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """One line per sweep point: TTFT p50/p99, TPOT p50, E2E p50, throughput, errors."""
-    head = f"{'segment':<18}{'n':>5}{'err':>5}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'E2E p50':>10}{'req/s':>8}{'out tok/s':>10}"
+def format_sweep_table(points: Sequence[tuple[str, dict[str, Any]]], over_context: Sequence[str] = ()) -> str:
+    """One line per sweep point: TTFT p50/p99, TPOT p50, E2E p50, throughput, errors (``limit``
+    for the ``over_context`` segments: refused as longer than the server's context, not failed)."""
+    head = f"{'segment':<18}{'n':>5}{'err':>6}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'E2E p50':>10}{'req/s':>8}{'out tok/s':>10}"
     lines = [head]
     for label, m in points:
         lines.append(
-            f"{label:<18}{m['requests']['total']:>5}{m['requests']['errors']:>5}{fmt_s(m['ttft_s']['p50']):>10}"
+            f"{label:<18}{m['requests']['total'] + m['requests'].get('over_context', 0):>5}"
+            f"{'limit' if label in over_context else m['requests']['errors']:>6}"
+            f"{fmt_s(m['ttft_s']['p50']):>10}"
             f"{fmt_s(m['ttft_s']['p99']):>10}{fmt_s(m['tpot_s']['p50']):>10}{fmt_s(m['e2e_s']['p50']):>10}"
             f"{m['throughput']['requests_per_s']:>8.2f}{m['throughput']['output_tokens_per_s']:>10.0f}"
         )

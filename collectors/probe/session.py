@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.probe import eventloop
+from collectors.probe import context_limit, eventloop
 from collectors.probe import health as health_mod
 from collectors.probe.affinity import available_cpus
 from collectors.probe.alongside import Alongside
-from collectors.probe.client import (OPTIONAL_ELEMENT_TEXT, OPTIONAL_ELEMENTS, Endpoint, RequestResult,
+from collectors.probe.client import (KEEPALIVE_S, OPTIONAL_ELEMENT_TEXT, OPTIONAL_ELEMENTS, Endpoint, RequestResult,
                                      StreamingClient, auth_headers, resolve_endpoint, split_url)
 from collectors.probe.load import PROBE_PROVIDER, LoadSpec, PhaseOutcome, run_phase, run_phase_in_workers
 from collectors.probe.metrics import DEFINITIONS, compute_metrics
@@ -76,6 +76,11 @@ class ProbeConfig:
     wait_ready_s: float = 0.0
     #: told one line at once when the server is not serving yet (the CLI prints it on stderr)
     on_wait: Callable[[str], None] | None = None
+    #: seconds an idle pooled connection may be reused (below the servers' 5 s idle timeout)
+    keepalive_s: float = KEEPALIVE_S
+    #: send a request once more on a fresh connection when its reused one was found closed
+    #: before any answer (off: it fails as server_disconnected)
+    retry_reused: bool = True
 
 
 #: 4xx answers that no optional element causes: auth, path, method, rate limits.
@@ -142,6 +147,8 @@ class ProbeSession:
         self.compat: dict[str, Any] = {}
         #: the wait for a server not serving yet (meta.json ``probe.ready``; None without --wait-ready)
         self.ready: ReadyWait | None = None
+        #: where a designed experiment met the server's context limit (meta.json ``probe.context_limit``)
+        self.context_limit: dict[str, Any] | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -232,6 +239,20 @@ class ProbeSession:
         self.compat["dropped"] = sorted(self.dropped)
         self._record_compat()
 
+    def record_context_limit(self, limit: dict[str, Any]) -> dict[str, Any]:
+        """Keep and write (meta.json ``probe.context_limit``) where a designed experiment's prompts
+        were refused as longer than the server's context (:func:`.context_limit.record`); a
+        second limit adds its segments to the first. Only a caller that chose the prompt lengths
+        may record one: the rules then leave those refusals out of the failures. Returns the record."""
+        if self.context_limit is not None:
+            segs = [*self.context_limit["refused_segments"],
+                    *(s for s in limit["refused_segments"] if s not in self.context_limit["refused_segments"])]
+            limit = {**limit, "refused_segments": segs}
+        self.context_limit = limit
+        if self.writer is not None:
+            self.writer.update_meta(probe={"context_limit": limit})
+        return limit
+
     def _record_ready(self) -> None:
         if self.writer is not None and self.ready is not None:
             self.writer.update_meta(probe={"ready": self.ready.to_meta()})
@@ -274,7 +295,7 @@ class ProbeSession:
         cfg = self.config
         return {"timeout_s": cfg.timeout_s, "api_key": cfg.api_key, "dropped": self.dropped,
                 "keep_text": self.tokenizer is not None, "record_prompts": cfg.record_prompts,
-                "extra_body": cfg.extra_body}
+                "extra_body": cfg.extra_body, "keepalive_s": cfg.keepalive_s, "retry_reused": cfg.retry_reused}
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
@@ -332,8 +353,12 @@ class ProbeSession:
         )
 
     def client_health(self) -> dict[str, Any]:
+        measured = [r for r in self.results if not r.warmup and r.error is None and r.first_content_ns]
         out = health_mod.summarize(self.health_samples if len(self.health_samples) else [],
-                                   (r.conn_wait_s for r in self.results))
+                                   (r.conn_wait_s for r in self.results),
+                                   ([r.start_ns / 1e9 for r in measured], [r.first_content_ns / 1e9 for r in measured]))
+        out["connection_retries"] = health_mod.connection_retries((r.conn_retries for r in self.results),
+                                                                  (r.conn_retry_lost_s for r in self.results))
         out["client_cpu"] = health_mod.client_cpu(
             self.health_samples, requests=len(self.results),
             chunks=sum(len(r.token_times_ns) for r in self.results) or None,
@@ -402,14 +427,19 @@ class ProbeSession:
             self._flush_spans()
         self.results.extend(outcome.results)
         self.phase_spans.append((outcome.start_ns, outcome.end_ns))
+        self.alongside.parse_pending()  # nothing in flight now: the scrapes fetched meanwhile are parsed
         return outcome
 
+    def _over_context(self) -> list[str]:
+        return list(self.context_limit["refused_segments"]) if self.context_limit else []
+
     def metrics(self, outcome: PhaseOutcome) -> dict[str, Any]:
-        return compute_metrics(outcome.results, outcome.duration_s, self.config.slo)
+        """One phase's metrics (refusals at a recorded context limit counted apart)."""
+        return compute_metrics(outcome.results, outcome.duration_s, self.config.slo, self._over_context())
 
     def overall_metrics(self) -> dict[str, Any]:
         dur = sum(max(0, e - s) for s, e in self.phase_spans) / 1e9
-        return compute_metrics(self.results, dur, self.config.slo)
+        return compute_metrics(self.results, dur, self.config.slo, self._over_context())
 
     def record_summary(self, overall: dict[str, Any], sweep: dict[str, Any] | None) -> None:
         """meta.json: token-count source, output-length honouring, results per segment."""
@@ -484,12 +514,22 @@ async def run_sweep_async(config: ProbeConfig, sweep: SweepSpec, writer: Capture
             outcome = await session.phase(load, wl, seg)
             m = session.metrics(outcome)
             session.segments.append((seg, m))
+            too_long = None
+            if sweep.kind == "prompt":
+                refusal = context_limit.refusal_of(outcome.results)
+                if refusal is not None:
+                    # the longest earlier point with an answer (segments and ran line up; this point is not in ran)
+                    accepted = max((x for x, (_, mx) in zip(ran, session.segments) if mx["requests"]["ok"]), default=None)
+                    too_long = context_limit.describe(session.record_context_limit(context_limit.record(
+                        refusal, seg, v, accepted, "ttft probe --sweep prompt: the first point refused as too long")))
+                    session.segments[-1] = (seg, session.metrics(outcome))  # its refusals apart, not errors
             ran.append(v)
-            stopped = stop_reason(sweep, v, m)
+            stopped = stop_reason(sweep, v, m, too_long)
             if stopped:
                 break
         overall = session.overall_metrics()
-        info = {**sweep.describe(), "points_run": [label(sweep.kind, v) for v in ran], "stopped": stopped}
+        info = {**sweep.describe(), "points_run": [label(sweep.kind, v) for v in ran], "stopped": stopped,
+                "context_limit": session.context_limit}
         session.record_summary(overall, info)
     assert session.endpoint is not None
     return ProbeResult(session.endpoint, overall, session.client_health(), session.results, session.segments,

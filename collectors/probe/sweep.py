@@ -1,8 +1,9 @@
 """Sweeps: each point is a labelled segment (ATTR_SEGMENT, e.g. ``prompt=512``) of one capture.
 
 * ``prompt``: input length at concurrency 1 (64, 128, ... up to ``max_value``, default 4096)
-  — TTFT vs prompt length is the prefill-compute evidence; stops when a whole point fails
-  (e.g. the context limit).
+  — TTFT vs prompt length is the prefill-compute evidence; stops at the first point the server
+  refuses as longer than its context (the experiment's limit, recorded by the session:
+  :mod:`collectors.probe.context_limit`), or when a whole point fails.
 * ``concurrency``: 1, 2, 4, ... up to ``max_value`` (default 64) at a fixed prompt — stops
   after the first point with errors or a broken SLO.
 * ``rate``: 1, 2, 4, ... requests/s up to ``max_value`` (default 32) — stops after errors, a
@@ -89,8 +90,11 @@ def point_load(spec: SweepSpec, value: float, base: LoadSpec, user_set_concurren
                    requests=n or (None if dur else max(16, int(value * 10))), duration_s=dur)
 
 
-def stop_reason(spec: SweepSpec, value: float, metrics: dict[str, Any]) -> str | None:
-    """Why the sweep should stop after this point (None = go on)."""
+def stop_reason(spec: SweepSpec, value: float, metrics: dict[str, Any], too_long: str | None = None) -> str | None:
+    """Why the sweep should stop after this point (None = go on). ``too_long``: a prompt
+    point's refusal as longer than the server's context, in one line (it ends a prompt sweep)."""
+    if spec.kind == "prompt" and too_long:
+        return too_long
     req = metrics["requests"]
     if req["total"] and req["ok"] == 0:
         first = next(iter(metrics["errors"]), "error")

@@ -256,7 +256,8 @@ def run(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"  note: {note}")
     if result.segments:
-        print(format_sweep_table(result.segments))
+        limit = (result.sweep or {}).get("context_limit") or {}
+        print(format_sweep_table(result.segments, limit.get("refused_segments") or ()))
         if result.sweep and result.sweep.get("stopped"):
             print(f"sweep stopped: {result.sweep['stopped']}")
         print()
@@ -268,6 +269,9 @@ def run(args: argparse.Namespace) -> int:
     cpu_note = (h.get("client_cpu") or {}).get("note")
     if cpu_note:
         print(f"client: {cpu_note}")
+    retry_note = (h.get("connection_retries") or {}).get("note")
+    if retry_note:
+        print(f"client: {retry_note}")
     if result.capture_path:
         print(f"capture: {result.capture_path}  (ttft analyze {result.capture_path} [SERVER_CAPTURE])")
     return 0

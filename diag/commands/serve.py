@@ -86,6 +86,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "engine (like llama.cpp --threads-http; default unbounded)")
     p.add_argument("--http-backlog", type=int, default=256, metavar="N",
                    help="requests that may wait for an HTTP worker; beyond it: HTTP 503 (default 256)")
+    p.add_argument("--keepalive-timeout", type=float, default=None, metavar="S",
+                   help="close a keep-alive connection idle for S seconds (uvicorn's and cpp-httplib's default is "
+                   "5 s; default: aiohttp's, about an hour)")
     p.add_argument("--tokenizer-workers", type=int, default=1, metavar="N",
                    help="tokenizer threads that tokenize and enqueue requests (default 1)")
     return p
@@ -141,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         http_workers=args.http_workers,
         http_backlog=args.http_backlog,
         tokenizer_workers=args.tokenizer_workers,
+        http_keepalive_s=args.keepalive_timeout,
         admission=args.admission,
         max_partial_prefills=args.max_partial_prefills,
         kv_admission=args.kv_admission,

@@ -101,6 +101,8 @@ class EngineConfig:
     http_backlog: int = 256
     #: tokenizer threads that run ``submit`` (tokenize, validate, enqueue)
     tokenizer_workers: int = 1
+    #: seconds an idle keep-alive connection stays open before the server closes it (None = aiohttp's default)
+    http_keepalive_s: float | None = None
     # -- admission (diag.engine.scheduler: head-of-line stop, partial prefills, KV reservation) --
     #: "fcfs" (the walk stops at a head that does not fit: today's behaviour) or "skip-blocked"
     admission: str = "fcfs"
@@ -138,6 +140,8 @@ class EngineConfig:
             self.model_spec().resolve_config().validate_pp(self.pp)
         if (self.http_workers is not None and self.http_workers < 1) or self.tokenizer_workers < 1 or self.http_backlog < 0:
             raise ValueError("--http-workers and --tokenizer-workers must be >= 1, --http-backlog >= 0")
+        if self.http_keepalive_s is not None and not self.http_keepalive_s > 0:
+            raise ValueError(f"--keepalive-timeout must be > 0 seconds, got {self.http_keepalive_s:g}")
         self.scheduler_config(4096).validate()
 
     def scheduler_config(self, model_max_position: int) -> SchedulerConfig:

@@ -270,7 +270,14 @@ class EngineServer:
                 pass
 
         self.engine.add_state_listener(on_state)
-        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+        # keepalive_timeout reaches aiohttp's RequestHandler through AppRunner -> Server: an idle
+        # connection (waiting for its next request) is closed that many seconds after its last
+        # response; unset, aiohttp's own default holds (3630 s) (aio-libs/aiohttp@495e778360d1924da63e16dba0f0d76baf56a56a,
+        # aiohttp/web_protocol.py RequestHandler.__init__ and _process_keepalive; web_runner.py AppRunner)
+        keepalive = self.engine.config.http_keepalive_s
+        extra: dict[str, Any] = {} if keepalive is None else {"keepalive_timeout": float(keepalive)}
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0,
+                                     **extra)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

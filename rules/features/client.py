@@ -1,6 +1,11 @@
 """Theme: the load generator's own health: event-loop stalls and lag, CPU, slot waits, sends
 late against the schedule (from the client's series, else ``meta.json`` ``client_health``).
-Units: share 0..1, seconds, percent of one core.
+
+The lag counts only where it could inflate a measured TTFT (:mod:`diag.client_lag`): stalls
+while a completed request waited for its first token, and above all the stalls under way at the
+requests' sends and first tokens, as a share of their TTFT, split into the client's own part and
+the part the machine caused (the loop given no CPU). Stalls between requests (the tool's own
+work between steps) count nowhere. Units: share 0..1, seconds, percent of one core.
 """
 
 from __future__ import annotations
@@ -8,9 +13,44 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag import stages
+from diag import client_lag, stages
 from rules.features.context import FeatureContext
 from rules.features.numeric import NS, as_float, name_is, num_col
+
+
+def _stalls(ctx: FeatureContext) -> list[client_lag.Stalls]:
+    """The loop stalls of each client process (entity), with the machine's part where recorded."""
+    lag = ctx.series_values(stages.SERIES_LOOP_LAG_S)
+    if lag.empty:
+        return []
+    starved = ctx.series_values(stages.SERIES_LOOP_STARVED_S)
+    out = []
+    for entity, g in lag.groupby(lag["entity"].astype(str)):
+        g = g.assign(ts_s=pd.to_numeric(g["ts_s"]), value=pd.to_numeric(g["value"])).sort_values("ts_s")
+        part = None
+        if len(starved):
+            r = starved.loc[starved["entity"].astype(str) == entity]
+            if len(r):  # the same sample's rows share its timestamp
+                by_ts = pd.Series(pd.to_numeric(r["value"]).to_numpy(), index=pd.to_numeric(r["ts_s"]).to_numpy())
+                part = by_ts[~by_ts.index.duplicated()].reindex(g["ts_s"].to_numpy()).to_numpy()
+        out.append(client_lag.stalls_of(g["ts_s"].to_numpy(), g["value"].to_numpy(), part))
+    return out
+
+
+def first_token_lag(ctx: FeatureContext) -> dict | None:
+    """:func:`diag.client_lag.first_token_lag` over the completed requests' TTFT windows (client
+    send to first content), or None without lag samples or such requests."""
+    stalls = _stalls(ctx)
+    ok = ctx.ok
+    if not stalls or ok is None or ok.empty or "client_start_ns" not in ok.columns \
+            or "client_first_content_ns" not in ok.columns:
+        return None
+    start = num_col(ok, "client_start_ns") / NS
+    first = num_col(ok, "client_first_content_ns") / NS
+    keep = start.notna() & first.notna()
+    if not keep.any():
+        return None
+    return client_lag.first_token_lag(stalls, start[keep].to_numpy(), first[keep].to_numpy())
 
 
 def client_health(ctx: FeatureContext) -> None:
@@ -30,26 +70,36 @@ def client_health(ctx: FeatureContext) -> None:
         return None
 
     lag = ctx.series_values(stages.SERIES_LOOP_LAG_S)
-    stall = from_meta("loop_stall")
-    if len(lag) >= 3:
-        # share of the sampled wall time the loop ran late, per client process (entity)
-        fracs = []
-        for _, g in lag.groupby(lag["entity"].astype(str)):
-            ts = pd.to_numeric(g["ts_s"]).to_numpy()
-            covered = float(ts.max() - ts.min())
-            if covered > 0:
-                fracs.append(min(1.0, float(pd.to_numeric(g["value"]).iloc[1:].sum()) / covered))
-        stall = max(fracs) if fracs else stall
-    ctx.add("client_loop_stall_frac", stall,
-            None if stall is not None else "no client_loop_lag_s series or client_health loop_stall_frac",
-            source="series" if len(lag) >= 3 else "meta")
-    if len(lag):
-        ctx.add("client_loop_lag_p99_s", float(np.percentile(pd.to_numeric(lag["value"]), 99)), source="series")
+    ft = first_token_lag(ctx)
+    if ft is not None:
+        # while completed requests waited for their first token: stalls between requests delay nothing
+        src = "series, while requests waited for their first token"
+        ctx.add("client_loop_stall_frac", ft["stall_frac"], source=src)
+        ctx.add("client_loop_lag_p99_s", ft["lag_p99_s"], source=src)
+        split = len(ctx.series_values(stages.SERIES_LOOP_STARVED_S)) > 0
+        ctx.add("client_first_token_lag_share", ft["share"], source="series")
+        ctx.add("client_first_token_own_lag_share", ft["own_share"],
+                source="series, less the machine's part" if split
+                else "series (the machine's part not recorded: all of it counted as the client's own)")
+        ctx.add("client_first_token_starved_share", ft["starved_share"] if split else None,
+                None if split else "no client_loop_starved_s series")
     else:
-        v = from_meta("loop_lag", "p99")
-        v = v if v is not None else from_meta("loop_lag")
-        ctx.add("client_loop_lag_p99_s", v, None if v is not None else "no client_loop_lag_s series or client_health entry",
+        why = "no client_loop_lag_s series or completed requests with client timing"
+        for name in ("client_first_token_lag_share", "client_first_token_own_lag_share",
+                     "client_first_token_starved_share"):
+            ctx.add(name, None, why)
+        # a capture without per-request timing or series: the whole run, as meta.json says
+        stall = from_meta("loop_stall")
+        ctx.add("client_loop_stall_frac", stall,
+                None if stall is not None else "no client_loop_lag_s series or client_health loop_stall_frac",
                 source="meta")
+        if len(lag):
+            ctx.add("client_loop_lag_p99_s", float(np.percentile(pd.to_numeric(lag["value"]), 99)), source="series")
+        else:
+            v = from_meta("loop_lag", "p99")
+            v = v if v is not None else from_meta("loop_lag")
+            ctx.add("client_loop_lag_p99_s", v,
+                    None if v is not None else "no client_loop_lag_s series or client_health entry", source="meta")
     cpu = ctx.series_values(stages.SERIES_CLIENT_CPU_PCT)
     if len(cpu):
         ctx.add("client_cpu_pct_p95", float(np.percentile(pd.to_numeric(cpu["value"]), 95)), source="series")

@@ -9,7 +9,17 @@ a UUID), no-tp (400 on a traceparent header), strict (422 on min_tokens/ignore_e
 ``transformers serve``), no-so (400 on stream_options), strict-all (all four at once); and servers
 that load their model until ``FakeServer.loading_until`` (time.monotonic()) as llama.cpp's does:
 loading (503 "Loading model" on every path, /v1/models too), loading-gen (older builds: /v1/models
-answers, generation 503s); words2x (two tokens a word in usage), words2x-512 (and a 512-token context).
+answers, generation 503s); words2x (two tokens a word in usage), words2x-512 (and a 512-token context);
+ctx-N (one token a word, a prefill that grows with the prompt, and an N-token context: longer
+prompts get vLLM's 400 "maximum context length"); idleclose (a server that closes keep-alive
+connections idle for ``FakeServer.idle_close_s``), dropall (closes every connection it is sent a
+request on, without an answer).
+
+idleclose makes the keep-alive race deterministic: a real server (uvicorn, cpp-httplib) closes an
+idle connection when its timer fires, and a client that sends on it in the same instant has its
+request cross the server's FIN on the wire: the connection ends with no answer. Here the server
+decides a connection's fate when the next request arrives on it: idle for ``idle_close_s`` or
+more, it is closed unanswered (logged in ``idle_closed_ns``), exactly what that client sees.
 Every request is logged (headers, arrival time, first content send time).
 """
 
@@ -29,7 +39,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from probe_timings import FIRST_CONTENT_DELAY_S, SLOW_S  # noqa: E402
+from probe_timings import CTX_BASE_S, CTX_S_PER_TOKEN, FIRST_CONTENT_DELAY_S, SLOW_S  # noqa: E402
 
 
 @dataclass
@@ -53,6 +63,12 @@ class FakeServer:
     generation: int = 0
     #: time.monotonic() until which the loading modes answer 503 "Loading model"
     loading_until: float = 0.0
+    #: idleclose: seconds of idleness after which a keep-alive connection is closed on its next request
+    idle_close_s: float = 1.0
+    #: idleclose: when each connection (its transport) last finished an answer (time.monotonic())
+    conn_done: dict[Any, float] = field(default_factory=dict)
+    #: idleclose/dropall: when a connection was closed unanswered (time.time_ns())
+    idle_closed_ns: list[int] = field(default_factory=list)
 
     def loading(self, mode: str) -> bool:
         return mode in ("loading", "loading-gen") and time.monotonic() < self.loading_until
@@ -66,6 +82,24 @@ class FakeServer:
         self.in_flight = self.max_in_flight = self.counter = 0
         self.generation += 1
         self.loading_until = 0.0
+        self.idle_close_s = 1.0
+        self.conn_done.clear()
+        self.idle_closed_ns.clear()
+
+    def closes_unanswered(self, mode: str, transport: Any) -> bool:
+        """idleclose: the connection was idle for ``idle_close_s`` or more; dropall: always."""
+        last = self.conn_done.get(transport)
+        return mode == "dropall" or (mode == "idleclose" and last is not None
+                                     and time.monotonic() - last >= self.idle_close_s)
+
+
+def context_of(mode: str) -> tuple[int, int | None]:
+    """(usage tokens per prompt word, context limit in tokens or None) of a mode."""
+    if mode.startswith("ctx-"):
+        return 1, int(mode[4:])
+    if mode.startswith("words2x"):
+        return 2, 512 if mode == "words2x-512" else None
+    return 0, None
 
 
 def _chunk(chat: bool, text: str | None, role: bool = False, finish: str | None = None) -> bytes:
@@ -103,6 +137,11 @@ def make_app(state: FakeServer) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         mode = request.match_info["mode"]
         chat = request.path.endswith("/chat/completions")
+        if state.closes_unanswered(mode, request.transport):
+            state.idle_closed_ns.append(time.time_ns())
+            assert request.transport is not None
+            request.transport.close()
+            raise asyncio.CancelledError  # no answer: the handler ends with its connection
         body = await request.json()
         seen = Seen(mode, {k.lower(): v for k, v in request.headers.items()}, body, time.time_ns())
         state.log.append(seen)
@@ -126,6 +165,8 @@ def make_app(state: FakeServer) -> web.Application:
             return await _respond(request, mode, chat, body, seen, n, release)
         finally:
             release()
+            if mode == "idleclose":
+                state.conn_done[request.transport] = time.monotonic()
 
     def refusal(request: web.Request, mode: str, body: dict[str, Any]) -> web.Response | None:
         strict = mode == "strict-all"
@@ -145,10 +186,16 @@ def make_app(state: FakeServer) -> web.Application:
                                      status=422)
         if (mode == "no-so" or strict) and "stream_options" in body:
             return web.json_response({"error": {"message": "unknown field stream_options"}}, status=400)
-        prompt_tokens = 2 * len(str(body.get("prompt", "")).split())
-        if mode == "words2x-512" and prompt_tokens + int(body.get("max_tokens") or 0) > 512:
-            return web.json_response({"error": {"message": f"this model's maximum context length is 512 tokens; you "
-                                                           f"requested {prompt_tokens} tokens in the prompt"}}, status=400)
+        per_word, ctx = context_of(mode)
+        prompt_tokens = per_word * len(str(body.get("prompt", "")).split())
+        if ctx is not None and prompt_tokens + int(body.get("max_tokens") or 0) > ctx:
+            out = int(body.get("max_tokens") or 0)
+            # vLLM's OpenAI server's wording and shape (an "error" object, HTTP 400)
+            msg = (f"This model's maximum context length is {ctx} tokens. However, you requested {prompt_tokens + out} "
+                   f"tokens ({prompt_tokens} in the messages, {out} in the completion). Please reduce the length of "
+                   "the messages or completion.")
+            return web.json_response({"error": {"message": msg, "type": "BadRequestError", "param": None,
+                                                "code": 400}}, status=400)
         return None
 
     async def _respond(request: web.Request, mode: str, chat: bool, body: dict[str, Any], seen: Seen,
@@ -181,6 +228,8 @@ def make_app(state: FakeServer) -> web.Application:
         await resp.write(_chunk(chat, None, role=True).replace(b"\n", sep))
         if mode in ("slow", "cap2"):
             await asyncio.sleep(SLOW_S)
+        elif mode.startswith("ctx-"):  # a prefill that grows with the prompt
+            await asyncio.sleep(CTX_BASE_S + CTX_S_PER_TOKEN * len(str(body.get("prompt", "")).split()))
         elif mode == "flaky":
             await asyncio.sleep(0.005)
         else:
@@ -200,10 +249,14 @@ def make_app(state: FakeServer) -> web.Application:
                 return resp
             await asyncio.sleep(0.002)
         release()
-        if mode.startswith("words2x"):  # a tokenizer that makes two tokens of every word
-            await resp.write(_usage(2 * len(str(body.get("prompt", "")).split()), produced))
+        per_word = context_of(mode)[0]
+        if per_word:  # a tokenizer that makes per_word tokens of every word
+            await resp.write(_usage(per_word * len(str(body.get("prompt", "")).split()), produced))
         elif mode != "nousage":
             await resp.write(_usage(17, produced))
+        if mode == "idleclose":  # [DONE] and the end of the body in one write: the client always
+            await resp.write_eof(b"data: [DONE]\n\n")  # reads both and pools the connection
+            return resp
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

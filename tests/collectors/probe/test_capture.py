@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
+from collectors.probe.health import runq_wait_s
 from diag import stages
 from diag.capture import load_capture
 from diag.tables import build_tables
@@ -58,11 +59,15 @@ def test_meta_and_client_health_series(server, tmp_path):
     assert meta["token_counts"]["source"] == "server"
     assert meta["output_lengths"]["honoured"] is True and meta["output_lengths"]["exact_requested"] is True
     h = meta["client_health"]
-    assert set(h) >= {"loop_lag_p99_s", "cpu_pct_max", "saturated", "reason"}
+    assert set(h) >= {"loop_lag_p99_s", "cpu_pct_max", "saturated", "reason", "first_token", "machine_starved"}
+    assert h["first_token"]["requests"] == 4 and h["processes"] == 1  # the lag judged at the 4 requests' TTFT
     assert meta["probe_results"]["overall"]["requests"]["total"] == 4
     series = load_capture(cap_dir).series
     client = series.loc[series["source"] == "client"]
-    assert set(client["series"]) == {stages.SERIES_LOOP_LAG_S, stages.SERIES_CLIENT_CPU_PCT}
+    expected = {stages.SERIES_LOOP_LAG_S, stages.SERIES_CLIENT_CPU_PCT}
+    if runq_wait_s() is not None:  # Linux: the machine's part of each lag sample
+        expected.add(stages.SERIES_LOOP_STARVED_S)
+    assert set(client["series"]) == expected
 
 
 def test_errors_land_on_spans(server, tmp_path):

@@ -124,3 +124,51 @@ def test_client_without_sink_and_exact_output_off(server):
     assert r.error is None and r.trace_id == "" and len(r.token_times_ns) == 3
     body = server.log[-1].body
     assert "min_tokens" not in body and "model" not in body and body["prompt"] == "hi"
+
+
+async def _two_requests(url: str, gap_s: float, **kw):
+    """Two requests on one client, ``gap_s`` apart: the second may reuse the first's connection."""
+    ep = Endpoint(url, "completions", None)
+    async with StreamingClient(ep, 1, timeout_s=5, **kw) as c:
+        first = await c.request(PromptItem(prompt="hi", max_tokens=3), "r1")
+        await asyncio.sleep(gap_s)
+        return first, await c.request(PromptItem(prompt="hi", max_tokens=3), "r2")
+
+
+def test_idle_closed_keepalive_connection_is_retried_on_a_fresh_one(server):
+    server.idle_close_s = 0.2
+    first, second = asyncio.run(_two_requests(server.url("idleclose"), 0.5, keepalive_s=10.0))
+    assert first.ok and first.conn_retries == 0
+    # the pooled connection was reused, the server closed it unanswered, and the request went again
+    assert len(server.idle_closed_ns) == 1
+    assert second.ok and second.conn_retries == 1 and second.conn_reused is False
+    # TTFT starts at the retry's send: after the dead connection was closed, with the lost time apart
+    assert second.start_ns >= server.idle_closed_ns[0]
+    assert second.conn_retry_lost_s > 0 and second.slot_wait_s >= second.conn_retry_lost_s
+    assert second.ttft_s < FIRST_CONTENT_DELAY_S + 0.05
+
+
+def test_without_the_retry_the_race_is_a_failure(server):
+    # the control: the same race, not retried, is what the probe used to count as the server's failure
+    server.idle_close_s = 0.2
+    _, second = asyncio.run(_two_requests(server.url("idleclose"), 0.5, keepalive_s=10.0, retry_reused=False))
+    assert second.error == "server_disconnected" and second.conn_reused is True and second.conn_retries == 0
+
+
+def test_keepalive_below_the_server_idle_timeout_avoids_the_race(server):
+    from collectors.probe.client import KEEPALIVE_S
+
+    assert KEEPALIVE_S < 5.0  # uvicorn's and cpp-httplib's idle timeout
+    server.idle_close_s = 0.4
+    # a connection idle past the client's keep-alive is not reused: a new one, no race, no retry
+    _, second = asyncio.run(_two_requests(server.url("idleclose"), 0.5, keepalive_s=0.3))
+    assert second.ok and second.conn_reused is False and second.conn_retries == 0
+    assert server.idle_closed_ns == []
+
+
+def test_a_disconnect_on_a_fresh_connection_is_a_failure(server):
+    # a server that drops every request: the fresh connection's disconnect is not retried
+    first, second = asyncio.run(_two_requests(server.url("dropall"), 0.0))
+    for r in (first, second):
+        assert r.error == "server_disconnected" and r.conn_retries == 0 and r.conn_reused is False
+    assert len(server.idle_closed_ns) == 2

@@ -55,7 +55,7 @@ def test_errors_by_kind_and_warmup_excluded():
     rs = [_r(0, 100, [10]), _r(1, 1, [], error="http_5xx"), _r(2, 1, [], error="http_5xx"),
           _r(3, 1, [], error="timeout"), _r(4, 900, [10], warmup=True)]
     m = compute_metrics(rs, 1.0)
-    assert m["requests"] == {"total": 4, "ok": 1, "errors": 3, "warmup_excluded": 1}
+    assert m["requests"] == {"total": 4, "ok": 1, "errors": 3, "warmup_excluded": 1, "over_context": 0}
     assert list(m["errors"]) == ["http_5xx", "timeout"]
     assert m["errors"]["http_5xx"]["count"] == 2 and m["errors"]["http_5xx"]["fraction"] == 0.5
     assert m["ttft_s"]["max"] == pytest.approx(0.1)
@@ -90,3 +90,16 @@ def test_token_sources_discrepancy_and_output_lengths():
     assert m["output_lengths"]["honoured"] is False and m["output_lengths"]["requests_short"] == 1
     text = format_metrics(m)
     assert "NOT honoured" in text and "TTFT" in text and "definitions" in text and "discrepancy" in text
+
+
+def test_refusals_at_a_recorded_context_limit_are_counted_apart():
+    rs = [_r(0, 100, [10]), _r(1, 100, [10]), _r(2, 0, [], error="http_4xx"), _r(3, 0, [], error="http_4xx"),
+          _r(4, 0, [], error="http_5xx"), _r(5, 0, [], error="http_4xx", warmup=True)]
+    for r in rs[2:]:
+        r.segment = "prompt=4096"
+    m = compute_metrics(rs, 1.0, over_context=["prompt=4096"])
+    assert m["requests"] == {"total": 3, "ok": 2, "errors": 1, "warmup_excluded": 1, "over_context": 2}
+    assert list(m["errors"]) == ["http_5xx"] and m["errors"]["http_5xx"]["fraction"] == pytest.approx(1 / 3)
+    assert "2 refused past the context limit" in format_metrics(m, definitions=False)
+    plain = compute_metrics(rs, 1.0)  # no limit recorded: the refusals are errors
+    assert plain["requests"]["errors"] == 3 and plain["requests"]["over_context"] == 0

@@ -32,3 +32,37 @@ def test_ctrl_c_during_the_compatibility_check_closes_the_session_and_the_captur
     assert session.client is None and session.sink is None
     meta = json.loads((tmp_path / "cap" / "meta.json").read_text())
     assert meta["probe"]["url"].startswith(cfg.url) and "client_health" in meta  # written by close()
+
+
+def _idle_gaps_probe(server, tmp_path, name: str, **kw):
+    """An open loop (4 req/s) at a server that closes connections idle 0.1 s, with the probe's
+    keep-alive at 10 s: most requests go out on a connection the server is closing."""
+    from collectors.probe import run_probe
+
+    server.idle_close_s = 0.1
+    cfg = ProbeConfig(server.url("idleclose"), api="completions",
+                      load=LoadSpec(concurrency=2, rate_rps=4.0, requests=16, seed=3),
+                      workload=WorkloadSpec(LengthSpec.parse("16"), LengthSpec.parse("3")), timeout_s=5,
+                      output=tmp_path / name, keepalive_s=10.0, **kw)
+    return run_probe(cfg)
+
+
+@pytest.mark.slow
+def test_idle_closed_keepalive_connections_are_retried_not_failures(server, tmp_path) -> None:
+    from diag.capture import load_capture
+    from diag.tables import build_tables
+    from rules import diagnose
+
+    # the control: without the retry, the race is counted against the server
+    raced = _idle_gaps_probe(server, tmp_path, "raced", retry_reused=False)
+    assert raced.metrics["errors"]["server_disconnected"]["count"] >= 4
+    d = diagnose(build_tables(load_capture(tmp_path / "raced")))
+    assert d.verdict.category == "failures"
+    server.reset()
+    res = _idle_gaps_probe(server, tmp_path, "retried")
+    assert res.metrics["requests"]["errors"] == 0 and res.metrics["requests"]["ok"] == 16
+    retries = json.loads((tmp_path / "retried" / "meta.json").read_text())["client_health"]["connection_retries"]
+    assert retries["retried"] >= 4 and retries["retried"] <= len(server.idle_closed_ns)  # setup requests may retry too
+    assert retries["retried"] == sum(r.conn_retries for r in res.results) and "not as failures" in retries["note"]
+    d = diagnose(build_tables(load_capture(tmp_path / "retried")))
+    assert d.verdict.category != "failures" and d.features.value("error_rate") == 0

@@ -69,3 +69,46 @@ def test_sweep_spec_values():
         SweepSpec("latency")
     with pytest.raises(SweepError):
         SweepSpec("concurrency", [1.5])
+
+
+def test_prompt_sweep_stops_at_the_context_limit_and_records_it(server, tmp_path):
+    from rules import diagnose
+
+    # a server with a 1000-token context (vLLM's 400 past it) and a prefill that grows with the prompt
+    res = run_sweep(_cfg(server.url("ctx-1000"), tmp_path, warmup=1), SweepSpec("prompt", requests_per_point=3))
+    assert res.sweep["points_run"] == ["prompt=64", "prompt=128", "prompt=256", "prompt=512", "prompt=1024"]
+    assert "prompt=1024 was refused as longer than the server's context" in res.sweep["stopped"]
+    assert "between 512 and 1024 prompt tokens" in res.sweep["stopped"] and "states 1000 tokens" in res.sweep["stopped"]
+    assert max(len(s.body["prompt"].split()) for s in server.log) < 1100  # nothing sent past the refused point
+    meta = load_capture(tmp_path / "cap").meta
+    limit = meta["probe"]["context_limit"]
+    assert limit["refused_segments"] == ["prompt=1024"] and limit["context_limit_tokens"] == 1000
+    assert limit["accepted_prompt_tokens"] == 512 and limit["refused_prompt_tokens"] == 1024 and limit["status"] == 400
+    assert meta["sweep"]["context_limit"] == limit
+    tables = build_tables(load_capture(tmp_path / "cap"))
+    d = diagnose(tables)
+    assert d.verdict.category != "failures" and not any(f.category == "failures" for f in d.findings)
+    assert d.features.value("error_rate") == 0 and d.features.value("context_limit_refused_n") == 3
+    assert "the experiment's limit, not failures" in next(p.reason for p in d.passed if p.rule_id == "failures")
+    # the verdict is what the lengths below the limit show on their own
+    req = tables.requests
+    refused_start = int(req.loc[req["segment"] == "prompt=1024", "start_ns"].min())
+    below = diagnose(tables, window_ns=(int(req["start_ns"].min()), refused_start))
+    assert below.verdict.category == d.verdict.category and below.features.value("context_limit_refused_n") == 0
+
+
+def test_a_plain_probe_refused_as_too_long_still_fails(server, tmp_path):
+    from rules import diagnose
+
+    # the user chose the length: the server refusing it is a failure, as before
+    cfg = ProbeConfig(server.url("ctx-1000"), api="completions", load=LoadSpec(requests=6),
+                      workload=WorkloadSpec(LengthSpec.parse("2048"), LengthSpec.parse("2")), timeout_s=5,
+                      output=tmp_path / "cap")
+    from collectors.probe import run_probe
+
+    res = run_probe(cfg)
+    assert res.metrics["requests"]["errors"] == 6
+    meta = load_capture(tmp_path / "cap").meta
+    assert "context_limit" not in meta["probe"]
+    d = diagnose(build_tables(load_capture(tmp_path / "cap")))
+    assert d.verdict.category == "failures" and "http_4xx x6" in d.verdict.title

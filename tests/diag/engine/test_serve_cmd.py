@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import socket
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -49,6 +51,7 @@ def test_defaults_and_flags():
         (["--inject", "collective_latency_ms=3"], "needs --tp 2"),
         (["--model", "/no/such/dir"], "not a preset"),
         (["--max-running", "0"], "max_running must be >= 1"),
+        (["--keepalive-timeout", "0"], "--keepalive-timeout must be > 0"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(capsys, argv, msg):
@@ -76,3 +79,35 @@ def test_serve_subprocess_end_to_end(tmp_path):
     names = {s["name"] for line in (cap / "spans.otlp.jsonl").read_text().splitlines()
              for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]}
     assert {"ttft.request", "tokenize", "queue", "prefill", "sample", "detokenize", "ttft.cold_start"} <= names
+
+
+def _health_on(sock: socket.socket) -> bytes:
+    """One GET /health on an open keep-alive connection; the whole response (its Content-Length body)."""
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, "closed before the response"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head
+
+
+def test_keepalive_timeout_closes_an_idle_connection():
+    """--keepalive-timeout S: a connection idle for S is closed by the server (as uvicorn's and
+    cpp-httplib's 5 s do); within S the same connection serves the next request."""
+    cmd = [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--keepalive-timeout", "0.4"]
+    with serve_process(cmd) as (proc, line):
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
+        with socket.create_connection(("127.0.0.1", int(m.group(1))), timeout=10) as sock:
+            assert _health_on(sock).startswith(b"HTTP/1.1 200")
+            time.sleep(0.1)
+            assert _health_on(sock).startswith(b"HTTP/1.1 200")  # idle 0.1 s < 0.4 s: kept
+            t0 = time.monotonic()
+            assert sock.recv(1) == b""  # the server closed it
+            idle_s = time.monotonic() - t0
+    assert 0.3 <= idle_s <= 3.0, idle_s
