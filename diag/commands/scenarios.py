@@ -37,10 +37,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the matrix as JSON")
     c.add_argument("--random", type=int, metavar="N", help="run N random draws (wide parameter ranges, mixes, "
                    "near-misses; ground truth from the injection) instead of the catalogue")
+    c.add_argument("--near-miss", type=int, metavar="M", help="also (or only) run M draws of the near-miss space: "
+                   "every draw a near-miss (the mechanism present, not the cause; truth healthy), the families taken "
+                   "in turn, so M >= 13 draws each once")
     c.add_argument("--seed", type=int, metavar="S", help="seed of the random draws (default: a fresh one, printed)")
-    c.add_argument("--draw", type=int, metavar="I", default=0, help="first draw index (default 0): "
-                   "--random 1 --seed S --draw I reproduces one draw")
-    c.add_argument("--repeat", type=int, metavar="K", default=1, help="run each draw K times and report the flip rate")
+    c.add_argument("--draw", type=int, metavar="I", default=0, help="first draw index (default 0), of each space: "
+                   "--random 1 (or --near-miss 1) --seed S --draw I reproduces one draw")
+    c.add_argument("--repeat", type=int, metavar="K", default=1,
+                   help="run each draw K times and report the flip rate and the agreement (same verdict every run)")
     c.add_argument("--mode", choices=("server", "client", "both"), default="both",
                    help="diagnose with server spans, client-only, or both (default)")
     c.add_argument("--via", choices=("probe", "diagnose"), default="probe",
@@ -99,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         return 0 if all(r.ok(m) for r in rows for m in ("server", "client-only")) else 1
     if args.via == "diagnose":
         return _check_via_diagnose(args, cal, log)
-    if args.random is not None:
+    if args.random is not None or args.near_miss is not None:
         return _check_random(args, cal, log)
     rows = check(_pick(args.names, args.fast), args.output, cal, log=log)
     wall = time.monotonic() - t0
@@ -122,6 +126,8 @@ def _check_via_diagnose(args: argparse.Namespace, cal: Calibration, log: Callabl
         raise UsageError("--repeat is not supported with --via diagnose")
     out = Path(args.output)
     t0 = time.monotonic()
+    if args.near_miss is not None:
+        raise UsageError("--near-miss runs with --via probe only")
     if args.random is not None:
         seed = _draws_seed(args)
         log(f"random draws through ttft diagnose: seed {seed}, draws {args.draw}..{args.draw + args.random - 1}")
@@ -141,18 +147,20 @@ def _check_via_diagnose(args: argparse.Namespace, cal: Calibration, log: Callabl
 
 
 def _draws_seed(args: argparse.Namespace) -> int:
-    """``--random N`` checked (N >= 1, ``--draw`` >= 0, no NAME or --fast); the seed (given, or a fresh one)."""
+    """``--random N`` / ``--near-miss M`` checked (each >= 1 when given, ``--draw`` >= 0, no NAME or
+    --fast); the seed (given, or a fresh one)."""
     import random
 
-    if args.random < 1 or args.draw < 0:
-        raise UsageError("--random must be >= 1, --draw >= 0")
+    if (args.random is not None and args.random < 1) or (args.near_miss is not None and args.near_miss < 1) \
+            or args.draw < 0:
+        raise UsageError("--random and --near-miss must be >= 1, --draw >= 0")
     if args.names or args.fast:
         raise UsageError("--random draws its own scenarios: no NAME or --fast with it")
     return args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
 
 
 def _check_random(args: argparse.Namespace, cal: Calibration, log: Callable[[str], None]) -> int:
-    """``check --random N``: draws of one seed, scored per mode; 0 when none missed."""
+    """``check --random N`` and/or ``--near-miss M``: draws of one seed, scored per mode; 0 when none missed."""
     from diag.scenarios.random_matrix import RandomResult, check_random
 
     if args.repeat < 1:
@@ -164,10 +172,14 @@ def _check_random(args: argparse.Namespace, cal: Calibration, log: Callable[[str
     cal_file = args.calibration or str(out / "calibration.json")
     if not args.calibration:  # the reproduce commands reuse this run's calibration
         Path(cal_file).write_text(json.dumps(cal.to_dict(), indent=2))
-    log(f"random draws: seed {seed}, draws {args.draw}..{args.draw + args.random - 1}, repeat {args.repeat}")
     t0 = time.monotonic()
-    results = check_random(seed, range(args.draw, args.draw + args.random), out / f"random-{seed}", cal,
-                           modes=modes, repeat=args.repeat, log=log)
+    results = []
+    for space, n in (("main", args.random), ("near-miss", args.near_miss)):
+        if n is None:
+            continue
+        log(f"random draws ({space} space): seed {seed}, draws {args.draw}..{args.draw + n - 1}, repeat {args.repeat}")
+        results += check_random(seed, range(args.draw, args.draw + n), out / f"random-{seed}", cal, modes=modes,
+                                repeat=args.repeat, log=log, space=space)
     res = RandomResult(seed, cal, modes, results, mode_arg=args.mode, calibration_file=cal_file,
                        wall_s=time.monotonic() - t0)
     if args.json:

@@ -85,6 +85,23 @@ def _healthy(cal: Calibration) -> Plan:
                                                    6 * cal.decode_step_ms))
 
 
+#: the idle-keepalive scenario: the server closes a connection idle this long (s), and requests
+#: arrive (Poisson) at a mean gap of 1.5x that, so gaps fall on both sides of it
+IDLE_KEEPALIVE_S = 1.0
+
+
+def _idle_keepalive(cal: Calibration) -> Plan:
+    # a healthy engine whose HTTP server closes idle keep-alive connections (uvicorn and
+    # cpp-httplib do at 5 s; here 1 s, below the probe's own 4 s pool limit) under sparse
+    # open-loop arrivals: the probe meets connections the server closed, reconnects (or retries
+    # a request that found its reused one closed, once), and no request fails
+    step = ProbeStep(concurrency=4, requests=16, input_tokens="fixed:32", output_tokens="fixed:16",
+                     rate_rps=round(1 / (1.5 * IDLE_KEEPALIVE_S), 3))
+    return Plan((Phase(("--keepalive-timeout", f"{IDLE_KEEPALIVE_S:g}"), (step,)),),
+                slo=_slo(cal, 20 * cal.ttft_short_ms + 64 * cal.prefill_ms_per_token, 6 * cal.decode_step_ms),
+                injected={"keepalive_timeout_s": IDLE_KEEPALIVE_S})
+
+
 def _queue(cal: Calibration) -> Plan:
     # the server admits one sequence at a time: arrivals above its capacity wait in the queue
     step = ProbeStep(sweep="concurrency", sweep_values=(1, 2, 4, 8), requests_per_point=8,
@@ -216,7 +233,9 @@ def _pipeline_bubble(cal: Calibration) -> Plan:
     # PP 2 at concurrency 1: each step holds one sequence, so one micro-batch, and each of the two
     # stages idles while the other runs (about half the stage time). Server-side only: a client
     # sees prompt-proportional TTFT, which it names prefill_compute (Scenario.client_only_also)
-    step = ProbeStep(sweep="prompt", sweep_values=(64, 128, 256, 512), requests_per_point=5, output_tokens="fixed:4")
+    # prompts long enough that prompt work holds the first token back several decode steps (a PP decode
+    # step is long), as prefill_compute needs ([prefill_compute] prompt_steps_min)
+    step = ProbeStep(sweep="prompt", sweep_values=(128, 256, 512, 1024), requests_per_point=5, output_tokens="fixed:4")
     return Plan((Phase(("--pp", "2"), (step,)),), injected={"pp": 2, "concurrency": 1})
 
 
@@ -275,6 +294,10 @@ def _loadgen(cal: Calibration) -> Plan:
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("healthy", "healthy", "default engine, light load, SLOs with headroom", _healthy),
+    Scenario("idle_keepalive", "healthy",
+             "a healthy engine whose server closes connections idle 1 s (--keepalive-timeout 1), probed open-loop at "
+             "a mean gap of 1.5 s: connections the server closed are the probe's to reopen, not failures",
+             _idle_keepalive, fast=False),
     Scenario("queue", "queue", "the engine admits one sequence at a time (--max-running 1) under a concurrency sweep", _queue),
     Scenario("tokenize", "tokenize", "a slow tokenizer (tokenize_ms_per_token) under a prompt sweep", _tokenize),
     Scenario("prefill_compute", "prefill_compute", "long prompts: a prompt-length sweep at concurrency 1", _prefill),

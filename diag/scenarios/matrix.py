@@ -21,9 +21,20 @@ MODES = ("server", "client-only")
 
 @dataclass
 class Verdict:
+    """A diagnosis as the matrix scores it: the verdict, and (the verdict contract, docs/verdict.md)
+    the leading candidate under the verdict floor when the verdict is ``healthy`` or ``inconclusive``
+    beneath one (None otherwise). Confidences in 0..1."""
+
     category: str
     confidence: float
     title: str
+    leading: str | None = None
+    leading_confidence: float | None = None
+
+    @property
+    def named(self) -> str:
+        """The category the diagnosis points at: the leading candidate's, else the verdict's."""
+        return self.leading or self.category
 
 
 @dataclass
@@ -46,8 +57,14 @@ def diagnose_run(run: ScenarioRun, mode: str) -> Verdict:
 
     paths = run.all_captures if mode == "server" else [run.client]
     a = analyze_paths(paths)  # the scenario's SLO is recorded in its client capture
-    v = a.diagnosis.verdict
-    return Verdict(v.category, float(v.confidence), v.title)
+    return verdict_of(a.diagnosis)
+
+
+def verdict_of(diagnosis: Any) -> Verdict:
+    """A :class:`rules.model.Diagnosis` as the matrix scores it (its verdict and leading candidate)."""
+    v, lead = diagnosis.verdict, diagnosis.leading
+    return Verdict(v.category, float(v.confidence), v.title, lead.category if lead is not None else None,
+                   float(lead.confidence) if lead is not None else None)
 
 
 def check(scenarios: Sequence[Scenario], out_root: str | Path, cal: Calibration,

@@ -39,6 +39,37 @@ How the ranges were chosen (the catalogue's value is the centre; ``logU`` = log-
   block size 8/16/32, warm-up 1..3 requests (0 for cold start, whose users are the first
   requests), and the probe design: a sweep, one closed-loop level, or one open-loop level,
   where the family's cause is identifiable from the client side under that design.
+- **The near-miss space** (:func:`near_miss_draw`, ``ttft scenarios check --near-miss M``): draws
+  that are all near-misses, the family cycling through :data:`NEAR_MISS_SPACE` from a per-seed
+  start (so M >= its length draws every family once), keyed apart from :func:`draw` so that no
+  draw of the main space changed when it was added. It holds every near-miss above and three
+  whose mechanism is present at full strength but is not the cause (truth ``healthy``):
+
+  - ``head_of_line``: the plain family's chunked prefill and ``--inject-long`` prompts, at
+    concurrency 1 (closed loop): each long prompt runs alone, no short request is ever behind
+    an unfinished one, so its TTFT is its own prefill.
+  - ``keepalive`` (the near-miss of ``failures``): a default engine whose HTTP server closes a
+    connection idle for 0.3..1.2 s (``ttft serve --keepalive-timeout``; uvicorn and cpp-httplib
+    close at 5 s), probed open-loop at a mean gap of 1.2..2x that (Poisson arrivals, so gaps fall
+    on both sides of it, below the probe's own 4 s pool limit): connections go away between
+    requests and a request may meet one closing; the probe reconnects (or retries once) and no
+    request fails. Wall-clock seconds, not calibration units: the timeout is the server's.
+  - ``prefill_compute`` ("light load on long prompts"): prompts as long as prompt work stays
+    modest: the prompt's prefill at the calibrated ms/token lasts 1.0..2.5 decode steps (capped
+    by the context), under half the 6 decode steps of the median request's prompt work that the
+    verdict contract needs before prompt work is a cause (docs/verdict.md, "Prompt work counts as
+    a cause only when ..."): healthy, not prefill_compute, with a 2x margin for the forward pass's
+    fixed cost and timing noise (a prompt past 12 steps is the plain family's truth). One
+    closed-loop stream, open-loop arrivals at 0.2..0.5 of one stream's capacity, or a prompt
+    sweep at concurrency 1 up to that length; prompts vary so a client sees the slope.
+
+  Half of the near-miss space's draws give no SLO (``slo_given``): then ``healthy`` must come
+  from the own-work floor (nothing waits), not from targets met; ``decode`` and ``interference``
+  keep theirs (:data:`SLO_NEAR_MISS`: their near-miss is the target met). Without an SLO the
+  truth is ``healthy`` only while no cause is there by the contract, so such a draw's median
+  prompt is capped at the light-load near-miss's 2.5 decode steps of prefill (the plan does it,
+  on the calibration: :func:`prompt_capped`); not the shared-prefix
+  design nor the long-prompt one.
 - **SLOs** (the users' targets): 1..3x a generous base (5x the worst lone-request TTFT at
   that concurrency; 3 + concurrency decode steps per token), so ``healthy`` draws keep 2x
   of headroom; a decode draw's per-token target 1.2..1.8 lone-stream steps. Where a run
@@ -71,6 +102,21 @@ MIX_SECOND: dict[str, tuple[str, ...]] = {
 #: families with a too-weak variant (ground truth healthy)
 NEAR_MISS: tuple[str, ...] = ("queue", "tokenize", "kv_cache", "decode", "interference", "cold_start", "network",
                                "frontend", "prefix_cache", "kv_reservation")
+#: near-misses only in the near-miss space: the mechanism at full strength, not the cause (module docstring)
+NEAR_MISS_EXTRA: tuple[str, ...] = ("head_of_line", "keepalive", "prefill_compute")
+#: the near-miss space's families, cycled by index (:func:`near_miss_draw`)
+NEAR_MISS_SPACE: tuple[str, ...] = NEAR_MISS + NEAR_MISS_EXTRA
+#: the two spaces of draws: :func:`draw` and :func:`near_miss_draw`
+SPACES: tuple[str, ...] = ("main", "near-miss")
+#: near-misses defined by the users' target they meet: always with their SLO (without one, the
+#: interference mix's short prompts wait behind the long ones' chunks: head_of_line, not healthy)
+SLO_NEAR_MISS: tuple[str, ...] = ("decode", "interference")
+#: light-load-on-long-prompts near-miss: the prompt's prefill in decode steps (logU); docs/verdict.md's
+#: bar for prompt work as a cause is 6, and the top of this range stays under half of it
+LIGHT_PROMPT_STEPS: tuple[float, float] = (1.0, 2.5)
+#: keepalive near-miss: the server's idle keep-alive timeout (s, logU) and the mean arrival gap as a multiple of it
+KEEPALIVE_S: tuple[float, float] = (0.3, 1.2)
+KEEPALIVE_GAP_X: tuple[float, float] = (1.2, 2.0)
 
 
 @dataclass(frozen=True)
@@ -83,19 +129,39 @@ class Draw:
     kind: str
     expected: str  # the ground truth: the category a correct verdict names
     params: dict[str, Any] = field(default_factory=dict)
+    space: str = "main"  # "main" (:func:`draw`) or "near-miss" (:func:`near_miss_draw`)
 
     @property
     def name(self) -> str:
-        return f"r{self.index:03d}-{self.family}" + ("" if self.kind == "plain" else f"-{self.kind}")
+        return (f"{'n' if self.space == 'near-miss' else 'r'}{self.index:03d}-{self.family}"
+                + ("" if self.kind == "plain" else f"-{self.kind}"))
 
     def describe(self) -> str:
         p = self.params
         faults = ", ".join(f"{k}={v:.3g}" for k, v in sorted(p.get("faults", {}).items()))
         design = f"sweep {p['sweep']} {p['sweep_values']}" if p["design"] == "sweep" else p["design"]
-        return (f"{self.family} ({self.kind}) design={design} c={p['concurrency']} in={p['input_tokens']}"
+        inp = f"{p['light_steps']:.2g} steps of prefill" if "light_steps" in p else str(p["input_tokens"])
+        return (f"{self.family} ({self.kind}) design={design} c={p['concurrency']} in={inp}"
                 f"±{p['input_spread']:.0%} out={p['output_tokens']} policy={p['policy']}"
                 + (f" faults: {faults}" if faults else "")
-                + (f" + {p['mix_second']} at {p['mix_share']:.0%} of its cost" if self.kind == "mix" else ""))
+                + (f" + {p['mix_second']} at {p['mix_share']:.0%} of its cost" if self.kind == "mix" else "")
+                + (f" long every {p['long_every']} ({p['long_steps']:.0f} steps)" if "long_steps" in p else "")
+                + (f" keep-alive {p['keepalive_s']:.2f} s, mean gap {p['keepalive_s'] * p['gap_x']:.2f} s"
+                   if "keepalive_s" in p else "")
+                + ("" if p.get("slo_given", True) else " no SLO")
+                + (f" (prompt <= {LIGHT_PROMPT_STEPS[1]:g} steps of prefill)" if prompt_capped(self) and "light_steps" not in p
+                   else ""))
+
+
+def prompt_capped(d: Draw) -> bool:
+    """Whether ``d`` is a near-miss with no SLO whose median prompt the plan caps at
+    ``LIGHT_PROMPT_STEPS[1]`` decode steps of prefill: without a target met, ``healthy`` holds only
+    while no cause is there by the verdict contract, and prompt work of 6 decode steps or more is
+    one (docs/verdict.md). Not the shared-prefix design (its long prompts are its own first uses,
+    healthy by the contract when the cache spares the repeats) nor the long-prompt one (its median
+    request is a short prompt)."""
+    return (d.kind == "near-miss" and not d.params.get("slo_given", True)
+            and d.params["design"] != "prefix" and "long_steps" not in d.params)
 
 
 def _rng(seed: int, index: int) -> random.Random:
@@ -276,6 +342,21 @@ def _near_miss(family: str, r: random.Random, p: dict[str, Any]) -> None:
         p.update(design="prefix", concurrency=1, prefix_caching=True)  # the same design, the cache on: repeats hit
     elif family == "kv_reservation":
         p["kv_admission"] = "on-demand"  # the same budget and requests, blocks taken as used: all run
+    elif family == "head_of_line":  # the plain family's engine and long prompts, one request at a time
+        p.update(design="closed", concurrency=1, requests=r.randint(24, 40))
+    elif family == "keepalive":  # a default engine closing idle connections, arrivals on both sides of it
+        p.update(design="open", keepalive_s=_logu(r, *KEEPALIVE_S), gap_x=r.uniform(*KEEPALIVE_GAP_X),
+                 requests=r.randint(10, 14), warmup=1)
+        _open_cap(p)
+    elif family == "prefill_compute":  # light load on prompts as long as prompt work stays modest
+        # not chunked: a chunk step per piece would stretch the prompt's own prefill past its steps
+        p.update(light_steps=_logu(r, *LIGHT_PROMPT_STEPS), design=r.choice(("closed", "open", "sweep")),
+                 policy=r.choice(("prefill-first", "decode-first")),
+                 sweep="prompt", input_spread=r.uniform(0.25, 0.5), load=r.uniform(0.2, 0.5), requests=r.randint(12, 20),
+                 requests_per_point=r.randint(4, 6), sweep_values=[0.25, 0.5, 0.75, 1.0])  # sweep: shares of the longest
+        if p["design"] != "open":
+            p["concurrency"] = 1
+        _open_cap(p)
 
 
 def draw(seed: int, index: int) -> Draw:
@@ -297,3 +378,26 @@ def draw(seed: int, index: int) -> Draw:
 
 def draws(seed: int, n: int) -> list[Draw]:
     return [draw(seed, i) for i in range(n)]
+
+
+def near_miss_draw(seed: int, index: int) -> Draw:
+    """Draw ``index`` of ``seed``'s near-miss space: a pure function of the two, keyed apart from
+    :func:`draw`; the family is :data:`NEAR_MISS_SPACE` cycled from a start drawn per seed."""
+    start = random.Random(f"ttft-random-near-miss:{seed}").randrange(len(NEAR_MISS_SPACE))
+    family = NEAR_MISS_SPACE[(start + index) % len(NEAR_MISS_SPACE)]
+    r = random.Random(f"ttft-random-near-miss:{seed}:{index}")
+    p = _base(r)
+    if family in FAMILIES:
+        _plain(family, r, p)
+    _open_cap(p)
+    _near_miss(family, r, p)
+    # half without an SLO, except where the near-miss is the users' target met (decode, interference)
+    p["slo_given"] = r.random() < 0.5 or family in SLO_NEAR_MISS
+    return Draw(seed, index, family, "near-miss", "healthy", p, space="near-miss")
+
+
+def space_draw(space: str, seed: int, index: int) -> Draw:
+    """Draw ``index`` of ``seed`` in ``space`` (one of :data:`SPACES`)."""
+    if space not in SPACES:
+        raise ValueError(f"unknown draw space {space!r}; known: {', '.join(SPACES)}")
+    return near_miss_draw(seed, index) if space == "near-miss" else draw(seed, index)

@@ -14,7 +14,7 @@ from typing import Any
 
 from diag.scenarios.calibrate import Calibration
 from diag.scenarios.catalog import Phase, Plan, ProbeStep, Scenario
-from diag.scenarios.random_draws import Draw
+from diag.scenarios.random_draws import LIGHT_PROMPT_STEPS, Draw, prompt_capped
 
 #: the bundled engine's context (prompt + output tokens); a draw never asks for more
 MAX_CONTEXT_TOKENS = 2048
@@ -53,7 +53,8 @@ def _healthy_slo(cal: Calibration, p: dict[str, Any], inp_max: int) -> str:
     c = p["concurrency"]
     ttft = 5 * (cal.ttft_short_ms + c * inp_max * cal.prefill_ms_per_token + 2 * cal.decode_step_ms) * p["slo_headroom"]
     if p["policy"] == "chunked":  # each chunk a step of its own: the prompt's prefill takes longer
-        ttft += 5 * (inp_max / chunk_tokens(cal, p["chunk_steps"]) + 1) * cal.decode_step_ms
+        chunk = p["hol_chunk"] if "hol_chunk" in p else chunk_tokens(cal, p["chunk_steps"])
+        ttft += 5 * (inp_max / chunk + 1) * cal.decode_step_ms
     tpot = (3 + c) * cal.decode_step_ms * p["tpot_headroom"]
     return f"ttft_p99={_ms(ttft)},tpot_p99={_ms(tpot)}"
 
@@ -137,8 +138,10 @@ def serve_args(d: Draw, cal: Calibration) -> list[str]:
                  "--kv-blocks", str(p["reserve_fits"] * RESERVE_CONTEXT_TOKENS // 16), "--block-size", "16"]
     if "max_running" in p:
         args += ["--max-running", str(p["max_running"])]
+    if "keepalive_s" in p:
+        args += ["--keepalive-timeout", f"{p['keepalive_s']:.3g}"]
     if "kv_fits" in p:
-        need = max_tokens(length_spec(p["input_tokens"], p["input_spread"])) + max_tokens(
+        need = max_tokens(length_spec(input_tokens(d, cal), p["input_spread"])) + max_tokens(
             length_spec(p["output_tokens"], p["output_spread"]))
         args += ["--kv-blocks", str(p["kv_fits"] * math.ceil(need / p["block_size"])), "--block-size", str(p["block_size"])]
     if p.get("lazy_load"):
@@ -158,14 +161,37 @@ def long_prompt_tokens(cal: Calibration, steps: float) -> int:
     return int(min(1024, max(384, steps * cal.decode_step_ms / cal.prefill_ms_per_token)))
 
 
+def light_prompt_tokens(cal: Calibration, steps: float, out_tokens: int) -> int:
+    """A prompt whose prefill lasts ``steps`` decode steps at the calibrated ms/token (16 tokens at
+    least; with its output and a +-50% spread, inside the context)."""
+    cap = int((MAX_CONTEXT_TOKENS - out_tokens) / 1.5)
+    return int(min(cap, max(16, steps * cal.decode_step_ms / cal.prefill_ms_per_token)))
+
+
+def input_tokens(d: Draw, cal: Calibration) -> int:
+    """The draw's prompt tokens on this calibration: the light-load near-miss sizes its own, and a
+    near-miss given no SLO keeps its prompt under ``LIGHT_PROMPT_STEPS[1]`` decode steps of prefill
+    (:func:`~diag.scenarios.random_draws.prompt_capped`); every other draw its drawn length."""
+    p = d.params
+    out = max_tokens(length_spec(p["output_tokens"], p["output_spread"]))
+    if "light_steps" in p:
+        return light_prompt_tokens(cal, p["light_steps"], out)
+    if prompt_capped(d):
+        return min(p["input_tokens"], light_prompt_tokens(cal, LIGHT_PROMPT_STEPS[1], out))
+    return p["input_tokens"]
+
+
 def _step(d: Draw, cal: Calibration) -> ProbeStep:
     p = d.params
-    inp, out = length_spec(p["input_tokens"], p["input_spread"]), length_spec(p["output_tokens"], p["output_spread"])
+    n_in = input_tokens(d, cal)
+    inp, out = length_spec(n_in, p["input_spread"]), length_spec(p["output_tokens"], p["output_spread"])
     common = dict(input_tokens=inp, output_tokens=out, warmup=p["warmup"], starve_client=bool(p.get("starve_client")),
                   inject_long=(long_prompt_tokens(cal, p["long_steps"]), p["long_every"]) if "long_steps" in p else (0, 0),
                   omit_max_tokens=bool(p.get("omit_max_tokens")))
     if p["design"] == "sweep":
         values = tuple(float(v) for v in p["sweep_values"])
+        if "light_steps" in p:  # shares of the longest prompt
+            values = tuple(sorted({float(max(16, round(v * n_in))) for v in values}))
         if p["sweep"] == "rate":  # shares of the admitted capacity -> requests/s
             cap = p.get("max_running", 1) / (service_ms(cal, p["input_tokens"], p["output_tokens"]) / 1e3)
             values = tuple(round(v * cap, 3) for v in values)
@@ -176,9 +202,11 @@ def _step(d: Draw, cal: Calibration) -> ProbeStep:
         return ProbeStep(concurrency=1, requests=p["requests"], input_tokens=f"fixed:{n + p['input_tokens']}",
                          output_tokens=out, warmup=p["warmup"], shared_prefix=(n, p["prefix_repeats"]))
     rate = None
-    if p["design"] == "open":
+    if "keepalive_s" in p:  # a mean gap of gap_x idle keep-alive timeouts (wall-clock seconds)
+        rate = round(1.0 / (p["keepalive_s"] * p["gap_x"]), 3)
+    elif p["design"] == "open":
         admitted = p["max_running"] if d.family == "queue" and d.kind != "near-miss" else 1  # a share of one stream
-        rate = round(p["load"] * admitted * 1e3 / service_ms(cal, p["input_tokens"], p["output_tokens"]), 3)
+        rate = round(p["load"] * admitted * 1e3 / service_ms(cal, n_in, p["output_tokens"]), 3)
     return ProbeStep(concurrency=p["concurrency"], requests=p["requests"], rate_rps=rate, **common)
 
 
@@ -196,7 +224,9 @@ def build_plan(d: Draw, cal: Calibration) -> Plan:
                                 **faults_ms(d, cal)}
     args = serve_args(d, cal)
     step = _step(d, cal)
-    slo: str | None = _healthy_slo(cal, p, max_tokens(step.input_tokens))
+    # the longest prompt sent: a long-prompt near-miss's users expect its own prefill too
+    slo: str | None = _healthy_slo(cal, p, max(max_tokens(step.input_tokens), step.inject_long[0],
+                                              max(step.sweep_values) if step.sweep == "prompt" else 0))
     if d.family == "comm":
         ms = faults_ms(d, cal)["collective_latency_ms"]
         phases = (Phase((*args, "--tp", "1"), (ProbeStep(**{**step.__dict__, "segment": "tp=1"}),)),
@@ -216,6 +246,8 @@ def build_plan(d: Draw, cal: Calibration) -> Plan:
                       "frontend", "pipeline_bubble", "prefix_cache", "head_of_line", "kv_reservation") \
             and d.kind != "near-miss":
         slo = None  # the cause is the answer whatever the users hold, as in the catalogue
+    if not p.get("slo_given", True):
+        slo = None  # the near-miss space's draws without targets: healthy from the own-work floor alone
     return Plan((Phase(tuple(args), (step,)),), slo=slo, injected=injected)
 
 
@@ -224,5 +256,5 @@ def scenario(d: Draw) -> Scenario:
     return Scenario(d.name, d.expected, d.describe(), lambda cal: build_plan(d, cal), fast=False)
 
 
-__all__ = ["MAX_CONTEXT_TOKENS", "build_plan", "chunk_tokens", "dominant_cost_ms", "faults_ms",
-           "length_spec", "max_tokens", "scenario", "serve_args", "service_ms"]
+__all__ = ["MAX_CONTEXT_TOKENS", "build_plan", "chunk_tokens", "dominant_cost_ms", "faults_ms", "input_tokens",
+           "length_spec", "light_prompt_tokens", "max_tokens", "scenario", "serve_args", "service_ms"]

@@ -11,12 +11,16 @@ A draw designed ``healthy`` (plain or near-miss) is void in a run whose measured
 ITL broke the users' SLO (:func:`slo_broken`, from the request table and token times); an
 ``interference`` or ``decode`` run, whose bottleneck is the target it breaks, is void when its
 SLO held. The injection did not make what it was designed to there, so that run scores
-neither way and is listed apart.
+neither way and is listed apart. So is a run whose probe was starved by something else on the
+machine (:func:`client_starved`: the probe's own ``client_health`` says saturated) in a family
+that did not starve it by design (every family but ``loadgen``): its TTFTs carry the client's
+delay, and ``loadgen`` is then the measurement's honest outcome, not the draw's cause.
 Pure functions; the calling thread only.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -42,8 +46,11 @@ CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"}),
                                                # spans tell
                                                "frontend": frozenset({"queue", "kv_cache"}),
                                                # pipeline stages are invisible to a client: it sees the
-                                               # prefill they stretch (catalogue: Scenario.client_only_also)
-                                               "pipeline_bubble": frozenset({"prefill_compute"}),
+                                               # prefill they stretch (catalogue: Scenario.client_only_also);
+                                               # with short prompts that prefill is still a few (long, PP)
+                                               # decode steps, which the verdict contract calls healthy
+                                               # ([prefill_compute] prompt_steps_min): no client tells it apart
+                                               "pipeline_bubble": frozenset({"prefill_compute", "healthy"}),
                                                # a reservation limit looks, from the client, like a cap on
                                                # running requests (catalogue: Scenario.client_only_also)
                                                "kv_reservation": frozenset({"queue", "kv_cache"})}
@@ -127,9 +134,25 @@ def slo_broken(slo: str | None, captures: list[Path]) -> dict[str, tuple[float, 
     return out
 
 
+def client_starved(client: Path) -> float | None:
+    """The share of the run the probe's event loop was stalled when its ``client_health`` (meta.json
+    of the client capture, written by the probe) says it was saturated; None when it was not."""
+    try:
+        health = json.loads((Path(client) / "meta.json").read_text()).get("client_health") or {}
+    except (OSError, ValueError):
+        return None
+    return float(health.get("loop_stall_frac") or 0.0) if health.get("saturated") else None
+
+
 def run_truth(d: Draw, slo: str | None, captures: list[Path]) -> tuple[str, dict[str, float]]:
     """One run's ground truth: the mix's by accounting; ``void`` for a designed-healthy run
-    whose users' SLO broke; else the draw's. The dict holds the accounting or the broken items."""
+    whose users' SLO broke, or a run whose probe was starved outside the ``loadgen`` family; else
+    the draw's. The dict holds the accounting, the broken items or the probe's stall share. The
+    client capture comes first in ``captures``."""
+    if d.family != "loadgen" and captures:
+        stalled = client_starved(captures[0])
+        if stalled is not None:
+            return VOID, {"client_loop_stall_frac": round(stalled, 3)}
     if d.expected == "healthy":
         broken = slo_broken(slo, captures)
         if broken:

@@ -33,7 +33,7 @@ from diag.scenarios.calibrate import Calibration
 from diag.diagnose.users_workload import UsersWorkload
 from diag.scenarios.catalog import Plan, ProbeStep, Scenario
 from diag.scenarios.engine_process import EngineProcess
-from diag.scenarios.matrix import Verdict
+from diag.scenarios.matrix import Verdict, verdict_of
 
 
 @dataclass
@@ -122,8 +122,7 @@ def diagnose_case(name: str, expected: str, also_right: frozenset[str], plan: Pl
         res = run_diagnose(DiagnoseConfig(eng.url, client, plan_cfg, slo=slo, workload=users))
     case.wall_s = time.monotonic() - t0
     if res.analysis is not None and res.analysis.diagnosis is not None:
-        v = res.analysis.diagnosis.verdict
-        case.verdict = Verdict(v.category, float(v.confidence), v.title)
+        case.verdict = verdict_of(res.analysis.diagnosis)
     case.probing_s, case.time_to_verdict_s = res.probing_s, res.time_to_verdict_s
     case.requests, case.stopped = res.requests_sent, res.stopped
     if truth is not None:

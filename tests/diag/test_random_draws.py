@@ -18,9 +18,10 @@ from diag.engine.engine import EngineConfig
 from diag.engine.faults import parse_injections
 from diag.scenarios import Calibration
 from diag.scenarios.matrix import MODES, Verdict
-from diag.scenarios.random_draws import FAMILIES, MIX_SECOND, NEAR_MISS, draw, draws
+from diag.scenarios.random_draws import (FAMILIES, LIGHT_PROMPT_STEPS, MIX_SECOND, NEAR_MISS, NEAR_MISS_EXTRA,
+                                         NEAR_MISS_SPACE, SLO_NEAR_MISS, draw, draws, near_miss_draw)
 from diag.scenarios.random_matrix import BINS, DrawResult, RandomResult, reproduce_command
-from diag.scenarios.random_plans import MAX_CONTEXT_TOKENS, build_plan, max_tokens, scenario
+from diag.scenarios.random_plans import MAX_CONTEXT_TOKENS, build_plan, length_spec, max_tokens, scenario
 from diag.slo import parse_slo
 
 #: a 2-core CPU box as measured here, one 3x slower, and a GPU-like one (fast prefill per token)
@@ -49,18 +50,22 @@ def _tokens(step) -> list[int]:
     return [max_tokens(step.input_tokens) + out]
 
 
+def _near_misses(seed: int, n: int = N) -> list:
+    return [near_miss_draw(seed, i) for i in range(n)]
+
+
 @pytest.mark.parametrize("machine", list(MACHINES))
 def test_every_draws_plan_is_valid_for_the_engine_and_fits_its_context(machine):
     cal, parser = MACHINES[machine], _serve_parser()
     for seed in SEEDS:
-        for d in draws(seed, N):
+        for d in draws(seed, N) + _near_misses(seed):
             plan = build_plan(d, cal)
             assert plan.phases, d
             for phase in plan.phases:
                 a = parser.parse_args(list(phase.serve_args))
                 cfg = EngineConfig(tp=a.tp, policy=a.policy, chunk_size=a.chunk_size, kv_blocks=a.kv_blocks,
                                    block_size=a.block_size, max_running=a.max_running, faults=parse_injections(a.inject),
-                                   lazy_load=a.lazy_load)
+                                   lazy_load=a.lazy_load, http_keepalive_s=a.keepalive_timeout)
                 cfg.validate()
                 for step in phase.steps:
                     longest = max(_tokens(step))
@@ -81,6 +86,7 @@ def test_every_draws_plan_is_valid_for_the_engine_and_fits_its_context(machine):
 
 def test_a_draw_is_a_pure_function_of_seed_and_index():
     assert draw(5, 3) == draw(5, 3)
+    assert near_miss_draw(5, 3) == near_miss_draw(5, 3) and near_miss_draw(5, 3) != draw(5, 3)
     assert [d.params for d in draws(5, 20)] != [d.params for d in draws(6, 20)]
     assert draw(5, 3) == draws(5, 4)[3]  # index i does not depend on the draws before it
     cal = MACHINES["cpu"]
@@ -88,7 +94,7 @@ def test_a_draw_is_a_pure_function_of_seed_and_index():
     # the draws are in calibration units: a uniformly slower machine runs the same tokens
     slow = replace(cal, ttft_short_ms=3 * cal.ttft_short_ms, prefill_ms_per_token=3 * cal.prefill_ms_per_token,
                    decode_step_ms=3 * cal.decode_step_ms)
-    for d in draws(5, N):
+    for d in draws(5, N) + _near_misses(5):
         a, b = build_plan(d, cal), build_plan(d, slow)
         assert [[_tokens(s) for s in p.steps] for p in a.phases] == [[_tokens(s) for s in p.steps] for p in b.phases]
         if a.slo:
@@ -180,6 +186,9 @@ def test_check_random_refuses_names_and_bad_counts(capsys):
         cal.write_text(json.dumps(MACHINES["cpu"].to_dict()))
         assert main(["scenarios", "check", "--random", "2", "healthy", "--calibration", str(cal)]) == 2
         assert main(["scenarios", "check", "--random", "0", "--calibration", str(cal)]) == 2
+        assert main(["scenarios", "check", "--near-miss", "0", "--calibration", str(cal)]) == 2
+        assert main(["scenarios", "check", "--near-miss", "2", "healthy", "--calibration", str(cal)]) == 2
+        assert main(["scenarios", "check", "--near-miss", "1", "--via", "diagnose", "--calibration", str(cal)]) == 2
     finally:
         cal.unlink()
 
@@ -225,7 +234,7 @@ def test_a_designed_healthy_run_whose_slo_broke_is_void_and_not_scored():
     res = _result({healthy.index: [("zzz", 0.9)]}, seed=1)
     res.results[0].truths, res.results[0].accounting = [VOID], [{"ttft_p99": 1.0}]
     assert res.accuracy("server") == (0, 0) and not res.misses() and res.voids() == [(res.results[0], 0)]
-    assert "void (designed healthy" in res.format_text() and res.to_dict()["void"][0]["draw"] == healthy.index
+    assert "void (not as designed" in res.format_text() and res.to_dict()["void"][0]["draw"] == healthy.index
 
 
 def test_an_slo_defined_cause_whose_slo_held_is_void():
@@ -259,3 +268,140 @@ def test_a_prefill_or_network_draw_at_one_load_level_has_prompts_that_vary():
                  and d.params["design"] != "sweep"]
     assert {d.family for d in one_level} == {"network", "prefill_compute"}
     assert all(d.params["input_spread"] >= 0.25 for d in one_level)
+
+
+def test_the_ci_seeds_draws_are_the_ones_it_always_ran():
+    """Reproduce commands printed by earlier runs keep their meaning: the main space is unchanged by
+    the near-miss space (its own key), so the CI seed's 12 draws are what they were when it was fixed."""
+    got = [(d.family, d.kind) for d in draws(20261201, 12)]
+    assert got == [("head_of_line", "plain"), ("prefill_compute", "plain"), ("healthy", "plain"), ("healthy", "plain"),
+                   ("pipeline_bubble", "plain"), ("comm", "plain"), ("prefill_compute", "plain"), ("tokenize", "plain"),
+                   ("kv_cache", "plain"), ("queue", "plain"), ("network", "near-miss"), ("prefix_cache", "plain")]
+    assert all(d.space == "main" and d.name.startswith("r") for d in draws(20261201, 12))
+
+
+def test_the_near_miss_space_takes_every_family_in_turn_with_truth_healthy():
+    k = len(NEAR_MISS_SPACE)
+    assert set(NEAR_MISS_SPACE) == set(NEAR_MISS) | set(NEAR_MISS_EXTRA) and len(set(NEAR_MISS_SPACE)) == k
+    for seed in SEEDS:
+        ds = _near_misses(seed, 2 * k)
+        assert {d.family for d in ds[:k]} == set(NEAR_MISS_SPACE)  # any k consecutive draws: each family once
+        assert [d.family for d in ds[:k]] == [d.family for d in ds[k:]]
+        for d in ds:
+            assert (d.kind, d.expected, d.space) == ("near-miss", "healthy", "near-miss") and d.name.startswith("n")
+    firsts = {_near_misses(seed, 1)[0].family for seed in range(40)}
+    assert len(firsts) > 3  # the start is drawn per seed
+    ds = [d for seed in SEEDS for d in _near_misses(seed)]
+    assert all(d.params["slo_given"] for d in ds if d.family in SLO_NEAR_MISS)
+    assert {d.params["slo_given"] for d in ds if d.family not in SLO_NEAR_MISS} == {True, False}
+    cal = MACHINES["cpu"]
+    for d in ds:  # no SLO given: the plan carries none (healthy must come from the own-work floor)
+        assert (build_plan(d, cal).slo is None) == (not d.params["slo_given"]), d
+
+
+def test_a_long_prompt_near_miss_waits_behind_nothing():
+    """head_of_line's near-miss: the plain family's engine and long prompts, one request at a time."""
+    ds = [d for seed in SEEDS for d in _near_misses(seed) if d.family == "head_of_line"]
+    assert ds
+    for machine, cal in MACHINES.items():
+        for d in ds:
+            plan = build_plan(d, cal)
+            (step,) = plan.phases[0].steps
+            args = plan.phases[0].serve_args
+            assert step.concurrency == 1 and step.rate_rps is None and step.sweep is None, d
+            long_tokens, every = step.inject_long
+            assert long_tokens >= 384 and every >= 4 and "chunked" in args and "--max-partial-prefills" not in args
+            if plan.slo:  # the users' TTFT target holds the long prompt's own chunked prefill, 5x over
+                chunk = int(args[args.index("--chunk-size") + 1])
+                own_ms = (long_tokens / chunk + 1) * cal.decode_step_ms + long_tokens * cal.prefill_ms_per_token
+                assert parse_slo(plan.slo)["ttft_p99"] * 1e3 >= 5 * own_ms, (machine, d)
+
+
+def test_an_idle_closing_keepalive_near_miss_probes_across_the_servers_timeout():
+    """keepalive's near-miss: the server closes idle connections after S seconds, the probe's mean
+    gap is 1.2..2x S, below the probe's own idle pool limit (so it meets connections the server closed)."""
+    from collectors.probe.client import KEEPALIVE_S
+
+    ds = [d for seed in SEEDS for d in _near_misses(seed) if d.family == "keepalive"]
+    assert ds
+    for d in ds:
+        plan = build_plan(d, MACHINES["cpu"])
+        args = plan.phases[0].serve_args
+        timeout_s = float(args[args.index("--keepalive-timeout") + 1])
+        (step,) = plan.phases[0].steps
+        gap_s = 1 / step.rate_rps
+        assert 1.15 * timeout_s <= gap_s <= 2.05 * timeout_s and gap_s < KEEPALIVE_S, d
+        assert step.concurrency >= 4 and not d.params["faults"]  # arrivals never wait in the client; no fault
+        slow = build_plan(d, MACHINES["slow-cpu"])  # wall-clock: the same server and arrivals on any machine
+        assert slow.phases[0].serve_args == args and slow.phases[0].steps[0].rate_rps == step.rate_rps
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+def test_light_load_on_long_prompts_stays_under_the_contracts_prompt_work_bar(machine):
+    """prefill_compute's near-miss: the median request's prompt (the centre of the spread, the top of
+    a sweep) costs at most 2.5 decode steps of prefill at the calibrated rate, under half the 6 the
+    verdict contract needs for prompt work to be a cause; one stream, a prompt sweep at concurrency
+    1, or open-loop arrivals at half a stream or less."""
+    from diag.scenarios.random_plans import input_tokens
+
+    cal = MACHINES[machine]
+    ds = [d for seed in SEEDS for d in _near_misses(seed) if d.family == "prefill_compute"]
+    assert {d.params["design"] for d in ds} == {"closed", "open", "sweep"}
+    for d in ds:
+        plan = build_plan(d, cal)
+        (step,) = plan.phases[0].steps
+        n = input_tokens(d, cal)
+        assert n * cal.prefill_ms_per_token <= LIGHT_PROMPT_STEPS[1] * cal.decode_step_ms + 1e-9 or n == 16, d
+        if step.sweep:
+            assert max(step.sweep_values) == n
+        else:
+            assert step.input_tokens == length_spec(n, d.params["input_spread"]) and d.params["input_spread"] >= 0.25
+        assert "chunked" not in plan.phases[0].serve_args
+        if step.rate_rps is not None:
+            assert d.params["load"] <= 0.5
+        else:
+            assert step.concurrency == 1
+
+
+def test_near_miss_draws_reproduce_with_their_own_flag():
+    d = near_miss_draw(11, 7)
+    assert reproduce_command(d) == "ttft scenarios check --near-miss 1 --seed 11 --draw 7"
+    assert d.name == f"n007-{d.family}-near-miss"
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+def test_a_near_miss_without_an_slo_sends_no_prompt_work_the_contract_calls_a_cause(machine):
+    """Without a target met, healthy holds only while no cause is there: the median prompt of a
+    near-miss given no SLO costs at most 2.5 decode steps of prefill (the contract's bar is 6),
+    except the shared-prefix design (its first uses) and the long-prompt one (a short median)."""
+    from diag.scenarios.random_draws import prompt_capped
+    from diag.scenarios.random_plans import input_tokens
+
+    cal = MACHINES[machine]
+    ds = [d for seed in SEEDS for d in _near_misses(seed) if not d.params["slo_given"]]
+    capped = [d for d in ds if prompt_capped(d)]
+    assert {d.family for d in ds} - {d.family for d in capped} == {"prefix_cache", "head_of_line"}
+    for d in capped:
+        n = input_tokens(d, cal)
+        assert n <= d.params["input_tokens"] or "light_steps" in d.params
+        assert n * cal.prefill_ms_per_token <= LIGHT_PROMPT_STEPS[1] * cal.decode_step_ms + 1e-9 or n == 16, d
+        (step,) = build_plan(d, cal).phases[0].steps
+        assert step.input_tokens == length_spec(n, d.params["input_spread"]) or step.sweep == "prompt"
+    assert not any(prompt_capped(d) for d in draws(5, N))  # the main space's near-misses keep their SLO
+
+
+def test_a_run_whose_probe_was_starved_is_void_outside_the_loadgen_family():
+    """The probe's own client_health (saturated: its event loop stalled) voids a run of any family
+    but loadgen: a neighbour on the machine, not the draw, made that run (recorded captures)."""
+    from diag.scenarios.random_truth import VOID, client_starved, run_truth
+
+    samples = Path(__file__).resolve().parents[2] / "samples"
+    starved = [samples / "loadgen" / "client", samples / "loadgen" / "server-0"]
+    assert client_starved(starved[0]) == pytest.approx(0.4626, abs=1e-3)
+    assert client_starved(samples / "healthy" / "client") is None
+    ds = [d for seed in SEEDS for d in draws(seed, N)]
+    loadgen = next(d for d in ds if d.family == "loadgen")
+    assert run_truth(loadgen, None, starved) == ("loadgen", {})  # starved by design: scored
+    for d in (next(d for d in ds if d.family == "queue" and d.kind == "plain"), near_miss_draw(3, 0)):
+        truth, why = run_truth(d, "ttft_p99=1000s", starved)
+        assert truth == VOID and why == {"client_loop_stall_frac": pytest.approx(0.463, abs=1e-3)}

@@ -41,7 +41,12 @@ def _right(mode: str, category: str, scenario: Scenario) -> bool:
 
 
 def _on_diagonal(verdicts: dict[str, Verdict], scenario: Scenario) -> bool:
-    return all(_right(m, v.category, scenario) for m, v in verdicts.items())
+    """Server-side the verdict is the scenario's; client only, it may be ``inconclusive`` beneath the
+    right leading candidate (the verdict contract: seen from the client, under the verdict floor)."""
+    return all(_right(m, v.category, scenario)
+               or (m == "client-only" and v.category == "inconclusive" and v.leading is not None
+                   and _right(m, v.leading, scenario))
+               for m, v in verdicts.items())
 
 
 @pytest.mark.parametrize("scenario", list(_params()))
@@ -55,7 +60,8 @@ def test_scenario_gets_its_verdict_server_side_and_client_only(scenario, calibra
             warnings.warn(f"scenario {scenario.name}: first run missed ({first}); passed on a fresh calibration",
                           stacklevel=1)
     assert _on_diagonal(verdicts, scenario) and set(verdicts) == set(MODES), (verdicts, first)
-    assert verdicts["server"].confidence >= verdicts["client-only"].confidence - 1e-9
+    client = verdicts["client-only"]
+    assert verdicts["server"].confidence >= (client.leading_confidence or client.confidence) - 1e-9
     # the verdict carries its evidence, and the capture says what was injected
     a = analyze_paths(run.all_captures)
     assert a.diagnosis.verdict.evidence
