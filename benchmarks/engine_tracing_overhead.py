@@ -73,12 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--aa", action="store_true", help="A/A control: tracing off on both sides (the noise floor)")
     ap.add_argument("--waves", type=int, default=1, help="back-to-back batches of --requests per round")
+    ap.add_argument("--defer-build", action="store_true",
+                    help="diagnostic: the span-build thread builds only at the untimed flush between rounds, so "
+                    "a round pays the span calls on the engine's thread but not the build competing for the GIL")
     ns = ap.parse_args(argv)
 
     engine = build_engine(model=ns.model, device=ns.device, max_running=ns.requests)
     prompt = "the server queue and the cache blocks " * (ns.prompt_words // 7 + 1)
     with tempfile.TemporaryDirectory() as tmp:
-        sink = setup_tracing(service_name="ttft-engine", capture_dir=Path(tmp) / "cap")
+        sink = (setup_tracing(service_name="ttft-engine", capture_dir=Path(tmp) / "cap", export_interval_s=3600,
+                              build_batch=1 << 30) if ns.defer_build
+                else setup_tracing(service_name="ttft-engine", capture_dir=Path(tmp) / "cap"))
         run_round(engine, ns.requests, prompt, ns.max_tokens)  # warm both paths
         engine.set_trace_sink(sink)
         run_round(engine, ns.requests, prompt, ns.max_tokens)
@@ -147,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     est = ns.waves * (ns.requests * per_request_s + steps_per_round * per_step_s) / round_s
     bg = ns.waves * (ns.requests * 7 + steps_per_round) * per_span_bg_s / round_s
 
-    print(f"engine tracing overhead{' A/A CONTROL (off vs off)' if ns.aa else ''} ({ns.model}, {ns.device}, {ns.rounds} rounds/side ABBA-interleaved, "
+    print(f"engine tracing overhead{' A/A CONTROL (off vs off)' if ns.aa else ''}"
+          f"{' BUILD DEFERRED to the flush between rounds' if ns.defer_build else ''} ({ns.model}, {ns.device}, {ns.rounds} rounds/side ABBA-interleaved, "
           f"{ns.waves} x {ns.requests} concurrent x {ns.max_tokens} tokens; capture {spans_bytes / 1e6:.1f} MB)")
     print(f"  throughput  off {thr_off:8.1f} tok/s   on {thr_on:8.1f} tok/s   median pair on/off = {thr_ratio:.4f}  "
           f"(overhead {100 * (1 - thr_ratio):+.2f} %, budget < 1 %; {spread(thr_pairs)})")

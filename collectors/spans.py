@@ -697,6 +697,7 @@ class TraceSink:
         interval_s: float = 0.5,
         provider_name: str | None = None,
         direct: bool = False,
+        build_batch: int = 256,
     ) -> None:
         self.provider = provider
         #: gen_ai.provider.name (and the deprecated gen_ai.system) on every request root
@@ -704,7 +705,7 @@ class TraceSink:
             {stages.GEN_AI_PROVIDER_NAME: provider_name, stages.GEN_AI_SYSTEM: provider_name} if provider_name else {})
         self._tracer = provider.get_tracer("ttft-diag") if provider is not None else None
         self._mat = (
-            SpanMaterializer(self._tracer, max_queue=max_queue, interval_s=interval_s,
+            SpanMaterializer(self._tracer, max_queue=max_queue, batch=build_batch, interval_s=interval_s,
                              writer=writer if direct else None)
             if self._tracer is not None else None
         )
@@ -809,6 +810,7 @@ def setup_tracing(
     export_interval_s: float = 0.5,
     writer: CaptureWriter | None = None,
     provider_name: str | None = None,
+    build_batch: int = 256,
 ) -> TraceSink:
     """Build a TraceSink exporting to a capture directory, an OTLP/HTTP endpoint and/or memory.
 
@@ -817,7 +819,8 @@ def setup_tracing(
     (:func:`collectors.otel_env.traces_url`). The resource follows ``OTEL_SERVICE_NAME`` and
     ``OTEL_RESOURCE_ATTRIBUTES``, ``service_name`` by default. ``provider_name`` goes on every
     request root as ``gen_ai.provider.name`` (and the deprecated ``gen_ai.system``). ``writer`` lets a
-    caller share one CaptureWriter with other collectors.
+    caller share one CaptureWriter with other collectors. The span-build thread wakes every
+    ``export_interval_s`` or when ``build_batch`` records wait.
     """
     if capture_dir is None and otlp_endpoint is None and not memory and writer is None:
         return NULL_SINK
@@ -847,7 +850,7 @@ def setup_tracing(
     for p in processors:
         provider.add_span_processor(p)
     return TraceSink(provider, processors, writer, mem, max_queue=max_queue, interval_s=export_interval_s,
-                     provider_name=provider_name, direct=direct)
+                     provider_name=provider_name, direct=direct, build_batch=build_batch)
 
 
 def now_ns() -> int:
