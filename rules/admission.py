@@ -83,6 +83,7 @@ def head_of_line(ctx: RuleContext) -> Outcome:
                        "blocking behind long prefills (black box)",
                        t.confidence(0.7, black_box=True), s, pct, t.evidence,
                        engine_checks(ctx, HOL_BY_ENGINE, HOL_CHECKS), black_box=True,
+                       population_share=ctx.v("hol_wait_share_all"),
                        note=("the long prompts were ttft diagnose's own test (its mixed follow-up): what your short "
                              "prompts meet when long ones arrive among them; " if ctx.v("mixed_by_diagnose") else "")
                        + "client-only evidence: a client cannot tell admission order from a long prefill that "
@@ -122,7 +123,7 @@ def head_of_line(ctx: RuleContext) -> Outcome:
     s, pct = ctx.explained(min(qs, 1.0 - 1.0 / ratio))
     return finding("Short requests wait behind long prompts ahead of them while KV and batch slots are free: "
                    "head-of-line blocking in admission", t.confidence(0.8 if always else 0.9), s, pct, t.evidence,
-                   engine_checks(ctx, HOL_BY_ENGINE, HOL_CHECKS))
+                   engine_checks(ctx, HOL_BY_ENGINE, HOL_CHECKS), population_share=ctx.v("hol_wait_share_all"))
 
 
 @rule("kv_reservation", "kv_reservation", needs=(("kvr_kv_usage_while_waiting_p95", "queue_share_tail"),

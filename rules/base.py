@@ -88,17 +88,24 @@ class RuleContext:
         load the client happened to send, ``designed_scale`` when the load was ``ttft diagnose``'s
         designed experiment (feature ``designed_by_diagnose``): each step varies one thing (prompt
         length at 1 in flight, then load at short prompts, then the follow-up that tells the
-        leading candidates apart), so what changes with it is measured, not read from a mixture."""
-        key = "designed_scale" if self.v("designed_by_diagnose") else "black_box_scale"
+        leading candidates apart), so what changes with it is measured, not read from a mixture; and
+        likewise for the probe's own designs (feature ``designed_probe``: a sweep, a shared prefix, long
+        prompts injected among short ones)."""
+        key = "designed_scale" if self.v("designed_by_diagnose") or self.v("designed_probe") else "black_box_scale"
         return float(self.general.get(key, self.general.get("black_box_scale", 0.6)))
 
     def confidence(self, directness: float, strengths: list[float], black_box: bool = False,
                    n_requests: float | None = None) -> float:
-        """directness (how directly the evidence measures the cause) x mean strength x sample size
-        (:meth:`sample_factor` of ``n_requests``), x the black-box scale for evidence seen only
-        from the client (:meth:`black_box_scale`)."""
+        """directness (how directly the evidence measures the cause) x mean strength x the sample's
+        weight, x the black-box scale for evidence seen only from the client (:meth:`black_box_scale`).
+
+        The sample's weight is :meth:`sample_factor` ``f`` of ``n_requests`` for evidence at its
+        thresholds (mean strength 0.5), rising to ``f (2 - f)`` for evidence twice past them (1.0):
+        a few requests can show an effect many times its threshold, not one at its edge."""
         s = sum(strengths) / len(strengths) if strengths else 0.5
-        c = directness * s * self.sample_factor(n_requests)
+        f = self.sample_factor(n_requests)
+        margin = min(max((s - 0.5) / 0.5, 0.0), 1.0)
+        c = directness * s * (f + (1.0 - f) * f * margin)
         if black_box:
             c *= self.black_box_scale()
         return round(min(max(c, 0.0), 1.0), 3)

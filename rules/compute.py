@@ -49,6 +49,21 @@ def _fit_rows(t: Triage, weigh: bool) -> None:
              "share", "slope x mean prompt / mean TTFT: how much of the TTFT time is prompt processing", weigh=weigh)
 
 
+def _steps_row(t: Triage) -> None:
+    """The median request's prompt work in decode steps (a gate, not weighed: the rule passes under
+    it): how far prompt work holds the first token back, against what a short prompt costs."""
+    steps = t.ctx.v("prompt_work_steps_p50")
+    if steps is not None:
+        t.judged("prompt work of the median request", steps, "prompt_steps_min", "steps",
+                 f"its first token held back this many decode steps ({t.ctx.features.get('prompt_work_steps_p50').source})")
+
+
+def _stage_population(ctx: RuleContext, names: tuple[str, ...]) -> float | None:
+    """The named stages' share of every steady request's TTFT, summed (feature ``stage_shares_all``)."""
+    shares = ctx.v("stage_shares_all")
+    return sum(float(shares.get(n, 0.0)) for n in names) if shares else None
+
+
 def _busy_row(t: Triage) -> None:
     """The device busy fraction against the level that supports "compute load high" (when measured)."""
     busy = t.ctx.v("device_busy_frac")
@@ -72,6 +87,17 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
     """TTFT rises with prompt length and the forward pass dominates it (or, from engine metrics
     alone, the engine is busy processing prompts most of the time)."""
     th = ctx.th
+    saving, works = ctx.v("prefix_repeat_saving_frac"), float(ctx.th_of("prefix_cache")["saving_max"])
+    if saving is not None and saving > works and (ctx.v("prompt_sweep_points_n") or 0) < 3:
+        # the probe's shared-prefix design, and no prompt sweep: its long prompts are its own first
+        # uses, and the cache spares the repeats; what a first use pays is what no cache can avoid,
+        # not a bottleneck (a sweep of prompt lengths beside it still shows prompt work)
+        return (f"the long prompts are the shared-prefix test's own first uses, and the server's prefix cache spares "
+                f"its repeats {saving:.0%} of the prefix's cost: a first use's prefill is what no cache avoids")
+    steps = ctx.v("prompt_work_steps_p50")
+    if steps is not None and steps < th["prompt_steps_min"]:
+        return (f"the median request's prompt work holds its first token back {steps:.1f} decode steps (< "
+                f"{th['prompt_steps_min']:g}): TTFT is what a short prompt costs, not prefill holding it back")
     r2 = ctx.v("ttft_prompt_r2")
     expl = ctx.v("ttft_prompt_explained_frac")
     fit_ok = r2 is not None and expl is not None and r2 >= th["r2_min"] and expl >= th["explained_frac_min"]
@@ -88,7 +114,9 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
                     f"of it (R² {r2:.2f}, prompt-proportional part {expl or 0:.0%}): other requests' prefills share "
                     "its steps (see interference)")
         elif ps >= th["share_only_min"]:
-            directness, by_fit = 0.7, False
+            # no prompt fit: the prefill span is a request's own forward pass when it ran alone, and
+            # may hold batch-mates' prompts when others were in flight
+            directness, by_fit = (0.7 if _had_batch_mates(ctx) else 0.9), False
         else:
             why = (f"prefill share of TTFT in the engine's metrics is {ps:.0%}" if _share_label(ctx, "prefill")[1]
                    else f"prefill share of the slowest 5% is {ps:.0%}")
@@ -101,6 +129,7 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         if not by_fit:
             t.add_strength(strength(ps, th["share_only_min"], bound=1.0))
         _fit_rows(t, weigh=by_fit)
+        _steps_row(t)
         pb = ctx.v("prefill_busy_ratio")
         if pb is not None:
             t.context("prefill busy: prompt-processing seconds per second", pb, "s/s",
@@ -115,7 +144,8 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         s, pct = ctx.explained(ps)
         title = ("Prefill compute: TTFT grows with prompt length and the forward pass dominates it" if fit_ok
                  else "Prefill compute: the forward pass dominates TTFT" + (" (engine metrics)" if how else ""))
-        return finding(title, t.confidence(directness), s, pct, t.evidence, PREFILL_CHECKS, note=note)
+        return finding(title, t.confidence(directness), s, pct, t.evidence, PREFILL_CHECKS, note=note,
+                       population_share=_stage_population(ctx, ("prefill", "comm")))
     if r2 is None and ctx.has("prefill_busy_ratio"):
         return _prefill_busy(t)
     # black box: TTFT linear in prompt length at concurrency 1, at a per-token cost a parallel prefill can have
@@ -126,12 +156,14 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         return (f"a prompt token costs {per_itl:.2f} of a decode step (>= {th['bb_slope_per_itl_max']:g}): "
                 "too slow for a parallel prefill (see tokenize)")
     _fit_rows(t, weigh=True)
+    _steps_row(t)
     if per_itl is not None:
         t.judged("TTFT per prompt token / ITL p50", per_itl, "bb_slope_per_itl_max", "x",
                  "a prompt token costs a small part of a decode step, as a parallel prefill does", op="<")
     s, pct = ctx.explained(min(expl, 1.0))
     return finding("TTFT grows linearly with prompt length at low concurrency: prefill compute (black box)",
                    t.confidence(0.85, black_box=True), s, pct, t.evidence, PREFILL_CHECKS, black_box=True,
+                   population_share=min(expl, 1.0),
                    note="client-only evidence: TTFT against prompt length (a sweep, or the spread of one workload) shows the cost; the device load is not observed")
 
 

@@ -104,15 +104,21 @@ FAILURE_CAUSES: dict[str, str] = {
 
 @rule("failures", "failures", needs=(("error_rate", "errors_by_kind"),), tier=2)
 def failures(ctx: RuleContext) -> Outcome:
-    """A material share of requests failed, was refused or cut off: say what, when and what it points to."""
+    """A material share of requests failed, was refused or cut off: say what, when and what it
+    points to. Prompts a designed experiment chose past the server's context and had refused
+    (feature ``context_limit_refused_n``) are the experiment's limit: said apart, never failures."""
     th = ctx.th
     rate = ctx.v("error_rate")
     kinds: dict[str, int] = ctx.v("errors_by_kind") or {}
+    limit_n = ctx.v("context_limit_refused_n")
+    apart = (f"{limit_n:.0f} request(s) the probe sent past the server's context "
+             f"({ctx.v('context_limit_tokens') or 0:.0f} tokens) were refused: the experiment's limit, not failures"
+             if limit_n else "")
     t = Triage(ctx)
     if not t.crossed("requests that failed", rate, "share_min", "share",
                      ", ".join(f"{k} x{v}" for k, v in kinds.items()) or "failed requests",
                      miss="{value:.0%} of requests failed (< {threshold:.0%})"):
-        return t.pass_reason("no request failed")
+        return "; ".join(x for x in (t.pass_reason("no request failed"), apart) if x)
     by_seg = ctx.v("error_rate_by_segment") or {}
     if by_seg and (len(by_seg) > 1 or "(none)" not in by_seg):
         t.context("failed share by load level", max(by_seg.values()), "share",
@@ -130,7 +136,7 @@ def failures(ctx: RuleContext) -> Outcome:
                    t.evidence,
                    [*points, "the failed requests are left out of TTFT: the TTFT of the others is not the users' "
                     "whole experience; lower the load or raise the limit, then measure again"],
-                   note=f"mostly {top}; failures are not counted as TTFT")
+                   note=f"mostly {top}; failures are not counted as TTFT" + (f"; {apart}" if apart else ""))
 
 
 NETWORK_CHECKS = [
@@ -198,6 +204,15 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
         # TTFT is waiting, at zero tokens as at eight, not a latency outside the server
         return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is short prompts waiting behind long ones ahead of "
                 f"them ({hol:.1f}x the TTFT of short requests with none ahead, >= {hol_min:g}x): see head_of_line")
+    blocked, unblocked = ctx.v("hol_blocked_short_n"), ctx.v("hol_unblocked_short_n")
+    if not alone and blocked is not None and blocked >= float(ctx.general.get("min_requests", 20)) / 4 \
+            and blocked > 3 * (unblocked or 0):
+        # nearly every short prompt arrived behind an unfinished long one: with no short request left to
+        # compare, their waiting behind the long prefills is as good a fixed part as any latency
+        return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) may be short prompts waiting behind long ones: "
+                f"{blocked:g} of {blocked + (unblocked or 0):g} short requests arrived behind an unfinished long "
+                "prompt, too few with none ahead to compare (a run without the long prompts, or at concurrency 1, "
+                "decides)")
     if steps < th["bb_intercept_itl_min"] or share < th["bb_intercept_share_min"]:
         return (f"TTFT's fixed part (prompt-fit intercept {intercept_s * 1e3:.1f} ms) is {steps:.1f} decode steps "
                 f"and {share:.0%} of TTFT p50: no outside latency stands out")
@@ -279,30 +294,78 @@ def network(ctx: RuleContext) -> Outcome:
                     "the TTFT boundary: client TTFT includes the network, server TTFT ends at the hand-off to the stream"])
 
 
-@rule("loadgen", "loadgen", needs=(("client_loop_stall_frac",), ("client_loop_lag_p99_s",), ("client_cpu_pct_p95",), ("client_send_lateness_p95_s",),
+@rule("loadgen", "loadgen", needs=(("client_first_token_lag_share",), ("client_loop_stall_frac",),
+                                   ("client_loop_lag_p99_s",), ("client_cpu_pct_p95",), ("client_send_lateness_p95_s",),
                                    ("client_saturated_flag",)), tier=0)
 def loadgen(ctx: RuleContext) -> Outcome:
-    """The load generator was the bottleneck: the measurement is invalid."""
+    """The load generator was the limit of the measurement: its timing is invalid.
+
+    With per-request client timing, the lag counts only where it could inflate TTFT: the stalls
+    under way at the measured requests' sends and first tokens must add
+    ``first_token_lag_share_min`` of their TTFT (stalls while requests wait on the server, or
+    between requests, delay nothing). The finding says whose doing they were: the client's own
+    (its loop busy, its threads on the CPU or holding the GIL) or the machine's (the loop given
+    no CPU while every CPU was busy, e.g. with the server beside the probe); then the stall share,
+    the lag and the client's CPU are its context and strength. Without per-request timing (an old
+    capture), the run's stall share and CPU as the probe recorded them. Sends late against an
+    open-loop schedule stand on their own: the offered load was not what was asked."""
     p50 = ctx.v("ttft_p50_s")
     t = Triage(ctx)
     lag = ctx.v("client_loop_lag_p99_s")
     stall = ctx.v("client_loop_stall_frac")
-    if t.crossed("client event loop stalled", stall, "loop_stall_frac_min", "share",
-                 "share of the run the probe's event loop ran late: chunks sat unread, TTFT is inflated"):
+    total = ctx.v("client_first_token_lag_share")
+    own = ctx.v("client_first_token_own_lag_share")
+    starved = ctx.v("client_first_token_starved_share")
+    machine = False
+    if total is not None:
+        if t.crossed("client stalls at the first token / TTFT", total, "first_token_lag_share_min", "share",
+                     "TTFT the client's event-loop stalls could have added at the requests' sends and first tokens "
+                     "(an upper bound): chunks sat unread, TTFT is inflated",
+                     miss="the client's stalls at the requests' sends and first tokens could add {value:.0%} of "
+                          "their TTFT (< {threshold:.0%})"):
+            machine = starved is not None and starved > (own or 0.0)
+            if starved is not None:
+                t.context("the client's own part / TTFT", own, "share",
+                          "its loop busy, its other threads on the CPU or holding the GIL")
+                t.context("the machine's part / TTFT", starved, "share",
+                          "the loop runnable but given no CPU while every CPU was busy (the server on this machine, "
+                          "other work): not the client's own work")
+            t.crossed("client event loop stalled while requests waited", stall, "loop_stall_frac_min", "share",
+                      "share of the time requests waited for their first token that the probe's event loop ran late")
+            if lag is not None and p50:
+                t.context("client event-loop lag p99 / TTFT p50", lag / p50, "share",
+                          f"lag p99 {lag * 1e3:.1f} ms while requests waited, against the TTFT being measured")
+            t.crossed("client CPU p95", ctx.v("client_cpu_pct_p95"), "cpu_pct_min", "%", "the client process is CPU-bound")
+    elif t.crossed("client event loop stalled", stall, "loop_stall_frac_min", "share",
+                   "share of the run the probe's event loop ran late: chunks sat unread, TTFT is inflated"):
         if lag is not None and p50:
             t.context("client event-loop lag p99 / TTFT p50", lag / p50, "share",
                       f"lag p99 {lag * 1e3:.1f} ms against the TTFT being measured")
-    t.crossed("client CPU p95", ctx.v("client_cpu_pct_p95"), "cpu_pct_min", "%", "the client process is CPU-bound")
+        t.crossed("client CPU p95", ctx.v("client_cpu_pct_p95"), "cpu_pct_min", "%", "the client process is CPU-bound")
+    elif stall is None:
+        t.crossed("client CPU p95", ctx.v("client_cpu_pct_p95"), "cpu_pct_min", "%", "the client process is CPU-bound")
     late = ctx.v("client_send_lateness_p95_s")
     t.crossed("sends late against the schedule p95 / TTFT p50", late / p50 if late is not None and p50 else None,
               "send_lateness_vs_ttft_min", "share", "the client cannot keep the arrival schedule")
-    if ctx.v("client_saturated_flag") and stall is None and not t.evidence:
+    if ctx.v("client_saturated_flag") and stall is None and total is None and not t.evidence:
         t.context("client health says saturated", "yes", "", "the probe's own health check (meta.json)")
         t.add_strength(1.0)
     if not t.evidence:
-        return "the client kept up (event-loop lag, CPU and send schedule within bounds)"
-    share = min(lag / ctx.ttft_p95_s, 1.0) if lag is not None and ctx.ttft_p95_s else None
-    s, pct = ctx.explained(share)
+        return t.pass_reason("the client kept up (event-loop lag, CPU and send schedule within bounds)")
+    s, pct = ctx.explained(total if total is not None else (
+        min(lag / ctx.ttft_p95_s, 1.0) if lag is not None and ctx.ttft_p95_s else None))
+    if machine:
+        return finding("The machine starved the load generator: every CPU was busy (the server on this machine?), the "
+                       "probe's loop got no CPU when first tokens arrived; client timing is invalid, not the client's "
+                       "own work", t.confidence(0.9), s, pct, t.evidence,
+                       ["probe from another machine, or give the probe a CPU of its own: pin the server off it "
+                        "(taskset, the engine's thread count or CPU binding) and the probe onto it (`ttft probe --cpus`)",
+                        "the server's CPU use at idle and under load: an engine that spins (busy-polls) on every core "
+                        "starves whatever shares the machine",
+                        "findings from the server's own numbers (its /metrics, its spans, the streams decoding at once) "
+                        "do not depend on client timing"], tier=0,
+                       note="lag the machine caused: the loop's run-queue wait while the client's own threads were "
+                            "idle (the probe's health monitor)")
     return finding("The load generator was the bottleneck: the measurement is invalid, do not blame the server yet",
                    t.confidence(0.9), s, pct, t.evidence,
                    ["run the probe with more worker processes, fewer streams per process, or on another machine",

@@ -3,8 +3,11 @@
 Order of work: thresholds -> features -> each rule (or "skipped: needs …") -> cross-rule
 adjustments (the table of :mod:`rules.overrides`: the load generator, KV admission,
 TTFT-not-fine, SLO met) -> failures (never healthy) / inconclusive (:mod:`rules.inconclusive`)
-/ healthy / fallback -> ranking by tier, then confidence x weight. Overlapping explanations
-are never summed. Start-up that did not reach users is a note ("start-up 0.41 s: … — not TTFT").
+/ healthy / fallback -> ranking by tier, then confidence x weight (the share of every request's
+TTFT the cause explains when its rule measured it: who waits, and how many; else its share of
+TTFT p95), near ties settled by :func:`rules.verdict.near_tie` -> the verdict contract
+(:func:`rules.verdict.settle`). Overlapping explanations are never summed. Start-up that did not
+reach users is a note ("start-up 0.41 s: … — not TTFT").
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from rules.edges import startup_note
 from rules.inconclusive import inconclusive
 from rules.model import (FAILURES, INCONCLUSIVE, ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Diagnosis, Evidence,
                          Finding, Passed, Skipped)
-from rules.overrides import apply_overrides
+from rules.overrides import apply_overrides, rank_after_winners
+from rules.verdict import (floor_rows, healthy_by_floor, is_candidate, itl_target_broken, near_tie, settle,
+                           unsplit_spread)
 
 HEALTHY_ID = "healthy"
 #: the tier a conditional finding ranks at, at the earliest: after the rules' own (2)
@@ -101,7 +106,8 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
             if out.category in ITL_CATEGORIES:
                 out.weight = float(general["itl_weight"])
             elif out.category in TTFT_CATEGORIES:
-                out.weight = max(float(general["min_weight"]), (out.explained_pct or 0.0) / 100.0)
+                share = out.population_share if out.population_share is not None else (out.explained_pct or 0.0) / 100.0
+                out.weight = max(float(general["min_weight"]), share)
             else:
                 out.weight = 1.0
             if series_only:
@@ -129,26 +135,37 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
             return Diagnosis(failed[0], findings, skipped, feats, passed, notes, th)
         verdict = _no_data(feats)
         return Diagnosis(verdict, [verdict] + findings, skipped, feats, passed, notes, th)
-    main = [f for f in findings if f.category in TTFT_CATEGORIES | ITL_CATEGORIES]
+    itl_broken = itl_target_broken(feats)
+    # the causes that may be the verdict (rules.verdict): ITL findings only against a broken ITL/TPOT target
+    main = [f for f in findings if f.category in TTFT_CATEGORIES | ITL_CATEGORIES and is_candidate(f, itl_broken)]
     failing = any(f.category == FAILURES for f in findings)
-    undecided = None if main or failing or all_met else inconclusive(feats, skipped, th, slo_rows, black_box)
+    sample = RuleContext(feats, {}, general, {}, black_box).sample_factor()
+    waits_not, _ = floor_rows(feats, hth) if not (main or failing or all_met) else (None, [])
+    if waits_not and unsplit_spread(feats, hth):  # lone, long, prompts that vary unresolved: no floor to vouch
+        waits_not = None
+    undecided = None if main or failing or all_met or waits_not else inconclusive(
+        feats, skipped, th, slo_rows, black_box, waits=waits_not is False, no_floor=waits_not is None)
     if failing:  # a run with a material share of failed requests is never healthy
         passed.append(Passed(HEALTHY_ID, "a material share of requests failed (see failures)"))
     elif undecided is not None:
         findings.append(undecided)
-        passed.append(Passed(HEALTHY_ID, "the evidence that could show a problem is missing and TTFT is far above "
-                                         "what it should be (see inconclusive)"))
+        passed.append(Passed(HEALTHY_ID, "TTFT is far above what this capture says it should be and no rule names "
+                                         "why (see inconclusive)"))
     elif all_met:
         findings.append(Finding(HEALTHY_ID, "healthy", "Healthy: every SLO given is met",
-                                float(hth["slo_confidence"]) * (RuleContext(feats, {}, general, {}, black_box).sample_factor()),
+                                float(hth["slo_confidence"]) * sample,
                                 None, None, slo_rows, ["keep the SLOs in CI (`ttft report --slo …` exits non-zero when broken)"],
                                 tier=1))
+    elif not main and all_met is None and waits_not:
+        findings.append(healthy_by_floor(feats, hth, sample))
     elif not main and all_met is None:
         findings.append(Finding(HEALTHY_ID, "healthy", "Healthy: no rule crossed its threshold",
-                                float(hth["no_slo_confidence"]) * RuleContext(feats, {}, general, {}, black_box).sample_factor(),
+                                float(hth["no_slo_confidence"]) * sample,
                                 None, None, [Evidence("TTFT p95", p95, None, "s", "over the steady requests")],
                                 ["give an SLO (--slo ttft_p99=…) for a firm judgement: without one, healthy means "
-                                 "no bottleneck stands out"], note="no SLO given", tier=5))
+                                 "no bottleneck stands out", "a run at concurrency 1 (or a sweep from 1) measures each "
+                                 "request's own work, which healthy is then judged against"],
+                                note="no SLO given and no lone-request TTFT to compare with", tier=5))
     elif not main and all_met is False:
         findings.append(_fallback(feats, slo_rows))
     else:
@@ -187,7 +204,10 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
                      "request count come from the engine's /metrics series (windowed means and percentiles); "
                      "confidence lowered")
     findings.sort(key=lambda f: (f.tier, -f.score))
-    return Diagnosis(findings[0], findings, skipped, feats, passed, notes, th)
+    rank_after_winners(findings)
+    near_tie(findings, float(general["near_tie_frac"]), itl_broken)
+    verdict, leading = settle(findings, feats, th, sample, itl_broken, slo_broken=all_met is False)
+    return Diagnosis(verdict, findings, skipped, feats, passed, notes, th, leading=leading)
 
 
 SERIES_ONLY_NOTE = "from engine metrics only, no per-request spans"

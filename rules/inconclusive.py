@@ -9,7 +9,9 @@ that would decide. The measures of "far above" (any one suffices, thresholds in 
 
 * TTFT p50 in decode steps (ITL p50): a batching engine starts a short prompt within a step or two;
 * TTFT p50 against the engine's own prefill time for the prompt (its prompt seconds);
-* TTFT against the service time of the requests in flight at arrival (waiting as long as a line would).
+* TTFT against the service time of the requests in flight at arrival (waiting as long as a line would);
+* TTFT against each request's own work on this server (``rules.features.floor``), far past the
+  ``[healthy]`` factors, with no rule naming the wait.
 
 Called by the engine on its own thread, after the rules ran.
 """
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rules.model import INCONCLUSIVE, Evidence, Finding, Skipped
+from rules.verdict import floor_rows
 
 #: rules whose findings explain where TTFT goes; one of them skipped leaves TTFT unexplained
 TTFT_RULES: tuple[str, ...] = ("queue", "prefill_compute", "tokenize", "network", "kv_cache")
@@ -55,15 +58,19 @@ def _experiment(feats: Any, black_box: bool) -> list[str]:
 
 
 def inconclusive(feats: Any, skipped: list[Skipped], th: Mapping[str, Any], slo_rows: list[Evidence],
-                 black_box: bool) -> Finding | None:
-    """An :data:`INCONCLUSIVE` finding when TTFT rules were skipped and TTFT is far above what it
-    should be; None otherwise (healthy or the SLO fallback may then apply)."""
+                 black_box: bool, waits: bool = False, no_floor: bool = False) -> Finding | None:
+    """An :data:`INCONCLUSIVE` finding when TTFT is far above what it should be and no rule says why:
+    because TTFT rules were skipped; or (``waits``) because TTFT is far above each request's own work
+    (``rules.verdict.floor_rows``); or (``no_floor``) with no own work measured to call it healthy.
+    None otherwise (healthy or the SLO fallback may then apply)."""
     t = th["inconclusive"]
     skipped_ids = [s.rule_id for s in skipped if s.rule_id in TTFT_RULES]
-    if not skipped_ids:
+    if not skipped_ids and not waits and not no_floor:
         return None
     rows: list[Evidence] = []
-    far = False
+    far = waits
+    if waits:
+        rows.extend(floor_rows(feats, th["healthy"])[1])
     steps = feats.value("ttft_in_itl_steps_p50")
     if steps is not None:
         hit = steps >= float(t["ttft_steps_min"])
@@ -87,8 +94,9 @@ def inconclusive(feats: Any, skipped: list[Skipped], th: Mapping[str, Any], slo_
         return None
     p50 = feats.value("ttft_p50_s")
     rows.insert(0, Evidence("TTFT p50", p50, None, "s", "over the steady requests"))
-    rows.append(Evidence("rules that could explain TTFT but could not run", float(len(skipped_ids)), None, "count",
-                         ", ".join(skipped_ids) + " (see skipped rules: what each needs)"))
+    if skipped_ids:
+        rows.append(Evidence("rules that could explain TTFT but could not run", float(len(skipped_ids)), None, "count",
+                             ", ".join(skipped_ids) + " (see skipped rules: what each needs)"))
     rows.extend(slo_rows)
     return Finding("inconclusive", INCONCLUSIVE,
                    "Inconclusive: TTFT is far above what this capture says it should be, and the evidence that "

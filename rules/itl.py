@@ -60,7 +60,8 @@ def decode(ctx: RuleContext) -> Outcome:
         if val is not None:
             t.context(name, val, unit, meaning)
     return finding("Decode: TTFT is fine but the tokens after the first come slowly (ITL)",
-                   t.confidence(0.85, black_box=ctx.black_box), None, None, t.evidence, DECODE_CHECKS,
+                   # the client measures token gaps as directly as the engine does: no black-box scale
+                   t.confidence(0.85), None, None, t.evidence, DECODE_CHECKS,
                    note="explains ITL, not TTFT" + ("; client-only evidence" if ctx.black_box else ""),
                    black_box=ctx.black_box)
 
@@ -116,7 +117,10 @@ def interference(ctx: RuleContext) -> Outcome:
         how = "; client-only evidence (ttft diagnose's mixed follow-up: long prompts among short streams)"
     else:
         how = "; client-only evidence (other requests' TTFT windows stand in for their prefills)" if bb else ""
-    conf = t.confidence(0.85 if not bb else 0.7, black_box=bb) * (float(th["own_test_scale"]) if own else 1.0)
+    # ttft diagnose's mixed follow-up is a designed experiment: the long prompts' own TTFT windows
+    # are their prefills, so the client's reading is nearly as direct as the engine's
+    directness = 0.85 if not bb else (0.8 if designed else 0.7)
+    conf = t.confidence(directness, black_box=bb and not designed) * (float(th["own_test_scale"]) if own else 1.0)
     return finding(OWN_TITLE if own else "Prefill-decode interference: running requests' tokens stall while new prompts "
                    "prefill", conf, None, None, t.evidence, INTERFERENCE_CHECKS,
                    note=(OWN_NOTE + "; " if own else "") + "explains ITL spikes, not TTFT" + how,

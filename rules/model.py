@@ -87,6 +87,9 @@ class Finding:
     #: holds only if the users' workload has what the tool's own test had (ttft diagnose's shared
     #: prefix): it overrides no other finding and ranks after those of what was measured
     conditional: bool = False
+    #: share of every steady request's TTFT, summed, that the cause explains (0..1): who waits and how
+    #: many; the ranking weight when the rule measured it (else ``explained_pct`` of TTFT p95)
+    population_share: float | None = None
 
     @property
     def score(self) -> float:
@@ -109,6 +112,7 @@ class Finding:
             "black_box": self.black_box,
             "conditional": self.conditional,
             "demoted_by": list(self.demoted_by),
+            "population_share": json_safe(None if self.population_share is None else round(float(self.population_share), 4)),
             "score": round(float(self.score), 4),
         }
 
@@ -137,7 +141,8 @@ class Passed:
 
 @dataclass
 class Diagnosis:
-    """The verdict (the top finding), all findings ranked, skipped and passed rules, features."""
+    """The verdict (first of the findings, ranked), the leading candidate when no cause reached the
+    verdict floor, skipped and passed rules, features (the contract: :mod:`rules.verdict`)."""
 
     verdict: Finding
     findings: list[Finding]
@@ -146,11 +151,21 @@ class Diagnosis:
     passed: list[Passed] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     thresholds: dict[str, Any] = field(default_factory=dict)
+    #: the top cause when its confidence is under the verdict floor (then the verdict is healthy or
+    #: inconclusive, see rules.verdict); None when the verdict is itself the top cause, or none fired
+    leading: Finding | None = None
+
+    @property
+    def named(self) -> str:
+        """The category the diagnosis points at: the leading candidate's when the verdict is healthy or
+        inconclusive beneath one, else the verdict's own."""
+        return self.leading.category if self.leading is not None else self.verdict.category
 
     def to_dict(self) -> dict[str, Any]:
         v = self.verdict.to_dict()
         return {
             "verdict": v,
+            "leading_candidate": self.leading.to_dict() if self.leading is not None else None,
             "findings": [f.to_dict() for f in self.findings],
             "skipped": [s.to_dict() for s in self.skipped],
             "passed": [p.to_dict() for p in self.passed],

@@ -12,7 +12,7 @@ the diagnosis:
 
 Each loser (a finding whose category is in ``losers``) is demoted (confidence x
 ``general.demote_factor``, ``demoted_by`` and a note saying ``why``) and/or pushed down to at
-least ``tier``. Rows apply in order and each winner is judged when its row applies, so a row
+least ``tier``; a row may spare losers that stand without client timing (:func:`timing_free`). Rows apply in order and each winner is judged when its row applies, so a row
 sees the demotions of the rows above it. Runs on the engine's thread, on its own findings.
 """
 
@@ -27,6 +27,23 @@ from rules.model import CATEGORIES, ITL_CATEGORIES, TTFT_CATEGORIES, Finding
 _SERVER = TTFT_CATEGORIES | ITL_CATEGORIES
 #: the kv_cache finding's row from ttft diagnose's long ramp (rules.scheduling)
 LONG_RAMP_ROW = "shift with the tokens each request holds"
+#: the long ramp's count of streams decoding at once at the long prompt (rules.scheduling)
+LONG_RAMP_CAP_ROW = "streams decoding at once, long prompts (most)"
+#: rows whose numbers do not depend on when the client read its chunks: counts of streams decoding
+#: at once (answers start and end together when a late client shifts them)
+TIMING_FREE_ROWS: frozenset[str] = frozenset({LONG_RAMP_ROW, LONG_RAMP_CAP_ROW})
+
+
+#: causes whose evidence holds the client's timing even with the server's joined: the client-server
+#: gap (network, a front end's gap by load) and the token gaps the client read (decode)
+CLIENT_TIMED: frozenset[str] = frozenset({"network", "frontend", "decode"})
+
+
+def timing_free(f: Finding) -> bool:
+    """Whether ``f`` stands without client timing: measured by the server (its spans, its /metrics)
+    and not from the client-server gap (:data:`CLIENT_TIMED`), or on a row that counts streams
+    rather than timing them (:data:`TIMING_FREE_ROWS`)."""
+    return (not f.black_box and f.category not in CLIENT_TIMED) or any(e.name in TIMING_FREE_ROWS for e in f.evidence)
 
 
 @dataclass(frozen=True)
@@ -40,11 +57,14 @@ class Override:
     tier: int | None = None  #: losers rank at this tier or later
     black_box_only: bool = False  #: only losers inferred from client timing (Finding.black_box)
     winner_row: str | None = None  #: a finding winner counts only when it carries an evidence row so named
+    spare_timing_free: bool = False  #: losers that stand without client timing (:func:`timing_free`) are spared
 
 
 OVERRIDES: tuple[Override, ...] = (
-    # the load generator: the server-blaming findings are unreliable
-    Override("loadgen", _SERVER, "the load generator was saturated, so this server-side blame is unreliable"),
+    # the load generator: the server-blaming findings read from client timing are unreliable; what the
+    # server measured, and counts of streams, stand
+    Override("loadgen", _SERVER, "the load generator was saturated, so this server-side blame is unreliable",
+             spare_timing_free=True),
     # waiting for KV blocks is queue time: the KV finding owns it
     Override("kv_cache", frozenset({"queue"}), "the queue time here is waiting for KV-cache space (see kv_cache)"),
     # from the client, TTFT that grows with the prompt is prefill at one request in flight; under load
@@ -117,6 +137,22 @@ def winner(name: str, findings: list[Finding], all_met: bool | None, ttft_met: b
     raise ValueError(f"unknown override winner {name!r}")
 
 
+def rank_after_winners(findings: list[Finding]) -> None:
+    """Move each finding demoted by another one present to just after it, in place (``findings``
+    already ranked): the winner of an override owns the time, so its loser never ranks above it,
+    whatever their tiers and scores."""
+    for _ in range(len(findings)):  # a chain of demotions settles in at most this many passes
+        moved = False
+        for f in list(findings):
+            at = [i for i, g in enumerate(findings) if g is not f and g.category in f.demoted_by]
+            if at and findings.index(f) < max(at):
+                findings.remove(f)
+                findings.insert(max(at), f)  # the winner moved up by one when f left
+                moved = True
+        if not moved:
+            return
+
+
 def apply_overrides(findings: list[Finding], all_met: bool | None, ttft_met: bool | None,
                     general: Mapping[str, Any], table: tuple[Override, ...] = OVERRIDES) -> None:
     """Apply ``table`` to ``findings`` in place (``all_met``/``ttft_met``: the SLO state, None when none applies)."""
@@ -128,6 +164,8 @@ def apply_overrides(findings: list[Finding], all_met: bool | None, ttft_met: boo
             continue
         for f in findings:
             if f.category not in row.losers or (row.black_box_only and not f.black_box):
+                continue
+            if row.spare_timing_free and timing_free(f):
                 continue
             if row.demote:
                 demote(f, by, row.why, factor)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from rules.base import Outcome, RuleContext, Triage, beyond_chance, check_strength, finding, rule, strength
-from rules.overrides import LONG_RAMP_ROW
+from rules.overrides import LONG_RAMP_CAP_ROW, LONG_RAMP_ROW
 
 QUEUE_IDLE_CHECKS = [
     "queue wait share and the scheduler thread: take a CPU profile of the serving process (py-spy) "
@@ -39,10 +39,22 @@ def _queue_metric_rows(t: Triage, share_from_metrics: bool) -> None:
         t.context("queue time (engine metric, mean)", q_mean, "s",
                   "the engine's queue-time histogram (queue_time_s), request-weighted over scrape windows"
                   + (f"; windowed p95 {q95 * 1e3:.0f} ms" if q95 is not None else ""))
+    _waiting_for_capacity_row(t)
     share = ctx.v("metrics_queue_share")
     if share is not None and not share_from_metrics:
         t.context("queue share of TTFT (engine metrics)", share, "share",
                   "mean queue time / mean TTFT from the engine's own histograms: the same story from /metrics")
+
+
+def _waiting_for_capacity_row(t: Triage) -> None:
+    """The engine's reason for its waiting requests, as context (no threshold): held for capacity
+    (a batch cap, the step's token budget or KV blocks: the gauge does not say which) or deferred."""
+    share = t.ctx.v("waiting_for_capacity_share")
+    if share is not None:
+        t.context("waiting requests held for scheduling capacity (engine gauge)", share, "share",
+                  "vLLM num_requests_waiting_by_reason{reason=capacity} / num_requests_waiting: every waiting "
+                  "request not deferred (LoRA, KV transfer), whichever limit holds it: max_num_seqs, the token "
+                  "budget or KV blocks")
 
 
 def _judged_metrics_queue_share(t: Triage, mq: float, what: str) -> bool:
@@ -105,7 +117,9 @@ def queue(ctx: RuleContext) -> Outcome:
             title = "Requests queue behind a busy device: arrivals exceed what the engine admits per step"
             checks = QUEUE_BUSY_CHECKS
         s, pct = ctx.explained(ctx.v("queue_share_tail"))
-        return finding(title, t.confidence(0.95), s, pct, t.evidence, checks)
+        shares = ctx.v("stage_shares_all") or {}
+        return finding(title, t.confidence(0.95), s, pct, t.evidence, checks,
+                       population_share=shares.get("queue"))
     limit, shift = long_ramp_limit(ctx)
     if limit == "requests":
         # ttft diagnose's long ramp: as many decode at once at either length, unless longer answers overlap more
@@ -283,16 +297,23 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
     t.context("requests in flight at arrival (median)", ctx.v("inflight_at_arrival_p50"), "requests",
               "one load level: no concurrency sweep")
     s, pct = ctx.explained(min(1.0 / inline, 1.0) if inline else None)
+    # both signs at once (each first token after a stream end, beyond chance, and each stream alone): a
+    # server serving one request at a time, shown as plainly as a sweep shows it
+    both = follows and solo
+    conf = t.confidence(float(th["bb_in_line_both_directness"] if both else th["bb_single_level_directness"]),
+                        black_box=not both)
     return finding("Requests wait in line: each starts when another finishes, as a server that runs one request "
                    "at a time (or admits too few) makes them (black box, one load level)",
-                   t.confidence(float(th["bb_single_level_directness"]), black_box=True), s, pct, t.evidence,
+                   conf, s, pct, t.evidence,
                    ["confirm with a concurrency sweep: `ttft probe URL --sweep concurrency` (TTFT rising from the "
                     "lowest level while per-stream decode speed holds)",
                     "the server's admission limits (max_num_seqs, worker count, a global lock, a plain mode without "
                     "batching) and its queue-time metric",
                     "instrument the server (OTLP spans or /metrics) to measure the queue share", BB_KV_CHECK],
                    note="client-only evidence at one load level: the queue is inferred from the order of first "
-                   "tokens and stream ends, not measured; confidence lowered", black_box=True)
+                   "tokens and stream ends, not measured" + ("; both signs of one-at-a-time service, far beyond "
+                                                              "chance" if both else "; confidence lowered"),
+                   black_box=True)
 
 
 def _queue_at_cap(ctx: RuleContext) -> Outcome:
@@ -372,7 +393,7 @@ def tokenize(ctx: RuleContext) -> Outcome:
     t.crossed("TTFT vs prompt tokens R²", r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token", bound=1.0)
     s, pct = ctx.explained(min(share, 1.0) if share is not None else None)
     return finding("TTFT grows per prompt token far faster than a parallel prefill would: tokenization (black box)",
-                   t.confidence(0.7, black_box=True), s, pct, t.evidence, checks, black_box=True,
+                   t.confidence(0.8, black_box=True), s, pct, t.evidence, checks, black_box=True,
                    note="client-only evidence: per-token cost compared with the decode step; a server-side capture "
                    "tells tokenizer from prefill directly")
 
@@ -452,7 +473,7 @@ def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) ->
     lc, sc, tr = ctx.v("long_ramp_decode_cap"), ctx.v("long_ramp_short_decode_cap"), ctx.v("long_ramp_token_ratio")
     sc_most = ctx.v("long_ramp_knee_ratio", 0) * lc
     tokens = ctx.v("long_ramp_prompt_tokens", 0)
-    t.context("streams decoding at once, long prompts (most)", lc, "requests",
+    t.context(LONG_RAMP_CAP_ROW, lc, "requests",
               f"at {tokens:.0f}-token prompts at most {lc:g} streams decode together however many are in flight: "
               "the server admits that many, the rest wait")
     t.context("streams decoding at once, short prompts (most)", sc, "requests", "the short ramp's cap" if sc is not None
@@ -542,7 +563,7 @@ def _serial_stage_not_ruled_out(ctx: RuleContext) -> float | None:
     return float(ratio)
 
 
-@rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",), ("waiting_for_kv_share",),
+@rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",),
                                      LONG_RAMP,
                                      ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ratio")))
 def kv_cache(ctx: RuleContext) -> Outcome:
@@ -551,8 +572,7 @@ def kv_cache(ctx: RuleContext) -> Outcome:
     usage = ctx.v("kv_usage_p95")
     above = ctx.v("kv_time_above_high_frac")
     pre = ctx.v("preemptions_total")
-    for_kv = ctx.v("waiting_for_kv_share")
-    pressure_known = usage is not None or pre is not None or for_kv is not None
+    pressure_known = usage is not None or pre is not None
     jump = ctx.v("ttft_knee_jump_ratio") if ctx.has("concurrency_knee") else None
     qs = ctx.v("queue_share_tail")
     if pressure_known:
@@ -565,20 +585,21 @@ def kv_cache(ctx: RuleContext) -> Outcome:
                          "share of engine time at or above the near-capacity level")
         pressure.crossed("preemptions", pre, "preemptions_min", "count",
                          "running requests evicted to free blocks (their work is redone)")
-        pressure.crossed("waiting requests held for KV capacity (engine gauge)", for_kv, "waiting_for_kv_min", "share",
-                         "the engine's own reason for the waiting (vLLM num_requests_waiting_by_reason{reason=capacity} "
-                         "over num_requests_waiting)")
         effect.crossed("TTFT past the knee / at the knee", jump, "knee_jump_min", "x",
                        f"TTFT jumps past {ctx.v('concurrency_knee', 0):g} requests in flight")
         effect.crossed("queue share of TTFT (slowest 5%)", qs, "queue_share_min", "share",
                        "new requests wait for free KV blocks")
+        mq = ctx.v("metrics_queue_share") if qs is None else None
+        effect.crossed("queue share of TTFT (engine metrics)", mq, "queue_share_min", "share",
+                       "mean queue time / mean TTFT from the engine's own histograms (no per-request server spans)")
         if not pressure.evidence:
             return (f"KV usage p95 {usage if usage is not None else float('nan'):.0%}, preemptions "
                     f"{pre if pre is not None else 0:g}: no KV pressure")
         if not effect.evidence:
             return "KV usage near capacity, but TTFT shows no knee and little queueing"
         t = Triage(ctx, pressure.evidence + effect.evidence, [max(pressure.strengths), max(effect.strengths)])
-        share = qs if qs is not None else (1.0 - 1.0 / jump if jump else None)
+        _waiting_for_capacity_row(t)
+        share = qs if qs is not None else mq if mq is not None else (1.0 - 1.0 / jump if jump else None)
         s, pct = ctx.explained(share)
         return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
                        t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)

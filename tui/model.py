@@ -23,7 +23,7 @@ import pandas as pd
 
 import rules
 from diag import stages
-from diag.report.cells import evidence_cells, fmt_explained
+from diag.report.cells import evidence_cells, fmt_explained, leading_line
 from diag.units import Unit, fmt_value, is_num
 from tui import adapters
 from tui.prepared import NS, Buckets, Prepared, SeriesView, as_float, bucket_mean, percentiles, prepared
@@ -86,6 +86,7 @@ def verdict_vm(diagnosis: rules.Diagnosis | None, error: str = "") -> VerdictVM:
         next_checks=list(v.next_checks[:4]),
         note=v.note or "",
         others=others,
+        leading=leading_line(diagnosis.leading) or "",
         skipped=[f"{s.rule_id}: {s.reason}" for s in diagnosis.skipped[:6]],
     )
 
@@ -101,7 +102,7 @@ def latency_vm(p: Prepared, rows: np.ndarray | slice, window: tuple[int, int]) -
     itl50 = r["itl_p50_s"][ok]
     buckets = Buckets(r["start_ns"][ok], window)
     return LatencyVM(
-        requests=int(ok.sum()), errors=int(p.err[rows].sum()),
+        requests=int(ok.sum()), errors=int(p.err[rows].sum()), over_context=int(p.over_context[rows].sum()),
         side="client" if bool(np.any(~np.isnan(r["client_ttft_s"][ok]))) else "server",
         ttft_p50_s=p50, ttft_p95_s=p95, ttft_p99_s=p99, itl_p50_s=percentiles(itl50, [50], sample=True)[0],
         itl_p99_s=percentiles(r["itl_p99_s"][ok], [99], sample=True)[0],

@@ -17,6 +17,7 @@ import pandas as pd
 from diag import stages
 from diag.tables import Tables
 from diag.units import as_float  # noqa: F401  (the view model imports it from here)
+from rules.features.populations import experiment_limit_rows
 
 NS = 1_000_000_000
 #: sparkline buckets across the window
@@ -179,6 +180,10 @@ class Prepared:
             err = err & (req["error"].astype(str).str.len().to_numpy() > 0)  # to_numpy() may be read-only
         warm = (req["warmup"].fillna(False).astype(bool).to_numpy() if "warmup" in req.columns and n
                 else np.zeros(n, dtype=bool))
+        #: refused at a designed experiment's context limit: the probe's own limit, not an error
+        self.over_context = (experiment_limit_rows(req, tables.meta).to_numpy(dtype=bool) if n
+                             else np.zeros(n, dtype=bool))
+        err = err & ~self.over_context
         self.err = err
         self.ok = ~err & ~warm & ~np.isnan(self.req["ttft_s"])
         self.stage_names = [st for st in BAR_STAGES if stages.stage_column(st) in req.columns]

@@ -41,6 +41,8 @@ class VerdictVM:
     next_checks: list[str] = field(default_factory=list)
     note: str = ""
     others: list[FindingVM] = field(default_factory=list)
+    #: the leading candidate under the verdict (a cause below the verdict floor), as one line; "" when none
+    leading: str = ""
     skipped: list[str] = field(default_factory=list)
     #: the rules failed (``note`` says why): no verdict
     failed: bool = False
@@ -59,6 +61,8 @@ class VerdictVM:
 class LatencyVM:
     requests: int = 0
     errors: int = 0
+    #: requests refused as longer than the server's context at a designed experiment's limit (not errors)
+    over_context: int = 0
     side: str = ""  # "client" when the client's TTFT is measured, else "server"
     ttft_p50_s: float | None = None
     ttft_p95_s: float | None = None

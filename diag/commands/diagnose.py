@@ -115,7 +115,8 @@ class _Live:
             from diag.units import fmt_s
 
             p = payload.point
-            self.stream.write(f"           {p.ok}/{p.requests} ok, TTFT p50 {fmt_s(p.ttft_p50_s)}, ITL p50 "
+            over = f", {p.over_context} refused as longer than the context (its limit)" if p.over_context else ""
+            self.stream.write(f"           {p.ok}/{p.requests} ok{over}, TTFT p50 {fmt_s(p.ttft_p50_s)}, ITL p50 "
                               f"{fmt_s(p.itl_p50_s)}, {p.rps:.2f} req/s in {p.wall_s:.1f} s\n")
         elif kind == "verdict" and payload.verdict:
             self.stream.write(f"           running verdict: {payload.verdict} ({payload.confidence:.2f})\n")

@@ -17,10 +17,11 @@ from typing import Any
 from diag.diagnose.followups import UNFIT
 from diag.report.cells import evidence_cells
 from rules import INCONCLUSIVE, OUTCOMES, Diagnosis, Finding
+from rules.verdict import VERDICT_FLOOR
 from rules.base import check_strength
 
-#: The confidence at which a verdict is confident (issue 14); the plan stops on it too.
-CONFIDENT = 0.7
+#: The confidence at which a cause is the verdict (``[general] verdict_floor``, rules.verdict); the plan stops on it too.
+CONFIDENT = VERDICT_FLOOR
 #: A crossed check at or under this strength crossed narrowly (0.5 at its threshold, 1.0 at 2x).
 NARROW_STRENGTH = 0.75
 #: A runner-up at or above this share of the verdict's confidence is nearly as likely.
@@ -47,6 +48,9 @@ class Certainty:
     confident: bool
     why_not: list[str] = field(default_factory=list)
     decide: list[str] = field(default_factory=list)
+    #: the verdict's category when ``category`` is a leading candidate under the floor (healthy or
+    #: inconclusive, rules.verdict); None when ``category`` is the verdict
+    verdict: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "threshold": CONFIDENT}
@@ -57,7 +61,8 @@ class Certainty:
             return [f"verdict confident: {self.category} ({self.confidence:.2f} >= {CONFIDENT:g})"]
         how = (f"{self.confidence:.2f} < {CONFIDENT:g}" if self.confidence < CONFIDENT
                else f"{self.confidence:.2f}, but the design did not run to its end")
-        out = [f"verdict not confident: {self.category} ({how}) is the leading candidate, not a verdict to act on alone"]
+        out = [f"verdict not confident: {self.category} ({how}) is the leading candidate, not a verdict to act on alone"
+               + (f"; the verdict is {self.verdict}" if self.verdict else "")]
         out.extend(f"  why: {w}" for w in self.why_not)
         out.extend(f"  to decide: {d}" for d in self.decide)
         return out
@@ -80,11 +85,12 @@ def certainty_of(d: Diagnosis, stopped: str = "", scraped: bool = False, min_req
     ``stopped`` is the run's stop reason (a spent budget or request cap means the design was cut
     short); ``scraped`` whether the engine's metrics are in the capture already; ``min_requests``
     the rules' ``[general] min_requests`` (below it, confidence shrinks with the sample)."""
-    v = d.verdict
+    v = d.leading if d.leading is not None else d.verdict
+    under = d.verdict.category if d.leading is not None else None
     conf = float(v.confidence)
     # a follow-up designed to tell the leading candidates apart did not run: its reading is missing
     unfit = UNFIT in stopped
-    if v.category not in OUTCOMES and conf >= CONFIDENT and not unfit:
+    if under is None and v.category not in OUTCOMES and conf >= CONFIDENT and not unfit:
         return Certainty(v.category, conf, True)
     why: list[str] = []
     decide: list[str] = []
@@ -129,7 +135,7 @@ def certainty_of(d: Diagnosis, stopped: str = "", scraped: bool = False, min_req
         why.append("the evidence points one way but is not strong enough to stand alone")
     if not decide:
         decide.extend(v.next_checks[:1] or [LONGER])
-    return Certainty(v.category, conf, False, why, decide)
+    return Certainty(v.category, conf, False, why, decide, under)
 
 
 __all__ = ["CONFIDENT", "Certainty", "certainty_of"]

@@ -51,8 +51,11 @@ LONG_LEVELS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 #: the long ramp climbs at least this far: a cap shows as at most half the requests in flight, so caps
 #: up to 6 show (a reservation of 5-6 contexts, a max_num_seqs of 6, as well as a KV limit of 1-3 long requests)
 LONG_MIN_TOP = 12.0
-#: the leading categories the long ramp can decide: a limit in tokens, in requests, or neither
-LONG_LEADS = frozenset({"prefill_compute", "kv_cache", "queue"})
+#: the leading categories the long ramp can decide: a limit in tokens, in requests, or neither; and
+#: ``loadgen`` (the client's timing invalid): how many streams decode at once it reads from when
+#: each stream's answer starts and ends against the others', which a late client shifts together
+#: (a stall can merge a few ends and starts), so it holds where the TTFT figures do not
+LONG_LEADS = frozenset({"prefill_compute", "kv_cache", "queue", "loadgen", "inconclusive"})
 
 #: the leading categories the longout follow-up can decide: a cap the long ramp read as a limit
 LONG_OUT_LEADS = frozenset({"kv_cache", "queue"})
@@ -70,16 +73,36 @@ MIXED_LONG_TTFT_X = 20.0
 MIXED_LONG_MIN_X = 4
 #: requests the mixed follow-up sends (a quarter of them long)
 MIXED_REQUESTS = 48
-#: the leading categories the mixed follow-up can decide: prompt work, where a long prompt's
-#: prefill may hold short ones (head-of-line) or running streams (interference) ...
-MIXED_LEADS = frozenset({"prefill_compute"})
-#: ... and, when the users hold an ITL target, what a long prompt's stall would break
+#: the leading categories the mixed and prefix follow-ups can decide: prompt work, where a long
+#: prompt's prefill may hold short ones (head-of-line) or running streams (interference), and which a
+#: cache hit would skip ...
+PROMPT_WORK_LEADS = frozenset({"prefill_compute"})
+#: ... and, when the users hold an ITL target, what a long prompt's stall would break (mixed)
 MIXED_ITL_LEADS = frozenset({"healthy", "decode", "prefill_compute"})
 
 #: prefix groups the follow-up sends (each: PREFIX_REPEATS uses and a control)
 PREFIX_GROUPS = 3
-#: the leading categories a prefix follow-up can decide: prompt work, which a cache hit would skip
-PREFIX_LEADS = frozenset({"prefill_compute"})
+#: with no cause named (healthy: nothing waits in the experiment; inconclusive), prompt work still
+#: leads when the ladder's longest rung took at least this many times the baseline's TTFT: what
+#: that work does to others (short prompts behind a long one) and whether a cache would skip it
+#: are the follow-ups' questions, not the ladder's
+LADDER_PROMPT_WORK_X = 3.0
+
+
+def prompt_work_leads(points: Sequence[Point], leading: str | None) -> str | None:
+    """Why prompt work leads, said for a follow-up's reason, or None when it does not: named
+    (``leading`` in :data:`PROMPT_WORK_LEADS`), or beneath no named cause with the ladder's TTFT growing
+    :data:`LADDER_PROMPT_WORK_X` times or more from the baseline to its longest rung."""
+    if leading in PROMPT_WORK_LEADS:
+        return f"prompt work leads ({leading})"
+    if leading not in ("healthy", "inconclusive"):
+        return None
+    base = base_point(points)
+    top = max((p for p in points if p.kind == "prompt" and p.ok), key=lambda p: p.value, default=None)
+    x = ratio(top.ttft_p50_s, base.ttft_p50_s) if top is not None and base is not None else None
+    if x is None or x < LADDER_PROMPT_WORK_X:
+        return None
+    return f"prompt work leads ({leading}, but TTFT grew {x:.1f}x to {top.value:g}-token prompts on the ladder)"
 
 
 def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | None:
@@ -91,7 +114,7 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
     if any(p.error_frac >= 0.05 for p in short):
         return None  # the server is failing under load: no more experiments on it
     tokens = cfg.long_prompt_tokens
-    if tokens < 2 * cfg.input_tokens or any(p.kind == "prompt" and p.refused_4xx and p.value <= tokens for p in points):
+    if tokens < 2 * cfg.input_tokens or any(p.kind == "prompt" and p.refused_too_long and p.value <= tokens for p in points):
         return None  # the context limit leaves no room for prompts that much longer
     top = max(p.value for p in short) if short else 4.0
     # 1, 2, 3, 4, 6, 8, 12, ...: to the short ramp's top, and at least 12 (twice a cap of 6)
@@ -112,8 +135,15 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
         t = ratio(ran[-1].ttft_p50_s, ran[0].ttft_p50_s) or 0.0
         return Step("long", v, n, "follow-up", f"long ramp: TTFT {t:.1f}x its lone request's at {ran[-1].value:g} in "
                                                f"flight; next {v:g}")
+    if leading == "loadgen":
+        return Step("long", v, n, "follow-up",
+                    f"the client's timing is invalid (loadgen; the ramp reached {top:g} in flight): the ramp again at "
+                    f"{tokens}-token prompts counts how many streams decode at once, from when the answers start and "
+                    "end against each other (a late client shifts them together): a limit in requests (the count "
+                    "stays), in tokens (it falls at longer prompts) or none")
+    who = "no cause is named yet (inconclusive)" if leading == "inconclusive" else f"{leading} leads"
     return Step("long", v, n, "follow-up",
-                f"{leading} leads (the ramp reached {top:g} in flight at {cfg.input_tokens}-token prompts): the ramp "
+                f"{who} (the ramp reached {top:g} in flight at {cfg.input_tokens}-token prompts): the ramp "
                 f"again at {tokens}-token prompts ({tokens / cfg.input_tokens:.0f}x, more tokens held per request) tells a limit in "
                 "tokens (KV cache: the knee moves to fewer requests) from one in requests (the knee stays) or compute "
                 "alone (no knee)")
@@ -187,7 +217,7 @@ def mixed_long_prompt(cfg: PlanConfig, points: Sequence[Point]) -> tuple[int, fl
         if cfg.itl_target_s:
             lone_s = max(lone_s, 2.0 * cfg.itl_target_s)  # a whole-prompt prefill would stall streams past it
         want = int((lone_s - icpt) / slope)
-    refused = [p.value for p in points if p.kind == "prompt" and p.refused_4xx]
+    refused = [p.value for p in points if p.kind == "prompt" and p.refused_too_long]
     top = min([cfg.prompt_limit_tokens, *(v - cfg.input_tokens for v in refused)])
     tokens = int(min(max(want, shortest), top))
     if tokens < shortest:
@@ -200,7 +230,8 @@ def mixed_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, le
     apply, or ran already)."""
     if any(p.kind == "mixed" for p in points):
         return None
-    if leading not in MIXED_LEADS and not (cfg.itl_target_s and leading in MIXED_ITL_LEADS):
+    prompt_work = prompt_work_leads(points, leading)
+    if prompt_work is None and not (cfg.itl_target_s and leading in MIXED_ITL_LEADS):
         return None
     ramp = [p for p in points if p.kind == cfg.ramp]
     if not ramp or any(p.error_frac >= 0.05 for p in ramp):
@@ -216,7 +247,7 @@ def mixed_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, le
     if cost > cfg.budget_s - elapsed_s:
         return unfit("mixed", "short prompts waiting behind long ones from prefill itself", cost, cfg.budget_s - elapsed_s)
     why = (f"an ITL target of {fmt_s(cfg.itl_target_s)} is given" if cfg.itl_target_s and leading != "prefill_compute"
-           else f"prompt work leads ({leading})")
+           else prompt_work)
     return Step("mixed", float(tokens), MIXED_REQUESTS, "follow-up",
                 f"{why}: short streams at {c} in flight with every {MIXED_EVERY}th prompt {tokens} tokens (a lone "
                 f"TTFT of about {fmt_s(long_s)}) tell short prompts waiting behind a long one (head-of-line) and "
@@ -227,7 +258,8 @@ def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
                      leading: str | None) -> Step | str | None:
     """The prefix follow-up; why it did not fit the budget (:func:`unfit`); or None (it does not
     apply, or ran already)."""
-    if leading not in PREFIX_LEADS or any(p.kind == "prefix" for p in points):
+    prompt_work = prompt_work_leads(points, leading)
+    if prompt_work is None or any(p.kind == "prefix" for p in points):
         return None
     if any(p.error_frac >= 0.05 for p in points if p.kind == cfg.ramp):
         return None  # the server is failing under load: no more experiments on it
@@ -247,12 +279,12 @@ def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
     if cost > cfg.budget_s - elapsed_s:
         return unfit("prefix", "a prefix recomputed on every use from prefill itself", cost, cfg.budget_s - elapsed_s)
     return Step("prefix", float(prefix), n, "follow-up",
-                f"prompt work leads ({leading}: TTFT {fmt_s(top.ttft_p50_s)} at {top.value:g} tokens): a repeated "
+                f"{prompt_work}, TTFT {fmt_s(top.ttft_p50_s)} at {top.value:g} tokens: a repeated "
                 f"{prefix}-token prefix ({PREFIX_REPEATS} uses, then a control without it; {PREFIX_GROUPS} groups, one "
                 "at a time) tests whether the server reuses it (prefix caching): repeats as slow as a first use are "
                 "prefilled every time")
 
 
-__all__ = ["LONG_LEADS", "LONG_OUT_LEADS", "MIXED_LEADS", "MIXED_REQUESTS", "PREFIX_GROUPS", "UNFIT", "followup_reading",
+__all__ = ["LONG_LEADS", "LONG_OUT_LEADS", "MIXED_REQUESTS", "PREFIX_GROUPS", "PROMPT_WORK_LEADS", "UNFIT", "followup_reading",
            "long_output_reading", "long_output_tokens", "long_ramp_reading", "mixed_long_prompt", "mixed_reading",
-           "unfit"]
+           "prompt_work_leads", "unfit"]

@@ -54,12 +54,13 @@ def ladder_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float) -
     rungs = [p for p in points if p.kind == "prompt"]
     learned: dict[str, Any] = {}
     last = rungs[-1] if rungs else base
-    if rungs and last.refused_4xx:
+    if rungs and last.refused_too_long:
         learned["context_limit_tokens"] = int(last.value)
-        ok = [p for p in rungs if not p.refused_4xx]
+        ok = [p for p in rungs if not p.refused_too_long]
         top = int(ok[-1].value) if ok else cfg.input_tokens
-        return None, (f"prompt={last.value:g} was refused ({last.error_example or 'HTTP 4xx'}): the server's limit is "
-                      f"below {last.value:g} tokens, the ladder stops at {top}"), learned
+        return None, (f"prompt={last.value:g} was refused as longer than the server's context "
+                      f"({last.error_example or 'HTTP 4xx'}): its limit is below {last.value:g} tokens, the ladder "
+                      f"stops at {top}"), learned
     if rungs and last.ok == 0:
         return None, f"every request at prompt={last.value:g} failed ({', '.join(last.errors) or 'error'})", learned
     fit = prompt_fit(points)

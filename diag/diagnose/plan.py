@@ -40,7 +40,9 @@ def next_step(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float = 0.0, 
         kinds = ", ".join(f"{k} x{v}" for k, v in base.errors.items()) or "no answer"
         return Decision(None, f"every lone request failed ({kinds}{': ' + base.error_example if base.error_example else ''})")
     last = points[-1]
-    refused_rung = last.kind == "prompt" and set(last.errors) == {"http_4xx"}  # the context limit, not harm
+    # a rung refused as longer than the context is the experiment's limit, counted apart (not an error);
+    # one refused otherwise (4xx) ends the ladder as failures, not the run: a refusal does the server no harm
+    refused_rung = last.kind == "prompt" and set(last.errors) == {"http_4xx"}
     if last.error_frac >= ERROR_BURST_FRAC and not refused_rung:
         return Decision(None, f"error burst: {last.error_frac:.0%} of the requests at {last.segment} failed "
                               f"({', '.join(last.errors)}): stopped to spare the server")
@@ -85,12 +87,14 @@ def confident_stop(category: str, confidence: float, points: Sequence[Point], cf
     """Why the running verdict ends the run (None: go on). ``inconclusive``, ``failures`` and
     ``no_data`` never do, nor ``healthy``: the evidence that could show a problem (the ladder and
     the ramp to its break or cap) must all be there, so a healthy run ends when the design has run.
+    Nor ``loadgen``: the client's timing is invalid, but the follow-ups read from the server's
+    answers (the long ramp's streams decoding at once) can still decide the server's side.
     Nor does a verdict seen only from the client (``black_box``): what tells it from the causes
     that look the same from outside is the rest of the ramp and the follow-up designed for it (a
     queue from a KV limit, a cap from a serial stage, prefill from head-of-line blocking), so the
     plan ends that run too. Any other verdict once the ramp ran
     :data:`~diag.diagnose.ramp.RAMP_MIN_LEVELS` levels."""
-    if category in OUTCOMES or confidence < CONFIDENT:
+    if category in OUTCOMES or category == "loadgen" or confidence < CONFIDENT:
         return None
     if category == "healthy" or black_box:  # only once the whole design ran: the plan ends the run then
         return None

@@ -41,6 +41,9 @@ class Point:
     goodput_rps: float | None = None
     #: the probe's own stop reason for a sweep point (errors, SLO broken, slot wait), if any
     stop: str | None = None
+    #: requests refused as longer than the server's context (a ladder rung past it): the
+    #: experiment's limit, in neither ``requests`` nor ``errors``
+    over_context: int = 0
 
     @property
     def failed(self) -> int:
@@ -58,8 +61,9 @@ class Point:
         return max(0.0, self.e2e_p50_s - self.ttft_p50_s)
 
     @property
-    def refused_4xx(self) -> bool:
-        return self.errors.get("http_4xx", 0) > 0
+    def refused_too_long(self) -> bool:
+        """The server refused this chunk's prompts as longer than its context."""
+        return self.over_context > 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,7 +93,7 @@ def point_from_metrics(kind: str, value: float, segment: str, metrics: dict[str,
         slot_wait_p90_s=metrics["slot_wait_s"]["p90"], errors=errors,
         error_example=str(example)[:200] if example else None,
         slo_met=None if not slo else bool(slo["all_met"]), goodput_rps=None if not slo else float(slo["goodput_rps"]),
-        stop=stop,
+        stop=stop, over_context=int(req.get("over_context", 0)),
     )
 
 

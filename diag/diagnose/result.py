@@ -14,6 +14,7 @@ from collectors.prometheus import SOURCE as PROMETHEUS
 from diag.analysis import Analysis
 from diag.diagnose.certainty import Certainty, certainty_of
 from diag.diagnose.design import Step, segment_of
+from diag.diagnose.followups import LONG_LEADS
 from diag.diagnose.ladder import prompt_fit
 from diag.diagnose.points import Point, goodput
 from diag.units import json_safe
@@ -105,6 +106,20 @@ def verdict_of(analysis: Analysis | None) -> tuple[str | None, float | None]:
     return v.category, float(v.confidence)
 
 
+def named_of(analysis: Analysis | None) -> str | None:
+    """The cause the running diagnosis points at (the leading candidate under the verdict floor, else
+    the verdict's category): what the plan's follow-ups are chosen to decide. When the load
+    generator was the limit (``loadgen``: client timing is invalid), the best-ranked cause beneath
+    it that the long ramp decides, else ``loadgen`` itself: the long ramp's count of streams
+    decoding at once does not rest on the client's timing as TTFT does."""
+    if analysis is None or analysis.diagnosis is None:
+        return None
+    d = analysis.diagnosis
+    if d.leading is None and d.verdict.category == "loadgen":
+        return next((f.category for f in d.findings if f.category in LONG_LEADS and f.category != "loadgen"), "loadgen")
+    return d.named
+
+
 def startup_of(analysis: Analysis, points: list[Point], contact_unix_s: float) -> dict[str, Any]:
     """Start-up, reported apart from TTFT: the first answered request (its TTFT, and how long
     after the first contact with the server its answer ended: endpoint detection and the
@@ -150,4 +165,4 @@ def time_to_verdict(records: list[StepRecord], final: str | None) -> float | Non
     return t
 
 
-__all__ = ["DiagnoseResult", "StepRecord", "startup_of", "time_to_verdict", "verdict_of"]
+__all__ = ["DiagnoseResult", "StepRecord", "named_of", "startup_of", "time_to_verdict", "verdict_of"]

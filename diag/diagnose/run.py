@@ -23,6 +23,8 @@ from typing import Any
 
 from collectors.probe import (LengthSpec, LoadSpec, ProbeConfig, ProbeSession, SweepSpec, WorkloadSpec,
                               compute_metrics, eventloop)
+from collectors.probe.context_limit import record as context_limit_record
+from collectors.probe.context_limit import refusal_of as context_limit_refusal
 from collectors.probe.eventloop import being_cancelled
 from collectors.probe.health import HealthMonitor
 from collectors.probe.sweep import stop_reason
@@ -31,7 +33,7 @@ from diag.capture import CaptureError, CaptureWriter
 from diag.diagnose.limits import context_limit
 from diag.diagnose.plan import Decision, PlanConfig, Step, confident_stop, next_step, segment_of
 from diag.diagnose.points import Point, point_from_metrics
-from diag.diagnose.result import DiagnoseResult, StepRecord, startup_of, time_to_verdict, verdict_of
+from diag.diagnose.result import DiagnoseResult, StepRecord, named_of, startup_of, time_to_verdict, verdict_of
 from diag.diagnose.users_workload import UsersWorkload
 from diag.scenarios.runner import step_chunks
 
@@ -41,6 +43,8 @@ from diag.scenarios.runner import step_chunks
 OnEvent = Callable[[str, Any], None]
 #: Warm-up requests before the baseline (excluded from the results; the start-up shows in them).
 WARMUP_REQUESTS = 2
+#: how a limit the prompt ladder met is recorded (meta.json ``probe.context_limit.how``)
+LADDER_LIMIT_HOW = "ttft diagnose: prompt ladder"
 
 
 class DiagnoseError(CaptureError):
@@ -199,7 +203,7 @@ class _Run:
                 self.stopped = stop
                 return
             d: Decision = next_step(self.plan, points, self.elapsed(), confident=False, requests_sent=self.sent,
-                                    leading=verdict)
+                                    leading=named_of(self.analysis))
             if d.learned.get("context_limit_tokens"):
                 self.plan = replace(self.plan, context_limit_tokens=int(d.learned["context_limit_tokens"]))
             if d.step is None:
@@ -232,7 +236,10 @@ class _Run:
 
     async def _run_step(self, session: ProbeSession, step: Step) -> Point:
         """Run one step as probe phases; a rung sends its requests one at a time and ends at the first
-        refusal, so that finding the context limit costs one failed request, not a rung of them."""
+        refused as longer than the server's context (:mod:`collectors.probe.context_limit`), so that
+        finding the context limit costs one request, not a rung of them; that refusal is recorded as
+        the experiment's limit (``ProbeSession.record_context_limit``) and counted apart in the
+        point (``over_context``), not as a failure. Another 4xx is a failure like any other."""
         pc = self.plan
         seg = segment_of(step.kind, step.value)
         ps = step.probe_step(pc)
@@ -255,22 +262,39 @@ class _Run:
         t = time.monotonic()
         results: list[Any] = []
         dur = 0.0
-        for i, one in enumerate(loads):
+        over: list[str] = []
+        refusal: dict[str, Any] | None = None
+        for one in loads:
             outcome = await session.phase(one, workload, label)
             results.extend(outcome.results)
             dur += outcome.duration_s
             self.sent += len(outcome.results)
-            if len(loads) > 1 and any(r.error == "http_4xx" for r in outcome.measured):
-                break  # refused (the context limit): longer prompts of this rung would be refused too
+            refusal = context_limit_refusal(outcome.results) if step.kind == "prompt" else None
+            if refusal is not None:
+                # refused as longer than the server's context: the experiment's limit, recorded as such
+                session.record_context_limit(context_limit_record(refusal, label, step.value,
+                                                                  self._longest_accepted(), LADDER_LIMIT_HOW))
+                over = [label]
+                break  # longer prompts of this rung would be refused too
         wall = time.monotonic() - t
-        metrics = compute_metrics(results, dur, self.cfg.slo)
+        metrics = compute_metrics(results, dur, self.cfg.slo, over_context=over)
         stop = None
         if step.kind in ("concurrency", "rate"):
             stop = stop_reason(SweepSpec(step.kind, [step.value]), step.value, metrics)
         point = point_from_metrics(step.kind, step.value, label, metrics, wall, stop)
+        if over and refusal is not None and refusal.get("message"):
+            point = replace(point, error_example=str(refusal["message"])[:200])
         if step.kind == "baseline":
             self._recalibrate(session, point)
         return point
+
+    def _longest_accepted(self) -> float | None:
+        """The longest prompt answered so far (tokens): the ladder's rungs, else the baseline's."""
+        pts = [r.point for r in self.records if r.point is not None and r.point.ok]
+        rungs = [p.value for p in pts if p.kind == "prompt"]
+        if rungs:
+            return max(rungs)
+        return float(self.plan.input_tokens) if any(p.kind == "baseline" for p in pts) else None
 
     def _recalibrate(self, session: ProbeSession, base: Point) -> None:
         """When the probe's calibration got no usage (its long calibration prompts refused, or no

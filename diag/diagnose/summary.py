@@ -15,6 +15,8 @@ from diag.units import fmt_s
 
 def _point_line(p: Point) -> str:
     err = f", {p.failed} failed ({', '.join(p.errors)})" if p.failed else ""
+    if p.over_context:
+        err += f", {p.over_context} refused as longer than the server's context (the experiment's limit, not failed)"
     slo = "" if p.slo_met is None else (", SLO met" if p.slo_met else ", SLO broken")
     return (f"{p.ok}/{p.requests} ok in {p.wall_s:.1f} s: TTFT p50 {fmt_s(p.ttft_p50_s)} p99 {fmt_s(p.ttft_p99_s)}, "
             f"ITL p50 {fmt_s(p.itl_p50_s)}, {p.rps:.2f} req/s{err}{slo}")

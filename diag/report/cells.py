@@ -48,4 +48,13 @@ def fmt_explained(f: Finding, ttft_p95_s: float | None = None) -> str:
     return fmt_value(f.explained_s, Unit.S) + pct
 
 
-__all__ = ["EvidenceCells", "evidence_cells", "fmt_confidence", "fmt_explained"]
+def leading_line(leading: Finding | None) -> str | None:
+    """The leading candidate under the verdict (a cause below the verdict floor, ``rules.verdict``):
+    ``leading candidate (not sure enough to be the verdict): queue (36%) - <title>``; None without one."""
+    if leading is None:
+        return None
+    return (f"leading candidate (not sure enough to be the verdict): {leading.category} "
+            f"({fmt_confidence(leading.confidence)}) - {leading.title}")
+
+
+__all__ = ["EvidenceCells", "evidence_cells", "fmt_confidence", "fmt_explained", "leading_line"]

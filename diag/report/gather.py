@@ -20,7 +20,7 @@ import pandas as pd
 
 from diag import stages
 from diag.analysis import Analysis
-from diag.report.cells import fmt_confidence
+from diag.report.cells import fmt_confidence, leading_line
 from diag.units import as_float
 from diag.report.summary import (
     SLOResult,
@@ -30,11 +30,13 @@ from diag.report.summary import (
     ok_requests,
     resource_summary,
     time_origin_ns,
+    warmup_rows,
 )
 from diag.report.timelines import Timeline, busy_timeline, kv_timeline, queue_timelines
 from diag.tables import describe
 from diag.units import Unit, fmt_s, fmt_value
 from rules import Diagnosis, Finding, Passed, Skipped
+from rules.features.populations import experiment_limit_rows
 
 
 #: Rows of the slowest-requests table and chart.
@@ -79,7 +81,9 @@ class ReportData:
             top = top_stage(self.analysis.decomposition)
             hint = f"; largest stage: {top[0]} {fmt_value(top[1], Unit.SHARE)} of TTFT" if top else ""
             return f"no verdict (rule engine not run){hint}"
-        return f"verdict: {v.category} - {v.title} (confidence {fmt_confidence(v.confidence)})"
+        line = f"verdict: {v.category} - {v.title} (confidence {fmt_confidence(v.confidence)})"
+        lead = leading_line(self.diagnosis.leading if self.diagnosis is not None else None)
+        return f"{line}; {lead}" if lead else line
 
     def feature(self, name: str) -> float | None:
         """A numeric feature of the diagnosis (None when absent, unavailable or not finite)."""
@@ -187,9 +191,11 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         models = [str(m) for m in spans[stages.GEN_AI_REQUEST_MODEL].dropna().unique()[:20]]
     engines = [str(e) for e in req["engine"].dropna().unique()] if "engine" in req else []
     errors: dict[str, int] = {}
+    limit = experiment_limit_rows(req, t.meta)  # refused at the experiment's context limit: not failures
     if "error" in req:
-        errors = {str(k): int(v) for k, v in req["error"].dropna().astype(str).value_counts().head(20).items()}
-    warmup = int(req["warmup"].fillna(False).astype(bool).sum()) if "warmup" in req else 0
+        counted = ~limit & ~warmup_rows(req)  # the measured requests, as the rules count failures
+        errors = {str(k): int(v) for k, v in req.loc[counted, "error"].dropna().astype(str).value_counts().head(20).items()}
+    warmup = int(warmup_rows(req).sum())
     sides = []
     if "has_server" in req and bool(req["has_server"].any()):
         sides.append("server")
@@ -204,6 +210,7 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         "models": models,
         "engines": engines,
         "errors": errors,
+        "over_context": int(limit.sum()),
         "warmup": warmup,
         "sides": sides,
         "faults": faults if isinstance(faults, Mapping) else {"faults": faults},

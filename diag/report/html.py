@@ -23,7 +23,7 @@ from markupsafe import Markup
 
 from diag import stages
 from diag.report import svg
-from diag.report.cells import evidence_cells, fmt_confidence, fmt_explained
+from diag.report.cells import evidence_cells, fmt_confidence, fmt_explained, leading_line
 from diag.report.gather import ReportData, request_label, stage_cols, top_stage
 from diag.units import as_float
 from diag.units import Unit, fmt_rate, fmt_s, fmt_value
@@ -69,6 +69,7 @@ def _verdict(r: ReportData) -> dict[str, Any]:
         glance.append(("errors", str(r.resources["errors"])))
     top = top_stage(r.analysis.decomposition) if r.verdict is None else None
     return {"glance": glance, "finding": _finding(r.verdict) if r.verdict is not None else None,
+            "leading": leading_line(r.diagnosis.leading if r.diagnosis is not None else None),
             "top": (top[0], _share(top[1]), stages.STAGE_DESCRIPTIONS.get(top[0], "")) if top else None}
 
 

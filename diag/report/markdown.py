@@ -16,7 +16,7 @@ import pandas as pd
 
 from diag import stages
 from diag.report import svg
-from diag.report.cells import evidence_cells, fmt_confidence, fmt_explained
+from diag.report.cells import evidence_cells, fmt_confidence, fmt_explained, leading_line
 from diag.report.gather import ReportData, request_label, stage_cols, top_stage
 from diag.units import Unit, fmt_s, fmt_value
 
@@ -50,6 +50,9 @@ def _verdict(r: ReportData) -> list[str]:
     rule = f" · rule {md_esc(v.rule_id)}" if v.rule_id and v.rule_id != v.category else ""
     L = [f"## Verdict: {md_esc(v.category)}: {md_esc(v.title)}", "",
          f"Confidence **{md_esc(fmt_confidence(v.confidence))}** · explains **{md_esc(fmt_explained(v))}**{rule}", ""]
+    lead = leading_line(r.diagnosis.leading if r.diagnosis is not None else None)
+    if lead:
+        L += [f"_{md_esc(lead)}_", ""]
     if v.evidence:
         cells = [evidence_cells(e) for e in v.evidence]
         L += _table(["evidence", "value", "threshold", "crossed", "what it means"],

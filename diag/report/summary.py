@@ -19,17 +19,23 @@ from diag import stages
 from diag.capture import attribute
 from diag.tables import Tables, describe
 from diag.units import fmt_s
+from rules.features.populations import experiment_limit_rows
 
 NS = 1e9
 #: SLO metric -> the percentile table key that holds it.
 SLO_METRICS: dict[str, str] = {"ttft": "ttft_s", "itl": "itl_s", "tpot": "tpot_s", "e2e": "e2e_s"}
 
 
+def warmup_rows(req: pd.DataFrame) -> pd.Series:
+    """Whether each request was warm-up (False where the table does not say)."""
+    if "warmup" not in req:
+        return pd.Series(False, index=req.index)
+    return req["warmup"].astype(object).fillna(False).astype(bool)
+
+
 def ok_requests(req: pd.DataFrame) -> pd.DataFrame:
     """Requests that count for latency: not warm-up, no error, with a TTFT."""
-    ok = req
-    if "warmup" in ok.columns:
-        ok = ok.loc[~ok["warmup"].fillna(False).astype(bool)]
+    ok = req.loc[~warmup_rows(req)]
     if "error" in ok.columns:
         ok = ok.loc[ok["error"].isna()]
     if "ttft_s" in ok.columns:
@@ -195,14 +201,20 @@ def series_frame(tables: Tables, name: str) -> pd.DataFrame:
 
 
 def resource_summary(tables: Tables) -> dict[str, Any]:
-    """Throughput, device busy fraction, KV usage and waiting-queue depth for a diff or report."""
+    """Throughput, device busy fraction, KV usage and waiting-queue depth for a diff or report.
+    ``errors`` counts the measured requests that failed, as the rules do: not the warm-up (the
+    probe's compatibility check and calibration included), not the refusals at a designed
+    experiment's context limit, counted apart in ``over_context``
+    (:func:`rules.features.populations.experiment_limit_rows`)."""
     req = tables.requests
     ok = ok_requests(req)
     window = wall_window_s(ok)
+    limit = experiment_limit_rows(req, tables.meta)
     out: dict[str, Any] = {
         "requests": int(len(req)),
         "ok_requests": int(len(ok)),
-        "errors": int(req["error"].notna().sum()) if "error" in req else 0,
+        "errors": int((req["error"].notna() & ~limit & ~warmup_rows(req)).sum()) if "error" in req else 0,
+        "over_context": int(limit.sum()),
         "window_s": window,
         "requests_per_s": (len(ok) / window) if window else None,
         "output_tokens_per_s": (float(pd.to_numeric(ok["output_tokens"], errors="coerce").sum()) / window)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from diag.analysis import Analysis
-from diag.report.cells import evidence_cells, fmt_confidence, fmt_explained
+from diag.report.cells import evidence_cells, fmt_confidence, fmt_explained, leading_line
 from diag.units import Unit, fmt_s, fmt_value
 from rules import Diagnosis, Finding
 
@@ -54,6 +54,9 @@ def format_diagnosis(d: Diagnosis, verbose: bool = False) -> str:
     v = d.verdict
     p95 = d.features.value("ttft_p95_s")
     out.append(f"verdict: {v.category} (confidence {fmt_confidence(v.confidence)}) - {v.title}")
+    lead = leading_line(d.leading)
+    if lead:
+        out.append(lead)
     out.extend(finding_body(v, p95))
     others = [f for f in d.findings if f is not v]
     if others:

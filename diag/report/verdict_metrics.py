@@ -7,6 +7,8 @@ Families (gauges; times in seconds, shares 0..1):
   outcome (``queue``, …, ``healthy``, ``no_data``, ``inconclusive``, ``failures``), so
   ``ttft_verdict{category="queue"} == 1`` is an alert rule;
 - ``ttft_verdict_confidence``: the verdict's confidence;
+- ``ttft_leading_candidate{category}``: 1 for the cause that leads below the verdict floor (the
+  verdict is then ``healthy`` or ``inconclusive``, ``rules.verdict``), 0 for the others;
 - ``ttft_finding_confidence{category,rule}`` and ``ttft_finding_explained_seconds{category,rule}``:
   every finding, ranked or not;
 - ``ttft_stage_share{stage}``: each stage's share of TTFT over the window's requests;
@@ -54,6 +56,11 @@ class _Snapshot(Collector):
         yield verdict
         yield GaugeMetricFamily("ttft_verdict_confidence", "confidence of the live verdict (0..1)",
                                 value=float(v.confidence))
+        lead = GaugeMetricFamily("ttft_leading_candidate", "1 for the cause leading under the verdict floor "
+                                 "(the verdict is then healthy or inconclusive), 0 for the others", labels=["category"])
+        for cat in rules.CATEGORIES:
+            lead.add_metric([cat], 1.0 if self.d.leading is not None and self.d.leading.category == cat else 0.0)
+        yield lead
         conf = GaugeMetricFamily("ttft_finding_confidence", "confidence of each finding (0..1)",
                                  labels=["category", "rule"])
         explained = GaugeMetricFamily("ttft_finding_explained_seconds", "TTFT p95 time each finding explains",

@@ -23,6 +23,7 @@ Themes (one module each; a theme is a function taking the shared
 * ``stage_shares`` — each stage's share of TTFT (slowest 5% and median);
 * ``concurrency`` — requests in flight, TTFT vs concurrency, the knee, decode speed by level, and what one load level shows (waiting in line);
 * ``prompt_fit`` — TTFT vs prompt length, a prompt token against a decode step;
+* ``floor`` — what a request's own work costs on this server, and each TTFT against it;
 * ``device`` — device busy, step times, KV usage and preemptions, queue depth, TP comm, CPU profile;
 * ``pipeline`` — pipeline-parallel bubbles: stage idle time in the engine steps, PP against TP;
 * ``itl`` — inter-token latency, TPOT, prefill-decode interference;
@@ -46,6 +47,7 @@ from rules.features import (admission, client, concurrency, device, engine_metri
 from rules.features import pipeline
 from rules.features import frontend
 from rules.features import prefix_cache
+from rules.features import floor
 from rules.features.catalog import CATALOG, FeatureSpec
 from rules.features.context import FeatureContext
 from rules.features.feature import Feature, Features
@@ -72,6 +74,7 @@ THEMES: tuple[Theme, ...] = (
     device.comm_tp,
     pipeline.pipeline,  # pipeline-parallel idle (bubble) from the engine steps' stage accounts
     itl.itl,
+    floor.floor,  # reads ctx.inflight_at, the stage columns and ITL p50
     concurrency.single_level,  # reads ITL p50 and ctx.inflight_at
     populations.cold_start_spans,
     latency.network,

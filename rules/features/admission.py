@@ -26,7 +26,7 @@ from rules.features.numeric import NS, num_col
 
 HOL_NAMES = ("hol_short_ttft_ratio", "hol_blocked_short_n", "hol_unblocked_short_n", "hol_long_prompt_ratio",
              "hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",
-             "hol_blocked_running_max", "hol_baseline_own_wait", "running_cap")
+             "hol_blocked_running_max", "hol_baseline_own_wait", "hol_wait_share_all", "running_cap")
 KVR_NAMES = ("kvr_waiting_steps_frac", "kvr_kv_usage_while_waiting_p95", "kvr_running_while_waiting_p50",
              "kvr_prefill_steps_while_waiting_frac", "kvr_prefill_bound_while_waiting_frac")
 #: a step's prefill is at its limit from this share of its per-step prefill budget
@@ -102,11 +102,15 @@ def head_of_line(ctx: FeatureContext) -> None:
         ctx.add("hol_baseline_own_wait", 1.0)
     else:
         ctx.na(("hol_short_ttft_ratio", "hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",
-                "hol_blocked_running_max", "hol_baseline_own_wait"),
+                "hol_blocked_running_max", "hol_baseline_own_wait", "hol_wait_share_all"),
                f"needs {need} short requests both behind an unfinished long one ({nb}) and not ({nu}), or the "
                "queue times of those behind one (server spans)")
         return
     ctx.add("hol_short_ttft_ratio", float(np.median(t_short[blocked]) / base) if base > 0 else None)
+    # who waits: the blocked short requests' TTFT above the baseline, summed, over every request's TTFT summed
+    total = float(ttft[ok].sum())
+    ctx.add("hol_wait_share_all", float(np.clip(t_short[blocked] - base, 0, None).sum() / total) if total > 0 else None,
+            None if total > 0 else "TTFT is zero")
     # server side: how the blocked short requests waited
     if not np.isfinite(queue).any():
         ctx.na(("hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",

@@ -32,9 +32,11 @@ class FeatureSpec:
 #: (theme, unit, names): every feature name spelt out once
 _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("populations", "requests", ("requests_total_n", "requests_failed_n", "errors_by_kind", "sides_n", "requests_n",
-                                 "cold_start_outliers_n", "cold_start_waited_n", "failed_inflight_p50")),
+                                 "cold_start_outliers_n", "cold_start_waited_n", "failed_inflight_p50",
+                                 "context_limit_refused_n")),
+    ("populations", "tokens", ("context_limit_tokens",)),
     ("populations", "share", ("error_rate", "error_rate_by_segment")),
-    ("populations", "", ("client_only", "designed_by_diagnose")),
+    ("populations", "", ("client_only", "designed_by_diagnose", "designed_probe")),
     ("populations", "x", ("users_prompt_spread_x",)),
     ("populations", "tokens", ("users_prompt_mid_tokens",)),
     ("populations", "tokens", ("users_shared_prefix_tokens",)),
@@ -54,7 +56,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
                       "e2e_p50_s", "client_server_gap_p50_s", "client_server_gap_p95_s", "slo_checks")),
     ("latency", "x", ("client_server_ttft_ratio",)),
     ("latency", "share", ("client_server_gap_frontend_frac",)),
-    ("stage_shares", "share", ("stage_shares_median", "stage_shares_tail", "unattributed_share_tail",
+    ("stage_shares", "share", ("stage_shares_median", "stage_shares_tail", "stage_shares_all", "unattributed_share_tail",
                                "tokenize_share_median", "tokenize_share_tail", "queue_share_median", "queue_share_tail",
                                "prefill_share_median", "prefill_share_tail", "comm_share_median", "comm_share_tail",
                                "sample_share_median", "sample_share_tail", "detokenize_share_median",
@@ -82,9 +84,11 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("prompt_fit", "", ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_intercept_se_ms")),
     ("prompt_fit", "share", ("ttft_prompt_r2", "ttft_prompt_explained_frac")),
     ("prompt_fit", "requests", ("ttft_prompt_fit_n",)),
+    ("prompt_fit", "count", ("prompt_sweep_points_n",)),
     ("prompt_fit", "share", ("ttft_prompt_fit_alone_frac",)),
     ("prompt_fit", "s", ("ttft_prompt_fit_ttft_p50_s", "ttft_prompt_fit_itl_p50_s")),
     ("prompt_fit", "x", ("prompt_slope_per_itl",)),
+    ("prompt_fit", "steps", ("prompt_work_steps_p50",)),
     ("device", "share", ("device_busy_frac", "engine_busy_frac", "device_busy_frac_while_queued", "kv_usage_p95",
                          "kv_usage_max", "kv_time_above_high_frac", "preempted_requests_frac", "comm_share_of_prefill", "comm_share_tp_ttft",
                          "cpu_profile_shares")),
@@ -92,7 +96,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("device", "count", ("preemptions_total", "tp_size")),
     ("device", "requests", ("waiting_seqs_p95", "waiting_seqs_max", "running_seqs_p95", "running_seqs_max")),
     ("device", "x", ("tp_ttft_ratio", "ttft_vs_engine_prefill_ratio")),
-    ("device", "share", ("waiting_at_cap_frac", "waiting_for_kv_share")),
+    ("device", "share", ("waiting_at_cap_frac", "waiting_for_capacity_share")),
     ("itl", "s", ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s", "tpot_p50_s", "tpot_p99_s",
                   "itl_during_prefill_p50_s", "itl_during_prefill_mean_s", "itl_without_prefill_p50_s",
                   "itl_mixed_slo")),
@@ -100,7 +104,8 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("itl", "share", ("itl_prefill_stall_share", "itl_tail_during_prefill_frac", "itl_during_prefill_frac")),
     ("itl", "count", ("itl_tail_gaps_n",)),
     ("client", "", ("client_health_flags", "client_saturated_flag")),
-    ("client", "share", ("client_loop_stall_frac",)),
+    ("client", "share", ("client_loop_stall_frac", "client_first_token_lag_share", "client_first_token_own_lag_share",
+                         "client_first_token_starved_share")),
     ("client", "s", ("client_loop_lag_p99_s", "client_slot_wait_p95_s", "client_send_lateness_p95_s")),
     ("client", "%", ("client_cpu_pct_p95",)),
     # frontend (rules/features/frontend.py): waits before the engine sees a request
@@ -117,6 +122,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("pipeline", "x", ("pp_vs_tp_ttft_ratio",)),
     # admission (rules/features/admission.py): head-of-line behind long prompts, KV reservation
     ("admission", "x", ("hol_short_ttft_ratio", "hol_long_prompt_ratio")),
+    ("admission", "share", ("hol_wait_share_all",)),
     ("admission", "requests", ("hol_blocked_short_n", "hol_unblocked_short_n", "hol_blocked_running_max", "running_cap",
                                "kvr_running_while_waiting_p50")),
     ("admission", "share", ("hol_blocked_queue_share", "hol_blocked_kv_usage_max", "kvr_waiting_steps_frac",
@@ -133,6 +139,10 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("prefix_cache", "requests", ("prefix_first_n", "prefix_repeat_n", "prefix_control_n")),
     ("prefix_cache", "", ("prefix_caching_enabled",)),
     ("populations", "", ("engines_seen",)),
+    # floor (rules/features/floor.py): a request's own work on this server, and TTFT against it
+    ("floor", "s", ("ttft_floor_p50_s",)),
+    ("floor", "x", ("ttft_over_floor_p50", "ttft_over_floor_p90")),
+    ("floor", "requests", ("ttft_floor_n", "ttft_floor_compared_n")),
 )
 
 

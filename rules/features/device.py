@@ -167,7 +167,7 @@ def waiting_at_cap(ctx: FeatureContext) -> None:
             ctx.na(("waiting_at_cap_frac",), "the waiting and running gauges were never scraped together")
     else:
         ctx.na(("waiting_at_cap_frac",), f"needs {stages.SERIES_WAITING} and {stages.SERIES_RUNNING} series")
-    waiting_for_kv(ctx, wait)
+    waiting_for_capacity(ctx, wait)
     ttft = ctx.features.value("ttft_p50_s")
     pre = ctx.features.value("metrics_prefill_time_mean_s")
     if pre is None and ctx.features.value("prefill_s_per_token") is not None and len(ctx.steady):
@@ -179,13 +179,15 @@ def waiting_at_cap(ctx: FeatureContext) -> None:
         ctx.na(("ttft_vs_engine_prefill_ratio",), "needs TTFT and the engine's prefill time (prompt seconds)")
 
 
-def waiting_for_kv(ctx: FeatureContext, wait: pd.DataFrame) -> None:
-    """``waiting_for_kv_share``: of the requests an engine reports waiting, the share it says wait
-    for KV capacity (vLLM's ``num_requests_waiting_by_reason{reason="capacity"}`` over
-    ``num_requests_waiting``, summed over the scrapes where some wait). Unit: share. Series only."""
+def waiting_for_capacity(ctx: FeatureContext, wait: pd.DataFrame) -> None:
+    """``waiting_for_capacity_share``: of the requests an engine reports waiting, the share it holds
+    for scheduling capacity of any kind -- a batch cap (max_num_seqs), the step's token budget or
+    KV blocks alike -- rather than deferring them (vLLM's ``num_requests_waiting_by_reason
+    {reason="capacity"}`` over ``num_requests_waiting``, summed over the scrapes where some wait).
+    It does not say which capacity: alone it is no evidence of KV pressure. Unit: share. Series only."""
     cap = ctx.series_values(stages.SERIES_WAITING_CAPACITY)
     if not (len(cap) and len(wait)):
-        ctx.na(("waiting_for_kv_share",), f"needs the engine's waiting-by-reason gauge ({stages.SERIES_WAITING_CAPACITY}, "
+        ctx.na(("waiting_for_capacity_share",), f"needs the engine's waiting-by-reason gauge ({stages.SERIES_WAITING_CAPACITY}, "
                                           "vLLM num_requests_waiting_by_reason) beside its waiting gauge")
         return
     keys = ["ts_s", "entity"]
@@ -196,9 +198,9 @@ def waiting_for_kv(ctx: FeatureContext, wait: pd.DataFrame) -> None:
     j = w.merge(c, on=keys, how="inner")
     j = j[j["waiting"] >= 1]
     if j.empty:
-        ctx.na(("waiting_for_kv_share",), "no request was waiting when the by-reason gauge was scraped")
+        ctx.na(("waiting_for_capacity_share",), "no request was waiting when the by-reason gauge was scraped")
         return
-    ctx.add("waiting_for_kv_share", float(min(1.0, j["capacity"].clip(lower=0).sum() / j["waiting"].sum())),
+    ctx.add("waiting_for_capacity_share", float(min(1.0, j["capacity"].clip(lower=0).sum() / j["waiting"].sum())),
             source="prometheus")
 
 

@@ -35,26 +35,32 @@ def engines_seen(ctx: FeatureContext) -> dict[str, float]:
 
 
 def populations(ctx: FeatureContext) -> None:
-    """Request counts, error rate, sides; the ok and steady populations (writes ``ctx.ok``, ``ctx.steady``)."""
+    """Request counts, error rate, sides; the ok and steady populations (writes ``ctx.ok``, ``ctx.steady``).
+    Requests refused at a designed experiment's context limit (:func:`experiment_limit_rows`)
+    are neither failures nor measured requests: ``context_limit_refused_n`` counts them."""
     req = ctx.req_all
     n_total = len(req)
     warm = bool_col(req, "warmup")
     err = req["error"].notna() if "error" in req.columns else pd.Series(False, index=req.index)
     if "error" in req.columns:
         err &= req["error"].astype(str).str.len() > 0
+    limit = experiment_limit_rows(req, ctx.meta)
+    err &= ~limit  # the experiment's own limit, not the server failing: counted apart
+    context_limit(ctx, limit & ~warm)
     ttft = num_col(req, "ttft_s")
     ok = req.loc[~warm & ~err & ttft.notna() & (ttft >= 0)]
     ctx.ok = ok.sort_values("start_ns", kind="stable").reset_index(drop=True) if len(ok) else ok
-    measured = req.loc[~warm]
+    counted = ~warm & ~limit  # the measured requests, the experiment's own refusals apart
+    measured = req.loc[counted]
     ctx.add("requests_total_n", float(len(measured)))
     seen = engines_seen(ctx)
     ctx.add("engines_seen", seen or None, None if seen else "no engine named in the capture")
-    ctx.add("requests_failed_n", float(int(err[~warm].sum())))
-    ctx.add("error_rate", float(err[~warm].mean()) if len(measured) else None,
+    ctx.add("requests_failed_n", float(int(err[counted].sum())))
+    ctx.add("error_rate", float(err[counted].mean()) if len(measured) else None,
             None if len(measured) else "no requests in the capture")
-    kinds = req.loc[err & ~warm, "error"].astype(str).value_counts().head(10) if "error" in req.columns else pd.Series(dtype=int)
+    kinds = req.loc[err & counted, "error"].astype(str).value_counts().head(10) if "error" in req.columns else pd.Series(dtype=int)
     ctx.add("errors_by_kind", {str(k): int(v) for k, v in kinds.items()})
-    errors_by_segment(ctx, err & ~warm, ~warm)
+    errors_by_segment(ctx, err & counted, counted)
     has_server = bool_col(req, "has_server")
     has_client = bool_col(req, "has_client")
     ctx.add("sides_n", {"server": int(has_server.sum()), "client": int(has_client.sum()),
@@ -64,10 +70,67 @@ def populations(ctx: FeatureContext) -> None:
     ctx.add("client_only", 1.0 if (client_side and not server_side) else 0.0)
     # the load is ttft diagnose's designed experiment (its ladder, ramp and follow-ups), not the users'
     ctx.add("designed_by_diagnose", 1.0 if isinstance(ctx.meta, dict) and ctx.meta.get("kind") == "diagnose" else 0.0)
+    ctx.add("designed_probe", 1.0 if designed_probe(ctx.meta) or labelled_sweep(ctx.ok) else 0.0)
     users_workload(ctx)
     cold_start_outliers(ctx)
     designed_apart(ctx)
     ctx.add("requests_n", float(len(ctx.steady)))
+
+
+def designed_probe(meta: Any) -> bool:
+    """Whether the probe ran a designed experiment: a ``--sweep`` (one thing varied per point), a
+    ``--shared-prefix`` design (first uses, repeats, controls) or ``--inject-long`` (long prompts
+    among short ones at a set rhythm)."""
+    if not isinstance(meta, dict):
+        return False
+    if isinstance(meta.get("sweep"), dict):
+        return True
+    work = ((meta.get("probe") or {}).get("workload") or {}) if isinstance(meta.get("probe"), dict) else {}
+    return bool(work.get("inject_long")) or bool(work.get("shared_prefix_repeats"))
+
+
+#: a sweep point's label, as ``ttft probe --sweep`` writes it: kind and value
+SWEEP_LABEL = r"^(prompt|concurrency|rate)=([0-9.]+)$"
+
+
+def labelled_sweep(req: pd.DataFrame) -> bool:
+    """Whether most requests (80%) carry sweep labels (``prompt=N``, ``concurrency=N``, ``rate=N``) of
+    one kind with at least 3 points: a sweep the capture records even where its meta.json does not say so."""
+    if len(req) == 0 or "segment" not in req.columns:
+        return False
+    parts = req["segment"].astype(str).str.extract(SWEEP_LABEL)
+    kinds = parts[0].fillna("")
+    return any(kinds.eq(kind).mean() >= 0.8 and parts.loc[kinds.eq(kind), 1].nunique() >= 3
+               for kind in ("prompt", "concurrency", "rate"))
+
+
+def experiment_limit_rows(req: pd.DataFrame, meta: dict | None) -> pd.Series:
+    """Requests refused at the probe's own limit: ``http_4xx`` answers in the segments where a
+    designed experiment (a prompt sweep, diagnose's ladder) found its prompts longer than the
+    server's context (``meta.json`` ``probe.context_limit.refused_segments``). The probe chose
+    those lengths: the refusals are the experiment's limit, not the server failing. A refusal of
+    a length the user chose (no such record) stays a failure."""
+    none = pd.Series(False, index=req.index)
+    probe = meta.get("probe") if isinstance(meta, dict) else None
+    limit = probe.get("context_limit") if isinstance(probe, dict) else None
+    segs = limit.get("refused_segments") if isinstance(limit, dict) else None
+    if not segs or not len(req) or "segment" not in req.columns or "error" not in req.columns:
+        return none
+    return (req["segment"].astype(object).isin([str(x) for x in segs]) & (req["error"].astype(object) == "http_4xx")).fillna(False)
+
+
+def context_limit(ctx: FeatureContext, refused: pd.Series) -> None:
+    """``context_limit_refused_n``: measured requests refused at the experiment's context limit
+    (:func:`experiment_limit_rows`); ``context_limit_tokens``: the limit the server stated (or
+    the shortest prompt it refused as too long)."""
+    probe = ctx.meta.get("probe") if isinstance(ctx.meta, dict) else None
+    limit = probe.get("context_limit") if isinstance(probe, dict) else None
+    limit = limit if isinstance(limit, dict) else {}
+    why = "no designed experiment met the server's context limit (meta.json probe.context_limit)"
+    ctx.add("context_limit_refused_n", float(int(refused.sum())) if limit else None, None if limit else why)
+    tokens = limit.get("context_limit_tokens") or limit.get("refused_prompt_tokens")
+    ok = isinstance(tokens, (int, float)) and tokens > 0
+    ctx.add("context_limit_tokens", float(tokens) if ok else None, None if ok else why)
 
 
 def users_workload(ctx: FeatureContext) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from diag import stages
 from rules.features.context import FeatureContext
 from rules.features.numeric import bool_col, linear_fit, linear_fit_se, num_col, segment_numbers
 
@@ -16,6 +17,7 @@ from rules.features.numeric import bool_col, linear_fit, linear_fit_se, num_col,
 def prompt_fit(ctx: FeatureContext) -> None:
     """TTFT = intercept + slope x prompt tokens on comparable requests (needs a prompt-length sweep)."""
     st = ctx.steady
+    prompt_sweep_points(ctx)
     names = ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_intercept_se_ms", "ttft_prompt_r2",
              "ttft_prompt_explained_frac", "ttft_prompt_fit_n", "ttft_prompt_fit_ttft_p50_s",
              "ttft_prompt_fit_itl_p50_s", "ttft_prompt_fit_alone_frac")
@@ -126,6 +128,17 @@ def prompt_fit(ctx: FeatureContext) -> None:
             None if len(inflight) else "no in-flight count at arrival")
 
 
+def prompt_sweep_points(ctx: FeatureContext) -> None:
+    """``prompt_sweep_points_n``: the prompt lengths a designed sweep varied (``prompt=N`` segments of
+    a ``ttft probe --sweep prompt`` or ttft diagnose's ladder, 2+ steady requests each); 0 without one."""
+    st = ctx.steady
+    if len(st) == 0 or "segment" not in st.columns:
+        ctx.add("prompt_sweep_points_n", 0.0)
+        return
+    counts = segment_numbers(st["segment"])["prompt"].value_counts()
+    ctx.add("prompt_sweep_points_n", float((counts >= 2).sum()))
+
+
 def _slope_resolved(ctx: FeatureContext, x: np.ndarray, y: np.ndarray, spread: float) -> bool:
     """Prompt lengths within a narrow range (a fixed workload with some spread) still carry a
     slope when the fit resolves it: the range at least ``fit_narrow_range_min`` of the mean, and
@@ -150,6 +163,33 @@ def prompt_slope_per_itl(ctx: FeatureContext) -> None:
                 source="prompt-token cost over one decode step: a parallel prefill keeps this far below 1")
     else:
         ctx.add("prompt_slope_per_itl", None, "needs a prompt-length fit and ITL")
+    prompt_work_steps(ctx, itl)
+
+
+def prompt_work_steps(ctx: FeatureContext, itl: float | None) -> None:
+    """How long the median request's prompt work holds its first token back, in decode steps
+    (``prompt_work_steps_p50``): its prefill (+comm) stage seconds with server spans, else the
+    prompt fit's slope x its prompt tokens (the users' typical prompt when ttft diagnose knows it);
+    over ITL p50 (the fit's own requests' when known)."""
+    st = ctx.steady
+    itl = itl or ctx.features.value("itl_p50_s")
+    if not itl or len(st) == 0:
+        ctx.add("prompt_work_steps_p50", None, "needs ITL and completed requests")
+        return
+    prefill = num_col(st, stages.stage_column(stages.PREFILL))
+    work = prefill.add(num_col(st, stages.stage_column(stages.COMM)).fillna(0.0))
+    work = work[bool_col(st, "has_server") & prefill.notna()]
+    if len(work) >= max(3, 0.5 * len(st)):
+        ctx.add("prompt_work_steps_p50", float(work.median()) / itl, source="prefill stage spans / ITL p50")
+        return
+    slope = ctx.features.value("ttft_prompt_slope_ms_per_token")
+    tokens = num_col(st, "input_tokens").dropna()
+    mid = ctx.features.value("users_prompt_mid_tokens") or (float(tokens.median()) if len(tokens) else None)
+    if slope is None or mid is None:
+        ctx.add("prompt_work_steps_p50", None, "needs prefill spans, or a prompt-length fit and prompt token counts")
+        return
+    ctx.add("prompt_work_steps_p50", max(0.0, slope / 1e3 * mid) / itl,
+            source=f"prompt fit: slope x {mid:g} prompt tokens / ITL p50")
 
 
 def _sweep_points(st: pd.DataFrame, mask: pd.Series) -> pd.Series | None:

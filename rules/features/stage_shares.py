@@ -1,5 +1,7 @@
 """Theme: where TTFT goes. Each stage's share of TTFT among the slowest requests (at or above
-``tail_quantile``) and around the median (``median_band``), from server-side stage spans.
+``tail_quantile``), around the median (``median_band``) and over every request (``stage_shares_all``:
+the stage's seconds summed over the requests / their TTFT summed: who waits, weighted by how many),
+from server-side stage spans.
 Units: shares 0..1 of TTFT; ``stage_tail_mean_s`` in seconds.
 """
 
@@ -43,7 +45,8 @@ def stage_shares(ctx: FeatureContext) -> None:
     if "network_s" in st.columns and num_col(st, "network_s").notna().any() and why == "":
         present.append(stages.NETWORK)
     if why:
-        ctx.na(("stage_shares_median", "stage_shares_tail", "stage_tail_mean_s", "unattributed_share_tail"), why)
+        ctx.na(("stage_shares_median", "stage_shares_tail", "stage_shares_all", "stage_tail_mean_s",
+                "unattributed_share_tail"), why)
         ctx.na(scalar, why)
         return
     ttft = num_col(server, "ttft_s")
@@ -62,6 +65,10 @@ def stage_shares(ctx: FeatureContext) -> None:
                 shares[which][s] = float(vals.fillna(0).sum() / denom)
             if which == "tail" and m.any():
                 tail_mean[s] = float(vals.fillna(0).mean())
+    total = float(ttft.sum())
+    ctx.add("stage_shares_all", {s: float(num_col(server, stages.stage_column(s)).fillna(0).sum() / total)
+                                 for s in present} if total > 0 else None,
+            None if total > 0 else "TTFT is zero")
     ctx.add("stage_shares_median", shares["median"])
     ctx.add("stage_shares_tail", shares["tail"])
     ctx.add("stage_tail_mean_s", tail_mean)

@@ -40,7 +40,7 @@ def test_a_log_file_is_not_a_capture(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 @pytest.fixture
 def raw_export(tmp_path: Path) -> Path:
-    """vLLM as a user saves it: its OTLP spans plus a /metrics text every 5 s."""
+    """vLLM as a user saves it: its OTLP spans plus a /metrics text every few seconds."""
     d = tmp_path / "vllm"
     d.mkdir()
     shutil.copy(VLLM / "spans.otlp.jsonl", d)
@@ -57,8 +57,9 @@ def test_unread_scrapes_are_named_once_and_scrape_reads_them(raw_export: Path) -
     assert before.diagnosis.verdict.category != "kv_cache"  # the spans alone tell another story
 
     files = [str(f) for f in raw_export.glob("metrics.t*.prom")]  # shell order: t10 before t2
-    assert main(["scrape", "--from-files", *files, "--interval", "5", "--start", "1767225600",
-                 "-o", str(raw_export)]) == 0
+    sample = load_capture(VLLM / "capture").meta["sample"]  # the times the scrapes were taken at
+    assert main(["scrape", "--from-files", *files, "--interval", str(sample["scrape_interval_s"]),
+                 "--start", str(sample["base_ts_s"]), "-o", str(raw_export)]) == 0
     after = analyze_paths([raw_export])
     assert not [w for w in after.warnings if "not read" in w]
     assert after.diagnosis.verdict.category == "kv_cache"

@@ -29,6 +29,8 @@ def test_analyze_names_the_samples_category(sample, capsys):
     from diag.scenarios.catalog import get
 
     also = get(sample.name).client_only_also  # what a client is scored right with where it cannot see the cause
-    assert json.loads(capsys.readouterr().out)["verdict"]["category"] in {expected} | also
+    doc = json.loads(capsys.readouterr().out)
+    named = (doc["leading_candidate"] or doc["verdict"])["category"]  # client only: maybe under the verdict floor
+    assert named in {expected} | also and doc["verdict"]["category"] in {named, "inconclusive"}
     size = sum(f.stat().st_size for f in sample.rglob("*") if f.is_file())
     assert size < 400 * 1024, f"{sample.name} is {size / 1024:.0f} KiB"

@@ -103,14 +103,27 @@ def test_a_confident_verdict_ends_the_refinement() -> None:
     assert d.step is None and "TTFT broke at concurrency=8" in d.done
 
 
-def test_a_4xx_at_a_rung_is_the_context_limit_and_the_ladder_ends_below_it() -> None:
-    refused = pt("prompt", 512, 0.0, ok=0, errors={"http_4xx": 4}, error_example="HTTP 400: prompt too long")
-    refused = replace(refused, ttft_p50_s=None, ttft_p99_s=None, e2e_p50_s=None)
-    d = next_step(PlanConfig(), [BASE, LADDER[0], LADDER[1], refused], 3.0)
+def _too_long(value: float) -> Point:
+    """A rung whose one request was refused as longer than the server's context (counted apart)."""
+    return replace(pt("prompt", value, 0.0, n=0, ok=0, over_context=1,
+                      error_example="HTTP 400: This model's maximum context length is 300 tokens"),
+                   ttft_p50_s=None, ttft_p99_s=None, e2e_p50_s=None)
+
+
+def test_a_rung_refused_as_too_long_is_the_context_limit_and_the_ladder_ends_below_it() -> None:
+    d = next_step(PlanConfig(), [BASE, LADDER[0], LADDER[1], _too_long(512)], 3.0)
     assert d.learned == {"context_limit_tokens": 512}
     assert d.step is not None and d.step.kind == "concurrency"
-    assert "refused" in d.step.reason and "stops at 256" in d.step.reason
-    # and a bursting rung is not an error burst for the whole run: the refusal is the answer
+    assert "refused as longer than the server's context" in d.step.reason and "stops at 256" in d.step.reason
+
+
+def test_another_4xx_at_a_rung_is_a_failure_not_the_context_limit() -> None:
+    bad = replace(pt("prompt", 512, 0.0, n=4, ok=0, errors={"http_4xx": 4}, error_example="HTTP 400: bad request"),
+                  ttft_p50_s=None, ttft_p99_s=None, e2e_p50_s=None)
+    d = next_step(PlanConfig(), [BASE, LADDER[0], LADDER[1], bad], 3.0)
+    assert "context_limit_tokens" not in d.learned  # not a limit: its refusals stay failures
+    assert d.step is not None and d.step.kind == "concurrency"  # the ladder ends there, the run goes on
+    assert "every request at prompt=512 failed (http_4xx)" in d.step.reason
 
 
 def test_the_ladder_stops_below_a_context_limit_from_v1_models() -> None:
@@ -188,7 +201,7 @@ def test_confidence_ends_the_run_but_never_for_healthy_or_an_outcome() -> None:
     pts = [BASE, *LADDER, pt("concurrency", 2, 0.011), pt("concurrency", 4, 0.012)]
     assert confident_stop("queue", 0.75, pts, PlanConfig()).startswith("the verdict is confident: queue")
     assert confident_stop("queue", 0.69, pts, PlanConfig()) is None
-    for cat in ("healthy", "inconclusive", "failures", "no_data"):
+    for cat in ("healthy", "inconclusive", "failures", "no_data", "loadgen"):
         assert confident_stop(cat, 0.95, pts, PlanConfig()) is None
     # client only: the same queue at 0.75 waits for the design (the long ramp tells it from a KV limit)
     assert confident_stop("queue", 0.75, pts, PlanConfig(), black_box=True) is None
@@ -246,9 +259,24 @@ def test_the_users_prefix_sizes_the_follow_up_and_none_skips_it() -> None:
                      leading="prefill_compute").step is None
 
 
-@pytest.mark.parametrize("leading", ["queue", "healthy", "kv_cache", None])
+@pytest.mark.parametrize("leading", ["queue", "kv_cache", None])
 def test_no_prefix_follow_up_when_something_else_leads(leading) -> None:
     assert next_step(CAPPED, [BASE, *LADDER], 5.0, leading=leading).step is None
+
+
+#: a ladder whose TTFT barely grows: prompt work is a small part of TTFT
+FLAT_LADDER = [pt("prompt", 128, 0.011), pt("prompt", 256, 0.013), pt("prompt", 512, 0.018)]
+
+
+@pytest.mark.parametrize("leading", ["healthy", "inconclusive"])
+def test_with_no_cause_named_prompt_work_leads_when_the_ladder_grew(leading) -> None:
+    """Healthy (nothing waited in the experiment) or inconclusive: the ladder's TTFT growing 6x to its
+    longest rung still says prompt work leads, and what a repeated prefix saves is tested; a ladder
+    that grew 1.8x does not."""
+    d = next_step(CAPPED, [BASE, *LADDER], 5.0, leading=leading)
+    assert d.step is not None and d.step.kind == "prefix"
+    assert f"prompt work leads ({leading}, but TTFT grew 6.0x to 512-token prompts" in d.step.reason
+    assert next_step(CAPPED, [BASE, *FLAT_LADDER], 5.0, leading=leading).step is None
 
 
 def test_no_prefix_follow_up_on_a_failing_server_a_short_ladder_or_without_the_budget() -> None:
@@ -265,7 +293,7 @@ RAMPED = PlanConfig(max_concurrency=8)
 SHORT_RAMP = [pt("concurrency", 2, 0.011), pt("concurrency", 4, 0.012), pt("concurrency", 8, 0.013)]
 
 
-@pytest.mark.parametrize("leading", ["prefill_compute", "kv_cache", "queue"])
+@pytest.mark.parametrize("leading", ["prefill_compute", "kv_cache", "queue", "inconclusive"])
 def test_after_the_ramp_a_long_ramp_tells_a_token_limit_from_a_request_limit(leading) -> None:
     d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP], 6.0, leading=leading)
     assert d.step is not None and (d.step.kind, d.step.value, d.step.stage) == ("long", 1, "follow-up")
@@ -276,6 +304,14 @@ def test_after_the_ramp_a_long_ramp_tells_a_token_limit_from_a_request_limit(lea
     ran = [pt("long", v, 0.030 * (1 + 0.05 * v), tokens=256) for v in (1, 2, 3, 4, 6)]
     d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *ran], 9.0, leading="healthy")
     assert d.step is not None and (d.step.kind, d.step.value) == ("long", 8)
+
+
+def test_when_client_timing_is_invalid_the_long_ramp_still_counts_the_streams_decoding_at_once() -> None:
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP], 6.0, leading="loadgen")
+    assert d.step is not None and (d.step.kind, d.step.value) == ("long", 1)
+    assert "client's timing is invalid" in d.step.reason and "decode at once" in d.step.reason
+    # the follow-ups read from TTFT alone do not run on it
+    assert next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 12.0, leading="loadgen").step is None
 
 
 def test_the_long_ramp_ends_where_ttft_breaks_past_12_in_flight_and_not_on_a_failing_or_cramped_server() -> None:
@@ -339,16 +375,15 @@ def test_with_an_itl_target_the_long_prompt_prefills_for_twice_it_below_the_cont
     d = next_step(tight, [BASE, *LADDER, *SHORT_RAMP], 8.0, leading="healthy")
     assert d.step is not None and d.step.value == tight.prompt_limit_tokens  # 1 s of prefill would not fit
     # a rung the server refused bounds it too
-    refused = pt("prompt", 1024, 0.1, n=1, ok=0, errors={"http_4xx": 1})
-    d = next_step(cfg, [BASE, *LADDER, refused, *SHORT_RAMP], 8.0, leading="healthy")
+    d = next_step(cfg, [BASE, *LADDER, _too_long(1024), *SHORT_RAMP], 8.0, leading="healthy")
     assert d.step is not None and d.step.kind == "mixed" and d.step.value < 1024
 
 
-@pytest.mark.parametrize("leading,itl_target_s", [("healthy", None), ("decode", None), ("queue", 0.05),
-                                                  ("kv_cache", None)])
-def test_no_mixed_follow_up_when_nothing_it_decides_leads(leading, itl_target_s) -> None:
+@pytest.mark.parametrize("leading,itl_target_s,ladder", [("healthy", None, FLAT_LADDER), ("decode", None, LADDER),
+                                                         ("queue", 0.05, LADDER), ("kv_cache", None, LADDER)])
+def test_no_mixed_follow_up_when_nothing_it_decides_leads(leading, itl_target_s, ladder) -> None:
     cfg = replace(RAMPED, itl_target_s=itl_target_s)
-    d = next_step(cfg, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 12.0, leading=leading)
+    d = next_step(cfg, [BASE, *ladder, *SHORT_RAMP, *LONG_RAN], 12.0, leading=leading)
     assert d.step is None or d.step.kind != "mixed"
 
 
@@ -415,3 +450,28 @@ def test_a_ramp_on_the_users_short_prompts_keeps_the_ladders_and_the_long_ramps_
     assert d.step is not None and d.step.kind == "long"
     assert d.step.probe_step(cfg).input_tokens == "fixed:256" and "(23x," in d.step.reason
     assert Step("concurrency", 2, 8, "ramp", "").probe_step(cfg).input_tokens == "fixed:11"
+
+
+def _analysis(verdict: str, *others: tuple[str, float], leading: str | None = None):  # noqa: ANN202
+    from diag.analysis import Analysis
+    from rules import Diagnosis, Finding
+    from rules.features.feature import Features
+
+    def f(cat: str, conf: float) -> Finding:
+        return Finding(cat, cat, cat, conf, None, None, [], [])
+
+    found = [f(verdict, 0.9), *(f(c, x) for c, x in others)]
+    lead = next((x for x in found if x.category == leading), None)
+    return Analysis([], None, {}, Diagnosis(found[0], found, [], Features(), leading=lead))
+
+
+def test_the_follow_ups_are_chosen_for_the_leading_cause_and_beneath_a_client_limit() -> None:
+    from diag.diagnose.result import named_of
+
+    assert named_of(None) is None
+    assert named_of(_analysis("queue")) == "queue"
+    assert named_of(_analysis("inconclusive", ("kv_cache", 0.6), leading="kv_cache")) == "kv_cache"
+    # client timing invalid: the best cause beneath it the long ramp decides, else loadgen itself
+    assert named_of(_analysis("loadgen", ("tokenize", 0.4), ("queue", 0.35))) == "queue"
+    assert named_of(_analysis("loadgen", ("tokenize", 0.4))) == "loadgen"
+    assert named_of(_analysis("healthy")) == "healthy"

@@ -173,10 +173,12 @@ def test_a_gap_that_holds_the_engines_front_end_is_not_called_network_alone(tmp_
     tables = tables_of(dirs)
     tables.requests["gap_includes_frontend"] = True
     d = diagnose(tables)
-    assert d.verdict.category == "network", format_diagnosis(d)
-    assert "tokenization" in d.verdict.title and "front end" in (d.verdict.note or "")
-    assert any("--sweep prompt" in c for c in d.verdict.next_checks)
-    assert d.verdict.confidence < plain.verdict.confidence
+    # front end + network, not told apart: named, less surely (under the verdict floor)
+    assert d.named == "network", format_diagnosis(d)
+    net = d.leading or d.verdict
+    assert "tokenization" in net.title and "front end" in (net.note or "")
+    assert any("--sweep prompt" in c for c in net.next_checks)
+    assert net.confidence < plain.verdict.confidence
 
 
 def test_a_broken_slo_whose_largest_stage_is_lumped_names_no_cause() -> None:

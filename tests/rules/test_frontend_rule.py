@@ -164,11 +164,11 @@ def _dynamo_series(path: Path, frontend_s: float, tokenize_s: float) -> Path:
 def test_dynamo_front_end_time_beyond_its_tokenizer_is_the_front_end(tmp_path: Path) -> None:
     d = diagnose(build_tables(load_capture(_dynamo_series(tmp_path / "a", 0.6, 0.04))))
     f = _find(d, "frontend")
-    assert f is not None and d.verdict.category == "frontend", format_diagnosis(d)
+    assert f is not None and d.named == "frontend", format_diagnosis(d)  # Dynamo's metrics alone: maybe under the floor
     # the same front-end time spent in its tokenizer is tokenize's
     d = diagnose(build_tables(load_capture(_dynamo_series(tmp_path / "b", 0.6, 0.55))))
     assert _find(d, "frontend") is None and "see tokenize" in _passed(d, "frontend")
-    assert d.verdict.category == "tokenize", format_diagnosis(d)
+    assert d.named == "tokenize", format_diagnosis(d)
 
 
 def _sweep_with_metrics(tmp: Path, engine_args: list[str]):
@@ -198,8 +198,8 @@ def test_client_with_the_engines_gauges_tells_a_front_end_line_from_the_engines(
     front end (most of the client's requests in flight are not in the engine); one request at a time in
     the engine (--max-running 1) is queue, the engine counting every request in flight."""
     d = _sweep_with_metrics(tmp_path / "fe", ["--inject", "frontend_workers=2"])
-    assert d.verdict.category == "frontend", format_diagnosis(d)
+    assert d.named == "frontend", format_diagnosis(d)  # the verdict, or under the floor the leading candidate
     assert d.features.value("engine_unseen_share") >= 0.5
     d = _sweep_with_metrics(tmp_path / "q", ["--max-running", "1"])
-    assert d.verdict.category == "queue", format_diagnosis(d)
+    assert d.named == "queue", format_diagnosis(d)
     assert d.features.value("engine_unseen_share") < 0.2 and _find(d, "frontend") is None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rules.model import Finding
-from rules.overrides import OVERRIDES, Override, apply_overrides, winner
+from rules.model import Evidence, Finding
+from rules.overrides import LONG_RAMP_CAP_ROW, OVERRIDES, Override, apply_overrides, rank_after_winners, winner
 
 GENERAL = {"demote_factor": 0.5, "strong_confidence": 0.5}
 
@@ -31,10 +31,34 @@ def test_a_finding_winner_demotes_its_losers_only_when_it_fired() -> None:
     assert q2.demoted_by == []
 
 
-def test_the_load_generator_demotes_every_server_finding() -> None:
-    fs = [_f("loadgen"), _f("queue"), _f("interference"), _f("cold_start")]
+def test_a_loser_never_ranks_above_the_finding_that_demoted_it() -> None:
+    """Prefill demoted by head-of-line (the short prompts' wait is the long ones' prefill seen from
+    behind) ranks after it although a lower tier put it first; the rest keep their order."""
+    pre, hol, dec = _f("prefill_compute", 0.42, tier=1), _f("head_of_line", 0.67, tier=2), _f("decode", 0.3, tier=3)
+    pre.demoted_by = ["head_of_line"]
+    fs = [pre, dec, hol]
+    rank_after_winners(fs)
+    assert [f.category for f in fs] == ["decode", "head_of_line", "prefill_compute"]
+    fs = [hol, dec, pre]  # already after it: unchanged
+    rank_after_winners(fs)
+    assert [f.category for f in fs] == ["head_of_line", "decode", "prefill_compute"]
+
+
+def test_the_load_generator_demotes_every_server_finding_read_from_client_timing() -> None:
+    client_queue, network = _f("queue"), _f("network")
+    client_queue.black_box = True
+    fs = [_f("loadgen"), client_queue, network, _f("queue"), _f("interference"), _f("cold_start")]
     apply_overrides(fs, None, None, GENERAL)
-    assert [f.demoted_by for f in fs] == [[], ["loadgen"], ["loadgen"], []]
+    # client timing (a black-box queue, the client-server gap) is demoted; what the server measured stands
+    assert [f.demoted_by for f in fs] == [[], ["loadgen"], ["loadgen"], [], [], []]
+
+
+def test_a_long_ramps_stream_count_stands_under_the_load_generator() -> None:
+    kv = _f("kv_cache")
+    kv.black_box = True
+    kv.evidence.append(Evidence(LONG_RAMP_CAP_ROW, 2.0, None, "requests", "counted, not timed"))
+    apply_overrides([_f("loadgen"), kv], None, None, GENERAL)
+    assert kv.demoted_by == []
 
 
 def test_ttft_met_other_slo_broken_pushes_ttft_findings_down() -> None:

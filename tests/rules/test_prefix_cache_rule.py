@@ -105,7 +105,7 @@ def _rows(f) -> dict[str, object]:
 def test_client_only_repeats_that_cost_a_first_use_are_named(tmp_path):
     d = _diagnose(_capture(tmp_path / "c", fixed_s=0.010, per_token_s=0.0004, hit=False, server=False))
     f = _find(d)
-    assert f is not None and d.verdict.rule_id == "prefix_cache", format_diagnosis(d)
+    assert f is not None and d.named == "prefix_cache", format_diagnosis(d)
     rows = _rows(f)
     saving = rows["repeats' TTFT saving of the prefix's cost"]
     assert saving.crossed and abs(saving.value) < 0.05  # repeats saved nothing of the prefix

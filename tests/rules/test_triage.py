@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from diag.analysis import recorded_slo
 from diag.capture import load_capture
 from diag.tables import build_tables
 from rules import REGISTRY, diagnose
@@ -91,8 +92,21 @@ def test_confidence_is_directness_times_mean_strength_times_sample_size() -> Non
     t = Triage(_ctx({"a": 1.0}, requests_n=5))
     t.crossed("a", 2.0, "a", "x", "")
     t.add_strength(0.5)
-    assert t.confidence(0.8) == pytest.approx(round(0.8 * 0.75 * (5 / 20) ** 0.5, 3))
-    assert t.confidence(0.8, black_box=True) == pytest.approx(round(0.8 * 0.75 * (5 / 20) ** 0.5 * 0.6, 3))
+    f = (5 / 20) ** 0.5  # the sample factor, for evidence at its thresholds ...
+    weight = f + (1 - f) * f * 0.5  # ... eased halfway to f (2 - f): the mean strength 0.75 is half-way past
+    assert t.confidence(0.8) == pytest.approx(round(0.8 * 0.75 * weight, 3))
+    assert t.confidence(0.8, black_box=True) == pytest.approx(round(0.8 * 0.75 * weight * 0.6, 3))
+
+
+def test_a_few_requests_weigh_less_at_the_threshold_than_far_past_it() -> None:
+    at, far = Triage(_ctx({"a": 1.0}, requests_n=5)), Triage(_ctx({"a": 1.0}, requests_n=5))
+    at.crossed("a", 1.0, "a", "x", "")
+    far.crossed("a", 4.0, "a", "x", "")
+    assert at.confidence(1.0) == pytest.approx(0.5 * 0.5)  # strength 0.5 x the sample factor
+    assert far.confidence(1.0) == pytest.approx(1.0 * (0.5 + 0.5 * 0.5))  # f (2 - f)
+    many = Triage(_ctx({"a": 1.0}, requests_n=40))
+    many.crossed("a", 4.0, "a", "x", "")
+    assert far.confidence(1.0) < many.confidence(1.0) == 1.0
 
 
 def test_finding_leaves_id_and_category_to_the_engine() -> None:
@@ -103,7 +117,8 @@ def test_finding_leaves_id_and_category_to_the_engine() -> None:
 @pytest.mark.parametrize("sample", ["queue", "kv_cache", "interference", "loadgen"])
 def test_the_engine_fills_id_and_category_from_the_decorator(sample: str) -> None:
     root = Path(__file__).resolve().parents[2] / "samples" / sample
-    d = diagnose(build_tables([load_capture(p) for p in sorted(root.iterdir()) if p.is_dir()]))
+    caps = [load_capture(p) for p in sorted(root.iterdir()) if p.is_dir()]
+    d = diagnose(build_tables(caps), slo=recorded_slo(caps))  # interference: its users' ITL target
     rule_findings = [f for f in d.findings if f.rule_id in REGISTRY]
     assert rule_findings and d.verdict.rule_id == d.verdict.category == sample
     for f in rule_findings:

@@ -55,3 +55,29 @@ def test_run_rules_returns_the_rules_diagnosis(queue_capture: Path) -> None:
     assert isinstance(run.diagnosis, Diagnosis) and run.error == ""
     assert run.diagnosis.verdict.category == "queue"
     assert run.requests == run.total >= 59  # every request the window holds (the rules cap is 20,000)
+
+
+def test_refusals_at_a_recorded_context_limit_are_not_counted_as_errors() -> None:
+    import pandas as pd
+
+    from diag.tables import Tables
+    from tui.model import latency_vm
+    from tui.prepared import Prepared
+
+    n = 8
+    req = pd.DataFrame({"start_ns": [1.7e18 + i * 1e8 for i in range(n)],
+                        "ttft_s": [0.02] * 4 + [float("nan")] * 4, "warmup": [False] * n,
+                        "segment": ["prompt=512"] * 4 + ["prompt=1024"] * 4,
+                        "error": [None] * 4 + ["http_4xx"] * 3 + ["http_5xx"]})
+
+    def vm(meta: dict):
+        tables = Tables(requests=req, steps=pd.DataFrame(columns=["start_ns"]), cold_starts=pd.DataFrame(),
+                        spans=pd.DataFrame(), series=pd.DataFrame(columns=["ts_s", "source", "series", "entity", "value"]),
+                        meta=meta)
+        p = Prepared(tables)
+        return latency_vm(p, slice(0, n), (int(1.7e18), int(1.7e18 + n * 1e8)))[0]
+
+    limited = vm({"probe": {"context_limit": {"refused_segments": ["prompt=1024"]}}})
+    assert (limited.requests, limited.errors, limited.over_context) == (4, 1, 3)  # the 503 stays an error
+    plain = vm({})  # a length the user chose: its refusals are errors
+    assert (plain.requests, plain.errors, plain.over_context) == (4, 4, 0)

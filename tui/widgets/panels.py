@@ -157,6 +157,8 @@ class StatusBar(Widget):
         t.append(f"  {vm.latency.requests} req", style="dim")
         if vm.latency.errors:
             t.append(f" ({vm.latency.errors} errors)", style="red")
+        if vm.latency.over_context:
+            t.append(f" ({vm.latency.over_context} past the context limit)", style="dim")
         t.append("  ")
         if self.paused:
             t.append(" PAUSED ", style="bold black on yellow")

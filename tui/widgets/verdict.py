@@ -36,7 +36,7 @@ class VerdictPanel(Panel):
         if vm is None:
             return None
         return (vm.pending, vm.title, vm.explained, tuple((e.name, e.meaning) for e in vm.evidence),
-                tuple(vm.next_checks), tuple(o.title for o in vm.others), vm.note, vm.scope)
+                tuple(vm.next_checks), tuple(o.title for o in vm.others), vm.note, vm.scope, vm.leading)
 
     def render(self) -> RenderResult:
         v: VerdictVM | None = self._vm
@@ -56,6 +56,8 @@ class VerdictPanel(Panel):
             if v.explained:
                 t.append("  " + v.explained, style="dim")
             t.append("\n")
+        if v.leading:
+            t.append(v.leading + "\n", style="italic yellow")
         parts: list[Any] = [t]
         if v.evidence:
             if not self.compact:

@@ -37,3 +37,20 @@ def test_without_rules_the_largest_stage_is_named(cap: Path) -> None:
     assert r.verdict is None and r.findings == [] and r.skipped == []
     assert r.verdict_line.startswith("no verdict (rule engine not run); largest stage: ")
     assert r.prompt_fit is not None and r.prompt_fit[2].startswith("least-squares fit, all requests")
+
+
+def test_refusals_at_a_designed_experiments_context_limit_are_not_counted_as_failed(tmp_path: Path) -> None:
+    import json
+
+    from workload import Workload, write_capture
+
+    w = Workload(n=12, segment=lambda i: "prompt=1024" if i >= 10 else "prompt=256",
+                 error=lambda i: "http_4xx" if i >= 9 else None)  # one refusal at 256: the server failing
+    cap = write_capture(tmp_path / "cap", w)
+    meta = json.loads((cap / "meta.json").read_text())
+    meta["probe"] = {"context_limit": {"refused_segments": ["prompt=1024"], "refused_prompt_tokens": 1024,
+                                       "context_limit_tokens": 512}}
+    (cap / "meta.json").write_text(json.dumps(meta))
+    r = build_report(analysis_of(cap))
+    assert r.resources["errors"] == 1 and r.resources["over_context"] == 2
+    assert r.context["errors"] == {"http_4xx": 1} and r.context["over_context"] == 2

@@ -59,3 +59,29 @@ def test_a_prompt_first_contact_or_one_outside_the_window_is_no_start_up() -> No
     late = make_tables(req, meta=_first_contact(3.0))
     windowed = compute_features(late, window_ns=(int(1.7e18), int(1.7e18 + 6e9)))
     assert windowed.value("cold_start_first_contact_s") is None and windowed.value("cold_start_outliers_n") == 0
+
+
+def _sweep_past_the_context(record: bool):
+    """A prompt sweep of 3 points, 6 requests each; the last point refused with 400s (and one 503)."""
+    ttft = [0.02] * 12 + [float("nan")] * 6
+    segs = ["prompt=512"] * 6 + ["prompt=1024"] * 6 + ["prompt=2048"] * 6
+    errors = [None] * 12 + ["http_4xx"] * 5 + ["http_5xx"]
+    meta = {"probe": {"context_limit": {"refused_segments": ["prompt=2048"], "context_limit_tokens": 2000,
+                                        "refused_prompt_tokens": 2048}}} if record else {}
+    return compute_features(make_tables(make_requests(ttft, segment=segs, error=errors,
+                                                      input_tokens=[512] * 6 + [1024] * 6 + [2048] * 6), meta=meta))
+
+
+def test_refusals_at_a_recorded_context_limit_are_not_failures() -> None:
+    feats = _sweep_past_the_context(record=True)
+    # the 400s at the point the probe chose past the context are its limit; the 503 is still a failure
+    assert feats.value("context_limit_refused_n") == 5 and feats.value("context_limit_tokens") == 2000
+    assert feats.value("errors_by_kind") == {"http_5xx": 1}
+    assert feats.value("requests_total_n") == 13 and feats.value("error_rate") == 1 / 13
+    assert feats.value("error_rate_by_segment") == {"prompt=2048": 1.0}
+
+
+def test_the_same_refusals_without_a_recorded_limit_are_failures() -> None:
+    feats = _sweep_past_the_context(record=False)
+    assert feats.value("context_limit_refused_n") is None
+    assert feats.value("errors_by_kind") == {"http_4xx": 5, "http_5xx": 1} and feats.value("error_rate") == 6 / 18
