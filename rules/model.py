@@ -96,7 +96,8 @@ class Finding:
         return self.confidence * self.weight
 
     def add_note(self, text: str) -> None:
-        self.note = f"{self.note} {text}" if self.note else text
+        """Append ``text`` to the note, the two joined by "; "."""
+        self.note = f"{self.note.rstrip('; ')}; {text}" if self.note else text
 
     def to_dict(self) -> dict[str, Any]:
         return {

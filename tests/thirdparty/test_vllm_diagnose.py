@@ -23,7 +23,7 @@ from collectors.probe.health import FIRST_TOKEN_SHARE_LIMIT
 from rules.verdict import VERDICT_FLOOR
 
 from hf_serve import ttft_command
-from vllm_serve import build_model, require_vllm, serving
+from vllm_serve import serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -57,10 +57,9 @@ def _check_queue(doc: dict[str, Any]) -> dict[str, Any]:
     return verdict
 
 
-def test_diagnose_names_a_max_num_seqs_cap_queue_client_only_and_with_metrics(tmp_path: Path) -> None:
-    python = require_vllm()
-    model = build_model(tmp_path / "tiny")
-    with serving(model, ["--max-num-seqs", str(MAX_NUM_SEQS)], python=python, log_dir=tmp_path) as srv:
+def test_diagnose_names_a_max_num_seqs_cap_queue_client_only_and_with_metrics(
+        vllm_python: Path, vllm_model: Path, tmp_path: Path) -> None:
+    with serving(vllm_model, ["--max-num-seqs", str(MAX_NUM_SEQS)], python=vllm_python, log_dir=tmp_path) as srv:
         client_only = _diagnose(srv.url, tmp_path / "client")
         with_metrics = _diagnose(srv.url, tmp_path / "metrics", "--metrics", srv.url + "/metrics")
     _check_queue(client_only)

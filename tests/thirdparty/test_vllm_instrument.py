@@ -21,7 +21,7 @@ from diag.capture import load_capture
 from diag.tables import build_tables
 
 from hf_serve import ttft_command
-from vllm_serve import build_model, require_vllm, serving
+from vllm_serve import serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -34,14 +34,12 @@ READ_NOT_EMITTED = (ee.VLLM_CACHED_TOKENS, stages.GEN_AI_REQUEST_MODEL, "gen_ai.
 
 
 @pytest.fixture(scope="module")
-def instrumented_run(tmp_path_factory):  # noqa: ANN201, ANN001
+def instrumented_run(tmp_path_factory, vllm_python, vllm_model):  # noqa: ANN201, ANN001
     """One instrumented server, probed at 4 streams: (server capture, client capture, server log)."""
-    python = require_vllm()
     root = tmp_path_factory.mktemp("vllm-instrument")
-    model = build_model(root / "tiny")
     srv_dir, cli_dir = root / "srv", root / "cli"
     prefix = [*ttft_command(), "instrument", "--capture", str(srv_dir), "--"]
-    with serving(model, ["--max-num-seqs", "2"], python=python, prefix=prefix, log_dir=root) as srv:
+    with serving(vllm_model, ["--max-num-seqs", "2"], python=vllm_python, prefix=prefix, log_dir=root) as srv:
         cfg = ProbeConfig(srv.url, api="chat", load=LoadSpec(concurrency=4, requests=16, warmup_requests=2),
                           workload=WorkloadSpec(LengthSpec.parse("64"), LengthSpec.parse("32")), timeout_s=120,
                           output=cli_dir)
