@@ -161,7 +161,9 @@ class PrometheusScraper:
     Errors (connection refused, timeouts, HTTP errors, malformed text) are counted in
     ``errors`` and kept as a one-line ``last_error``; the previous good scrape is kept, so the
     next good one's deltas span the gap. ``on_rows`` (optional) is called on the scraper
-    thread with each scrape's new rows; it must not block.
+    thread with each scrape's new rows; it must not block. ``on_text`` (optional) makes the
+    thread only fetch: it gets each (Unix s, text) unparsed, and whoever holds the texts parses
+    them with :meth:`ingest`, in the order taken.
     """
 
     def __init__(
@@ -174,6 +176,7 @@ class PrometheusScraper:
         max_rows: int = 2_000_000,
         on_rows: Callable[[list[tuple[float, str, str, float]]], None] | None = None,
         fetch: Callable[[str, float], str] | None = None,
+        on_text: Callable[[float, str], None] | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
@@ -184,6 +187,7 @@ class PrometheusScraper:
         self.entity = entity
         self.max_rows = max_rows
         self.on_rows = on_rows
+        self.on_text = on_text
         self._fetch = fetch or _http_get_text
         self.adapter: pa.EngineAdapter | None = resolve_adapter(engine, ()) if engine else None
         self._prev: pa.Snapshot | None = None
@@ -293,7 +297,12 @@ class PrometheusScraper:
     def _loop(self) -> None:
         next_t = time.monotonic()
         while not self._stop.is_set():
-            self.scrape_once()
+            if self.on_text is None:
+                self.scrape_once()
+            else:
+                got = self.fetch_text()
+                if got is not None:
+                    self.on_text(*got)
             next_t += self.interval_s
             delay = next_t - time.monotonic()
             if delay < 0:  # fell behind (slow endpoint): skip the missed ticks

@@ -18,7 +18,6 @@ thread.
 from __future__ import annotations
 
 import threading
-import time
 import zlib
 from typing import Any
 
@@ -30,48 +29,36 @@ MAX_PENDING_BYTES = 64 * 1024 * 1024
 
 
 class DeferredScrape:
-    """A :class:`collectors.prometheus.PrometheusScraper` whose thread only fetches: the texts are
-    parsed by :meth:`parse_pending` on the caller's thread, in the order they were taken (rates and
-    histogram deltas between scrapes come out as the scraper's own loop gives them).
+    """A :class:`collectors.prometheus.PrometheusScraper` whose thread only fetches (its
+    ``on_text``): the texts are parsed by :meth:`parse_pending` on the caller's thread, in the
+    order they were taken (rates and histogram deltas between scrapes come out as the scraper's
+    own loop gives them).
 
-    Threading: the fetching thread appends under a lock; :meth:`parse_pending`, :meth:`stop`,
+    Threading: the scraper's thread appends under a lock; :meth:`parse_pending`, :meth:`stop`,
     :meth:`collect` and :meth:`stats` from one other thread."""
 
     def __init__(self, scraper: Any) -> None:
         self.scraper = scraper
+        scraper.on_text = self._keep
         self._pending: list[tuple[float, bytes]] = []
         self._pending_bytes = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.parsed_while_probing = 0
 
     def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name=f"ttft-scrape {self.scraper.url}", daemon=True)
-            self._thread.start()
+        self.scraper.start()
 
-    def _loop(self) -> None:
-        interval = self.scraper.interval_s
-        next_t = time.monotonic()
-        while not self._stop.is_set():
-            got = self.scraper.fetch_text()
-            if got is not None:
-                packed = zlib.compress(got[1].encode("utf-8"), 1)
-                with self._lock:
-                    self._pending.append((got[0], packed))
-                    self._pending_bytes += len(packed)
-                    over = self._pending_bytes > MAX_PENDING_BYTES
-                if over:  # a bound on memory: the oldest is parsed here, while the probe runs
-                    self._parse(1)
-                    self.parsed_while_probing += 1
-            next_t += interval
-            delay = next_t - time.monotonic()
-            if delay < 0:  # fell behind (slow endpoint): skip the missed ticks
-                next_t, delay = time.monotonic(), 0.0
-            if self._stop.wait(delay):
-                break
+    def _keep(self, ts_s: float, text: str) -> None:
+        """The scraper thread's hand-over: keep the text compressed; past
+        :data:`MAX_PENDING_BYTES` the oldest is parsed here, while the probe runs."""
+        packed = zlib.compress(text.encode("utf-8"), 1)
+        with self._lock:
+            self._pending.append((ts_s, packed))
+            self._pending_bytes += len(packed)
+            over = self._pending_bytes > MAX_PENDING_BYTES
+        if over:
+            self._parse(1)
+            self.parsed_while_probing += 1
 
     def _parse(self, most: int | None = None) -> int:
         with self._lock:
@@ -87,12 +74,8 @@ class DeferredScrape:
         return self._parse()
 
     def stop(self) -> None:
-        """Stop fetching (join the thread) and parse what is left."""
-        self._stop.set()
-        t = self._thread
-        if t is not None:
-            t.join(self.scraper.timeout_s + 1.0)
-        self._thread = None
+        """Stop fetching (join the scraper's thread) and parse what is left."""
+        self.scraper.stop()
         self.parse_pending()
 
     def collect(self) -> Any:
