@@ -161,6 +161,17 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         t.judged("TTFT per prompt token / ITL p50", per_itl, "bb_slope_per_itl_max", "x",
                  "a prompt token costs a small part of a decode step, as a parallel prefill does", op="<")
     s, pct = ctx.explained(min(expl, 1.0))
+    # vLLM and SGLang also measure it: their prefill-time histogram's share of TTFT, judged like a span's
+    mp = ctx.v("metrics_prefill_share")
+    if mp is not None and t.judged("prefill share of TTFT (engine metrics)", mp, "share_min", "share",
+                                   "mean prefill time / mean TTFT from the engine's own histograms, request-weighted "
+                                   "over scrape windows: the prompt cost the fit infers, measured by the engine",
+                                   weigh=True):
+        _prefill_metric_rows(t)
+        return finding("Prefill compute: TTFT grows with prompt length and the engine's prefill time holds most of it "
+                       "(engine metrics)", t.confidence(0.85), s, pct, t.evidence, PREFILL_CHECKS,
+                       population_share=min(expl, 1.0),
+                       note="the prompt fit from the client, and the prefill time from the engine's /metrics")
     return finding("TTFT grows linearly with prompt length at low concurrency: prefill compute (black box)",
                    t.confidence(0.85, black_box=True), s, pct, t.evidence, PREFILL_CHECKS, black_box=True,
                    population_share=min(expl, 1.0),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rules.base import Outcome, RuleContext, Triage, beyond_chance, check_strength, finding, rule, strength
+from rules.model import Finding
 from rules.overrides import LONG_RAMP_CAP_ROW, LONG_RAMP_ROW
 
 QUEUE_IDLE_CHECKS = [
@@ -201,18 +202,20 @@ def _queue_sweep(ctx: RuleContext) -> Outcome:
 
 
 def _queue_one_level(ctx: RuleContext) -> Outcome:
-    """One load level: requests served one after another (client timing), else the engine's gauges."""
-    reasons = []
-    if all(ctx.has(n) for n in SINGLE_LEVEL):
-        out = _queue_in_line(ctx)
-        if not isinstance(out, str):
-            return out
-        reasons.append(out)
-    if all(ctx.has(n) for n in AT_CAP):
-        out = _queue_at_cap(ctx)
-        if not isinstance(out, str):
-            return out
-        reasons.append(out)
+    """One load level: requests served one after another (client timing) and the engine's gauges;
+    the surer finding of the two when both fire (the gauges, with a queue-time histogram, measure
+    what the client's order of events infers)."""
+    reasons: list[str] = []
+    found: list[Finding] = []
+    for names, judge in ((SINGLE_LEVEL, _queue_in_line), (AT_CAP, _queue_at_cap)):
+        if all(ctx.has(n) for n in names):
+            out = judge(ctx)
+            if isinstance(out, str):
+                reasons.append(out)
+            else:
+                found.append(out)
+    if found:
+        return max(found, key=lambda f: f.confidence)
     return "; ".join(reasons)
 
 
@@ -318,7 +321,9 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
 
 def _queue_at_cap(ctx: RuleContext) -> Outcome:
     """The engine's gauges at one level: requests waiting while running sits at its cap, and TTFT
-    far above the engine's own prefill time for the prompt (llama.cpp, TGI: no queue histogram)."""
+    far above the engine's own prefill time for the prompt (llama.cpp, TGI: no queue histogram). Where the
+    engine has a queue-time histogram (vLLM, SGLang) its share of TTFT is judged too, and the finding is
+    as direct as the wait it measures (``at_cap_measured_directness``)."""
     th = ctx.th
     at_cap = ctx.v("waiting_at_cap_frac")
     ratio = ctx.v("ttft_vs_engine_prefill_ratio")
@@ -332,16 +337,22 @@ def _queue_at_cap(ctx: RuleContext) -> Outcome:
                      "TTFT far above what the engine itself spends on the prompt: the rest is waiting",
                      miss="TTFT is {value:.1f}x the engine's prefill time (< {threshold:g}x)"):
         return t.pass_reason()
-    _queue_metric_rows(t, False)
+    # vLLM and SGLang also measure the wait: their queue-time histogram, judged like the sweep's
+    mq = ctx.v("metrics_queue_share")
+    measured = mq is not None and _judged_metrics_queue_share(t, mq, "the waiting gauge")
+    _queue_metric_rows(t, measured)
     s, pct = ctx.explained(1.0 - 1.0 / ratio if ratio and ratio > 1 else None)
+    directness = float(th["at_cap_measured_directness"] if measured else th["at_cap_directness"])
     return finding("Requests wait for a free slot: running sits at its cap while others wait, and TTFT is far above "
-                   "the engine's own prefill time (engine gauges, one load level)",
-                   t.confidence(float(th["at_cap_directness"])), s, pct, t.evidence,
+                   "the engine's own prefill time (engine gauges, one load level"
+                   + (", the wait measured by its queue-time histogram)" if measured else ")"),
+                   t.confidence(directness), s, pct, t.evidence,
                    ["the engine's slot / batch limits (llama.cpp --parallel, TGI max_concurrent_requests / "
                     "max_batch_total_tokens) against the offered load",
                     *QUEUE_BUSY_CHECKS[:1], "confirm with a concurrency sweep: `ttft probe URL --sweep concurrency`"],
-                   note="from the engine's waiting/running gauges and prompt seconds; no queue-time histogram, so "
-                   "the wait is inferred, not measured")
+                   note="from the engine's waiting/running gauges and prompt seconds, and its queue-time histogram"
+                   if measured else "from the engine's waiting/running gauges and prompt seconds; no queue-time "
+                   "histogram, so the wait is inferred, not measured")
 
 
 @rule("tokenize", "tokenize", needs=(("tokenize_share_tail",), ("prompt_slope_per_itl", "ttft_prompt_r2")))
@@ -635,9 +646,12 @@ def kv_cache(ctx: RuleContext) -> Outcome:
               "running streams keep their speed: the extra requests are not admitted, they wait" if holds else
               "running streams slow too: preempted requests recompute their KV cache")
     s, pct = ctx.explained(1.0 - 1.0 / jump)
+    # a batch cap and a front end's workers make the same knee: it leads, never the verdict alone
+    # (the engine's KV gauges, or diagnose's long ramp at longer prompts, tell them apart)
+    conf = min(t.confidence(0.75, black_box=True), float(th["bb_knee_confidence_max"]))
     return finding(f"TTFT jumps past {knee:g} concurrent requests while decode speed holds: an admission limit, "
                    "likely KV-cache capacity (black box)",
-                   t.confidence(0.75, black_box=True), s, pct, t.evidence, KV_CHECKS,
+                   conf, s, pct, t.evidence, KV_CHECKS,
                    note="client-only evidence: KV usage is not observed; the same knee comes from a max_num_seqs "
                    "limit or a front end with that many workers (HTTP threads, API servers); scrape the server's "
                    "/metrics (KV usage, preemptions, its waiting gauge: empty while requests wait before it is the "

@@ -186,7 +186,7 @@ def test_the_outcomes_show_as_such_in_analyze_report_and_tui(tmp_path: Path, cas
     assert vm.verdict.leading.startswith("leading candidate") == (case == "inconclusive")
 
 
-def _gauge_ctx(waiting_at_cap: float, ttft_vs_prefill: float):  # noqa: ANN202
+def _gauge_ctx(waiting_at_cap: float, ttft_vs_prefill: float, queue_share: float | None = None):  # noqa: ANN202
     from rules.base import RuleContext
     from rules.config import load_thresholds
     from rules.features import Feature, Features
@@ -194,8 +194,8 @@ def _gauge_ctx(waiting_at_cap: float, ttft_vs_prefill: float):  # noqa: ANN202
     feats = Features()
     for name, value, unit in (("requests_n", 40.0, "requests"), ("waiting_at_cap_frac", waiting_at_cap, "share"),
                               ("ttft_vs_engine_prefill_ratio", ttft_vs_prefill, "x"), ("running_seqs_max", 1.0, "requests"),
-                              ("ttft_p95_s", 1.0, "s")):
-        feats.add(Feature(name, value, unit, True, source="prometheus"))
+                              ("ttft_p95_s", 1.0, "s"), ("metrics_queue_share", queue_share, "share")):
+        feats.add(Feature(name, value, unit, value is not None, source="prometheus"))
     th = load_thresholds(None)
     return RuleContext(feats, th["queue"], th["general"], {}, False)
 
@@ -213,6 +213,22 @@ def test_engine_gauges_at_one_level_name_a_queue() -> None:
     assert isinstance(queue(_gauge_ctx(0.8, 1.2)), str)
 
 
+def test_the_gauges_with_the_engines_queue_histogram_name_a_measured_queue() -> None:
+    """vLLM / SGLang style: the same gauges, and the engine's queue-time histogram measures the wait
+    (72% of TTFT): the finding says so, judges that share, and is surer than the gauges alone."""
+    from rules.scheduling import queue
+
+    inferred, measured = queue(_gauge_ctx(0.4, 27.0)), queue(_gauge_ctx(0.4, 27.0, queue_share=0.72))
+    assert not isinstance(inferred, str) and not isinstance(measured, str)
+    assert "queue-time histogram" in measured.title and "inferred" not in measured.note
+    row = next(e for e in measured.evidence if e.name == "queue share of TTFT (engine metrics)")
+    assert row.crossed and row.value == 0.72
+    assert measured.confidence > inferred.confidence and measured.confidence >= 0.7
+    # a histogram that measures little wait does not raise the gauges' reading
+    small = queue(_gauge_ctx(0.4, 27.0, queue_share=0.05))
+    assert not isinstance(small, str) and small.confidence <= inferred.confidence
+
+
 def test_a_knee_under_open_loop_arrivals_is_a_queue_not_a_kv_limit(tmp_path: Path) -> None:
     # the same KV-limited engine: a concurrency sweep (the client holds the count in flight)
     # shows a limit at that count; a rate sweep past its capacity shows requests waiting
@@ -221,7 +237,8 @@ def test_a_knee_under_open_loop_arrivals_is_a_queue_not_a_kv_limit(tmp_path: Pat
     held = _diag(tmp_path / "c", kv, [Phase(f"concurrency={c}", 40, 128, 32, conc=c) for c in (1, 2, 4, 8, 16)])
     f = held.features
     assert f.value("starts_after_end_frac") > 0.8 and f.value("starts_after_end_control") < 0.3
-    assert held.verdict.category == "kv_cache"
+    # a knee seen from the client leads, under the floor (a batch cap makes the same one)
+    assert held.verdict.category == "inconclusive" and held.leading.category == "kv_cache"
     rates = (5, 10, 20, 40, 80)
     offered = _diag(tmp_path / "r", kv, [Phase(f"rate={r}", 40, 128, 32, conc=None, arrivals_s=poisson(40, r, seed=r))
                                          for r in rates])
@@ -374,3 +391,25 @@ def test_the_fixed_part_is_counted_in_the_decode_steps_of_the_requests_it_was_fi
 
     assert isinstance(network(_fixed_part_ctx(None, 1.0, itl_s=0.030)), str)  # no lone-request ITL known
     assert not isinstance(network(_fixed_part_ctx(None, 1.0, itl_s=0.030, fit_itl_s=0.0135)), str)
+
+
+def test_a_knee_seen_from_the_client_alone_leads_but_is_never_the_verdict() -> None:
+    """TTFT flat to 4 in flight, then 25x, decode speed held (real vLLM --max-num-seqs 3 under ttft
+    diagnose, which named kv_cache at 0.75): a batch cap makes the same knee, so it stays under the floor."""
+    from rules.base import RuleContext
+    from rules.config import load_thresholds
+    from rules.features import Feature, Features
+    from rules.scheduling import kv_cache
+    from rules.verdict import VERDICT_FLOOR
+
+    feats = Features()
+    for name, value in (("requests_n", 60.0), ("ttft_p95_s", 0.9), ("concurrency_flat_levels", 2.0),
+                        ("decode_speed_hold_ratio", 0.81), ("ttft_knee_jump_ratio", 25.0), ("concurrency_knee", 4.0),
+                        ("designed_by_diagnose", 1.0)):
+        feats.add(Feature(name, value, "", True, source="client"))
+    th = load_thresholds(None)
+    # diagnose's designed sweep (where this knee read 0.75): the cap is what holds it under
+    out = kv_cache(RuleContext(feats, th["kv_cache"], th["general"], {}, True))
+    assert not isinstance(out, str) and out.black_box and "max_num_seqs" in out.note
+    assert out.confidence == pytest.approx(th["kv_cache"]["bb_knee_confidence_max"])
+    assert out.confidence < VERDICT_FLOOR

@@ -1,0 +1,41 @@
+"""rules.compute.prefill_compute from the client's prompt fit, with and without the engine's own
+prefill-time histogram (vLLM / SGLang /metrics scraped beside the probe)."""
+
+from __future__ import annotations
+
+from rules.base import RuleContext
+from rules.compute import prefill_compute
+from rules.config import load_thresholds
+from rules.features import Feature, Features
+
+#: a lone stream of 1,000-1,800-token prompts: TTFT linear in the prompt, 29 decode steps of prompt work
+FIT = {"requests_n": 24.0, "ttft_p95_s": 0.16, "ttft_prompt_r2": 0.97, "ttft_prompt_explained_frac": 1.0,
+       "ttft_prompt_slope_ms_per_token": 0.12, "ttft_prompt_intercept_ms": -47.0, "prompt_work_steps_p50": 29.1,
+       "prompt_slope_per_itl": 0.02, "inflight_at_arrival_max": 1.0}
+
+
+def _ctx(prefill_share: float | None) -> RuleContext:
+    feats = Features()
+    for name, value in {**FIT, "metrics_prefill_share": prefill_share}.items():
+        feats.add(Feature(name, value, "", value is not None, source="prometheus" if name.startswith("metrics") else "client"))
+    th = load_thresholds(None)
+    return RuleContext(feats, th["prefill_compute"], th["general"], {}, True)
+
+
+def test_the_prompt_fit_alone_is_black_box_and_under_the_verdict_floor() -> None:
+    out = prefill_compute(_ctx(None))
+    assert not isinstance(out, str) and out.black_box and out.confidence < 0.7
+
+
+def test_the_engines_prefill_histogram_measures_what_the_fit_infers() -> None:
+    out = prefill_compute(_ctx(0.95))
+    assert not isinstance(out, str) and not out.black_box and out.confidence >= 0.7
+    assert "(engine metrics)" in out.title
+    row = next(e for e in out.evidence if e.name == "prefill share of TTFT (engine metrics)")
+    assert row.crossed and row.value == 0.95
+
+
+def test_a_small_measured_prefill_share_leaves_the_black_box_reading() -> None:
+    """The engine says prefill is a fifth of TTFT (the rest waits or is outside it): not measured prompt work."""
+    out = prefill_compute(_ctx(0.2))
+    assert not isinstance(out, str) and out.black_box and out.confidence < 0.7
