@@ -63,3 +63,22 @@ def test_users_longer_than_anything_sent_fall_back_to_all_and_say_so() -> None:
     checks = compute_features(_diagnose_capture([5000, 8000]), slo=SLO).value("slo_checks")
     assert checks["ttft_p99"]["met"] is False
     assert checks["ttft_p99"]["over"].startswith("all 30 requests: none was sent at your users' prompt lengths")
+
+
+def _sweep(high_n: int):  # noqa: ANN202
+    """200 lone requests answered in 50 ms, then ``high_n`` at 8 in flight answered in 800 ms."""
+    return make_tables(make_requests([0.05] * 200 + [0.8] * high_n,
+                                     segment=["concurrency=1"] * 200 + ["concurrency=8"] * high_n))
+
+
+def test_an_slo_met_pooled_but_broken_at_one_load_level_is_broken() -> None:
+    """A sweep (or ttft diagnose's ramp) that broke the TTFT target at 8 in flight does not meet it
+    because 200 lone requests pooled with them do: the worst level is what the target is held to."""
+    checks = compute_features(_sweep(6), slo={"ttft_p95": 0.5}).value("slo_checks")
+    assert checks["ttft_p95"]["met"] is False and checks["ttft_p95"]["value_s"] == pytest.approx(0.8)
+    assert checks["ttft_p95"]["over"].startswith("the worst load level, concurrency=8 (6 requests; 50 ms over all")
+
+
+def test_a_load_level_of_too_few_requests_is_not_held_to_the_slo_alone() -> None:
+    checks = compute_features(_sweep(4), slo={"ttft_p95": 0.5}).value("slo_checks")
+    assert checks["ttft_p95"]["met"] is True and "over" not in checks["ttft_p95"]
