@@ -1,0 +1,89 @@
+"""The real-vLLM matrix's draws (``vllm_matrix.draw``): reproducible, and each sized so that its
+configuration makes the truth it is scored against. Fast: nothing starts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from diag.scenarios.matrix import Verdict
+
+from vllm_matrix import (ALSO_RIGHT, BLOCK_TOKENS, FAMILIES, MIN_REQUESTS, SLACK_TOKENS, VLLMDraw, VLLMDrawResult, draw,
+                         draws, rescore)
+
+SEEDS = (20261206, 1, 77, 4242)
+
+
+def test_a_draw_is_the_same_every_time_and_differs_by_seed() -> None:
+    assert draws(7, 6) == draws(7, 6)
+    assert draws(7, 6) != draws(8, 6)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_five_consecutive_draws_hold_every_family(seed: int) -> None:
+    for start in range(0, 8):
+        assert {draw(seed, i).family for i in range(start, start + 5)} == set(FAMILIES)
+
+
+def _arg(d: VLLMDraw, flag: str) -> int:
+    return int(d.server_args[d.server_args.index(flag) + 1])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_each_family_is_sized_to_make_its_truth(seed: int) -> None:
+    for d in draws(seed, 24):
+        assert d.requests >= MIN_REQUESTS or d.shared_prefix
+        assert d.prompt_range()[1] + d.output_tokens + SLACK_TOKENS <= d.max_model_len
+        if d.family == "queue":  # more streams than the cap, answers long enough to wait for
+            assert d.expected == "queue" and d.concurrency >= _arg(d, "--max-num-seqs") + 2 and d.output_tokens >= 48
+        elif d.family == "kv_cache":
+            usable = _arg(d, "--num-gpu-blocks-override") - 1  # vLLM's null block
+            per_request = math.ceil((d.input_tokens + d.output_tokens + SLACK_TOKENS) / BLOCK_TOKENS)
+            fit = usable // per_request
+            assert d.expected == "kv_cache" and 1 <= fit <= 2 and d.concurrency >= fit + 2
+            assert d.max_model_len == usable * BLOCK_TOKENS  # vLLM refuses a max length the pool cannot hold
+        elif d.family == "prefix_cache":
+            off = "--no-enable-prefix-caching" in d.server_args
+            assert d.expected == ("prefix_cache" if off else "healthy") and d.concurrency == 1
+            prefix, uses = (int(x) for x in d.shared_prefix.split(":"))
+            assert prefix >= 16 * d.input_tokens and d.requests % (uses + 1) == 0
+            assert d.diagnosable()  # diagnose's own prompts share no prefix
+        elif d.family == "prefill_compute":  # long prompts, alone, spread for a prompt fit
+            assert d.expected == "prefill_compute" and not d.server_args and d.concurrency == 1
+            assert d.prompt_range()[0] >= 600 and d.input_spread >= 200
+        else:
+            assert d.expected == "healthy" and not d.server_args and d.concurrency <= 2 and d.input_tokens <= 192
+        if d.family != "prefix_cache":
+            assert d.diagnosable() is None and "--max-concurrency" not in d.diagnose_args()
+            lo, hi = d.prompt_range()
+            assert d.diagnose_args()[-1] == f"prompt_tokens={lo}-{hi}"
+
+
+def test_what_a_mode_cannot_tell_apart_is_right_and_nothing_else_is() -> None:
+    d = next(x for x in draws(1, 8) if x.family == "kv_cache")
+    r = VLLMDrawResult(d, {m: Verdict("queue", 0.9, "") for m in ("client-only", "traces", "metrics")})
+    assert r.outcome("client-only") == r.outcome("traces") == "right"
+    assert r.outcome("metrics") == "wrong"  # the KV gauges are there: a batch cap is the wrong name
+    assert ALSO_RIGHT["metrics"] == {}
+    r = VLLMDrawResult(d, {"metrics": Verdict("inconclusive", 0.5, "", "kv_cache", 0.6)})
+    assert r.outcome("metrics") == "leading-right"
+
+
+def test_rescore_reads_only_draws_of_its_seed_with_a_capture(tmp_path: Path) -> None:
+    d = draw(5, 0)
+    (tmp_path / d.name).mkdir()
+    (tmp_path / d.name / "draw.json").write_text(__import__("json").dumps(vars(d)))
+    assert rescore(tmp_path, 5).results == []  # no probe capture: not scored
+
+
+def test_diagnose_json_is_read_with_its_leading_candidate() -> None:
+    from vllm_matrix import _diagnose_verdict
+
+    doc = {"analysis": {"verdict": {"category": "inconclusive", "confidence": 0.5, "title": "t"},
+                        "leading_candidate": {"category": "prefill_compute", "confidence": 0.65}}}
+    v = _diagnose_verdict(doc)
+    assert (v.category, v.leading, v.leading_confidence) == ("inconclusive", "prefill_compute", 0.65)
+    d = next(x for x in draws(1, 8) if x.family == "prefill_compute")
+    assert VLLMDrawResult(d, {"diagnose": v}).outcome("diagnose") == "leading-right"

