@@ -9,7 +9,8 @@ that would decide. The measures of "far above" (any one suffices, thresholds in 
 
 * TTFT p50 in decode steps (ITL p50): a batching engine starts a short prompt within a step or two;
 * TTFT p50 against the engine's own prefill time for the prompt (its prompt seconds);
-* TTFT against the service time of the requests in flight at arrival (waiting as long as a line would);
+* TTFT against the service time of the requests in flight at arrival (waiting as long as a line would),
+  unless the engine's own prefill time says TTFT is close to it;
 * TTFT against each request's own work on this server (``rules.features.floor``), far past the
   ``[healthy]`` factors, with no rule naming the wait.
 
@@ -85,7 +86,10 @@ def inconclusive(feats: Any, skipped: list[Skipped], th: Mapping[str, Any], slo_
                              "what the engine itself spends on the prompt (its prompt seconds)", op=">=", crossed=hit))
     inline = feats.value("ttft_inline_ratio")
     if inline is not None:
-        hit = inline >= float(t["inline_ratio_min"]) and (steps is None or steps >= float(t["inline_steps_min"]))
+        # the engine measured TTFT close to its own prefill time: the line the client's proxy suggests
+        # (short answers make a normal prefill a large part of the service time ahead) is not there
+        hit = (inline >= float(t["inline_ratio_min"]) and (steps is None or steps >= float(t["inline_steps_min"]))
+               and (pre is None or pre >= float(t["ttft_vs_prefill_min"])))
         far |= hit
         rows.append(Evidence("TTFT / (requests ahead x their service time)", inline, float(t["inline_ratio_min"]),
                              "x", "as long as waiting for the requests in flight to finish would take", op=">=",
