@@ -142,9 +142,7 @@ def _worst_segment(st: pd.DataFrame, metric: str, pct: str) -> tuple[str, float,
         return None
     vals = pd.DataFrame({"segment": st["segment"].astype(str), "v": num_col(st, col)}).dropna()
     vals = vals.loc[vals["segment"].str.startswith(LOAD_SEGMENTS)]  # a prompt sweep's rungs are not load levels
-    groups = [(str(seg), g["v"].to_numpy()) for seg, g in vals.groupby("segment") if len(g) >= MIN_SEGMENT_REQUESTS]
-    if len(groups) < 2:
-        return None
     q = 100.0 if pct == "max" else float(pct[1:])
-    seg, v = max(groups, key=lambda sg: float(np.percentile(sg[1], q)))
-    return seg, float(np.percentile(v, q)), len(v)
+    levels = [(str(seg), float(np.percentile(g["v"], q)), len(g)) for seg, g in vals.groupby("segment")
+              if len(g) >= MIN_SEGMENT_REQUESTS]
+    return max(levels, key=lambda lv: lv[1]) if len(levels) >= 2 else None
