@@ -149,6 +149,20 @@ class Step:
         return ProbeStep(sweep=self.kind, sweep_values=(self.value,), requests_per_point=self.requests,
                          input_tokens=inp, output_tokens=out)
 
+    def chosen_prompt_tokens(self, cfg: PlanConfig) -> int | None:
+        """The longest prompt (tokens) this step sends at a length the design chose past the users'
+        own (a ladder rung, the long ramp's, the mixed follow-up's long one, a prefix and its
+        suffix), or None for the baseline and the ramp, which send the users' length: a refusal
+        of a chosen length as longer than the context is the experiment's limit, one of the
+        users' length a failure."""
+        if self.kind in ("prompt", "mixed"):
+            return int(self.value)
+        if self.kind in ("long", "longout"):
+            return cfg.long_prompt_tokens
+        if self.kind == "prefix":
+            return int(self.value) + cfg.input_tokens
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "value": self.value, "requests": self.requests, "stage": self.stage,
                 "reason": self.reason}

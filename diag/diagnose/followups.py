@@ -7,7 +7,10 @@ where they decide between the leading candidates. Pure; no I/O.
   ``prefix_cache`` rule). Repeats as slow as a first use: the server prefills the prefix every
   time, and a prefix cache would spare it; repeats as fast as the control: it reuses the prefix.
   The prefix is as long as the ladder's longest rung that was answered, less the suffix.
-- ``long`` (when prompt work, a KV limit or a queue leads after a closed-loop ramp): the ramp
+- ``long`` (when prompt work (:func:`prompt_work_leads`), a KV limit or a queue leads after a
+  closed-loop ramp; prompt work leads too beneath a healthy verdict when the ladder's TTFT grew
+  :data:`LADDER_PROMPT_WORK_X` x: longer prompts hold more tokens, and a limit in tokens that the
+  short ramp never reached may bite them): the ramp
   again at :attr:`~diag.diagnose.design.PlanConfig.long_prompt_tokens` (4x its prompt), at :data:`LONG_LEVELS` in
   flight up to the short ramp's top, until TTFT breaks past :data:`LONG_MIN_TOP` in flight (a
   cap shows as at most half the requests in flight decoding) or requests fail. Each request then
@@ -109,7 +112,8 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
     """The next level of the long ramp, or None (it does not apply, ran to its end, or would not fit)."""
     ran = [p for p in points if p.kind == "long"]
     short = [p for p in points if p.kind == "concurrency"]
-    if not ran and (leading not in LONG_LEADS or cfg.ramp != "concurrency" or not short):
+    prompt_work = prompt_work_leads(points, leading)
+    if not ran and ((leading not in LONG_LEADS and prompt_work is None) or cfg.ramp != "concurrency" or not short):
         return None
     if any(p.error_frac >= 0.05 for p in short):
         return None  # the server is failing under load: no more experiments on it
@@ -119,6 +123,8 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
     top = max(p.value for p in short) if short else 4.0
     # 1, 2, 3, 4, 6, 8, 12, ...: to the short ramp's top, and at least 12 (twice a cap of 6)
     levels = [v for v in LONG_LEVELS if v <= min(max(top, LONG_MIN_TOP), cfg.max_concurrency)]
+    if any(p.refused_too_long for p in ran):
+        return None  # the long prompt was refused as longer than the context: the experiment's limit
     for i, p in enumerate(ran[1:], 1):
         if p.error_frac >= 0.05 or (p.value >= LONG_MIN_TOP and ramp_break(cfg, ran[0], p, ran[:i], decode=False)):
             return None  # failing, or broke high enough: how many decode at once is what the rules read
@@ -141,7 +147,8 @@ def long_ramp_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float
                     f"{tokens}-token prompts counts how many streams decode at once, from when the answers start and "
                     "end against each other (a late client shifts them together): a limit in requests (the count "
                     "stays), in tokens (it falls at longer prompts) or none")
-    who = "no cause is named yet (inconclusive)" if leading == "inconclusive" else f"{leading} leads"
+    who = ("no cause is named yet (inconclusive)" if leading == "inconclusive"
+           else f"{leading} leads" if leading in LONG_LEADS else str(prompt_work))
     return Step("long", v, n, "follow-up",
                 f"{who} (the ramp reached {top:g} in flight at {cfg.input_tokens}-token prompts): the ramp "
                 f"again at {tokens}-token prompts ({tokens / cfg.input_tokens:.0f}x, more tokens held per request) tells a limit in "

@@ -239,7 +239,10 @@ class _Run:
         refused as longer than the server's context (:mod:`collectors.probe.context_limit`), so that
         finding the context limit costs one request, not a rung of them; that refusal is recorded as
         the experiment's limit (``ProbeSession.record_context_limit``) and counted apart in the
-        point (``over_context``), not as a failure. Another 4xx is a failure like any other."""
+        point (``over_context``), not as a failure. A follow-up's prompts of a length the design
+        chose (:meth:`Step.chosen_prompt_tokens`: the long ramp's, the mixed follow-up's long ones)
+        are the same: refused as too long, they are the experiment's limit. Another 4xx, and any
+        refusal of the users' own length (the baseline, the ramp), is a failure like any other."""
         pc = self.plan
         seg = segment_of(step.kind, step.value)
         ps = step.probe_step(pc)
@@ -269,11 +272,13 @@ class _Run:
             results.extend(outcome.results)
             dur += outcome.duration_s
             self.sent += len(outcome.results)
-            refusal = context_limit_refusal(outcome.results) if step.kind == "prompt" else None
+            chosen = step.chosen_prompt_tokens(pc)
+            refusal = context_limit_refusal(outcome.results) if chosen is not None else None
             if refusal is not None:
                 # refused as longer than the server's context: the experiment's limit, recorded as such
-                session.record_context_limit(context_limit_record(refusal, label, step.value,
-                                                                  self._longest_accepted(), LADDER_LIMIT_HOW))
+                how = LADDER_LIMIT_HOW if step.kind == "prompt" else f"ttft diagnose: {step.kind} follow-up"
+                session.record_context_limit(context_limit_record(refusal, label, chosen,
+                                                                  self._longest_accepted(), how))
                 over = [label]
                 break  # longer prompts of this rung would be refused too
         wall = time.monotonic() - t

@@ -129,6 +129,80 @@ def test_the_ladder_records_the_context_limit_it_meets_and_its_refusals_are_not_
     assert " 0 failed" in report.read_text() and " 1 failed" not in report.read_text()
 
 
+class _UnstatedLimit:
+    """A pass-through HTTP proxy (127.0.0.1, its own thread and event loop) in front of ``upstream``
+    that drops ``max_model_len`` from ``GET /v1/models``: a server that states no context limit
+    (transformers serve lists none), so only its refusals reveal it. Streams pass chunk by chunk."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    async def _handle(self, request):  # noqa: ANN001, ANN202
+        import aiohttp
+        from aiohttp import web
+
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        async with aiohttp.ClientSession() as s, s.request(request.method, self.upstream + request.rel_url.path_qs,
+                                                            data=body, headers=headers) as up:
+            if request.path == "/v1/models":
+                doc = await up.json(content_type=None)
+                for entry in doc.get("data", []):
+                    entry.pop("max_model_len", None)
+                return web.json_response(doc, status=up.status)
+            out = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers.get("Content-Type", "")})
+            await out.prepare(request)
+            try:
+                async for chunk in up.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+            except ConnectionResetError:  # the client hung up (a cancelled request): nothing to pass on
+                pass
+            return out
+
+    def __enter__(self) -> _UnstatedLimit:
+        from aiohttp import web
+
+        async def start() -> web.AppRunner:
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            return runner
+
+        self._thread.start()
+        self._runner = asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def test_a_follow_ups_long_prompts_refused_past_an_unstated_context_are_its_limit_not_failures(tmp_path: Path) -> None:
+    # a 1100-token context the server does not state: the ladder's rungs (to 512 tokens) fit, and the
+    # mixed follow-up's long prompt, sized to prefill for twice the ITL target (far past 1100 tokens),
+    # is refused as longer than the context: the experiment's limit, not the server failing
+    with EngineProcess(["--max-context", "1100", "--threads", "1"]) as eng, _UnstatedLimit(eng.url) as proxy:
+        cfg = DiagnoseConfig(proxy.url, tmp_path / "cap", PlanConfig(budget_s=90), slo={"itl_p99": 0.5})
+        res = run_diagnose(cfg)
+    print(format_result(res, format_analysis(res.analysis) if res.analysis else None))  # shown on failure
+    (mixed,) = _mixed(res)
+    assert mixed.step.value > 1100 and mixed.point.over_context == 12 and mixed.point.failed == 0
+    limit = json.loads((res.capture / "meta.json").read_text())["probe"]["context_limit"]
+    assert mixed.point.segment in limit["refused_segments"]
+    d = res.analysis.diagnosis
+    assert d.features.value("context_limit_refused_n") >= 12 and d.features.value("requests_failed_n") == 0
+    assert d.verdict.category != "failures" and not any(f.category == "failures" for f in d.findings)
+
+
 def test_a_front_end_pool_is_not_called_an_engine_queue_when_the_engines_metrics_say_none(tmp_path: Path) -> None:
     """One HTTP worker: the client sees requests served one at a time, as behind a queue, but the
     engine's own queue time is ~0: the queue finding stays a black-box guess, weakened by it."""

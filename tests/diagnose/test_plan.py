@@ -306,6 +306,36 @@ def test_after_the_ramp_a_long_ramp_tells_a_token_limit_from_a_request_limit(lea
     assert d.step is not None and (d.step.kind, d.step.value) == ("long", 8)
 
 
+def test_beneath_a_healthy_verdict_prompt_work_that_grew_on_the_ladder_runs_the_long_ramp() -> None:
+    """Nothing waited at the short prompts, but TTFT grew 6x on the ladder: longer prompts hold more
+    tokens, and a limit in tokens the short ramp never reached may bite them. A flat ladder (1.8x)
+    leaves a healthy verdict alone."""
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP], 6.0, leading="healthy")
+    assert d.step is not None and (d.step.kind, d.step.value) == ("long", 1)
+    assert "prompt work leads (healthy, but TTFT grew 6.0x to 512-token prompts" in d.step.reason
+    assert "limit in tokens" in d.step.reason
+    d = next_step(RAMPED, [BASE, *FLAT_LADDER, *SHORT_RAMP], 6.0, leading="healthy")
+    assert d.step is None or d.step.kind != "long"
+
+
+def test_a_long_prompt_refused_as_longer_than_the_context_ends_the_long_ramp() -> None:
+    refused = replace(pt("long", 1, 0.0, n=0, ok=0, over_context=3, tokens=256), ttft_p50_s=None, ttft_p99_s=None,
+                      e2e_p50_s=None)
+    d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP, refused], 7.0, leading="prefill_compute")
+    assert d.step is None or d.step.kind != "long"
+
+
+def test_a_step_names_the_prompt_length_it_chose_past_the_users_own() -> None:
+    """What a too-long refusal means: the experiment's limit for a length the design chose, a
+    failure for the users' own (the baseline's and the ramp's)."""
+    cfg = PlanConfig(input_tokens=100)
+    chosen = {k: Step(k, v, 4, "x", "").chosen_prompt_tokens(cfg)
+              for k, v in (("baseline", 1), ("concurrency", 4), ("prompt", 800), ("long", 3), ("longout", 128),
+                           ("mixed", 1500), ("prefix", 400))}
+    assert chosen == {"baseline": None, "concurrency": None, "prompt": 800, "long": cfg.long_prompt_tokens,
+                      "longout": cfg.long_prompt_tokens, "mixed": 1500, "prefix": 500}
+
+
 def test_when_client_timing_is_invalid_the_long_ramp_still_counts_the_streams_decoding_at_once() -> None:
     d = next_step(RAMPED, [BASE, *LADDER, *SHORT_RAMP], 6.0, leading="loadgen")
     assert d.step is not None and (d.step.kind, d.step.value) == ("long", 1)
@@ -368,14 +398,15 @@ def test_when_prompt_work_leads_long_prompts_are_mixed_among_short_streams_sized
 
 def test_with_an_itl_target_the_long_prompt_prefills_for_twice_it_below_the_context_limit() -> None:
     cfg = replace(RAMPED, itl_target_s=0.15)
-    d = next_step(cfg, [BASE, *LADDER, *SHORT_RAMP], 8.0, leading="healthy")
+    # (the long ramp ran first: prompt work leads beneath the healthy verdict)
+    d = next_step(cfg, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 8.0, leading="healthy")
     assert d.step is not None and d.step.kind == "mixed" and "ITL target of 150.0 ms" in d.step.reason
     assert _lone_ttft_s(d.step.value) == pytest.approx(0.300, rel=0.02)  # above 20x the baseline's 10 ms
     tight = replace(cfg, itl_target_s=0.5, context_limit_tokens=2048)
-    d = next_step(tight, [BASE, *LADDER, *SHORT_RAMP], 8.0, leading="healthy")
+    d = next_step(tight, [BASE, *LADDER, *SHORT_RAMP, *LONG_RAN], 8.0, leading="healthy")
     assert d.step is not None and d.step.value == tight.prompt_limit_tokens  # 1 s of prefill would not fit
     # a rung the server refused bounds it too
-    d = next_step(cfg, [BASE, *LADDER, _too_long(1024), *SHORT_RAMP], 8.0, leading="healthy")
+    d = next_step(cfg, [BASE, *LADDER, _too_long(1024), *SHORT_RAMP, *LONG_RAN], 8.0, leading="healthy")
     assert d.step is not None and d.step.kind == "mixed" and d.step.value < 1024
 
 
