@@ -8,6 +8,8 @@ that would decide. The measures of "far above" (any one suffices, thresholds in 
 ``[inconclusive]`` table of ``rules/defaults.toml``):
 
 * TTFT p50 in decode steps (ITL p50): a batching engine starts a short prompt within a step or two;
+* the tail: TTFT p95 many decode steps long and several times the median, on prompts like the
+  others' (the slowest 5% did not send longer ones): some requests waited, whatever the median did;
 * TTFT p50 against the engine's own prefill time for the prompt (its prompt seconds);
 * TTFT against the service time of the requests in flight at arrival (waiting as long as a line would),
   unless the engine's own prefill time says TTFT is close to it;
@@ -78,6 +80,16 @@ def inconclusive(feats: Any, skipped: list[Skipped], th: Mapping[str, Any], slo_
         far |= hit
         rows.append(Evidence("TTFT p50 / ITL p50", steps, float(t["ttft_steps_min"]), "steps",
                              "a batching engine starts a short prompt within a step or two", op=">=", crossed=hit))
+    tail_steps, tail_prompt = feats.value("ttft_in_itl_steps_p95"), feats.value("ttft_tail_prompt_x")
+    if tail_steps is not None and steps and tail_prompt is not None:
+        tail_x = tail_steps / steps
+        hit = (tail_steps >= float(t["ttft_steps_min"]) and tail_x >= float(t["tail_over_p50_min"])
+               and tail_prompt <= float(t["tail_prompt_x_max"]))
+        far |= hit
+        rows.append(Evidence("TTFT p95 / ITL p50 (the tail)", tail_steps, float(t["ttft_steps_min"]), "steps",
+                             f"{tail_x:.1f}x the median's (>= {float(t['tail_over_p50_min']):g}x counts) on prompts "
+                             f"{tail_prompt:.2f}x the median's: the slowest waited, not for their own longer prompts",
+                             op=">=", crossed=hit))
     pre = feats.value("ttft_vs_engine_prefill_ratio")
     if pre is not None:
         hit = pre >= float(t["ttft_vs_prefill_min"])

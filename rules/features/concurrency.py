@@ -294,7 +294,10 @@ def single_level(ctx: FeatureContext) -> None:
     """What one load level shows about waiting in line (runs after ``itl``: reads ITL p50).
 
     * ``ttft_in_itl_steps_p50`` — TTFT p50 in decode steps (ITL p50): a batching engine starts
-      a new request within a step or two; many steps means it waited.
+      a new request within a step or two; many steps means it waited. ``ttft_in_itl_steps_p95``:
+      the same at the 95th percentile (the tail), and ``ttft_tail_prompt_x``: the median prompt
+      (tokens) of the slowest 5% against every request's, about 1 when the tail's prompts are
+      like the others' (its TTFT is not its own longer prompt).
     * ``ttft_inline_ratio`` — median TTFT / median((in flight at arrival − 1) × the others'
       service time, e2e − TTFT): about 1 when each request waits for every one ahead of it to
       finish, as a server that runs one request at a time makes it; far below 1 when batched.
@@ -321,8 +324,16 @@ def single_level(ctx: FeatureContext) -> None:
     ttft = num_col(st, "ttft_s").to_numpy()
     if itl_p50 and itl_p50 > 0:
         ctx.add("ttft_in_itl_steps_p50", float(np.nanmedian(ttft) / itl_p50))
+        ctx.add("ttft_in_itl_steps_p95", float(np.nanpercentile(ttft, 95) / itl_p50))
     else:
-        ctx.na(names[:1], "needs ITL (two or more streamed tokens per request)")
+        ctx.na(names[:1] + ("ttft_in_itl_steps_p95",), "needs ITL (two or more streamed tokens per request)")
+    tokens = num_col(st, "input_tokens").to_numpy()
+    both = np.isfinite(ttft) & np.isfinite(tokens) & (tokens > 0)
+    if both.sum() >= int(ctx.params["min_fit_requests"]):
+        tail = ttft[both] >= np.percentile(ttft[both], 95)
+        ctx.add("ttft_tail_prompt_x", float(np.median(tokens[both][tail]) / np.median(tokens[both])))
+    else:
+        ctx.na(("ttft_tail_prompt_x",), "needs prompt token counts on enough requests")
     e2e = num_col(st, "e2e_s").to_numpy()
     service = e2e - ttft
     good_service = service[np.isfinite(service) & (service > 0)]

@@ -30,3 +30,22 @@ def test_the_engines_prefill_time_close_to_ttft_overrules_the_line_proxy() -> No
                         no_floor=True) is None
     far = inconclusive(_feats(ttft_vs_engine_prefill_ratio=9.0), [], load_thresholds(None), [], False, no_floor=True)
     assert far is not None
+
+
+#: real vLLM 0.32.0 with a KV pool of 6 usable blocks (768 tokens), 4 closed-loop streams of
+#: 99-token prompts and 245-token answers, client only: the median started in 5.6 decode steps,
+#: the slowest 5% waited 96 on prompts like the others' (the v008 draw of seed 37910)
+KV_TAIL = {"ttft_p50_s": 0.0296, "ttft_in_itl_steps_p50": 5.57, "ttft_inline_ratio": 0.0,
+           "inflight_at_arrival_max": 4.0, "ttft_in_itl_steps_p95": 96.0, "ttft_tail_prompt_x": 0.93}
+
+
+def test_a_tail_that_waited_on_prompts_like_the_others_is_far_above_with_no_floor() -> None:
+    th = load_thresholds(None)
+    out = inconclusive(_feats(**KV_TAIL), [], th, [], True, no_floor=True)
+    assert out is not None and out.category == "inconclusive"
+    row = next(e for e in out.evidence if e.name == "TTFT p95 / ITL p50 (the tail)")
+    assert row.crossed and "17.2x the median's" in row.meaning
+    # the slowest sent prompts 3x the others': their own prefill, not a wait
+    assert inconclusive(_feats(**{**KV_TAIL, "ttft_tail_prompt_x": 3.0}), [], th, [], True, no_floor=True) is None
+    # a tail 2x the median's is spread, not a wait
+    assert inconclusive(_feats(**{**KV_TAIL, "ttft_in_itl_steps_p95": 11.0}), [], th, [], True, no_floor=True) is None
