@@ -8,15 +8,19 @@ empty, and the verdict is not ``kv_cache``), and a KV pool of 6 blocks of 128 to
 ``may_override_num_blocks``) under the same load with 200+200-token requests (usage reaches 1,
 running requests are preempted). Slow: two server starts (~35 s each) and ~1 minute of load.
 
-On 2 cores the server and the probe share the machine: vLLM's CPU backend runs its OpenMP
-workers on one core and its API server beside the probe on the other. Some runs had requests
-wait before the engine (its gauges read 0 while 4 streams were in flight) and the probe's loop
-starved by the server (``loadgen``, machine-starved); the assertions below hold on such runs too.
+On 2 cores the server and the probe share the machine. Unpinned, vLLM's CPU backend runs its
+OpenMP workers on one core and its API server beside the probe on the other: some runs had
+requests wait before the engine (its gauges read 0 while 4 streams were in flight; a CI run's
+scrapes caught none waiting under ``--max-num-seqs 1``) and the probe's loop starved by the
+server (``loadgen``, machine-starved). So the tests pin the whole server to one core and the
+probe, the scrapers and ``ttft scrape`` to the other (:func:`vllm_matrix.cpu_split`), as the
+random matrix and the diagnose test do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import threading
@@ -37,6 +41,7 @@ from diag.tables import build_tables
 from rules import diagnose
 
 from hf_serve import ttft_command
+from vllm_matrix import cpu_split
 from vllm_serve import serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -44,6 +49,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 #: names the adapter reads under an older vLLM only (kept as fallbacks): absent from 0.32.0
 LEGACY_FALLBACKS = {"vllm:gpu_cache_usage_perc", *(f"vllm:time_per_output_token_seconds{x}" for x in
                                                   ("_bucket", "_sum", "_count"))}
+
+
+#: the probe and the scrapers on one core, vLLM on the others (module doc)
+CLIENT_CPUS, SERVER_CPUS = cpu_split()
+_SERVER_LIST = ",".join(map(str, SERVER_CPUS))
+
+
+@contextlib.contextmanager
+def pinned_server(model_dir: Path, args: list[str], **kwargs: object) -> Iterator[object]:
+    """:func:`serving` with the whole server on ``SERVER_CPUS`` and this thread (the probe, and the
+    threads and processes it starts) on ``CLIENT_CPUS`` for the block; the affinity is restored after."""
+    before = os.sched_getaffinity(0)
+    with serving(model_dir, args, {"VLLM_CPU_OMP_THREADS_BIND": _SERVER_LIST}, prefix=["taskset", "-c", _SERVER_LIST],
+                 **kwargs) as srv:
+        os.sched_setaffinity(0, CLIENT_CPUS)
+        try:
+            yield srv
+        finally:
+            os.sched_setaffinity(0, before)
 
 
 class Scraper:
@@ -104,7 +128,7 @@ def ttft_scrape(url: str, out: Path) -> Iterator[None]:
 
 
 def test_a_batch_cap_shows_waiting_for_capacity_with_kv_free_and_is_not_kv_cache(vllm_model, vllm_python, tmp_path):
-    with serving(vllm_model, ["--max-num-seqs", "1"], python=vllm_python, log_dir=tmp_path) as srv:
+    with pinned_server(vllm_model, ["--max-num-seqs", "1"], python=vllm_python, log_dir=tmp_path) as srv:
         with Scraper(srv.url + "/metrics") as scr, ttft_scrape(srv.url, tmp_path / "scrape"):
             # answers long enough that each waits ~0.5 s behind the one running: a 0.3 s scrape
             # catches requests waiting even when some wait before the engine (see below)
@@ -143,7 +167,7 @@ def test_a_kv_pool_too_small_for_the_load_fills_and_preempts(vllm_model, vllm_py
     """``ttft scrape`` against the real /metrics while the probe runs: KV usage reaches 1 and
     running requests are preempted; capacity-waiting shows beside them."""
     args = ["--num-gpu-blocks-override", "6"]
-    with serving(vllm_model, args, python=vllm_python, log_dir=tmp_path, max_model_len=512) as srv:
+    with pinned_server(vllm_model, args, python=vllm_python, log_dir=tmp_path, max_model_len=512) as srv:
         with ttft_scrape(srv.url, tmp_path / "scrape"):
             _probe(srv.url, tmp_path / "cli", "200", "200", requests=24)
     assert "Overriding num_gpu_blocks=" in srv.log_text()  # the override applies on CPU
