@@ -267,12 +267,12 @@ class _Run:
         dur = 0.0
         over: list[str] = []
         refusal: dict[str, Any] | None = None
+        chosen = step.chosen_prompt_tokens(pc)  # a length the design chose: its refusals are the design's limit
         for one in loads:
             outcome = await session.phase(one, workload, label)
             results.extend(outcome.results)
             dur += outcome.duration_s
             self.sent += len(outcome.results)
-            chosen = step.chosen_prompt_tokens(pc)
             refusal = context_limit_refusal(outcome.results) if chosen is not None else None
             if refusal is not None:
                 # refused as longer than the server's context: the experiment's limit, recorded as such

@@ -18,7 +18,9 @@ import threading
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from diag import cli
 from diag.analysis import analyze_paths
@@ -130,9 +132,10 @@ def test_the_ladder_records_the_context_limit_it_meets_and_its_refusals_are_not_
 
 
 class _UnstatedLimit:
-    """A pass-through HTTP proxy (127.0.0.1, its own thread and event loop) in front of ``upstream``
-    that drops ``max_model_len`` from ``GET /v1/models``: a server that states no context limit
-    (transformers serve lists none), so only its refusals reveal it. Streams pass chunk by chunk."""
+    """A pass-through HTTP proxy (127.0.0.1, its own thread and event loop, one client session to
+    ``upstream`` for its life) that drops ``max_model_len`` from ``GET /v1/models``: a server that
+    states no context limit (transformers serve lists none), so only its refusals reveal it.
+    Streams pass chunk by chunk."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
@@ -140,14 +143,11 @@ class _UnstatedLimit:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
-    async def _handle(self, request):  # noqa: ANN001, ANN202
-        import aiohttp
-        from aiohttp import web
-
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-        async with aiohttp.ClientSession() as s, s.request(request.method, self.upstream + request.rel_url.path_qs,
-                                                            data=body, headers=headers) as up:
+        async with self._session.request(request.method, self.upstream + request.rel_url.path_qs, data=body,
+                                         headers=headers) as up:
             if request.path == "/v1/models":
                 doc = await up.json(content_type=None)
                 for entry in doc.get("data", []):
@@ -163,25 +163,26 @@ class _UnstatedLimit:
                 pass
             return out
 
+    async def _start(self) -> None:
+        self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+
+    async def _stop(self) -> None:
+        await self._runner.cleanup()
+        await self._session.close()
+
     def __enter__(self) -> _UnstatedLimit:
-        from aiohttp import web
-
-        async def start() -> web.AppRunner:
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", self._handle)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            return runner
-
         self._thread.start()
-        self._runner = asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 

@@ -23,7 +23,7 @@ from collectors.probe.health import FIRST_TOKEN_SHARE_LIMIT
 from rules.verdict import VERDICT_FLOOR
 
 from hf_serve import ttft_command
-from vllm_matrix import cpu_split
+from vllm_matrix import cpu_split, pinned, taskset
 from vllm_serve import serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -34,11 +34,11 @@ MAX_NUM_SEQS = 2
 
 #: the tool on one core, vLLM on the others (on 2 cores vLLM's API server otherwise shares the probe's
 #: core and starves its loop: a loadgen verdict on the machine, not on the server)
-CLIENT_CPUS, SERVER_CPUS = (",".join(map(str, c)) for c in cpu_split())
+CLIENT_CPUS, SERVER_CPUS = cpu_split()
 
 
 def _diagnose(url: str, out: Path, *extra: str) -> dict[str, Any]:
-    proc = subprocess.run(["taskset", "-c", CLIENT_CPUS, *ttft_command(), "diagnose", url, "-o", str(out),
+    proc = subprocess.run([*taskset(CLIENT_CPUS), *ttft_command(), "diagnose", url, "-o", str(out),
                            "--no-progress", "--json", *extra], capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
@@ -65,8 +65,8 @@ def _check_queue(doc: dict[str, Any]) -> dict[str, Any]:
 
 def test_diagnose_names_a_max_num_seqs_cap_queue_client_only_and_with_metrics(
         vllm_python: Path, vllm_model: Path, tmp_path: Path) -> None:
-    with serving(vllm_model, ["--max-num-seqs", str(MAX_NUM_SEQS)], {"VLLM_CPU_OMP_THREADS_BIND": SERVER_CPUS},
-                 prefix=["taskset", "-c", SERVER_CPUS], python=vllm_python, log_dir=tmp_path) as srv:
+    with serving(vllm_model, ["--max-num-seqs", str(MAX_NUM_SEQS)], **pinned(SERVER_CPUS), python=vllm_python,
+                 log_dir=tmp_path) as srv:
         client_only = _diagnose(srv.url, tmp_path / "client")
         with_metrics = _diagnose(srv.url, tmp_path / "metrics", "--metrics", srv.url + "/metrics")
     _check_queue(client_only)

@@ -41,7 +41,7 @@ from diag.tables import build_tables
 from rules import diagnose
 
 from hf_serve import ttft_command
-from vllm_matrix import cpu_split
+from vllm_matrix import cpu_split, pinned
 from vllm_serve import serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -53,7 +53,6 @@ LEGACY_FALLBACKS = {"vllm:gpu_cache_usage_perc", *(f"vllm:time_per_output_token_
 
 #: the probe and the scrapers on one core, vLLM on the others (module doc)
 CLIENT_CPUS, SERVER_CPUS = cpu_split()
-_SERVER_LIST = ",".join(map(str, SERVER_CPUS))
 
 
 @contextlib.contextmanager
@@ -61,8 +60,7 @@ def pinned_server(model_dir: Path, args: list[str], **kwargs: object) -> Iterato
     """:func:`serving` with the whole server on ``SERVER_CPUS`` and this thread (the probe, and the
     threads and processes it starts) on ``CLIENT_CPUS`` for the block; the affinity is restored after."""
     before = os.sched_getaffinity(0)
-    with serving(model_dir, args, {"VLLM_CPU_OMP_THREADS_BIND": _SERVER_LIST}, prefix=["taskset", "-c", _SERVER_LIST],
-                 **kwargs) as srv:
+    with serving(model_dir, args, **pinned(SERVER_CPUS), **kwargs) as srv:
         os.sched_setaffinity(0, CLIENT_CPUS)
         try:
             yield srv

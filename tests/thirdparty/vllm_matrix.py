@@ -222,8 +222,16 @@ def cpu_split() -> tuple[list[int], list[int]]:
     return (cpus[:1], cpus[1:] or cpus[:1])
 
 
-def _cpu_list(cpus: Sequence[int]) -> str:
-    return ",".join(str(c) for c in cpus)
+def taskset(cpus: Sequence[int]) -> list[str]:
+    """The command prefix that runs a command on ``cpus`` only."""
+    return ["taskset", "-c", ",".join(str(c) for c in cpus)]
+
+
+def pinned(cpus: Sequence[int]) -> dict[str, Any]:
+    """:class:`VLLMServe` (or ``serving``) keywords that keep the whole server on ``cpus``: the
+    process under :func:`taskset`, and its OpenMP threads bound there (``VLLM_CPU_OMP_THREADS_BIND``)."""
+    prefix = taskset(cpus)
+    return {"env": {"VLLM_CPU_OMP_THREADS_BIND": prefix[-1]}, "prefix": prefix}
 
 
 @dataclass
@@ -292,24 +300,23 @@ def run_draw(d: VLLMDraw, model_dir: Path, out_dir: Path, *, python: Path | None
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "draw.json").write_text(json.dumps(vars(d), indent=1) + "\n")
     client_cpus, server_cpus = cpu_split()
-    taskset = ["taskset", "-c", _cpu_list(client_cpus)]
+    client = taskset(client_cpus)
     probing = any(m != "diagnose" for m in modes)
     grpc_port = free_port()
     args = [*d.server_args, *(["--otlp-traces-endpoint", f"grpc://127.0.0.1:{grpc_port}", "--collect-detailed-traces",
                                "all"] if probing else [])]
-    srv = VLLMServe(model_dir, args, {"VLLM_CPU_OMP_THREADS_BIND": _cpu_list(server_cpus)},
-                    prefix=["taskset", "-c", _cpu_list(server_cpus)], max_model_len=d.max_model_len, python=python,
+    srv = VLLMServe(model_dir, args, **pinned(server_cpus), max_model_len=d.max_model_len, python=python,
                     log_dir=out_dir)
     try:
         try:
             if probing:
-                receive = [*taskset, *ttft_command(), "receive", "--port", str(free_port()), "--grpc-port",
+                receive = [*client, *ttft_command(), "receive", "--port", str(free_port()), "--grpc-port",
                            str(grpc_port), "-o", str(out_dir / "srv")]
                 with _background(receive):
                     srv.start()
-                    with _background([*taskset, *ttft_command(), "scrape", srv.url + "/metrics", "--interval",
+                    with _background([*client, *ttft_command(), "scrape", srv.url + "/metrics", "--interval",
                                       str(SCRAPE_INTERVAL_S), "-d", "900", "-o", str(out_dir / "scrape")]):
-                        _run([*taskset, *ttft_command(), "probe", srv.url, *d.probe_args(), "--timeout", "180",
+                        _run([*client, *ttft_command(), "probe", srv.url, *d.probe_args(), "--timeout", "180",
                               "--no-progress", "-o", str(out_dir / "cli")], timeout_s=600)
                     # vLLM's span processor exports every 5 s: wait for the probe's last batch, then stop the
                     # receiver, so that diagnose's requests below stay out of the spans the probe is joined with
@@ -321,7 +328,7 @@ def run_draw(d: VLLMDraw, model_dir: Path, out_dir: Path, *, python: Path | None
             if "diagnose" in modes and why:
                 res.skipped["diagnose"] = why
             elif "diagnose" in modes:
-                p = _run([*taskset, *ttft_command(), "diagnose", srv.url, "-o", str(out_dir / "diagnose"),
+                p = _run([*client, *ttft_command(), "diagnose", srv.url, "-o", str(out_dir / "diagnose"),
                           *d.diagnose_args(), "--no-progress", "--json"], timeout_s=600)
                 (out_dir / "diagnose.json").write_text(p.stdout)
         finally:
