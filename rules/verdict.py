@@ -107,7 +107,10 @@ def healthy_by_floor(feats: Any, th: Mapping[str, Any], sample_factor: float,
     rows = rows + decomposition_rows(feats)
     rows.append(Evidence("TTFT p95", feats.value("ttft_p95_s"), None, "s", "over the steady requests"))
     note = "nothing waits: each TTFT is what the request's own work costs on this server"
-    if leading is not None:
+    if leading is not None and leading.conditional:
+        note += (f"; {leading.category} ({leading.confidence:.2f}) holds only for prompts like the tool's own test, "
+                 "not a wait seen in this load (`--workload` says what your users send, to judge it for them)")
+    elif leading is not None:
         note += (f"; {leading.category} ({leading.confidence:.2f}) is most of that time, a cost every request pays, "
                  "not a bottleneck")
     checks = ["give an SLO (--slo ttft_p99=…) to judge whether that own work is fast enough for your users",
@@ -221,8 +224,10 @@ def settle(findings: list[Finding], feats: Any, th: Mapping[str, Any], sample_fa
         leading = top
         failing = any(f.category == FAILURES for f in findings)
         verdict = None
-        if (top.category in OWN_WORK and top.confidence < float(general["strong_confidence"]) and not failing
-                and not slo_broken):
+        # prompt work every request pays, or a finding that holds only if the users' prompts are like the
+        # tool's own test (conditional): neither is a wait, so the floor may still say nothing waits
+        if ((top.category in OWN_WORK or top.conditional) and top.confidence < float(general["strong_confidence"])
+                and not failing and not slo_broken):
             verdict = healthy_by_floor(feats, th["healthy"], sample_factor, leading=top)
         if verdict is None:
             verdict = undecided(top, feats, th["healthy"], floor, int(general["min_requests"]))

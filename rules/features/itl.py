@@ -81,6 +81,7 @@ def itl(ctx: FeatureContext) -> None:
     gaps = client if client is not None and len(client) else server
     names = ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s")
     if gaps is None or gaps.empty:
+        ctx.na(STALL_NAMES, "needs token emission times (ttft.token_times_ns)")
         p50 = num_col(ctx.steady, "itl_p50_s").dropna()
         if len(p50):  # per-request statistics when the raw token times are gone
             ctx.add("itl_p50_s", float(p50.median()), source="per-request medians")
@@ -99,10 +100,48 @@ def itl(ctx: FeatureContext) -> None:
         for n, v in zip(names, q):
             ctx.add(n, v, source=src)
         ctx.add("itl_max_s", float(gaps["gap_s"].max()), source=src)
+        stream_stalls(ctx, gaps, float(q[0]), src)
     tpot = num_col(ctx.steady, "tpot_s").dropna()
     ctx.add("tpot_p50_s", float(tpot.median()) if len(tpot) else None, None if len(tpot) else "no request with 2+ output tokens")
     ctx.add("tpot_p99_s", float(np.percentile(tpot, 99)) if len(tpot) else None, None if len(tpot) else "no request with 2+ output tokens")
     interference(ctx, server, client)
+
+
+STALL_NAMES = ("stream_stall_frac", "stream_stall_steps_p50", "stream_stall_n")
+
+
+def stream_stalls(ctx: FeatureContext, gaps: pd.DataFrame, itl_p50_s: float, src: str) -> None:
+    """Streams stopped mid-answer while others went on: an engine that evicted them (preempted, to
+    free KV blocks) and later resumed them. A stream stalls when its longest token gap is at least
+    ``[features] stall_steps_min`` decode steps (ITL p50) and the other streams emitted tokens in at
+    least ``stall_others_min`` of those steps: the engine kept stepping, without it. A pause of the
+    whole engine (a long prefill, a collection) stops every stream at once and is not one.
+
+    * ``stream_stall_frac`` — the share of streams (steady, 2+ token gaps) that stalled;
+    * ``stream_stall_steps_p50`` — their longest gaps' median, in decode steps;
+    * ``stream_stall_n`` — how many streams were judged.
+    Units: share, steps, requests. Runs in :func:`itl`, with its gaps (ns start/end, ``req``)."""
+    if not itl_p50_s or itl_p50_s <= 0 or gaps.empty:
+        ctx.na(STALL_NAMES, "needs token emission times with a positive ITL p50")
+        return
+    counts = gaps.groupby("req").size()
+    judged = counts.index[counts >= 2]
+    if len(judged) == 0:
+        ctx.na(STALL_NAMES, "no stream with three or more tokens")
+        return
+    # every token's emission time: each gap's start, and each stream's last token
+    times = np.sort(np.concatenate([gaps["start_ns"].to_numpy(), gaps.groupby("req")["end_ns"].max().to_numpy()]))
+    longest = gaps.loc[gaps.loc[gaps["req"].isin(judged)].groupby("req")["gap_s"].idxmax()]
+    steps = longest["gap_s"].to_numpy() / itl_p50_s
+    inside = (np.searchsorted(times, longest["end_ns"].to_numpy(), side="left")
+              - np.searchsorted(times, longest["start_ns"].to_numpy(), side="right"))
+    p = ctx.params
+    stalled = (steps >= float(p["stall_steps_min"])) & (inside >= float(p["stall_others_min"]) * steps)
+    how = f"{src}: a stream's longest gap >= {p['stall_steps_min']} decode steps while others streamed"
+    ctx.add("stream_stall_frac", float(stalled.mean()), source=how)
+    ctx.add("stream_stall_steps_p50", float(np.median(steps[stalled])) if stalled.any() else None,
+            None if stalled.any() else "no stream stalled", source=how)
+    ctx.add("stream_stall_n", float(len(judged)), source=src)
 
 
 def _itl_from_series(ctx: FeatureContext, names: tuple[str, ...]) -> bool:

@@ -57,6 +57,43 @@ def test_one_request_at_a_time_at_concurrency_4_closed_loop_is_queue(tmp_path: P
     assert any("--sweep concurrency" in c for c in d.verdict.next_checks)
 
 
+def test_a_cap_of_two_under_eight_streams_is_queue_from_one_level(tmp_path: Path) -> None:
+    """Streams overlap (two run at once), so none streams alone; but each waiting request's first
+    token follows a stream's end, far beyond chance over 30-odd waiting requests: requests admitted
+    only as others leave. Queue is the verdict from the client alone, and no stream stalled (not KV)."""
+    dirs = _probe(tmp_path, ["--max-running", "2"], LoadSpec(concurrency=8, requests=40, warmup_requests=2),
+                  output="24")
+    d = _diagnose(dirs)
+    assert d.verdict.category == "queue", format_diagnosis(d)
+    assert "far beyond chance" in (d.verdict.note or "")
+    assert d.features.value("stream_stall_frac") == 0.0
+    assert not any(f.category == "kv_cache" for f in d.findings)
+
+
+def test_a_kv_pool_that_preempts_is_kv_cache_from_the_client_alone(tmp_path: Path) -> None:
+    """24 blocks of 16 tokens hold two of four 64 + 96-token requests: the engine admits on the
+    prompt, then preempts (recompute) as answers grow. The client sees streams stop mid-answer while
+    others go on, and TTFT that waited: kv_cache, client only; the engine's own spans agree."""
+    dirs = _probe(tmp_path, ["--kv-blocks", "24", "--block-size", "16", "--max-context", "384"],
+                  LoadSpec(concurrency=4, requests=24, warmup_requests=2), output="96")
+    d = _diagnose(dirs)
+    assert d.verdict.category == "kv_cache", format_diagnosis(d)
+    row = next(e for e in d.verdict.evidence if e.name == "streams stalled mid-answer while others streamed")
+    assert row.crossed and d.verdict.black_box
+    assert _diagnose(dirs, ("client", "server")).verdict.category == "kv_cache"
+
+
+def test_lone_requests_over_a_spread_of_long_prompts_are_prefill_compute(tmp_path: Path) -> None:
+    """One stream, prompts of 300 to 1,000 tokens: nothing waits, and each prompt's prefill is many
+    decode steps. Every request arrived alone, so the spread of prompts is a prompt sweep: the
+    client alone names prefill_compute at the verdict floor, as the server's spans do."""
+    dirs = _probe(tmp_path, [], LoadSpec(concurrency=1, requests=24, warmup_requests=2), prompt="uniform:300-1000")
+    d = _diagnose(dirs)
+    assert d.verdict.category == "prefill_compute", format_diagnosis(d)
+    assert next(e for e in d.verdict.evidence if e.name == "fitted requests alone in flight").value == 1.0
+    assert _diagnose(dirs, ("client", "server")).verdict.category == "prefill_compute"
+
+
 def test_one_request_at_a_time_open_loop_above_its_service_rate_is_queue(tmp_path: Path) -> None:
     # one 64-token prompt + 16 tokens takes ~50-70 ms on a CPU: ~15 requests/s; offer 30/s
     dirs = _probe(tmp_path, ["--max-running", "1"], LoadSpec(concurrency=64, rate_rps=30.0, requests=40, warmup_requests=2))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from featcap import QUEUE_WINDOW, S, engine_series, make_requests, make_tables
 from simcap import Client, Engine, Phase, simulate, tables_of
 
+from diag import stages
 from rules.features import compute_features
 
 
@@ -36,3 +38,38 @@ def test_itl_from_token_times_wins_over_series(tmp_path: Path) -> None:
     feats = compute_features(tables)
     assert feats.get("itl_p50_s").source == base.get("itl_p50_s").source != "prometheus"
     assert feats.value("itl_p50_s") == pytest.approx(base.value("itl_p50_s"))
+
+
+def _streams(stall_ms: dict[int, float], pause_at_ms: float | None = None, n: int = 6) -> dict:
+    """``n`` streams of 40 tokens, 5 ms apart, started together (1 ms apart): server spans with token
+    times. ``stall_ms``: stream -> a gap that long after its 20th token (the others go on);
+    ``pause_at_ms``: every stream stops for 150 ms at that time (the whole engine paused)."""
+    req = make_requests([0.01] * n, start_ns=[1.7e18 + i * 1e6 for i in range(n)])
+    rows = []
+    for i, (tid, start) in enumerate(zip(req["trace_id"], req["start_ns"])):
+        times, t = [], start + 0.01 * 1e9
+        for k in range(40):
+            times.append(int(t))
+            t += 5e6 + (stall_ms.get(i, 0.0) * 1e6 if k == 19 else 0.0)
+            if pause_at_ms is not None and times[-1] < 1.7e18 + pause_at_ms * 1e6 <= t:
+                t += 150e6
+        rows.append({"trace_id": tid, "span_id": f"{i:016x}", "name": stages.SPAN_REQUEST, "start_ns": start,
+                     "end_ns": times[-1], stages.ATTR_TOKEN_TIMES_NS: times})
+    tables = make_tables(req)
+    tables.spans = pd.DataFrame(rows)
+    return tables
+
+
+def test_a_stream_stopped_while_the_others_went_on_is_a_stall_a_paused_engine_is_not() -> None:
+    """Preemption as the client sees it: two of six streams stop for 30 decode steps mid-answer while
+    the other four keep streaming (feature ``stream_stall_frac``); the same gap in every stream at
+    once is the engine pausing (a long prefill, a collection), not an eviction."""
+    feats = compute_features(_streams({0: 150.0, 3: 150.0}))
+    assert feats.value("stream_stall_frac") == pytest.approx(2 / 6)
+    assert feats.value("stream_stall_steps_p50") == pytest.approx(31.0, rel=0.05)
+    assert feats.value("stream_stall_n") == 6
+    paused = compute_features(_streams({}, pause_at_ms=110.0))
+    assert paused.value("itl_max_s") >= 0.15  # every stream did stop
+    assert paused.value("stream_stall_frac") == 0.0 and not paused.available("stream_stall_steps_p50")
+    # a gap under [features] stall_steps_min (20 decode steps) is jitter, not a stall
+    assert compute_features(_streams({0: 60.0})).value("stream_stall_frac") == 0.0
