@@ -43,9 +43,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--api-key", metavar="KEY", help="bearer token (default: $OPENAI_API_KEY); never recorded")
     p.add_argument("--slo", metavar="SPEC", help="SLOs for the verdict, the ramp's stop and goodput, e.g. ttft_p99=2s,tpot_p99=100ms")
     p.add_argument("--workload", metavar="SPEC",
-                   help="what your users send, lengths only: prompt_tokens=MIN-MAX,shared_prefix=N (tokens). Findings "
-                        "that hold only for some prompts (a repeated prefix recomputed, short prompts behind long "
-                        "ones) are then judged for yours instead of conditional")
+                   help="what your users send, lengths only: prompt_tokens=MIN-MAX,shared_prefix=N (tokens), "
+                        "concurrency=N (the most requests they keep in flight). Findings that hold only for some "
+                        "prompts (a repeated prefix recomputed, short prompts behind long ones) are then judged for "
+                        "yours instead of conditional, and whether anything waits is judged at your load")
     p.add_argument("--budget", default="120s", metavar="T", help="probing time budget, e.g. 120s or 3m (default 120s)")
     p.add_argument("--metrics", metavar="URL", help="scrape this Prometheus /metrics into the capture alongside")
     p.add_argument("--join", action="append", default=[], metavar="SERVER_CAPTURE",

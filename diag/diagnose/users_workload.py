@@ -8,6 +8,8 @@ lengths mix. When the user says what their prompts are like, those findings are 
 
     prompt_tokens=MIN-MAX   the users' shortest and longest prompt (tokens); one number: all alike
     shared_prefix=N         tokens their prompts share at the start (a system prompt); 0: none
+    concurrency=N           the most requests they have in flight at once: the verdict's "nothing
+                            waits" is judged at that load; the ramp still finds the capacity above it
 
 Recorded in the capture's ``meta.json`` as ``users_workload`` (the rules read it there). Pure.
 """
@@ -17,15 +19,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-KEYS = ("prompt_tokens", "shared_prefix")
+KEYS = ("prompt_tokens", "shared_prefix", "concurrency")
 
 
 @dataclass(frozen=True)
 class UsersWorkload:
-    """The users' prompt lengths (tokens, inclusive) and the prefix they share (tokens); None: not said."""
+    """The users' prompt lengths (tokens, inclusive), the prefix they share (tokens) and the most
+    requests they keep in flight; None: not said."""
 
     prompt_tokens: tuple[int, int] | None = None
     shared_prefix_tokens: int | None = None
+    concurrency: int | None = None
 
     def to_meta(self) -> dict[str, Any]:
         """The ``meta.json`` ``users_workload`` block (only what was said)."""
@@ -34,6 +38,8 @@ class UsersWorkload:
             out["prompt_tokens"] = list(self.prompt_tokens)
         if self.shared_prefix_tokens is not None:
             out["shared_prefix_tokens"] = self.shared_prefix_tokens
+        if self.concurrency is not None:
+            out["concurrency"] = self.concurrency
         return out
 
     @property
@@ -52,6 +58,8 @@ class UsersWorkload:
         if self.shared_prefix_tokens is not None:
             parts.append(f"a shared prefix of {self.shared_prefix_tokens} tokens" if self.shared_prefix_tokens
                          else "no shared prefix")
+        if self.concurrency is not None:
+            parts.append(f"up to {self.concurrency} in flight")
         return ", ".join(parts) or "not given"
 
 
@@ -59,16 +67,19 @@ def _int(key: str, text: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise ValueError(f"--workload {key}={text}: expected a whole number of tokens") from None
+        what = "requests" if key == "concurrency" else "tokens"
+        raise ValueError(f"--workload {key}={text}: expected a whole number of {what}") from None
     if v < 0:
         raise ValueError(f"--workload {key}={text}: must be >= 0")
     return v
 
 
 def parse_users_workload(spec: str) -> UsersWorkload:
-    """``prompt_tokens=MIN-MAX,shared_prefix=N`` -> :class:`UsersWorkload`; ValueError with one line."""
+    """``prompt_tokens=MIN-MAX,shared_prefix=N,concurrency=N`` -> :class:`UsersWorkload`; ValueError
+    with one line."""
     prompt: tuple[int, int] | None = None
     prefix: int | None = None
+    concurrency: int | None = None
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
@@ -83,9 +94,13 @@ def parse_users_workload(spec: str) -> UsersWorkload:
             if lo < 1 or hi < lo:
                 raise ValueError(f"--workload prompt_tokens={value}: expected MIN-MAX with 1 <= MIN <= MAX")
             prompt = (lo, hi)
+        elif key == "concurrency":
+            concurrency = _int(key, value)
+            if concurrency < 1:
+                raise ValueError(f"--workload concurrency={value}: must be >= 1")
         else:
             prefix = _int(key, value)
-    return UsersWorkload(prompt, prefix)
+    return UsersWorkload(prompt, prefix, concurrency)
 
 
 def ramp_prompt_tokens(workload: UsersWorkload | None, given: int | None, default: int) -> int:

@@ -40,6 +40,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("populations", "x", ("users_prompt_spread_x",)),
     ("populations", "tokens", ("users_prompt_mid_tokens",)),
     ("populations", "tokens", ("users_shared_prefix_tokens",)),
+    ("populations", "requests", ("users_concurrency",)),
     ("populations", "s", ("cold_start_outlier_ttft_s", "cold_start_outlier_excess_s", "cold_start_s",
                           "cold_start_by_phase_s", "cold_start_first_contact_s",
                           "cold_start_not_serving_s")),

@@ -16,7 +16,10 @@ Features: ``ttft_floor_p50_s`` (s), ``ttft_over_floor_p50`` / ``ttft_over_floor_
 TTFT / floor, median and 90th percentile), ``ttft_floor_n`` (requests the floor was measured on),
 ``ttft_floor_compared_n`` (requests compared with it). Each TTFT is compared with its floor plus
 ``floor_steps_allowance`` decode steps (ITL p50): a batching engine admits a new request within a
-step or two, the step in flight. The source says which floor it is.
+step or two, the step in flight. When the users' concurrency is known (``users_concurrency``, from
+``ttft diagnose --workload concurrency=N``) only requests that arrived with at most that many in
+flight are compared: the verdict's "nothing waits" is about their load. The source says which floor
+it is.
 """
 
 from __future__ import annotations
@@ -110,6 +113,14 @@ def _client_floor(ctx: FeatureContext, st: pd.DataFrame) -> None:
 
 
 def _add(ctx: FeatureContext, ttft: pd.Series, fl: pd.Series, n_floor: int, source: str) -> None:
+    users = ctx.features.value("users_concurrency")
+    if users is not None and len(ctx.inflight_at):
+        # the users keep at most this many in flight (ttft diagnose --workload concurrency=N): whether
+        # anything waits is judged at their load; the ramp's levels above it measure capacity, not them
+        theirs = (ctx.inflight_at.reindex(ttft.index) <= users).to_numpy()
+        if int(theirs.sum()) >= MIN_LONE:
+            ttft, fl = ttft[theirs], fl[theirs]
+            source += f"; at your users' load (<= {users:g} in flight)"
     # a batching engine admits a new request within a step or two: that much beyond its own work is
     # the step in flight, not a wait (``floor_steps_allowance`` decode steps, ITL p50)
     step = ctx.features.value("itl_p50_s")

@@ -136,8 +136,9 @@ def context_limit(ctx: FeatureContext, refused: pd.Series) -> None:
 def users_workload(ctx: FeatureContext) -> None:
     """What the users send, as ``ttft diagnose --workload`` recorded it (``meta.json``
     ``users_workload``): ``users_prompt_spread_x`` (their longest prompt / shortest),
-    ``users_prompt_mid_tokens`` (the middle of their range) and
-    ``users_shared_prefix_tokens`` (0: none). Unavailable when not given."""
+    ``users_prompt_mid_tokens`` (the middle of their range),
+    ``users_shared_prefix_tokens`` (0: none) and ``users_concurrency`` (the most requests they keep
+    in flight). Unavailable when not given."""
     wl = ctx.meta.get("users_workload") if isinstance(ctx.meta, dict) else None
     wl = wl if isinstance(wl, dict) else {}
     why = "the users' workload is not given (ttft diagnose --workload {})"
@@ -152,6 +153,9 @@ def users_workload(ctx: FeatureContext) -> None:
     sp = wl.get("shared_prefix_tokens")
     ok = isinstance(sp, (int, float)) and sp >= 0
     ctx.add("users_shared_prefix_tokens", float(sp) if ok else None, None if ok else why.format("shared_prefix=N"))
+    conc = wl.get("concurrency")
+    ok = isinstance(conc, (int, float)) and conc >= 1
+    ctx.add("users_concurrency", float(conc) if ok else None, None if ok else why.format("concurrency=N"))
 
 
 def designed_apart(ctx: FeatureContext) -> None:

@@ -61,3 +61,37 @@ def test_the_rules_read_it_from_the_capture_meta() -> None:
     none = _features({"kind": "probe"})
     assert none.value("designed_by_diagnose") == 0.0
     assert not none.available("users_prompt_spread_x") and "--workload" in str(none.get("users_shared_prefix_tokens").reason)
+
+
+def test_concurrency_is_the_users_load_parsed_and_recorded() -> None:
+    w = parse_users_workload("prompt_tokens=100-200,concurrency=4")
+    assert w == UsersWorkload((100, 200), None, 4)
+    assert w.to_meta() == {"prompt_tokens": [100, 200], "concurrency": 4}
+    assert w.describe() == "prompts of 100-200 tokens, up to 4 in flight"
+    for spec, says in (("concurrency=0", "must be >= 1"), ("concurrency=few", "whole number of requests")):
+        with pytest.raises(ValueError, match=says):
+            parse_users_workload(spec)
+
+
+def test_nothing_waits_is_judged_at_the_users_load(tmp_path: Path) -> None:
+    """A lone-request baseline, then 12 in flight on an engine that runs 2 at a time: above the
+    users' 2 in flight requests wait, at theirs nothing does. With ``concurrency=2`` the floor
+    compares only the requests that arrived with at most 2 in flight, and says so."""
+    import sys
+    from dataclasses import replace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rules"))
+    from simcap import Engine, Phase, simulate, tables_of
+
+    dirs = simulate(tmp_path, Engine(max_running=2),
+                    [Phase("concurrency=1", 12, 64, 16, conc=1), Phase("concurrency=2", 12, 64, 16, conc=2),
+                     Phase("concurrency=12", 36, 64, 16, conc=12)])
+    tables = tables_of(dirs, ("client",))
+    everyone = compute_features(replace(tables, meta={**tables.meta, "kind": "diagnose"}))
+    theirs = compute_features(replace(tables, meta={**tables.meta, "kind": "diagnose",
+                                                    "users_workload": {"concurrency": 2}}))
+    assert theirs.value("users_concurrency") == 2
+    assert everyone.value("ttft_over_floor_p90") > 3.0  # the ramp above them waited
+    assert theirs.value("ttft_over_floor_p90") < 1.5 and "users' load (<= 2 in flight)" in theirs.get(
+        "ttft_over_floor_p90").source
+    assert theirs.value("ttft_floor_compared_n") < everyone.value("ttft_floor_compared_n")

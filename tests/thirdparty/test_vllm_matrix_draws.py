@@ -58,7 +58,7 @@ def test_each_family_is_sized_to_make_its_truth(seed: int) -> None:
         if d.family != "prefix_cache":
             assert d.diagnosable() is None and "--max-concurrency" not in d.diagnose_args()
             lo, hi = d.prompt_range()
-            assert d.diagnose_args()[-1] == f"prompt_tokens={lo}-{hi}"
+            assert d.diagnose_args()[-1] == f"prompt_tokens={lo}-{hi},concurrency={d.concurrency}"
 
 
 def test_what_a_mode_cannot_tell_apart_is_right_and_nothing_else_is() -> None:

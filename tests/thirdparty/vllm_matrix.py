@@ -129,14 +129,17 @@ class VLLMDraw:
         return self.input_tokens - self.input_spread, self.input_tokens + self.input_spread
 
     def diagnose_args(self) -> list[str]:
-        """``ttft diagnose``'s flags: what the users send (``--workload``, the typical prompt and answer);
-        no target and diagnose's own ramp, as most users start. On a draw designed healthy that ramp
-        reaches the one server core's capacity (TTFT rising as the streams share it), where without a
-        target the honest verdict is undecided; its peak load as the ramp's top (``--max-concurrency``)
-        leaves a cap too little room above it to be read."""
+        """``ttft diagnose``'s flags: what the users send (``--workload``: their prompt lengths and how
+        many they keep in flight), the typical prompt and answer; no target and diagnose's own ramp, as
+        most users start. On a draw designed healthy that ramp reaches the one server core's capacity
+        (TTFT rising as the streams share it) far above the users' load: their concurrency makes the
+        verdict judge "nothing waits" at their load, the capacity above it being no wait of theirs.
+        Their peak load as the ramp's top (``--max-concurrency``) would leave a cap too little room
+        above it to be read."""
         lo, hi = self.prompt_range()
         return ["--budget", DIAGNOSE_BUDGET, "--input-tokens", str(self.input_tokens),
-                "--output-tokens", str(self.output_tokens), "--workload", f"prompt_tokens={lo}-{hi}"]
+                "--output-tokens", str(self.output_tokens), "--workload",
+                f"prompt_tokens={lo}-{hi},concurrency={self.concurrency}"]
 
     def diagnosable(self) -> str | None:
         """Why ``ttft diagnose`` (its own experiment) cannot show this draw's cause, or None."""
@@ -265,7 +268,11 @@ class VLLMDrawResult:
 def _background(cmd: list[str]) -> Iterator[None]:
     """``cmd`` (``ttft scrape`` or ``ttft receive``) in its own process for the block; Ctrl-C then makes
     it write its capture. Raises RuntimeError when it exited other than 0."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # SIGINT at its default in the child, so that its Ctrl-C handler is installed: a matrix started
+    # as a background job of a non-interactive shell inherits SIGINT ignored, and would then wait out
+    # the timeout below for a child that never stops
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         time.sleep(1.0)
         yield
