@@ -93,7 +93,8 @@ def long_ramp(ctx: FeatureContext) -> None:
       time. At the long / short prompt; the short one is None when decoding followed the load
       (then ``long_ramp_short_flat`` = 1 and its most decoding at once is a lower bound);
       ``long_ramp_decode_max`` / ``long_ramp_top`` — the long ramp's most decoding at once and
-      its highest level, capped or not.
+      its highest level, capped or not (the most is None when the ramp stopped under 4 in flight
+      with no more than that share decoding at once: too few levels to tell a cap from none).
     * ``long_ramp_knee_ratio`` — short / long cap (the short ramp's most decoding at once when
       uncapped): how many times fewer requests are admitted at the long prompt.
     * ``long_ramp_token_ratio`` — (long prompt + output) / (short prompt + output) tokens: how
@@ -132,7 +133,13 @@ def long_ramp(ctx: FeatureContext) -> None:
     ctx.add("long_ramp_prompt_tokens", l_tok)
     ctx.add("long_ramp_token_ratio", (l_tok + out) / (s_tok + out) if s_tok + out > 0 else None)
     ctx.add("long_ramp_wait_share", max(0.0, 1.0 - lone / top) if top > 0 else None)
-    ctx.add("long_ramp_decode_max", float(l_once.max()))
+    # the most decoding at once, where it followed the load (no cap); a ramp that stopped under 4 in
+    # flight with fewer decoding at once than that share says neither (too few to tell a cap)
+    followed = float(l_once.max()) > share * float(l_level.max())
+    ctx.add("long_ramp_decode_max", float(l_once.max()) if lc is not None or followed else None,
+            None if lc is not None or followed else
+            f"the long ramp stopped at {l_level.max():g} in flight with {l_once.max():g} decoding at once: too few "
+            "levels to tell a cap from none")
     ctx.add("long_ramp_top", float(l_level.max()))
     ctx.add("long_ramp_short_decode_cap", sc, None if sc is not None else
             f"the short ramp's streams decoded together up to {s_once.max():g} at once (to {s_level.max():g} in flight)")

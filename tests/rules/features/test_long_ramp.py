@@ -46,14 +46,14 @@ def _closed_loop(c: int, limit: int | None, prefill_s: float, t0_s: float, per_c
 
 def _tables(short_limit: int | None, long_limit: int | None, shared: float = 0.0,  # noqa: ANN202
             short_levels: tuple[int, ...] = (1, 2, 4, 8), serial_s_per_token: float = 0.0,
-            long_out: int | None = None, ladder: tuple[int, ...] = ()):
+            long_out: int | None = None, ladder: tuple[int, ...] = (), long_levels: tuple[int, ...] = (1, 2, 3, 4, 6)):
     """The short ramp (64-token prompts), the long ramp (256) and, with ``long_out``, the longout
     follow-up (the long prompt at 8 in flight, 2 rounds, ``long_out``-token answers); ``ladder``:
     rungs at 1 in flight first (segments ``prompt=N``, prefill as the ramps')."""
     rows, t = [], 1000.0
     steps = [("prompt", (1,), None, 0.010 * n / 64, n, OUT) for n in ladder]
     steps += [("concurrency", short_levels, short_limit, 0.010, 64, OUT),
-              ("long", (1, 2, 3, 4, 6), long_limit, 0.030, 256, OUT)]
+              ("long", long_levels, long_limit, 0.030, 256, OUT)]
     if long_out:
         steps.append(("longout", (8,), long_limit, 0.030, 256, long_out))
     for label, levels, limit, prefill, tokens, out in steps:
@@ -189,3 +189,16 @@ def test_without_a_long_ramp_its_features_say_so() -> None:
     tables = make_tables(make_requests([0.01] * 12, segment=[f"concurrency={c}" for c in (1, 2, 4) for _ in range(4)]))
     feat = compute_features(tables).get("long_ramp_knee_ratio")
     assert feat.value is None and "no long ramp" in feat.reason
+
+
+def test_a_long_ramp_stopped_under_four_in_flight_says_neither_capped_nor_not() -> None:
+    """Real vLLM (a KV pool of 8 blocks, diagnose's budget spent): the long ramp reached 3 in flight
+    with 1 decoding at once. That is too few levels to tell a cap (which needs 4 in flight), and
+    certainly no sign that nothing holds requests back: no "uncapped" reading clears kv_cache."""
+    tables = _tables(short_limit=None, long_limit=1, long_levels=(1, 2, 3))
+    feats = compute_features(tables)
+    assert not feats.available("long_ramp_decode_cap")
+    assert not feats.available("long_ramp_decode_max") and "too few levels" in feats.get("long_ramp_decode_max").reason
+    d = diagnose(tables)
+    assert not any("no admission limit" in p.reason or "would have held them to fewer" in p.reason
+                   for p in d.passed), [p.reason for p in d.passed]
