@@ -49,13 +49,15 @@ def _fit_rows(t: Triage, weigh: bool) -> None:
              "share", "slope x mean prompt / mean TTFT: how much of the TTFT time is prompt processing", weigh=weigh)
 
 
-def _steps_row(t: Triage) -> None:
-    """The median request's prompt work in decode steps (a gate, not weighed: the rule passes under
-    it): how far prompt work holds the first token back, against what a short prompt costs."""
+def _steps_row(t: Triage, weigh: bool = False) -> None:
+    """The median request's prompt work in decode steps (a gate: the rule passes under it): how far
+    prompt work holds the first token back, against what a short prompt costs. ``weigh``: also one of
+    the checks whose strength makes the confidence (the black-box fit, where it is part of the case)."""
     steps = t.ctx.v("prompt_work_steps_p50")
     if steps is not None:
         t.judged("prompt work of the median request", steps, "prompt_steps_min", "steps",
-                 f"its first token held back this many decode steps ({t.ctx.features.get('prompt_work_steps_p50').source})")
+                 f"its first token held back this many decode steps ({t.ctx.features.get('prompt_work_steps_p50').source})",
+                 weigh=weigh)
 
 
 def _stage_population(ctx: RuleContext, names: tuple[str, ...]) -> float | None:
@@ -155,11 +157,14 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
     if per_itl is not None and per_itl >= th["bb_slope_per_itl_max"]:
         return (f"a prompt token costs {per_itl:.2f} of a decode step (>= {th['bb_slope_per_itl_max']:g}): "
                 "too slow for a parallel prefill (see tokenize)")
+    # from the client the case is four checks, each weighed: TTFT follows the prompt (R²), the prompt
+    # part is most of it, it holds the first token back many steps, at a parallel prefill's per-token
+    # cost (not a tokenizer's)
     _fit_rows(t, weigh=True)
-    _steps_row(t)
+    _steps_row(t, weigh=True)
     if per_itl is not None:
         t.judged("TTFT per prompt token / ITL p50", per_itl, "bb_slope_per_itl_max", "x",
-                 "a prompt token costs a small part of a decode step, as a parallel prefill does", op="<")
+                 "a prompt token costs a small part of a decode step, as a parallel prefill does", op="<", weigh=True)
     s, pct = ctx.explained(min(expl, 1.0))
     # vLLM and SGLang also measure it: their prefill-time histogram's share of TTFT, judged like a span's
     mp = ctx.v("metrics_prefill_share")
