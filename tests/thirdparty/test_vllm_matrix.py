@@ -3,11 +3,11 @@ whose bottleneck the configuration sets (``vllm_matrix.py``), diagnosed from the
 vLLM's /metrics, with its OTLP spans joined, and through ``ttft diagnose``.
 
 The bar (issue 30): no verdict is wrong or says healthy where something waits, in any mode; with the
-engine's own view (metrics, spans) every draw is right. From the client alone a verdict may stay
-short of a name (inconclusive, the experiment that decides named first): the probe runs one load
-level, where a batch cap of K under C streams shows as waits it cannot attribute without a sweep;
-``ttft diagnose`` ramps a healthy server to its one core's capacity, and its long ramp may not fit
-its budget before it tells a KV limit from a batch cap.
+engine's own view (metrics, spans) every draw is right. From the client alone (the probe, and
+``ttft diagnose``) every draw is right but at most one per mode, which may stay short of a name
+(inconclusive, the experiment that decides named first): on 2 shared cores one draw's timing can
+blur the evidence the client reads (a lone stream's prompt fit, the order of first tokens and
+stream ends), and diagnose's long ramp may not fit its budget.
 
 Slow: 8 server starts, probes and diagnoses, about 15 minutes on 2 cores.
 """
@@ -25,8 +25,10 @@ from vllm_matrix import CI_DRAWS, CI_SEED, FAMILIES, MODES, check, draws
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-#: modes that must be right on every draw; the others may also be undecided (module doc)
+#: modes that must be right on every draw; the others may be undecided on one draw (module doc)
 MUST_BE_RIGHT = ("metrics", "traces")
+#: draws a client-side mode may leave undecided (leading-right or inconclusive)
+UNDECIDED_MAX = 1
 
 
 def test_ci_seed_draws_cover_every_family() -> None:
@@ -41,6 +43,7 @@ def test_ci_seed_matrix_on_real_vllm(vllm_python: Path, vllm_model: Path, tmp_pa
     (tmp_path / "matrix.json").write_text(json.dumps(m.to_dict(), indent=1))
     errors = [f"{r.draw.name}: {r.error}" for r in m.results if r.error]
     assert not errors, "\n".join(errors)
+    undecided = {mode: 0 for mode in MODES}
     for r in m.results:
         for mode in MODES:
             o = r.outcome(mode)
@@ -49,3 +52,5 @@ def test_ci_seed_matrix_on_real_vllm(vllm_python: Path, vllm_model: Path, tmp_pa
                 continue
             allowed = (RIGHT,) if mode in MUST_BE_RIGHT else (RIGHT, LEADING_RIGHT, UNDECIDED)
             assert o in allowed, f"{r.draw.name} {mode}: {o} ({r.draw.why})\n{text}"
+            undecided[mode] += o != RIGHT
+    assert all(n <= UNDECIDED_MAX for n in undecided.values()), f"undecided draws per mode: {undecided}\n{text}"
