@@ -666,7 +666,6 @@ def kv_cache(ctx: RuleContext) -> Outcome:
     if not all(ctx.has(n) for n in LONG_RAMP) and not all(ctx.has(n) for n in KNEE):
         # ran on the token times alone (no long ramp, no concurrency knee): some streams stalled, too few
         # or with too little waiting to say the pool is full
-        th = ctx.th
         return (f"{ctx.v('stream_stall_frac') or 0:.0%} of streams stalled mid-answer while others streamed (counts "
                 f"from {th['bb_stall_frac_min']:.0%}) and TTFT p95 is {ctx.v('ttft_in_itl_steps_p95') or 0:.0f} decode "
                 f"steps (counts from {th['bb_stall_wait_steps_min']:g}): too little to say the KV pool is full")

@@ -124,14 +124,15 @@ def stream_stalls(ctx: FeatureContext, gaps: pd.DataFrame, itl_p50_s: float, src
     if not itl_p50_s or itl_p50_s <= 0 or gaps.empty:
         ctx.na(STALL_NAMES, "needs token emission times with a positive ITL p50")
         return
-    counts = gaps.groupby("req").size()
-    judged = counts.index[counts >= 2]
-    if len(judged) == 0:
+    by_req = gaps.groupby("req")  # one grouping for the counts, the last tokens and the longest gaps
+    counts = by_req.size()
+    judged = counts >= 2
+    if not judged.any():
         ctx.na(STALL_NAMES, "no stream with three or more tokens")
         return
     # every token's emission time: each gap's start, and each stream's last token
-    times = np.sort(np.concatenate([gaps["start_ns"].to_numpy(), gaps.groupby("req")["end_ns"].max().to_numpy()]))
-    longest = gaps.loc[gaps.loc[gaps["req"].isin(judged)].groupby("req")["gap_s"].idxmax()]
+    times = np.sort(np.concatenate([gaps["start_ns"].to_numpy(), by_req["end_ns"].max().to_numpy()]))
+    longest = gaps.loc[by_req["gap_s"].idxmax()[judged]]
     steps = longest["gap_s"].to_numpy() / itl_p50_s
     inside = (np.searchsorted(times, longest["end_ns"].to_numpy(), side="left")
               - np.searchsorted(times, longest["start_ns"].to_numpy(), side="right"))
@@ -141,7 +142,7 @@ def stream_stalls(ctx: FeatureContext, gaps: pd.DataFrame, itl_p50_s: float, src
     ctx.add("stream_stall_frac", float(stalled.mean()), source=how)
     ctx.add("stream_stall_steps_p50", float(np.median(steps[stalled])) if stalled.any() else None,
             None if stalled.any() else "no stream stalled", source=how)
-    ctx.add("stream_stall_n", float(len(judged)), source=src)
+    ctx.add("stream_stall_n", float(judged.sum()), source=src)
 
 
 def _itl_from_series(ctx: FeatureContext, names: tuple[str, ...]) -> bool:
