@@ -146,7 +146,12 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         s, pct = ctx.explained(ps)
         title = ("Prefill compute: TTFT grows with prompt length and the forward pass dominates it" if fit_ok
                  else "Prefill compute: the forward pass dominates TTFT" + (" (engine metrics)" if how else ""))
-        return finding(title, t.confidence(directness), s, pct, t.evidence, PREFILL_CHECKS, note=note,
+        conf = t.confidence(directness)
+        if by_fit and ps >= th["share_only_min"] and not _had_batch_mates(ctx):
+            # the share alone names a lone request's own forward pass (the branch below): a fit that
+            # agrees only loosely supports it, and never makes it less sure than the share alone
+            conf = max(conf, ctx.confidence(directness, [strength(ps, th["share_only_min"], bound=1.0)]))
+        return finding(title, conf, s, pct, t.evidence, PREFILL_CHECKS, note=note,
                        population_share=_stage_population(ctx, ("prefill", "comm")))
     if r2 is None and ctx.has("prefill_busy_ratio"):
         return _prefill_busy(t)

@@ -22,9 +22,9 @@ def test_a_draw_is_the_same_every_time_and_differs_by_seed() -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_five_consecutive_draws_hold_every_family(seed: int) -> None:
+def test_consecutive_draws_hold_every_family(seed: int) -> None:
     for start in range(0, 8):
-        assert {draw(seed, i).family for i in range(start, start + 5)} == set(FAMILIES)
+        assert {draw(seed, i).family for i in range(start, start + len(FAMILIES))} == set(FAMILIES)
 
 
 def _arg(d: VLLMDraw, flag: str) -> int:
@@ -53,6 +53,11 @@ def test_each_family_is_sized_to_make_its_truth(seed: int) -> None:
         elif d.family == "prefill_compute":  # long prompts, alone, spread for a prompt fit
             assert d.expected == "prefill_compute" and not d.server_args and d.concurrency == 1
             assert d.prompt_range()[0] >= 600 and d.input_spread >= 200
+        elif d.family == "head_of_line":  # a long prompt's chunked prefill spans many steps of the budget
+            long_tokens, every = (int(x) for x in d.inject_long.split(":"))
+            assert d.expected == "head_of_line" and long_tokens >= 5 * _arg(d, "--max-num-batched-tokens")
+            assert long_tokens >= 10 * d.input_tokens and d.concurrency >= 3 and d.requests >= 8 * every
+            assert f"--inject-long {d.inject_long}" in " ".join(d.probe_args()) and d.prompt_range()[1] == long_tokens
         else:
             assert d.expected == "healthy" and not d.server_args and d.concurrency <= 2 and d.input_tokens <= 192
         if d.family != "prefix_cache":

@@ -15,6 +15,12 @@ Nothing here models vLLM: the ground truth of a draw is what its flags make the 
   one stream, with a long shared prefix and a short suffix: every repeat prefills the prefix again.
 - ``prefill_compute``: the default server, one stream, prompts of 700 to 1900 tokens: nothing
   waits, and each prompt's prefill is many decode steps (docs/verdict.md: a cause from 6).
+- ``head_of_line``: ``--max-num-batched-tokens B`` (B of 64 to 192 tokens a step) under a few streams of
+  short prompts with a long one (1,000 to 1,700 tokens) every few requests (the probe's
+  ``--inject-long``). vLLM schedules its running requests before its waiting ones
+  (``Scheduler.schedule``: "First, schedule the RUNNING requests", then the WAITING), so a long
+  prompt in its chunked prefill takes each step's budget and a short one that arrives behind it
+  waits for the whole prefill, many steps: short requests wait behind long ones.
 - ``healthy``: the default server at a light load (1 or 2 streams, prompts up to 192 tokens, short
   answers), or the prefix design with the prefix cache on (vLLM's default): nothing waits.
 
@@ -70,7 +76,7 @@ from vllm_serve import VLLMServe, build_model, free_port, venv_python
 #: the draws CI runs (``test_vllm_matrix.py``): 8, every family at least once
 CI_SEED = 20261206
 CI_DRAWS = 8
-FAMILIES = ("queue", "kv_cache", "prefix_cache", "prefill_compute", "healthy")
+FAMILIES = ("queue", "kv_cache", "prefix_cache", "prefill_compute", "head_of_line", "healthy")
 MODES = ("client-only", "metrics", "traces", "diagnose")
 #: per mode, the truth -> other verdicts scored right (what that mode cannot tell apart; module doc)
 ALSO_RIGHT: dict[str, dict[str, frozenset[str]]] = {
@@ -111,6 +117,8 @@ class VLLMDraw:
     shared_prefix: str = ""
     #: prompts drawn uniformly in ``input_tokens`` +- this (0: all ``input_tokens`` long)
     input_spread: int = 0
+    #: the probe's ``--inject-long TOKENS:EVERY`` ("" for none): a long prompt among the short ones
+    inject_long: str = ""
     why: str = ""
 
     @property
@@ -122,11 +130,13 @@ class VLLMDraw:
         out = ["-c", str(self.concurrency), "-n", str(self.requests), "--warmup", "2",
                "--input-tokens", f"uniform:{lo}-{hi}" if hi > lo else str(lo), "--output-tokens", str(self.output_tokens),
                "--seed", str(self.seed * 1000 + self.index)]
-        return out + (["--shared-prefix", self.shared_prefix] if self.shared_prefix else [])
+        return (out + (["--shared-prefix", self.shared_prefix] if self.shared_prefix else [])
+                + (["--inject-long", self.inject_long] if self.inject_long else []))
 
     def prompt_range(self) -> tuple[int, int]:
-        """The users' prompt lengths in tokens (shortest, longest)."""
-        return self.input_tokens - self.input_spread, self.input_tokens + self.input_spread
+        """The users' prompt lengths in tokens (shortest, longest; the long ones of a mix included)."""
+        lo, hi = self.input_tokens - self.input_spread, self.input_tokens + self.input_spread
+        return lo, max(hi, int(self.inject_long.split(":")[0])) if self.inject_long else hi
 
     def diagnose_args(self) -> list[str]:
         """``ttft diagnose``'s flags: what the users send (``--workload``: their prompt lengths and how
@@ -154,7 +164,7 @@ def _rng(seed: int, index: int) -> np.random.Generator:
 
 def draw(seed: int, index: int) -> VLLMDraw:
     """Draw ``index`` of ``seed``: deterministic; the family rotates over :data:`FAMILIES` from a
-    seeded start, so any 5 consecutive draws hold every family."""
+    seeded start, so any 6 consecutive draws hold every family."""
     g = _rng(seed, index)
     start = int(np.random.default_rng(seed).integers(len(FAMILIES)))
     family = FAMILIES[(start + index) % len(FAMILIES)]
@@ -203,6 +213,18 @@ def draw(seed: int, index: int) -> VLLMDraw:
                         output_tokens=int(g.integers(8, 33)),
                         why=f"one stream of {prompt - spread}..{prompt + spread}-token prompts: nothing waits, and "
                             "each prompt's prefill is many decode steps (the verdict contract's prompt-work cause)")
+    if family == "head_of_line":
+        budget = int(g.integers(64, 193))
+        long_tokens = int(g.integers(1000, 1701))
+        every = int(g.integers(3, 6))
+        c = int(g.integers(3, 6))
+        return VLLMDraw(**s, expected="head_of_line", server_args=("--max-num-batched-tokens", str(budget)),
+                        max_model_len=2048, concurrency=c, requests=max(MIN_REQUESTS, 8 * every),
+                        input_tokens=int(g.integers(16, 97)), output_tokens=int(g.integers(16, 49)),
+                        inject_long=f"{long_tokens}:{every}",
+                        why=f"a step budget of {budget} tokens: a {long_tokens}-token prompt every {every} requests "
+                            f"prefills over ~{math.ceil(long_tokens / budget)} steps ahead of the short ones that "
+                            f"arrive behind it (vLLM schedules running requests first)")
     c = int(g.integers(1, 3))
     out = int(g.integers(16, 65))
     # prompt work under ~4 decode steps here (a prompt token costs ~1/60 of a step on this CPU; the
