@@ -72,9 +72,14 @@ def head_of_line(ctx: RuleContext) -> Outcome:
         return (f"short prompts wait {ratio:.1f}x behind ttft diagnose's own long ones, but your prompts do not mix "
                 f"lengths that far (--workload prompt_tokens: longest {spread:.1f}x the shortest < "
                 f"{th['users_spread_min']:g}x): none of yours waits for another's whole prefill")
+    others = ctx.v("hol_blocked_others_steps")
+    stepped = others is not None and t.crossed(
+        "engine steps the other streams took while they waited", others, "others_steps_min", "steps",
+        "the engine kept stepping without them (median over those that lost over half their TTFT): admission "
+        "order, not one long step", weigh=False)
     if not server:
         inter, lim = ctx.v("itl_interference_ratio"), ctx.th_of("interference")["itl_ratio_min"]
-        if inter is not None and inter >= lim:
+        if inter is not None and inter >= lim and not stepped:
             return (f"short requests behind a long prompt have {ratio:.1f}x the TTFT of the others, but running streams "
                     f"stall while long prompts prefill ({inter:.1f}x ITL >= {lim:g}x): they wait for the long prefill "
                     "step itself, not for admission order (see interference; chunked prefill bounds both)")
@@ -89,10 +94,10 @@ def head_of_line(ctx: RuleContext) -> Outcome:
                        + "client-only evidence: a client cannot tell admission order from a long prefill that "
                        "simply fills the step; a server capture (queue spans, engine steps) tells them apart")
     qs = ctx.v("hol_blocked_queue_share")
-    if not t.crossed("queue share of those short requests' TTFT", qs, "queue_share_min", "share",
-                     "they waited to be admitted, not in a slow prefill batch",
-                     miss="the short requests behind long prompts spent {value:.0%} of TTFT in the queue (< "
-                     "{threshold:.0%}): they ran, slower, in batches beside the long prefill"):
+    if not t.crossed("queue share of the TTFT those short requests lost", qs, "queue_share_min", "share",
+                     "their TTFT above the others', spent waiting to be admitted, not in a slow prefill batch",
+                     miss="the short requests behind long prompts spent {value:.0%} of the TTFT they lost in the "
+                     "queue (< {threshold:.0%}): they ran, slower, in batches beside the long prefill"):
         return t.pass_reason()
     steps = ctx.v("hol_blocked_wait_steps")
     if steps is not None and not t.crossed("engine steps while they queued", steps, "wait_steps_min", "steps",

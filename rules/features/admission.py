@@ -22,11 +22,13 @@ import numpy as np
 import pandas as pd
 
 from rules.features.context import FeatureContext
+from rules.features.itl import gaps_of
 from rules.features.numeric import NS, num_col
 
 HOL_NAMES = ("hol_short_ttft_ratio", "hol_blocked_short_n", "hol_unblocked_short_n", "hol_long_prompt_ratio",
              "hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",
-             "hol_blocked_running_max", "hol_baseline_own_wait", "hol_wait_share_all", "running_cap")
+             "hol_blocked_running_max", "hol_baseline_own_wait", "hol_wait_share_all", "hol_blocked_others_steps",
+             "running_cap")
 KVR_NAMES = ("kvr_waiting_steps_frac", "kvr_kv_usage_while_waiting_p95", "kvr_running_while_waiting_p50",
              "kvr_prefill_steps_while_waiting_frac", "kvr_prefill_bound_while_waiting_frac")
 #: a step's prefill is at its limit from this share of its per-step prefill budget
@@ -50,6 +52,20 @@ def _steps_in(steps: pd.DataFrame, a_ns: np.ndarray, b_ns: np.ndarray) -> list[n
         idx = np.arange(lo, hi)
         out.append(idx[(en[idx] > a) & (st[idx] < b)])
     return out
+
+
+def _steps_while_waiting(ctx: FeatureContext, req: pd.DataFrame, a_ns: np.ndarray, b_ns: np.ndarray) -> float | None:
+    """The median number of engine steps the other streams took inside the waits (a, b) (ns): each
+    step emits the running streams' tokens together, so token times closer than half the median
+    gap are one step. None without token times."""
+    gaps = gaps_of(ctx, req)
+    if gaps is None or gaps.empty or not len(a_ns):
+        return None
+    times = np.sort(np.concatenate([gaps["start_ns"].to_numpy(), gaps.groupby("req")["end_ns"].max().to_numpy()]))
+    half = 0.5 * float(np.median(gaps["gap_s"].to_numpy())) * NS
+    steps = times[np.concatenate([[True], np.diff(times) > half])]
+    inside = np.searchsorted(steps, b_ns, side="left") - np.searchsorted(steps, a_ns, side="right")
+    return float(np.median(inside))
 
 
 def head_of_line(ctx: FeatureContext) -> None:
@@ -111,6 +127,14 @@ def head_of_line(ctx: FeatureContext) -> None:
     total = float(ttft[ok].sum())
     ctx.add("hol_wait_share_all", float(np.clip(t_short[blocked] - base, 0, None).sum() / total) if total > 0 else None,
             None if total > 0 else "TTFT is zero")
+    # how the engine spent the wait of those that lost most of their TTFT (over twice the baseline):
+    # many steps of the other streams = it kept stepping without them (admission order); one or two
+    # = a single long step held everyone (a whole prefill: interference)
+    lost = t_short[blocked] > 2.0 * base
+    a_ns = s_start[blocked][lost]
+    others = _steps_while_waiting(ctx, req, a_ns, a_ns + t_short[blocked][lost] * NS)
+    ctx.add("hol_blocked_others_steps", others, None if others is not None else
+            "needs token times and short requests that lost over half their TTFT behind a long one")
     # server side: how the blocked short requests waited
     if not np.isfinite(queue).any():
         ctx.na(("hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",
@@ -118,7 +142,13 @@ def head_of_line(ctx: FeatureContext) -> None:
         return
     tb = t_short[blocked]
     fin = np.isfinite(queue)
-    ctx.add("hol_blocked_queue_share", float(np.median(np.clip(queue[fin] / tb[fin], 0, 1))), source="spans")
+    # of what they lost against the baseline, the part spent queued: admission order puts the loss in the
+    # queue, a step shared with the long prefill puts it in the prefill. Pooled over the requests, not a
+    # median of each one's share: those that arrived late in the long prefill, or before the long prompt
+    # reached the engine, lost little and say nothing about how the others lost theirs
+    excess = float(np.clip(tb[fin] - base, 0, None).sum())
+    ctx.add("hol_blocked_queue_share", float(min(np.clip(queue[fin], 0, None).sum() / excess, 1.0)) if excess > 0 else None,
+            None if excess > 0 else "the short requests behind long prompts lost no TTFT", source="spans")
     steps = ctx.steps
     if not len(steps) or "start_ns" not in steps.columns:
         ctx.na(("hol_blocked_wait_steps", "hol_blocked_kv_usage_max", "hol_blocked_running_max"),

@@ -133,7 +133,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("admission", "share", ("hol_blocked_queue_share", "hol_blocked_kv_usage_max", "kvr_waiting_steps_frac",
                             "kvr_kv_usage_while_waiting_p95", "kvr_prefill_steps_while_waiting_frac",
                             "kvr_prefill_bound_while_waiting_frac")),
-    ("admission", "steps", ("hol_blocked_wait_steps",)),
+    ("admission", "steps", ("hol_blocked_wait_steps", "hol_blocked_others_steps")),
     ("admission", "", ("hol_baseline_own_wait", "mixed_by_diagnose")),
     # prefix cache (rules/features/prefix_cache.py): repeats of the probe's shared prefix, cached tokens
     ("prefix_cache", "s", ("prefix_first_ttft_p50_s", "prefix_repeat_ttft_p50_s", "prefix_control_ttft_p50_s")),
