@@ -10,7 +10,7 @@ import pytest
 
 from diag.scenarios.matrix import Verdict
 
-from vllm_matrix import (ALSO_RIGHT, BLOCK_TOKENS, FAMILIES, MIN_REQUESTS, SLACK_TOKENS, VLLMDraw, VLLMDrawResult, draw,
+from vllm_matrix import (ALSO_RIGHT, BLOCK_TOKENS, EXTRA_FAMILIES, FAMILIES, MIN_REQUESTS, SLACK_TOKENS, VLLMDraw, VLLMDrawResult, draw,
                          draws, rescore)
 
 SEEDS = (20261206, 1, 77, 4242)
@@ -33,7 +33,7 @@ def _arg(d: VLLMDraw, flag: str) -> int:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_each_family_is_sized_to_make_its_truth(seed: int) -> None:
-    for d in draws(seed, 24):
+    for d in draws(seed, 24, FAMILIES + EXTRA_FAMILIES):
         assert d.requests >= MIN_REQUESTS or d.shared_prefix
         assert d.prompt_range()[1] + d.output_tokens + SLACK_TOKENS <= d.max_model_len
         if d.family == "queue":  # more streams than the cap, answers long enough to wait for
@@ -58,6 +58,7 @@ def test_each_family_is_sized_to_make_its_truth(seed: int) -> None:
             assert d.expected == "head_of_line" and long_tokens >= 5 * _arg(d, "--max-num-batched-tokens")
             assert long_tokens >= 10 * d.input_tokens and d.concurrency >= 3 and d.requests >= 8 * every
             assert f"--inject-long {d.inject_long}" in " ".join(d.probe_args()) and d.prompt_range()[1] == long_tokens
+            assert f"--input-tokens {d.input_tokens} " in " ".join(d.probe_args())  # the short prompts
         else:
             assert d.expected == "healthy" and not d.server_args and d.concurrency <= 2 and d.input_tokens <= 192
         if d.family != "prefix_cache":
