@@ -183,9 +183,9 @@ class HealthMonitor:
         last_cpu = time.thread_time()
         last_proc = time.process_time()
         last_rq = runq_wait_s()
+        target = time.perf_counter() + interval
         while True:
-            target = time.perf_counter() + interval
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, target - time.perf_counter()))
             now = time.perf_counter()
             cpu = time.thread_time()
             proc = time.process_time()
@@ -198,6 +198,9 @@ class HealthMonitor:
             s.starved_s.append(starved_part_s(lag, rq - last_rq if rq is not None and last_rq is not None else None,
                                               cpu - last_cpu, (proc - last_proc) - (cpu - last_cpu), wall))
             last_wall, last_cpu, last_proc, last_rq = now, cpu, proc, rq
+            # the next tick is due one interval after this wake, not after this bookkeeping: time the
+            # loop loses here (a thread taking the GIL at the /proc read) counts in the next lag
+            target = now + interval
 
 
 def loop_stall_fraction(samples: Sequence[HealthSamples]) -> float | None:
