@@ -60,7 +60,32 @@ def stalls_of(ts_s: Sequence[float] | np.ndarray, lag_s: Sequence[float] | np.nd
     order = np.argsort(ts, kind="stable")
     ts, lag, rq = ts[order], lag[order], rq[order]
     own = np.where(lag > 0, 1.0 - np.minimum(rq, lag) / np.where(lag > 0, lag, 1.0), 1.0)
-    return Stalls(ts - lag, ts, own)
+    return _chained(Stalls(ts - lag, ts, own))
+
+
+def _chained(st: Stalls) -> Stalls:
+    """``st`` with each run of stalls longer than the monitor's tick, one tick apart, merged into one.
+
+    The monitor sleeps a tick (its requested interval: the median spacing of its samples less
+    their lag) between samples; a loop late by more than a tick at consecutive samples, with just
+    that sleep between, may have been held throughout it (a thread holding the GIL across the
+    loop's brief wakes): the sleep is unobserved, and an upper bound counts it stalled."""
+    if len(st.end_s) < 3:
+        return st
+    lag = st.lag_s
+    tick = float(np.median(np.diff(st.end_s) - lag[1:]))
+    if not np.isfinite(tick) or tick <= 0:
+        return st
+    long = lag >= tick
+    joins = long[:-1] & long[1:] & (st.start_s[1:] - st.end_s[:-1] <= tick + WAKE_TOLERANCE_S)
+    if not joins.any():
+        return st
+    group = np.concatenate([[0], np.cumsum(~joins)])  # a new group where a stall does not join the one before
+    starts = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
+    ends = np.concatenate([starts[1:], [len(group)]]) - 1
+    weight = np.add.reduceat(lag * st.own_frac, starts)
+    total = np.add.reduceat(lag, starts)
+    return Stalls(st.start_s[starts], st.end_s[ends], np.where(total > 0, weight / np.where(total > 0, total, 1.0), 1.0))
 
 
 def _covering(st: Stalls, t: np.ndarray, before_s: float, after_s: float) -> tuple[np.ndarray, np.ndarray]:
@@ -146,8 +171,8 @@ def first_token_lag(stalls: Sequence[Stalls], start_s: Sequence[float] | np.ndar
       part the machine did (the starved part);
     * ``requests_delayed``: requests with any such delay;
     * ``stall_frac``: the share of the time some request waited for its first token that the loop
-      ran late (the busiest process's); ``lag_p99_s``/``lag_max_s``: lateness of the samples taken
-      while one waited. Each None without samples or requests.
+      ran late (the busiest process's); ``lag_p99_s``/``lag_max_s``: length of the stalls (a chain
+      of late ticks as one) that ended while one waited. Each None without samples or requests.
     """
     start = np.asarray(start_s, dtype="float64")
     first = np.asarray(first_s, dtype="float64")

@@ -86,3 +86,30 @@ def test_no_samples_or_no_requests() -> None:
     out = first_token_lag([], [T0], [T0 + 1.0])
     assert out["share"] is None and out["stall_frac"] is None and out["lag_p99_s"] is None
     assert first_token_lag([_stalls(_stall(0.1, 0.1))], [], [])["share"] is None
+
+
+def _ticks(lags: list[float], tick: float = 0.01, start: float = 0.0) -> list[tuple[float, float, float]]:
+    """The monitor's samples: it sleeps ``tick``, then wakes ``lag`` late, one after another."""
+    out, t = [], start
+    for lag in lags:
+        t += tick + lag
+        out.append((T0 + t, lag, 0.0))
+    return out
+
+
+def test_a_loop_late_at_every_tick_is_one_stall_across_the_unobserved_sleeps() -> None:
+    """A thread holding the GIL across the loop's brief wakes: late 50 ms at every 10 ms tick. The
+    sleeps between are unobserved, so the bound counts the chain as one stall; a first token read at
+    its end may have waited since it began."""
+    st = _stalls(*_ticks([0.005, 0.05, 0.05, 0.05, 0.05, 0.001, 0.001]))
+    assert len(st.end_s) == 4  # the short first, the chain of four, two short ones
+    chain = st.lag_s[1]
+    assert chain == pytest.approx(0.05 * 4 + 0.01 * 3)
+    first = st.end_s[1]
+    total, _ = ttft_delays([st], np.array([first - 0.30]), np.array([first]))
+    assert total[0] == pytest.approx(chain)
+
+
+def test_a_healthy_loop_late_a_little_at_each_tick_stays_many_small_stalls() -> None:
+    st = _stalls(*_ticks([0.0005] * 50))
+    assert len(st.end_s) == 50 and st.lag_s.max() == pytest.approx(0.0005)
