@@ -346,6 +346,23 @@ def loadgen(ctx: RuleContext) -> Outcome:
         cpu_weighs = True
     else:
         cpu_weighs = stall is None
+    gap, local = ctx.v("client_server_gap_p50_s"), ctx.v("client_server_local")
+    read_late = None  # the share of TTFT the probe read late, when the engine's spans measure it
+    if (total is not None and not t.evidence and local and gap and p50 and stall is not None and lag is not None
+            and (ctx.v("client_server_gap_frontend_frac") or 0.0) < 0.5 and stall >= ctx.th["loop_stall_frac_min"]
+            and lag >= ctx.th["gap_lag_min"] * gap):
+        # the engine's spans say when the first token left it, and on this machine's loopback the network
+        # adds microseconds: a gap that the loop's own lag covers is the probe reading late (its lag
+        # samples under-count a loop that stalls between them, so the share above can miss it)
+        if t.crossed("client-server gap / TTFT p50, server on this machine", gap / p50, "first_token_lag_share_min",
+                     "share", "the first token left the engine this long before the client read it, over a loopback "
+                     "connection"):
+            read_late = min(gap / p50, 1.0)
+            t.crossed("client event loop stalled while requests waited", stall, "loop_stall_frac_min", "share",
+                      "share of the time requests waited for their first token that the probe's event loop ran late")
+            t.context("client event-loop lag p99 / client-server gap p50", lag / gap, "x",
+                      f"lag p99 {lag * 1e3:.1f} ms against a gap of {gap * 1e3:.1f} ms: the loop's stalls cover it")
+            cpu_weighs = True
     if cpu_weighs:
         t.crossed("client CPU p95", ctx.v("client_cpu_pct_p95"), "cpu_pct_min", "%", "the client process is CPU-bound")
     late = ctx.v("client_send_lateness_p95_s")
@@ -356,7 +373,7 @@ def loadgen(ctx: RuleContext) -> Outcome:
         t.add_strength(1.0)
     if not t.evidence:
         return t.pass_reason("the client kept up (event-loop lag, CPU and send schedule within bounds)")
-    s, pct = ctx.explained(total if total is not None else (
+    s, pct = ctx.explained(read_late if read_late is not None else total if total is not None else (
         min(lag / ctx.ttft_p95_s, 1.0) if lag is not None and ctx.ttft_p95_s else None))
     if machine:
         return finding("The machine starved the load generator: every CPU was busy (the server on this machine?), the "

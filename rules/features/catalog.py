@@ -108,7 +108,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("itl", "share", ("stream_stall_frac",)),
     ("itl", "steps", ("stream_stall_steps_p50",)),
     ("itl", "requests", ("stream_stall_n",)),
-    ("client", "", ("client_health_flags", "client_saturated_flag")),
+    ("client", "", ("client_health_flags", "client_saturated_flag", "client_server_local")),
     ("client", "share", ("client_loop_stall_frac", "client_first_token_lag_share", "client_first_token_own_lag_share",
                          "client_first_token_starved_share")),
     ("client", "s", ("client_loop_lag_p99_s", "client_slot_wait_p95_s", "client_send_lateness_p95_s")),

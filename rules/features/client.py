@@ -59,6 +59,10 @@ def client_health(ctx: FeatureContext) -> None:
     health = health if isinstance(health, dict) else {}
     flags = {k: v for k, v in health.items() if isinstance(v, (bool, int, float, str)) and not isinstance(v, dict)}
     ctx.add("client_health_flags", flags, None if health else "meta.json has no client_health")
+    cpu_doc = health.get("client_cpu")
+    local = cpu_doc.get("server_local") if isinstance(cpu_doc, dict) else None
+    ctx.add("client_server_local", None if local is None else float(bool(local)),
+            None if local is not None else "client_health does not say whether the server was on this machine")
 
     def from_meta(*needles: str) -> float | None:
         for k, v in health.items():
