@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from rules.features.context import FeatureContext
-from rules.features.itl import gaps_of
+from rules.features.itl import emission_times_ns, gaps_of
 from rules.features.numeric import NS, num_col
 
 HOL_NAMES = ("hol_short_ttft_ratio", "hol_blocked_short_n", "hol_unblocked_short_n", "hol_long_prompt_ratio",
@@ -61,7 +61,7 @@ def _steps_while_waiting(ctx: FeatureContext, req: pd.DataFrame, a_ns: np.ndarra
     gaps = gaps_of(ctx, req)
     if gaps is None or gaps.empty or not len(a_ns):
         return None
-    times = np.sort(np.concatenate([gaps["start_ns"].to_numpy(), gaps.groupby("req")["end_ns"].max().to_numpy()]))
+    times = emission_times_ns(gaps)
     half = 0.5 * float(np.median(gaps["gap_s"].to_numpy())) * NS
     steps = times[np.concatenate([[True], np.diff(times) > half])]
     inside = np.searchsorted(steps, b_ns, side="left") - np.searchsorted(steps, a_ns, side="right")

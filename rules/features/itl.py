@@ -110,6 +110,13 @@ def itl(ctx: FeatureContext) -> None:
 STALL_NAMES = ("stream_stall_frac", "stream_stall_steps_p50", "stream_stall_n")
 
 
+def emission_times_ns(gaps: pd.DataFrame, by_req: pd.api.typing.DataFrameGroupBy | None = None) -> np.ndarray:
+    """Every token's emission time (ns), sorted: each gap's start, and each stream's last token.
+    ``by_req``: ``gaps.groupby("req")`` when the caller has it."""
+    by_req = gaps.groupby("req") if by_req is None else by_req
+    return np.sort(np.concatenate([gaps["start_ns"].to_numpy(), by_req["end_ns"].max().to_numpy()]))
+
+
 def stream_stalls(ctx: FeatureContext, gaps: pd.DataFrame, itl_p50_s: float, src: str) -> None:
     """Streams stopped mid-answer while others went on: an engine that evicted them (preempted, to
     free KV blocks) and later resumed them. A stream stalls when its longest token gap is at least
@@ -130,8 +137,7 @@ def stream_stalls(ctx: FeatureContext, gaps: pd.DataFrame, itl_p50_s: float, src
     if not judged.any():
         ctx.na(STALL_NAMES, "no stream with three or more tokens")
         return
-    # every token's emission time: each gap's start, and each stream's last token
-    times = np.sort(np.concatenate([gaps["start_ns"].to_numpy(), by_req["end_ns"].max().to_numpy()]))
+    times = emission_times_ns(gaps, by_req)
     longest = gaps.loc[by_req["gap_s"].idxmax()[judged]]
     steps = longest["gap_s"].to_numpy() / itl_p50_s
     inside = (np.searchsorted(times, longest["end_ns"].to_numpy(), side="left")
