@@ -129,16 +129,20 @@ class VLLMDraw:
         return f"v{self.index:03d}-{self.family}-{self.expected}"
 
     def probe_args(self) -> list[str]:
-        lo, hi = self.input_tokens - self.input_spread, self.input_tokens + self.input_spread  # a mix's long ones apart
+        lo, hi = self.short_range()
         out = ["-c", str(self.concurrency), "-n", str(self.requests), "--warmup", "2",
                "--input-tokens", f"uniform:{lo}-{hi}" if hi > lo else str(lo), "--output-tokens", str(self.output_tokens),
                "--seed", str(self.seed * 1000 + self.index)]
         return (out + (["--shared-prefix", self.shared_prefix] if self.shared_prefix else [])
                 + (["--inject-long", self.inject_long] if self.inject_long else []))
 
+    def short_range(self) -> tuple[int, int]:
+        """The drawn prompt lengths in tokens (shortest, longest), a mix's long ones apart."""
+        return self.input_tokens - self.input_spread, self.input_tokens + self.input_spread
+
     def prompt_range(self) -> tuple[int, int]:
         """The users' prompt lengths in tokens (shortest, longest; the long ones of a mix included)."""
-        lo, hi = self.input_tokens - self.input_spread, self.input_tokens + self.input_spread
+        lo, hi = self.short_range()
         return lo, max(hi, int(self.inject_long.split(":")[0])) if self.inject_long else hi
 
     def diagnose_args(self) -> list[str]:
