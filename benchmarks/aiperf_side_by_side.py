@@ -1,6 +1,6 @@
 """The probe beside AIPerf 0.13 on the same ``ttft serve``: TTFT, E2E and the engine's own step time.
 
-Budget (DESIGN.md): the engine's step time under our load <= 1.10x under AIPerf's, same server,
+Budget (docs/design.md): the engine's step time under our load <= 1.10x under AIPerf's, same server,
 same nominal load, one run. The load: closed loop, ``--concurrency`` (4) in flight, ``--requests``
 (80) chat requests of 128 prompt / 32 output tokens (exactly: ``min_tokens`` + ``ignore_eos``, as
 both tools send), no warm-up, ``--rounds`` (3) interleaved rounds (ours first in odd rounds, AIPerf

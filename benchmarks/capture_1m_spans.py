@@ -1,7 +1,7 @@
 """Offline analysis budget: load a 1,000,000-span capture and build its tables.
 
 Prints (a) load + tables time as a ratio to the standard library's ``json.loads`` of the same
-lines, and (b) peak memory as a ratio to the file size. Budget (DESIGN.md): <= 2x and < 3x.
+lines, and (b) peak memory as a ratio to the file size. Budget (docs/design.md): <= 2x and < 3x.
 
 Usage: python benchmarks/capture_1m_spans.py [--spans N] [--dir DIR]
 """

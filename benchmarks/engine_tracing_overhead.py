@@ -1,6 +1,6 @@
 """Tracing overhead of the bundled engine: the same workload with tracing on and off, interleaved.
 
-Budget (DESIGN.md): < 1 % of throughput and of TTFT p50. Tracing "on" writes a real capture
+Budget (docs/design.md): < 1 % of throughput and of TTFT p50. Tracing "on" writes a real capture
 (spans.otlp.jsonl) through collectors.spans; "off" is NULL_SINK. Rounds alternate off/on so that
 drift (thermal, neighbours) hits both sides. Prints throughput and TTFT p50 ratios (on / off).
 Between rounds (untimed) the sink is flushed, so no background span work spills into the next

@@ -1,6 +1,6 @@
 """NVML sampling cost with the fake pynvml: 8 GPUs, 18 NVLink links each, GPM on.
 
-Budget (DESIGN.md): 10 Hz on 8 GPUs for < 2% of one core.
+Budget (docs/design.md): 10 Hz on 8 GPUs for < 2% of one core.
 
 Three figures, all CPU time (``time.process_time``/``thread_time``), min over repeats:
 * sampler    - ``NvmlSampler.sample_once()`` (fake NVML calls + our logic + buffering);

@@ -1,4 +1,4 @@
-"""Offline analysis of a 1,000,000-span capture against the DESIGN.md budget.
+"""Offline analysis of a 1,000,000-span capture against the docs/design.md budget.
 
 Builds a capture of ``--requests`` requests x 8 spans (client root, server root with 8 token
 times, tokenize, queue, prefill, sample, detokenize, one engine step), written through

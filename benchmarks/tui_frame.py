@@ -12,7 +12,7 @@ printed apart, capped and uncapped.
 
 Prints each part in ms and the frame as a ratio against a baseline measured in the same
 run: pandas ``describe`` (with p50/p95/p99) over the same request columns. Budget
-(DESIGN.md): a frame under 50 ms; data work off the UI thread (only the widget update runs
+(docs/design.md): a frame under 50 ms; data work off the UI thread (only the widget update runs
 on it).
 
 Usage: python benchmarks/tui_frame.py [--requests N] [--repeat K]

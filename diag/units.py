@@ -39,7 +39,7 @@ MISSING = "-"
 
 
 class Unit(str, Enum):
-    """The closed set of units a feature or an evidence row may state (see units.md)."""
+    """The closed set of units a feature or an evidence row may state (each member says what it counts)."""
 
     S = "s"                    #: seconds (durations)
     SHARE = "share"            #: a fraction 0..1 of a whole

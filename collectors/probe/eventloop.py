@@ -2,7 +2,7 @@
 
 At 256 concurrent streams the client's cost per SSE chunk is mostly event-loop plumbing
 (a wake-up, a transport read, a future resolved); uvloop does that in C. The probe's own
-delay on TTFT is its budget (DESIGN.md), so the faster loop is the default. Set
+delay on TTFT is its budget (docs/design.md), so the faster loop is the default. Set
 ``TTFT_EVENT_LOOP=asyncio`` to force the stdlib loop (to compare the two, or to debug).
 """
 
