@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -41,11 +40,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from collectors.otel_env import resource_for, traces_url
 from diag import stages
 from diag.capture import CaptureWriter
-
-try:  # a dependency; the stdlib encoder stands in where it is missing
-    from orjson import dumps as _orjson_dumps
-except ImportError:  # pragma: no cover - depends on the environment
-    _orjson_dumps = None
+from diag.otlp_json import NotPlainValue, json_line, resource_spans_to_dict, span_to_dict, spans_to_dict
 
 log = logging.getLogger(__name__)
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -141,7 +136,7 @@ class CaptureSpanExporter(SpanExporter):
     """Writes spans into a capture's ``spans.otlp.jsonl``: one OTLP JSON request per batch.
 
     Spans without events or links (all of ours) go straight to an OTLP JSON dict
-    (:func:`otlp_json_request`), the same document the protobuf encoder and
+    (:func:`diag.otlp_json.spans_to_dict`), the same document the protobuf encoder and
     ``diag.otlp_json.request_to_dict`` give, at a fraction of their CPU on the export thread
     (which shares the GIL with the engine it observes); any other batch takes that route.
     """
@@ -150,7 +145,7 @@ class CaptureSpanExporter(SpanExporter):
         self._writer = writer
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:  # noqa: D102
-        doc = otlp_json_request(spans)
+        doc = spans_to_dict(spans)
         if doc is None:
             from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
@@ -161,136 +156,6 @@ class CaptureSpanExporter(SpanExporter):
 
     def shutdown(self) -> None:  # noqa: D102
         return None
-
-
-# --- OTLP JSON without protobuf (the capture exporter's fast path) ----------------------------
-
-_OTLP_KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
-_FLAGS_HAS_IS_REMOTE = 0x100  # SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
-_FLAGS_IS_REMOTE = 0x200  # SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
-
-
-class _NotPlain(Exception):
-    """A value the fast path does not encode (bytes, mappings): the protobuf route takes the batch."""
-
-
-def _json_value(value: Any) -> dict[str, Any]:
-    """An attribute value as OTLP JSON ``AnyValue`` (int64 as a string, as proto3 JSON writes it)."""
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, str):
-        return {"stringValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise _NotPlain  # "NaN"/"Infinity": leave them to the protobuf route
-        return {"doubleValue": value}
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return {"arrayValue": {}}
-        if all(type(v) is int for v in value):  # token times: the one long array, ints only
-            return {"arrayValue": {"values": [{"intValue": str(v)} for v in value]}}
-        return {"arrayValue": {"values": [_json_value(v) for v in value]}}
-    raise _NotPlain
-
-
-def _json_attributes(attributes: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _json_value(v)} for k, v in attributes.items()] if attributes else []
-
-
-def _json_span(span: ReadableSpan) -> dict[str, Any]:
-    return _json_span_doc(span.context, span.parent, span.name, span.kind, span.start_time, span.end_time,
-                          span.attributes, span.dropped_attributes, span.status)
-
-
-def _json_span_doc(ctx: SpanContext, parent: SpanContext | None, name: str, kind: SpanKind, start_ns: int,
-                   end_ns: int, attributes: Mapping[str, Any] | None, dropped_attributes: int,
-                   status: Status) -> dict[str, Any]:
-    """One span as OTLP JSON (what ``request_to_dict(encode_spans(...))`` holds for it)."""
-    doc: dict[str, Any] = {"traceId": format(ctx.trace_id, "032x"), "spanId": format(ctx.span_id, "016x")}
-    if ctx.trace_state:
-        doc["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
-    if parent is not None:
-        doc["parentSpanId"] = format(parent.span_id, "016x")
-    doc["flags"] = _FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if parent is not None and parent.is_remote else 0)
-    doc["name"] = name
-    doc["kind"] = _OTLP_KIND[kind]
-    doc["startTimeUnixNano"] = str(start_ns)
-    doc["endTimeUnixNano"] = str(end_ns)
-    attrs = _json_attributes(attributes)
-    if attrs:
-        doc["attributes"] = attrs
-    if dropped_attributes:
-        doc["droppedAttributesCount"] = dropped_attributes
-    status_doc: dict[str, Any] = {}
-    if status.status_code.value:
-        status_doc["code"] = status.status_code.value
-    if status.description:
-        status_doc["message"] = status.description
-    doc["status"] = status_doc
-    return doc
-
-
-def json_line(doc: Mapping[str, Any]) -> str:
-    """One compact JSON line for an OTLP JSON document: orjson (8x the stdlib encoder's speed on
-    span batches, 5 vs 41 us a span on the export thread), the stdlib where it is missing."""
-    if _orjson_dumps is not None:
-        return _orjson_dumps(doc).decode()
-    return json.dumps(doc, separators=(",", ":"))
-
-
-def otlp_json_request(spans: Sequence[ReadableSpan]) -> dict[str, Any] | None:
-    """The OTLP JSON ``ExportTraceServiceRequest`` for ``spans`` (hex ids, integer enums).
-
-    The document ``request_to_dict(encode_spans(spans))`` gives, built directly; None when a span
-    has events or links or a value outside str/bool/int/finite float and their arrays.
-    """
-    # grouped by identity, then by value: ``Resource.__hash__`` serialises its attributes to JSON
-    # on every call (35 us a span, more than encoding the span); a sink's spans share one object
-    by_id: dict[tuple[int, int], tuple[Any, Any, list[dict[str, Any]]]] = {}
-    try:
-        for span in spans:
-            if span.events or span.links or span.end_time is None:
-                return None
-            resource, scope = span.resource, span.instrumentation_scope
-            key = (id(resource), id(scope))
-            group = by_id.get(key)
-            if group is None:
-                group = by_id[key] = (resource, scope, [])
-            group[2].append(_json_span(span))
-        groups: dict[Any, dict[Any, list[dict[str, Any]]]] = {}
-        for resource, scope, docs in by_id.values():
-            groups.setdefault(resource, {}).setdefault(scope, []).extend(docs)
-        out = [_resource_spans_doc(resource, by_scope) for resource, by_scope in groups.items()]
-    except _NotPlain:
-        return None
-    return {"resourceSpans": out}
-
-
-def _resource_spans_doc(resource: Any, by_scope: Mapping[Any, list[dict[str, Any]]]) -> dict[str, Any]:
-    """OTLP JSON ``ResourceSpans`` for span docs grouped by instrumentation scope."""
-    scope_spans = []
-    for scope, docs in by_scope.items():
-        sdoc: dict[str, Any] = {}
-        if scope is not None:
-            if scope.name:
-                sdoc["name"] = scope.name
-            if scope.version:
-                sdoc["version"] = scope.version
-            if _json_attributes(scope.attributes):
-                sdoc["attributes"] = _json_attributes(scope.attributes)
-        entry: dict[str, Any] = {"scope": sdoc, "spans": docs}
-        if scope is not None and scope.schema_url:
-            entry["schemaUrl"] = scope.schema_url
-        scope_spans.append(entry)
-    rdoc: dict[str, Any] = {}
-    if _json_attributes(resource.attributes):
-        rdoc["attributes"] = _json_attributes(resource.attributes)
-    rs: dict[str, Any] = {"resource": rdoc, "scopeSpans": scope_spans}
-    if resource.schema_url:
-        rs["schemaUrl"] = resource.schema_url
-    return rs
 
 
 # --- the record path: plain tuples on the caller's thread, SDK spans on the materialiser's ------
@@ -480,10 +345,10 @@ class SpanMaterializer:
         )
 
     def _doc(self, fields: tuple[Any, ...]) -> dict[str, Any]:
-        """A span's OTLP JSON straight from its fields (raises _NotPlain for the protobuf route)."""
+        """A span's OTLP JSON straight from its fields (raises NotPlainValue for the protobuf route)."""
         name, ctx, parent, kind, attrs, start_ns, end_ns, status = fields
         dropped = attrs.dropped if isinstance(attrs, BoundedAttributes) else 0
-        return _json_span_doc(ctx, parent, name, kind, start_ns, end_ns, attrs, dropped, status)
+        return span_to_dict(ctx, parent, name, kind, start_ns, end_ns, attrs, dropped, status)
 
     def drain(self) -> None:
         """Build and hand on every queued record now (any thread; records keep their order)."""
@@ -501,7 +366,7 @@ class SpanMaterializer:
                         continue
                     try:
                         docs.append(self._doc(fields))
-                    except _NotPlain:  # a value the fast path leaves to protobuf: its own line, in order
+                    except NotPlainValue:  # a value the fast path leaves to protobuf: its own line, in order
                         self._write(docs)
                         docs = []
                         self._protobuf.export([self._span(*fields)])  # type: ignore[union-attr]
@@ -517,7 +382,7 @@ class SpanMaterializer:
         if not docs or self._writer is None:
             return
         try:
-            doc = {"resourceSpans": [_resource_spans_doc(self._resource, {self._scope: docs})]}
+            doc = {"resourceSpans": [resource_spans_to_dict(self._resource, {self._scope: docs})]}
             self._writer.append_span_lines([json_line(doc)])
         except Exception as exc:
             self._failed(exc, len(docs))

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from collectors.spans import TraceSink, json_line, otlp_json_request
+from collectors.spans import TraceSink
+from diag.otlp_json import json_line, spans_to_dict
 from diag.capture import CaptureWriter
 
 
@@ -29,9 +30,9 @@ def drain_span_lines(sink: TraceSink, batch: int = 512) -> list[str]:
 
 
 def _json_line(spans: Sequence) -> str:
-    """One OTLP JSON line: built straight from the spans (``otlp_json_request``, the capture
+    """One OTLP JSON line: built straight from the spans (``spans_to_dict``, the capture
     exporter's route, about a quarter of protobuf + MessageToDict's CPU), else via protobuf."""
-    doc = otlp_json_request(spans)
+    doc = spans_to_dict(spans)
     if doc is not None:
         return json_line(doc)
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans

@@ -14,7 +14,8 @@ import math
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-from collectors.spans import CaptureSpanExporter, otlp_json_request, setup_tracing
+from collectors.spans import CaptureSpanExporter, setup_tracing
+from diag.otlp_json import spans_to_dict
 from diag import stages
 from diag.capture import CaptureWriter
 from diag.otlp_json import request_to_dict
@@ -49,7 +50,7 @@ def test_direct_json_is_the_protobuf_routes_document_for_every_span_we_emit():
     assert any(s.parent is not None and s.parent.is_remote for s in spans)  # the joined root
     assert any(s.status.status_code.value == 2 for s in spans)  # the error root
     for batch in (spans, spans[:1], spans[3:], list(reversed(spans))):
-        assert otlp_json_request(batch) == request_to_dict(encode_spans(batch))
+        assert spans_to_dict(batch) == request_to_dict(encode_spans(batch))
 
 
 def test_values_outside_the_fast_path_take_the_protobuf_route_and_the_capture_line_is_the_same(tmp_path):
@@ -58,7 +59,7 @@ def test_values_outside_the_fast_path_take_the_protobuf_route_and_the_capture_li
     sink.force_flush()
     spans = list(sink.memory.get_finished_spans())
     sink.shutdown()
-    assert otlp_json_request(spans) is None
+    assert spans_to_dict(spans) is None
     writer = CaptureWriter(tmp_path / "cap")
     CaptureSpanExporter(writer).export(spans)
     CaptureSpanExporter(writer).export(_spans())
