@@ -15,7 +15,7 @@ from diag.units import json_safe
 CATEGORIES: tuple[str, ...] = (
     "queue", "tokenize", "prefill_compute", "kv_cache", "comm", "decode", "interference",
     "cold_start", "network", "loadgen",
-    # from real incidents (issue 15): a prefix cache that does not hit, admission order that
+    # from real incidents: a prefix cache that does not hit, admission order that
     # leaves capacity idle, a front end saturated outside the engine, KV admitted by worst-case
     # reservation, pipeline-parallel bubbles
     "prefix_cache", "head_of_line", "frontend", "kv_reservation", "pipeline_bubble",

@@ -38,22 +38,8 @@ measure is written to meta.json ``instrument.unmeasured``. Every hook body runs 
 Overhead (``benchmarks/instrument_overhead.py``): per decode step only the streamer ``put``
 wrapper runs (plain) or the CB step wrappers with one tuple per request in the batch; no
 torch hook stays on the model, span building and export run on the sink's own threads
-(OTLP JSON written without protobuf). Measured 2026-12-01 on a 2-core VM with one server
-whose hooks were flipped on and off between bursts (``--toggle-signal``: same process, so
-no process-to-process difference; an A/A run of two plain servers differed by 2 %), 256x4
-Llama, bursts ABBA. Plain, 6,000 pairs (2026-12-03, pinned, 64/16 tokens): throughput
-+0.82 % (95 % CI of the median [+0.70, +0.98]: within budget), TTFT p50 +0.89 % [+0.67, +1.16]
-and server CPU per request +0.78 % [+0.44, +1.08] (both undecided at the line); py-spy 0.38 %
-of busy samples in our frames. 2026-12-03, after the root settles off the request path and a
-capture is written without SDK span objects (``collectors.spans``), 6,000 pairs: throughput
-+0.54 % [+0.28, +0.82] (within budget), TTFT p50 +0.64 % [+0.21, +1.02], CPU +0.67 %
-[+0.30, +1.08]; a 5,000-pair rerun that also yielded the GIL in the span-build loop (since
-removed) gave +0.75 %, +1.01 %, +1.00 %: runs on this VM differ by more than their intervals.
-The same code, 6,000 pairs again: throughput +0.78 % [+0.64, +0.95] (within budget), TTFT p50
-+0.80 % [+0.45, +1.06], CPU +0.93 % (+1.14 ms) [+0.52, +0.96] (within budget); by thread (ms
-per request): inference thread +0.67, ``ttft-span-build`` +0.33, event loop +0.16.
-``--continuous-batching``, 600 pairs of 2: CPU +2.2 % [-0.15, +4.37]; its bursts' TTFT
-spreads too widely (IQR 130 %) to judge wall-clock there.
+(OTLP JSON written without protobuf). The measured cost (under 1% of throughput in plain mode,
+about 2% of server CPU with ``--continuous-batching``) and its history: ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -68,8 +54,8 @@ from collectors.instrument import tx_request as rq
 from collectors.instrument.runtime import Instrumentation, say
 from diag import stages
 
-#: transformers versions whose serving code the patches were written against (5.25.0, released
-#: 2026-12-03, no longer has ``cli/serving/utils.DirectStreamer``: the plain-mode hooks' anchor)
+#: transformers versions whose serving code the patches were written against (5.25.0 no longer has
+#: ``cli/serving/utils.DirectStreamer``: the plain-mode hooks' anchor)
 SUPPORTED = (5, 20), (5, 25)
 SUPPORTED_TEXT = ">=5.20,<5.25"
 TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})

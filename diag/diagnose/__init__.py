@@ -1,5 +1,5 @@
 """``ttft diagnose URL``: an adaptive, designed sequence of probes against any OpenAI-compatible
-server, stopping as soon as the verdict is confident or the budget is spent (issue 14).
+server, stopping as soon as the verdict is confident or the budget is spent.
 
 Front door::
 

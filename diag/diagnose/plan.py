@@ -2,7 +2,7 @@
 previous steps showed. Pure functions over :class:`~diag.diagnose.points.Point` s (no I/O), so
 the choice can be tested on recorded results.
 
-The design (issue 14): a lone-request baseline at concurrency 1 on short prompts; the prompt
+The design (``docs/diagnose.md``): a lone-request baseline at concurrency 1 on short prompts; the prompt
 ladder (:mod:`.ladder`); the load ramp and the levels its break skipped (:mod:`.ramp`); then a
 designed follow-up where it decides between the leading candidates (:mod:`.followups`). The run
 ends when the design has run, the budget or the request cap is spent, requests burst into

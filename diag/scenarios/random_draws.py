@@ -87,7 +87,7 @@ from typing import Any
 #: every category of the catalogue (the families a draw picks from, uniformly)
 FAMILIES: tuple[str, ...] = ("healthy", "queue", "tokenize", "prefill_compute", "kv_cache", "comm", "decode",
                              "interference", "cold_start", "network", "loadgen",
-                             "frontend", "pipeline_bubble",  # from real incidents (issue 15)
+                             "frontend", "pipeline_bubble",  # from real incidents
                              "prefix_cache",
                              "head_of_line", "kv_reservation")
 KINDS = ("plain", "mix", "near-miss")
