@@ -24,9 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "collectors"))
+sys.path.insert(0, str(ROOT / "tests"))  # support.fake_pynvml
 
-from fake_pynvml import FakeClock, FakeGpu, FakeNvml  # noqa: E402
+from support.fake_pynvml import FakeClock, FakeGpu, FakeNvml  # noqa: E402
 
 from collectors.nvml import NvmlSampler  # noqa: E402
 

@@ -10,14 +10,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_pynvml import make_fake  # noqa: E402
+from support.fake_pynvml import make_fake
 
-from collectors.base import SeriesCollector, empty_series_frame  # noqa: E402
-from collectors.live import LiveCollection  # noqa: E402
-from collectors.nvml import NvmlSampler  # noqa: E402
-from diag import stages as S  # noqa: E402
-from diag.capture import load_capture  # noqa: E402
+from collectors.base import SeriesCollector, empty_series_frame
+from collectors.live import LiveCollection
+from collectors.nvml import NvmlSampler
+from diag import stages as S
+from diag.capture import load_capture
 
 
 class ListCollector:

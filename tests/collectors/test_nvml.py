@@ -6,7 +6,6 @@ import json
 import sys
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -15,12 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_pynvml import FakeClock, FakeGpu, FakeNvml, make_fake  # noqa: E402
+from collectors.base import SeriesCollector
+from collectors.nvml import NvmlSampler
+from diag import stages as S
 
-from collectors.base import SeriesCollector  # noqa: E402
-from collectors.nvml import NvmlSampler  # noqa: E402
-from diag import stages as S  # noqa: E402
+from support.fake_pynvml import FakeClock, FakeGpu, FakeNvml, make_fake
 
 KIB = 1024.0
 

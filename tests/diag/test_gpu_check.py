@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
+import gpu_check_steps as steps  # benchmarks/ (on pytest's pythonpath)
+import gpu_check_summary as summary
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests" / "collectors"))
-import gpu_check_steps as steps  # noqa: E402
-import gpu_check_summary as summary  # noqa: E402
 
 PLANNED = ["env", "gpu_tests", "engine_tp1", "engine_tp2", "engine_pp2", "nvml", "tracing", "probe_overhead",
            "scenarios"]
@@ -75,7 +74,7 @@ def test_summary_says_when_the_budget_was_overrun(tmp_path):
 
 
 def test_nvml_report_names_every_series_for_every_gpu():
-    from fake_pynvml import make_fake  # the hardware boundary: a fake pynvml
+    from support.fake_pynvml import make_fake  # the hardware boundary: a fake pynvml
 
     from collectors.nvml import NvmlSampler
     from diag import stages as S
@@ -168,7 +167,7 @@ def test_cpu_run_every_step_reports_and_a_timed_out_step_does_not_stop_the_rest(
 
 
 def test_engine_step_reports_what_nvml_saw_alongside_the_probe(tmp_path):
-    from fake_pynvml import make_fake
+    from support.fake_pynvml import make_fake
 
     from collectors.nvml import NvmlSampler
     from diag.capture import CaptureWriter

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "tui"))
-from test_tui_live_faults import _free_port, ttft_serve  # noqa: E402
+from support.engine_testutil import free_port, ttft_serve
 
 
 def _watch(url: str, out: Path) -> subprocess.CompletedProcess[str]:
@@ -24,7 +23,7 @@ def _watch(url: str, out: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_headless_watch_exits_0_while_answered_and_2_when_the_server_is_down(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with ttft_serve(port):
         up = _watch(url, tmp_path / "up")

@@ -20,10 +20,8 @@ from tui.expose import parse_expose
 from diag.report.verdict_metrics import VERDICT_STATES, verdict_exposition
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "tui"))
-sys.path.insert(0, str(ROOT / "tests" / "diag" / "engine"))
-from engine_testutil import stop_process  # noqa: E402
-from test_tui_live_faults import _free_port, ttft_serve  # noqa: E402
+from support.engine_testutil import stop_process
+from support.engine_testutil import free_port, ttft_serve
 
 
 def _families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -74,7 +72,7 @@ def _state(fams: dict[str, list[tuple[dict[str, str], float]]] | None) -> str | 
 
 @pytest.mark.slow
 def test_a_server_that_dies_turns_the_exposed_verdict_to_failures(tmp_path: Path) -> None:
-    port, expose = _free_port(), _free_port()
+    port, expose = free_port(), free_port()
     url = f"http://127.0.0.1:{expose}/metrics"
     with ttft_serve(port) as server:
         cmd = [sys.executable, "-m", "diag", "watch", f"http://127.0.0.1:{port}", "--duration", "40", "--probe-rate",

@@ -8,19 +8,17 @@ Slow: one server start and ~30 s of probing on 2 cores.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("transformers", reason="transformers[serving] is a test dependency")
 
-from diag.analysis import analyze_paths  # noqa: E402
-from diag.diagnose import DiagnoseConfig, PlanConfig, format_result, run_diagnose  # noqa: E402
-from diag.report.text import format_analysis  # noqa: E402
+from diag.analysis import analyze_paths
+from diag.diagnose import DiagnoseConfig, PlanConfig, format_result, run_diagnose
+from diag.report.text import format_analysis
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "thirdparty"))
-from hf_serve import TransformersServe, build_tiny_llama  # noqa: E402
+from hf_serve import TransformersServe, build_tiny_llama
 
 pytestmark = pytest.mark.slow
 

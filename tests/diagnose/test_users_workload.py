@@ -80,8 +80,7 @@ def test_nothing_waits_is_judged_at_the_users_load(tmp_path: Path) -> None:
     import sys
     from dataclasses import replace
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rules"))
-    from simcap import Engine, Phase, simulate, tables_of
+    from support.simcap import Engine, Phase, simulate, tables_of
 
     dirs = simulate(tmp_path, Engine(max_running=2),
                     [Phase("concurrency=1", 12, 64, 16, conc=1), Phase("concurrency=2", 12, 64, 16, conc=2),

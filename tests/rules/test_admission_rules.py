@@ -121,8 +121,7 @@ def _probe_client_only(tmp: Path, engine_args: list[str]) -> Diagnosis:
 
     from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diag" / "engine"))
-    from engine_testutil import serve_process
+    from support.engine_testutil import serve_process
 
     launch = ("import argparse, sys; from diag.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "
               "sub = p.add_subparsers(); serve.add_parser(sub); sys.exit(serve.run(p.parse_args(sys.argv[1:])))")

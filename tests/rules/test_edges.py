@@ -15,7 +15,7 @@ from diag.capture import CaptureError, CaptureWriter, load_capture
 from diag.report.text import format_diagnosis
 from diag.tables import build_tables
 from rules import NO_DATA, REGISTRY, RulesFileError, default_thresholds, diagnose, load_thresholds
-from simcap import Client, Engine, Phase, simulate, tables_of
+from support.simcap import Client, Engine, Phase, simulate, tables_of
 
 NS = 1_000_000_000
 
@@ -131,7 +131,7 @@ def test_rules_file_overrides_and_rejects_unknown_keys(tmp_path: Path) -> None:
 
 
 def test_rules_file_changes_the_verdict(tmp_path: Path) -> None:
-    from simcap import MS
+    from support.simcap import MS
 
     dirs = simulate(tmp_path / "cap", Engine(stall_s=30 * MS), [Phase("concurrency=4", 40, 64, 8, conc=4)], Client())
     tables = tables_of(dirs)

@@ -20,7 +20,7 @@ from diag.capture import load_capture
 from diag.report.text import format_diagnosis
 from diag.tables import build_tables
 from rules import diagnose
-from simcap import Client, Engine, Phase, simulate, tables_of
+from support.simcap import Client, Engine, Phase, simulate, tables_of
 
 NS = 1_000_000_000
 MS = 1e-3
@@ -124,9 +124,8 @@ def test_real_server_with_one_http_worker_is_the_front_end(tmp_path: Path) -> No
     the verdict is frontend (the engine's queue stayed empty)."""
     from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diag" / "engine"))
-    from engine_testutil import serve_process
-    from test_verdicts_real import LAUNCH
+    from support.engine_testutil import serve_process
+    from support.engine_testutil import LAUNCH
 
     cmd = [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--capture", str(tmp_path / "srv"), "--threads", "1",
            "--inject", "frontend_workers=1"]
@@ -177,9 +176,8 @@ def _sweep_with_metrics(tmp: Path, engine_args: list[str]):
     from collectors.probe.session import run_sweep
     from collectors.probe.sweep import SweepSpec
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diag" / "engine"))
-    from engine_testutil import serve_process
-    from test_verdicts_real import LAUNCH
+    from support.engine_testutil import serve_process
+    from support.engine_testutil import LAUNCH
 
     cmd = [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--threads", "1", *engine_args]
     with serve_process(cmd) as (proc, line):

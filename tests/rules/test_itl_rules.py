@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simcap import Engine, Phase, simulate, tables_of
+from support.simcap import Engine, Phase, simulate, tables_of
 
 from rules import diagnose
 

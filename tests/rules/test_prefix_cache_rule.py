@@ -250,9 +250,8 @@ def test_real_server_and_probe_cache_off_then_on(tmp_path):
     the cache off (server-side and client-only), not with it on."""
     from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diag" / "engine"))
-    from engine_testutil import serve_process
-    from test_verdicts_real import LAUNCH
+    from support.engine_testutil import serve_process
+    from support.engine_testutil import LAUNCH
 
     out = {}
     for on in (False, True):

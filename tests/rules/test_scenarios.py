@@ -11,7 +11,7 @@ import pytest
 from diag.report.text import format_diagnosis
 from rules import CATEGORIES, diagnose
 from rules.overrides import timing_free
-from simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
+from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
 
 #: name -> (engine, phases, client, verdict with both sides, verdict client-only or None
 #: when a black box cannot tell, evidence names the verdict must show with both sides). A verdict

@@ -13,7 +13,7 @@ from diag import stages as S
 from diag.tables import Tables, empty_request_table
 from rules import NO_DATA, diagnose
 from rules.engine import SERIES_ONLY_NOTE
-from simcap import MS, Client, Engine, Phase, simulate, tables_of
+from support.simcap import MS, Client, Engine, Phase, simulate, tables_of
 
 
 def _series(windows: list[dict[str, float]], dt_s: float = 5.0, t0: float = 1000.0) -> pd.DataFrame:

@@ -20,7 +20,7 @@ import pytest
 
 from diag.report.text import format_diagnosis
 from rules import FAILURES, INCONCLUSIVE, OUTCOMES, diagnose
-from simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
+from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
 
 
 def _diag(tmp: Path, engine: Engine, phases: list[Phase], client: Client | None = None, sides=("client",),

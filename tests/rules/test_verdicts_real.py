@@ -20,15 +20,10 @@ from rules import FAILURES, Diagnosis, diagnose
 from rules.model import TTFT_CATEGORIES
 from rules.verdict import is_candidate, itl_target_broken
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diag" / "engine"))
-from engine_testutil import serve_process  # noqa: E402
+from support.engine_testutil import LAUNCH, serve_process
 
 pytestmark = pytest.mark.slow
 
-LAUNCH = (
-    "import argparse, sys; from diag.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "
-    "sub = p.add_subparsers(); serve.add_parser(sub); sys.exit(serve.run(p.parse_args(sys.argv[1:])))"
-)
 
 
 def _probe(tmp: Path, engine_args: list[str], load: LoadSpec, prompt: str = "64", output: str = "16",

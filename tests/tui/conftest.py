@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tui_captures import HEALTHY, QUEUED, write_capture  # noqa: F401
+from support.tui_captures import HEALTHY, QUEUED, write_capture  # noqa: F401
 
 
 @pytest.fixture

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from textual.pilot import Pilot
 
 from tui.app import TTFTApp
 from tui.sources import CaptureSource, CallableMonitor, LiveSource
 from tui.widgets import HelpScreen, SlowestTable, StatusBar, VerdictPanel, WaterfallScreen
+
+from support.tui_captures import panel_text
 
 SIZE = (160, 50)
 
@@ -37,14 +37,6 @@ def settled(app: TTFTApp) -> bool:
     """A frame is painted and its verdict is for the current window and data."""
     vm = app.last_vm
     return vm is not None and not vm.verdict.pending and not vm.verdict.stale
-
-
-def panel_text(app: TTFTApp, widget_type: type) -> str:
-    """The panel's current content as plain text (rendered by Rich at the panel's width)."""
-    w = app.screen.query_one(widget_type)
-    console = Console(width=max(40, w.content_size.width), file=io.StringIO(), record=True, color_system=None)
-    console.print(w.render())
-    return console.export_text()
 
 
 def test_view_shows_verdict_and_keys_work(queue_capture: Path, tmp_path: Path) -> None:

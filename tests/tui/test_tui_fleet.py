@@ -4,7 +4,6 @@ one marked; a capture of one replica says there is no fleet."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,7 @@ from tui.app import TTFTApp
 from tui.sources import CaptureSource
 from tui.widgets import FleetScreen, StatusBar
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "diag"))
-from test_fleet import CALM, QUEUE, _capture  # noqa: E402
+from support.fleet_captures import CALM, QUEUE, fleet_capture
 
 
 async def _until(pilot, cond, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
@@ -28,7 +25,7 @@ async def _until(pilot, cond, timeout_s: float = 20.0) -> None:  # type: ignore[
 
 @pytest.mark.parametrize("layout_size", [(80, 24), (160, 48)])
 def test_f_opens_the_fleet_table_with_the_hot_replica(tmp_path: Path, layout_size: tuple[int, int]) -> None:
-    cap = _capture(tmp_path, {"10.0.0.1:8000": CALM, "10.0.0.2:8000": QUEUE, "10.0.0.3:8000": CALM})
+    cap = fleet_capture(tmp_path, {"10.0.0.1:8000": CALM, "10.0.0.2:8000": QUEUE, "10.0.0.3:8000": CALM})
 
     async def main() -> None:
         app = TTFTApp(CaptureSource(cap), refresh_s=0.2)
@@ -47,7 +44,7 @@ def test_f_opens_the_fleet_table_with_the_hot_replica(tmp_path: Path, layout_siz
 
 
 def test_one_replica_is_no_fleet(tmp_path: Path) -> None:
-    cap = _capture(tmp_path, {"10.0.0.1:8000": QUEUE})
+    cap = fleet_capture(tmp_path, {"10.0.0.1:8000": QUEUE})
 
     async def main() -> None:
         app = TTFTApp(CaptureSource(cap), refresh_s=0.2)

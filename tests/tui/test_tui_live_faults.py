@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,12 +31,12 @@ from tui.app import TTFTApp
 from tui.sources import LiveSource
 from tui.widgets import StatusBar
 
-from test_tui_app import panel_text  # the panel's text as Rich renders it (tests/tui is on the path)
+from support.engine_testutil import free_port, process, ttft_serve
+from support.tui_captures import panel_text
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parents[1] / "support"  # the helper processes
 REFRESH_S = 0.5
 #: what "within a few refreshes" is allowed to take on a shared, niced CI box (measured: ~2 s)
 TURN_S = 10.0
@@ -49,42 +46,12 @@ PROBE_TIMEOUT_S = 5.0
 DOWN_CATEGORIES = ("failures", "no_data")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def process(cmd: list[str], ready: str, timeout_s: float = 60.0) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """Run ``cmd`` (repository on PYTHONPATH) until its first stdout line contains ``ready``;
-    yields (the process, that line); SIGKILL on the way out."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stdout is not None
-        r, _, _ = select.select([proc.stdout], [], [], timeout_s)
-        line = proc.stdout.readline() if r else ""
-        assert ready in line, f"{cmd[2:4]} did not start: {line!r}"
-        yield proc, line
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-
-
-@contextlib.contextmanager
-def ttft_serve(port: int) -> Iterator[subprocess.Popen[str]]:
-    with process([sys.executable, "-m", "diag", "serve", "--port", str(port)], "listening on") as (proc, _):
-        yield proc
-
-
 @contextlib.contextmanager
 def fault_server(tmp_path: Path, port: int = 0) -> Iterator[tuple[str, Callable[[str], None]]]:
     """The aiohttp fault server (on ``port``; 0: a free one): yields (its URL, a function that sets its mode)."""
     mode = tmp_path / "mode"
     mode.write_text("ok")
-    cmd = [sys.executable, str(HERE / "watch_fault_server.py"), str(mode), str(port)]
+    cmd = [sys.executable, str(SUPPORT / "watch_fault_server.py"), str(mode), str(port)]
     with process(cmd, "listening on") as (_, line):
         yield f"http://127.0.0.1:{int(line.split()[-1])}", lambda m: mode.write_text(m)  # type: ignore[func-returns-value]
 
@@ -171,7 +138,7 @@ async def kill_until_down(app: TTFTApp, pilot: Pilot[Any], server: subprocess.Po
 
 
 def test_server_killed_turns_the_verdict_and_says_so(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with ttft_serve(port) as server, watching(url, tmp_path / "cap") as (_, source, _p):
         async def script(app: TTFTApp, pilot: Pilot[Any]) -> None:
@@ -186,7 +153,7 @@ def test_server_killed_turns_the_verdict_and_says_so(tmp_path: Path) -> None:
 
 
 def test_server_restarted_on_the_same_port_brings_the_verdict_back(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with ttft_serve(port) as first, watching(url, tmp_path / "cap") as (_, source, _p):
         async def script(app: TTFTApp, pilot: Pilot[Any]) -> None:
@@ -203,7 +170,7 @@ def test_server_restarted_on_the_same_port_brings_the_verdict_back(tmp_path: Pat
 def test_a_server_that_hangs_times_out_and_comes_back(tmp_path: Path) -> None:
     """SIGSTOP: the server holds its connections and answers nothing; the probe's requests time
     out after --probe-timeout (5 s here), and the verdict turns to timeouts; SIGCONT brings it back."""
-    port = _free_port()
+    port = free_port()
     with ttft_serve(port) as server, watching(f"http://127.0.0.1:{port}", tmp_path / "cap") as (_, source, _p):
         async def script(app: TTFTApp, pilot: Pilot[Any]) -> None:
             await until(pilot, lambda: answering(app), 40, "a verdict over answered requests", app)
@@ -262,7 +229,7 @@ def test_metrics_gone_is_said_and_the_probe_verdict_goes_on(tmp_path: Path) -> N
 def test_otlp_exporter_gone_is_said_and_the_probe_verdict_goes_on(tmp_path: Path) -> None:
     with fault_server(tmp_path) as (url, _), watching(url, tmp_path / "cap", otlp=True) as (_, source, port):
         assert port
-        exporter_cmd = [sys.executable, str(HERE / "watch_otlp_exporter.py"), f"http://127.0.0.1:{port}"]
+        exporter_cmd = [sys.executable, str(SUPPORT / "watch_otlp_exporter.py"), f"http://127.0.0.1:{port}"]
         with process(exporter_cmd, "exporting") as (exporter, _):
             async def script(app: TTFTApp, pilot: Pilot[Any]) -> None:
                 await until(pilot, lambda: answering(app) and app.last_vm.busy.steps > 0, 30,
@@ -277,7 +244,7 @@ def test_otlp_exporter_gone_is_said_and_the_probe_verdict_goes_on(tmp_path: Path
 def test_a_server_that_is_not_up_yet_is_said_and_watched_once_it_is(tmp_path: Path) -> None:
     """Nothing listens yet: the probe's requests are refused and the screen says the server is
     not answering; the probe keeps sending, so the watch works once the server comes up."""
-    port = _free_port()
+    port = free_port()
     with watching(f"http://127.0.0.1:{port}", tmp_path / "cap") as (_, source, _p):
         async def script(app: TTFTApp, pilot: Pilot[Any]) -> None:
             await until(pilot, lambda: down(app, "connect_refused"), TURN_S, "the screen to say it is not answering", app)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tui_captures import HEALTHY, QUEUED, write_capture
+from support.tui_captures import HEALTHY, QUEUED, write_capture
 
 from tui import model
 from tui.sources import CaptureSource, LiveSource, SpanTail

@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from probe_timings import CTX_BASE_S, CTX_S_PER_TOKEN, FIRST_CONTENT_DELAY_S, SLOW_S  # noqa: E402
+from support.probe_timings import CTX_BASE_S, CTX_S_PER_TOKEN, FIRST_CONTENT_DELAY_S, SLOW_S  # noqa: E402
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collectors.probe import LoadSpec, ProbeConfig, WorkloadSpec, LengthSpec, ru
 from collectors.probe.client import Endpoint, StreamingClient, request_id_header, resolve_endpoint, split_url
 from collectors.probe.workload import PromptItem
 
-from probe_timings import FIRST_CONTENT_DELAY_S
+from support.probe_timings import FIRST_CONTENT_DELAY_S
 
 
 def _probe(url: str, api: str = "completions", n: int = 3, **kw):

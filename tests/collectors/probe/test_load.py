@@ -10,7 +10,7 @@ import time
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, eventloop, run_probe
 from collectors.probe.load import sleep_until_perf_ns
 
-from probe_timings import SLOW_S
+from support.probe_timings import SLOW_S
 
 
 def _cfg(url, load, out=2, **kw):

@@ -12,7 +12,7 @@ from diag import stages
 from diag.engine import build_engine
 from diag.engine.engine import SyncEventStream
 from diag.engine.sampler import SamplingParams
-from engine_testutil import finished_spans
+from support.engine_testutil import finished_spans
 
 pytestmark = pytest.mark.slow
 

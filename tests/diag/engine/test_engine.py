@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from engine_testutil import finished_spans, spans_by_request
+from support.engine_testutil import finished_spans, spans_by_request
 from diag import stages
 from diag.engine import (
     EngineConfig,

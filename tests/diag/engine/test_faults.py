@@ -9,7 +9,7 @@ import pytest
 from diag import stages
 from diag.engine import FaultError, SamplingParams, SyncEventStream, build_engine, parse_injections
 from diag.engine.faults import FaultConfig, fault_from_mapping
-from engine_testutil import finished_spans, spans_by_request
+from support.engine_testutil import finished_spans, spans_by_request
 
 PROMPT = "the server and the queue and the cache " * 6  # ~50 tokens
 

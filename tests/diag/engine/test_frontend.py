@@ -17,7 +17,7 @@ from diag import stages
 from diag.engine import ServerThread, build_engine, parse_injections
 from diag.engine.faults import FaultError
 from diag.engine.frontend import effective_sizes
-from engine_testutil import finished_spans
+from support.engine_testutil import finished_spans
 
 BODY = {"prompt": "a short prompt for the front end", "max_tokens": 24, "ignore_eos": True, "temperature": 0.0,
         "stream": True}

@@ -16,7 +16,7 @@ import aiohttp
 
 from diag import stages
 from diag.engine import SamplingParams, ServerThread, SyncEventStream, build_engine, parse_injections
-from engine_testutil import finished_spans, serve_process
+from support.engine_testutil import finished_spans, serve_process
 
 
 

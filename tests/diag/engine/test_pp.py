@@ -9,7 +9,7 @@ from diag.engine import SamplingParams, SyncEventStream, build_engine
 from diag.engine.engine import EngineConfig
 from diag.engine.model import PRESETS, SeqInput, stage_layers
 from diag.engine.pp import PipelineAccount, split_microbatches
-from engine_testutil import finished_spans, spans_by_request
+from support.engine_testutil import finished_spans, spans_by_request
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 PROMPTS = ([5, 6, 7, 8, 9, 10], list(range(300, 400)), list(range(40, 90)))

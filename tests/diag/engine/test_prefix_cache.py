@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine_testutil import finished_spans, spans_by_request
+from support.engine_testutil import finished_spans, spans_by_request
 from diag import stages
 from diag.engine import SamplingParams, SyncEventStream, build_engine
 from diag.engine.kv_cache import BlockManager, NoFreeBlocksError

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from diag.commands import serve
-from engine_testutil import serve_process
+from support.engine_testutil import serve_process
 
 LAUNCH = (
     "import argparse, sys; from diag.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from diag import stages
 from diag.engine import METRIC_NAMES, ServerThread, build_engine, parse_injections
-from engine_testutil import finished_spans
+from support.engine_testutil import finished_spans
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from diag import stages
 from diag.engine import SamplingParams, SyncEventStream, build_engine, parse_injections
 from diag.engine.model import ModelSpec, SeqInput
 from diag.engine.tp import CacheSpec, make_runner
-from engine_testutil import finished_spans, spans_by_request
+from support.engine_testutil import finished_spans, spans_by_request
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 

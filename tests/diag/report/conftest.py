@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workload import EVIL, Workload, write_capture
+from support.report_workload import EVIL, Workload, write_capture
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from diag.report.cells import EvidenceCells, evidence_cells, fmt_confidence, fmt_explained
 from rules import Evidence
-from workload import finding
+from support.report_workload import finding
 
 
 def test_evidence_cells_use_the_units_formatter_and_the_crossed_mark() -> None:

@@ -11,7 +11,7 @@ from diag.analysis import analyze_paths
 from diag.cli import main
 from diag.report.diff import diff_analyses
 from rules import Diagnosis, Evidence, Skipped
-from workload import Workload, diagnosis_of, finding, write_capture
+from support.report_workload import Workload, diagnosis_of, finding, write_capture
 
 
 @pytest.fixture

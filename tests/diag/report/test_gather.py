@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from diag.report import build_report
-from reportkit import analysis_of
+from support.reportkit import analysis_of
 from rules.features import Feature
-from workload import sample_diagnosis
+from support.report_workload import sample_diagnosis
 
 
 def test_the_report_holds_the_rules_objects(cap: Path) -> None:
@@ -42,7 +42,7 @@ def test_without_rules_the_largest_stage_is_named(cap: Path) -> None:
 def test_refusals_at_a_designed_experiments_context_limit_are_not_counted_as_failed(tmp_path: Path) -> None:
     import json
 
-    from workload import Workload, write_capture
+    from support.report_workload import Workload, write_capture
 
     w = Workload(n=12, segment=lambda i: "prompt=1024" if i >= 10 else "prompt=256",
                  error=lambda i: "http_4xx" if i >= 9 else None)  # one refusal at 256: the server failing

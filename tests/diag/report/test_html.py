@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 
 from diag.report import write_report
-from reportkit import analysis_of, check_html
-from workload import EVIL, sample_diagnosis
+from support.reportkit import analysis_of, check_html
+from support.report_workload import EVIL, sample_diagnosis
 
 
 def test_html_without_rules_is_decomposition_only(cap: Path, tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from diag.report import write_report
-from reportkit import analysis_of
-from workload import sample_diagnosis
+from support.reportkit import analysis_of
+from support.report_workload import sample_diagnosis
 
 
 def test_json_report(cap: Path, tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 
 from diag.report import md_esc, write_report
-from reportkit import analysis_of
-from workload import EVIL, sample_diagnosis
+from support.reportkit import analysis_of
+from support.report_workload import EVIL, sample_diagnosis
 
 
 def test_markdown_has_the_same_content(evil_cap: Path, cap: Path, tmp_path: Path) -> None:

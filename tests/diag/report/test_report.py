@@ -10,8 +10,8 @@ import pytest
 from diag.analysis import analyze_paths
 from diag.cli import main
 from diag.report import ReportError, build_report, render_markdown, write_report
-from reportkit import analysis_of, check_html
-from workload import Workload, write_capture
+from support.reportkit import analysis_of, check_html
+from support.report_workload import Workload, write_capture
 
 
 def test_report_empty_and_edge_captures(tmp_path: Path) -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 from diag.report import write_report
 from diag.report.cells import evidence_cells
 from diag.report.text import format_diagnosis
-from reportkit import analysis_of, check_html
+from support.reportkit import analysis_of, check_html
 from rules import Evidence, Skipped
 from rules.features import Feature
 from tui.model import verdict_vm
-from workload import diagnosis_of, finding, sample_diagnosis
+from support.report_workload import diagnosis_of, finding, sample_diagnosis
 
 
 def test_format_diagnosis_lays_out_verdict_others_notes_and_skipped() -> None:

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from featcap import make_tables
+from support.featcap import make_tables
 
 from diag import stages
 from diag.capture import load_capture

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from featcap import make_requests, make_tables
+from support.featcap import make_requests, make_tables
 
 from diag import stages
 from diag.report.text import format_diagnosis

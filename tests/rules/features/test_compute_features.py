@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from featcap import make_tables
-from simcap import MS, Client, Engine, Phase, simulate, tables_of
+from support.featcap import make_tables
+from support.simcap import MS, Client, Engine, Phase, simulate, tables_of
 
 from rules.features import compute_features
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from featcap import make_requests, make_tables
+from support.featcap import make_requests, make_tables
 
 from rules.features import compute_features
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from featcap import NS, make_requests, make_tables
+from support.featcap import NS, make_requests, make_tables
 
 from diag import stages
 from rules.features import compute_features

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from featcap import QUEUE_WINDOW, S, engine_series, make_requests, make_tables
+from support.featcap import QUEUE_WINDOW, S, engine_series, make_requests, make_tables
 
 from rules.features import compute_features
 

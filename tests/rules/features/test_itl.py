@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from featcap import QUEUE_WINDOW, S, engine_series, make_requests, make_tables
-from simcap import Client, Engine, Phase, simulate, tables_of
+from support.featcap import QUEUE_WINDOW, S, engine_series, make_requests, make_tables
+from support.simcap import Client, Engine, Phase, simulate, tables_of
 
 from diag import stages
 from rules.features import compute_features

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 
-from featcap import make_requests, make_tables
+from support.featcap import make_requests, make_tables
 
 from rules import diagnose
 from rules.features import compute_features

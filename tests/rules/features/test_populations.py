@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from featcap import make_requests, make_tables
+from support.featcap import make_requests, make_tables
 
 from rules.features import compute_features
 

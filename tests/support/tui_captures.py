@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
+from typing import Any
+
+from rich.console import Console
 
 from collectors.spans import setup_tracing
 from diag import stages
@@ -49,3 +53,9 @@ QUEUED = {stages.TOKENIZE: 1, stages.QUEUE: 400, stages.PREFILL: 20, stages.SAMP
           "waiting": 12}
 
 
+def panel_text(app: Any, widget_type: type) -> str:
+    """The panel's current content as plain text (rendered by Rich at the panel's width)."""
+    w = app.screen.query_one(widget_type)
+    console = Console(width=max(40, w.content_size.width), file=io.StringIO(), record=True, color_system=None)
+    console.print(w.render())
+    return console.export_text()

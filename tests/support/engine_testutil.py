@@ -1,0 +1,97 @@
+"""The bundled engine in tests: its in-memory spans, and ``ttft serve`` (or any command) as a real process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from diag import stages
+
+
+def finished_spans(engine) -> list[Any]:
+    """Every span the engine's in-memory sink has finished so far."""
+    engine.sink.force_flush()
+    return list(engine.sink.memory.get_finished_spans())
+
+
+def spans_by_request(spans) -> dict[int, dict[str, list[Any]]]:
+    """trace id -> span name -> spans (request spans under stages.SPAN_REQUEST)."""
+    out: dict[int, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
+    for s in spans:
+        out[s.context.trace_id][s.name].append(s)
+    return {k: v for k, v in out.items() if stages.SPAN_REQUEST in v}
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def stop_process(proc: subprocess.Popen) -> int:
+    """SIGINT (a ``ttft`` command flushes its capture), 30 s to exit, then kill; the exit code."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+@contextlib.contextmanager
+def serve_process(cmd: list[str]) -> Iterator[tuple[subprocess.Popen, str]]:
+    """Run a ``ttft serve`` command line from the repository root; yield (process, its first
+    stdout line). On exit: SIGINT (the engine flushes its capture), 30 s to exit, then kill;
+    ``process.returncode`` holds the exit code."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield proc, proc.stdout.readline()
+    finally:
+        stop_process(proc)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def process(cmd: list[str], ready: str, timeout_s: float = 60.0) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """Run ``cmd`` (repository on PYTHONPATH) until its first stdout line contains ``ready``;
+    yields (the process, that line); SIGKILL on the way out."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        r, _, _ = select.select([proc.stdout], [], [], timeout_s)
+        line = proc.stdout.readline() if r else ""
+        assert ready in line, f"{cmd[2:4]} did not start: {line!r}"
+        yield proc, line
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def ttft_serve(port: int) -> Iterator[subprocess.Popen[str]]:
+    """``ttft serve --port PORT`` (the tiny model) until it listens; killed on the way out."""
+    with process([sys.executable, "-m", "diag", "serve", "--port", str(port)], "listening on") as (proc, _):
+        yield proc
+
+
+#: ``python -c LAUNCH serve …``: ``ttft serve`` without the console script (its argparse and run())
+LAUNCH = (
+    "import argparse, sys; from diag.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "
+    "sub = p.add_subparsers(); serve.add_parser(sub); sys.exit(serve.run(p.parse_args(sys.argv[1:])))"
+)
