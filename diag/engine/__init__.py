@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 # Lazy exports: ``import diag.engine.faults`` (the CLI's ``serve`` parser) must not import torch.
 _EXPORTS: dict[str, str] = {
-    "AsyncEventStream": "engine", "Engine": "engine", "EngineConfig": "engine", "EngineStoppedError": "engine",
-    "QueueFullError": "engine", "SubmitResult": "engine", "SyncEventStream": "engine", "TokenEvent": "engine",
+    "AsyncEventStream": "outputs", "Engine": "engine", "EngineConfig": "config", "EngineStoppedError": "outputs",
+    "QueueFullError": "outputs", "SubmitResult": "outputs", "SyncEventStream": "outputs", "TokenEvent": "outputs",
     "build_engine": "engine", "FAULTS": "faults", "FaultConfig": "faults", "FaultError": "faults",
     "parse_injections": "faults", "METRIC_NAMES": "metrics", "PRESETS": "model", "CheckpointError": "model",
     "ModelConfig": "model", "ModelSpec": "model", "SamplingParams": "sampler", "POLICIES": "scheduler",
@@ -37,9 +37,10 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diag.engine.engine import (
-        AsyncEventStream, Engine, EngineConfig, EngineStoppedError, QueueFullError, SubmitResult,
-        SyncEventStream, TokenEvent, build_engine,
+    from diag.engine.config import EngineConfig
+    from diag.engine.engine import Engine, build_engine
+    from diag.engine.outputs import (
+        AsyncEventStream, EngineStoppedError, QueueFullError, SubmitResult, SyncEventStream, TokenEvent,
     )
     from diag.engine.faults import FAULTS, FaultConfig, FaultError, parse_injections
     from diag.engine.metrics import METRIC_NAMES
@@ -84,7 +85,8 @@ def start_server(
     requests wait until it is, ``/health`` says ``loading``); ``port=0`` picks a free port (``.port``/``.url``).
     ``overrides`` are EngineConfig fields. Call ``.stop()`` to shut everything down.
     """
-    from diag.engine.engine import EngineConfig, build_engine
+    from diag.engine.config import EngineConfig
+    from diag.engine.engine import build_engine
     from diag.engine.server import ServerThread
 
     engine = build_engine(

@@ -43,15 +43,10 @@ from typing import Any
 
 from aiohttp import web
 
-from diag.engine.engine import (
-    AsyncEventStream,
-    Engine,
-    EngineStoppedError,
-    QueueFullError,
-    TokenEvent,
-)
 from diag import stages
+from diag.engine.engine import Engine
 from diag.engine.frontend import FrontEnd, FrontEndFull, FrontEndWait, effective_sizes
+from diag.engine.outputs import AsyncEventStream, EngineStoppedError, QueueFullError, TokenEvent
 from diag.engine.sampler import MAX_TOKENS_LIMIT, SamplingParams
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024

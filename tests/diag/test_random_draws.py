@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from collectors.probe import LengthSpec, LoadSpec, SweepSpec
-from diag.engine.engine import EngineConfig
+from diag.engine.config import EngineConfig
 from diag.engine.faults import parse_injections
 from diag.scenarios import Calibration
 from diag.scenarios.matrix import MODES, Verdict

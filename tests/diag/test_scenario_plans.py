@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from diag.engine.engine import EngineConfig
+from diag.engine.config import EngineConfig
 from diag.scenarios import SCENARIOS, Calibration
 from diag.scenarios.engine_process import EngineProcess, engine_threads
 from diag.slo import parse_slo

@@ -13,7 +13,7 @@ import pytest
 
 from diag.capture import load_capture
 from diag.engine import build_engine
-from diag.engine.engine import SyncEventStream
+from diag.engine.outputs import SyncEventStream
 from diag.engine.sampler import SamplingParams
 from diag.report.text import format_diagnosis
 from diag.tables import build_tables

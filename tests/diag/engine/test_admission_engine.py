@@ -10,7 +10,7 @@ import pytest
 
 from diag import stages
 from diag.engine import build_engine
-from diag.engine.engine import SyncEventStream
+from diag.engine.outputs import SyncEventStream
 from diag.engine.sampler import SamplingParams
 from support.engine_testutil import finished_spans
 

