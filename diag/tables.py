@@ -14,7 +14,7 @@ itl_mean_s, tpot_s, n_token_times, has_server, has_client, engine``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,51 @@ class Tables:
     warnings: list[str] = field(default_factory=list)
     clock_offsets: dict[str, float] = field(default_factory=dict)
     lumped_notes: dict[str, str] = field(default_factory=dict)
+
+    def window(self, window_ns: tuple[int, int] | None) -> Tables:
+        """These tables cut to ``window_ns`` (Unix ns, half-open ``[lo, hi)``; None: all of them):
+        requests that start in it, engine steps that overlap it (a step under way when the window
+        opens is part of what its requests met), series samples taken in it. Spans, cold starts
+        and meta are not cut. Sorted columns (``build_tables`` sorts by start) cost a binary
+        search and a slice, not a scan. The one window filter: the rules' features and the TUI's
+        window both use it."""
+        if window_ns is None:
+            return self
+        lo, hi = window_ns
+        return replace(self, requests=_starting_in(self.requests, "start_ns", lo, hi),
+                       steps=_overlapping(self.steps, lo, hi),
+                       series=_starting_in(self.series, "ts_s", lo / NS, hi / NS))
+
+
+def _sorted(v: np.ndarray) -> bool:
+    return len(v) < 2 or bool(np.all(v[1:] >= v[:-1]))  # False with a NaN: the mask path takes it
+
+
+def _starting_in(df: pd.DataFrame | None, col: str, lo: float, hi: float) -> pd.DataFrame | None:
+    """Rows of ``df`` whose ``col`` is in ``[lo, hi)``."""
+    if df is None or not len(df) or col not in df.columns:
+        return df
+    v = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    if not _sorted(v):
+        return df.loc[(v >= lo) & (v < hi)]
+    a, b = np.searchsorted(v, [lo, hi], side="left")
+    return df.iloc[int(a):int(b)]
+
+
+def _overlapping(df: pd.DataFrame | None, lo: float, hi: float) -> pd.DataFrame | None:
+    """Rows of ``df`` (``start_ns``, ``end_ns``) whose interval overlaps ``(lo, hi)``."""
+    if df is None or not len(df) or "start_ns" not in df.columns:
+        return df
+    start = pd.to_numeric(df["start_ns"], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    end = pd.to_numeric(df["end_ns"], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    if not _sorted(start):
+        return df.loc[(end > lo) & (start < hi)]
+    b = int(np.searchsorted(start, hi, side="left"))
+    keep = end[:b] > lo
+    first = int(np.argmax(keep)) if keep.any() else b
+    if keep[first:].all():
+        return df.iloc[first:b]
+    return df.iloc[:b].loc[keep]
 
 
 def _num(s: pd.Series) -> pd.Series:

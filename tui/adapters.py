@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 import rules
 from diag.analysis import Analysis
@@ -25,36 +24,9 @@ NS = 1_000_000_000
 
 
 def window_tables(tables: Tables, window_ns: tuple[int, int] | None) -> Tables:
-    """The tables restricted to requests/steps/series that start inside the window.
-
-    Requests and steps are sorted by ``start_ns`` (diag.tables sorts them) and series by
-    ``ts_s``, so this is a binary search plus a slice, not a scan. Spans are not sliced.
-    """
-    if window_ns is None:
-        return tables
-    lo, hi = window_ns
-
-    def cut(df: pd.DataFrame, col: str, scale: float = 1.0) -> pd.DataFrame:
-        if not len(df) or col not in df.columns:
-            return df
-        v = df[col].to_numpy(dtype="float64", na_value=np.nan)
-        if len(v) > 1 and not bool(np.all(v[1:] >= v[:-1])):
-            mask = (v >= lo / scale) & (v < hi / scale)
-            return df.loc[mask]
-        a, b = np.searchsorted(v, [lo / scale, hi / scale], side="left")
-        return df.iloc[int(a):int(b)]
-
-    return Tables(
-        requests=cut(tables.requests, "start_ns"),
-        steps=cut(tables.steps, "start_ns"),
-        cold_starts=tables.cold_starts,
-        spans=tables.spans,
-        series=cut(tables.series, "ts_s", NS),
-        meta=tables.meta,
-        warnings=tables.warnings,
-        clock_offsets=tables.clock_offsets,
-        lumped_notes=tables.lumped_notes,
-    )
+    """The tables of the window (:meth:`diag.tables.Tables.window`: requests and series samples
+    that start in it, steps that overlap it)."""
+    return tables.window(window_ns)
 
 
 def diagnose(tables: Tables, window_ns: tuple[int, int] | None, slo: dict[str, float] | None = None,

@@ -21,7 +21,7 @@ from diag.tables import Tables
 from diag.units import json_safe
 from rules.features.catalog import CATALOG
 from rules.features.feature import Feature, Features
-from rules.features.numeric import NS, Coverage, as_float, num_col
+from rules.features.numeric import Coverage, as_float
 
 
 class FeatureContext:
@@ -37,20 +37,10 @@ class FeatureContext:
         #: the ``[features]`` parameters (rules/defaults.toml, overridden by a rules file)
         self.params: dict[str, float] = dict(params)
         self.features = Features()
-        req = tables.requests if tables.requests is not None else pd.DataFrame()
-        steps = tables.steps if tables.steps is not None else pd.DataFrame()
-        series = tables.series if tables.series is not None else pd.DataFrame()
-        if window_ns is not None and len(req):
-            a, b = window_ns
-            st = num_col(req, "start_ns")
-            req = req.loc[(st >= a) & (st < b)]
-        if window_ns is not None and len(steps) and "start_ns" in steps.columns:
-            a, b = window_ns
-            steps = steps.loc[(steps["end_ns"] > a) & (steps["start_ns"] < b)]
-        if window_ns is not None and len(series) and "ts_s" in series.columns:
-            a, b = window_ns
-            ts = pd.to_numeric(series["ts_s"], errors="coerce")
-            series = series.loc[(ts >= a / NS) & (ts < b / NS)]
+        cut = tables.window(window_ns)
+        req = cut.requests if cut.requests is not None else pd.DataFrame()
+        steps = cut.steps if cut.steps is not None else pd.DataFrame()
+        series = cut.series if cut.series is not None else pd.DataFrame()
         #: every request starting in the window (warm-up and failed included)
         self.req_all: pd.DataFrame = req.reset_index(drop=True)
         #: engine steps overlapping the window

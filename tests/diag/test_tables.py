@@ -131,3 +131,43 @@ def test_ttft_analyze_bad_input_is_one_line(tmp_path, capsys):
 def test_python_dash_m_diag_help():
     out = subprocess.run([sys.executable, "-m", "diag", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "analyze" in out.stdout
+
+
+def _window_tables(shuffled: bool = False):
+    import pandas as pd
+
+    from diag.tables import Tables
+
+    s = 1_000_000_000
+    requests = pd.DataFrame({"start_ns": [1 * s, 2 * s, 3 * s, 4 * s], "ttft_s": [0.1, 0.2, 0.3, 0.4]})
+    # a long step under way when the window [2 s, 4 s) opens, one inside, one ending at its start, one after
+    steps = pd.DataFrame({"start_ns": [0, int(0.5 * s), int(2.5 * s), 4 * s],
+                          "end_ns": [2 * s, int(2.2 * s), int(2.8 * s), 5 * s]})
+    series = pd.DataFrame({"ts_s": [1.0, 2.0, 3.9, 4.0], "value": [1.0, 2.0, 3.0, 4.0]})
+    if shuffled:
+        requests, steps, series = (df.iloc[::-1] for df in (requests, steps, series))
+    empty = pd.DataFrame()
+    return Tables(requests=requests, steps=steps, cold_starts=empty, spans=empty, series=series), (2 * s, 4 * s)
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_window_keeps_requests_that_start_in_it_and_steps_that_overlap_it(shuffled):
+    tables, window = _window_tables(shuffled)
+    w = tables.window(window)
+    assert sorted(w.requests["ttft_s"]) == [0.2, 0.3]
+    # the step from 0.5 s to 2.2 s was under way when the window opened; the one ending at 2 s was not
+    assert sorted(w.steps["start_ns"]) == [500_000_000, 2_500_000_000]
+    assert sorted(w.series["value"]) == [2.0, 3.0]
+    assert tables.window(None) is tables
+
+
+def test_the_rules_and_the_tui_cut_a_window_the_same_way():
+    from rules.features.context import FeatureContext
+    from tui.adapters import window_tables
+
+    tables, window = _window_tables()
+    params = {}
+    ctx = FeatureContext(tables, window, None, params)
+    tui = window_tables(tables, window)
+    assert list(ctx.steps["start_ns"]) == list(tui.steps["start_ns"])
+    assert list(ctx.req_all["ttft_s"]) == list(tui.requests["ttft_s"])
