@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from rules.base import REGISTRY, Rule, RuleContext
 from rules.config import RulesFileError, default_thresholds, load_thresholds
-from rules.engine import diagnose
+from rules.runner import diagnose
 from rules.model import CATEGORIES, FAILURES, INCONCLUSIVE, NO_DATA, OUTCOMES, Diagnosis, Evidence, Finding, Passed, Skipped
 
 __all__ = [

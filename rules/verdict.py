@@ -15,7 +15,7 @@
    (a TTFT finding at least that sure says TTFT is not fine) — or else ``inconclusive``, naming the
    candidate and the experiment that would decide.
 
-Pure functions over the engine's findings; called by :func:`rules.engine.diagnose` on its thread.
+Pure functions over the engine's findings; called by :func:`rules.runner.diagnose` on its thread.
 """
 
 from __future__ import annotations

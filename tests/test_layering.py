@@ -209,18 +209,18 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 def test_the_checker_reports_back_imports(tmp_path):
     root = _tree(tmp_path, {
         "diag/__init__.py": "",
-        "diag/stages.py": "from rules import engine\n",  # ground importing rules
+        "diag/stages.py": "from rules import runner\n",  # ground importing rules
         "diag/tables.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tui.app\n",  # exempt
-        "diag/cli.py": "import tui.app\nfrom rules.engine import run\n",  # the roof: anything
+        "diag/cli.py": "import tui.app\nfrom rules.runner import run\n",  # the roof: anything
         "diag/commands/__init__.py": "",
         "diag/engine/__init__.py": "",
         "diag/engine/server.py": "from collectors import spans\nfrom ..capture import x\n",
         "collectors/__init__.py": "",
         "collectors/spans.py": "from diag import stages\n",
         "collectors/nvml.py": "def f():\n    import tui.app\n    from . import spans\n",  # tui, in a function
-        "collectors/probe.py": "from rules.engine import run\n",  # floor 2 sideways
+        "collectors/probe.py": "from rules.runner import run\n",  # floor 2 sideways
         "rules/__init__.py": "",
-        "rules/engine.py": "from .model import Finding\nfrom diag.stages import QUEUE\n",
+        "rules/runner.py": "from .model import Finding\nfrom diag.stages import QUEUE\n",
         "rules/model.py": "",
         "tui/__init__.py": "",
         "tui/app.py": "from diag.cli import main\n",  # floor 3 importing the roof
@@ -229,9 +229,9 @@ def test_the_checker_reports_back_imports(tmp_path):
         "diag/orphan.py": "",  # on no floor
     })
     problems = check_house(root)
-    assert any(p.startswith("diag.stages:1 imports rules.engine: ground imports ground only") for p in problems)
+    assert any(p.startswith("diag.stages:1 imports rules.runner: ground imports ground only") for p in problems)
     assert any(p.startswith("collectors.nvml:2 imports tui.app: only the roof and tui import tui") for p in problems)
-    assert any(p.startswith("collectors.probe:1 imports rules.engine: collectors (floor 2)") for p in problems)
+    assert any(p.startswith("collectors.probe:1 imports rules.runner: collectors (floor 2)") for p in problems)
     assert any(p.startswith("tui.app:1 imports diag.cli: floor 3 does not import the roof") for p in problems)
     assert any(p.startswith("diag.scenarios.runner:1 imports tui.app: only the roof") for p in problems)
     assert "diag.orphan: on no floor (place it in HOUSE)" in problems

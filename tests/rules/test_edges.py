@@ -184,7 +184,7 @@ def test_a_gap_that_holds_the_engines_front_end_is_not_called_network_alone(tmp_
 def test_a_broken_slo_whose_largest_stage_is_lumped_names_no_cause() -> None:
     """The SLO fallback picks the largest stage; time the engine does not split (vLLM's lumped
     stage) is no single cause: inconclusive, pointing at the engine's detailed traces."""
-    from rules.engine import _fallback
+    from rules.runner import _fallback
 
     class Feats:
         def value(self, name: str, default=None):  # noqa: ANN001, ANN202

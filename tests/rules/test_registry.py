@@ -1,7 +1,7 @@
 """Every rule written is a rule that runs: each ``@rule`` in a ``rules/`` module is registered once
 the rule engine is imported, with a known category and the features it needs.
 
-``rules/engine.py`` imports the rule modules (the import registers their rules); a new module left
+``rules/runner.py`` imports the rule modules (the import registers their rules); a new module left
 out of that list would silently never run. This test reads the sources, not the registry, so it
 catches exactly that.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import rules.engine  # imports every rule module it knows
+import rules.runner  # imports every rule module it knows
 from rules.base import REGISTRY
 from rules.model import CATEGORIES, FAILURES
 
-RULES_DIR = Path(rules.engine.__file__).resolve().parent
+RULES_DIR = Path(rules.runner.__file__).resolve().parent
 
 
 def _declared() -> dict[str, str]:
@@ -35,7 +35,7 @@ def test_every_declared_rule_is_registered() -> None:
     declared = _declared()
     assert len(declared) >= 15
     missing = {rid: mod for rid, mod in declared.items() if rid not in REGISTRY}
-    assert not missing, f"rules declared but never registered (import their module in rules/engine.py): {missing}"
+    assert not missing, f"rules declared but never registered (import their module in rules/runner.py): {missing}"
 
 
 def test_every_rule_names_a_known_category_and_what_it_needs() -> None:

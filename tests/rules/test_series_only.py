@@ -12,7 +12,7 @@ import pytest
 from diag import stages as S
 from diag.tables import Tables, empty_request_table
 from rules import NO_DATA, diagnose
-from rules.engine import SERIES_ONLY_NOTE
+from rules.runner import SERIES_ONLY_NOTE
 from support.simcap import MS, Client, Engine, Phase, simulate, tables_of
 
 
