@@ -1,0 +1,57 @@
+"""rules.scheduling: kv_cache from the engine's gauges and from the client's token times, and
+where each path stops short of naming it. Features in, finding or pass reason out; the end-to-end
+verdicts on real engines are in test_verdicts_real.py and tests/thirdparty."""
+
+from __future__ import annotations
+
+from rules.base import RuleContext
+from rules.config import load_thresholds
+from rules.features import Feature, Features
+from rules.scheduling import kv_cache
+
+#: real vLLM 0.32, a KV pool of 2 requests under 6 streams, seen from the client: a quarter of the
+#: streams stopped for over a hundred decode steps while the others streamed, TTFT p95 288 steps
+EVICTING = {"requests_n": 24.0, "ttft_p95_s": 1.75, "stream_stall_frac": 0.25, "stream_stall_n": 24.0,
+            "stream_stall_steps_p50": 116.0, "ttft_in_itl_steps_p95": 288.0}
+
+
+def _ctx(client_only: bool = True, **features: float | None) -> RuleContext:
+    feats = Features()
+    for name, value in features.items():
+        feats.add(Feature(name, value, "", value is not None, source="client"))
+    th = load_thresholds(None)
+    return RuleContext(feats, th["kv_cache"], th["general"], {}, client_only)
+
+
+def test_streams_evicted_mid_answer_name_kv_cache_from_the_client() -> None:
+    out = kv_cache(_ctx(**EVICTING))
+    assert not isinstance(out, str)
+    assert out.black_box  # the category is the rule's, set by the runner
+    rows = {e.name: e for e in out.evidence}
+    assert rows["streams stalled mid-answer while others streamed"].crossed
+    assert rows["TTFT p95 / ITL p50"].value == 288.0 and rows["TTFT p95 / ITL p50"].crossed
+
+
+def test_a_stall_share_barely_past_its_threshold_is_less_sure_than_a_clear_one() -> None:
+    narrow = kv_cache(_ctx(**EVICTING))
+    clear = kv_cache(_ctx(**{**EVICTING, "stream_stall_frac": 0.5}))
+    assert not isinstance(narrow, str) and not isinstance(clear, str)
+    assert clear.confidence > narrow.confidence
+
+
+def test_few_stalls_or_no_waiting_is_a_pass_reason_that_says_how_far_off() -> None:
+    few = kv_cache(_ctx(**{**EVICTING, "stream_stall_frac": 0.1}))
+    assert isinstance(few, str) and "10% of streams stalled" in few
+    no_wait = kv_cache(_ctx(**{**EVICTING, "ttft_in_itl_steps_p95": 5.0}))
+    assert isinstance(no_wait, str) and "too little to say the KV pool is full" in no_wait
+
+
+def test_the_engines_gauges_need_pressure_and_its_effect_on_ttft() -> None:
+    full_and_waiting = kv_cache(_ctx(False, kv_usage_p95=0.98, preemptions_total=12.0, queue_share_tail=0.9,
+                                    requests_n=200.0))
+    assert not isinstance(full_and_waiting, str)
+    assert not full_and_waiting.black_box and full_and_waiting.confidence >= 0.7
+    idle_pool = kv_cache(_ctx(False, kv_usage_p95=0.2, preemptions_total=0.0, queue_share_tail=0.9))
+    assert isinstance(idle_pool, str) and "no KV pressure" in idle_pool
+    nothing_waits = kv_cache(_ctx(False, kv_usage_p95=0.98, queue_share_tail=0.01))
+    assert isinstance(nothing_waits, str) and "no knee and little queueing" in nothing_waits
