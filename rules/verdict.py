@@ -25,13 +25,16 @@ from typing import Any
 
 from rules.config import load_thresholds
 from rules.model import FAILURES, INCONCLUSIVE, ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Evidence, Finding
-from rules.overrides import timing_free
+from rules.overrides import demote, timing_free
 
 #: measurement outcomes that can be the verdict: the run itself failed or the client was the limit
 OUTCOME_CANDIDATES: frozenset[str] = frozenset({FAILURES, "loadgen"})
 #: causes whose time is each request's own work at its own cost: below the floor, with nothing
 #: waiting, they are a note under ``healthy`` (prompt work every request pays), not a bottleneck
 OWN_WORK: frozenset[str] = frozenset({"prefill_compute"})
+#: causes that are requests waiting (for admission, KV space, a front end, a long prompt ahead):
+#: when the own-work floor says nothing waits, none of them is the verdict (:func:`settle`)
+WAITS: frozenset[str] = frozenset({"queue", "kv_cache", "kv_reservation", "head_of_line", "frontend"})
 #: the default verdict floor (``[general] verdict_floor`` of rules/defaults.toml; a rules file may change it)
 VERDICT_FLOOR: float = float(load_thresholds(None)["general"]["verdict_floor"])
 HEALTHY_ID = "healthy"
@@ -110,6 +113,9 @@ def healthy_by_floor(feats: Any, th: Mapping[str, Any], sample_factor: float,
     if leading is not None and leading.conditional:
         note += (f"; {leading.category} ({leading.confidence:.2f}) holds only for prompts like the tool's own test, "
                  "not a wait seen in this load (`--workload` says what your users send, to judge it for them)")
+    elif leading is not None and leading.category in WAITS:
+        note += (f"; {leading.category} ({leading.confidence:.2f}): requests do wait, but within the floor's factors "
+                 "of their own work, not a bottleneck")
     elif leading is not None:
         note += (f"; {leading.category} ({leading.confidence:.2f}) is most of that time, a cost every request pays, "
                  "not a bottleneck")
@@ -197,6 +203,14 @@ def near_tie(findings: list[Finding], frac: float, itl_broken: bool) -> None:
         findings[i], findings[j] = b, a
 
 
+def _tail_waits(feats: Any, th: Mapping[str, Any]) -> bool:
+    """Whether the slowest 5% of TTFT sit beyond ``[healthy] wait_p95_over_floor_max`` times the
+    median request's own work (or either is unknown): a wait in the tail that the floor's median
+    and 90th percentile do not reach, as when some requests wait long behind others."""
+    p95, own = feats.value("ttft_p95_s"), feats.value("ttft_floor_p50_s")
+    return p95 is None or not own or p95 / own > float(th["wait_p95_over_floor_max"])
+
+
 def settle(findings: list[Finding], feats: Any, th: Mapping[str, Any], sample_factor: float,
            itl_broken: bool, slo_broken: bool = False) -> tuple[Finding, Finding | None]:
     """(verdict, leading candidate or None) from ``findings`` ranked best first. The verdict is put
@@ -216,13 +230,26 @@ def settle(findings: list[Finding], feats: Any, th: Mapping[str, Any], sample_fa
             top = sure
     # a verdict the engine already made: every SLO met (healthy), no cause and TTFT far above (inconclusive)
     made = next((f for f in findings if f.category in VERDICT_ONLY), None)
+    failing = any(f.category == FAILURES for f in findings)
+    if (top is not None and top.category in WAITS and not failing and not slo_broken
+            and (made is None or findings.index(top) < findings.index(made))):
+        # a wait the own-work floor does not see: TTFT within its factors of each request's own work
+        # (the median and the 90th percentile) is what "nothing waits" means, whatever share of the
+        # slowest TTFTs the wait is (a few ms of queue in a fast TTFT)
+        nothing_waits, _ = floor_rows(feats, th["healthy"])
+        if nothing_waits and not unsplit_spread(feats, th["healthy"]) and not _tail_waits(feats, th["healthy"]):
+            demote(top, HEALTHY_ID, "TTFT is within the own-work floor's factors (median and 90th percentile): "
+                   "these waits are not a material part of what users wait", float(general["demote_factor"]))
+            verdict = healthy_by_floor(feats, th["healthy"], sample_factor, leading=top)
+            if verdict is not None:
+                findings[:] = [verdict, *[f for f in findings if f is not verdict]]
+                return verdict, top
     if top is None or (made is not None and findings.index(made) < findings.index(top)):
         verdict, leading = (made or findings[0]), None
     elif top.confidence >= floor:
         verdict, leading = top, None
     else:
         leading = top
-        failing = any(f.category == FAILURES for f in findings)
         verdict = None
         # prompt work every request pays, or a finding that holds only if the users' prompts are like the
         # tool's own test (conditional): neither is a wait, so the floor may still say nothing waits
@@ -236,6 +263,6 @@ def settle(findings: list[Finding], feats: Any, th: Mapping[str, Any], sample_fa
     return verdict, leading
 
 
-__all__ = ["HEALTHY_ID", "OUTCOME_CANDIDATES", "OWN_WORK", "UNDECIDED_ID", "VERDICT_FLOOR", "VERDICT_ONLY",
+__all__ = ["HEALTHY_ID", "OUTCOME_CANDIDATES", "OWN_WORK", "UNDECIDED_ID", "VERDICT_FLOOR", "VERDICT_ONLY", "WAITS",
            "decomposition_rows", "deciding_experiment", "floor_rows", "healthy_by_floor", "is_candidate",
            "itl_target_broken", "machine_starved", "near_tie", "settle", "undecided", "unsplit_spread"]

@@ -45,3 +45,36 @@ def test_a_conditional_candidate_under_the_floor_leaves_healthy_when_nothing_wai
     # past the own-work factors something waits: undecided either way
     waits = _feats(**{**NOTHING_WAITS, "ttft_over_floor_p90": 3.97})
     assert settle([_finding("prefix_cache", 0.32, conditional)], waits, th, 1.0, False)[0].category == INCONCLUSIVE
+
+
+#: the n012 queue near-miss of the bundled random matrix (seed 73514), spans joined: 4 streams on a
+#: chunked engine, the slowest requests queued 48% of a 42 ms TTFT p95 (queue 0.81), yet every TTFT
+#: was within 0.93x (median) and 1.35x (90th percentile) of its own work, p95 2.6x the median's
+QUEUE_NEAR_MISS = {"ttft_over_floor_p50": 0.93, "ttft_over_floor_p90": 1.35, "ttft_floor_p50_s": 0.016,
+                   "ttft_floor_n": 22.0, "ttft_p95_s": 0.0419}
+
+
+@pytest.mark.parametrize("category", ["queue", "kv_cache", "frontend"])
+def test_a_wait_the_own_work_floor_does_not_see_is_not_the_verdict(category: str) -> None:
+    """Never name a bottleneck where nothing waits: a waiting cause above the verdict floor yields
+    to healthy when TTFT is within the floor's factors of each request's own work, and stays the
+    leading candidate, demoted, with the reason."""
+    th = load_thresholds(None)
+    wait = _finding(category, 0.81)
+    verdict, leading = settle([wait], _feats(**QUEUE_NEAR_MISS), th, 1.0, itl_broken=False)
+    assert verdict.category == "healthy" and leading is wait
+    assert wait.confidence < th["general"]["verdict_floor"] and "own-work floor" in wait.note
+
+
+def test_a_wait_stays_the_verdict_when_the_tail_or_the_floor_shows_it() -> None:
+    th = load_thresholds(None)
+    tail = _feats(**{**QUEUE_NEAR_MISS, "ttft_p95_s": 1.64})  # the slowest 5% waited 100x their own work
+    assert settle([_finding("queue", 0.81)], tail, th, 1.0, itl_broken=False)[0].category == "queue"
+    past = _feats(**{**QUEUE_NEAR_MISS, "ttft_over_floor_p90": 4.2})
+    assert settle([_finding("queue", 0.81)], past, th, 1.0, itl_broken=False)[0].category == "queue"
+    # prompt work is own work, not a wait: the floor never demotes it
+    assert settle([_finding("prefill_compute", 0.81)], _feats(**QUEUE_NEAR_MISS), th, 1.0,
+                  itl_broken=False)[0].category == "prefill_compute"
+    # an SLO broken is never healthy
+    assert settle([_finding("queue", 0.81)], _feats(**QUEUE_NEAR_MISS), th, 1.0, itl_broken=False,
+                  slo_broken=True)[0].category == "queue"
