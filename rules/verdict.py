@@ -7,7 +7,8 @@
 2. The top-ranked candidate is **the verdict** when its confidence reaches the floor
    (``[general] verdict_floor``, 0.7: the level ``ttft diagnose`` calls confident).
    A load generator the machine starved (not its own work) yields to a cause at the floor that
-   stands without client timing.
+   stands without client timing. A waiting cause (:data:`WAITS`) yields to ``healthy`` where the
+   own-work floor sees no wait, its tail included (no SLO broken): demoted, the leading candidate.
 3. Below the floor the candidate is the **leading candidate** (:attr:`rules.model.Diagnosis.leading`)
    and the verdict is ``healthy`` when healthy has positive evidence — nothing waits (each TTFT
    within ``[healthy]`` factors of the request's own work on this server, :mod:`rules.features.floor`)
