@@ -212,6 +212,20 @@ def _tail_waits(feats: Any, th: Mapping[str, Any]) -> bool:
     return p95 is None or not own or p95 / own > float(th["wait_p95_over_floor_max"])
 
 
+def _wait_unseen(top: Finding, feats: Any, th: Mapping[str, Any], sample_factor: float) -> Finding | None:
+    """``healthy`` over a waiting cause the own-work floor does not see, with ``top`` demoted; else
+    None. TTFT within the floor's factors of each request's own work (the median and the 90th
+    percentile), its tail included, is what "nothing waits" means, whatever share of the slowest
+    TTFTs the wait is (a few ms of queue in a fast TTFT)."""
+    hth = th["healthy"]
+    nothing_waits, _ = floor_rows(feats, hth)
+    if not nothing_waits or unsplit_spread(feats, hth) or _tail_waits(feats, hth):
+        return None
+    demote(top, HEALTHY_ID, "TTFT is within the own-work floor's factors (median and 90th percentile): "
+           "these waits are not a material part of what users wait", float(th["general"]["demote_factor"]))
+    return healthy_by_floor(feats, hth, sample_factor, leading=top)
+
+
 def settle(findings: list[Finding], feats: Any, th: Mapping[str, Any], sample_factor: float,
            itl_broken: bool, slo_broken: bool = False) -> tuple[Finding, Finding | None]:
     """(verdict, leading candidate or None) from ``findings`` ranked best first. The verdict is put
@@ -232,21 +246,11 @@ def settle(findings: list[Finding], feats: Any, th: Mapping[str, Any], sample_fa
     # a verdict the engine already made: every SLO met (healthy), no cause and TTFT far above (inconclusive)
     made = next((f for f in findings if f.category in VERDICT_ONLY), None)
     failing = any(f.category == FAILURES for f in findings)
-    if (top is not None and top.category in WAITS and not failing and not slo_broken
-            and (made is None or findings.index(top) < findings.index(made))):
-        # a wait the own-work floor does not see: TTFT within its factors of each request's own work
-        # (the median and the 90th percentile) is what "nothing waits" means, whatever share of the
-        # slowest TTFTs the wait is (a few ms of queue in a fast TTFT)
-        nothing_waits, _ = floor_rows(feats, th["healthy"])
-        if nothing_waits and not unsplit_spread(feats, th["healthy"]) and not _tail_waits(feats, th["healthy"]):
-            demote(top, HEALTHY_ID, "TTFT is within the own-work floor's factors (median and 90th percentile): "
-                   "these waits are not a material part of what users wait", float(general["demote_factor"]))
-            verdict = healthy_by_floor(feats, th["healthy"], sample_factor, leading=top)
-            if verdict is not None:
-                findings[:] = [verdict, *[f for f in findings if f is not verdict]]
-                return verdict, top
     if top is None or (made is not None and findings.index(made) < findings.index(top)):
         verdict, leading = (made or findings[0]), None
+    elif (top.category in WAITS and not failing and not slo_broken
+          and (waits_unseen := _wait_unseen(top, feats, th, sample_factor)) is not None):
+        verdict, leading = waits_unseen, top
     elif top.confidence >= floor:
         verdict, leading = top, None
     else:

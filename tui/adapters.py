@@ -10,7 +10,7 @@ Threading: every function here runs on a worker thread (they do pandas work and 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +21,6 @@ from diag.report import write_report as write
 from diag.tables import Tables, stage_decomposition
 
 NS = 1_000_000_000
-
-
-def window_tables(tables: Tables, window_ns: tuple[int, int] | None) -> Tables:
-    """The tables of the window (:meth:`diag.tables.Tables.window`: requests and series samples
-    that start in it, steps that overlap it)."""
-    return tables.window(window_ns)
 
 
 def diagnose(tables: Tables, window_ns: tuple[int, int] | None, slo: dict[str, float] | None = None,
@@ -75,13 +69,13 @@ def rules_input(tables: Tables, window_ns: tuple[int, int] | None,
         if n <= max_requests or not (~np.isnan(st)).any():
             return tables, None, n, n
         window_ns = (int(np.nanmin(st)), int(np.nanmax(st)) + 1)
-    w = window_tables(tables, window_ns)
+    w = tables.window(window_ns)
     total = len(w.requests)
     lo, hi = window_ns
     if total > max_requests:
         starts = w.requests["start_ns"].to_numpy(dtype="float64")
         lo = int(np.sort(starts)[total - max_requests])
-        w = window_tables(tables, (lo, hi))
+        w = tables.window((lo, hi))
     seen = len(w.requests)
     spans = tables.spans
     if len(spans) and "start_ns" in spans.columns:
@@ -92,9 +86,7 @@ def rules_input(tables: Tables, window_ns: tuple[int, int] | None,
         mask = (t >= lo - NS) & (t < hi + int(slack * NS))
         if not bool(mask.all()):
             spans = spans.loc[mask]
-    cut = Tables(w.requests, w.steps, w.cold_starts, spans, w.series, w.meta, w.warnings, w.clock_offsets,
-                 w.lumped_notes)
-    return cut, (lo, hi), seen, total
+    return replace(w, spans=spans), (lo, hi), seen, total
 
 
 def run_rules(tables: Tables, window_ns: tuple[int, int] | None, slo: dict[str, float] | None = None,
@@ -113,7 +105,7 @@ def write_report(tables: Tables, window_ns: tuple[int, int] | None, diagnosis: r
                  directory: Path, source_path: str, slo: dict[str, float] | None = None) -> Path:
     """Write the window's HTML report into ``directory`` and return its path (worker thread;
     raises OSError or :class:`diag.report.ReportError` on a write failure)."""
-    windowed = window_tables(tables, window_ns)
+    windowed = tables.window(window_ns)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     analysis = Analysis([source_path], windowed, stage_decomposition(windowed.requests), diagnosis,
                         list(tables.warnings))

@@ -339,7 +339,7 @@ class TTFTApp(App[int]):
 
         try:
             window = None if snap.whole else snap.window_ns
-            windowed = adapters.window_tables(snap.tables, window)
+            windowed = snap.tables.window(window)
             fleet = Analysis([snap.title], windowed, stage_decomposition(windowed.requests),
                              adapters.run_rules(snap.tables, window, slo=snap.slo or self.slo,
                                                 rules_file=self.rules_file).diagnosis)

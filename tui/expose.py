@@ -81,13 +81,13 @@ class VerdictExporter:
 
     def judge_once(self) -> None:
         """Poll the capture, run the rules over the window, keep the exposition (the rules thread)."""
-        from tui.adapters import run_rules, window_tables
+        from tui.adapters import run_rules
 
         snap = self._source.poll()
         run = run_rules(snap.tables, snap.window_ns, slo=self._slo, rules_file=self._rules_file)
         if run.diagnosis is None:
             return
-        dec = stage_decomposition(window_tables(snap.tables, run.window_ns).requests)
+        dec = stage_decomposition(snap.tables.window(run.window_ns).requests)
         body = verdict_exposition(run.diagnosis, dec, time.time())
         with self._lock:
             self._body = body

@@ -162,12 +162,13 @@ def test_a_window_keeps_requests_that_start_in_it_and_steps_that_overlap_it(shuf
 
 
 def test_the_rules_and_the_tui_cut_a_window_the_same_way():
+    """The TUI cuts its window with Tables.window (tui.adapters, tui.app, tui.expose); the rules'
+    features must see the same requests and steps."""
     from rules.features.context import FeatureContext
-    from tui.adapters import window_tables
 
     tables, window = _window_tables()
     params = {}
     ctx = FeatureContext(tables, window, None, params)
-    tui = window_tables(tables, window)
+    tui = tables.window(window)
     assert list(ctx.steps["start_ns"]) == list(tui.steps["start_ns"])
     assert list(ctx.req_all["ttft_s"]) == list(tui.requests["ttft_s"])
