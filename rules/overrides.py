@@ -99,6 +99,10 @@ OVERRIDES: tuple[Override, ...] = (
     # inferred queue is demoted, not one the engine measured
     Override("tokenize", frozenset({"queue"}), "TTFT rising with load here can be requests waiting behind the slow "
              "tokenizer (see tokenize): from the client the two look alike", black_box_only=True),
+    # the engine's loop idle between steps: requests queue for a step that has not started, tokens wait
+    # for the next step; the loop's overhead owns that time
+    Override("engine_overhead", frozenset({"queue", "decode"}),
+             "the time here is the engine's step loop idle between steps (see engine_overhead)"),
     # ITL spikes explained by prefills are not a decode problem
     Override("interference", frozenset({"decode"}), "the slow tokens are stalls behind other requests' prefills"),
     # TTFT findings say where TTFT goes, not what is wrong; the broken (ITL) SLO's findings come first

@@ -25,6 +25,7 @@ Themes (one module each; a theme is a function taking the shared
 * ``prompt_fit`` — TTFT vs prompt length, a prompt token against a decode step;
 * ``floor`` — what a request's own work costs on this server, and each TTFT against it;
 * ``device`` — device busy, step times, KV usage and preemptions, queue depth, TP comm, CPU profile;
+* ``loop`` — the engine's step loop: time between steps while requests wait inside the engine;
 * ``pipeline`` — pipeline-parallel bubbles: stage idle time in the engine steps, PP against TP;
 * ``itl`` — inter-token latency, TPOT, prefill-decode interference;
 * ``client`` — the load generator's health;
@@ -48,6 +49,7 @@ from rules.features import pipeline
 from rules.features import frontend
 from rules.features import prefix_cache
 from rules.features import floor
+from rules.features import loop
 from rules.features.catalog import CATALOG, FeatureSpec
 from rules.features.context import FeatureContext
 from rules.features.feature import Feature, Features
@@ -68,6 +70,7 @@ THEMES: tuple[Theme, ...] = (
     prompt_fit.prompt_fit,  # reads ctx.inflight_at
     device.device_busy,  # writes ctx.busy
     device.kv,
+    loop.loop,  # reads ctx.steady and the engine steps
     admission.head_of_line,  # reads ctx.steady and the engine steps
     admission.reservation,
     prefix_cache.prefix_cache,  # reads ctx.steady (the probe's prefix roles) and the series

@@ -120,6 +120,10 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("frontend", "x", ("client_server_gap_concurrency_ratio",)),
     ("frontend", "steps", ("client_server_gap_rise_per_itl",)),
     ("frontend", "requests", ("engine_unseen_inflight",)),
+    # loop (rules/features/loop.py): the engine's step loop idle while requests wait inside it
+    ("loop", "share", ("loop_idle_share", "loop_idle_share_of_ttft", "loop_idle_share_of_ttft_tail")),
+    ("loop", "s", ("loop_gap_p50_s",)),
+    ("loop", "count", ("loop_gaps_n",)),
     # pipeline (rules/features/pipeline.py): pipeline-parallel bubbles
     ("pipeline", "share", ("pp_bubble_share_of_prefill", "pp_bubble_share_of_steps", "pp_bubble_share_tail")),
     ("pipeline", "count", ("pp_size", "pp_microbatches_p50")),

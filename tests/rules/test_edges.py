@@ -135,12 +135,12 @@ def test_rules_file_changes_the_verdict(tmp_path: Path) -> None:
 
     dirs = simulate(tmp_path / "cap", Engine(stall_s=30 * MS), [Phase("concurrency=4", 40, 64, 8, conc=4)], Client())
     tables = tables_of(dirs)
-    assert diagnose(tables).verdict.category == "queue"
+    assert diagnose(tables).verdict.category == "engine_overhead"
     strict = tmp_path / "strict.toml"
-    strict.write_text("[queue]\nshare_min = 0.99\n")
+    strict.write_text("[engine_overhead]\nidle_share_min = 0.99\n")
     d = diagnose(tables, rules_file=str(strict))
-    assert d.verdict.category != "queue"
-    assert any(p.rule_id == "queue" and "99%" in p.reason for p in d.passed)
+    assert d.verdict.category != "engine_overhead"
+    assert any(p.rule_id == "engine_overhead" and "99%" in p.reason for p in d.passed)
 
 
 def test_analysis_front_door(tmp_path: Path) -> None:

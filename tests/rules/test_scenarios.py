@@ -20,8 +20,10 @@ from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_
 SCENARIOS = {
     "healthy": (Engine(), [Phase("steady", 60, [64, 64, 80], 16, conc=None, arrivals_s=poisson(60, 20))], Client(),
                 "healthy", "healthy", []),
-    "queue_stall": (Engine(stall_s=30 * MS), [Phase("concurrency=4", 80, 64, 16, conc=4)], Client(),
-                    "queue", None, ["queue share of TTFT (slowest 5%)", "device busy while requests queued"]),
+    # a CPU-bound step loop: requests queue for steps that have not started, the device idle between them
+    "engine_overhead": (Engine(stall_s=30 * MS), [Phase("concurrency=4", 80, 64, 16, conc=4)], Client(),
+                        "engine_overhead", None, ["engine loop idle while requests are inside it",
+                                                  "loop idle time inside TTFT"]),
     "queue_overload": (Engine(prefill_s_per_token=0.05 * MS),
                        [Phase("rate=150", 200, 256, 16, conc=None, arrivals_s=poisson(200, 150))], Client(),
                        "queue", ("inconclusive", "queue"), ["queue wait / step in flight"]),

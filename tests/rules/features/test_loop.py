@@ -1,0 +1,83 @@
+"""The loop theme: time inside the engine with no step running, measured on a hand-built timeline
+whose answer is known to the nanosecond."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from diag import stages
+from rules.features import compute_features
+from support.featcap import make_requests, make_tables
+
+MS = 1_000_000
+T0 = 1_700_000_000_000_000_000
+
+
+def _timeline(gap_ms: float, step_ms: float = 10.0, n_req: int = 4, steps_per_req: int = 5,
+              output_tokens: int | None = None):
+    """``n_req`` requests one after another, each entering the engine ``gap_ms`` before its first
+    step and running ``steps_per_req`` steps separated by ``gap_ms``; first token at its first step's end."""
+    reqs, steps, spans = [], [], []
+    t = T0
+    for i in range(n_req):
+        tid = f"{i:032x}"
+        enter = t
+        first = None
+        for k in range(steps_per_req):
+            s = t + int(gap_ms * MS)
+            e = s + int(step_ms * MS)
+            steps.append((s, e))
+            first = e if first is None else first
+            t = e
+        spans.append({"trace_id": tid, "span_id": f"{i:016x}", "name": stages.QUEUE, "start_ns": enter,
+                      "end_ns": enter + int(gap_ms * MS)})
+        reqs.append((tid, enter, first, t))
+    req = make_requests([(f - a) / 1e9 for _, a, f, _ in reqs],
+                        server_end_ns=[float(e) for *_, e in reqs], first_token_ns=[float(f) for _, _, f, _ in reqs],
+                        output_tokens=[float(output_tokens or steps_per_req)] * n_req)
+    req["trace_id"] = [r[0] for r in reqs]
+    req["start_ns"] = [float(r[1]) for r in reqs]
+    st = pd.DataFrame({"start_ns": [s for s, _ in steps], "end_ns": [e for _, e in steps]})
+    st["duration_s"] = (st["end_ns"] - st["start_ns"]) / 1e9
+    st["service"] = "ttft-engine"
+    tables = dataclasses.replace(make_tables(req, st), spans=pd.DataFrame(spans))
+    return compute_features(tables)
+
+
+def test_gaps_between_steps_while_requests_wait_are_the_idle_share() -> None:
+    f = _timeline(gap_ms=20.0, step_ms=10.0)
+    # every step is preceded by a 20 ms gap with a request inside, but the time before the first step
+    # does not count (the engine may still be starting): 19 gaps of 20 ms against 20 steps of 10 ms
+    assert f.value("loop_idle_share") == pytest.approx(380 / 580, rel=1e-6)
+    assert f.value("loop_gap_p50_s") == pytest.approx(0.020, rel=1e-6)
+    # a first token comes 20 ms (idle) + 10 ms (its step) after the request entered; the first
+    # request's 20 ms come before the first step and do not count: 60 ms of 120
+    assert f.value("loop_idle_share_of_ttft") == pytest.approx(0.5, rel=1e-6)
+    assert f.value("loop_idle_share_of_ttft_tail") == pytest.approx(0.5, rel=1e-6)
+    assert f.value("loop_gaps_n") == 19
+
+
+def test_a_tight_loop_is_nearly_never_idle() -> None:
+    f = _timeline(gap_ms=0.2, step_ms=10.0)
+    assert f.value("loop_idle_share") < 0.05
+    assert f.value("loop_idle_share_of_ttft") < 0.05
+
+
+def test_without_queue_spans_the_features_say_why() -> None:
+    f = _timeline(gap_ms=20.0)
+    tables = make_tables(make_requests([0.03] * 4))
+    g = compute_features(tables)
+    assert not g.available("loop_idle_share")
+    assert "engine-step spans" in g.get("loop_idle_share").reason
+    assert f.available("loop_idle_share")
+
+
+def test_steps_missing_from_the_trace_are_not_read_as_an_idle_loop() -> None:
+    # every request says it emitted 20 tokens, yet 4 steps overlap each one's decode: 4 of 19
+    f = _timeline(gap_ms=20.0, output_tokens=20)
+    assert not f.available("loop_idle_share")
+    assert "21%" in f.get("loop_idle_share").reason
+    assert _timeline(gap_ms=20.0, output_tokens=5).available("loop_idle_share")  # one token per step: all traced
