@@ -287,6 +287,15 @@ def _kv_reservation(cal: Calibration) -> Plan:
                 injected={"kv_admission": "reserve", "kv_blocks": 64, "max_tokens": None})
 
 
+def _engine_overhead(cal: Calibration) -> Plan:
+    # the step loop sleeps 3 decode steps before every step (a CPU-bound scheduler): the device idles
+    # three quarters of the time requests are inside the engine, each TTFT waits about one such gap
+    stall_ms = 3 * cal.decode_step_ms
+    step = ProbeStep(concurrency=4, requests=40, input_tokens="fixed:64", output_tokens="fixed:16")
+    return Plan((Phase(("--inject", f"scheduler_stall_ms={stall_ms:.3g}"), (step,)),),
+                injected={"scheduler_stall_ms": round(stall_ms, 3)})
+
+
 def _loadgen(cal: Calibration) -> Plan:
     step = ProbeStep(concurrency=4, requests=40, input_tokens="fixed:32", output_tokens="fixed:16", starve_client=True)
     return Plan((Phase((), (step,)),), injected={"client_cpu_hog": True})
@@ -329,6 +338,11 @@ SCENARIOS: tuple[Scenario, ...] = (
              "chunked prefill without a cap on partial prefills, every sixth prompt long (the probe's --inject-long): "
              "short prompts wait behind a long one's chunks while KV and batch slots are free", _head_of_line,
              fast=False),
+    Scenario("engine_overhead", "engine_overhead",
+             "a CPU-bound step loop (--inject scheduler_stall_ms, 3 decode steps before every step) at 4 streams: the "
+             "device idles between steps while requests wait; server-side only (a client sees slower tokens and TTFT "
+             "that a slower device would give too: client-only reads healthy)",
+             _engine_overhead, fast=False, client_only_also=frozenset({"healthy"})),
     Scenario("kv_reservation", "kv_reservation",
              "--kv-admission reserve and requests without max_tokens: each reserves the whole context, two of eight "
              "run while KV usage stays low; client-only it looks like a two-request cap (named queue)",

@@ -33,6 +33,10 @@ How the ranges were chosen (the catalogue's value is the centre; ``logU`` = log-
 - **Load**: concurrency 1..8 (decode 16..28, under the engine's 32-sequence cap); open-loop
   rates as a share of one stream's capacity (0.2..0.7 healthy; 1.5..3x the admitted
   capacity for a queue); request counts 6..54, sized so 12 draws x 2 modes run in minutes.
+- **Added families** (:data:`ADDED_FAMILIES`, each on a key of its own: :func:`added_family`):
+  ``engine_overhead``, a step loop that sleeps 1.5..5 decode steps (logU) before every step
+  (``--inject scheduler_stall_ms``) at 2..6 streams, prompts of at most 128 tokens so the wait is
+  a material share of TTFT; its near-miss 0.03..0.1 of a step.
 - **Engine and probe**: policy (prefill-first / decode-first / chunked with a chunk of
   0.5..4 decode steps of prefill), TP 2 (the tiny model's 2 KV heads allow no more), PP 2..3
   (pipeline_bubble: concurrency 1 under a prompt sweep; no near-miss, see ``_plain``), KV
@@ -90,6 +94,12 @@ FAMILIES: tuple[str, ...] = ("healthy", "queue", "tokenize", "prefill_compute", 
                              "frontend", "pipeline_bubble",  # from real incidents
                              "prefix_cache",
                              "head_of_line", "kv_reservation")
+#: families added after draws of the others were measured: a draw becomes one of these on a key of
+#: its own (:func:`added_family`), with the chance a uniform pick over all families would give, so
+#: every other draw of every seed stays what it was
+ADDED_FAMILIES: tuple[str, ...] = ("engine_overhead",)
+#: every family a main-space draw can have
+ALL_FAMILIES: tuple[str, ...] = FAMILIES + ADDED_FAMILIES
 KINDS = ("plain", "mix", "near-miss")
 #: the second cause of a mix, per dominant family
 MIX_SECOND: dict[str, tuple[str, ...]] = {
@@ -101,11 +111,11 @@ MIX_SECOND: dict[str, tuple[str, ...]] = {
 }
 #: families with a too-weak variant (ground truth healthy)
 NEAR_MISS: tuple[str, ...] = ("queue", "tokenize", "kv_cache", "decode", "interference", "cold_start", "network",
-                               "frontend", "prefix_cache", "kv_reservation")
+                               "frontend", "prefix_cache", "kv_reservation", *ADDED_FAMILIES)
 #: near-misses only in the near-miss space: the mechanism at full strength, not the cause (module docstring)
 NEAR_MISS_EXTRA: tuple[str, ...] = ("head_of_line", "keepalive", "prefill_compute")
 #: the near-miss space's families, cycled by index (:func:`near_miss_draw`)
-NEAR_MISS_SPACE: tuple[str, ...] = NEAR_MISS + NEAR_MISS_EXTRA
+NEAR_MISS_SPACE: tuple[str, ...] = tuple(f for f in NEAR_MISS if f not in ADDED_FAMILIES) + NEAR_MISS_EXTRA
 #: the two spaces of draws: :func:`draw` and :func:`near_miss_draw`
 SPACES: tuple[str, ...] = ("main", "near-miss")
 #: near-misses defined by the users' target they meet: always with their SLO (without one, the
@@ -162,6 +172,14 @@ def prompt_capped(d: Draw) -> bool:
     request is a short prompt)."""
     return (d.kind == "near-miss" and not d.params.get("slo_given", True)
             and d.params["design"] != "prefix" and "long_steps" not in d.params)
+
+
+def added_family(space: str, seed: int, index: int, n_before: int) -> str | None:
+    """One of :data:`ADDED_FAMILIES` for draw ``index`` of ``seed`` in ``space``, or None (the draw
+    keeps its family): each added family with the chance 1 / (``n_before`` + added), on a key of its
+    own, so that no other draw changed when one was added."""
+    x = random.Random(f"ttft-random-added:{space}:{seed}:{index}").random() * (n_before + len(ADDED_FAMILIES))
+    return ADDED_FAMILIES[int(x) - n_before] if x >= n_before else None
 
 
 def _rng(seed: int, index: int) -> random.Random:
@@ -296,6 +314,13 @@ def _plain(family: str, r: random.Random, p: dict[str, Any]) -> None:
         p.update(kv_admission="reserve", omit_max_tokens=True, reserve_fits=fits, concurrency=fits * r.randint(3, 4),
                  design="closed", input_tokens=r.randint(16, 64), input_spread=0.0, output_tokens=16, output_spread=0.0)
         p["requests"] = 4 * p["concurrency"]
+    elif family == "engine_overhead":
+        # a CPU-bound step loop: it sleeps 1.5..5 decode steps before every step (--inject
+        # scheduler_stall_ms), so the device idles 60-85% of the time requests are inside the engine
+        # and each TTFT waits about one such gap; short prompts keep the gap a material share of it
+        f["stall_steps"] = _logu(r, 1.5, 5.0)
+        p.update(concurrency=r.randint(2, 6), design=r.choice(("closed", "open")), input_tokens=min(p["input_tokens"], 128),
+                 output_tokens=r.randint(8, 32), requests=r.randint(24, 40))
     elif family == "loadgen":
         p.update(starve_client=True, concurrency=r.randint(3, 8), design=r.choice(("closed", "open")),
                  requests=r.randint(30, 48), input_tokens=r.randint(16, 64), output_tokens=r.randint(8, 24),
@@ -340,6 +365,9 @@ def _near_miss(family: str, r: random.Random, p: dict[str, Any]) -> None:
         f["frontend_workers"] = p["concurrency"] + r.randint(0, 2)  # the pool never binds
     elif family == "prefix_cache":
         p.update(design="prefix", concurrency=1, prefix_caching=True)  # the same design, the cache on: repeats hit
+    elif family == "engine_overhead":
+        f.clear()
+        f["stall_steps"] = r.uniform(0.03, 0.1)  # a loop whose own work is a few % of a step
     elif family == "kv_reservation":
         p["kv_admission"] = "on-demand"  # the same budget and requests, blocks taken as used: all run
     elif family == "head_of_line":  # the plain family's engine and long prompts, one request at a time
@@ -362,7 +390,7 @@ def _near_miss(family: str, r: random.Random, p: dict[str, Any]) -> None:
 def draw(seed: int, index: int) -> Draw:
     """Draw ``index`` of ``seed``: a pure function of the two (no calibration, no rules)."""
     r = _rng(seed, index)
-    family = r.choice(FAMILIES)
+    family = added_family("main", seed, index, len(FAMILIES)) or r.choice(FAMILIES)
     p = _base(r)
     _plain(family, r, p)
     kinds = ["plain", "plain", "plain"] + (["mix"] if family in MIX_SECOND else []) + (["near-miss"] if family in NEAR_MISS else [])
@@ -384,7 +412,8 @@ def near_miss_draw(seed: int, index: int) -> Draw:
     """Draw ``index`` of ``seed``'s near-miss space: a pure function of the two, keyed apart from
     :func:`draw`; the family is :data:`NEAR_MISS_SPACE` cycled from a start drawn per seed."""
     start = random.Random(f"ttft-random-near-miss:{seed}").randrange(len(NEAR_MISS_SPACE))
-    family = NEAR_MISS_SPACE[(start + index) % len(NEAR_MISS_SPACE)]
+    family = (added_family("near-miss", seed, index, len(NEAR_MISS_SPACE))
+              or NEAR_MISS_SPACE[(start + index) % len(NEAR_MISS_SPACE)])
     r = random.Random(f"ttft-random-near-miss:{seed}:{index}")
     p = _base(r)
     if family in FAMILIES:

@@ -119,6 +119,8 @@ def faults_ms(d: Draw, cal: Calibration) -> dict[str, float]:
         out["load_delay_s"] = load_delay_s(cal, f["load_delay_x"])
     if "frontend_workers" in f:
         out["frontend_workers"] = float(f["frontend_workers"])
+    if "stall_steps" in f:
+        out["scheduler_stall_ms"] = f["stall_steps"] * cal.decode_step_ms
     if d.kind == "mix":
         share_ms = p["mix_share"] * dominant_cost_ms(d, cal)
         if p["mix_second"] == "tokenize":
@@ -243,7 +245,8 @@ def build_plan(d: Draw, cal: Calibration) -> Plan:
         slo = (f"ttft_p99={_ms(80 * cal.ttft_short_ms + 256 * cal.prefill_ms_per_token)},"
                f"tpot_p99={_ms(p['tpot_steps'] * cal.decode_step_ms)}")
     elif d.family in ("queue", "kv_cache", "cold_start", "loadgen", "prefill_compute", "tokenize", "network",
-                      "frontend", "pipeline_bubble", "prefix_cache", "head_of_line", "kv_reservation") \
+                      "frontend", "pipeline_bubble", "prefix_cache", "head_of_line", "kv_reservation",
+                      "engine_overhead") \
             and d.kind != "near-miss":
         slo = None  # the cause is the answer whatever the users hold, as in the catalogue
     if not p.get("slo_given", True):

@@ -53,7 +53,11 @@ CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"}),
                                                "pipeline_bubble": frozenset({"prefill_compute", "healthy"}),
                                                # a reservation limit looks, from the client, like a cap on
                                                # running requests (catalogue: Scenario.client_only_also)
-                                               "kv_reservation": frozenset({"queue", "kv_cache"})}
+                                               "kv_reservation": frozenset({"queue", "kv_cache"}),
+                                               # a step loop idle between steps: a client sees slower
+                                               # tokens and TTFT, as a slower device gives (catalogue:
+                                               # Scenario.client_only_also)
+                                               "engine_overhead": frozenset({"healthy"})}
 
 
 def scored_right(category: str, truth: str, mode: str) -> bool:
