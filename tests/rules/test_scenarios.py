@@ -43,7 +43,7 @@ SCENARIOS = {
                Client(), "decode", "decode", ["per-stream decode speed, highest / lowest concurrency"]),
     "interference": (Engine(prefill_s_per_token=0.1 * MS),
                      [Phase("mix", 60, [2048, 32, 32, 32], 64, conc=None, arrivals_s=poisson(60, 8))], Client(),
-                     "interference", ("inconclusive", "interference"), ["ITL during prefills / ITL otherwise"]),
+                     "interference", "interference", ["ITL during prefills / ITL otherwise"]),
     "cold_start": (Engine(cold_start_s=5.0, warmup_first_s=0.5), [Phase("steady", 40, 64, 16, conc=1)], Client(),
                    "cold_start", "cold_start", ["first requests far above comparable ones"]),
     "network": (Engine(), [Phase("steady", 60, 64, 16, conc=2)], Client(net_s=10 * MS), "network", None,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from support.featcap import QUEUE_WINDOW, S, engine_series, make_requests, make_tables
-from support.simcap import Client, Engine, Phase, simulate, tables_of
+from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
 
 from diag import stages
 from rules.features import compute_features
@@ -73,3 +73,26 @@ def test_a_stream_stopped_while_the_others_went_on_is_a_stall_a_paused_engine_is
     assert paused.value("stream_stall_frac") == 0.0 and not paused.available("stream_stall_steps_p50")
     # a gap under [features] stall_steps_min (20 decode steps) is jitter, not a stall
     assert compute_features(_streams({0: 60.0})).value("stream_stall_frac") == 0.0
+
+
+def test_client_stalls_end_at_the_first_token_of_the_prompt_that_caused_them(tmp_path: Path) -> None:
+    # a long prompt among short streams (prefill-first): each stall ends one step after its first token
+    mix = simulate(tmp_path / "mix", Engine(prefill_s_per_token=0.1 * MS),
+                   [Phase("mix", 60, [2048, 32, 32, 32], 64, conc=None, arrivals_s=poisson(60, 8))], Client())
+    f = compute_features(tables_of(mix, ("client",)))
+    n, frac, chance = (f.value(k) for k in ("itl_stall_gaps_n", "itl_stall_end_first_token_frac",
+                                             "itl_stall_end_first_token_chance"))
+    assert n >= 10 and frac >= 0.8 and frac - chance >= 0.25, (n, frac, chance)
+    # the server's prefill windows known: judged from them, not from the client's first tokens
+    g = compute_features(tables_of(mix))
+    assert not g.available("itl_stall_end_first_token_frac")
+    # real bundled-engine captures whose streams stall for other reasons: preempted for KV blocks, or
+    # decoding through a long prompt's chunks; their stalls end at no first token in particular
+    from diag.capture import load_capture
+    from diag.tables import build_tables
+
+    samples = Path(__file__).resolve().parents[3] / "samples"
+    for name in ("kv_cache", "head_of_line"):
+        h = compute_features(build_tables(load_capture(samples / name / "client")))
+        assert h.value("itl_stall_gaps_n") >= 10, name
+        assert h.value("itl_stall_end_first_token_frac") - h.value("itl_stall_end_first_token_chance") < 0.25, name
