@@ -415,6 +415,7 @@ STEP_ATTRS = {
     "waiting_seqs": stages.ATTR_STEP_WAITING,
     "running_seqs": stages.ATTR_STEP_RUNNING,
     "preempted_seqs": stages.ATTR_STEP_PREEMPTED,
+    "waiting_kv_seqs": stages.ATTR_STEP_WAITING_KV,
 }
 
 

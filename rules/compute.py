@@ -262,8 +262,12 @@ def comm(ctx: RuleContext) -> Outcome:
         cs = 1.0 - 1.0 / ratio
     s, pct = ctx.explained(cs)
     bb = share is None
+    # TP degrees compared at the same load are a designed comparison (one thing varied): the article's
+    # "single GPU fine, multi-GPU TTFT clearly higher" row, which a client sees as directly as the
+    # engine's own ITL comparisons (0.85); the collective time itself only the engine's spans show (0.9)
     return finding("Multi-GPU communication: tensor-parallel collectives stretch prefill",
-                   t.confidence(0.9 if not bb else 0.75, black_box=bb and ctx.black_box), s, pct, t.evidence,
+                   t.confidence(0.9 if not bb else 0.85, black_box=bb and ctx.black_box, designed=bb), s, pct,
+                   t.evidence,
                    COMM_CHECKS, black_box=bb and ctx.black_box,
                    note=(("client-only evidence: " if ctx.black_box else "")
                          + "TP degrees compared across runs in this capture; collective time itself not observed")

@@ -639,6 +639,10 @@ def kv_cache(ctx: RuleContext) -> Outcome:
                          "share of engine time at or above the near-capacity level")
         pressure.crossed("preemptions", pre, "preemptions_min", "count",
                          "running requests evicted to free blocks (their work is redone)")
+        pressure.crossed("steps after which a request waited for KV blocks", ctx.v("kv_blocked_steps_frac"),
+                         "blocked_steps_min", "share",
+                         "of the steps after which requests waited, the engine's own reason: the next one's prompt "
+                         "needs more free blocks than there are (usage short of 100% is block granularity)")
         effect.crossed("TTFT past the knee / at the knee", jump, "knee_jump_min", "x",
                        f"TTFT jumps past {ctx.v('concurrency_knee', 0):g} requests in flight")
         effect.crossed("queue share of TTFT (slowest 5%)", qs, "queue_share_min", "share",
@@ -647,8 +651,11 @@ def kv_cache(ctx: RuleContext) -> Outcome:
         effect.crossed("queue share of TTFT (engine metrics)", mq, "queue_share_min", "share",
                        "mean queue time / mean TTFT from the engine's own histograms (no per-request server spans)")
         if not pressure.evidence:
+            blocked = ctx.v("kv_blocked_steps_frac")
             return (f"KV usage p95 {usage if usage is not None else float('nan'):.0%}, preemptions "
-                    f"{pre if pre is not None else 0:g}: no KV pressure")
+                    f"{pre if pre is not None else 0:g}"
+                    + (f", requests waited for KV blocks after {blocked:.0%} of the steps they waited"
+                       if blocked is not None else "") + ": no KV pressure")
         if not effect.evidence:
             return "KV usage near capacity, but TTFT shows no knee and little queueing"
         t = Triage(ctx, pressure.evidence + effect.evidence, [max(pressure.strengths), max(effect.strengths)])

@@ -45,6 +45,7 @@ from diag.engine.scheduler import (
     Scheduler,
     Sequence as Seq,
     StepPlan,
+    WAIT_KV_BLOCKS,
 )
 from diag.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from diag.engine.tp import CacheSpec, ModelRunner, make_runner
@@ -607,6 +608,7 @@ class Engine:
                     stages.ATTR_STEP_WAITING: len(self.scheduler.waiting),
                     stages.ATTR_STEP_RUNNING: len(self.scheduler.running),
                     stages.ATTR_STEP_PREEMPTED: len(plan.preempted),
+                    stages.ATTR_STEP_WAITING_KV: self.scheduler.waiting_reasons.get(WAIT_KV_BLOCKS, 0),
                     **(_pipeline_attrs(pipe) if pipe is not None else {}),
                 },
             )

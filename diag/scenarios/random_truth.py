@@ -10,7 +10,7 @@ Other draws keep the truth they were drawn with.
 A draw designed ``healthy`` (plain or near-miss) is void in a run whose measured TTFT, TPOT or
 ITL broke the users' SLO (:func:`slo_broken`, from the request table and token times); an
 ``interference`` or ``decode`` run, whose bottleneck is the target it breaks, is void when its
-SLO held. The injection did not make what it was designed to there, so that run scores
+SLO held; a ``decode`` run is void too when its TTFT target broke (decode is "TTFT fine, ITL bad"). The injection did not make what it was designed to there, so that run scores
 neither way and is listed apart. So is a run whose probe was starved by something else on the
 machine (:func:`client_starved`: the probe's own ``client_health`` says saturated) in a family
 that did not starve it by design (every family but ``loadgen``): its TTFTs carry the client's
@@ -162,6 +162,13 @@ def run_truth(d: Draw, slo: str | None, captures: list[Path]) -> tuple[str, dict
         if broken:
             return VOID, {k: round(v[0], 6) for k, v in broken.items()}
         return d.expected, {}
-    if d.expected in SLO_DEFINED and slo and not slo_broken(slo, captures):
-        return VOID, {"slo_met": 1.0}  # the cause was there but did not hurt its users in this run
+    if d.expected in SLO_DEFINED and slo:
+        broken = slo_broken(slo, captures)
+        if not broken:
+            return VOID, {"slo_met": 1.0}  # the cause was there but did not hurt its users in this run
+        ttft = {k: round(v[0], 6) for k, v in broken.items() if k.startswith("ttft")}
+        if d.expected == "decode" and ttft:
+            # decode is the article's "TTFT fine, ITL bad": a run whose users' TTFT target broke too (a
+            # mix's second cause queued the many streams' prompts) has a TTFT cause, not the designed one
+            return VOID, ttft
     return accounted_truth(d, captures)

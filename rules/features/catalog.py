@@ -98,7 +98,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("device", "count", ("preemptions_total", "tp_size")),
     ("device", "requests", ("waiting_seqs_p95", "waiting_seqs_max", "running_seqs_p95", "running_seqs_max")),
     ("device", "x", ("tp_ttft_ratio", "ttft_vs_engine_prefill_ratio")),
-    ("device", "share", ("waiting_at_cap_frac", "waiting_for_capacity_share")),
+    ("device", "share", ("waiting_at_cap_frac", "waiting_for_capacity_share", "kv_blocked_steps_frac")),
     ("itl", "s", ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s", "tpot_p50_s", "tpot_p99_s",
                   "itl_during_prefill_p50_s", "itl_during_prefill_mean_s", "itl_without_prefill_p50_s",
                   "itl_mixed_slo")),

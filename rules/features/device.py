@@ -141,7 +141,23 @@ def kv(ctx: FeatureContext) -> None:
         else:
             ctx.na((p95_name, max_name),
                    f"needs {col} on engine steps or a {series_name} series")
+    kv_blocked(ctx)
     waiting_at_cap(ctx)
+
+
+def kv_blocked(ctx: FeatureContext) -> None:
+    """``kv_blocked_steps_frac``: of the engine steps after which a request waited, the share after
+    which one waited for free KV blocks (its next chunk needed more than were free), the engine's own
+    reason on its step spans (the bundled engine's ``ttft.step.waiting_kv_blocks``). A head of the
+    line waiting for blocks holds those behind it too, so steps count, not requests. Unit: share."""
+    steps = ctx.steps
+    kv, waiting = num_col(steps, "waiting_kv_seqs"), num_col(steps, "waiting_seqs")
+    known = kv.notna() & waiting.notna() & (waiting > 0) if len(steps) else pd.Series(dtype=bool)
+    if not len(steps) or not known.any():
+        ctx.na(("kv_blocked_steps_frac",), "needs engine steps that say why requests wait (ttft.step.waiting_kv_blocks) "
+                                           "with a request waiting")
+        return
+    ctx.add("kv_blocked_steps_frac", float((kv[known] > 0).mean()), source="engine_steps")
 
 
 def waiting_at_cap(ctx: FeatureContext) -> None:

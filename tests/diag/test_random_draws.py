@@ -417,3 +417,15 @@ def test_a_run_whose_probe_was_starved_is_void_outside_the_loadgen_family():
     for d in (next(d for d in ds if d.family == "queue" and d.kind == "plain"), near_miss_draw(3, 0)):
         truth, why = run_truth(d, "ttft_p99=1000s", starved)
         assert truth == VOID and why == {"client_loop_stall_frac": pytest.approx(0.463, abs=1e-3)}
+
+
+def test_a_decode_run_whose_ttft_target_broke_too_is_void():
+    """Decode is "TTFT fine, ITL bad": a run that broke its users' TTFT target as well has a TTFT cause."""
+    from diag.scenarios.random_truth import VOID, run_truth
+
+    samples = Path(__file__).resolve().parents[2] / "samples" / "decode"
+    caps = [samples / "client", samples / "server-0"]
+    d = next(d for seed in SEEDS for d in draws(seed, N) if d.family == "decode" and d.kind == "plain")
+    assert run_truth(d, "ttft_p99=1000s,tpot_p99=0.001ms", caps) == ("decode", {})
+    truth, broken = run_truth(d, "ttft_p99=0.001ms,tpot_p99=0.001ms", caps)
+    assert truth == VOID and list(broken) == ["ttft_p99"]

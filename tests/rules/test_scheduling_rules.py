@@ -55,3 +55,36 @@ def test_the_engines_gauges_need_pressure_and_its_effect_on_ttft() -> None:
     assert isinstance(idle_pool, str) and "no KV pressure" in idle_pool
     nothing_waits = kv_cache(_ctx(False, kv_usage_p95=0.98, queue_share_tail=0.01))
     assert isinstance(nothing_waits, str) and "no knee and little queueing" in nothing_waits
+
+
+def test_requests_waiting_for_kv_blocks_name_kv_cache_short_of_full_usage(tmp_path) -> None:
+    """A real bundled engine whose KV pool holds two 200-token requests, under six at once: the
+    third waits for blocks while usage stays under 90% (the free blocks hold less than a prompt);
+    the engine's own reason on its steps says so. A batch cap of two with plenty of KV never does."""
+    from diag.capture import load_capture
+    from diag.engine import SamplingParams, SyncEventStream, build_engine
+    from diag.tables import build_tables
+    from rules import diagnose
+
+    def run(out, **config):
+        eng = build_engine(model="tiny", capture_dir=out, block_size=16, **config)
+        try:
+            for r in range(3):
+                streams = [SyncEventStream() for _ in range(6)]
+                for i, s in enumerate(streams):
+                    eng.submit(s.push, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
+                               prompt_ids=list(range(3 + r + i, 203 + r + i)))
+                for s in streams:
+                    list(s)
+        finally:
+            eng.shutdown()
+        return diagnose(build_tables(load_capture(out)))
+
+    kv = run(tmp_path / "kv", kv_blocks=30)  # 2 x ceil(224 / 16) = 28 blocks: two fit, a third never does
+    assert kv.features.value("kv_blocked_steps_frac") >= 0.5
+    assert kv.features.value("kv_usage_p95") < 0.95
+    assert kv.verdict.category == "kv_cache", [(f.category, f.confidence) for f in kv.findings]
+    assert "steps after which a request waited for KV blocks" in {e.name for e in kv.verdict.evidence}
+    cap = run(tmp_path / "cap", max_running=2)
+    assert cap.features.value("kv_blocked_steps_frac") == 0.0
+    assert cap.verdict.category != "kv_cache"
