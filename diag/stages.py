@@ -154,6 +154,7 @@ ATTR_STEP_WAITING = "ttft.step.waiting_seqs"
 ATTR_STEP_RUNNING = "ttft.step.running_seqs"
 ATTR_STEP_PREEMPTED = "ttft.step.preempted_seqs"
 ATTR_STEP_WAITING_KV = "ttft.step.waiting_kv_blocks"  # waiting after the plan because its next chunk needs more free KV blocks
+ATTR_STEP_WAITING_HOL = "ttft.step.waiting_head_of_line"  # ... because it waits behind a head that does not fit (fcfs)
 #: pipeline parallel (bundled engine, diag.engine.pp): stages, micro-batches of the step, and
 #: per stage (arrays, index = stage) its compute, send/recv and idle ("bubble") seconds within
 #: stage 0's step window; ``ttft.step.comm_s`` then holds send/recv seconds averaged over stages

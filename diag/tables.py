@@ -416,6 +416,7 @@ STEP_ATTRS = {
     "running_seqs": stages.ATTR_STEP_RUNNING,
     "preempted_seqs": stages.ATTR_STEP_PREEMPTED,
     "waiting_kv_seqs": stages.ATTR_STEP_WAITING_KV,
+    "waiting_hol_seqs": stages.ATTR_STEP_WAITING_HOL,
 }
 
 

@@ -45,6 +45,7 @@ from diag.engine.scheduler import (
     Scheduler,
     Sequence as Seq,
     StepPlan,
+    WAIT_HEAD_OF_LINE,
     WAIT_KV_BLOCKS,
 )
 from diag.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -609,6 +610,7 @@ class Engine:
                     stages.ATTR_STEP_RUNNING: len(self.scheduler.running),
                     stages.ATTR_STEP_PREEMPTED: len(plan.preempted),
                     stages.ATTR_STEP_WAITING_KV: self.scheduler.waiting_reasons.get(WAIT_KV_BLOCKS, 0),
+                    stages.ATTR_STEP_WAITING_HOL: self.scheduler.waiting_reasons.get(WAIT_HEAD_OF_LINE, 0),
                     **(_pipeline_attrs(pipe) if pipe is not None else {}),
                 },
             )

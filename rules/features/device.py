@@ -147,17 +147,19 @@ def kv(ctx: FeatureContext) -> None:
 
 def kv_blocked(ctx: FeatureContext) -> None:
     """``kv_blocked_steps_frac``: of the engine steps after which a request waited, the share after
-    which one waited for free KV blocks (its next chunk needed more than were free), the engine's own
-    reason on its step spans (the bundled engine's ``ttft.step.waiting_kv_blocks``). A head of the
-    line waiting for blocks holds those behind it too, so steps count, not requests. Unit: share."""
+    which one waited for free KV blocks (its next chunk needed more than were free) and none waited
+    behind it that would have fit (that is head-of-line: :mod:`rules.admission`): the engine's own
+    reasons on its step spans (the bundled engine's ``ttft.step.waiting_kv_blocks`` and
+    ``ttft.step.waiting_head_of_line``). Unit: share."""
     steps = ctx.steps
     kv, waiting = num_col(steps, "waiting_kv_seqs"), num_col(steps, "waiting_seqs")
+    hol = num_col(steps, "waiting_hol_seqs").fillna(0)
     known = kv.notna() & waiting.notna() & (waiting > 0) if len(steps) else pd.Series(dtype=bool)
     if not len(steps) or not known.any():
         ctx.na(("kv_blocked_steps_frac",), "needs engine steps that say why requests wait (ttft.step.waiting_kv_blocks) "
                                            "with a request waiting")
         return
-    ctx.add("kv_blocked_steps_frac", float((kv[known] > 0).mean()), source="engine_steps")
+    ctx.add("kv_blocked_steps_frac", float(((kv[known] > 0) & (hol[known] <= 0)).mean()), source="engine_steps")
 
 
 def waiting_at_cap(ctx: FeatureContext) -> None:

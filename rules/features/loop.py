@@ -6,8 +6,10 @@ A request is *inside the engine* from the start of its first ``queue`` span (it 
 scheduler; tokenizing and a front end's wait come before) to the end of its request span. A gap
 between two consecutive steps counts for the part of it when some request was inside the engine:
 an engine with work that is not stepping. Only the time from the first step to the last counts
-(before its first step an engine may still be starting: that is a cold start). Needs engine-step spans and queue spans (the bundled
-engine writes both); other captures leave every feature unavailable with the reason.
+(before its first step an engine may still be starting: that is a cold start). Needs engine-step
+spans and queue spans (the bundled engine writes both, and ``ttft instrument`` on ``transformers
+serve --continuous-batching``), with the steps the requests' tokens needed traced; other captures
+leave every feature unavailable with the reason.
 
 * ``loop_idle_share`` — the time some request was inside the engine with no step running, over
   the time some request was inside it: the loop's working time spent outside steps (share 0..1);
