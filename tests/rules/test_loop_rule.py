@@ -9,26 +9,15 @@ from pathlib import Path
 import pytest
 
 from diag.capture import load_capture
-from diag.engine import SamplingParams, SyncEventStream, build_engine
 from diag.engine.faults import parse_injections
 from diag.tables import build_tables
 from rules import diagnose
-
-GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+from support.engine_testutil import capture_rounds
 
 
 def _capture(out: Path, stall_ms: float) -> Path:
-    eng = build_engine(model="tiny", capture_dir=out, faults=parse_injections([f"scheduler_stall_ms={stall_ms:g}"]))
-    try:
-        for r in range(8):  # rounds of 3 concurrent requests, 64-token prompts
-            streams = [SyncEventStream() for _ in range(3)]
-            for i, s in enumerate(streams):
-                eng.submit(s.push, GREEDY, prompt_ids=list(range(5 + r + i, 69 + r + i)))
-            for s in streams:
-                list(s)
-    finally:
-        eng.shutdown()
-    return out
+    rounds = [[(list(range(5 + r + i, 69 + r + i)), 8) for i in range(3)] for r in range(8)]  # 3 at once, 64 tokens
+    return capture_rounds(out, rounds, faults=parse_injections([f"scheduler_stall_ms={stall_ms:g}"]))
 
 
 @pytest.fixture(scope="module")

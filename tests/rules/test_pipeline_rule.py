@@ -9,23 +9,14 @@ from pathlib import Path
 import pytest
 
 from diag.capture import load_capture
-from diag.engine import SamplingParams, SyncEventStream, build_engine
 from diag.tables import build_tables
 from rules import diagnose
-
-GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+from support.engine_testutil import capture_rounds
 
 
 def _capture(out: Path, **config) -> Path:
-    eng = build_engine(model="tiny", capture_dir=out, **config)
-    try:
-        for i in range(6):  # one at a time, 256-token prompts: prefill is most of TTFT
-            s = SyncEventStream()
-            eng.submit(s.push, GREEDY, prompt_ids=list(range(10 + i, 266 + i)))
-            list(s)
-    finally:
-        eng.shutdown()
-    return out
+    # one at a time, 256-token prompts: prefill is most of TTFT
+    return capture_rounds(out, [[(list(range(10 + i, 266 + i)), 4)] for i in range(6)], **config)
 
 
 @pytest.fixture(scope="module")

@@ -62,23 +62,13 @@ def test_requests_waiting_for_kv_blocks_name_kv_cache_short_of_full_usage(tmp_pa
     third waits for blocks while usage stays under 90% (the free blocks hold less than a prompt);
     the engine's own reason on its steps says so. A batch cap of two with plenty of KV never does."""
     from diag.capture import load_capture
-    from diag.engine import SamplingParams, SyncEventStream, build_engine
     from diag.tables import build_tables
     from rules import diagnose
+    from support.engine_testutil import capture_rounds
 
     def run(out, **config):
-        eng = build_engine(model="tiny", capture_dir=out, block_size=16, **config)
-        try:
-            for r in range(3):
-                streams = [SyncEventStream() for _ in range(6)]
-                for i, s in enumerate(streams):
-                    eng.submit(s.push, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
-                               prompt_ids=list(range(3 + r + i, 203 + r + i)))
-                for s in streams:
-                    list(s)
-        finally:
-            eng.shutdown()
-        return diagnose(build_tables(load_capture(out)))
+        rounds = [[(list(range(3 + r + i, 203 + r + i)), 24) for i in range(6)] for r in range(3)]
+        return diagnose(build_tables(load_capture(capture_rounds(out, rounds, block_size=16, **config))))
 
     kv = run(tmp_path / "kv", kv_blocks=30)  # 2 x ceil(224 / 16) = 28 blocks: two fit, a third never does
     assert kv.features.value("kv_blocked_steps_frac") >= 0.5

@@ -1,4 +1,5 @@
-"""The bundled engine in tests: its in-memory spans, and ``ttft serve`` (or any command) as a real process."""
+"""The bundled engine in tests: its in-memory spans, captures of rounds of requests, and
+``ttft serve`` (or any command) as a real process."""
 
 from __future__ import annotations
 
@@ -95,3 +96,23 @@ LAUNCH = (
     "import argparse, sys; from diag.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "
     "sub = p.add_subparsers(); serve.add_parser(sub); sys.exit(serve.run(p.parse_args(sys.argv[1:])))"
 )
+
+
+def capture_rounds(out: Path, rounds: list[list[tuple[list[int], int]]], **config: Any) -> Path:
+    """Run an in-process bundled engine (``build_engine(model="tiny", capture_dir=out, **config)``)
+    over ``rounds`` of requests: each round's (prompt ids, max tokens) submitted at once, greedy and
+    ignoring EOS; a round starts when the last one's streams ended. Returns ``out`` (the capture)."""
+    from diag.engine import SamplingParams, SyncEventStream, build_engine
+
+    eng = build_engine(model="tiny", capture_dir=out, **config)
+    try:
+        for batch in rounds:
+            streams = [SyncEventStream() for _ in batch]
+            for s, (ids, max_tokens) in zip(streams, batch):
+                eng.submit(s.push, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+                           prompt_ids=ids)
+            for s in streams:
+                list(s)
+    finally:
+        eng.shutdown()
+    return out
