@@ -10,7 +10,8 @@ Other draws keep the truth they were drawn with.
 A draw designed ``healthy`` (plain or near-miss) is void in a run whose measured TTFT, TPOT or
 ITL broke the users' SLO (:func:`slo_broken`, from the request table and token times); an
 ``interference`` or ``decode`` run, whose bottleneck is the target it breaks, is void when its
-SLO held; a ``decode`` run is void too when its TTFT target broke (decode is "TTFT fine, ITL bad"). The injection did not make what it was designed to there, so that run scores
+SLO held; a ``decode`` run is void too when its TTFT target broke (decode is "TTFT fine, ITL
+bad"). The injection did not make what it was designed to there, so that run scores
 neither way and is listed apart. So is a run whose probe was starved by something else on the
 machine (:func:`client_starved`: the probe's own ``client_health`` says saturated) in a family
 that did not starve it by design (every family but ``loadgen``): its TTFTs carry the client's
