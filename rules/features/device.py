@@ -154,8 +154,8 @@ def kv_blocked(ctx: FeatureContext) -> None:
     steps = ctx.steps
     kv, waiting = num_col(steps, "waiting_kv_seqs"), num_col(steps, "waiting_seqs")
     hol = num_col(steps, "waiting_hol_seqs").fillna(0)
-    known = kv.notna() & waiting.notna() & (waiting > 0) if len(steps) else pd.Series(dtype=bool)
-    if not len(steps) or not known.any():
+    known = kv.notna() & (waiting > 0)
+    if not known.any():
         ctx.na(("kv_blocked_steps_frac",), "needs engine steps that say why requests wait (ttft.step.waiting_kv_blocks) "
                                            "with a request waiting")
         return

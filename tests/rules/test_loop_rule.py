@@ -1,6 +1,6 @@
 """The engine_overhead rule on real bundled-engine captures: a step loop that sleeps before every
 step (``--inject scheduler_stall_ms``, a CPU-bound scheduler) is named with its evidence and owns
-the queue time it causes; the same workload with a stall a tenth of a step, or none, is not."""
+the queue time it causes; the same workload with a stall a tenth of a step is not."""
 
 from __future__ import annotations
 

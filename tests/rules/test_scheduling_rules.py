@@ -4,10 +4,14 @@ verdicts on real engines are in test_verdicts_real.py and tests/thirdparty."""
 
 from __future__ import annotations
 
+from diag.capture import load_capture
+from diag.tables import build_tables
+from rules import diagnose
 from rules.base import RuleContext
 from rules.config import load_thresholds
 from rules.features import Feature, Features
 from rules.scheduling import kv_cache
+from support.engine_testutil import capture_rounds
 
 #: real vLLM 0.32, a KV pool of 2 requests under 6 streams, seen from the client: a quarter of the
 #: streams stopped for over a hundred decode steps while the others streamed, TTFT p95 288 steps
@@ -59,13 +63,8 @@ def test_the_engines_gauges_need_pressure_and_its_effect_on_ttft() -> None:
 
 def test_requests_waiting_for_kv_blocks_name_kv_cache_short_of_full_usage(tmp_path) -> None:
     """A real bundled engine whose KV pool holds two 200-token requests, under six at once: the
-    third waits for blocks while usage stays under 90% (the free blocks hold less than a prompt);
+    third waits for blocks while usage stays short of full (the free blocks hold less than a prompt);
     the engine's own reason on its steps says so. A batch cap of two with plenty of KV never does."""
-    from diag.capture import load_capture
-    from diag.tables import build_tables
-    from rules import diagnose
-    from support.engine_testutil import capture_rounds
-
     def run(out, **config):
         rounds = [[(list(range(3 + r + i, 203 + r + i)), 24) for i in range(6)] for r in range(3)]
         return diagnose(build_tables(load_capture(capture_rounds(out, rounds, block_size=16, **config))))

@@ -10,6 +10,8 @@ from support.featcap import QUEUE_WINDOW, S, engine_series, make_requests, make_
 from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
 
 from diag import stages
+from diag.capture import load_capture
+from diag.tables import build_tables
 from rules.features import compute_features
 
 
@@ -88,9 +90,6 @@ def test_client_stalls_end_at_the_first_token_of_the_prompt_that_caused_them(tmp
     assert not g.available("itl_stall_end_first_token_frac")
     # real bundled-engine captures whose streams stall for other reasons: preempted for KV blocks, or
     # decoding through a long prompt's chunks; their stalls end at no first token in particular
-    from diag.capture import load_capture
-    from diag.tables import build_tables
-
     samples = Path(__file__).resolve().parents[3] / "samples"
     for name in ("kv_cache", "head_of_line"):
         h = compute_features(build_tables(load_capture(samples / name / "client")))
