@@ -142,6 +142,11 @@ ATTR_CLIENT_INPUT_TOKENS_EST = "ttft.client.input_tokens_est"  # prompt length a
 #: (tokens, 0 for a control) and the prompt's role: "first" use, "repeat" or "control"
 ATTR_CLIENT_PREFIX_TOKENS = "ttft.client.prefix_tokens"
 ATTR_CLIENT_PREFIX_ROLE = "ttft.client.prefix_role"
+#: the probe's structured-output design (--response-format schema[:fresh|repeat]): a short hash
+#: of the JSON schema sent (never the schema) and its role: "first" (this schema's first use in
+#: the capture) or "repeat"
+ATTR_CLIENT_SCHEMA_KEY = "ttft.client.schema_key"
+ATTR_CLIENT_SCHEMA_ROLE = "ttft.client.schema_role"
 
 # engine-step attributes on SPAN_ENGINE_STEP
 ATTR_STEP_INDEX = "ttft.step.index"
@@ -167,6 +172,15 @@ ATTR_STEP_PP_BUBBLE_S = "ttft.step.pp.bubble_s"
 #: pipeline idled (each step's bubble averaged over stages, summed over the request's steps)
 ATTR_PP_SIZE = "ttft.pp.size"
 ATTR_PP_BUBBLE_S = "ttft.pp.bubble_s"
+
+#: structured output (bundled engine): on a request root, a short hash of its grammar's source
+#: (the JSON schema; never the schema), whether the engine's grammar cache held it, and the
+#: seconds the request waited for its grammar before it could be scheduled (inside ``queue``,
+#: 0 on a cache hit); on SPAN_ENGINE_STEP, requests waiting for their grammar after the plan
+ATTR_GRAMMAR_KEY = "ttft.grammar.key"
+ATTR_GRAMMAR_CACHE_HIT = "ttft.grammar.cache_hit"
+ATTR_GRAMMAR_WAIT_S = "ttft.grammar.wait_s"
+ATTR_STEP_WAITING_GRAMMAR = "ttft.step.waiting_grammar"
 
 # cold-start attributes
 ATTR_COLD_START_PHASE = "ttft.cold_start.phase"  # "load" | "warmup" | "compile"
