@@ -206,6 +206,9 @@ def _server_rows(spans: pd.DataFrame) -> pd.DataFrame:
             "server_token_times": _attr(rows, stages.ATTR_TOKEN_TIMES_NS).to_numpy(),
             "engine": _attr(rows, stages.ATTR_ENGINE).fillna("bundled").to_numpy(),
             "cached_tokens": _num(_attr(rows, stages.GEN_AI_USAGE_CACHED_TOKENS)).to_numpy(),
+            "grammar_key": _attr(rows, stages.ATTR_GRAMMAR_KEY).to_numpy(),
+            "grammar_cache_hit": _attr(rows, stages.ATTR_GRAMMAR_CACHE_HIT).to_numpy(),
+            "grammar_wait_s": _num(_attr(rows, stages.ATTR_GRAMMAR_WAIT_S)).to_numpy(),
         }
     )
     return out
@@ -239,6 +242,8 @@ def _client_rows(spans: pd.DataFrame) -> pd.DataFrame:
             "client_token_times": _attr(rows, stages.ATTR_TOKEN_TIMES_NS).to_numpy(),
             "prefix_role": _attr(rows, stages.ATTR_CLIENT_PREFIX_ROLE).to_numpy(),
             "prefix_tokens": _num(_attr(rows, stages.ATTR_CLIENT_PREFIX_TOKENS)).to_numpy(),
+            "schema_role": _attr(rows, stages.ATTR_CLIENT_SCHEMA_ROLE).to_numpy(),
+            "schema_key": _attr(rows, stages.ATTR_CLIENT_SCHEMA_KEY).to_numpy(),
         }
     )
 
@@ -321,12 +326,13 @@ def request_table(spans: pd.DataFrame, warnings: list[str] | None = None, notes:
     for col in ("server_ttft_s", "client_ttft_s", "server_start_ns", "first_token_ns", "client_first_content_ns",
                 "client_start_ns", "client_sent_ns", "input_tokens", "output_tokens", "server_e2e_s", "client_e2e_s",
                 "slot_wait_s", "preemptions", "tp_size", "client_input_tokens", "client_output_tokens",
-                "cached_tokens", "prefix_tokens"):
+                "cached_tokens", "prefix_tokens", "grammar_wait_s"):
         if col not in req.columns:
             req[col] = np.nan
         req[col] = pd.to_numeric(req[col], errors="coerce").astype("float64")
     for col in ("server_service", "client_service", "request_id", "client_request_id", "server_error", "client_error",
-                "server_segment", "client_segment", "engine", "prefix_role"):
+                "server_segment", "client_segment", "engine", "prefix_role", "schema_role", "schema_key",
+                "grammar_key", "grammar_cache_hit"):
         if col not in req.columns:
             req[col] = None
     req["has_server"] = req["server_start_ns"].notna()
@@ -417,6 +423,7 @@ STEP_ATTRS = {
     "preempted_seqs": stages.ATTR_STEP_PREEMPTED,
     "waiting_kv_seqs": stages.ATTR_STEP_WAITING_KV,
     "waiting_hol_seqs": stages.ATTR_STEP_WAITING_HOL,
+    "waiting_grammar_seqs": stages.ATTR_STEP_WAITING_GRAMMAR,
 }
 
 

@@ -17,8 +17,10 @@ CATEGORIES: tuple[str, ...] = (
     "cold_start", "network", "loadgen",
     # from real incidents: a prefix cache that does not hit, admission order that
     # leaves capacity idle, a front end saturated outside the engine, KV admitted by worst-case
-    # reservation, pipeline-parallel bubbles, a step loop idle between steps
+    # reservation, pipeline-parallel bubbles, a step loop idle between steps, structured-output
+    # grammars compiled before their requests run
     "prefix_cache", "head_of_line", "frontend", "kv_reservation", "pipeline_bubble", "engine_overhead",
+    "grammar_compile",
     "healthy",
 )
 #: The verdict's category when there is nothing to judge (no completed request).
@@ -35,7 +37,7 @@ OUTCOMES: tuple[str, ...] = (NO_DATA, INCONCLUSIVE, FAILURES)
 #: Categories whose findings explain TTFT time (the others explain ITL or start-up).
 TTFT_CATEGORIES: frozenset[str] = frozenset({"queue", "tokenize", "prefill_compute", "kv_cache", "comm", "network",
                                                  "prefix_cache", "head_of_line", "frontend", "kv_reservation",
-                                                 "pipeline_bubble", "engine_overhead"})
+                                                 "pipeline_bubble", "engine_overhead", "grammar_compile"})
 ITL_CATEGORIES: frozenset[str] = frozenset({"decode", "interference"})
 
 

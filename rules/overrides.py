@@ -103,6 +103,10 @@ OVERRIDES: tuple[Override, ...] = (
     # for the next step; the loop's overhead owns that time
     Override("engine_overhead", frozenset({"queue", "decode"}),
              "the time here is the engine's step loop idle between steps (see engine_overhead)"),
+    # requests parked until their grammar compiles: the queue time is the compile's, and the loop has
+    # nothing to step while they wait
+    Override("grammar_compile", frozenset({"queue", "engine_overhead"}),
+             "the time here is requests waiting for their grammar to compile (see grammar_compile)"),
     # ITL spikes explained by prefills are not a decode problem
     Override("interference", frozenset({"decode"}), "the slow tokens are stalls behind other requests' prefills"),
     # TTFT findings say where TTFT goes, not what is wrong; the broken (ITL) SLO's findings come first

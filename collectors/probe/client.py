@@ -44,6 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from collectors.probe.ready import NOT_SERVING_STATUSES, ReadyWait, not_serving_text
+from collectors.probe.schemas import SchemaRoles
 from collectors.spans import NULL_REQUEST, RequestTrace, TraceSink
 from diag import stages
 
@@ -139,6 +140,9 @@ class RequestResult:
     #: the workload's shared-prefix design (PromptItem.prefix_tokens / prefix_role)
     prefix_tokens: int = 0
     prefix_role: str | None = None
+    #: ``--response-format``: the schema's key and this use's role (collectors.probe.schemas)
+    schema_key: str | None = None
+    schema_role: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -382,6 +386,7 @@ class StreamingClient:
         # perf_counter_ns -> Unix ns: one offset for the whole run (monotonic intervals)
         self.offset_ns = time.time_ns() - time.perf_counter_ns()
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **auth_headers(api_key)}
+        self._schema_roles = SchemaRoles()
 
     @property
     def exact_output(self) -> bool:
@@ -444,6 +449,8 @@ class StreamingClient:
             if self.exact_output:
                 body["min_tokens"] = int(item.max_tokens)
                 body["ignore_eos"] = True
+        if getattr(item, "response_format", None) is not None:
+            body["response_format"] = item.response_format
         body["stream"] = True
         if "stream_options" not in self.dropped:
             body["stream_options"] = {"include_usage": True}
@@ -469,6 +476,9 @@ class StreamingClient:
                             requested_output_tokens=item.max_tokens, input_tokens_est=item.input_tokens_est,
                             input_tokens_target=item.input_tokens_target,
                             prefix_tokens=getattr(item, "prefix_tokens", 0), prefix_role=getattr(item, "prefix_role", None))
+        res.schema_key = getattr(item, "schema_key", None)
+        if res.schema_key is not None:
+            res.schema_role = self._schema_roles.on_send(res.schema_key)
         off = self.offset_ns
         dispatch_ns = time.perf_counter_ns()
         res.scheduled_ns = (scheduled_perf_ns if scheduled_perf_ns is not None else dispatch_ns) + off
@@ -526,6 +536,8 @@ class StreamingClient:
         except Exception as exc:  # a client bug must not stop the run
             res.error = "client_error"
             res.error_detail = _one_line(f"{type(exc).__name__}: {exc}")
+        if res.schema_key is not None:  # answered or failed: later uses no longer wait on this one
+            self._schema_roles.on_first_token(res.schema_key)
         self._finish(res, timing, span)
         return res
 
@@ -656,6 +668,8 @@ class StreamingClient:
                         times.append(now)
                         if first_content is None:
                             first_content = now
+                            if res.schema_key is not None:
+                                self._schema_roles.on_first_token(res.schema_key)
                         if texts is not None:
                             texts.append(text)
                     fr = c0.get("finish_reason")
@@ -740,6 +754,9 @@ def record_result_on_span(span: RequestTrace, res: RequestResult) -> None:
             attrs[key] = val
     if res.finish_reason:
         attrs[stages.GEN_AI_RESPONSE_FINISH_REASONS] = [res.finish_reason]
+    if res.schema_role:
+        attrs[stages.ATTR_CLIENT_SCHEMA_ROLE] = res.schema_role
+        attrs[stages.ATTR_CLIENT_SCHEMA_KEY] = res.schema_key
     if res.prefix_role:
         attrs[stages.ATTR_CLIENT_PREFIX_ROLE] = res.prefix_role
         attrs[stages.ATTR_CLIENT_PREFIX_TOKENS] = int(res.prefix_tokens)

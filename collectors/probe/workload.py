@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from collectors.probe.schemas import ResponseFormatSpec, SchemaDraws
 from diag.capture import CaptureError
 
 #: Short common English words, each one BPE token (with its leading space) in the GPT-2,
@@ -142,6 +143,10 @@ class PromptItem:
     #: "first" (its first use), "repeat", "control" (no prefix, the suffix's length); None: no design
     prefix_tokens: int = 0
     prefix_role: str | None = None
+    #: ``--response-format``: the body's response_format element and its schema's key
+    #: (:mod:`collectors.probe.schemas`); None: plain text
+    response_format: dict[str, Any] | None = None
+    schema_key: str | None = None
 
     def text_for_completions(self) -> str:
         if self.prompt is not None:
@@ -206,6 +211,8 @@ class WorkloadSpec:
     #: send no max_tokens (the server's default applies; an engine that reserves KV for max_tokens
     #: then reserves its max length, NVIDIA/TensorRT-LLM#1012); output_tokens is then not asked for
     omit_max_tokens: bool = False
+    #: ``--response-format``: structured-output requests (see :mod:`collectors.probe.schemas`)
+    response_format: ResponseFormatSpec | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -215,6 +222,7 @@ class WorkloadSpec:
             "shared_prefix_repeats": self.shared_prefix_repeats,
             "inject_long": f"{self.inject_long_tokens}:{self.inject_long_every}" if self.inject_long_every else None,
             "omit_max_tokens": self.omit_max_tokens,
+            "response_format": self.response_format.describe() if self.response_format else None,
             "prompts_file": self.prompts_file,
             "exact_output_requested": self.exact_output,
             "seed": self.seed,
@@ -252,6 +260,7 @@ class Workload:
         self.words_per_token = WORDS_PER_TOKEN_ESTIMATE
         self.calibration: str | None = None
         self._shared_prefix = self._slice_text(0, spec.shared_prefix_tokens) if spec.shared_prefix_tokens else ""
+        self._schemas = SchemaDraws(spec.response_format, spec.seed) if spec.response_format else None
 
     def calibrate(self, tokens_per_word: float, how: str) -> None:
         """Use a measured tokens-per-word ratio (e.g. from the server's usage) for lengths."""
@@ -277,9 +286,8 @@ class Workload:
     def with_input(self, input_tokens: LengthSpec, output_tokens: LengthSpec | None = None) -> Workload:
         """A copy drawing synthetic prompts of another input length (for prompt sweeps), and answers of
         ``output_tokens`` when given."""
-        spec = WorkloadSpec(input_tokens, output_tokens or self.spec.output_tokens, self.spec.shared_prefix_tokens, None,
-                            self.spec.exact_output, self._rng.randrange(1 << 30), self.spec.shared_prefix_repeats,
-                            self.spec.inject_long_tokens, self.spec.inject_long_every, self.spec.omit_max_tokens)
+        spec = replace(self.spec, input_tokens=input_tokens, output_tokens=output_tokens or self.spec.output_tokens,
+                       prompts_file=None, seed=self._rng.randrange(1 << 30))
         clone = Workload.__new__(Workload)
         clone.__dict__.update(self.__dict__)
         clone.spec = spec
@@ -321,7 +329,14 @@ class Workload:
         return " ".join(part)
 
     def next_item(self) -> PromptItem:
-        """The next request's payload (file prompts cycle; synthetic ones are fresh)."""
+        """The next request's payload (file prompts cycle; synthetic ones are fresh), with its
+        response_format when the spec asks for one."""
+        item = self._next_prompt()
+        if self._schemas is not None:
+            item.response_format, item.schema_key = self._schemas.next()
+        return item
+
+    def _next_prompt(self) -> PromptItem:
         spec = self.spec
         rng = self._rng
         out_len: int | None = spec.output_tokens.sample(rng)

@@ -68,6 +68,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--inject-long", default=None, metavar="TOKENS:EVERY",
                    help="every EVERY-th prompt has TOKENS tokens instead of --input-tokens: a long prompt among short "
                    "ones, so that short requests' TTFT with a long one in flight shows head-of-line blocking")
+    p.add_argument("--response-format", metavar="SPEC", default=None,
+                   help="structured output, to see the server's grammar compilation: json (json_object), schema:fresh "
+                   "(a new JSON schema on every request), schema:repeat (one schema for the run), schema:R or schema "
+                   "(groups of R requests per fresh schema, default 4: first uses and repeats in one capture)")
+    p.add_argument("--schema", metavar="FILE.json", help="with --response-format schema[:MODE]: send this JSON schema "
+                   "(fresh uses get a distinct title) instead of a generated one")
+    p.add_argument("--schema-properties", type=int, default=24, metavar="N",
+                   help="fields of the generated schema (default 24; more fields, a longer compile)")
     p.add_argument("--prompts", metavar="FILE.jsonl", help='JSONL prompts: {"prompt": ...} or {"messages": [...]}, optional max_tokens')
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json for exact prompt lengths and token counts")
     p.add_argument("--sweep", choices=["prompt", "concurrency", "rate"], help="sweep one dimension; each point a capture segment")
@@ -191,6 +199,16 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
             raise _usage("--inject-long goes with synthetic prompts at one length (not --prompts or --sweep prompt)")
     if args.prompts and args.sweep == "prompt":
         raise _usage("--sweep prompt makes synthetic prompts; it cannot use --prompts")
+    response_format = None
+    if args.response_format is not None:
+        from collectors.probe.schemas import SchemaSpecError, parse_response_format
+
+        try:
+            response_format = parse_response_format(args.response_format, args.schema_properties, args.schema)
+        except SchemaSpecError as exc:
+            raise _usage(str(exc)) from exc
+    elif args.schema is not None:
+        raise _usage("--schema goes with --response-format schema[:MODE]")
     if args.max_concurrency is not None and args.rate is None and args.sweep != "rate":
         raise _usage("--max-concurrency goes with --rate (use --concurrency for a closed loop)")
     if args.rate is not None and args.sweep == "rate":
@@ -202,7 +220,8 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
     except ValueError as exc:
         raise _usage(str(exc)) from exc
     wl = WorkloadSpec(inp, out, shared_prefix, args.prompts, not args.no_exact_output, args.seed,
-                      shared_prefix_repeats=shared_repeats, inject_long_tokens=long_tokens, inject_long_every=long_every)
+                      shared_prefix_repeats=shared_repeats, inject_long_tokens=long_tokens, inject_long_every=long_every,
+                      response_format=response_format)
     output = None
     if not args.no_capture:
         output = args.output or time.strftime("probe-%Y%m%d-%H%M%S")

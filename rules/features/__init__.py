@@ -32,6 +32,7 @@ Themes (one module each; a theme is a function taking the shared
 * ``frontend`` — waits before the engine (HTTP workers, tokenizer threads), the client-server gap by load;
 * ``admission`` — short requests behind long prompts (head-of-line), waiting beside low KV usage (reservation);
 * ``prefix_cache`` — repeats of the probe's shared prefix: their TTFT and cached tokens, engine hit ratios.
+* ``grammar`` — structured output: a schema's first uses against its repeats, the engine's grammar waits.
 
 Parameters (``tail_quantile``, ``min_fit_requests``, …) are the ``[features]`` table of
 ``rules/defaults.toml`` (read through :mod:`rules.config`), overridden by ``params``.
@@ -50,6 +51,7 @@ from rules.features import frontend
 from rules.features import prefix_cache
 from rules.features import floor
 from rules.features import loop
+from rules.features import grammar
 from rules.features.catalog import CATALOG, FeatureSpec
 from rules.features.context import FeatureContext
 from rules.features.feature import Feature, Features
@@ -74,6 +76,7 @@ THEMES: tuple[Theme, ...] = (
     admission.head_of_line,  # reads ctx.steady and the engine steps
     admission.reservation,
     prefix_cache.prefix_cache,  # reads ctx.steady (the probe's prefix roles) and the series
+    grammar.grammar,  # reads ctx.steady (the probe's schema roles, the engine's grammar waits)
     device.comm_tp,
     pipeline.pipeline,  # pipeline-parallel idle (bubble) from the engine steps' stage accounts
     itl.itl,

@@ -125,6 +125,12 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("loop", "share", ("loop_idle_share", "loop_idle_share_of_ttft", "loop_idle_share_of_ttft_tail")),
     ("loop", "s", ("loop_gap_p50_s",)),
     ("loop", "count", ("loop_gaps_n",)),
+    # grammar (rules/features/grammar.py): structured-output grammar compilation before scheduling
+    ("grammar", "s", ("schema_first_ttft_p50_s", "schema_repeat_ttft_p50_s", "grammar_wait_p50_s")),
+    ("grammar", "x", ("schema_first_ttft_x",)),
+    ("grammar", "share", ("schema_wait_share_of_ttft", "grammar_miss_frac", "grammar_wait_share_of_ttft",
+                          "grammar_wait_share_of_ttft_tail")),
+    ("grammar", "requests", ("schema_first_n", "schema_repeat_n", "schema_concurrent_n", "grammar_requests_n")),
     # pipeline (rules/features/pipeline.py): pipeline-parallel bubbles
     ("pipeline", "share", ("pp_bubble_share_of_prefill", "pp_bubble_share_of_steps", "pp_bubble_share_tail")),
     ("pipeline", "count", ("pp_size", "pp_microbatches_p50")),

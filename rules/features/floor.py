@@ -77,6 +77,8 @@ def _client_floor(ctx: FeatureContext, st: pd.DataFrame) -> None:
     lone = (inflight <= 1) & ttft.notna()
     if "prefix_role" in st.columns:  # a cache may serve a repeat's prefix: its own work is not its prompt's
         lone &= st["prefix_role"].ne("repeat")
+    if "schema_role" in st.columns:  # a schema's first use also waits for its grammar: not its prompt's work
+        lone &= ~st["schema_role"].isin(["first", "concurrent"])
     n_lone = int(lone.sum())
     if n_lone < MIN_LONE:
         ctx.na(NAMES, f"only {n_lone} requests arrived alone (needs {MIN_LONE}): no lone-request TTFT to compare with "

@@ -48,6 +48,8 @@ def prompt_fit(ctx: FeatureContext) -> None:
     mask &= tokens.notna() & y.notna()
     if "prefix_role" in st.columns:  # a shared prefix's repeats: a cache may serve the prefix, so their
         mask &= st["prefix_role"].ne("repeat")  # prompt length is not what they computed
+    if "schema_role" in st.columns:  # a schema's first use waits for its grammar, whatever its length
+        mask &= ~st["schema_role"].isin(["first", "concurrent"])
     x = tokens[mask].to_numpy()
     yy = y[mask].to_numpy()
     min_n = int(ctx.params["min_fit_requests"])

