@@ -147,6 +147,11 @@ ATTR_CLIENT_PREFIX_ROLE = "ttft.client.prefix_role"
 #: the capture) or "repeat"
 ATTR_CLIENT_SCHEMA_KEY = "ttft.client.schema_key"
 ATTR_CLIENT_SCHEMA_ROLE = "ttft.client.schema_role"
+#: the probe's LoRA design (--lora A,B,...): the adapter this request asked for (the request's model)
+#: and, at its send, the adapters of the requests then in flight: "alone" (none in flight), "joins"
+#: (its own adapter among them) or "other" (only other adapters in flight)
+ATTR_CLIENT_LORA = "ttft.client.lora"
+ATTR_CLIENT_LORA_ROLE = "ttft.client.lora_role"
 
 # engine-step attributes on SPAN_ENGINE_STEP
 ATTR_STEP_INDEX = "ttft.step.index"

@@ -244,6 +244,8 @@ def _client_rows(spans: pd.DataFrame) -> pd.DataFrame:
             "prefix_tokens": _num(_attr(rows, stages.ATTR_CLIENT_PREFIX_TOKENS)).to_numpy(),
             "schema_role": _attr(rows, stages.ATTR_CLIENT_SCHEMA_ROLE).to_numpy(),
             "schema_key": _attr(rows, stages.ATTR_CLIENT_SCHEMA_KEY).to_numpy(),
+            "lora": _attr(rows, stages.ATTR_CLIENT_LORA).to_numpy(),
+            "lora_role": _attr(rows, stages.ATTR_CLIENT_LORA_ROLE).to_numpy(),
         }
     )
 
@@ -331,7 +333,7 @@ def request_table(spans: pd.DataFrame, warnings: list[str] | None = None, notes:
             req[col] = np.nan
         req[col] = pd.to_numeric(req[col], errors="coerce").astype("float64")
     for col in ("server_service", "client_service", "request_id", "client_request_id", "server_error", "client_error",
-                "server_segment", "client_segment", "engine", "prefix_role", "schema_role", "schema_key",
+                "server_segment", "client_segment", "engine", "prefix_role", "schema_role", "schema_key", "lora", "lora_role",
                 "grammar_key", "grammar_cache_hit"):
         if col not in req.columns:
             req[col] = None

@@ -18,9 +18,9 @@ CATEGORIES: tuple[str, ...] = (
     # from real incidents: a prefix cache that does not hit, admission order that
     # leaves capacity idle, a front end saturated outside the engine, KV admitted by worst-case
     # reservation, pipeline-parallel bubbles, a step loop idle between steps, structured-output
-    # grammars compiled before their requests run
+    # grammars compiled before their requests run, LoRA adapters waiting for a slot
     "prefix_cache", "head_of_line", "frontend", "kv_reservation", "pipeline_bubble", "engine_overhead",
-    "grammar_compile",
+    "grammar_compile", "lora_adapters",
     "healthy",
 )
 #: The verdict's category when there is nothing to judge (no completed request).
@@ -37,7 +37,8 @@ OUTCOMES: tuple[str, ...] = (NO_DATA, INCONCLUSIVE, FAILURES)
 #: Categories whose findings explain TTFT time (the others explain ITL or start-up).
 TTFT_CATEGORIES: frozenset[str] = frozenset({"queue", "tokenize", "prefill_compute", "kv_cache", "comm", "network",
                                                  "prefix_cache", "head_of_line", "frontend", "kv_reservation",
-                                                 "pipeline_bubble", "engine_overhead", "grammar_compile"})
+                                                 "pipeline_bubble", "engine_overhead", "grammar_compile",
+                                                 "lora_adapters"})
 ITL_CATEGORIES: frozenset[str] = frozenset({"decode", "interference"})
 
 

@@ -107,6 +107,9 @@ OVERRIDES: tuple[Override, ...] = (
     # nothing to step while they wait
     Override("grammar_compile", frozenset({"queue", "engine_overhead"}),
              "the time here is requests waiting for their grammar to compile (see grammar_compile)"),
+    # requests deferred until their adapter has a slot: that queue time is the adapters'
+    Override("lora_adapters", frozenset({"queue"}),
+             "the time here is requests waiting for a LoRA adapter slot (see lora_adapters)"),
     # ITL spikes explained by prefills are not a decode problem
     Override("interference", frozenset({"decode"}), "the slow tokens are stalls behind other requests' prefills"),
     # TTFT findings say where TTFT goes, not what is wrong; the broken (ITL) SLO's findings come first

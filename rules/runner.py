@@ -23,6 +23,7 @@ from rules import frontend  # noqa: F401  (registers frontend)
 from rules import prefix_cache  # noqa: F401  (registers prefix_cache)
 from rules import loop  # noqa: F401  (registers engine_overhead)
 from rules import grammar  # noqa: F401  (registers grammar_compile)
+from rules import lora  # noqa: F401  (registers lora_adapters)
 from rules.base import REGISTRY, RuleContext, missing_reason
 from rules.config import load_thresholds
 from rules.features import compute_features

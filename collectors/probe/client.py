@@ -44,6 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from collectors.probe.ready import NOT_SERVING_STATUSES, ReadyWait, not_serving_text
+from collectors.probe.lora import LoraRoles
 from collectors.probe.schemas import SchemaRoles
 from collectors.spans import NULL_REQUEST, RequestTrace, TraceSink
 from diag import stages
@@ -143,6 +144,9 @@ class RequestResult:
     #: ``--response-format``: the schema's key and this use's role (collectors.probe.schemas)
     schema_key: str | None = None
     schema_role: str | None = None
+    #: ``--lora``: the adapter asked for and the adapters in flight at its send (collectors.probe.lora)
+    lora: str | None = None
+    lora_role: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -387,6 +391,7 @@ class StreamingClient:
         self.offset_ns = time.time_ns() - time.perf_counter_ns()
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **auth_headers(api_key)}
         self._schema_roles = SchemaRoles()
+        self._lora_roles = LoraRoles()
 
     @property
     def exact_output(self) -> bool:
@@ -438,8 +443,9 @@ class StreamingClient:
     def build_body(self, item: Any) -> dict[str, Any]:
         """The JSON body for one PromptItem on this endpoint's API."""
         body: dict[str, Any] = {}
-        if self.endpoint.model:
-            body["model"] = self.endpoint.model
+        model = getattr(item, "lora", None) or self.endpoint.model
+        if model:
+            body["model"] = model
         if self.endpoint.api == API_CHAT:
             body["messages"] = item.messages_for_chat()
         else:
@@ -479,6 +485,9 @@ class StreamingClient:
         res.schema_key = getattr(item, "schema_key", None)
         if res.schema_key is not None:
             res.schema_role = self._schema_roles.on_send(res.schema_key)
+        res.lora = getattr(item, "lora", None)
+        if res.lora is not None:
+            res.lora_role = self._lora_roles.on_send(res.lora)
         off = self.offset_ns
         dispatch_ns = time.perf_counter_ns()
         res.scheduled_ns = (scheduled_perf_ns if scheduled_perf_ns is not None else dispatch_ns) + off
@@ -538,6 +547,8 @@ class StreamingClient:
             res.error_detail = _one_line(f"{type(exc).__name__}: {exc}")
         if res.schema_key is not None:  # answered or failed: later uses no longer wait on this one
             self._schema_roles.on_first_token(res.schema_key)
+        if res.lora is not None:
+            self._lora_roles.on_done(res.lora)
         self._finish(res, timing, span)
         return res
 
@@ -754,6 +765,9 @@ def record_result_on_span(span: RequestTrace, res: RequestResult) -> None:
             attrs[key] = val
     if res.finish_reason:
         attrs[stages.GEN_AI_RESPONSE_FINISH_REASONS] = [res.finish_reason]
+    if res.lora_role:
+        attrs[stages.ATTR_CLIENT_LORA_ROLE] = res.lora_role
+        attrs[stages.ATTR_CLIENT_LORA] = res.lora
     if res.schema_role:
         attrs[stages.ATTR_CLIENT_SCHEMA_ROLE] = res.schema_role
         attrs[stages.ATTR_CLIENT_SCHEMA_KEY] = res.schema_key

@@ -147,6 +147,8 @@ class PromptItem:
     #: (:mod:`collectors.probe.schemas`); None: plain text
     response_format: dict[str, Any] | None = None
     schema_key: str | None = None
+    #: ``--lora``: the adapter this request asks for (sent as its ``model``); None: the endpoint's model
+    lora: str | None = None
 
     def text_for_completions(self) -> str:
         if self.prompt is not None:
@@ -213,6 +215,8 @@ class WorkloadSpec:
     omit_max_tokens: bool = False
     #: ``--response-format``: structured-output requests (see :mod:`collectors.probe.schemas`)
     response_format: ResponseFormatSpec | None = None
+    #: ``--lora A,B,...``: each request asks for one of these adapters, drawn at random (collectors.probe.lora)
+    lora_adapters: tuple[str, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -223,6 +227,7 @@ class WorkloadSpec:
             "inject_long": f"{self.inject_long_tokens}:{self.inject_long_every}" if self.inject_long_every else None,
             "omit_max_tokens": self.omit_max_tokens,
             "response_format": self.response_format.describe() if self.response_format else None,
+            "lora_adapters": list(self.lora_adapters) or None,
             "prompts_file": self.prompts_file,
             "exact_output_requested": self.exact_output,
             "seed": self.seed,
@@ -261,6 +266,7 @@ class Workload:
         self.calibration: str | None = None
         self._shared_prefix = self._slice_text(0, spec.shared_prefix_tokens) if spec.shared_prefix_tokens else ""
         self._schemas = SchemaDraws(spec.response_format, spec.seed) if spec.response_format else None
+        self._lora_rng = random.Random(spec.seed ^ 0x10AA)
 
     def calibrate(self, tokens_per_word: float, how: str) -> None:
         """Use a measured tokens-per-word ratio (e.g. from the server's usage) for lengths."""
@@ -330,10 +336,12 @@ class Workload:
 
     def next_item(self) -> PromptItem:
         """The next request's payload (file prompts cycle; synthetic ones are fresh), with its
-        response_format when the spec asks for one."""
+        response_format and LoRA adapter when the spec asks for them."""
         item = self._next_prompt()
         if self._schemas is not None:
             item.response_format, item.schema_key = self._schemas.next()
+        if self.spec.lora_adapters:
+            item.lora = self._lora_rng.choice(self.spec.lora_adapters)
         return item
 
     def _next_prompt(self) -> PromptItem:

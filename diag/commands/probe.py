@@ -76,6 +76,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "(fresh uses get a distinct title) instead of a generated one")
     p.add_argument("--schema-properties", type=int, default=24, metavar="N",
                    help="fields of the generated schema (default 24; more fields, a longer compile)")
+    p.add_argument("--lora", metavar="A,B,...", help="LoRA adapters, by the names the server serves them: each request "
+                   "asks for one at random (as its model), so that requests for adapters other than those in flight show "
+                   "waits for an adapter slot or load (use a concurrency above 1)")
     p.add_argument("--prompts", metavar="FILE.jsonl", help='JSONL prompts: {"prompt": ...} or {"messages": [...]}, optional max_tokens')
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json for exact prompt lengths and token counts")
     p.add_argument("--sweep", choices=["prompt", "concurrency", "rate"], help="sweep one dimension; each point a capture segment")
@@ -209,6 +212,14 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
             raise _usage(str(exc)) from exc
     elif args.schema is not None:
         raise _usage("--schema goes with --response-format schema[:MODE]")
+    lora: tuple[str, ...] = ()
+    if args.lora is not None:
+        from collectors.probe.lora import LoraSpecError, parse_lora
+
+        try:
+            lora = parse_lora(args.lora)
+        except LoraSpecError as exc:
+            raise _usage(str(exc)) from exc
     if args.max_concurrency is not None and args.rate is None and args.sweep != "rate":
         raise _usage("--max-concurrency goes with --rate (use --concurrency for a closed loop)")
     if args.rate is not None and args.sweep == "rate":
@@ -221,7 +232,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
         raise _usage(str(exc)) from exc
     wl = WorkloadSpec(inp, out, shared_prefix, args.prompts, not args.no_exact_output, args.seed,
                       shared_prefix_repeats=shared_repeats, inject_long_tokens=long_tokens, inject_long_every=long_every,
-                      response_format=response_format)
+                      response_format=response_format, lora_adapters=lora)
     output = None
     if not args.no_capture:
         output = args.output or time.strftime("probe-%Y%m%d-%H%M%S")

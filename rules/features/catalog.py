@@ -131,6 +131,12 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("grammar", "share", ("schema_wait_share_of_ttft", "grammar_miss_frac", "grammar_wait_share_of_ttft",
                           "grammar_wait_share_of_ttft_tail")),
     ("grammar", "requests", ("schema_first_n", "schema_repeat_n", "schema_concurrent_n", "grammar_requests_n")),
+    # lora (rules/features/lora.py): LoRA adapter slots, deferred waits
+    ("lora", "s", ("lora_other_ttft_p50_s", "lora_joins_ttft_p50_s")),
+    ("lora", "x", ("lora_other_ttft_x",)),
+    ("lora", "share", ("lora_wait_share_of_ttft", "waiting_deferred_share")),
+    ("lora", "requests", ("lora_joins_n", "lora_other_n")),
+    ("lora", "count", ("lora_adapters_n",)),
     # pipeline (rules/features/pipeline.py): pipeline-parallel bubbles
     ("pipeline", "share", ("pp_bubble_share_of_prefill", "pp_bubble_share_of_steps", "pp_bubble_share_tail")),
     ("pipeline", "count", ("pp_size", "pp_microbatches_p50")),

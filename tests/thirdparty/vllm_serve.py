@@ -330,6 +330,25 @@ def build_model(out_dir: Path) -> Path:
     return build_tiny_llama(out_dir, hidden_size=256, layers=4, spaced=True)
 
 
+def build_lora_adapters(model_dir: Path, out_dir: Path, n: int, rank: int = 8) -> list[Path]:
+    """``n`` random LoRA adapters (``peft``, rank ``rank`` on every projection) for the model in
+    ``model_dir``, saved as ``out_dir/lora<i>``; their weights differ by seed, never zero."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    paths = []
+    for i in range(n):
+        torch.manual_seed(1000 + i)
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        cfg = LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=False,
+                         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+        path = out_dir / f"lora{i}"
+        get_peft_model(model, cfg).save_pretrained(path)
+        paths.append(path)
+    return paths
+
+
 @contextlib.contextmanager
 def serving(model_dir: Path, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
             **kwargs: object) -> Iterator[VLLMServe]:
