@@ -16,7 +16,8 @@ next token.
 
 The language: JSON with the schema's properties **in schema order** (optional ones may be left
 out), no whitespace but one optional space after ``,`` and ``:`` (what ``json.dumps`` writes);
-``pattern`` in the subset of :func:`diag.engine.automaton.parse_pattern`, matched against the
+``enum``/``const`` values as ``json.dumps(value, ensure_ascii=False)`` writes them; ``pattern``
+in the subset of :func:`diag.engine.automaton.parse_pattern`, matched against the
 whole string; integer bounds exact; number bounds kept by allowing a fraction only where every
 fraction stays in bounds; ``json_object`` and schemas without properties: any JSON object,
 nested at most :data:`GENERIC_DEPTH` levels.
@@ -558,9 +559,8 @@ def token_masks(dfa: Dfa, vocab: TokenVocab) -> np.ndarray:
 
 
 def compile_grammar(source: GrammarSource, vocab: TokenVocab) -> CompiledGrammar:
-    """Build the DFA of ``source`` and its per-state token masks (seconds to tens of ms per
-    thousand states on the bundled vocabulary); GrammarError (one line) when the grammar is too
-    large. Runs on the caller's thread."""
+    """Build the DFA of ``source`` and its per-state token masks; GrammarError (one line) when
+    the grammar is too large. Runs on the caller's thread."""
     t0 = time.perf_counter()
     try:
         nfa = Nfa(MAX_NFA_STATES)
