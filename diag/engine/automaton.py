@@ -5,9 +5,10 @@ A set of bytes is a Python int used as a 256-bit mask (bit ``b`` = byte ``b``). 
 builds Thompson fragments (``(start, end)`` state pairs) joined by epsilon edges;
 :func:`determinize` turns one into a :class:`Dfa` by subset construction over the byte classes
 the NFA distinguishes, and drops every state from which no accepting state can be reached, so a
-walk that stays alive can always be completed. The DFA is a dense table (states x 257 columns:
-bytes 0..255 and a padding column that maps each state to itself), the form the token-mask
-computation in :mod:`diag.engine.grammar` gathers from.
+walk that stays alive can always be completed. The DFA is a dense table over byte classes
+(``table[state, byte_class[byte]]``) with one more column that maps each state to itself, the
+class of the padding symbol :data:`PAD`: the form the token-mask computation in
+:mod:`diag.engine.grammar` gathers from.
 
 Threading: an :class:`Nfa` belongs to the thread building it; a :class:`Dfa` is read-only once
 built and safe to share.
@@ -21,8 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-FULL = (1 << 256) - 1
-#: the padding column of :attr:`Dfa.table`: every state maps to itself
+#: the padding symbol after a token's bytes: its class maps every state to itself
 PAD = 256
 
 Frag = tuple[int, int]  # (start state, end state) of an NFA fragment
@@ -160,11 +160,13 @@ class Nfa:
 
 @dataclass(frozen=True)
 class Dfa:
-    """A trimmed byte DFA. ``table[s, b]`` is the next state (``dead`` = rejected; column
-    :data:`PAD` maps ``s`` to itself); ``accepting[s]``: the bytes so far are a whole match;
-    ``exits[s]``: some byte continues from ``s``. State 0 starts; ``dead`` is the last row."""
+    """A trimmed byte DFA. ``table[s, byte_class[b]]`` is the next state after byte ``b``
+    (``dead`` = rejected; the class of :data:`PAD`, the last column, maps ``s`` to itself);
+    ``accepting[s]``: the bytes so far are a whole match; ``exits[s]``: some byte continues from
+    ``s``. State 0 starts; ``dead`` is the last row."""
 
-    table: np.ndarray  # int32 [num_states + 1, 257]
+    table: np.ndarray  # int32 [num_states + 1, classes + 1]
+    byte_class: np.ndarray  # int64 [257]: bytes 0..255 and PAD
     accepting: np.ndarray  # bool [num_states + 1]
     exits: np.ndarray  # bool [num_states + 1]
 
@@ -179,9 +181,9 @@ class Dfa:
 
     def walk(self, state: int, data: bytes) -> int:
         """The state after ``data`` from ``state`` (``dead`` once rejected)."""
-        t, dead = self.table, self.dead
+        t, bc, dead = self.table, self.byte_class, self.dead
         for b in data:
-            state = int(t[state, b])
+            state = int(t[state, bc[b]])
             if state == dead:
                 return dead
         return state
@@ -294,20 +296,18 @@ def determinize(nfa: Nfa, frag: Frag, max_states: int) -> Dfa:
     new_id = np.cumsum(live) - 1
     n = int(new_id[-1]) + 1
     dead = n
-    table = np.full((n + 1, PAD + 1), dead, dtype=np.int32)
-    cls = np.asarray(class_of, dtype=np.int64)
+    table = np.full((n + 1, num_classes + 1), dead, dtype=np.int32)
     for d, row in enumerate(trans):
-        if not live[d]:
-            continue
-        mapped = np.asarray([int(new_id[k]) if k >= 0 and live[k] else dead for k in row], dtype=np.int32)
-        table[new_id[d], :256] = mapped[cls]
-    table[:, PAD] = np.arange(n + 1, dtype=np.int32)
+        if live[d]:
+            table[new_id[d], :num_classes] = [int(new_id[k]) if k >= 0 and live[k] else dead for k in row]
+    table[:, num_classes] = np.arange(n + 1, dtype=np.int32)  # PAD: stay
     acc = np.zeros(n + 1, dtype=bool)
     for d, a in enumerate(accepting):
         if live[d] and a:
             acc[new_id[d]] = True
-    exits = (table[:, :256] != dead).any(axis=1)
-    return Dfa(table, acc, exits)
+    exits = (table[:, :num_classes] != dead).any(axis=1)
+    byte_class = np.asarray(class_of + [num_classes], dtype=np.int64)
+    return Dfa(table, byte_class, acc, exits)
 
 
 # --- the pattern subset ---------------------------------------------------------------------

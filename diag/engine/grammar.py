@@ -526,6 +526,7 @@ class CompiledGrammar:
         return self.dfa.accepts(text.encode("utf-8") if isinstance(text, str) else text)
 
     def nbytes(self) -> int:
+        """Bytes the grammar holds (DFA table, masks, state index)."""
         return int(self.dfa.table.nbytes + self.mask_rows.nbytes + self.state_row.nbytes)
 
 
@@ -539,6 +540,7 @@ def token_masks(dfa: Dfa, vocab: TokenVocab) -> np.ndarray:
     out = np.zeros((num, vocab.size), dtype=bool)
     if n_tok:
         table = dfa.table
+        classes = dfa.byte_class[vocab.byte_table]  # [tokens, max length]: each byte's class in this DFA
         lengths = vocab.lengths
         # tokens longer than j bytes are the first active[j] (longest first)
         active = [int(np.count_nonzero(lengths > j)) for j in range(vocab.byte_table.shape[1])]
@@ -549,7 +551,7 @@ def token_masks(dfa: Dfa, vocab: TokenVocab) -> np.ndarray:
             for j, k in enumerate(active):
                 if k == 0:
                     break
-                cur[:, :k] = table[cur[:, :k], vocab.byte_table[None, :k, j]]
+                cur[:, :k] = table[cur[:, :k], classes[None, :k, j]]
             out[r0:r1, vocab.order] = cur != dead
     out[dead] = False
     eos = sorted(vocab.eos_ids)
