@@ -58,6 +58,7 @@ class GrammarCache:
         self._metrics = metrics
         self._extra_delay_s = extra_delay_s
         self._closed = False
+        self._stopping = threading.Event()  # set by shutdown: ends the fault's delay at once
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._inflight: dict[str, Future[CompiledGrammar]] = {}
@@ -104,8 +105,8 @@ class GrammarCache:
         """Compile on a pool thread; keep the result (LRU) before the future resolves."""
         t0 = time.perf_counter()
         try:
-            if self._extra_delay_s > 0:
-                time.sleep(self._extra_delay_s)
+            if self._extra_delay_s > 0 and self._stopping.wait(self._extra_delay_s):
+                raise EngineStoppedError("the engine shut down while a grammar compiled")
             compiled = compile_grammar(source, self.vocab())
         except BaseException:
             with self._lock:
@@ -128,7 +129,9 @@ class GrammarCache:
             return list(self._cache)
 
     def shutdown(self) -> None:
-        """Stop the compile threads; queued compiles are cancelled (their futures say so)."""
+        """Stop the compile threads; queued compiles are cancelled (their futures say so) and a
+        compile in its injected delay ends at once."""
+        self._stopping.set()
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None

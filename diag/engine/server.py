@@ -431,6 +431,8 @@ class EngineServer:
                 except GrammarError as exc:
                     finished = True  # the engine ended the request itself
                     return error_response(str(exc), 400, "response_format")
+                except EngineStoppedError as exc:
+                    return error_response(str(exc), 503)
                 except asyncio.CancelledError:
                     if not submitted.grammar.cancelled():
                         raise  # this handler was cancelled (client gone)

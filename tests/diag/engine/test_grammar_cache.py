@@ -98,3 +98,16 @@ def test_after_shutdown_a_miss_is_refused(vocab):
     assert c.get(_src(1)).cache_hit  # what is cached still serves
     with pytest.raises(EngineStoppedError):
         c.get(_src(5))
+
+
+def test_shutdown_ends_a_compile_in_its_injected_delay(vocab):
+    import time
+
+    c, _ = _cache(vocab, delay_s=60)
+    t = c.get(_src(6))
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    c.shutdown()
+    with pytest.raises(EngineStoppedError):
+        t.future.result(5)
+    assert time.monotonic() - t0 < 2
