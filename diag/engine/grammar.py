@@ -141,10 +141,11 @@ class GrammarSource:
 
 
 def schema_key(schema: Any) -> str:
-    """The cache key of a JSON schema: the first 16 hex digits of the SHA-256 of its compact JSON
-    (``separators=(",", ":")``, keys in the order given, UTF-8 unescaped). Property order is
-    part of the key because it is part of the grammar."""
-    text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    """The cache key of a JSON schema: the first 16 hex digits of the SHA-256 of its canonical
+    JSON (``sort_keys=True, separators=(",", ":"), ensure_ascii=False``, UTF-8), as the probe's
+    ``collectors.probe.schemas.schema_key`` computes it. Schemas that differ only in key order
+    share a grammar: its properties come in the first one's order, an answer valid for both."""
+    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
