@@ -59,6 +59,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--enable-prefix-caching", action="store_true",
                    help="reuse the KV of full blocks a new prompt shares with an earlier one (chained block hashes, "
                    "LRU eviction of unreferenced blocks), like vLLM --enable-prefix-caching (default off)")
+    # structured output (diag.engine.grammar_cache)
+    p.add_argument("--grammar-cache-size", type=int, default=64, metavar="N",
+                   help="compiled response_format grammars kept, least recently used out first (like vLLM's "
+                   "VLLM_XGRAMMAR_CACHE_MB, counted in grammars); 0: none, every such request compiles its own "
+                   "(default 64)")
+    p.add_argument("--grammar-workers", type=int, default=1, metavar="N",
+                   help="threads that compile grammars; requests waiting for theirs are passed over, never "
+                   "blocking others (vLLM: (cpus + 1) // 2; default 1)")
     p.add_argument(
         "--inject",
         action="append",
@@ -149,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         max_partial_prefills=args.max_partial_prefills,
         kv_admission=args.kv_admission,
         prefix_caching=args.enable_prefix_caching,
+        grammar_cache_size=args.grammar_cache_size,
+        grammar_workers=args.grammar_workers,
     )
 
     def ready(srv: object) -> None:

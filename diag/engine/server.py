@@ -14,6 +14,13 @@ submitted (tokenized, queued) at once and their handlers wait, without sending h
 the engine is ready, then run normally; if loading fails they get a 503 naming the cause.
 ``/health`` is 503 ``{"status": "loading"}`` until ready, then 200 ``{"status": "ok", ...}``.
 
+Structured output: ``response_format`` on both routes, ``{"type": "text"}`` (none),
+``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name": ..., "schema":
+{...}}}`` (:mod:`diag.engine.grammar`: a malformed one or a schema outside the supported subset
+gets a 400 at once). The handler holds the response (no headers yet) until the request's
+grammar is ready, so a grammar that fails to compile is a 400 too; the schema's text is never
+logged or recorded (the request span has its key only).
+
 Fault ``network_delay_ms``: every SSE write (headers, each chunk) and each non-streamed response
 goes to the client that long after it is ready, pipelined (see :class:`_DelayedWriter`), so it
 adds to the client's TTFT but not to its inter-token gaps, and never touches the step loop.
@@ -46,6 +53,7 @@ from aiohttp import web
 from diag import stages
 from diag.engine.engine import Engine
 from diag.engine.frontend import FrontEnd, FrontEndFull, FrontEndWait, effective_sizes
+from diag.engine.grammar import GrammarError, GrammarSource, grammar_source
 from diag.engine.outputs import AsyncEventStream, EngineStoppedError, QueueFullError, TokenEvent
 from diag.engine.sampler import MAX_TOKENS_LIMIT, SamplingParams
 
@@ -116,6 +124,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     max_tokens_given: bool
+    grammar: GrammarSource | None = None
 
 
 def parse_request(body: Any, chat: bool, served_names: tuple[str, ...]) -> ParsedRequest:
@@ -204,7 +213,11 @@ def parse_request(body: Any, chat: bool, served_names: tuple[str, ...]) -> Parse
         if not isinstance(so, dict):
             raise BadRequest("'stream_options' must be an object", param="stream_options")
         include_usage = _opt_bool(so, "include_usage", False)
-    return ParsedRequest(chat, prompt, prompt_ids, messages, params, stream, include_usage, given)
+    try:
+        grammar = grammar_source(body.get("response_format"))
+    except GrammarError as exc:
+        raise BadRequest(str(exc), param="response_format") from None
+    return ParsedRequest(chat, prompt, prompt_ids, messages, params, stream, include_usage, given, grammar)
 
 
 # --- the server ---------------------------------------------------------------------------------
@@ -389,6 +402,7 @@ class EngineServer:
                     stages.ATTR_FRONTEND_TOKENIZER_WAIT_S: wait.tokenizer_wait_s,
                 },
                 max_tokens_given=parsed.max_tokens_given,
+                grammar=parsed.grammar,
             ),
             wait,
         )
@@ -411,6 +425,18 @@ class EngineServer:
                 if why is not None:
                     finished = True
                     return error_response(why, 503)
+            if submitted.grammar is not None:  # hold the response until the grammar is ready
+                try:  # shielded: a client that leaves must not cancel a compile others share
+                    await asyncio.shield(asyncio.wrap_future(submitted.grammar))
+                except GrammarError as exc:
+                    finished = True  # the engine ended the request itself
+                    return error_response(str(exc), 400, "response_format")
+                except EngineStoppedError as exc:
+                    return error_response(str(exc), 503)
+                except asyncio.CancelledError:
+                    if not submitted.grammar.cancelled():
+                        raise  # this handler was cancelled (client gone)
+                    # the compile was cancelled (shutdown): the stream's last event says why
             if parsed.stream:
                 resp = await self._stream(request, parsed, rid, submitted.num_prompt_tokens, stream)
             else:
@@ -484,7 +510,9 @@ class EngineServer:
             last = ev
             if ev.finished:
                 if ev.finish_reason == "error":
-                    await send({"error": {"message": ev.error or "engine error", "type": "InternalServerError", "code": 500}})
+                    code = ev.error_status or 500
+                    await send({"error": {"message": ev.error or "engine error",
+                                          "type": _ERROR_TYPES.get(code, "InternalServerError"), "code": code}})
                     break
                 await send(self._chunk(parsed, rid, created, ev.text, ev.finish_reason))
             elif ev.text:
@@ -514,7 +542,7 @@ class EngineServer:
             last = ev
         assert last is not None
         if last.finish_reason == "error":
-            return error_response(last.error or "engine error", 500)
+            return error_response(last.error or "engine error", last.error_status or 500)
         text = "".join(parts)
         usage = {
             "prompt_tokens": last.num_prompt_tokens,

@@ -101,6 +101,41 @@ class Tokenizer:
             parts.append("assistant:")
         return "".join(parts)
 
+    def token_bytes(self) -> list[bytes | None]:
+        """Each token id's bytes as it adds them to the output (None for special and added tokens).
+
+        Byte-level BPE (the bundled tokenizer, GPT-2 style) maps its alphabet back to bytes;
+        SentencePiece-style vocabularies turn ``▁`` into a space and ``<0xNN>`` into that byte;
+        anything else is the token's decoded UTF-8 (None when it decodes to an incomplete
+        character).
+        """
+        spec = json.loads(self._hf.to_str())
+        decoder = spec.get("decoder") or {}
+        kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", []) or []}
+        added = {int(t["id"]) for t in spec.get("added_tokens", [])}
+        byte_level = "ByteLevel" in kinds
+        inverse = {ch: b for b, ch in _gpt2_byte_chars().items()}
+        out: list[bytes | None] = [None] * self.vocab_size
+        for tok, i in self._hf.get_vocab(with_added_tokens=True).items():
+            if i in added or i >= self.vocab_size:
+                continue
+            if byte_level:
+                if all(ch in inverse for ch in tok):
+                    out[i] = bytes(inverse[ch] for ch in tok)
+                continue
+            if len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
+                try:
+                    out[i] = bytes([int(tok[3:5], 16)])
+                    continue
+                except ValueError:
+                    pass
+            if "▁" in tok:
+                out[i] = tok.replace("▁", " ").encode("utf-8")
+                continue
+            text = self._hf.decode([i], skip_special_tokens=False)
+            out[i] = text.encode("utf-8") if text and "\ufffd" not in text else None
+        return out
+
     def detokenizer(self, prompt_ids: Sequence[int] = ()) -> "IncrementalDetokenizer":
         """A fresh incremental detokenizer for one request's output."""
         return IncrementalDetokenizer(self, list(prompt_ids[-4:]))
@@ -143,3 +178,16 @@ class IncrementalDetokenizer:
         full = self.tokenizer.decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
         return full[len(prefix) :] if len(full) > len(prefix) else ""
+
+
+def _gpt2_byte_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: byte -> the printable character that stands for it."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = keep[:]
+    n = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(keep, chars)}

@@ -40,6 +40,9 @@ def test_defaults_and_flags():
     assert a.inject == ["scheduler_stall_ms=5", "load_delay_s=1"]
     d = _parse()
     assert d.host == "127.0.0.1" and d.model == "tiny" and d.device == "cpu" and d.tp == 1
+    assert d.grammar_cache_size == 64 and d.grammar_workers == 1
+    g = _parse("--grammar-cache-size", "0", "--grammar-workers", "3", "--inject", "grammar_compile_ms=250")
+    assert g.grammar_cache_size == 0 and g.grammar_workers == 3 and g.inject == ["grammar_compile_ms=250"]
 
 
 @pytest.mark.parametrize(
@@ -52,6 +55,9 @@ def test_defaults_and_flags():
         (["--model", "/no/such/dir"], "not a preset"),
         (["--max-running", "0"], "max_running must be >= 1"),
         (["--keepalive-timeout", "0"], "--keepalive-timeout must be > 0"),
+        (["--grammar-cache-size", "-1"], "--grammar-cache-size must be >= 0"),
+        (["--grammar-workers", "0"], "--grammar-workers >= 1"),
+        (["--inject", "grammar_compile_ms=-5"], "grammar_compile_ms must be between 0 and"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(capsys, argv, msg):
@@ -63,7 +69,7 @@ def test_bad_flags_exit_2_with_one_line(capsys, argv, msg):
 def test_serve_subprocess_end_to_end(tmp_path):
     cap = tmp_path / "cap"
     cmd = [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--capture", str(cap), "--policy", "chunked",
-           "--inject", "tokenize_ms_per_token=0.5"]
+           "--inject", "tokenize_ms_per_token=0.5", "--grammar-cache-size", "5", "--grammar-workers", "2"]
     with serve_process(cmd) as (proc, line):
         m = re.fullmatch(r"ttft serve: listening on (http://127\.0\.0\.1:(\d+)) \(model=tiny, device=cpu, tp=1\)\n", line)
         assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -76,6 +82,7 @@ def test_serve_subprocess_end_to_end(tmp_path):
     assert rc == 0, proc.stderr.read()
     meta = json.loads((cap / "meta.json").read_text())
     assert meta["faults_injected"] == {"tokenize_ms_per_token": 0.5}
+    assert meta["engine_config"]["grammar_cache_size"] == 5 and meta["engine_config"]["grammar_workers"] == 2
     names = {s["name"] for line in (cap / "spans.otlp.jsonl").read_text().splitlines()
              for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]}
     assert {"ttft.request", "tokenize", "queue", "prefill", "sample", "detokenize", "ttft.cold_start"} <= names

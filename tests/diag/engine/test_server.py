@@ -99,6 +99,15 @@ def test_openai_client_streams_chat_and_completions(server):
         ("/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "string 'role'"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": ""}]}, 400, "no content"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400, "content must be a string"),
+        ("/v1/completions", {"prompt": "hi", "response_format": "json"}, 400, "'response_format' must be an object"),
+        ("/v1/completions", {"prompt": "hi", "response_format": {"type": "grammar"}}, 400, "'response_format.type' must"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x"}}}, 400, "json_schema.schema' must be"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+                "a": {"oneOf": [{"type": "string"}]}}}}}}, 400, "schema.properties.a.type must be one of"),
+        ("/v1/completions", {"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "string", "pattern": "(x|y)"}}}}, 400, "groups and alternation"),
     ],
 )
 def test_bad_requests_get_one_line_4xx(server, path, body, status, msg):
@@ -266,3 +275,57 @@ def test_a_kv_cache_smaller_than_the_context_states_what_it_holds_and_refuses_pa
         assert ok == 200 and refused_as_too_long(status, message) and stated_limit_tokens(message) == 128, message
     finally:
         st.stop()
+
+
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "enum": ["oslo", "rome"]}, "temp": {"type": "integer", "minimum": -40, "maximum": 50},
+    "code": {"type": "string", "pattern": "^[A-Z]{3}$"}}, "required": ["city", "temp", "code"], "additionalProperties": False}
+
+
+def _weather_format(schema=WEATHER):
+    return {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema}}
+
+
+def test_response_format_constrains_chat_and_streamed_completions(server):
+    import jsonschema
+
+    got, raw = post(server.url + "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "weather?"}], "max_tokens": 80, "seed": 1,
+        "response_format": _weather_format()})
+    assert got == 200, raw
+    choice = json.loads(raw)["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(choice["message"]["content"]), WEATHER)
+
+    async def stream():
+        async with aiohttp.ClientSession() as s:
+            async with s.post(server.url + "/v1/completions", json={
+                    "prompt": "weather:", "max_tokens": 80, "stream": True, "seed": 2,
+                    "response_format": _weather_format()}) as r:
+                return r.status, await r.text()
+
+    status, body = asyncio.run(stream())
+    assert status == 200
+    chunks = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
+    jsonschema.validate(json.loads("".join(c["choices"][0]["text"] for c in chunks)), WEATHER)
+    got, raw = post(server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2, "response_format": {"type": "text"}})
+    assert got == 200
+    roots = [sp for sp in finished_spans(server.engine) if sp.name == stages.SPAN_REQUEST]
+    assert [sp.attributes[stages.ATTR_GRAMMAR_CACHE_HIT] for sp in roots if stages.ATTR_GRAMMAR_KEY in sp.attributes][-2:] \
+        == [False, True]
+    assert stages.ATTR_GRAMMAR_KEY not in roots[-1].attributes
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_that_fails_to_compile_is_a_400(server, monkeypatch, stream):
+    import diag.engine.grammar as grammar
+
+    monkeypatch.setattr(grammar, "MAX_DFA_STATES", 10)
+    schema = {**WEATHER, "description": f"fails {stream}"}
+    got, raw = post(server.url + "/v1/completions", {"prompt": "x", "max_tokens": 8, "stream": stream,
+                                                     "response_format": _weather_format(schema)})
+    assert got == 400 and b"\n" not in raw
+    err = json.loads(raw)["error"]
+    assert "cannot compile the grammar" in err["message"] and err["param"] == "response_format"
+    _wait_idle(server.engine, 10)
+    assert server.engine.stats()["requests"] == 0
