@@ -39,6 +39,9 @@ class ProbeStep:
     inject_long: tuple[int, int] = (0, 0)
     #: send no max_tokens (the server's default applies)
     omit_max_tokens: bool = False
+    #: the probe's --response-format design (e.g. "schema:6") and its generated schema's fields; None: plain text
+    response_format: str | None = None
+    schema_properties: int = 24
 
 
 @dataclass(frozen=True)
@@ -296,6 +299,14 @@ def _engine_overhead(cal: Calibration) -> Plan:
                 injected={"scheduler_stall_ms": round(stall_ms, 3)})
 
 
+def _grammar_compile(cal: Calibration) -> Plan:
+    # groups of six requests per fresh 30-field schema at two streams: each first use waits for its
+    # grammar (tens of decode steps of compile on 2 cores), its five repeats find it cached
+    step = ProbeStep(concurrency=2, requests=36, input_tokens="fixed:64", output_tokens="fixed:16",
+                     response_format="schema:6", schema_properties=30)
+    return Plan((Phase((), (step,)),), injected={"response_format": "schema:6", "schema_properties": 30})
+
+
 def _loadgen(cal: Calibration) -> Plan:
     step = ProbeStep(concurrency=4, requests=40, input_tokens="fixed:32", output_tokens="fixed:16", starve_client=True)
     return Plan((Phase((), (step,)),), injected={"client_cpu_hog": True})
@@ -347,6 +358,10 @@ SCENARIOS: tuple[Scenario, ...] = (
              "--kv-admission reserve and requests without max_tokens: each reserves the whole context, two of eight "
              "run while KV usage stays low; client-only it looks like a two-request cap (named queue)",
              _kv_reservation, fast=False, client_only_also=frozenset({"queue"})),
+    Scenario("grammar_compile", "grammar_compile",
+             "structured output with a fresh 30-field JSON schema every six requests (the probe's --response-format "
+             "schema:6) at 2 streams: each schema's first use waits for its grammar to compile, repeats hit the "
+             "engine's grammar cache", _grammar_compile, fast=False),
 )
 
 

@@ -97,7 +97,7 @@ FAMILIES: tuple[str, ...] = ("healthy", "queue", "tokenize", "prefill_compute", 
 #: families added after draws of the others were measured: a draw becomes one of these on a key of
 #: its own (:func:`added_family`), with the chance a uniform pick over all families would give, so
 #: every other draw of every seed stays what it was
-ADDED_FAMILIES: tuple[str, ...] = ("engine_overhead",)
+ADDED_FAMILIES: tuple[str, ...] = ("engine_overhead", "grammar_compile")
 #: every family a main-space draw can have
 ALL_FAMILIES: tuple[str, ...] = FAMILIES + ADDED_FAMILIES
 KINDS = ("plain", "mix", "near-miss")
@@ -156,6 +156,8 @@ class Draw:
                 + (f" faults: {faults}" if faults else "")
                 + (f" + {p['mix_second']} at {p['mix_share']:.0%} of its cost" if self.kind == "mix" else "")
                 + (f" long every {p['long_every']} ({p['long_steps']:.0f} steps)" if "long_steps" in p else "")
+                + (f" response_format {p['response_format']} ({p.get('schema_properties', 24)} fields)"
+                   if "response_format" in p else "")
                 + (f" keep-alive {p['keepalive_s']:.2f} s, mean gap {p['keepalive_s'] * p['gap_x']:.2f} s"
                    if "keepalive_s" in p else "")
                 + ("" if p.get("slo_given", True) else " no SLO")
@@ -176,10 +178,15 @@ def prompt_capped(d: Draw) -> bool:
 
 def added_family(space: str, seed: int, index: int, n_before: int) -> str | None:
     """One of :data:`ADDED_FAMILIES` for draw ``index`` of ``seed`` in ``space``, or None (the draw
-    keeps its family): each added family with the chance 1 / (``n_before`` + added), on a key of its
-    own, so that no other draw changed when one was added."""
-    x = random.Random(f"ttft-random-added:{space}:{seed}:{index}").random() * (n_before + len(ADDED_FAMILIES))
-    return ADDED_FAMILIES[int(x) - n_before] if x >= n_before else None
+    keeps its family). The k-th added family (from 0) takes a draw with the chance 1 / (``n_before``
+    + k + 1) on a key of its own, the latest first, so each ends with the chance 1 / (``n_before`` +
+    added) and adding one changed only the draws it took."""
+    for k in reversed(range(len(ADDED_FAMILIES))):
+        tag = "" if k == 0 else f"{ADDED_FAMILIES[k]}:"  # the first family's key is the one it always had
+        x = random.Random(f"ttft-random-added:{tag}{space}:{seed}:{index}").random() * (n_before + k + 1)
+        if x >= n_before + k:
+            return ADDED_FAMILIES[k]
+    return None
 
 
 def _rng(seed: int, index: int) -> random.Random:
@@ -321,6 +328,15 @@ def _plain(family: str, r: random.Random, p: dict[str, Any]) -> None:
         f["stall_steps"] = _logu(r, 1.5, 5.0)
         p.update(concurrency=r.randint(2, 6), design=r.choice(("closed", "open")), input_tokens=min(p["input_tokens"], 128),
                  output_tokens=r.randint(8, 32), requests=r.randint(24, 40))
+    elif family == "grammar_compile":
+        # the probe's --response-format schema:R design: a fresh generated schema of 20..60 fields
+        # every R requests, R above twice the streams so repeats follow answered first uses; each
+        # first use waits for its grammar (tens of short-prompt TTFTs of compile on 2 cores)
+        c = r.randint(1, 3)
+        group = r.randint(2 * c + 2, 2 * c + 5)
+        p.update(concurrency=c, design=r.choice(("closed", "open")), input_tokens=min(p["input_tokens"], 192),
+                 output_tokens=r.randint(8, 32), schema_properties=int(_logu(r, 20, 60)),
+                 response_format=f"schema:{group}", requests=group * r.randint(3, 5))
     elif family == "loadgen":
         p.update(starve_client=True, concurrency=r.randint(3, 8), design=r.choice(("closed", "open")),
                  requests=r.randint(30, 48), input_tokens=r.randint(16, 64), output_tokens=r.randint(8, 24),
@@ -368,6 +384,8 @@ def _near_miss(family: str, r: random.Random, p: dict[str, Any]) -> None:
     elif family == "engine_overhead":
         f.clear()
         f["stall_steps"] = r.uniform(0.03, 0.1)  # a loop whose own work is a few % of a step
+    elif family == "grammar_compile":
+        p.update(response_format="schema:repeat")  # the same schema throughout: compiled in the warm-up, cached
     elif family == "kv_reservation":
         p["kv_admission"] = "on-demand"  # the same budget and requests, blocks taken as used: all run
     elif family == "head_of_line":  # the plain family's engine and long prompts, one request at a time

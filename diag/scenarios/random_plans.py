@@ -189,7 +189,8 @@ def _step(d: Draw, cal: Calibration) -> ProbeStep:
     inp, out = length_spec(n_in, p["input_spread"]), length_spec(p["output_tokens"], p["output_spread"])
     common = dict(input_tokens=inp, output_tokens=out, warmup=p["warmup"], starve_client=bool(p.get("starve_client")),
                   inject_long=(long_prompt_tokens(cal, p["long_steps"]), p["long_every"]) if "long_steps" in p else (0, 0),
-                  omit_max_tokens=bool(p.get("omit_max_tokens")))
+                  omit_max_tokens=bool(p.get("omit_max_tokens")), response_format=p.get("response_format"),
+                  schema_properties=int(p.get("schema_properties", 24)))
     if p["design"] == "sweep":
         values = tuple(float(v) for v in p["sweep_values"])
         if "light_steps" in p:  # shares of the longest prompt
@@ -246,7 +247,7 @@ def build_plan(d: Draw, cal: Calibration) -> Plan:
                f"tpot_p99={_ms(p['tpot_steps'] * cal.decode_step_ms)}")
     elif d.family in ("queue", "kv_cache", "cold_start", "loadgen", "prefill_compute", "tokenize", "network",
                       "frontend", "pipeline_bubble", "prefix_cache", "head_of_line", "kv_reservation",
-                      "engine_overhead") \
+                      "engine_overhead", "grammar_compile") \
             and d.kind != "near-miss":
         slo = None  # the cause is the answer whatever the users hold, as in the catalogue
     if not p.get("slo_given", True):

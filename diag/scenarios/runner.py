@@ -29,6 +29,7 @@ from typing import Any
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, SweepSpec, WorkloadSpec, run_probe, run_sweep
 from collectors.probe.sweep import label, point_load
+from collectors.probe.schemas import parse_response_format
 from diag.capture import CaptureWriter
 from diag.scenarios.calibrate import Calibration
 from diag.scenarios.catalog import Phase, ProbeStep, Scenario
@@ -133,7 +134,9 @@ def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prom
                             prompts_file=str(prompts_file) if prompts_file else None,
                             shared_prefix_tokens=step.shared_prefix[0], shared_prefix_repeats=step.shared_prefix[1],
                             inject_long_tokens=step.inject_long[0], inject_long_every=step.inject_long[1],
-                            omit_max_tokens=step.omit_max_tokens)
+                            omit_max_tokens=step.omit_max_tokens,
+                            response_format=(parse_response_format(step.response_format, step.schema_properties)
+                                             if step.response_format else None))
     # the engine's own tokenizer sizes the prompts exactly (and no calibration requests go first)
     tokenizer = Path(__file__).resolve().parents[1] / "engine" / "data" / "tokenizer.json"
     # api and model given: no detection request reaches the engine before the measured ones; nor
