@@ -16,6 +16,7 @@ Not thread-safe: one connection per thread.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -98,6 +99,12 @@ def _one_line(exc: BaseException) -> str:
     return text[:300] + ("..." if len(text) > 300 else "")
 
 
+def _unreachable(exc: BaseException) -> str:
+    """Why a server could not be reached, short: the OS's reason when the message holds one."""
+    m = re.search(r"\[Errno -?\d+\] ([^\"')\]]+)", str(exc))
+    return m.group(1).strip() if m else _one_line(exc)[:160]
+
+
 class ChdbConnection:
     """An embedded chdb session on a directory (its tables persist there)."""
 
@@ -147,12 +154,15 @@ class HttpConnection:
         except ImportError:
             raise ClickHouseError("clickhouse-connect is not installed (pip install clickhouse-connect)") from None
         self.target = target
+        # the driver logs its failures as well as raising them: ours are one line, from the exception
+        logging.getLogger("clickhouse_connect").addHandler(logging.NullHandler())
+        logging.getLogger("clickhouse_connect").propagate = False
         try:
             self._c = clickhouse_connect.get_client(host=target.host, port=target.port, username=target.username,
                                                     password=target.password, database=target.database,
                                                     secure=target.secure, connect_timeout=connect_timeout_s)
         except Exception as exc:
-            raise ClickHouseError(f"{target.redacted()}: unreachable ({_one_line(exc)})") from None
+            raise ClickHouseError(f"{target.redacted()}: unreachable ({_unreachable(exc)})") from None
 
     def query_df(self, sql: str, params: Mapping[str, Any] | None = None) -> pd.DataFrame:
         try:

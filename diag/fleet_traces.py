@@ -89,7 +89,7 @@ class StoreRead:
                                   "windows": [{"start_ns": int(w["window_start_ns"]), **_agg_dict(w, brief=True)}
                                               for _, w in wins.iterrows()]}
         slow: dict[str, list[dict[str, Any]]] = {}
-        for _, r in self.slowest.iterrows():
+        for _, r in self.slowest.sort_values(["replica", "ttft_s"], ascending=[True, False]).iterrows():
             slow.setdefault(str(r["replica"]), []).append({
                 "trace_id": str(r["trace_id"]), "start_ns": int(r["start_ns"]), "ttft_s": _f(r["ttft_s"]),
                 "server_ttft_s": _f(r["server_ttft_s"]), "input_tokens": _f(r["input_tokens"]),
