@@ -17,6 +17,7 @@ each replica and the fleet (pure computation on the read).
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from diag.analysis import Analysis, analyze_captures
 from diag.capture import Capture, CaptureError, base_meta
 from diag.clickhouse import ClickHouseError, Connection, connect, table_exists
 from diag.fleet import FleetAnalysis, Replica, hot_replica
-from diag.otel_traces import DEFAULT_TABLE, SPAN_QUERY_COLUMNS, check_identifier, span_table
+from diag.otel_traces import DEFAULT_TABLE, SPAN_QUERY_COLUMNS, check_identifier, requests_from_span_table, span_table
 
 #: the replica label when none is given: the OpenTelemetry resource attribute for one instance
 DEFAULT_BY = "service.instance.id"
@@ -236,9 +237,31 @@ def analyze_store(read: StoreRead, rules_file: str | None = None, slo: dict[str,
     return FleetAnalysis(read.query.by, fleet, replicas, hot_replica(replicas), store=read.summary())
 
 
+def write_captures(read: StoreRead, out: str | Path) -> list[Path]:
+    """What was read, kept as captures: ``out/<replica>/`` holds that replica's sampled spans
+    (``spans.otlp.jsonl``, its resource naming the replica by ``by``) and a ``meta.json`` saying
+    where they came from; ``ttft report``, ``view``, ``diff`` and ``export`` read them."""
+    from diag.capture import CaptureWriter
+    from diag.otlp_json import json_line
+
+    base = Path(out)
+    written = []
+    for name in sorted(str(n) for n in read.spans["replica"].unique()):
+        rows = read.spans[read.spans["replica"] == name].drop(columns=["replica"])
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", name) or "unlabelled"
+        cap = _capture(read, name, read.spans[read.spans["replica"] == name])
+        with CaptureWriter(base / safe, meta={"command": "analyze --from-clickhouse -o",
+                                              "source": cap.meta["source"]}) as w:
+            w.append_span_lines(json_line(doc) for doc in
+                                requests_from_span_table(rows, {read.query.by: name} if name and read.query.by else None))
+        written.append(base / safe)
+    return written
+
+
 def analyze_clickhouse(q: StoreQuery, rules_file: str | None = None, slo: dict[str, float] | None = None) -> FleetAnalysis:
     """:func:`read_store` then :func:`analyze_store`."""
     return analyze_store(read_store(q), rules_file, slo)
 
 
-__all__ = ["DEFAULT_BY", "StoreQuery", "StoreRead", "analyze_clickhouse", "analyze_store", "read_store"]
+__all__ = ["DEFAULT_BY", "StoreQuery", "StoreRead", "analyze_clickhouse", "analyze_store", "read_store",
+           "write_captures"]

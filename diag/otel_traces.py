@@ -324,6 +324,66 @@ def span_table(rows: pd.DataFrame, source: str) -> pd.DataFrame:
     return out.loc[:, [*SPAN_COLUMNS, *(c for c in out.columns if c not in SPAN_COLUMNS)]]
 
 
+# --- a span table -> OTLP JSON (to keep what was read as a capture) --------------------------
+
+
+def any_value(v: Any) -> dict[str, Any]:
+    """A decoded attribute value as an OTLP JSON AnyValue (what the capture loader reads back)."""
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, (int, np.integer)):
+        return {"intValue": str(int(v))}
+    if isinstance(v, (float, np.floating)):
+        return {"doubleValue": float(v)} if math.isfinite(v) else {"stringValue": str(v)}
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return {"arrayValue": {"values": [any_value(x) for x in v]}}
+    if isinstance(v, Mapping):
+        return {"kvlistValue": {"values": [{"key": str(k), "value": any_value(x)} for k, x in v.items()]}}
+    return {"stringValue": "" if v is None else str(v)}
+
+
+def _present(v: Any) -> bool:
+    if v is None:
+        return False
+    if isinstance(v, float) and math.isnan(v):
+        return False
+    return True
+
+
+def requests_from_span_table(spans: pd.DataFrame, resource: Mapping[str, str] | None = None,
+                             batch: int = 512) -> Iterator[dict[str, Any]]:
+    """A span table (``diag.capture``'s columns) as OTLP JSON ExportTraceServiceRequests of at
+    most ``batch`` spans, one resource per service with ``resource`` attributes added."""
+    attr_cols = [c for c in spans.columns if c in KNOWN_ATTRS]
+    extra = spans["extra"] if "extra" in spans.columns else None
+    for service, group in spans.groupby(spans["service"].astype(str), sort=True, observed=True):
+        res = [{"key": "service.name", "value": {"stringValue": str(service)}}]
+        res += [{"key": k, "value": {"stringValue": str(v)}} for k, v in (resource or {}).items()]
+        docs: list[dict[str, Any]] = []
+        cols = {c: group[c].to_numpy() for c in ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns",
+                                                 "end_ns", "status_code", *attr_cols)}
+        extras = group["extra"].to_numpy() if extra is not None else None
+        for i in range(len(group)):
+            attrs = [{"key": k, "value": any_value(cols[k][i])} for k in attr_cols if _present(cols[k][i])]
+            if extras is not None and isinstance(extras[i], Mapping):
+                attrs += [{"key": str(k), "value": any_value(v)} for k, v in extras[i].items()]
+            code = int(cols["status_code"][i])
+            doc: dict[str, Any] = {"traceId": str(cols["trace_id"][i]), "spanId": str(cols["span_id"][i]),
+                                   "name": str(cols["name"][i]), "kind": int(cols["kind"][i]),
+                                   "startTimeUnixNano": str(int(cols["start_ns"][i])),
+                                   "endTimeUnixNano": str(int(cols["end_ns"][i])), "attributes": attrs,
+                                   "status": {"code": code} if code else {}}
+            parent = cols["parent_span_id"][i]
+            if isinstance(parent, str) and parent:
+                doc["parentSpanId"] = parent
+            docs.append(doc)
+            if len(docs) >= batch:
+                yield {"resourceSpans": [{"resource": {"attributes": res}, "scopeSpans": [{"spans": docs}]}]}
+                docs = []
+        if docs:
+            yield {"resourceSpans": [{"resource": {"attributes": res}, "scopeSpans": [{"spans": docs}]}]}
+
+
 __all__ = ["DEFAULT_TABLE", "INSERT_COLUMNS", "SPAN_KINDS", "SPAN_QUERY_COLUMNS", "STATUS_CODES", "STRING_KEYS",
            "TRACES_TABLE_DDL", "check_identifier", "decode_value", "encode_attributes", "encode_value",
-           "rows_from_request", "span_table", "traces_ddl"]
+           "any_value", "requests_from_span_table", "rows_from_request", "span_table", "traces_ddl"]

@@ -61,7 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     fleet.add_argument("--step", type=float, default=5.0, metavar="S",
                        help="with --from-prometheus: seconds between points read (default 5)")
     fleet.add_argument("-o", "--output", metavar="CAPTURE",
-                       help="with --from-prometheus: also keep the series read as a capture (default: not kept)")
+                       help="with --from-prometheus: also keep the series read as a capture; with --from-clickhouse: "
+                       "keep each replica's sampled spans as a capture CAPTURE/<replica>/ for report, view, diff "
+                       "and export (default: not kept)")
     return p
 
 
@@ -124,7 +126,7 @@ def run_clickhouse(args: argparse.Namespace, slo: Mapping[str, float] | None) ->
     from diag.capture import CaptureError
     from diag.cli import UsageError
     from diag.clickhouse import ClickHouseError
-    from diag.fleet_traces import StoreQuery, analyze_store, read_store
+    from diag.fleet_traces import StoreQuery, analyze_store, read_store, write_captures
     from diag.units import parse_duration_s
 
     if args.captures or args.from_prometheus:
@@ -133,7 +135,12 @@ def run_clickhouse(args: argparse.Namespace, slo: Mapping[str, float] | None) ->
         q = StoreQuery(args.from_clickhouse, table=args.table, service=args.service,
                        since_s=parse_duration_s(args.since), by=args.by or DEFAULT_BY,
                        window_s=parse_duration_s(args.window), sample=args.sample)
-        return analyze_store(read_store(q), rules_file=args.rules, slo=dict(slo) if slo else None)
+        read = read_store(q)
+        if args.output:
+            kept = write_captures(read, args.output)
+            print(f"ttft analyze: kept {len(kept)} replicas' sampled spans as captures under {args.output}",
+                  file=sys.stderr)
+        return analyze_store(read, rules_file=args.rules, slo=dict(slo) if slo else None)
     except (ClickHouseError, CaptureError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 

@@ -200,3 +200,20 @@ def test_bad_input_is_one_line(tmp_path: Path, fleet: tuple[dict[str, dict[str, 
         assert want in err and len(err.splitlines()) == 1, (argv, err)
     assert main(["export", str(tmp_path), "--to-clickhouse", url]) == BAD_INPUT
     assert "no spans.otlp.jsonl" in capsys.readouterr().err
+
+
+def test_what_was_read_is_kept_as_captures_for_the_other_commands(
+        tmp_path: Path, fleet: tuple[dict[str, dict[str, Path]], str], capsys: pytest.CaptureFixture[str]) -> None:
+    dirs, url = fleet
+    kept = tmp_path / "kept"
+    assert main(["analyze", "--from-clickhouse", url, *SINCE, "-o", str(kept), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(p.name for p in kept.iterdir()) == sorted(FLEET)
+    by_name = {r["name"]: r["verdict"]["category"] for r in doc["replicas"]}
+    for name in FLEET:
+        assert analyze_paths([kept / name]).diagnosis.verdict.category == by_name[name] == \
+            _verdict([dirs[name]["client"], dirs[name]["server"]])[0]
+    assert main(["report", str(kept / SLOW), "-o", str(tmp_path / "r.md")]) == 0
+    assert main(["diff", str(kept / "replica-a"), str(kept / SLOW)]) == 0
+    assert main(["export", str(kept / SLOW), "-o", str(tmp_path / "r.csv")]) == 0
+    assert "queue" in capsys.readouterr().out
