@@ -87,7 +87,7 @@ class Connection(Protocol):
 
     def query_df(self, sql: str, params: Mapping[str, Any] | None = None) -> pd.DataFrame: ...
 
-    def command(self, sql: str) -> None: ...
+    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> None: ...
 
     def insert_json_rows(self, table: str, lines: Iterable[str]) -> None: ...
 
@@ -130,8 +130,8 @@ class ChdbConnection:
         out = self._run(sql, "DataFrame", params)
         return out if isinstance(out, pd.DataFrame) else pd.DataFrame()
 
-    def command(self, sql: str) -> None:
-        self._run(sql, "CSV")
+    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        self._run(sql, "CSV", params)
 
     def insert_json_rows(self, table: str, lines: Iterable[str]) -> None:
         body = "\n".join(lines)
@@ -170,9 +170,9 @@ class HttpConnection:
         except Exception as exc:
             raise ClickHouseError(f"{self.target.redacted()}: {_one_line(exc)}") from None
 
-    def command(self, sql: str) -> None:
+    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
         try:
-            self._c.command(sql)
+            self._c.command(sql, parameters=dict(params) if params else None)
         except Exception as exc:
             raise ClickHouseError(f"{self.target.redacted()}: {_one_line(exc)}") from None
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,22 @@ def _timed(seconds: dict[str, float], name: str, conn: Connection, sql: str, par
     return out
 
 
+def _request_rows(conn: Connection, table: str, by: str | None, service: bool, params: dict[str, Any],
+                  seconds: dict[str, float]) -> tuple[str, str | None]:
+    """Where the other queries read the request rows from: a temporary table made once (the
+    spans are grouped once), or, where the user may not make one (``readonly=1``), the grouping
+    as a subquery in each. Returns (source, the temporary table to drop or None)."""
+    temp = f"ttft_requests_{uuid.uuid4().hex[:12]}"
+    t0 = time.perf_counter()
+    try:
+        conn.command(f"CREATE TEMPORARY TABLE {temp} ENGINE = Memory AS {T.request_rows_sql(table, by, service)}",
+                     params)
+    except ClickHouseError:
+        return T.request_source(table, by, service), None
+    seconds["request_rows"] = time.perf_counter() - t0
+    return temp, temp
+
+
 def read_store(q: StoreQuery, conn: Connection | None = None) -> StoreRead:
     """Run the queries of :mod:`diag.trace_sql` for ``q``; raises ClickHouseError (one line) on a
     bad URL or table, an unreachable server, or a window with no request span."""
@@ -170,26 +187,34 @@ def read_store(q: StoreQuery, conn: Connection | None = None) -> StoreRead:
             params["service"] = q.service
         svc = bool(q.service)
         seconds: dict[str, float] = {}
-        agg = _timed(seconds, "aggregates", conn, T.aggregates_sql(table, q.by, svc),
-                     {**params, "window_ns": int(q.window_s * 1e9)})
-        fleet = agg[agg["level"] == "fleet"]
-        if not len(fleet) or int(fleet["requests"].iloc[0]) == 0:
-            raise ClickHouseError(f"{where}: no request spans ({stages.SPAN_REQUEST}, {stages.SPAN_CLIENT_REQUEST} "
-                                  f"or {stages.VLLM_SPAN_REQUEST}) in the last {q.since_s:g} s"
-                                  + (f" from service {q.service!r}" if q.service else ""))
-        reps = agg[agg["level"] == "replica"]
-        totals = {str(r): int(n) for r, n in zip(reps["replica"], reps["requests"])}
-        slowest = _timed(seconds, "slowest", conn, T.slowest_sql(table, q.by, svc), {**params, "k": q.slowest}) \
-            if q.slowest else pd.DataFrame(columns=["replica", "trace_id", "start_ns", "ttft_s", "server_ttft_s",
-                                                    "input_tokens", *T.STAGE_COLUMNS])
-        sample = _timed(seconds, "sample", conn, T.sample_sql(table, q.by, svc), {**params, "n": q.sample})
-        sampled = {str(k): int(v) for k, v in sample.groupby("replica")["trace_id"].count().items()}
-        first = {str(k): int(v) for k, v in sample.groupby("replica")["start_ns"].min().items()}
-        from_ns = {r: (lo if sampled.get(r, 0) >= totals.get(r, 0) else first[r]) for r in sampled}
-        spans = _timed(seconds, "sample_spans", conn, T.sample_spans_sql(table, q.by, svc), {**params, "n": q.sample})
-        steps = _timed(seconds, "steps", conn, T.steps_sql(table, q.by, svc),
-                       {**params, "from_ns": from_ns, "max_steps": q.max_steps}) if q.max_steps and from_ns \
-            else pd.DataFrame(columns=list(SPAN_QUERY_COLUMNS))
+        source, temp = _request_rows(conn, table, q.by, svc, params, seconds)
+        try:
+            agg = _timed(seconds, "aggregates", conn, T.aggregates_sql(source),
+                         {**params, "window_ns": int(q.window_s * 1e9)})
+            fleet = agg[agg["level"] == "fleet"]
+            if not len(fleet) or int(fleet["requests"].iloc[0]) == 0:
+                raise ClickHouseError(f"{where}: no request spans ({stages.SPAN_REQUEST}, {stages.SPAN_CLIENT_REQUEST} "
+                                      f"or {stages.VLLM_SPAN_REQUEST}) in the last {q.since_s:g} s"
+                                      + (f" from service {q.service!r}" if q.service else ""))
+            reps = agg[agg["level"] == "replica"]
+            totals = {str(r): int(n) for r, n in zip(reps["replica"], reps["requests"])}
+            slowest = _timed(seconds, "slowest", conn, T.slowest_sql(source), {**params, "k": q.slowest}) \
+                if q.slowest else pd.DataFrame(columns=["replica", "trace_id", "start_ns", "ttft_s", "server_ttft_s",
+                                                        "input_tokens", *T.STAGE_COLUMNS])
+            sample = _timed(seconds, "sample", conn, T.sample_sql(source), {**params, "n": q.sample})
+            sampled = {str(k): int(v) for k, v in sample.groupby("replica")["trace_id"].count().items()}
+            first = {str(k): int(v) for k, v in sample.groupby("replica")["start_ns"].min().items()}
+            from_ns = {r: (lo if sampled.get(r, 0) >= totals.get(r, 0) else first[r]) for r in sampled}
+            spans = _timed(seconds, "sample_spans", conn, T.sample_spans_sql(table, source), {**params, "n": q.sample})
+            steps = _timed(seconds, "steps", conn, T.steps_sql(table, q.by, svc),
+                           {**params, "from_ns": from_ns, "max_steps": q.max_steps}) if q.max_steps and from_ns \
+                else pd.DataFrame(columns=list(SPAN_QUERY_COLUMNS))
+        finally:
+            if temp:
+                try:
+                    conn.command(f"DROP TEMPORARY TABLE IF EXISTS {temp}")
+                except ClickHouseError:
+                    pass
     finally:
         if own:
             conn.close()
@@ -206,22 +231,26 @@ def _empty_series() -> pd.DataFrame:
                          for c in stages.SERIES_COLUMNS})
 
 
-def _capture(read: StoreRead, name: str, spans: pd.DataFrame) -> Capture:
+def _capture(read: StoreRead, name: str, spans: pd.DataFrame, series: pd.DataFrame | None = None) -> Capture:
     q = read.query
     meta = {**base_meta(), "command": "analyze --from-clickhouse", "source": {
         "clickhouse": read.where, "service": q.service, "by": q.by, "replica": name or None,
         "from_ns": read.lo_ns, "to_ns": read.hi_ns}}
     return Capture(path=Path(f"clickhouse/{q.table}/{name or 'fleet'}"), meta=meta,
-                   spans=spans.drop(columns=["replica"]).reset_index(drop=True), series=_empty_series(),
-                   warnings=[])
+                   spans=spans.drop(columns=["replica"]).reset_index(drop=True),
+                   series=series if series is not None else _empty_series(), warnings=[])
 
 
-def analyze_store(read: StoreRead, rules_file: str | None = None, slo: dict[str, float] | None = None) -> FleetAnalysis:
+def analyze_store(read: StoreRead, rules_file: str | None = None, slo: dict[str, float] | None = None,
+                  series: pd.DataFrame | None = None) -> FleetAnalysis:
     """Judge each replica on its sampled spans, the fleet on all of them, and name the hot replica
     (a bottleneck verdict and the highest TTFT p95 over all its requests in the window, from the
-    database). Raises CaptureError when no span names a replica by ``by``."""
+    database). ``series`` (``diag.stages.SERIES_COLUMNS``, e.g. ``--from-prometheus``'s) joins in:
+    the fleet gets every row, a replica the rows whose ``entity`` is its name. Raises CaptureError
+    when no span names a replica by ``by``."""
     spans = read.spans
-    fleet = analyze_captures([_capture(read, "", spans)], rules_file=rules_file, slo=slo)
+    fleet = analyze_captures([_capture(read, "", spans, series)], rules_file=rules_file, slo=slo)
+    entity = series["entity"].astype(str) if series is not None and len(series) else None
     p95 = {}
     reps = read.aggregates[read.aggregates["level"] == "replica"]
     for name, q in zip(reps["replica"], reps["ttft_q"]):
@@ -229,7 +258,8 @@ def analyze_store(read: StoreRead, rules_file: str | None = None, slo: dict[str,
     replicas: list[Replica] = []
     for name in sorted(n for n in spans["replica"].unique() if n):
         rows = spans[spans["replica"] == name]
-        one: Analysis = analyze_captures([_capture(read, name, rows)], rules_file=rules_file, slo=slo)
+        own = series[entity == name].reset_index(drop=True) if entity is not None else None
+        one: Analysis = analyze_captures([_capture(read, name, rows, own)], rules_file=rules_file, slo=slo)
         replicas.append(Replica(name, one, p95.get(name), len(rows)))
     if not replicas:
         raise CaptureError(f"{read.where}: no span carries a replica label {read.query.by!r} (a resource or span "

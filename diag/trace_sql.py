@@ -74,8 +74,8 @@ def request_rows_sql(table: str, by: str | None, service: bool) -> str:
             f"AND mapContains(SpanAttributes, {_q(S.VLLM_TTFT)}) AND mapContains(SpanAttributes, {_q(S.VLLM_QUEUE)})))")
     srv, cli = f"SpanName = {_q(S.SPAN_REQUEST)}", f"SpanName = {_q(S.SPAN_CLIENT_REQUEST)}"
 
-    def anyattr(key: str, cond: str) -> str:
-        return f"anyIf({_a(key)}, {cond} AND mapContains(SpanAttributes, {_q(key)}))"
+    def anyattr(key: str, cond: str) -> str:  # '' (absent) is NULL, which any() skips
+        return f"anyIf(nullIf(a[{_q(key)}], ''), {cond})"
 
     def num(key: str, cond: str) -> str:
         return f"toFloat64OrNull({anyattr(key, cond)})"
@@ -84,6 +84,7 @@ def request_rows_sql(table: str, by: str | None, service: bool) -> str:
         return f"toInt64OrNull({anyattr(key, cond)})"
 
     names = ", ".join(_q(n) for n in REQUEST_SPAN_NAMES)
+    roots = ", ".join(_q(n) for n in (S.SPAN_REQUEST, S.SPAN_CLIENT_REQUEST, S.VLLM_SPAN_REQUEST))
     stage_sums = ",\n    ".join(
         f"if(has_server AND countIf(SpanName = {_q(st)}) > 0, sumIf(dur_s, SpanName = {_q(st)}), NULL) AS own_{st}"
         for st in S.TTFT_STAGES + (S.NETWORK, S.LUMPED))
@@ -97,7 +98,7 @@ SELECT
     countIf({srv}) > 0 AS has_server,
     countIf({cli}) > 0 AS has_client,
     countIf(is_vllm) > 0 AS has_vllm,
-    multiIf(has_server, anyIf(label, {srv}), has_vllm, anyIf(label, is_vllm), any(label)) AS replica,
+    multiIf(has_server, anyIf(label, {srv}), has_vllm, anyIf(label, is_vllm), anyIf(label, {cli})) AS replica,
     if(has_server, minIf(s_start, {srv}), if(has_vllm, minIf(s_start, is_vllm), NULL)) AS server_start_ns,
     if(has_client, coalesce({ns(S.ATTR_CLIENT_START_NS, cli)}, minIf(s_start, {cli})), NULL) AS client_start_ns,
     coalesce(client_start_ns, server_start_ns) AS start_ns,
@@ -110,8 +111,8 @@ SELECT
                 NULL),
              if(has_server, (maxIf(s_end, {srv}) - server_start_ns) / 1e9,
                 coalesce({num(S.VLLM_E2E, 'is_vllm')}, (maxIf(s_end, is_vllm) - server_start_ns) / 1e9))) AS e2e_s,
-    coalesce(nullIf({anyattr(S.ATTR_ERROR, cli)}, ''), nullIf({anyattr(S.ATTR_ERROR, srv)}, '')) AS error,
-    {anyattr(S.ATTR_WARMUP, cli)} = 'true' AS warmup,
+    coalesce({anyattr(S.ATTR_ERROR, cli)}, {anyattr(S.ATTR_ERROR, srv)}) AS error,
+    coalesce({anyattr(S.ATTR_WARMUP, cli)}, '') = 'true' AS warmup,
     coalesce({num(S.GEN_AI_USAGE_INPUT_TOKENS, srv)}, {num(S.VLLM_PROMPT_TOKENS, 'is_vllm')},
              {num(S.GEN_AI_USAGE_INPUT_TOKENS, 'is_vllm')}, {num(S.GEN_AI_USAGE_INPUT_TOKENS, cli)}) AS input_tokens,
     coalesce({num(S.GEN_AI_USAGE_OUTPUT_TOKENS, srv)}, {num(S.VLLM_COMPLETION_TOKENS, 'is_vllm')},
@@ -133,12 +134,14 @@ SELECT
     if(has_server, coalesce(own_{S.NETWORK}, gap_s), NULL) AS {col(S.NETWORK)},
     NOT warmup AND error IS NULL AND ttft_s IS NOT NULL AS ok
 FROM (
-    SELECT TraceId, SpanName, ServiceName, SpanAttributes,
+    SELECT TraceId, SpanName, ServiceName,
            toUnixTimestamp64Nano(Timestamp) AS s_start,
            s_start + toInt64(Duration) AS s_end,
-           coalesce(toFloat64OrNull({_a(S.ATTR_DURATION_S)}), Duration / 1e9) AS dur_s,
            {vllm} AS is_vllm,
-           {label_expr(by)} AS label
+           -- the attributes of request roots only: the stage spans need their duration alone
+           if(SpanName IN ({roots}) OR is_vllm, SpanAttributes, CAST(map(), 'Map(LowCardinality(String), String)')) AS a,
+           if(SpanName IN ({roots}), Duration / 1e9, coalesce(toFloat64OrNull({_a(S.ATTR_DURATION_S)}), Duration / 1e9)) AS dur_s,
+           if(SpanName IN ({roots}) OR is_vllm, {label_expr(by)}, '') AS label
     FROM {table}
     WHERE {window_filter(False)}
       AND (SpanName IN ({names}) OR mapContains(SpanAttributes, {_q(S.VLLM_TTFT)}))
@@ -153,7 +156,12 @@ def _quantiles(expr: str, cond: str) -> str:
     return f"quantilesExactInclusiveIf({qs})({expr}, {cond})"
 
 
-def aggregates_sql(table: str, by: str | None, service: bool) -> str:
+def request_source(table: str, by: str | None, service: bool) -> str:
+    """:func:`request_rows_sql` as a subquery to read from (where it cannot be materialized once)."""
+    return f"({request_rows_sql(table, by, service)})"
+
+
+def aggregates_sql(source: str) -> str:
     """Per replica, per window (``{window_ns:Int64}`` wide, by request start) and for the fleet
     (``level``: "fleet", "replica", "window"): requests, completed ones (``ok``: not warm-up,
     no error, a TTFT), errors, TTFT and server TTFT quantiles (:data:`QUANTILES`, arrays), max
@@ -175,31 +183,31 @@ SELECT
     multiIf(grouping(replica, win) = 3, 'fleet', grouping(replica, win) = 1, 'replica', 'window') AS level,
     replica, win * {{window_ns:Int64}} AS window_start_ns,
     {cols}
-FROM (SELECT *, intDiv(start_ns, {{window_ns:Int64}}) AS win FROM ({request_rows_sql(table, by, service)}))
+FROM (SELECT *, intDiv(start_ns, {{window_ns:Int64}}) AS win FROM {source})
 GROUP BY GROUPING SETS ((), (replica), (replica, win))
 ORDER BY level, replica, window_start_ns
 """
 
 
-def slowest_sql(table: str, by: str | None, service: bool) -> str:
+def slowest_sql(source: str) -> str:
     """The ``{k:UInt64}`` completed requests with the highest TTFT per replica: their trace ids
     (to look up in the trace store), TTFT and stages."""
     cols = ", ".join(STAGE_COLUMNS)
     return f"""
 SELECT replica, trace_id, start_ns, ttft_s, server_ttft_s, client_ttft_s, input_tokens, output_tokens, {cols}
-FROM ({request_rows_sql(table, by, service)})
+FROM {source}
 WHERE ok
 ORDER BY ttft_s DESC
 LIMIT {{k:UInt64}} BY replica
 """
 
 
-def sample_sql(table: str, by: str | None, service: bool) -> str:
+def sample_sql(source: str) -> str:
     """The ``{n:UInt64}`` most recent requests of each replica (all of them, errors and warm-ups
     too): ``trace_id, replica, start_ns``; what the rules judge each replica on."""
     return f"""
 SELECT trace_id, replica, start_ns
-FROM ({request_rows_sql(table, by, service)})
+FROM {source}
 ORDER BY start_ns DESC
 LIMIT {{n:UInt64}} BY replica
 """
@@ -210,13 +218,13 @@ _SPAN_COLUMNS = """TraceId AS trace_id, SpanId AS span_id, ParentSpanId AS paren
        Duration AS duration_ns, toString(StatusCode) AS status, SpanAttributes AS attributes"""
 
 
-def sample_spans_sql(table: str, by: str | None, service: bool) -> str:
+def sample_spans_sql(table: str, source: str) -> str:
     """Every span of the sampled requests (:func:`sample_sql`) with its request's replica
     (``diag.otel_traces.SPAN_QUERY_COLUMNS``)."""
     return f"""
 SELECT {_SPAN_COLUMNS}, s.replica AS replica
 FROM {table} AS t
-INNER JOIN ({sample_sql(table, by, service)}) AS s ON t.TraceId = s.trace_id
+INNER JOIN ({sample_sql(source)}) AS s ON t.TraceId = s.trace_id
 WHERE {window_filter(False)}
 """
 
@@ -240,5 +248,5 @@ LIMIT {{max_steps:UInt64}} BY replica
 
 
 __all__ = ["QUANTILES", "REQUEST_SPAN_NAMES", "STAGE_COLUMNS", "TIMELINE_SPAN_NAMES", "aggregates_sql",
-           "label_expr", "request_rows_sql", "sample_spans_sql", "sample_sql", "slowest_sql", "steps_sql",
+           "label_expr", "request_rows_sql", "request_source", "sample_spans_sql", "sample_sql", "slowest_sql", "steps_sql",
            "table_ref", "window_filter"]

@@ -129,8 +129,16 @@ def run_clickhouse(args: argparse.Namespace, slo: Mapping[str, float] | None) ->
     from diag.fleet_traces import StoreQuery, analyze_store, read_store, write_captures
     from diag.units import parse_duration_s
 
-    if args.captures or args.from_prometheus:
-        raise UsageError("give captures, --from-prometheus URL or --from-clickhouse URL, one of them")
+    if args.captures:
+        raise UsageError("give captures or --from-clickhouse URL, not both")
+    series = None
+    if args.from_prometheus:  # joined: each replica gets the series whose instance label is its name
+        import tempfile
+
+        from diag.capture import load_capture
+
+        with tempfile.TemporaryDirectory(prefix="ttft-fleet-") as tmp:
+            series = load_capture(read_prometheus(args, "instance", f"{tmp}/fleet")).series
     try:
         q = StoreQuery(args.from_clickhouse, table=args.table, service=args.service,
                        since_s=parse_duration_s(args.since), by=args.by or DEFAULT_BY,
@@ -140,7 +148,7 @@ def run_clickhouse(args: argparse.Namespace, slo: Mapping[str, float] | None) ->
             kept = write_captures(read, args.output)
             print(f"ttft analyze: kept {len(kept)} replicas' sampled spans as captures under {args.output}",
                   file=sys.stderr)
-        return analyze_store(read, rules_file=args.rules, slo=dict(slo) if slo else None)
+        return analyze_store(read, rules_file=args.rules, slo=dict(slo) if slo else None, series=series)
     except (ClickHouseError, CaptureError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 

@@ -192,7 +192,8 @@ def test_bad_input_is_one_line(tmp_path: Path, fleet: tuple[dict[str, dict[str, 
         (["--from-clickhouse", url, *SINCE, "--by", "k8s.pod.name"], "no span carries a replica label"),
         (["--from-clickhouse", url, "--table", "otel_traces; DROP TABLE x", *SINCE], "bad table name"),
         (["--from-clickhouse", "http://127.0.0.1:9", *SINCE], "unreachable"),
-        (["--from-clickhouse", url, "--from-prometheus", "http://127.0.0.1:9"], "one of them"),
+        (["--from-clickhouse", url, *SINCE, "--from-prometheus", "http://127.0.0.1:9"], "unreachable"),
+        (["--from-clickhouse", url, str(tmp_path)], "not both"),
     ]
     for argv, want in cases:
         assert main(["analyze", *argv]) == BAD_INPUT, argv
@@ -217,3 +218,17 @@ def test_what_was_read_is_kept_as_captures_for_the_other_commands(
     assert main(["diff", str(kept / "replica-a"), str(kept / SLOW)]) == 0
     assert main(["export", str(kept / SLOW), "-o", str(tmp_path / "r.csv")]) == 0
     assert "queue" in capsys.readouterr().out
+
+
+def test_series_join_each_replica_by_name(fleet: tuple[dict[str, dict[str, Path]], str]) -> None:
+    """``--from-prometheus`` beside ``--from-clickhouse``: a replica gets the series rows whose
+    instance is its name, the fleet all of them."""
+    import pandas as pd
+
+    _, url = fleet
+    rows = [(1000.0 + k, "prometheus", stages.SERIES_WAITING, name, 3.0) for k in range(5) for name in (SLOW, "other")]
+    series = pd.DataFrame(rows, columns=list(stages.SERIES_COLUMNS))
+    f = analyze_store(read_store(StoreQuery(url, since_s=2 * 86400)), series=series)
+    got = {r.name: set(r.analysis.tables.series["entity"]) for r in f.replicas}
+    assert got[SLOW] == {SLOW} and got["replica-a"] == set()
+    assert set(f.fleet.tables.series["entity"]) == {SLOW, "other"}
