@@ -6,7 +6,8 @@ A fleet's metrics come from one Prometheus server (``ttft scrape --from-promethe
 rule engine once per replica on that replica's rows alone, and once on all of them (the
 fleet's verdict), and names the **hot** replica: the one with a bottleneck verdict whose TTFT
 p95 (engine metrics, seconds) is highest. Per-request spans, if the capture has any, stay with
-the fleet's analysis only: spans do not say which replica served them.
+the fleet's analysis only: a capture's spans do not say which replica served them (a trace
+store's do: :mod:`diag.fleet_traces` judges each replica on its own spans).
 
 Pure computation on loaded tables; any thread.
 """

@@ -7,7 +7,9 @@ rows come the aggregates per replica, per window and for the fleet (:func:`aggre
 counts, TTFT and stage quantiles, stage shares), the slowest requests of each replica
 (:func:`slowest_sql`), and, for the rules, the spans of a bounded sample of each replica's most
 recent requests (:func:`sample_spans_sql`) and its engine steps in their time (:func:`steps_sql`).
-Only those results leave the database.
+Only those results leave the database. The request rows are grouped once into a temporary table
+that the other queries read (``diag.fleet_traces``), or, where that is refused, recomputed as a
+subquery (:func:`request_source`).
 
 The per-request arithmetic follows ``diag.tables`` (stage spans count only in traces with our
 ``ttft.request`` root; ``prefill`` is exclusive of ``comm``; network is client TTFT minus server
