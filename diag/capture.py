@@ -203,6 +203,8 @@ _KNOWN_ATTRS: tuple[str, ...] = tuple(
     )
 )
 _KNOWN_SET = frozenset(_KNOWN_ATTRS)
+#: attribute keys a span table holds as columns of their own (the rest: ``extra``)
+KNOWN_ATTRS: frozenset[str] = _KNOWN_SET
 
 SPAN_COLUMNS: tuple[str, ...] = (
     "trace_id",

@@ -6,7 +6,8 @@ A fleet's metrics come from one Prometheus server (``ttft scrape --from-promethe
 rule engine once per replica on that replica's rows alone, and once on all of them (the
 fleet's verdict), and names the **hot** replica: the one with a bottleneck verdict whose TTFT
 p95 (engine metrics, seconds) is highest. Per-request spans, if the capture has any, stay with
-the fleet's analysis only: spans do not say which replica served them.
+the fleet's analysis only: a capture's spans do not say which replica served them (a trace
+store's do: :mod:`diag.fleet_traces` judges each replica on its own spans).
 
 Pure computation on loaded tables; any thread.
 """
@@ -56,10 +57,16 @@ class FleetAnalysis:
     replicas: list[Replica]
     #: the replica with a bottleneck verdict and the highest TTFT p95 (None: no replica has one)
     hot: str | None
+    #: read from a trace store (``diag.fleet_traces``): the database's aggregates over every
+    #: request, the slowest requests and what was sampled; None for a capture
+    store: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"by": self.by, "hot": self.hot, "fleet": self.fleet.to_dict(),
-                "replicas": [r.to_dict() for r in self.replicas]}
+        out = {"by": self.by, "hot": self.hot, "fleet": self.fleet.to_dict(),
+               "replicas": [r.to_dict() for r in self.replicas]}
+        if self.store is not None:
+            out["store"] = self.store
+        return out
 
 
 def _ttft_p95_s(analysis: Analysis) -> float | None:
@@ -81,9 +88,13 @@ def split_by_replica(fleet: Analysis, by: str, rules_file: str | None = None,
         diagnosis = rules.diagnose(tables, rules_file=rules_file, slo=slo)
         one = Analysis(fleet.paths, tables, stage_decomposition(tables.requests), diagnosis, [], slo)
         replicas.append(Replica(name, one, _ttft_p95_s(one), len(rows)))
+    return FleetAnalysis(by, fleet, replicas, hot_replica(replicas))
+
+
+def hot_replica(replicas: list[Replica]) -> str | None:
+    """The replica with a bottleneck verdict and the highest TTFT p95 (None: no replica has one)."""
     hot_ones = [r for r in replicas if r.category not in _NOT_A_BOTTLENECK and r.ttft_p95_s is not None]
-    hot = max(hot_ones, key=lambda r: r.ttft_p95_s or 0.0).name if hot_ones else None
-    return FleetAnalysis(by, fleet, replicas, hot)
+    return max(hot_ones, key=lambda r: r.ttft_p95_s or 0.0).name if hot_ones else None
 
 
 def analyze_fleet(paths: list[str], by: str = "instance", rules_file: str | None = None,
@@ -99,4 +110,4 @@ def analyze_fleet(paths: list[str], by: str = "instance", rules_file: str | None
     return out
 
 
-__all__ = ["FleetAnalysis", "Replica", "analyze_fleet", "split_by_replica"]
+__all__ = ["FleetAnalysis", "Replica", "analyze_fleet", "hot_replica", "split_by_replica"]

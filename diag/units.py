@@ -26,13 +26,14 @@ Missing values (None, NaN) print as ``-``; infinities as ``inf``/``-inf``; strin
 from __future__ import annotations
 
 import math
+import re
 from enum import Enum
 from typing import Any
 
 import numpy as np
 
 __all__ = ["Unit", "MISSING", "unit_of", "is_num", "fmt_value", "fmt_s", "fmt_threshold",
-           "fmt_rate", "op_text", "crossed_mark", "json_safe"]
+           "fmt_rate", "op_text", "crossed_mark", "json_safe", "parse_duration_s"]
 
 #: What a missing value prints as.
 MISSING = "-"
@@ -288,3 +289,17 @@ def json_safe(obj: Any) -> Any:
     if type(obj).__name__ in ("NAType", "NaTType"):
         return None
     return str(obj)
+
+
+_DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h|d)?\s*")
+_DURATION_S = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration_s(text: str) -> float:
+    """A duration as a command line gives it (``90``, ``30s``, ``5m``, ``1.5h``, ``2d``, ``250ms``;
+    a bare number is seconds) in seconds, > 0; ValueError naming the text otherwise."""
+    m = _DURATION.fullmatch(text or "")
+    value = float(m.group(1)) * _DURATION_S[m.group(2)] if m else 0.0
+    if not m or value <= 0:
+        raise ValueError(f"bad duration {text!r}: expected e.g. 30s, 5m, 1h or 2d")
+    return value

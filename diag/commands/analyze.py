@@ -13,8 +13,10 @@ import sys
 from collections.abc import Mapping
 
 from diag.analysis import Analysis, analyze_paths
+from diag.fleet import FleetAnalysis
 from diag.tables import Tables
 from diag.exit_codes import BAD_INPUT, FAILED_GATE, OK
+from diag.fleet_traces import DEFAULT_BY
 from diag.report.text import format_analysis
 from rules import Diagnosis
 
@@ -38,14 +40,30 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        "replica label, e.g. instance), then the fleet, and name the hot replica")
     fleet.add_argument("--from-prometheus", metavar="URL", help="read the engines' series from a Prometheus server "
                        "(or Thanos/Mimir) instead of captures; implies --by instance unless --by is given")
+    fleet.add_argument("--from-clickhouse", metavar="URL", help="read the fleet's traces from ClickHouse, in the "
+                       "table the OpenTelemetry Collector's clickhouseexporter writes (http://host:8123[/db], "
+                       "https://user:pass@host:8443[/db], or chdb:PATH for a local chdb directory); implies "
+                       f"--by {DEFAULT_BY} unless --by is given (a resource or span attribute, or service.name)")
+    fleet.add_argument("--table", default="otel_traces", metavar="NAME",
+                       help="with --from-clickhouse: the trace table (default otel_traces)")
+    fleet.add_argument("--service", metavar="NAME", help="with --from-clickhouse: only the traces this service "
+                       "(resource service.name) has a span in")
+    fleet.add_argument("--since", default="1h", metavar="DURATION",
+                       help="with --from-clickhouse: the last DURATION of traces, e.g. 15m, 1h, 2d (default 1h)")
+    fleet.add_argument("--sample", type=int, default=5000, metavar="N",
+                       help="with --from-clickhouse: the rules judge each replica's N most recent requests "
+                       "(their spans are read); the aggregates cover every request (default 5000)")
     fleet.add_argument("-d", "--duration", type=float, default=300.0, metavar="S",
                        help="with --from-prometheus: the last S seconds (default 300)")
     fleet.add_argument("--window", default="30s", metavar="PROMQL_DURATION",
-                       help="with --from-prometheus: PromQL rate window, e.g. 30s (default 30s)")
+                       help="with --from-prometheus: PromQL rate window, e.g. 30s; with --from-clickhouse: the "
+                       "width of each row of the per-window aggregates (default 30s)")
     fleet.add_argument("--step", type=float, default=5.0, metavar="S",
                        help="with --from-prometheus: seconds between points read (default 5)")
     fleet.add_argument("-o", "--output", metavar="CAPTURE",
-                       help="with --from-prometheus: also keep the series read as a capture (default: not kept)")
+                       help="with --from-prometheus: also keep the series read as a capture; with --from-clickhouse: "
+                       "keep each replica's sampled spans as a capture CAPTURE/<replica>/ for report, view, diff "
+                       "and export (default: not kept)")
     return p
 
 
@@ -53,12 +71,12 @@ def run(args: argparse.Namespace) -> int:
     from diag.slo import slo_option
 
     slo = slo_option(args.slo)
-    if args.from_prometheus or args.by:
+    if args.from_prometheus or args.by or args.from_clickhouse:
         return run_fleet(args, slo)
     if not args.captures:
         from diag.cli import UsageError
 
-        raise UsageError("give a CAPTURE (or --from-prometheus URL)")
+        raise UsageError("give a CAPTURE (or --from-prometheus URL, or --from-clickhouse URL)")
     analysis = analyze_paths(args.captures, rules_file=args.rules, slo=slo)
     if args.json:
         from diag.report.jsondoc import analysis_document
@@ -80,23 +98,59 @@ def run_fleet(args: argparse.Namespace, slo: Mapping[str, float] | None) -> int:
     from diag.fleet import analyze_fleet
     from diag.report.fleet import fleet_document, format_fleet
 
-    by = args.by or "instance"
-    with tempfile.TemporaryDirectory(prefix="ttft-fleet-") as tmp:
-        paths = list(args.captures)
-        if args.from_prometheus:
-            if paths:
-                raise UsageError("give captures or --from-prometheus URL, not both")
-            paths = [read_prometheus(args, by, args.output or f"{tmp}/fleet")]
-        try:
-            fleet = analyze_fleet(paths, by=by, rules_file=args.rules, slo=dict(slo) if slo else None)
-        except CaptureError as exc:
-            raise UsageError(str(exc)) from None
+    if args.from_clickhouse:
+        fleet = run_clickhouse(args, slo)
+    else:
+        by = args.by or "instance"
+        with tempfile.TemporaryDirectory(prefix="ttft-fleet-") as tmp:
+            paths = list(args.captures)
+            if args.from_prometheus:
+                if paths:
+                    raise UsageError("give captures or --from-prometheus URL, not both")
+                paths = [read_prometheus(args, by, args.output or f"{tmp}/fleet")]
+            try:
+                fleet = analyze_fleet(paths, by=by, rules_file=args.rules, slo=dict(slo) if slo else None)
+            except CaptureError as exc:
+                raise UsageError(str(exc)) from None
     if args.json:
         json.dump(fleet_document(fleet), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         print(format_fleet(fleet, args.verbose))
     return verdict_exit_code(fleet.fleet, slo, "analyze")
+
+
+def run_clickhouse(args: argparse.Namespace, slo: Mapping[str, float] | None) -> FleetAnalysis:
+    """``--from-clickhouse URL``: per-replica verdicts from the fleet's traces (``diag.fleet_traces``);
+    a bad URL, a missing table, an empty window or a bad option is a usage error (one line)."""
+    from diag.capture import CaptureError
+    from diag.cli import UsageError
+    from diag.clickhouse import ClickHouseError
+    from diag.fleet_traces import StoreQuery, analyze_store, read_store, write_captures
+    from diag.units import parse_duration_s
+
+    if args.captures:
+        raise UsageError("give captures or --from-clickhouse URL, not both")
+    series = None
+    if args.from_prometheus:  # joined: each replica gets the series whose instance label is its name
+        import tempfile
+
+        from diag.capture import load_capture
+
+        with tempfile.TemporaryDirectory(prefix="ttft-fleet-") as tmp:
+            series = load_capture(read_prometheus(args, "instance", f"{tmp}/fleet")).series
+    try:
+        q = StoreQuery(args.from_clickhouse, table=args.table, service=args.service,
+                       since_s=parse_duration_s(args.since), by=args.by or DEFAULT_BY,
+                       window_s=parse_duration_s(args.window), sample=args.sample)
+        read = read_store(q)
+        if args.output:
+            kept = write_captures(read, args.output)
+            print(f"ttft analyze: kept {len(kept)} replicas' sampled spans as captures under {args.output}",
+                  file=sys.stderr)
+        return analyze_store(read, rules_file=args.rules, slo=dict(slo) if slo else None, series=series)
+    except (ClickHouseError, CaptureError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
 
 
 def read_prometheus(args: argparse.Namespace, by: str, out: str) -> str:
