@@ -105,6 +105,10 @@ SEGMENT_LONG_OUT = "longout"
 #: segments ``mixed=N``: ttft diagnose's mixed follow-up, N-token prompts among short streams (kept
 #: out of the steady population, read by the head-of-line and interference features)
 SEGMENT_MIXED = "mixed"
+#: segments ``grammar=R`` / ``lora=C``: ttft diagnose's structured-output and LoRA follow-ups (kept out of
+#: the steady population, read by the grammar and LoRA features)
+SEGMENT_GRAMMAR = "grammar"
+SEGMENT_LORA = "lora"
 ATTR_WARMUP = "ttft.warmup"  # bool: excluded from results
 ATTR_PREEMPTIONS = "ttft.preemptions"  # int: times this request was preempted
 #: bool, on a ``queue`` span: a wait after preemption (re-queued for recompute), not the first

@@ -487,7 +487,7 @@ class StreamingClient:
             res.schema_role = self._schema_roles.on_send(res.schema_key)
         res.lora = getattr(item, "lora", None)
         if res.lora is not None:
-            res.lora_role = self._lora_roles.on_send(res.lora)
+            res.lora_role = self._lora_roles.on_send(id(res), res.lora)
         off = self.offset_ns
         dispatch_ns = time.perf_counter_ns()
         res.scheduled_ns = (scheduled_perf_ns if scheduled_perf_ns is not None else dispatch_ns) + off
@@ -540,6 +540,7 @@ class StreamingClient:
         except asyncio.CancelledError:
             res.error = "cancelled"
             res.error_detail = "cancelled (run ended or interrupted)"
+            self._lora_roles.on_done(id(res))
             self._finish(res, timing, span)
             raise
         except Exception as exc:  # a client bug must not stop the run
@@ -548,7 +549,7 @@ class StreamingClient:
         if res.schema_key is not None:  # answered or failed: later uses no longer wait on this one
             self._schema_roles.on_first_token(res.schema_key)
         if res.lora is not None:
-            self._lora_roles.on_done(res.lora)
+            self._lora_roles.on_done(id(res))
         self._finish(res, timing, span)
         return res
 
@@ -681,6 +682,8 @@ class StreamingClient:
                             first_content = now
                             if res.schema_key is not None:
                                 self._schema_roles.on_first_token(res.schema_key)
+                            if res.lora is not None:
+                                self._lora_roles.on_first_token(id(res))
                         if texts is not None:
                             texts.append(text)
                     fr = c0.get("finish_reason")

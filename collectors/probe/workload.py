@@ -320,6 +320,16 @@ class Workload:
         clone.spec = replace(clone.spec, inject_long_tokens=int(long_tokens), inject_long_every=int(every))
         return clone
 
+    def with_design(self, response_format: ResponseFormatSpec | None, lora: tuple[str, ...] = ()) -> Workload:
+        """A copy that also asks for ``response_format`` (its own schema draws) and one of ``lora`` per
+        request (the ``--response-format`` and ``--lora`` designs)."""
+        clone = Workload.__new__(Workload)
+        clone.__dict__.update(self.__dict__)
+        clone.spec = replace(self.spec, response_format=response_format, lora_adapters=tuple(lora))
+        clone._schemas = SchemaDraws(response_format, clone.spec.seed) if response_format else None
+        clone._lora_rng = random.Random(clone.spec.seed ^ 0x10AA)
+        return clone
+
     def _slice_text(self, start: int, n_tokens: int) -> str:
         """About ``n_tokens`` tokens of corpus from ``start`` (wrapping around)."""
         pool: list[Any] = self._ids if self._ids is not None else self._words

@@ -44,9 +44,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--slo", metavar="SPEC", help="SLOs for the verdict, the ramp's stop and goodput, e.g. ttft_p99=2s,tpot_p99=100ms")
     p.add_argument("--workload", metavar="SPEC",
                    help="what your users send, lengths only: prompt_tokens=MIN-MAX,shared_prefix=N (tokens), "
-                        "concurrency=N (the most requests they keep in flight). Findings that hold only for some "
-                        "prompts (a repeated prefix recomputed, short prompts behind long ones) are then judged for "
-                        "yours instead of conditional, and whether anything waits is judged at your load")
+                        "concurrency=N (the most requests they keep in flight), response_format=none|json|schema, "
+                        "lora=A+B+... (adapters they use). Findings that hold only for some prompts (a repeated "
+                        "prefix recomputed, short prompts behind long ones) are then judged for yours instead of "
+                        "conditional, whether anything waits is judged at your load, and structured output and "
+                        "LoRA adapters get a follow-up of their own")
     p.add_argument("--budget", default="120s", metavar="T", help="probing time budget, e.g. 120s or 3m (default 120s)")
     p.add_argument("--metrics", metavar="URL", help="scrape this Prometheus /metrics into the capture alongside")
     p.add_argument("--join", action="append", default=[], metavar="SERVER_CAPTURE",

@@ -40,6 +40,10 @@ class PlanConfig:
     itl_target_s: float | None = None
     #: the prefix the users' prompts share (tokens; ``--workload shared_prefix``; 0: none), None: not said
     users_shared_prefix_tokens: int | None = None
+    #: the users' structured output (``--workload response_format``: "none", "json", "schema"), None: not said
+    users_response_format: str | None = None
+    #: the LoRA adapters the users ask for (``--workload lora``); empty: not said
+    users_lora: tuple[str, ...] = ()
     thresholds: Mapping[str, Any] = field(default_factory=default_thresholds)
 
     def __post_init__(self) -> None:
@@ -103,6 +107,10 @@ MIXED_CONCURRENCY = 4
 
 #: ``prefix`` follow-up: uses of each fresh prefix (the first and R - 1 repeats), then one control
 PREFIX_REPEATS = 3
+#: ``grammar`` follow-up: uses of each fresh JSON schema (the probe's --response-format schema:R), one at a time
+GRAMMAR_USES = 4
+#: ``lora`` follow-up: requests in flight (at most --max-concurrency), each for one of the users' adapters
+LORA_CONCURRENCY = 4
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,12 @@ class Step:
                              input_tokens=inp, output_tokens=f"uniform:{max(1, o // 2)}-{max(1, 3 * o // 2)}",
                              segment=segment_of(self.kind, self.value),
                              inject_long=(int(self.value), MIXED_EVERY))
+        if self.kind == "grammar":  # one at a time: groups of a fresh schema, its first use and repeats
+            return ProbeStep(concurrency=1, requests=self.requests, input_tokens=inp, output_tokens=out,
+                             segment=segment_of(self.kind, self.value), response_format=f"schema:{int(self.value)}")
+        if self.kind == "lora":  # the users' adapters, one drawn per request, at a few in flight
+            return ProbeStep(concurrency=int(self.value), requests=self.requests, input_tokens=inp, output_tokens=out,
+                             segment=segment_of(self.kind, self.value), lora=cfg.users_lora)
         if self.kind == "prefix":  # one at a time: groups of a fresh prefix, its repeats and a control
             return ProbeStep(concurrency=1, requests=self.requests,
                              input_tokens=f"fixed:{int(self.value) + cfg.input_tokens}", output_tokens=out,

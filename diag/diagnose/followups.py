@@ -42,8 +42,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from diag.diagnose.design import (LONG_OUT_CONCURRENCY, MIXED_CONCURRENCY, MIXED_EVERY, PREFIX_REPEATS, PlanConfig, Step,
-                                  base_point, ratio)
+from diag.diagnose.design import (GRAMMAR_USES, LONG_OUT_CONCURRENCY, LORA_CONCURRENCY, MIXED_CONCURRENCY, MIXED_EVERY,
+                                  PREFIX_REPEATS, PlanConfig, Step, base_point, ratio)
 from diag.diagnose.ladder import prompt_fit
 from diag.diagnose.points import Point
 from diag.diagnose.ramp import ramp_break
@@ -69,6 +69,11 @@ LONG_OUT_WINDOW_X = 3.0
 LONG_OUT_MIN_X, LONG_OUT_MAX_X = 4, 8
 #: rounds per client
 LONG_OUT_ROUNDS = 2
+
+#: the grammar follow-up: fresh schemas, each used GRAMMAR_USES times (first uses and repeats to compare)
+GRAMMAR_GROUPS = 6
+#: the LoRA follow-up's requests (each kind of request, joining its adapter or not, needs several)
+LORA_REQUESTS = 48
 
 #: the mixed follow-up's long prompt: its lone TTFT this many times the baseline's, by the ladder's fit
 MIXED_LONG_TTFT_X = 20.0
@@ -292,6 +297,49 @@ def followup_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
                 "prefilled every time")
 
 
+def structured_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float,
+                       leading: str | None) -> Step | str | None:
+    """The grammar follow-up when the users send JSON schemas (``--workload response_format=schema``):
+    one at a time, groups of :data:`GRAMMAR_USES` requests per fresh schema, so a server that compiles
+    each schema before its request runs shows it in the first uses' TTFT; why it did not fit the
+    budget; or None (not said, other output, or ran already)."""
+    if cfg.users_response_format != "schema" or any(p.kind == "grammar" for p in points):
+        return None
+    base = next((p for p in points if p.kind == "baseline" and p.ok), None)
+    if base is None:
+        return None
+    n = GRAMMAR_GROUPS * GRAMMAR_USES
+    cost = n * (base.e2e_p50_s or base.ttft_p50_s or 0.0) * 2.0  # first uses wait for their compile too
+    if cost > cfg.budget_s - elapsed_s:
+        return unfit("grammar", "JSON schemas compiled before their requests run from a server that is slow anyway",
+                     cost, cfg.budget_s - elapsed_s)
+    return Step("grammar", float(GRAMMAR_USES), n, "follow-up",
+                f"your users send JSON schemas: {GRAMMAR_GROUPS} fresh schemas, each used {GRAMMAR_USES} times one at a "
+                "time, test whether each schema's first use waits for its grammar to compile (repeats as fast as "
+                "plain requests: the server caches grammars)")
+
+
+def lora_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | str | None:
+    """The LoRA follow-up when the users ask for two or more adapters (``--workload lora=A+B``): a few
+    requests in flight, each for one of them, so requests for an adapter not in flight show a wait for
+    a slot or a load; why it did not fit the budget; or None (not said, or ran already)."""
+    if len(cfg.users_lora) < 2 or any(p.kind == "lora" for p in points):
+        return None
+    base = next((p for p in points if p.kind == "baseline" and p.ok), None)
+    if base is None:
+        return None
+    c = min(LORA_CONCURRENCY, cfg.max_concurrency)
+    n = LORA_REQUESTS
+    cost = n * (base.e2e_p50_s or base.ttft_p50_s or 0.0) * 2.0 / c
+    if cost > cfg.budget_s - elapsed_s:
+        return unfit("lora", "requests waiting for a LoRA adapter slot from a server that is slow anyway", cost,
+                     cfg.budget_s - elapsed_s)
+    return Step("lora", float(c), n, "follow-up",
+                f"your users ask for {len(cfg.users_lora)} LoRA adapters: {n} requests at {c} in flight, each for one "
+                "of them at random, test whether requests for an adapter not in flight wait for a slot (and its load)")
+
+
 __all__ = ["LONG_LEADS", "LONG_OUT_LEADS", "MIXED_REQUESTS", "PREFIX_GROUPS", "PROMPT_WORK_LEADS", "UNFIT", "followup_reading",
-           "long_output_reading", "long_output_tokens", "long_ramp_reading", "mixed_long_prompt", "mixed_reading",
+           "long_output_reading", "long_output_tokens", "long_ramp_reading", "lora_reading", "mixed_long_prompt",
+           "mixed_reading", "structured_reading",
            "prompt_work_leads", "unfit"]

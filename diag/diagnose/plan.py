@@ -17,7 +17,8 @@ from typing import Any
 
 from diag.diagnose.certainty import CONFIDENT
 from diag.diagnose.design import Decision, PlanConfig, Step, base_point, segment_of
-from diag.diagnose.followups import followup_reading, long_output_reading, long_ramp_reading, mixed_reading
+from diag.diagnose.followups import (followup_reading, long_output_reading, long_ramp_reading, lora_reading,
+                                    mixed_reading, structured_reading)
 from diag.diagnose.ladder import ladder_reading, prompt_fit
 from diag.diagnose.points import Point
 from diag.diagnose.ramp import RAMP_MIN_LEVELS, ramp_break, ramp_reading
@@ -69,7 +70,7 @@ def next_step(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float = 0.0, 
         if not any(p.kind == "long" for p in points):
             follow = Step(follow.kind, follow.value, follow.requests, follow.stage, f"{why}. {follow.reason}")
         return Decision(follow, learned=learned)
-    readings = [long_output_reading, mixed_reading]
+    readings = [long_output_reading, mixed_reading, structured_reading, lora_reading]
     if not any(p.kind == "prefix" for p in points):
         readings.append(followup_reading)
     unfit: list[str] = []

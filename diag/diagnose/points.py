@@ -13,7 +13,7 @@ from typing import Any
 #: a concurrency-ramp level, an open-loop rate level, a shared-prefix follow-up, a level of the
 #: long ramp (requests in flight at the long prompt), the long prompt with answers of ``value``
 #: tokens, the mixed follow-up (long prompts of ``value`` tokens among short streams).
-KINDS = ("baseline", "prompt", "concurrency", "rate", "prefix", "long", "longout", "mixed")
+KINDS = ("baseline", "prompt", "concurrency", "rate", "prefix", "long", "longout", "mixed", "grammar", "lora")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from collectors.probe.context_limit import record as context_limit_record
 from collectors.probe.context_limit import refusal_of as context_limit_refusal
 from collectors.probe.eventloop import being_cancelled
 from collectors.probe.health import HealthMonitor
+from collectors.probe.schemas import parse_response_format
 from collectors.probe.sweep import stop_reason
 from diag.analysis import Analysis, analyze_paths
 from diag.capture import CaptureError, CaptureWriter
@@ -118,6 +119,9 @@ class _Run:
             self.plan = replace(self.plan, itl_target_s=min(itl))
         if cfg.workload is not None and cfg.workload.shared_prefix_tokens is not None:
             self.plan = replace(self.plan, users_shared_prefix_tokens=cfg.workload.shared_prefix_tokens)
+        if cfg.workload is not None:
+            self.plan = replace(self.plan, users_response_format=cfg.workload.response_format,
+                                users_lora=cfg.workload.lora)
         pc = self.plan
         probe = ProbeConfig(
             cfg.url, api=cfg.api, model=cfg.model, api_key=cfg.api_key,
@@ -259,6 +263,10 @@ class _Run:
             # a ladder rung's length (a sweep point), else the step's own (the long ramp's); the step's answers
             workload = session.workload.with_input(inp or LengthSpec.parse(ps.input_tokens),
                                                    LengthSpec.parse(ps.output_tokens))
+        if ps.response_format or ps.lora:  # the grammar and LoRA follow-ups: the same prompts, their design
+            workload = workload.with_design(
+                parse_response_format(ps.response_format, ps.schema_properties) if ps.response_format else None,
+                ps.lora)
         loads = [load]
         if step.kind == "prompt" and load.requests and load.requests > 1:
             loads = [replace(load, requests=1)] * load.requests  # one at a time: a refusal ends the rung

@@ -10,6 +10,10 @@ lengths mix. When the user says what their prompts are like, those findings are 
     shared_prefix=N         tokens their prompts share at the start (a system prompt); 0: none
     concurrency=N           the most requests they have in flight at once: the verdict's "nothing
                             waits" is judged at that load; the ramp still finds the capacity above it
+    response_format=schema  they send structured output with JSON schemas (``json``: json_object;
+                            ``none``): the grammar follow-up tests a schema's first use against repeats
+    lora=A+B+...            the LoRA adapters they ask for, by the names the server serves: the LoRA
+                            follow-up tests requests for an adapter not in flight against the others
 
 Recorded in the capture's ``meta.json`` as ``users_workload`` (the rules read it there). Pure.
 """
@@ -19,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-KEYS = ("prompt_tokens", "shared_prefix", "concurrency")
+KEYS = ("prompt_tokens", "shared_prefix", "concurrency", "response_format", "lora")
+RESPONSE_FORMATS = ("none", "json", "schema")
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,10 @@ class UsersWorkload:
     prompt_tokens: tuple[int, int] | None = None
     shared_prefix_tokens: int | None = None
     concurrency: int | None = None
+    #: what structured output they ask for: "none", "json" or "schema"; None: not said
+    response_format: str | None = None
+    #: the LoRA adapters they ask for (the server's model names); empty: not said
+    lora: tuple[str, ...] = ()
 
     def to_meta(self) -> dict[str, Any]:
         """The ``meta.json`` ``users_workload`` block (only what was said)."""
@@ -40,6 +49,10 @@ class UsersWorkload:
             out["shared_prefix_tokens"] = self.shared_prefix_tokens
         if self.concurrency is not None:
             out["concurrency"] = self.concurrency
+        if self.response_format is not None:
+            out["response_format"] = self.response_format
+        if self.lora:
+            out["lora"] = list(self.lora)
         return out
 
     @property
@@ -60,6 +73,11 @@ class UsersWorkload:
                          else "no shared prefix")
         if self.concurrency is not None:
             parts.append(f"up to {self.concurrency} in flight")
+        if self.response_format is not None:
+            parts.append({"none": "no structured output", "json": "JSON output (json_object)",
+                          "schema": "JSON-schema output"}[self.response_format])
+        if self.lora:
+            parts.append(f"LoRA adapters {', '.join(self.lora)}")
         return ", ".join(parts) or "not given"
 
 
@@ -80,6 +98,8 @@ def parse_users_workload(spec: str) -> UsersWorkload:
     prompt: tuple[int, int] | None = None
     prefix: int | None = None
     concurrency: int | None = None
+    response_format: str | None = None
+    lora: tuple[str, ...] = ()
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
@@ -94,13 +114,21 @@ def parse_users_workload(spec: str) -> UsersWorkload:
             if lo < 1 or hi < lo:
                 raise ValueError(f"--workload prompt_tokens={value}: expected MIN-MAX with 1 <= MIN <= MAX")
             prompt = (lo, hi)
+        elif key == "response_format":
+            if value not in RESPONSE_FORMATS:
+                raise ValueError(f"--workload response_format={value}: expected one of {', '.join(RESPONSE_FORMATS)}")
+            response_format = value
+        elif key == "lora":
+            lora = tuple(n.strip() for n in value.split("+"))
+            if not all(lora) or len(set(lora)) != len(lora):
+                raise ValueError(f"--workload lora={value}: expected adapter names joined by + (each once)")
         elif key == "concurrency":
             concurrency = _int(key, value)
             if concurrency < 1:
                 raise ValueError(f"--workload concurrency={value}: must be >= 1")
         else:
             prefix = _int(key, value)
-    return UsersWorkload(prompt, prefix, concurrency)
+    return UsersWorkload(prompt, prefix, concurrency, response_format, lora)
 
 
 def ramp_prompt_tokens(workload: UsersWorkload | None, given: int | None, default: int) -> int:

@@ -60,6 +60,9 @@ class FeatureContext:
         self.mixed: pd.DataFrame = pd.DataFrame()
         #: populations: completed requests of ttft diagnose's longout follow-up (segments ``longout=N``)
         self.long_out: pd.DataFrame = pd.DataFrame()
+        #: populations: completed requests of ttft diagnose's grammar and LoRA follow-ups (``grammar=R``, ``lora=C``)
+        self.grammar_design: pd.DataFrame = pd.DataFrame()
+        self.lora_design: pd.DataFrame = pd.DataFrame()
         #: populations.users_workload: the users' shortest and longest prompt (tokens), as ttft
         #: diagnose --workload recorded them; None when not given
         self.users_prompt_tokens: tuple[float, float] | None = None

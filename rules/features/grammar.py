@@ -2,7 +2,8 @@
 before it can be scheduled, while the server compiles the schema into a grammar; a server that
 caches grammars by schema makes only each schema's first use wait.
 
-* client (designed probe, ``ttft probe --response-format schema[:R]``): each request's role on
+* client (designed probe, ``ttft probe --response-format schema[:R]``, or ttft diagnose's grammar
+  follow-up): each request's role on
   its client span (``ttft.client.schema_role``: ``first``, ``repeat`` or ``concurrent``, see
   :mod:`collectors.probe.schemas`). ``schema_first_ttft_p50_s`` / ``schema_repeat_ttft_p50_s``
   (s) and their ratio ``schema_first_ttft_x`` (x); ``schema_wait_share_of_ttft`` (share): the
@@ -35,7 +36,8 @@ SERVER_SOURCE = "request spans (ttft.grammar.*)"
 
 def grammar(ctx: FeatureContext) -> None:
     """``schema_*`` from the designed probe's roles, ``grammar_*`` from the engine's request spans."""
-    st = ctx.steady if ctx.steady is not None else pd.DataFrame()
+    st = pd.concat([d for d in (ctx.steady, ctx.grammar_design) if d is not None and len(d)], ignore_index=True) \
+        if len(ctx.grammar_design) else (ctx.steady if ctx.steady is not None else pd.DataFrame())
     _client(ctx, st)
     _server(ctx, st)
 

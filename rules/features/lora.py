@@ -3,7 +3,8 @@ batches only requests of those; a request for another waits until a slot frees a
 is loaded. Requests that wait for something other than capacity show in vLLM's metrics as
 ``num_requests_waiting_by_reason{reason="deferred"}`` (a LoRA budget, a grammar, a KV transfer).
 
-* client (designed probe, ``ttft probe --lora A,B,...``): each request's role on its client span
+* client (designed probe, ``ttft probe --lora A,B,...``, or ttft diagnose's LoRA follow-up): each
+  request's role on its client span
   (``ttft.client.lora_role``, see :mod:`collectors.probe.lora`). ``lora_other_ttft_p50_s`` /
   ``lora_joins_ttft_p50_s`` (s): requests sent while only other adapters were in flight, and
   while their own was; their ratio ``lora_other_ttft_x`` (x); ``lora_wait_share_of_ttft``
@@ -32,7 +33,8 @@ NO_DESIGN = ("no request is marked with a LoRA role: only a designed probe (ttft
 def lora(ctx: FeatureContext) -> None:
     """``lora_*`` from the designed probe's roles; ``waiting_deferred_share`` from the engine's metrics."""
     _deferred(ctx)
-    st = ctx.steady if ctx.steady is not None else pd.DataFrame()
+    st = pd.concat([d for d in (ctx.steady, ctx.lora_design) if d is not None and len(d)], ignore_index=True) \
+        if len(ctx.lora_design) else (ctx.steady if ctx.steady is not None else pd.DataFrame())
     roles = st["lora_role"] if len(st) and "lora_role" in st.columns else pd.Series(dtype=object)
     n = {r: int((roles == r).sum()) for r in ("alone", "joins", "other")}
     ctx.add("lora_adapters_n", float(st.loc[roles.notna(), "lora"].nunique()) if n and roles.notna().any() else 0.0)

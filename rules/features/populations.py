@@ -160,15 +160,18 @@ def users_workload(ctx: FeatureContext) -> None:
 
 def designed_apart(ctx: FeatureContext) -> None:
     """Move ttft diagnose's designed experiments from ``ctx.steady``: the long ramp (segments
-    ``long=N``) to ``ctx.long_ramp``, its longer answers (``longout=N``) to ``ctx.long_out``, the mixed follow-up (``mixed=N``) to ``ctx.mixed``. Both send
-    prompts the users may never send; each is read by its own features only."""
+    ``long=N``) to ``ctx.long_ramp``, its longer answers (``longout=N``) to ``ctx.long_out``, the mixed
+    follow-up (``mixed=N``) to ``ctx.mixed``, the grammar and LoRA follow-ups (``grammar=R``, ``lora=C``)
+    to ``ctx.grammar_design`` and ``ctx.lora_design``. They send what the users may never send (or at
+    a load of their own); each is read by its own features only."""
     st = ctx.steady
     if len(st) == 0 or "segment" not in st.columns:
         return
     seg = st["segment"].astype(str)
     keep = pd.Series(True, index=st.index)
     for attr, name in (("long_ramp", stages.SEGMENT_LONG_RAMP), ("long_out", stages.SEGMENT_LONG_OUT),
-                       ("mixed", stages.SEGMENT_MIXED)):
+                       ("mixed", stages.SEGMENT_MIXED), ("grammar_design", stages.SEGMENT_GRAMMAR),
+                       ("lora_design", stages.SEGMENT_LORA)):
         mine = seg.str.startswith(name + "=")
         if mine.any():
             setattr(ctx, attr, st.loc[mine].reset_index(drop=True))

@@ -506,3 +506,32 @@ def test_the_follow_ups_are_chosen_for_the_leading_cause_and_beneath_a_client_li
     assert named_of(_analysis("loadgen", ("tokenize", 0.4), ("queue", 0.35))) == "queue"
     assert named_of(_analysis("loadgen", ("tokenize", 0.4))) == "loadgen"
     assert named_of(_analysis("healthy")) == "healthy"
+
+
+def test_users_json_schemas_get_the_grammar_follow_up_once() -> None:
+    cfg = replace(CAPPED, users_response_format="schema")
+    d = next_step(cfg, [BASE, *LADDER], 5.0, leading="healthy")
+    assert d.step is not None and (d.step.kind, d.step.stage) == ("grammar", "follow-up")
+    ps = d.step.probe_step(cfg)
+    assert ps.response_format == "schema:4" and ps.concurrency == 1 and ps.requests == 24
+    assert "first use" in d.step.reason
+    ran = [BASE, *LADDER, pt("grammar", 4, 0.05, n=24)]
+    assert next_step(cfg, ran, 8.0, leading="healthy").step.kind != "grammar"  # once (the prefix test is next)
+    # json_object, no structured output, or not said: no grammar test
+    for said in ("json", "none", None):
+        d = next_step(replace(CAPPED, users_response_format=said), [BASE, *LADDER], 5.0, leading="healthy")
+        assert d.step is None or d.step.kind != "grammar"
+
+
+def test_users_adapters_get_the_lora_follow_up_at_a_few_in_flight() -> None:
+    cfg = replace(CAPPED, users_lora=("a", "b", "c"))
+    d = next_step(cfg, [BASE, *LADDER], 5.0, leading="healthy")
+    assert d.step is not None and d.step.kind == "lora"
+    ps = d.step.probe_step(cfg)
+    assert ps.lora == ("a", "b", "c") and ps.concurrency == min(4, CAPPED.max_concurrency) and ps.requests == 48
+    # one adapter cannot wait for another
+    d = next_step(replace(CAPPED, users_lora=("a",)), [BASE, *LADDER], 5.0, leading="healthy")
+    assert d.step is None or d.step.kind != "lora"
+    # a budget too short for it: said, not run
+    d = next_step(replace(cfg, budget_s=5.5), [BASE, *LADDER], 5.0, leading="queue")
+    assert d.step is None and "LoRA" in (d.done or ""), d

@@ -94,3 +94,14 @@ def test_nothing_waits_is_judged_at_the_users_load(tmp_path: Path) -> None:
     assert theirs.value("ttft_over_floor_p90") < 1.5 and "users' load (<= 2 in flight)" in theirs.get(
         "ttft_over_floor_p90").source
     assert theirs.value("ttft_floor_compared_n") < everyone.value("ttft_floor_compared_n")
+
+
+def test_structured_output_and_adapters_are_said_and_recorded() -> None:
+    w = parse_users_workload("response_format=schema,lora=base-a+base-b")
+    assert (w.response_format, w.lora) == ("schema", ("base-a", "base-b"))
+    assert w.to_meta() == {"response_format": "schema", "lora": ["base-a", "base-b"]}
+    assert "JSON-schema output" in w.describe() and "base-a, base-b" in w.describe()
+    for spec, says in (("response_format=xml", "one of none, json, schema"), ("lora=a+a", "each once"),
+                       ("lora=a++b", "joined by +")):
+        with pytest.raises(ValueError, match=says):
+            parse_users_workload(spec)

@@ -5,13 +5,15 @@ Three ``peft`` adapters of the tiny Llama are served under their names; the prob
 it (``ttft probe --lora l0,l1,l2 -c 4``), draws one per request. With ``--max-loras 1`` a request
 sent while only other adapters run waits for those requests to finish: named ``lora_adapters``.
 With ``--max-loras 3`` (the near-miss: the adapters fit their slots) the same load batches them
-all and nothing is named for LoRA.
+all and nothing is named for LoRA. ``ttft diagnose --workload lora=l0+l1+l2`` against the one-slot
+server runs its LoRA follow-up and names it too.
 
-Slow: two server starts (~30 s each) and two probes of 60 requests on 2 cores.
+Slow: two server starts (~30 s each), two probes of 60 requests and one diagnose (~30 s) on 2 cores.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -29,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 CLIENT_CPUS, SERVER_CPUS = cpu_split()
 
 
-def _capture(python: Path, model: Path, adapters: list[Path], max_loras: int, out: Path) -> Path:
+def _capture(python: Path, model: Path, adapters: list[Path], max_loras: int, out: Path, diagnose: Path | None = None) -> Path:
     args = ["--enable-lora", "--max-loras", str(max_loras), "--max-cpu-loras", str(max_loras), "--max-lora-rank", "8",
             "--lora-modules", *(f"l{i}={p}" for i, p in enumerate(adapters))]
     with serving(model, args, **pinned(SERVER_CPUS), python=python, log_dir=out.parent) as srv:
@@ -37,7 +39,12 @@ def _capture(python: Path, model: Path, adapters: list[Path], max_loras: int, ou
                                "--input-tokens", "64", "--output-tokens", "32", "--lora", "l0,l1,l2",
                                "--metrics", srv.url + "/metrics", "-o", str(out), "--no-progress"],
                               capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        if diagnose is not None:
+            proc = subprocess.run([*taskset(CLIENT_CPUS), *ttft_command(), "diagnose", srv.url, "--workload",
+                                   "lora=l0+l1+l2", "--budget", "90s", "-o", str(diagnose), "--no-progress"],
+                                  capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
 
@@ -45,7 +52,8 @@ def _capture(python: Path, model: Path, adapters: list[Path], max_loras: int, ou
 def caps(vllm_python: Path, vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     root = tmp_path_factory.mktemp("vllm-lora")
     adapters = build_lora_adapters(vllm_model, root / "adapters", 3)
-    return {n: _capture(vllm_python, vllm_model, adapters, n, root / f"slots{n}") for n in (1, 3)}
+    return {1: _capture(vllm_python, vllm_model, adapters, 1, root / "slots1", diagnose=root / "diagnose"),
+            3: _capture(vllm_python, vllm_model, adapters, 3, root / "slots3"), 0: root / "diagnose"}
 
 
 def test_three_adapters_in_one_slot_are_named_lora_adapters(caps: dict[int, Path]) -> None:
@@ -58,6 +66,14 @@ def test_three_adapters_in_one_slot_are_named_lora_adapters(caps: dict[int, Path
     assert rows["waits for an adapter, share of TTFT"].crossed
     # vLLM's own metrics agree: the waiting requests were deferred, not held by capacity
     assert rows["deferred share of waiting requests (engine metrics)"].value > 0.5
+
+
+def test_diagnose_runs_the_users_adapters_and_names_the_slot(caps: dict[int, Path]) -> None:
+    d = analyze_paths([str(caps[0])]).diagnosis
+    assert d.verdict.category == "lora_adapters" and d.verdict.confidence >= VERDICT_FLOOR, \
+        [(f.category, f.confidence) for f in d.findings]
+    segments = json.loads((caps[0] / "meta.json").read_text())["diagnose"]["steps"]
+    assert any(s["kind"] == "lora" for s in segments)
 
 
 def test_adapters_that_fit_their_slots_are_not_named(caps: dict[int, Path]) -> None:

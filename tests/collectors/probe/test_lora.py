@@ -1,0 +1,65 @@
+"""``--lora A,B,...``: adapters drawn per request, sent as the model, and each request's role against
+the adapters running when it was sent."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectors.probe.lora import LoraRoles, LoraSpecError, parse_lora
+from collectors.probe.workload import LengthSpec, Workload, WorkloadSpec
+from diag import stages
+
+
+def test_roles_follow_the_adapters_running_at_each_send():
+    roles = LoraRoles()
+    assert roles.on_send(1, "a") == "alone"
+    assert roles.on_send(2, "b") == "pending"  # "a" is in flight but has no token yet: running or waiting?
+    roles.on_first_token(1)
+    assert roles.on_send(3, "a") == "joins"
+    assert roles.on_send(4, "b") == "other"  # only "a" runs: "b" needs a slot
+    roles.on_done(1)
+    roles.on_done(2)
+    roles.on_done(3)
+    roles.on_done(4)
+    assert roles.on_send(5, "b") == "alone"
+
+
+@pytest.mark.parametrize("text, says", [("a,,b", "separated by commas"), ("a, b c", "separated by commas"),
+                                        ("a,a", "named twice")])
+def test_bad_adapter_lists_get_one_line(text, says):
+    with pytest.raises(LoraSpecError, match=says):
+        parse_lora(text)
+    assert parse_lora(" x , y ") == ("x", "y")
+
+
+def test_requests_draw_adapters_from_the_list():
+    w = Workload(WorkloadSpec(LengthSpec.parse("20"), lora_adapters=("x", "y", "z")))
+    drawn = [w.next_item().lora for _ in range(60)]
+    assert set(drawn) == {"x", "y", "z"}
+    assert w.spec.describe()["lora_adapters"] == ["x", "y", "z"]
+    assert Workload(WorkloadSpec(LengthSpec.parse("20"))).next_item().lora is None
+
+
+def test_probe_sends_each_adapter_as_the_model_and_records_roles(server, tmp_path):
+    from diag.capture import load_capture
+    from diag.cli import main
+
+    cap = tmp_path / "cap"
+    rc = main(["probe", server.url("ok"), "--lora", "ad1,ad2", "-n", "12", "--warmup", "0", "-c", "3",
+               "--input-tokens", "20", "--output-tokens", "4", "-o", str(cap), "--no-progress"])
+    assert rc == 0
+    models = {s.body["model"] for s in server.log[-12:]}
+    assert models == {"ad1", "ad2"}
+    spans = load_capture(cap).spans
+    client = spans.loc[(spans["name"] == stages.SPAN_CLIENT_REQUEST) & spans[stages.ATTR_CLIENT_LORA].notna()]
+    assert len(client) == 12 and set(client[stages.ATTR_CLIENT_LORA]) == {"ad1", "ad2"}
+    assert set(client[stages.ATTR_CLIENT_LORA_ROLE]) <= {"alone", "pending", "joins", "other"}
+    assert "alone" in set(client[stages.ATTR_CLIENT_LORA_ROLE])
+
+
+def test_probe_refuses_a_bad_adapter_list_with_one_line(capsys):
+    from diag.cli import main
+
+    assert main(["probe", "http://127.0.0.1:9", "--lora", "a,,b"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--lora" in err and len(err.splitlines()) == 1
