@@ -89,11 +89,14 @@ class LoadSpec:
         }
 
     def split(self, n: int) -> list[LoadSpec]:
-        """This load shared by ``n`` processes: concurrency, rate and counts divided.
+        """This load shared by ``n`` processes: concurrency, rate and counts divided. No more
+        shares than the concurrency: each share holds at least one request in flight, so more
+        shares would put more requests in flight than asked.
 
         Superposed Poisson processes are Poisson; gamma arrivals split this way keep their
         shape per worker but the merged stream is somewhat smoother than one gamma stream.
         """
+        n = max(1, min(n, self.concurrency))
         out = []
         for k in range(n):
             def share(total: int) -> int:
