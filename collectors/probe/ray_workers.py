@@ -242,7 +242,9 @@ class RayWorkers:
         ray = self._ray = require_ray()
         if not ray.is_initialized():
             try:
-                common = {"log_to_driver": False, "logging_level": logging.WARNING, "runtime_env": runtime_env()}
+                # Ray's own warnings (a SIGTERM handler set only from the main thread, its token
+                # authentication) are not the probe's: errors still raise and are said in one line
+                common = {"log_to_driver": False, "logging_level": logging.ERROR, "runtime_env": runtime_env()}
                 if self.address == "local":
                     ray.init(num_cpus=cpu_count(), include_dashboard=False, **common)
                 else:
@@ -266,8 +268,9 @@ class RayWorkers:
                    if type(exc).__name__ == "GetTimeoutError" else _one_line(f"{type(exc).__name__}: {exc}"))
             raise RayWorkersError(f"--ray {self.address}: the probe's {self.workers} worker actor(s) did not start: "
                                   f"{why}") from None
-        self._info = [{"index": k, **f, "same_clock": f["clock_id"] == self._clock_id, "state": "ok", "clock": None,
-                       "clock_phases": 0} for k, f in enumerate(facts)]
+        self._info = [{"index": k, **{n: v for n, v in f.items() if n != "clock_id"},
+                       "same_clock": f["clock_id"] == self._clock_id, "state": "ok", "clock": None, "clock_phases": 0}
+                      for k, f in enumerate(facts)]
         return self
 
     def close(self) -> None:

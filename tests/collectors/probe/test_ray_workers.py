@@ -104,6 +104,54 @@ def test_lost_requests_become_worker_lost_spans_in_their_own_trace(tmp_path):
     assert req.loc["p1.r-6", "client_ttft_s"] == pytest.approx(0.005, abs=1e-6) and req.loc["p1.r-6", "trace_id"] == "ef" * 16
 
 
+def test_a_worker_puts_every_timestamp_on_the_drivers_clock(server):
+    # the actor's body run in this process: a worker whose clock is 3 s ahead of the driver's
+    # (offset +3 s) shifts its results, health samples and spans back by 3 s
+    import json
+
+    from collectors.probe.client import resolve_endpoint
+    from collectors.probe.load import worker_jobs
+    from collectors.probe.ray_workers import ProbeWorker, RayJob
+    from collectors.probe.workload import Workload
+
+    ep, _ = eventloop.run(resolve_endpoint(server.url("ok"), "completions", "m"))
+    wl = Workload(WorkloadSpec(LengthSpec.parse("8"), LengthSpec.parse("2")))
+    (job,) = worker_jobs(1, ep, {"timeout_s": 5.0}, wl, LoadSpec(concurrency=2, requests=4), "seg")
+    skew = 3_000_000_000
+    t0 = time.time_ns()
+    pay = ProbeWorker(0).run(RayJob(job, start_at_ns=t0 - skew, offset_ns=skew))
+    t1 = time.time_ns()
+    assert pay["error"] is None and pay["inflight"] == []
+    results = [r for r, _ in pay["done"]]
+    assert len(results) == 4 and all(r.ok for r in results)
+    for r in results:
+        assert t0 - skew <= r.scheduled_ns <= r.start_ns < r.first_content_ns <= r.last_ns <= t1 - skew
+    assert t0 - skew <= pay["start_ns"] <= pay["end_ns"] <= t1 - skew
+    ts = [t for h in pay["health"] for t in h["ts_s"]]
+    assert ts and all((t0 - skew) / 1e9 - 0.1 <= t <= (t1 - skew) / 1e9 for t in ts)
+    starts = [int(sp["startTimeUnixNano"]) for line in pay["span_lines"] for rs in json.loads(line)["resourceSpans"]
+              for ss in rs["scopeSpans"] for sp in ss["spans"]]
+    assert len(starts) == 4 and all(t0 - skew <= t <= t1 - skew for t in starts)
+
+
+def test_the_driver_applies_a_measured_offset_unless_the_clock_is_its_own():
+    from types import SimpleNamespace
+
+    from collectors.probe.ray_workers import RayWorkers
+
+    skew = -7_000_000
+    pool = RayWorkers("local", 1)
+    pool._ray = SimpleNamespace(get=lambda x: x)
+    pool.actors = [SimpleNamespace(now_ns=SimpleNamespace(remote=lambda: time.time_ns() + skew))]
+    pool._info = [{"same_clock": False, "clock_phases": 0}]
+    applied = pool._clock(0)
+    clock = pool._info[0]["clock"]
+    assert applied == clock["applied_ns"] == clock["offset_ns"]
+    assert abs(applied - skew) <= clock["uncertainty_ns"] + 1_000_000
+    pool._info[0]["same_clock"] = True
+    assert pool._clock(0) == 0 and pool._info[0]["clock"]["applied_ns"] == 0 and pool._info[0]["clock_phases"] == 2
+
+
 # --- a real local Ray ------------------------------------------------------------------------------
 
 
@@ -201,3 +249,53 @@ def test_a_killed_worker_is_reported_and_its_in_flight_requests_marked(ray_clust
     # worker 1's finished requests are in the capture too, from the spans the driver wrote for them
     got = {r.request_id for r in outcome.results if r.request_id.startswith("p1.") and r.ok}
     assert got and got <= set(req["request_id"])
+
+
+@pytest.mark.slow
+def test_ray_probe_gives_the_single_process_verdict_on_the_queue_scenario(ray_cluster, tmp_path, monkeypatch):
+    # the catalogue's queue scenario (the engine admits one sequence at a time, a concurrency sweep),
+    # run by the scenario runner as it is, once with the probe in this process and once on two
+    # Ray actors: the same verdict, server-side and client-only
+    import functools
+
+    import diag.scenarios.runner as runner
+    from diag.capture import load_capture
+    from diag.scenarios import MODES, SCENARIOS, Calibration, diagnose_run, run_scenario
+
+    queue = next(s for s in SCENARIOS if s.name == "queue")
+    cal = Calibration(ttft_short_ms=5.0, prefill_ms_per_token=0.05, decode_step_ms=5.0)  # the plan takes no size from it
+    single = run_scenario(queue, tmp_path / "single", cal)
+    monkeypatch.setattr(runner, "ProbeConfig", functools.partial(ProbeConfig, workers=2, ray_address="local"))
+    spread = run_scenario(queue, tmp_path / "ray", cal)
+    ray_meta = load_capture(spread.client).meta["probe"]["ray"]
+    assert len(ray_meta["workers"]) == 2 and ray_meta["lost_requests"] == 0
+    for mode in MODES:
+        one, many = diagnose_run(single, mode), diagnose_run(spread, mode)
+        # the cause named: the verdict, or under the verdict floor its leading candidate (docs/verdict.md)
+        named = [v.leading if v.category in ("healthy", "inconclusive") else v.category for v in (one, many)]
+        assert named == ["queue", "queue"], (mode, one, many)
+        if mode == "server":
+            assert many.category == one.category == "queue", (one, many)
+
+
+@pytest.mark.slow
+def test_diagnose_runs_its_steps_on_ray_workers(ray_cluster, tmp_path):
+    # ttft diagnose --ray local --workers 2 against an engine that admits one sequence at a time
+    from diag.capture import load_capture
+    from diag.diagnose import DiagnoseConfig, PlanConfig, run_diagnose
+    from diag.scenarios.engine_process import EngineProcess
+    from diag.tables import build_tables
+
+    with EngineProcess(["--max-running", "1", "--threads", "1"]) as eng:
+        res = run_diagnose(DiagnoseConfig(eng.url, tmp_path / "cap", PlanConfig(budget_s=25, max_concurrency=8),
+                                          workers=2, ray_address="local"))
+    assert res.analysis.diagnosis.named == "queue", res.analysis.diagnosis.verdict.title
+    cap = load_capture(res.capture)
+    workers = cap.meta["probe"]["ray"]["workers"]
+    assert len(workers) == 2 and all(w["state"] == "ok" and w["clock_phases"] >= 1 for w in workers)
+    sent = sum(r.point.ok + r.point.failed for r in res.records if r.point is not None)
+    tab = build_tables(cap).requests
+    measured = tab.loc[~tab["warmup"] & ~tab["segment"].isin(["calibrate", "compat"])]
+    # every request once (a ladder rung's phases of one request each reuse their ids: the trace is the key)
+    assert len(measured) == sent and measured["trace_id"].is_unique
+    assert {i.split(".")[0] for i in measured["request_id"]} == {"p0", "p1"}  # the ramp's points ran on both
