@@ -50,7 +50,7 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
-from collectors.probe.clock_sync import ClockOffset, clock_id, measure
+from collectors.probe.clock_sync import clock_id, measure
 from collectors.probe.health import HealthSamples
 from collectors.probe.inflight import InFlight, InFlightTracker, lost_result, stand_in_span_lines
 from collectors.probe.load import LoadSpec, PhaseOutcome, WorkerJob, cpu_count, run_worker, worker_jobs
@@ -68,6 +68,8 @@ PLACE_TIMEOUT_S = 180.0
 PHASE_GRACE_S = 3600.0
 #: threads of an actor: the phase, the driver's asks, the clock
 ACTOR_THREADS = 4
+#: seconds a worker may take to answer one clock exchange before it counts as lost
+CLOCK_TIMEOUT_S = 30.0
 
 
 class RayWorkersError(CaptureError):
@@ -143,9 +145,8 @@ class ProbeWorker:
             return path
         if self._dir is None:
             self._dir = tempfile.mkdtemp(prefix="ttft-ray-worker-")
-        data = files[path]
-        name = Path(path).name if Path(path).suffix else "tokenizer.json"
-        local = Path(self._dir) / sha256(data).hexdigest()[:16] / name
+        data = files[path]  # a tokenizer directory's tokenizer.json comes as a file of the directory's name
+        local = Path(self._dir) / sha256(data).hexdigest()[:16] / (Path(path).name or "file")
         if not local.exists():
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_bytes(data)
@@ -234,11 +235,14 @@ class RayWorkers:
         self._clock_id = clock_id()
         self._cpus_per_worker = 1.0
         self.lost_requests = 0
+        #: set by :meth:`close`: a phase still running (the run interrupted) stops collecting
+        self._closing = False
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> RayWorkers:
-        """Connect (or start a local Ray), place the actors and learn where they run (blocks)."""
+        """Connect (or start a local Ray; a Ray this process already initialised is used as it is),
+        place the actors and learn where they run (blocks)."""
         ray = self._ray = require_ray()
         if not ray.is_initialized():
             try:
@@ -246,7 +250,7 @@ class RayWorkers:
                 # authentication) are not the probe's: errors still raise and are said in one line
                 common = {"log_to_driver": False, "logging_level": logging.ERROR, "runtime_env": runtime_env()}
                 if self.address == "local":
-                    ray.init(num_cpus=cpu_count(), include_dashboard=False, **common)
+                    ray.init(address="local", num_cpus=cpu_count(), include_dashboard=False, **common)
                 else:
                     ray.init(address=self.address, **common)
             except Exception as exc:
@@ -269,13 +273,14 @@ class RayWorkers:
             raise RayWorkersError(f"--ray {self.address}: the probe's {self.workers} worker actor(s) did not start: "
                                   f"{why}") from None
         self._info = [{"index": k, **{n: v for n, v in f.items() if n != "clock_id"},
-                       "same_clock": f["clock_id"] == self._clock_id, "state": "ok", "clock": None, "clock_phases": 0}
+                       "same_clock": f["clock_id"] == self._clock_id, "state": "ok", "clock": None, "clock_measurements": 0}
                       for k, f in enumerate(facts)]
         return self
 
     def close(self) -> None:
         """Kill the actors; shut Ray down where :meth:`start` started or connected it (blocks)."""
         ray = self._ray
+        self._closing = True
         if ray is None:
             return
         for a in self.actors:
@@ -309,11 +314,11 @@ class RayWorkers:
 
     def _clock(self, k: int) -> int:
         """Measure worker ``k``'s offset; returns the offset to apply (0 on the driver's clock)."""
-        off = measure(lambda: self._ray.get(self.actors[k].now_ns.remote()))
+        off = measure(lambda: self._ray.get(self.actors[k].now_ns.remote(), timeout=CLOCK_TIMEOUT_S))
         info = self._info[k]
         applied = 0 if info["same_clock"] else off.offset_ns
         info["clock"] = {**off.to_dict(), "applied_ns": applied}
-        info["clock_phases"] += 1
+        info["clock_measurements"] += 1
         return applied
 
     def _files(self, job: WorkerJob) -> dict[str, bytes]:
@@ -332,13 +337,26 @@ class RayWorkers:
         module doc for clocks and lost workers). ``on_progress(measured done, total)`` is called
         from this thread after each ask."""
         ray = self._ray
-        live = [k for k, i in enumerate(self._info) if i["state"] == "ok"]
+        offsets: dict[int, int] = {}
+        notes = []
+        for k, info in enumerate(self._info):
+            if info["state"] != "ok":
+                continue
+            try:
+                offsets[k] = self._clock(k)
+            except Exception as exc:  # gone since the last phase: nothing of this phase was on it
+                why = _one_line(f"{type(exc).__name__}: {exc}", 160)
+                info["state"] = "lost"
+                info["lost"] = {"segment": segment, "why": why, "results_received": 0, "in_flight_marked": 0,
+                                "unaccounted": 0, "at_unix_s": time.time()}
+                notes.append(f"worker {k} (host {info.get('host')}) was lost before this phase ({why}); the phase "
+                             "runs on the workers left")
+        live = sorted(offsets)
         if not live:
             raise RayWorkersError("every Ray worker of this probe was lost: none is left to run the next phase")
         jobs = worker_jobs(len(live), endpoint, client_kwargs, workload, load, segment, trace, None, otlp_endpoint)
         parts = [_Phase(live[j], self.actors[live[j]], replace(job, index=live[j])) for j, job in enumerate(jobs)]
         files = self._files(parts[0].job)
-        offsets = {p.index: self._clock(p.index) for p in parts}
         start_at = time.time_ns() + int(START_DELAY_S * 1e9)
         for p in parts:
             p.ref = p.actor.run.remote(RayJob(p.job, start_at, offsets[p.index], files))
@@ -357,12 +375,18 @@ class RayWorkers:
                 self._ask(p)
             if on_progress is not None:
                 on_progress(sum(1 for p in parts for r, _ in p.results.values() if not r.warmup), load.bounded_requests)
+            if running and self._closing:  # the run was interrupted and its workers are being killed
+                for p in running:
+                    p.lost = "the probe was stopped"
+                break
             if running and time.monotonic() > deadline:
                 for p in running:
                     ray.kill(p.actor, no_restart=True)
                     p.lost = f"did not finish within {(load.duration_s or 0.0) + PHASE_GRACE_S:.0f} s; killed"
                 running = []
-        return self._merge(parts, load, endpoint)
+        outcome = self._merge(parts, endpoint)
+        outcome.notes[:0] = notes
+        return outcome
 
     def _ask(self, p: _Phase, wait_s: float = 0.0) -> None:
         """Collect worker ``p``'s pending answer when it is in, and ask again (one ask in flight)."""
@@ -378,7 +402,9 @@ class RayWorkers:
         if p.payload is None and p.lost is None:
             p.take_ref = p.actor.take.remote()
 
-    def _merge(self, parts: list[_Phase], load: LoadSpec, endpoint: Any) -> PhaseOutcome:
+    def _merge(self, parts: list[_Phase], endpoint: Any) -> PhaseOutcome:
+        """One outcome from the parts: a worker that ended well gives what it sent; a lost or failed
+        one its results so far, its in-flight requests as ``worker_lost``, stand-in spans and a note."""
         ray = self._ray
         out = PhaseOutcome()
         starts, ends = [], []
@@ -398,7 +424,7 @@ class RayWorkers:
                     starts.append(pay["start_ns"])
                     ends.append(pay["end_ns"])
                 try:
-                    after = measure(lambda: ray.get(p.actor.now_ns.remote()), n=4)
+                    after = measure(lambda: ray.get(p.actor.now_ns.remote(), timeout=CLOCK_TIMEOUT_S), n=4)
                     info["clock_after"] = after.to_dict()
                 except Exception:
                     pass
@@ -418,9 +444,10 @@ class RayWorkers:
             out.results.extend(r for r, _ in marked)
             out.span_lines.extend(stand_in_span_lines(got + marked, endpoint.api, endpoint.model))
             self.lost_requests += len(marked)
-            info["lost"] = {"segment": p.job.segment, "why": why, "results_received": len(seen),
-                            "in_flight_marked": len(marked), "unaccounted": unaccounted,
-                            "at_unix_s": time.time()}
+            # a lost worker's record; a failed one (its phase raised, the actor alive) keeps working
+            info["lost" if p.lost else "failed"] = {"segment": p.job.segment, "why": why, "results_received": len(seen),
+                                                    "in_flight_marked": len(marked), "unaccounted": unaccounted,
+                                                    "at_unix_s": time.time()}
             out.notes.append(
                 f"{where} {'was lost' if p.lost else 'failed'} ({why}): {len(seen)} results came back, "
                 f"{len(marked)} request(s) in flight marked worker_lost"

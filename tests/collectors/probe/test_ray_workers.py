@@ -141,15 +141,41 @@ def test_the_driver_applies_a_measured_offset_unless_the_clock_is_its_own():
 
     skew = -7_000_000
     pool = RayWorkers("local", 1)
-    pool._ray = SimpleNamespace(get=lambda x: x)
+    pool._ray = SimpleNamespace(get=lambda x, timeout=None: x)
     pool.actors = [SimpleNamespace(now_ns=SimpleNamespace(remote=lambda: time.time_ns() + skew))]
-    pool._info = [{"same_clock": False, "clock_phases": 0}]
+    pool._info = [{"same_clock": False, "clock_measurements": 0}]
     applied = pool._clock(0)
     clock = pool._info[0]["clock"]
     assert applied == clock["applied_ns"] == clock["offset_ns"]
     assert abs(applied - skew) <= clock["uncertainty_ns"] + 1_000_000
     pool._info[0]["same_clock"] = True
-    assert pool._clock(0) == 0 and pool._info[0]["clock"]["applied_ns"] == 0 and pool._info[0]["clock_phases"] == 2
+    assert pool._clock(0) == 0 and pool._info[0]["clock"]["applied_ns"] == 0 and pool._info[0]["clock_measurements"] == 2
+
+
+def test_a_worker_whose_phase_raised_keeps_its_results_and_marks_its_in_flight_requests():
+    from types import SimpleNamespace
+
+    from collectors.probe.client import Endpoint
+    from collectors.probe.load import WorkerJob
+    from collectors.probe.ray_workers import RayWorkers, _Phase
+
+    t0 = time.time_ns()
+    ep = Endpoint("http://127.0.0.1:1", "completions", "m")
+    job = WorkerJob(0, ep, {}, WorkloadSpec(), None, LoadSpec(concurrency=2, requests=5), "r", "", True)
+    done = RequestResult("p0.r-0", segment="r", start_ns=t0, first_content_ns=t0 + 1000, last_ns=t0 + 2000,
+                         status=200, trace_id="ab" * 16)
+    gone = InFlight("p0.r-1", "r", False, t0, t0 + 10, "cd" * 16, "ef" * 8)
+    pool = RayWorkers("local", 1)
+    pool._ray = SimpleNamespace()
+    pool._info = [{"index": 0, "host": "h", "node_id": "n0", "state": "ok"}]
+    part = _Phase(0, None, job, payload={"done": [(done, "12" * 8)], "inflight": [gone], "error": "OSError: boom"})
+    out = pool._merge([part], ep)
+    assert [(r.request_id, r.error) for r in out.results] == [("p0.r-0", None), ("p0.r-1", WORKER_LOST)]
+    assert len(out.span_lines) == 1 and '"worker_lost"' in out.span_lines[0]  # the driver wrote both spans
+    info = pool._info[0]
+    assert info["state"] == "ok" and info["failed"]["in_flight_marked"] == 1 and info["failed"]["unaccounted"] == 3
+    (note,) = out.notes
+    assert "worker 0 (host h" in note and "failed (failed: OSError: boom)" in note and "3 more" in note
 
 
 # --- a real local Ray ------------------------------------------------------------------------------
@@ -175,7 +201,7 @@ def ray_cluster():
     before = _raylets()
     from collectors.probe.ray_workers import runtime_env
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env())
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env())
     try:
         yield ray
     finally:
@@ -227,11 +253,17 @@ def test_a_killed_worker_is_reported_and_its_in_flight_requests_marked(ray_clust
             phase = asyncio.ensure_future(s.phase(cfg.load))
             while not done_seen or done_seen[-1] < 4:
                 await asyncio.sleep(0.05)
-            victim = s.ray_workers.actors[1]
-            ray_cluster.kill(victim, no_restart=True)
-            return await phase
+            ray_cluster.kill(s.ray_workers.actors[1], no_restart=True)
+            first = await phase
+            # the next phase runs on the worker left; with none left, one line says so
+            second = await s.phase(LoadSpec(concurrency=2, requests=4))
+            ray_cluster.kill(s.ray_workers.actors[0], no_restart=True)
+            with pytest.raises(RayWorkersError, match="none is left"):
+                await s.phase(LoadSpec(concurrency=2, requests=4))
+            return first, second
 
-    outcome = eventloop.run(main())
+    outcome, second = eventloop.run(main())
+    assert [r.request_id.split(".")[0] for r in second.results] == ["p0"] * 4 and all(r.ok for r in second.results)
     lost = [r for r in outcome.results if r.error == WORKER_LOST]
     assert lost and all(r.request_id.startswith("p1.") for r in lost)
     assert sum(1 for r in outcome.results if r.request_id.startswith("p0.") and r.ok) == 20  # the other worker's
@@ -239,8 +271,9 @@ def test_a_killed_worker_is_reported_and_its_in_flight_requests_marked(ray_clust
     assert len(ids) == len(set(ids))
     assert any("worker 1" in n and "was lost" in n and "worker_lost" in n for n in outcome.notes)
     cap = load_capture(tmp_path / "cap")
-    w1 = cap.meta["probe"]["ray"]["workers"][1]
+    w0, w1 = cap.meta["probe"]["ray"]["workers"]
     assert w1["state"] == "lost" and w1["lost"]["in_flight_marked"] == len(lost)
+    assert w0["state"] == "lost" and w0["lost"]["in_flight_marked"] == 0  # killed between phases
     assert cap.meta["probe"]["ray"]["lost_requests"] == len(lost)
     req = build_tables(cap).requests
     marked = req.loc[req["error"] == WORKER_LOST]
@@ -292,7 +325,7 @@ def test_diagnose_runs_its_steps_on_ray_workers(ray_cluster, tmp_path):
     assert res.analysis.diagnosis.named == "queue", res.analysis.diagnosis.verdict.title
     cap = load_capture(res.capture)
     workers = cap.meta["probe"]["ray"]["workers"]
-    assert len(workers) == 2 and all(w["state"] == "ok" and w["clock_phases"] >= 1 for w in workers)
+    assert len(workers) == 2 and all(w["state"] == "ok" and w["clock_measurements"] >= 1 for w in workers)
     sent = sum(r.point.ok + r.point.failed for r in res.records if r.point is not None)
     tab = build_tables(cap).requests
     measured = tab.loc[~tab["warmup"] & ~tab["segment"].isin(["calibrate", "compat"])]
