@@ -100,6 +100,7 @@ ERROR_KINDS: dict[str, str] = {
     "not_streamed": "the server ignored stream=true and answered one JSON body",
     "no_content": "the stream finished without any non-empty content",
     "client_error": "another client-side failure (see the example message)",
+    "worker_lost": "the probe worker sending it was lost (Ray actor or node) before its outcome came back",
 }
 
 

@@ -10,8 +10,9 @@ TTFT + slot wait (what a user arriving on schedule would have seen). In closed-l
 request is scheduled the moment its slot frees, so slot wait measures only client lag.
 
 Threading: :func:`run_phase` runs on one event loop. :func:`run_phase_in_workers` blocks the
-calling thread while ``workers`` spawned processes each run :func:`run_phase` on their own
-loop; results, health samples and spans (OTLP JSON lines) come back through files.
+calling thread while ``workers`` spawned processes each run their share (:func:`run_worker`:
+:func:`run_phase` on a loop of their own); results, health samples and spans (OTLP JSON lines)
+come back through files. Ray actors run the same :func:`run_worker` (:mod:`.ray_workers`).
 """
 
 from __future__ import annotations
@@ -89,11 +90,14 @@ class LoadSpec:
         }
 
     def split(self, n: int) -> list[LoadSpec]:
-        """This load shared by ``n`` processes: concurrency, rate and counts divided.
+        """This load shared by ``n`` processes: concurrency, rate and counts divided. No more
+        shares than the concurrency: each share holds at least one request in flight, so more
+        shares would put more requests in flight than asked.
 
         Superposed Poisson processes are Poisson; gamma arrivals split this way keep their
         shape per worker but the merged stream is somewhat smoother than one gamma stream.
         """
+        n = max(1, min(n, self.concurrency))
         out = []
         for k in range(n):
             def share(total: int) -> int:
@@ -278,46 +282,62 @@ class WorkerJob:
     otlp_endpoint: str | None = None
 
 
+def run_worker(job: WorkerJob, wait_start: Callable[[], None],
+               on_client: Callable[[StreamingClient], None] | None = None) -> tuple[PhaseOutcome, list[str]]:
+    """One worker's share of a phase on a new event loop (blocks the calling thread): pin it
+    (``job.cpus``), build its workload, span sink and client, call ``on_client`` on the client
+    (before it opens), ``wait_start()`` (a barrier, a start time), then :func:`run_phase` with a
+    health monitor of its own (entity ``worker{index}``). Returns the outcome and the worker's
+    client spans as OTLP JSON lines. Process workers and Ray actors both run this."""
+    if job.cpus:
+        from collectors.probe.affinity import pin_process
+
+        pin_process(job.cpus)
+    from collectors.probe.spans_io import drain_span_lines
+    from collectors.probe.workload import TokenCounter
+    from collectors.spans import setup_tracing
+
+    tok = TokenCounter(job.tokenizer_path) if job.tokenizer_path else None
+    workload = Workload(job.workload_spec, tok)
+    workload.words_per_token = job.words_per_token
+    sink = setup_tracing(service_name="ttft-probe", memory=True, otlp_endpoint=job.otlp_endpoint,
+                         provider_name=PROBE_PROVIDER) if job.trace else None
+
+    async def main() -> PhaseOutcome:
+        client = StreamingClient(job.endpoint, job.load.concurrency, sink=sink, **job.client_kwargs)
+        client.count_tokens = tok.count if tok is not None else None
+        if on_client is not None:
+            on_client(client)
+        await client.open()
+        try:
+            wait_start()
+            mon = HealthMonitor(entity=f"worker{job.index}")
+            mon.start()
+            outcome = await run_phase(client, workload, job.load, job.segment, None,
+                                      id_prefix=f"p{job.index}.", health=mon)
+            outcome.health.append(await mon.stop())
+            return outcome
+        finally:
+            await client.close()
+
+    try:
+        outcome = eventloop.run(main())
+        lines = drain_span_lines(sink) if sink is not None else []
+    finally:
+        if sink is not None:
+            sink.shutdown()
+    return outcome, lines
+
+
 def _worker_main(job: WorkerJob, barrier: Any) -> None:
     """Entry point of a spawned worker: run one phase, write results/health/spans to a file."""
     payload: dict[str, Any] = {"results": [], "health": [], "span_lines": [], "error": None}
     try:
-        if job.cpus:
-            from collectors.probe.affinity import pin_process
-
-            pin_process(job.cpus)
-        from collectors.probe.spans_io import drain_span_lines
-        from collectors.probe.workload import TokenCounter
-        from collectors.spans import setup_tracing
-
-        tok = TokenCounter(job.tokenizer_path) if job.tokenizer_path else None
-        workload = Workload(job.workload_spec, tok)
-        workload.words_per_token = job.words_per_token
-        sink = setup_tracing(service_name="ttft-probe", memory=True, otlp_endpoint=job.otlp_endpoint,
-                             provider_name=PROBE_PROVIDER) if job.trace else None
-
-        async def main() -> PhaseOutcome:
-            client = StreamingClient(job.endpoint, job.load.concurrency, sink=sink, **job.client_kwargs)
-            client.count_tokens = tok.count if tok is not None else None
-            await client.open()
-            try:
-                barrier.wait(120)
-                mon = HealthMonitor(entity=f"worker{job.index}")
-                mon.start()
-                outcome = await run_phase(client, workload, job.load, job.segment, None,
-                                          id_prefix=f"p{job.index}.", health=mon)
-                outcome.health.append(await mon.stop())
-                return outcome
-            finally:
-                await client.close()
-
-        outcome = eventloop.run(main())
+        outcome, lines = run_worker(job, lambda: barrier.wait(120))
         payload["results"] = [r.to_dict() for r in outcome.results]
         payload["health"] = [h.to_dict() for h in outcome.health]
         payload["start_ns"], payload["end_ns"] = outcome.start_ns, outcome.end_ns
-        if sink is not None:
-            payload["span_lines"] = drain_span_lines(sink)
-            sink.shutdown()
+        payload["span_lines"] = lines
     except Exception as exc:  # reported by the parent, never a silent loss
         payload["error"] = f"{type(exc).__name__}: {exc}"
         payload["traceback"] = traceback.format_exc()
@@ -329,6 +349,31 @@ def _worker_main(job: WorkerJob, barrier: Any) -> None:
     with open(tmp, "wb") as fh:
         pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(tmp, job.out_path)
+
+
+def worker_jobs(
+    workers: int,
+    endpoint: Any,
+    client_kwargs: dict[str, Any],
+    workload: Workload,
+    load: LoadSpec,
+    segment: str | None,
+    trace: bool = True,
+    cpus: tuple[int, ...] | None = None,
+    otlp_endpoint: str | None = None,
+    out_dir: str | Path = "",
+) -> list[WorkerJob]:
+    """One job per share of ``load`` split over ``workers`` (:meth:`LoadSpec.split`): each its
+    share, its own workload seed, its CPUs and its result file ``worker-{k}.pkl`` under ``out_dir``."""
+    shares = load.split(workers)
+    jobs = []
+    for k, share in enumerate(shares):
+        wspec = replace(workload.spec, seed=workload.spec.seed * 7919 + k + 1) if hasattr(workload.spec, "seed") else workload.spec
+        jobs.append(WorkerJob(k, endpoint, client_kwargs, wspec,
+                              workload.tokenizer.path if workload.tokenizer is not None else None,
+                              share, segment, str(Path(out_dir) / f"worker-{k}.pkl"), trace,
+                              workload.words_per_token, worker_cpus(cpus, k, len(shares)), otlp_endpoint))
+    return jobs
 
 
 def run_phase_in_workers(
@@ -351,17 +396,10 @@ def run_phase_in_workers(
     results are kept.
     """
     ctx = mp.get_context("spawn")
-    shares = load.split(workers)
-    barrier = ctx.Barrier(len(shares) + 1)
     outcome = PhaseOutcome()
     with tempfile.TemporaryDirectory(prefix="ttft-probe-") as tmp:
-        jobs = []
-        for k, share in enumerate(shares):
-            wspec = replace(workload.spec, seed=workload.spec.seed * 7919 + k + 1) if hasattr(workload.spec, "seed") else workload.spec
-            jobs.append(WorkerJob(k, endpoint, client_kwargs, wspec,
-                                  workload.tokenizer.path if workload.tokenizer is not None else None,
-                                  share, segment, str(Path(tmp) / f"worker-{k}.pkl"), trace,
-                                  workload.words_per_token, worker_cpus(cpus, k, len(shares)), otlp_endpoint))
+        jobs = worker_jobs(workers, endpoint, client_kwargs, workload, load, segment, trace, cpus, otlp_endpoint, tmp)
+        barrier = ctx.Barrier(len(jobs) + 1)
         procs = [ctx.Process(target=_worker_main, args=(job, barrier), daemon=True) for job in jobs]
         for p in procs:
             p.start()
@@ -404,4 +442,5 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-__all__ = ["LoadSpec", "PhaseOutcome", "run_phase", "run_phase_in_workers", "cpu_count"]
+__all__ = ["LoadSpec", "PhaseOutcome", "WorkerJob", "cpu_count", "run_phase", "run_phase_in_workers", "run_worker",
+           "worker_jobs"]

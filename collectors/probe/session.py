@@ -4,8 +4,9 @@ meta.json, and compute the metrics.
 
 Threading: a :class:`ProbeSession` runs on one event loop (:func:`.eventloop.run`, uvloop when
 installed, in :func:`run_probe` / :func:`run_sweep`, or the caller's loop with the ``*_async`` forms).
-With ``workers > 1`` each phase runs in spawned processes, awaited from a thread-pool thread
-so the loop stays free.
+With ``workers > 1`` each phase runs in spawned processes, with ``ray_address`` on Ray actors
+(:mod:`.ray_workers`, started at the first phase and kept for the session), awaited from a
+thread-pool thread so the loop stays free.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class ProbeConfig:
     #: send a request once more on a fresh connection when its reused one was found closed
     #: before any answer (off: it fails as server_disconnected)
     retry_reused: bool = True
+    #: run the phases' workers as Ray actors on this cluster (``--ray``: local, auto, ray://HOST:PORT)
+    ray_address: str | None = None
 
 
 #: 4xx answers that no optional element causes: auth, path, method, rate limits.
@@ -149,6 +152,8 @@ class ProbeSession:
         self.ready: ReadyWait | None = None
         #: where a designed experiment met the server's context limit (meta.json ``probe.context_limit``)
         self.context_limit: dict[str, Any] | None = None
+        #: the Ray actors the phases run on (``config.ray_address``; started at the first phase)
+        self.ray_workers: Any = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -301,6 +306,11 @@ class ProbeSession:
         await self.close()
 
     async def close(self) -> None:
+        if self.ray_workers is not None:
+            workers, self.ray_workers = self.ray_workers, None
+            if self.writer is not None:
+                self.writer.update_meta(probe={"ray": workers.facts()})
+            await asyncio.get_running_loop().run_in_executor(None, workers.close)
         if self.monitor is not None:
             self.health_samples.insert(0, await self.monitor.stop())
             self.monitor = None
@@ -338,6 +348,7 @@ class ProbeSession:
                 "workload": cfg.workload.describe(),
                 "prompt_length_method": self.workload.length_method,
                 "workers": cfg.workers,
+                "ray": {"address": cfg.ray_address} if cfg.ray_address else None,
                 "cpus": list(available_cpus() or ()) if cfg.cpus else None,  # the mask in force
                 "event_loop": eventloop.loop_name(),
                 "timeout_s": cfg.timeout_s,
@@ -404,11 +415,14 @@ class ProbeSession:
         workload = workload or self.workload
         self._done_in_phase = 0
         phase_label = segment or "probe"
-        if self.config.workers > 1:
+        if self.config.workers > 1 or self.config.ray_address is not None:
             loop = asyncio.get_running_loop()
-            outcome = await loop.run_in_executor(
-                None, run_phase_in_workers, self.config.workers, self.endpoint, self._client_kwargs(), workload,
-                load, segment, True, self.config.cpus, self.config.otlp_endpoint)
+            if self.config.ray_address is not None:
+                outcome = await self._ray_phase(load, workload, segment, phase_label)
+            else:
+                outcome = await loop.run_in_executor(
+                    None, run_phase_in_workers, self.config.workers, self.endpoint, self._client_kwargs(), workload,
+                    load, segment, True, self.config.cpus, self.config.otlp_endpoint)
             if self.writer is not None and outcome.span_lines:
                 self.writer.append_span_lines(outcome.span_lines)
             outcome.span_lines = []
@@ -428,6 +442,26 @@ class ProbeSession:
         self.results.extend(outcome.results)
         self.phase_spans.append((outcome.start_ns, outcome.end_ns))
         self.alongside.parse_pending()  # nothing in flight now: the scrapes fetched meanwhile are parsed
+        return outcome
+
+    async def _ray_phase(self, load: LoadSpec, workload: Workload, segment: str | None, phase_label: str) -> PhaseOutcome:
+        """One phase on the session's Ray actors (started here the first time); meta.json
+        ``probe.ray`` updated after it. Progress is passed to the loop's thread as results come in."""
+        from collectors.probe.ray_workers import RayWorkers
+
+        loop = asyncio.get_running_loop()
+        if self.ray_workers is None:
+            assert self.config.ray_address is not None
+            self.ray_workers = await loop.run_in_executor(
+                None, RayWorkers(self.config.ray_address, self.config.workers).start)
+        progress = self.config.progress
+        on_progress = None if progress is None else (
+            lambda done, total: loop.call_soon_threadsafe(progress, done, total, phase_label))
+        outcome = await loop.run_in_executor(
+            None, self.ray_workers.run_phase, self.endpoint, self._client_kwargs(), workload, load, segment, True,
+            self.config.otlp_endpoint, on_progress)
+        if self.writer is not None:
+            self.writer.update_meta(probe={"ray": self.ray_workers.facts()})
         return outcome
 
     def _over_context(self) -> list[str]:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diag.commands.probe import add_wait_ready
+from diag.commands.probe import add_ray, add_wait_ready, check_ray
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -70,6 +70,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--rules", metavar="FILE", help="TOML file overriding rule thresholds")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds without a byte before a request fails (default 30)")
     add_wait_ready(p)
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="client processes each step's load is split over (default 1); with --ray, Ray actors")
+    add_ray(p)
     p.add_argument("--seed", type=int, default=0, help="random seed for prompts and arrivals")
     p.add_argument("-o", "--output", metavar="CAPTURE", help="capture directory (default: diagnose-YYYYmmdd-HHMMSS)")
     p.add_argument("--json", action="store_true", help="print the run and the verdict as JSON on stdout")
@@ -166,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
         raise _usage("--timeout must be > 0")
     if args.wait_ready < 0:
         raise _usage("--wait-ready must be >= 0")
+    if args.workers < 1:
+        raise _usage("--workers must be >= 1")
+    ray_address = check_ray(args.ray)
     for j in args.join:
         if not Path(j).exists():
             raise _usage(f"--join {j}: no such capture")
@@ -180,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
                          api_key=args.api_key or os.environ.get("OPENAI_API_KEY"), slo=slo_option(args.slo),
                          metrics_url=args.metrics, join=list(args.join), rules_file=args.rules,
                          tokenizer_path=args.tokenizer, exact_output=not args.no_exact_output, dropped=dropped,
-                         timeout_s=args.timeout, seed=args.seed, wait_ready_s=args.wait_ready, workload=workload)
+                         timeout_s=args.timeout, seed=args.seed, wait_ready_s=args.wait_ready, workload=workload,
+                         workers=args.workers, ray_address=ray_address)
     live = None if args.no_progress else _Live()
     res = run_diagnose(cfg, on_event=live or _waits_only, progress=live.bar if live is not None else None)
     if args.json:

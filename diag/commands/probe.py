@@ -25,6 +25,29 @@ def add_wait_ready(p: argparse.ArgumentParser) -> None:
                         "'Loading model'), reported as start-up; 0 does not wait (default 60)")
 
 
+def add_ray(p: argparse.ArgumentParser) -> None:
+    """``--ray ADDRESS``, as ``ttft probe`` and ``ttft diagnose`` both take it."""
+    p.add_argument("--ray", metavar="ADDRESS", default=None,
+                   help="run the --workers as Ray actors on a cluster: auto (the one 'ray start' joined), "
+                        "ray://HOST:10001, HOST:PORT, or local (start Ray on this machine's CPUs); needs the ray "
+                        "extra (pip install 'ttft-diag[ray]')")
+
+
+def check_ray(address: str | None) -> str | None:
+    """The checked ``--ray`` address (None without one); a usage error when it is malformed or Ray is
+    not installed."""
+    if address is None:
+        return None
+    from collectors.probe.ray_workers import RayWorkersError, check_address, require_ray
+
+    try:
+        address = check_address(address)
+        require_ray()
+    except RayWorkersError as exc:
+        raise _usage(str(exc)) from exc
+    return address
+
+
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "probe",
@@ -87,7 +110,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--slo", metavar="SPEC", help="SLOs for goodput and sweep stops, e.g. ttft_p99=2s,tpot_p99=100ms")
     p.add_argument("--metrics", metavar="URL", help="scrape this Prometheus /metrics into the capture while probing")
     p.add_argument("--gpu", action="store_true", help="sample local GPUs (NVML) into the capture while probing")
-    p.add_argument("--workers", type=int, default=1, metavar="N", help="client processes (when one core cannot keep up)")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="client processes (when one core cannot keep up); "
+                   "with --ray, Ray actors")
+    add_ray(p)
     p.add_argument("--otlp", metavar="URL", default=None,
                    help="also export the client spans over OTLP/HTTP to URL (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT "
                    "or OTEL_EXPORTER_OTLP_ENDPOINT when set); the capture is written as well")
@@ -161,6 +186,9 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
     slo = slo_option(args.slo)
     if args.workers < 1:
         raise _usage("--workers must be >= 1")
+    ray_address = check_ray(args.ray)
+    if ray_address is not None and args.cpus is not None:
+        raise _usage("--cpus pins processes on this machine; Ray places --ray workers itself (drop one of them)")
     cpus = None
     if args.cpus is not None:
         from collectors.probe.affinity import check_cpus, parse_cpu_list
@@ -245,6 +273,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
                                            ("stream_options", args.no_stream_options)) if off),
         compat_check=not args.no_compat_check, cpus=cpus, otlp_endpoint=otlp,
         wait_ready_s=args.wait_ready, on_wait=lambda line: print(line, file=sys.stderr, flush=True),
+        ray_address=ray_address,
     )
     sweep = None
     if args.sweep:

@@ -76,6 +76,10 @@ class DiagnoseConfig:
     wait_ready_s: float = 60.0
     #: what the users send (lengths only): findings that hold for some prompts are judged for theirs
     workload: UsersWorkload | None = None
+    #: worker processes each step's load is split over (``--workers``), as Ray actors with ``ray_address``
+    workers: int = 1
+    #: run the workers as Ray actors on this cluster (``--ray``: local, auto, ray://HOST:PORT)
+    ray_address: str | None = None
 
 
 class _Run:
@@ -130,7 +134,7 @@ class _Run:
                                   exact_output=cfg.exact_output, seed=cfg.seed),
             tokenizer_path=cfg.tokenizer_path, timeout_s=cfg.timeout_s, slo=cfg.slo, metrics_url=cfg.metrics_url,
             progress=self.progress, dropped=cfg.dropped, concurrency_set=True,
-            wait_ready_s=cfg.wait_ready_s, on_wait=self.waiting)
+            wait_ready_s=cfg.wait_ready_s, on_wait=self.waiting, workers=cfg.workers, ray_address=cfg.ray_address)
         meta: dict[str, Any] = {"kind": "diagnose"}  # known to the rules from the first step
         if cfg.workload is not None:
             meta["users_workload"] = cfg.workload.to_meta()

@@ -109,6 +109,10 @@ def test_load_spec_validation_and_split():
     assert [p.concurrency for p in parts] == [3, 2] and [p.requests for p in parts] == [6, 5]
     assert [p.rate_rps for p in parts] == [5, 5] and sum(p.warmup_requests for p in parts) == 3
     assert LoadSpec().bounded_requests == 100 and LoadSpec(duration_s=1).bounded_requests is None
+    # no more shares than requests in flight: one stream over two workers stays one stream
+    one = LoadSpec(concurrency=1, requests=8).split(2)
+    assert [(p.concurrency, p.requests) for p in one] == [(1, 8)]
+    assert [p.concurrency for p in LoadSpec(concurrency=3, rate_rps=9, requests=9).split(8)] == [1, 1, 1]
 
 
 def test_workers_merge_results_and_spans(server, tmp_path):

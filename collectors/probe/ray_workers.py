@@ -1,0 +1,463 @@
+"""The probe's workers as Ray actors: ``ttft probe URL --ray ADDRESS --workers N``.
+
+:class:`RayWorkers` connects to a Ray cluster (``auto``, ``ray://HOST:10001``, ``HOST:PORT``) or
+starts one on this machine (``local``: its CPUs), and places N :class:`ProbeWorker` actors where
+Ray puts them (spread over the nodes). Each phase is split over the live actors exactly as over
+process workers (:func:`.load.worker_jobs`), and each actor runs the same per-worker phase
+(:func:`.load.run_worker`: its own event loop, its own client, its share of the concurrency or
+rate, its seed). The actors get the driver's own ``collectors`` and ``diag`` packages through
+the job's ``runtime_env`` (``py_modules``, :func:`runtime_env`), so they run the code the driver
+runs; a tokenizer or prompts file travels with the job (nodes share no disk).
+
+What comes back, all through Ray's return values (no shared files):
+
+* every request's raw :class:`~.client.RequestResult`: the driver asks each running actor every
+  :data:`POLL_S` for the results finished since it last asked and a snapshot of the requests in
+  flight (:class:`.inflight.InFlightTracker`), and takes the rest with the phase's return value;
+* the worker's health samples and its client spans (OTLP JSON lines) with the return value.
+
+Clocks: before each phase the driver measures each actor's Unix clock against its own
+(:mod:`.clock_sync`: several round trips, the shortest kept; offset +- half of it) and the worker
+applies the offset to every timestamp it takes (its client's perf-counter-to-Unix offset, its
+health samples), so results and spans arrive on the driver's clock and merge as they are. An actor
+on the driver's own kernel reads the same clock: zero is applied there, the measurement recorded.
+meta.json ``probe.ray`` holds each worker's node, host, offset, uncertainty and what was applied.
+
+A worker that dies (actor crash, node lost, or a phase that does not end in time and is killed)
+is reported in the notes and in meta.json; each request the driver last saw in flight on it
+and never got a result for becomes a failed request of kind ``worker_lost``
+(:func:`.inflight.lost_result`), and the driver writes the client spans of that worker's requests
+itself (:func:`.inflight.stand_in_span_lines`); the other workers' results land as usual. Its
+requests sent after the driver last heard from it (within :data:`POLL_S`) cannot be known: their
+count, where the phase had one, is in the note. Later phases run on the workers left.
+
+Threading: :class:`RayWorkers` methods block their caller (the probe session calls them from a
+thread-pool thread). In an actor, :meth:`ProbeWorker.run` holds one of its threads (the phase's
+event loop) while :meth:`ProbeWorker.take` and :meth:`ProbeWorker.now_ns` answer on others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+from collectors.probe.clock_sync import clock_id, measure
+from collectors.probe.health import HealthSamples
+from collectors.probe.inflight import InFlight, InFlightTracker, lost_result, stand_in_span_lines
+from collectors.probe.load import LoadSpec, PhaseOutcome, WorkerJob, cpu_count, run_worker, worker_jobs
+from diag.capture import CaptureError
+
+#: the optional dependency that brings Ray, as a user installs it
+RAY_EXTRA = "pip install 'ttft-diag[ray]'"
+#: seconds between the driver's asks for finished results and in-flight snapshots
+POLL_S = 0.5
+#: seconds from the clock measurement to the workers' common start
+START_DELAY_S = 0.25
+#: seconds to wait for the actors to be placed and answer (runtime_env set up, packages imported)
+PLACE_TIMEOUT_S = 180.0
+#: seconds a phase may run past its duration (or at all, without one) before its workers are killed
+PHASE_GRACE_S = 3600.0
+#: threads of an actor: the phase, the driver's asks, the clock
+ACTOR_THREADS = 4
+#: seconds a worker may take to answer one clock exchange before it counts as lost
+CLOCK_TIMEOUT_S = 30.0
+
+
+class RayWorkersError(CaptureError):
+    """Ray missing, a cluster not reached, workers not placed: one line, exit code 2."""
+
+
+def require_ray() -> Any:
+    """The ``ray`` module, or a one-line error naming the extra that installs it."""
+    try:
+        import ray
+    except ImportError:
+        raise RayWorkersError(f"--ray needs Ray, which is not installed: {RAY_EXTRA}") from None
+    return ray
+
+
+def check_address(address: str) -> str:
+    """``local``, ``auto``, ``ray://HOST:PORT`` or ``HOST:PORT``; raises a one-line error otherwise."""
+    a = address.strip()
+    if a in ("local", "auto"):
+        return a
+    rest = a[len("ray://"):] if a.startswith("ray://") else a
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or "/" in rest:
+        raise RayWorkersError(f"--ray {address!r}: expected local, auto, ray://HOST:PORT or HOST:PORT")
+    return a
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    s = " ".join(str(text).split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+# --- the actor --------------------------------------------------------------------------------
+
+
+@dataclass
+class RayJob:
+    """One actor's share of a phase: the process worker's job, the common start (driver Unix ns),
+    the clock offset to apply (worker minus driver, ns) and files the job names, by path."""
+
+    job: WorkerJob
+    start_at_ns: int
+    offset_ns: int
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+class ProbeWorker:
+    """A probe worker as a Ray actor (made remote by :class:`RayWorkers`; see the module doc)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._tracker = InFlightTracker()
+        self._dir: str | None = None
+
+    def facts(self) -> dict[str, Any]:
+        """Where this actor runs: Ray node id, host, pid, clock id, Python."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
+                "clock_id": clock_id(), "python": platform.python_version()}
+
+    def now_ns(self) -> int:
+        """This actor's Unix clock (ns)."""
+        return time.time_ns()
+
+    def take(self) -> tuple[list[tuple[Any, str]], list[InFlight]]:
+        """Results finished since the last ask, and the requests in flight now."""
+        return self._tracker.take()
+
+    def _local(self, path: str | None, files: dict[str, bytes]) -> str | None:
+        """The job's file ``path`` as written here (from ``files``), else ``path`` itself."""
+        if path is None or path not in files:
+            return path
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="ttft-ray-worker-")
+        data = files[path]  # a tokenizer directory's tokenizer.json comes as a file of the directory's name
+        local = Path(self._dir) / sha256(data).hexdigest()[:16] / (Path(path).name or "file")
+        if not local.exists():
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(data)
+        return str(local)
+
+    def run(self, rjob: RayJob) -> dict[str, Any]:
+        """Run the share on a new event loop in this thread; returns what :meth:`take` has not
+        handed on yet, the health samples, the spans and the phase's bounds (driver's clock)."""
+        tracker = self._tracker = InFlightTracker()
+        job = rjob.job
+        spec = job.workload_spec
+        if getattr(spec, "prompts_file", None):
+            spec = replace(spec, prompts_file=self._local(spec.prompts_file, rjob.files))
+        job = replace(job, tokenizer_path=self._local(job.tokenizer_path, rjob.files), workload_spec=spec, cpus=None)
+        offset = rjob.offset_ns
+
+        def wait_start() -> None:
+            delay_s = (rjob.start_at_ns + offset - time.time_ns()) / 1e9
+            if delay_s > 0:
+                time.sleep(delay_s)
+
+        def on_client(client: Any) -> None:
+            client.offset_ns -= offset  # every timestamp the client takes lands on the driver's clock
+            tracker.install(client)
+
+        try:
+            outcome, lines = run_worker(job, wait_start, on_client)
+        except Exception as exc:  # reported by the driver with the requests it had in flight
+            done, inflight = tracker.take()
+            return {"done": done, "inflight": inflight, "error": f"{type(exc).__name__}: {_one_line(str(exc))}"}
+        health = []
+        for h in outcome.health:
+            h.ts_s = [t - offset / 1e9 for t in h.ts_s]
+            health.append(h.to_dict())
+        done, inflight = tracker.take()
+        return {"done": done, "inflight": inflight, "health": health, "span_lines": lines,
+                "start_ns": outcome.start_ns, "end_ns": outcome.end_ns, "error": None}
+
+
+# --- the driver -------------------------------------------------------------------------------
+
+
+def runtime_env() -> dict[str, Any]:
+    """What the actors need to run the driver's code: its ``collectors`` and ``diag`` packages
+    (a job's ``runtime_env``: :class:`RayWorkers` passes it to ``ray.init``; a caller that starts
+    Ray itself passes it there)."""
+    import collectors
+    import diag
+
+    return {"py_modules": [str(Path(m.__file__).parent) for m in (collectors, diag)],
+            "excludes": ["__pycache__", "*.pyc"]}
+
+
+@dataclass
+class _Phase:
+    """One worker's part of one phase, as the driver collects it."""
+
+    index: int
+    actor: Any
+    job: WorkerJob
+    ref: Any = None
+    take_ref: Any = None
+    results: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    inflight: list[InFlight] = field(default_factory=list)
+    payload: dict[str, Any] | None = None
+    lost: str | None = None
+
+    def absorb(self, done: list[tuple[Any, str]], inflight: list[InFlight]) -> None:
+        for res, span_id in done:
+            self.results[res.request_id] = (res, span_id)
+        self.inflight = list(inflight)
+
+
+class RayWorkers:
+    """``workers`` probe-worker actors on a Ray cluster, for one probe session: :meth:`start`,
+    then :meth:`run_phase` per phase, then :meth:`close`; :meth:`facts` for meta.json."""
+
+    def __init__(self, address: str, workers: int, poll_s: float = POLL_S) -> None:
+        self.address = check_address(address)
+        self.workers = max(1, int(workers))
+        self.poll_s = poll_s
+        self._ray: Any = None
+        self._started_ray = False
+        self.actors: list[Any] = []
+        self._info: list[dict[str, Any]] = []
+        self._clock_id = clock_id()
+        self._cpus_per_worker = 1.0
+        self.lost_requests = 0
+        #: set by :meth:`close`: a phase still running (the run interrupted) stops collecting
+        self._closing = False
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> RayWorkers:
+        """Connect (or start a local Ray; a Ray this process already initialised is used as it is),
+        place the actors and learn where they run (blocks)."""
+        ray = self._ray = require_ray()
+        if not ray.is_initialized():
+            try:
+                # Ray's own warnings (a SIGTERM handler set only from the main thread, its token
+                # authentication) are not the probe's: errors still raise and are said in one line
+                common = {"log_to_driver": False, "logging_level": logging.ERROR, "runtime_env": runtime_env()}
+                if self.address == "local":
+                    ray.init(address="local", num_cpus=cpu_count(), include_dashboard=False, **common)
+                else:
+                    ray.init(address=self.address, **common)
+            except Exception as exc:
+                hint = " (start one with 'ray start --head', or use --ray local)" if self.address == "auto" else ""
+                raise RayWorkersError(f"--ray {self.address}: no Ray cluster reached{hint}: "
+                                      f"{_one_line(f'{type(exc).__name__}: {exc}')}") from None
+            self._started_ray = True
+        cpus = float(ray.cluster_resources().get("CPU", 0.0))
+        # one CPU each where the cluster has them; else they share (Ray would leave the rest unplaced)
+        self._cpus_per_worker = 1.0 if cpus >= self.workers else max(0.01, int(100 * cpus / self.workers) / 100)
+        cls = ray.remote(ProbeWorker).options(num_cpus=self._cpus_per_worker, max_concurrency=ACTOR_THREADS,
+                                              max_restarts=0, scheduling_strategy="SPREAD")
+        self.actors = [cls.remote(k) for k in range(self.workers)]
+        try:
+            facts = ray.get([a.facts.remote() for a in self.actors], timeout=PLACE_TIMEOUT_S)
+        except Exception as exc:
+            self.close()
+            why = (f"not placed within {PLACE_TIMEOUT_S:.0f} s (the cluster has {cpus:g} CPUs)"
+                   if type(exc).__name__ == "GetTimeoutError" else _one_line(f"{type(exc).__name__}: {exc}"))
+            raise RayWorkersError(f"--ray {self.address}: the probe's {self.workers} worker actor(s) did not start: "
+                                  f"{why}") from None
+        self._info = [{"index": k, **{n: v for n, v in f.items() if n != "clock_id"},
+                       "same_clock": f["clock_id"] == self._clock_id, "state": "ok", "clock": None, "clock_measurements": 0}
+                      for k, f in enumerate(facts)]
+        return self
+
+    def close(self) -> None:
+        """Kill the actors; shut Ray down where :meth:`start` started or connected it (blocks)."""
+        ray = self._ray
+        self._closing = True
+        if ray is None:
+            return
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:
+                pass
+        self.actors = []
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+        self._started_ray = False
+
+    def facts(self) -> dict[str, Any]:
+        """meta.json ``probe.ray``: the cluster, each worker (node, host, clock, state) and the
+        requests marked ``worker_lost``."""
+        ray = self._ray
+        return {
+            "address": self.address,
+            "ray_version": getattr(ray, "__version__", None),
+            "driver_host": socket.gethostname(),
+            "nodes": len({i.get("node_id") for i in self._info}),
+            "cpus_per_worker": self._cpus_per_worker,
+            "clock_alignment": "each worker shifts its own timestamps by its measured offset to the driver "
+                               "(worker minus driver, the shortest of several round trips, +- half of it) "
+                               "before they come back; zero where it shares the driver's clock (same kernel)",
+            "workers": [dict(i) for i in self._info],
+            "lost_requests": self.lost_requests,
+        }
+
+    # --- one phase ------------------------------------------------------------------------------
+
+    def _clock(self, k: int) -> int:
+        """Measure worker ``k``'s offset; returns the offset to apply (0 on the driver's clock)."""
+        off = measure(lambda: self._ray.get(self.actors[k].now_ns.remote(), timeout=CLOCK_TIMEOUT_S))
+        info = self._info[k]
+        applied = 0 if info["same_clock"] else off.offset_ns
+        info["clock"] = {**off.to_dict(), "applied_ns": applied}
+        info["clock_measurements"] += 1
+        return applied
+
+    def _files(self, job: WorkerJob) -> dict[str, bytes]:
+        paths = [job.tokenizer_path, getattr(job.workload_spec, "prompts_file", None)]
+        out = {}
+        for p in paths:
+            if p:
+                q = Path(p) / "tokenizer.json" if Path(p).is_dir() else Path(p)
+                out[p] = q.read_bytes()
+        return out
+
+    def run_phase(self, endpoint: Any, client_kwargs: dict[str, Any], workload: Any, load: LoadSpec,
+                  segment: str | None, trace: bool = True, otlp_endpoint: str | None = None,
+                  on_progress: Callable[[int, int | None], None] | None = None) -> PhaseOutcome:
+        """Run one phase split over the live actors and merge what comes back (blocks; see the
+        module doc for clocks and lost workers). ``on_progress(measured done, total)`` is called
+        from this thread after each ask."""
+        ray = self._ray
+        offsets: dict[int, int] = {}
+        notes = []
+        for k, info in enumerate(self._info):
+            if info["state"] != "ok":
+                continue
+            try:
+                offsets[k] = self._clock(k)
+            except Exception as exc:  # gone since the last phase: nothing of this phase was on it
+                why = _one_line(f"{type(exc).__name__}: {exc}", 160)
+                info["state"] = "lost"
+                info["lost"] = {"segment": segment, "why": why, "results_received": 0, "in_flight_marked": 0,
+                                "unaccounted": 0, "at_unix_s": time.time()}
+                notes.append(f"worker {k} (host {info.get('host')}) was lost before this phase ({why}); the phase "
+                             "runs on the workers left")
+        live = sorted(offsets)
+        if not live:
+            raise RayWorkersError("every Ray worker of this probe was lost: none is left to run the next phase")
+        jobs = worker_jobs(len(live), endpoint, client_kwargs, workload, load, segment, trace, None, otlp_endpoint)
+        parts = [_Phase(live[j], self.actors[live[j]], replace(job, index=live[j])) for j, job in enumerate(jobs)]
+        files = self._files(parts[0].job)
+        start_at = time.time_ns() + int(START_DELAY_S * 1e9)
+        for p in parts:
+            p.ref = p.actor.run.remote(RayJob(p.job, start_at, offsets[p.index], files))
+        deadline = time.monotonic() + (load.duration_s or 0.0) + PHASE_GRACE_S
+        running = list(parts)
+        while running:
+            ray.wait([p.ref for p in running], num_returns=len(running), timeout=self.poll_s)
+            for p in list(running):
+                if not ray.wait([p.ref], timeout=0)[1]:
+                    running.remove(p)
+                    try:
+                        p.payload = ray.get(p.ref)
+                    except Exception as exc:
+                        p.lost = _one_line(f"{type(exc).__name__}: {exc}", 160)
+            for p in running:
+                self._ask(p)
+            if on_progress is not None:
+                on_progress(sum(1 for p in parts for r, _ in p.results.values() if not r.warmup), load.bounded_requests)
+            if running and self._closing:  # the run was interrupted and its workers are being killed
+                for p in running:
+                    p.lost = "the probe was stopped"
+                break
+            if running and time.monotonic() > deadline:
+                for p in running:
+                    ray.kill(p.actor, no_restart=True)
+                    p.lost = f"did not finish within {(load.duration_s or 0.0) + PHASE_GRACE_S:.0f} s; killed"
+                running = []
+        outcome = self._merge(parts, endpoint)
+        outcome.notes[:0] = notes
+        return outcome
+
+    def _ask(self, p: _Phase, wait_s: float = 0.0) -> None:
+        """Collect worker ``p``'s pending answer when it is in, and ask again (one ask in flight)."""
+        ray = self._ray
+        if p.take_ref is not None:
+            if ray.wait([p.take_ref], timeout=wait_s)[1]:
+                return  # not answered yet: kept, collected later (what it took is in it)
+            try:
+                p.absorb(*ray.get(p.take_ref))
+            except Exception:
+                pass  # the worker is going: its run's answer says so
+            p.take_ref = None
+        if p.payload is None and p.lost is None:
+            p.take_ref = p.actor.take.remote()
+
+    def _merge(self, parts: list[_Phase], endpoint: Any) -> PhaseOutcome:
+        """One outcome from the parts: a worker that ended well gives what it sent; a lost or failed
+        one its results so far, its in-flight requests as ``worker_lost``, stand-in spans and a note."""
+        ray = self._ray
+        out = PhaseOutcome()
+        starts, ends = [], []
+        for p in parts:
+            if p.take_ref is not None:  # an ask answered after the run ended still holds results
+                self._ask(p, wait_s=30.0 if p.lost is None else 1.0)
+            pay = p.payload or {}
+            if p.payload is not None:
+                p.absorb(pay.get("done", []), pay.get("inflight", []))
+            info = self._info[p.index]
+            error = pay.get("error")
+            if p.lost is None and error is None:
+                out.results.extend(r for r, _ in p.results.values())
+                out.health.extend(HealthSamples.from_dict(h) for h in pay.get("health", []))
+                out.span_lines.extend(pay.get("span_lines", []))
+                if pay.get("start_ns"):
+                    starts.append(pay["start_ns"])
+                    ends.append(pay["end_ns"])
+                try:
+                    after = measure(lambda: ray.get(p.actor.now_ns.remote(), timeout=CLOCK_TIMEOUT_S), n=4)
+                    info["clock_after"] = after.to_dict()
+                except Exception:
+                    pass
+                continue
+            why = p.lost or f"failed: {error}"
+            if p.lost is not None:
+                info["state"] = "lost"
+            where = f"worker {p.index} (host {info.get('host')}, node {str(info.get('node_id'))[:12]})"
+            seen = set(p.results)
+            detail = f"{where} lost with this request in flight ({why}); its outcome never reached the driver"
+            marked = [(lost_result(e, detail), e.span_id) for e in p.inflight if e.request_id not in seen]
+            share = p.job.load
+            expected = None if share.bounded_requests is None else share.bounded_requests + share.warmup_requests
+            unaccounted = None if expected is None else max(0, expected - len(seen) - len(marked))
+            got = list(p.results.values())
+            out.results.extend(r for r, _ in got)
+            out.results.extend(r for r, _ in marked)
+            out.span_lines.extend(stand_in_span_lines(got + marked, endpoint.api, endpoint.model))
+            self.lost_requests += len(marked)
+            # a lost worker's record; a failed one (its phase raised, the actor alive) keeps working
+            info["lost" if p.lost else "failed"] = {"segment": p.job.segment, "why": why, "results_received": len(seen),
+                                                    "in_flight_marked": len(marked), "unaccounted": unaccounted,
+                                                    "at_unix_s": time.time()}
+            out.notes.append(
+                f"{where} {'was lost' if p.lost else 'failed'} ({why}): {len(seen)} results came back, "
+                f"{len(marked)} request(s) in flight marked worker_lost"
+                + (f", {unaccounted} more of its share never reported (not sent, or sent after the driver last "
+                   f"heard from it)" if unaccounted else "")
+                + ("; the next phases run on the workers left" if p.lost else ""))
+        out.start_ns = min(starts) if starts else time.time_ns()
+        out.end_ns = max(ends) if ends else out.start_ns
+        return out
+
+
+__all__ = ["POLL_S", "RAY_EXTRA", "ProbeWorker", "RayJob", "RayWorkers", "RayWorkersError", "check_address",
+           "require_ray", "runtime_env"]
