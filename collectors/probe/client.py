@@ -683,8 +683,6 @@ class StreamingClient:
                             first_content = now
                             if res.schema_key is not None:
                                 self._schema_roles.on_first_token(res.schema_key)
-                            if res.lora is not None:
-                                self._lora_roles.on_first_token(id(res))
                         if texts is not None:
                             texts.append(text)
                     fr = c0.get("finish_reason")

@@ -10,16 +10,15 @@ from collectors.probe.workload import LengthSpec, Workload, WorkloadSpec
 from diag import stages
 
 
-def test_roles_follow_the_adapters_running_at_each_send():
+def test_roles_follow_the_adapters_in_flight_at_each_send():
     roles = LoraRoles()
     assert roles.on_send(1, "a") == "alone"
-    assert roles.on_send(2, "b") == "pending"  # "a" is in flight but has no token yet: running or waiting?
-    roles.on_first_token(1)
+    assert roles.on_send(2, "b") == "other"  # only "a" in flight: "b" waits for a slot when there is one
     assert roles.on_send(3, "a") == "joins"
-    assert roles.on_send(4, "b") == "other"  # only "a" runs: "b" needs a slot
     roles.on_done(1)
-    roles.on_done(2)
     roles.on_done(3)
+    assert roles.on_send(4, "a") == "other"
+    roles.on_done(2)
     roles.on_done(4)
     assert roles.on_send(5, "b") == "alone"
 
@@ -53,7 +52,7 @@ def test_probe_sends_each_adapter_as_the_model_and_records_roles(server, tmp_pat
     spans = load_capture(cap).spans
     client = spans.loc[(spans["name"] == stages.SPAN_CLIENT_REQUEST) & spans[stages.ATTR_CLIENT_LORA].notna()]
     assert len(client) == 12 and set(client[stages.ATTR_CLIENT_LORA]) == {"ad1", "ad2"}
-    assert set(client[stages.ATTR_CLIENT_LORA_ROLE]) <= {"alone", "pending", "joins", "other"}
+    assert set(client[stages.ATTR_CLIENT_LORA_ROLE]) <= {"alone", "joins", "other"}
     assert "alone" in set(client[stages.ATTR_CLIENT_LORA_ROLE])
 
 

@@ -12,7 +12,7 @@ from support.featcap import engine_series, make_requests, make_tables
 
 def _roles(joins_s: float, other_s: float, n: int = 8):
     ttft = [joins_s] * n + [other_s] * n + [0.01, 0.02]
-    roles = ["joins"] * n + ["other"] * n + ["alone", "pending"]
+    roles = ["joins"] * n + ["other"] * n + ["alone", "alone"]
     lora = ["a", "b"] * n + ["a", "b"] + []
     return make_requests(ttft, lora_role=roles, lora=lora[: len(ttft)])
 
