@@ -14,7 +14,9 @@ slots (no such gap) pass; without the design the rule is skipped.
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, finding, rule
+from rules.base import Outcome, RuleContext, Triage, beyond_chance, finding, rule
+from rules.grammar import ABOVE_P90_CHANCE
+from rules.model import Evidence
 
 LORA_CHECKS = [
     "the adapter slots against the adapters in use at once: vLLM --max-loras (adapters batched together) and "
@@ -28,9 +30,29 @@ LORA_CHECKS = [
 ]
 
 
-@rule("lora_adapters", "lora_adapters", needs=(("lora_other_ttft_x", "lora_wait_share_of_ttft"),))
+_CONTEXT = (
+    ("TTFT p50, own adapter in flight", "lora_joins_ttft_p50_s", "could join a running batch of its adapter"),
+    ("TTFT p50, only other adapters in flight", "lora_other_ttft_p50_s", "needs a slot (and a load) for its adapter"),
+    ("TTFT, only other adapters in flight / own adapter in flight (p50)", "lora_other_ttft_x",
+     "within the mix: requests whose adapter was not in flight against those joining theirs"),
+    ("adapters in the design", "lora_adapters_n", "drawn at random per request"),
+)
+
+
+def _deferred_row(ctx: RuleContext, t: Triage) -> None:
+    share = ctx.v("waiting_deferred_share")
+    if share is not None:
+        t.judged("deferred share of waiting requests (engine metrics)", share, "deferred_share_min", "share",
+                 "waiting for something other than capacity (vLLM: a LoRA budget, a grammar, a KV transfer)",
+                 weigh=share >= float(ctx.th["deferred_share_min"]))
+
+
+@rule("lora_adapters", "lora_adapters", needs=(("lora_mix_ttft_x",), ("lora_other_ttft_x", "lora_wait_share_of_ttft")))
 def lora_adapters(ctx: RuleContext) -> Outcome:
-    """Requests for an adapter not in flight wait materially longer than those joining their own."""
+    """Requests wait for an adapter slot: TTFT with all the users' adapters against one (the lora
+    sweep's control), else requests for an adapter not in flight against those joining their own."""
+    if ctx.v("lora_mix_ttft_x") is not None:
+        return _with_control(ctx)
     t = Triage(ctx)
     if not t.crossed("TTFT, only other adapters in flight / own adapter in flight (p50)", ctx.v("lora_other_ttft_x"),
                      "other_ratio_min", "x", "the same prompts and load; only whether the request's adapter was "
@@ -44,13 +66,8 @@ def lora_adapters(ctx: RuleContext) -> Outcome:
                      "over all the LoRA requests' TTFT",
                      miss="those waits are {value:.0%} of TTFT (< {threshold:.0%})"):
         return t.pass_reason()
-    for name, key, meaning in (
-        ("TTFT p50, own adapter in flight", "lora_joins_ttft_p50_s", "could join a running batch of its adapter"),
-        ("TTFT p50, only other adapters in flight", "lora_other_ttft_p50_s", "needs a slot (and a load) for its adapter"),
-        ("adapters in the design", "lora_adapters_n", "drawn at random per request"),
-        ("deferred share of waiting requests (engine metrics)", "waiting_deferred_share",
-         "waiting for something other than capacity (vLLM: a LoRA budget, a grammar, a KV transfer)"),
-    ):
+    _deferred_row(ctx, t)
+    for name, key, meaning in _CONTEXT[:2] + _CONTEXT[3:]:
         v = ctx.v(key)
         if v is not None:
             t.context(name, v, ctx.features.get(key).unit, meaning)
@@ -61,3 +78,31 @@ def lora_adapters(ctx: RuleContext) -> Outcome:
                    t.confidence(0.9, black_box=bb, designed=True), s, pct, t.evidence, LORA_CHECKS, black_box=bb,
                    note="the probe's design (--lora A,B,...): requests sent while only other adapters were in flight "
                    "against those that could join their own, under the same load", population_share=wait)
+
+
+def _with_control(ctx: RuleContext) -> Outcome:
+    """The lora sweep: the same load asking for one adapter, then for all of them."""
+    t = Triage(ctx)
+    if not t.crossed("TTFT p50, all the adapters / one adapter", ctx.v("lora_mix_ttft_x"), "mix_ratio_min", "x",
+                     "the same prompts and load; only how many adapters the requests ask for differs",
+                     miss="asking for all the adapters takes {value:.2f}x asking for one (< {threshold:.2f}x): the "
+                          "adapters fit their slots"):
+        return t.pass_reason()
+    above, n = ctx.v("lora_mix_above_control_frac"), ctx.v("lora_mix_n")
+    if beyond_chance(above, ABOVE_P90_CHANCE, n, float(ctx.th["chance_p_max"])):
+        t.add(Evidence("mixed requests slower than the one-adapter control's 90th percentile", above,
+                       f"beyond {ABOVE_P90_CHANCE:.0%} chance (p <= {float(ctx.th['chance_p_max']):g})", "share",
+                       f"{above * n:.0f} of {n:.0f}: not the control's spread", crossed=True), 1.0)
+    _deferred_row(ctx, t)
+    for name, key, meaning in _CONTEXT:
+        v = ctx.v(key)
+        if v is not None:
+            t.context(name, v, ctx.features.get(key).unit, meaning)
+    share = ctx.v("lora_mix_wait_share")
+    s, pct = ctx.explained(share)
+    bb = ctx.black_box
+    return finding("LoRA adapter slots: requests wait for their adapter's turn in too few slots"
+                   + (" (client timing)" if bb else ""),
+                   t.confidence(0.9, black_box=bb, designed=True), s, pct, t.evidence, LORA_CHECKS, black_box=bb,
+                   note="the probe's lora sweep: the same load asking for one adapter (the control), then for all of "
+                   "them; the mix's TTFT beyond the control's is the adapters' wait", population_share=share)

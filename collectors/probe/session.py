@@ -545,6 +545,9 @@ async def run_sweep_async(config: ProbeConfig, sweep: SweepSpec, writer: Capture
             seg = label(sweep.kind, v)
             load = point_load(sweep, v, config.load, config.concurrency_set)
             wl = session.workload.with_input(LengthSpec("fixed", int(v))) if sweep.kind == "prompt" else None
+            if sweep.kind == "lora":  # the first v adapters of --lora
+                wl = session.workload.with_design(session.workload.spec.response_format,
+                                                  session.workload.spec.lora_adapters[: int(v)])
             outcome = await session.phase(load, wl, seg)
             m = session.metrics(outcome)
             session.segments.append((seg, m))

@@ -8,6 +8,9 @@
   after the first point with errors or a broken SLO.
 * ``rate``: 1, 2, 4, ... requests/s up to ``max_value`` (default 32) — stops after errors, a
   broken SLO, or when requests queue for a client slot (slot wait p90 > 1 s).
+* ``lora``: how many of the ``--lora`` adapters the requests ask for, at the same load: 1 (every
+  request for the first: the control) and all of them (``max_value``); more points with values.
+  TTFT with all of them against one is what waiting for an adapter slot costs.
 
 Pure planning and stop rules; the session (:mod:`collectors.probe.session`) runs the points.
 """
@@ -19,9 +22,9 @@ from typing import Any
 
 from collectors.probe.load import LoadSpec
 
-SWEEP_KINDS = ("prompt", "concurrency", "rate")
-DEFAULT_MAX = {"prompt": 4096, "concurrency": 64, "rate": 32}
-_START = {"prompt": 64, "concurrency": 1, "rate": 1}
+SWEEP_KINDS = ("prompt", "concurrency", "rate", "lora")
+DEFAULT_MAX = {"prompt": 4096, "concurrency": 64, "rate": 32, "lora": 2}
+_START = {"prompt": 64, "concurrency": 1, "rate": 1, "lora": 1}
 
 
 class SweepError(ValueError):
@@ -53,6 +56,8 @@ class SweepSpec:
         if self.values is not None:
             return list(self.values)
         top = self.max_value or DEFAULT_MAX[self.kind]
+        if self.kind == "lora":  # the control (one adapter) and all of them
+            return sorted({1.0, float(top)})
         out, v = [], float(_START[self.kind])
         while v <= top:
             out.append(v)
@@ -79,6 +84,8 @@ def label(kind: str, value: float) -> str:
 def point_load(spec: SweepSpec, value: float, base: LoadSpec, user_set_concurrency: bool) -> LoadSpec:
     """The load of one sweep point (the user's requests/duration per point, or a default)."""
     n, dur = spec.requests_per_point, spec.duration_per_point_s
+    if spec.kind == "lora":  # the user's load at every point; only the adapters asked for change
+        return replace(base, requests=n or (None if dur else base.requests), duration_s=dur or base.duration_s)
     if spec.kind == "prompt":
         return replace(base, concurrency=1, rate_rps=None, requests=n or (None if dur else 8), duration_s=dur)
     if spec.kind == "concurrency":

@@ -49,6 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "prefix recomputed, short prompts behind long ones) are then judged for yours instead of "
                         "conditional, whether anything waits is judged at your load, and structured output and "
                         "LoRA adapters get a follow-up of their own")
+    p.add_argument("--schema", metavar="FILE.json", help="with --workload response_format=schema: your users' JSON "
+                   "schema for the grammar follow-up (default: a generated one of --schema-properties fields)")
+    p.add_argument("--schema-properties", type=int, default=24, metavar="N",
+                   help="fields of the grammar follow-up's generated schema (default 24; size it like your users')")
     p.add_argument("--budget", default="120s", metavar="T", help="probing time budget, e.g. 120s or 3m (default 120s)")
     p.add_argument("--metrics", metavar="URL", help="scrape this Prometheus /metrics into the capture alongside")
     p.add_argument("--join", action="append", default=[], metavar="SERVER_CAPTURE",
@@ -158,8 +162,18 @@ def run(args: argparse.Namespace) -> int:
         workload = parse_users_workload(args.workload) if args.workload else None
     except ValueError as exc:
         raise _usage(str(exc)) from exc
+    if args.schema is not None or args.schema_properties != 24:
+        from collectors.probe.schemas import SchemaSpecError, parse_response_format
+
+        if workload is None or workload.response_format != "schema":
+            raise _usage("--schema and --schema-properties go with --workload response_format=schema")
+        try:
+            parse_response_format("schema", args.schema_properties, args.schema)
+        except SchemaSpecError as exc:
+            raise _usage(str(exc)) from exc
     try:
         plan = PlanConfig(input_tokens=ramp_prompt_tokens(workload, args.input_tokens, DEFAULT_INPUT_TOKENS),
+                          schema_file=args.schema, schema_properties=args.schema_properties,
                           output_tokens=args.output_tokens,
                           max_concurrency=args.max_concurrency, max_prompt_tokens=args.max_prompt, budget_s=budget,
                           max_requests=args.max_requests, ramp=args.ramp)

@@ -99,12 +99,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "(fresh uses get a distinct title) instead of a generated one")
     p.add_argument("--schema-properties", type=int, default=24, metavar="N",
                    help="fields of the generated schema (default 24; more fields, a longer compile)")
-    p.add_argument("--lora", metavar="A,B,...", help="LoRA adapters, by the names the server serves them: each request "
-                   "asks for one at random (as its model), so that requests for adapters other than those in flight show "
-                   "waits for an adapter slot or load (use a concurrency above 1)")
+    p.add_argument("--lora", metavar="A,B,...", help="LoRA adapters, by the names the server serves them (its model "
+                   "names): the requests ask for the first only, then for one of all of them at random, at the same "
+                   "load (a lora sweep), so that waits for an adapter slot or load show (use a concurrency above 1)")
     p.add_argument("--prompts", metavar="FILE.jsonl", help='JSONL prompts: {"prompt": ...} or {"messages": [...]}, optional max_tokens')
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json for exact prompt lengths and token counts")
-    p.add_argument("--sweep", choices=["prompt", "concurrency", "rate"], help="sweep one dimension; each point a capture segment")
+    p.add_argument("--sweep", choices=["prompt", "concurrency", "rate", "lora"],
+                   help="sweep one dimension; each point a capture segment (lora: how many of --lora's adapters)")
     p.add_argument("--sweep-values", metavar="LIST", help="sweep points, e.g. 64,256,1024 (default: doubling)")
     p.add_argument("--sweep-max", type=float, metavar="V", help="last default sweep point (prompt 4096, concurrency 64, rate 32)")
     p.add_argument("--slo", metavar="SPEC", help="SLOs for goodput and sweep stops, e.g. ttft_p99=2s,tpot_p99=100ms")
@@ -276,10 +277,16 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
         ray_address=ray_address,
     )
     sweep = None
-    if args.sweep:
+    kind = args.sweep or ("lora" if len(lora) > 1 else None)  # --lora A,B: one adapter, then all of them
+    if kind == "lora" and len(lora) < 2:
+        raise _usage("--sweep lora needs --lora with two or more adapters")
+    if kind:
         try:
             values = parse_values(args.sweep_values) if args.sweep_values else None
-            sweep = SweepSpec(args.sweep, values, args.sweep_max, args.requests, args.duration)
+            top = float(len(lora)) if kind == "lora" else args.sweep_max
+            if kind == "lora" and values and max(values) > len(lora):
+                raise ValueError(f"--sweep-values: at most {len(lora)} adapters (--lora names {len(lora)})")
+            sweep = SweepSpec(kind, values, top, args.requests, args.duration)
         except ValueError as exc:
             raise _usage(str(exc)) from exc
     elif args.sweep_values or args.sweep_max:

@@ -44,6 +44,10 @@ class PlanConfig:
     users_response_format: str | None = None
     #: the LoRA adapters the users ask for (``--workload lora``); empty: not said
     users_lora: tuple[str, ...] = ()
+    #: the grammar follow-up's schema: the users' own (``--schema FILE``), else a generated one of
+    #: ``schema_properties`` fields (``--schema-properties``)
+    schema_file: str | None = None
+    schema_properties: int = 24
     thresholds: Mapping[str, Any] = field(default_factory=default_thresholds)
 
     def __post_init__(self) -> None:
@@ -109,7 +113,8 @@ MIXED_CONCURRENCY = 4
 PREFIX_REPEATS = 3
 #: ``grammar`` follow-up: uses of each fresh JSON schema (the probe's --response-format schema:R), one at a time
 GRAMMAR_USES = 4
-#: ``lora`` follow-up: requests in flight (at most --max-concurrency), each for one of the users' adapters
+#: ``lora`` follow-up: requests in flight (at most --max-concurrency), asking for one of the users'
+#: adapters, then for one of all of them
 LORA_CONCURRENCY = 4
 
 
@@ -151,10 +156,12 @@ class Step:
                              inject_long=(int(self.value), MIXED_EVERY))
         if self.kind == "grammar":  # one at a time: groups of a fresh schema, its first use and repeats
             return ProbeStep(concurrency=1, requests=self.requests, input_tokens=inp, output_tokens=out,
-                             segment=segment_of(self.kind, self.value), response_format=f"schema:{int(self.value)}")
-        if self.kind == "lora":  # the users' adapters, one drawn per request, at a few in flight
-            return ProbeStep(concurrency=int(self.value), requests=self.requests, input_tokens=inp, output_tokens=out,
-                             segment=segment_of(self.kind, self.value), lora=cfg.users_lora)
+                             segment=segment_of(self.kind, self.value), response_format=f"schema:{int(self.value)}",
+                             schema_properties=cfg.schema_properties, schema_file=cfg.schema_file)
+        if self.kind == "lora":  # the first ``value`` of the users' adapters, one drawn per request, a few in flight
+            return ProbeStep(concurrency=min(LORA_CONCURRENCY, cfg.max_concurrency), requests=self.requests,
+                             input_tokens=inp, output_tokens=out, segment=segment_of(self.kind, self.value),
+                             lora=cfg.users_lora[: int(self.value)])
         if self.kind == "prefix":  # one at a time: groups of a fresh prefix, its repeats and a control
             return ProbeStep(concurrency=1, requests=self.requests,
                              input_tokens=f"fixed:{int(self.value) + cfg.input_tokens}", output_tokens=out,

@@ -72,8 +72,8 @@ LONG_OUT_ROUNDS = 2
 
 #: the grammar follow-up: fresh schemas, each used GRAMMAR_USES times (first uses and repeats to compare)
 GRAMMAR_GROUPS = 6
-#: the LoRA follow-up's requests (each kind of request, joining its adapter or not, needs several)
-LORA_REQUESTS = 48
+#: the LoRA follow-up's requests per step (the one-adapter control, then all the users' adapters)
+LORA_REQUESTS = 32
 
 #: the mixed follow-up's long prompt: its lone TTFT this many times the baseline's, by the ladder's fit
 MIXED_LONG_TTFT_X = 20.0
@@ -320,23 +320,28 @@ def structured_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: floa
 
 
 def lora_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float, leading: str | None) -> Step | str | None:
-    """The LoRA follow-up when the users ask for two or more adapters (``--workload lora=A+B``): a few
-    requests in flight, each for one of them, so requests for an adapter not in flight show a wait for
-    a slot or a load; why it did not fit the budget; or None (not said, or ran already)."""
-    if len(cfg.users_lora) < 2 or any(p.kind == "lora" for p in points):
+    """The LoRA follow-up when the users ask for two or more adapters (``--workload lora=A+B``): the
+    same load asking for one of them (the control), then for all of them, so TTFT shows what waiting
+    for an adapter slot (and its load) costs; its next step; why it did not fit the budget; or None
+    (not said, or ran already)."""
+    n_adapters = len(cfg.users_lora)
+    ran = {p.value for p in points if p.kind == "lora"}
+    if n_adapters < 2 or float(n_adapters) in ran:
         return None
     base = next((p for p in points if p.kind == "baseline" and p.ok), None)
     if base is None:
         return None
     c = min(LORA_CONCURRENCY, cfg.max_concurrency)
-    n = LORA_REQUESTS
-    cost = n * (base.e2e_p50_s or base.ttft_p50_s or 0.0) * 2.0 / c
-    if cost > cfg.budget_s - elapsed_s:
+    todo = [k for k in (1.0, float(n_adapters)) if k not in ran]
+    cost = len(todo) * LORA_REQUESTS * (base.e2e_p50_s or base.ttft_p50_s or 0.0) * 3.0 / c
+    if not ran and cost > cfg.budget_s - elapsed_s:
         return unfit("lora", "requests waiting for a LoRA adapter slot from a server that is slow anyway", cost,
                      cfg.budget_s - elapsed_s)
-    return Step("lora", float(c), n, "follow-up",
-                f"your users ask for {len(cfg.users_lora)} LoRA adapters: {n} requests at {c} in flight, each for one "
-                "of them at random, test whether requests for an adapter not in flight wait for a slot (and its load)")
+    k = todo[0]
+    what = ("one of them (the control)" if k == 1 else f"all {n_adapters} of them, one drawn per request")
+    return Step("lora", k, LORA_REQUESTS, "follow-up",
+                f"your users ask for {n_adapters} LoRA adapters: {LORA_REQUESTS} requests at {c} in flight asking for "
+                f"{what}; TTFT with all of them against one shows whether requests wait for an adapter slot (and its load)")
 
 
 __all__ = ["LONG_LEADS", "LONG_OUT_LEADS", "MIXED_REQUESTS", "PREFIX_GROUPS", "PROMPT_WORK_LEADS", "UNFIT", "followup_reading",

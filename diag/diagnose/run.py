@@ -269,8 +269,8 @@ class _Run:
                                                    LengthSpec.parse(ps.output_tokens))
         if ps.response_format or ps.lora:  # the grammar and LoRA follow-ups: the same prompts, their design
             workload = workload.with_design(
-                parse_response_format(ps.response_format, ps.schema_properties) if ps.response_format else None,
-                ps.lora)
+                parse_response_format(ps.response_format, ps.schema_properties, ps.schema_file)
+                if ps.response_format else None, ps.lora)
         loads = [load]
         if step.kind == "prompt" and load.requests and load.requests > 1:
             loads = [replace(load, requests=1)] * load.requests  # one at a time: a refusal ends the rung

@@ -42,6 +42,8 @@ class ProbeStep:
     #: the probe's --response-format design (e.g. "schema:6") and its generated schema's fields; None: plain text
     response_format: str | None = None
     schema_properties: int = 24
+    #: the user's own JSON schema for that design (``--schema FILE``) instead of a generated one
+    schema_file: str | None = None
     #: the probe's --lora design: adapter names, one drawn per request; (): none
     lora: tuple[str, ...] = ()
 

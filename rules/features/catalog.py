@@ -128,14 +128,16 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # grammar (rules/features/grammar.py): structured-output grammar compilation before scheduling
     ("grammar", "s", ("schema_first_ttft_p50_s", "schema_repeat_ttft_p50_s", "grammar_wait_p50_s")),
     ("grammar", "x", ("schema_first_ttft_x",)),
-    ("grammar", "share", ("schema_wait_share_of_ttft", "grammar_miss_frac", "grammar_wait_share_of_ttft",
+    ("grammar", "share", ("schema_wait_share_of_ttft", "schema_first_above_repeat_frac", "grammar_miss_frac",
+                          "grammar_wait_share_of_ttft",
                           "grammar_wait_share_of_ttft_tail")),
     ("grammar", "requests", ("schema_first_n", "schema_repeat_n", "schema_concurrent_n", "grammar_requests_n")),
     # lora (rules/features/lora.py): LoRA adapter slots, deferred waits
     ("lora", "s", ("lora_other_ttft_p50_s", "lora_joins_ttft_p50_s")),
-    ("lora", "x", ("lora_other_ttft_x",)),
-    ("lora", "share", ("lora_wait_share_of_ttft", "waiting_deferred_share")),
-    ("lora", "requests", ("lora_joins_n", "lora_other_n")),
+    ("lora", "x", ("lora_other_ttft_x", "lora_mix_ttft_x")),
+    ("lora", "share", ("lora_wait_share_of_ttft", "waiting_deferred_share", "lora_mix_wait_share",
+                       "lora_mix_above_control_frac")),
+    ("lora", "requests", ("lora_joins_n", "lora_other_n", "lora_mix_n")),
     ("lora", "count", ("lora_adapters_n",)),
     # pipeline (rules/features/pipeline.py): pipeline-parallel bubbles
     ("pipeline", "share", ("pp_bubble_share_of_prefill", "pp_bubble_share_of_steps", "pp_bubble_share_tail")),

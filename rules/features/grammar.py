@@ -8,7 +8,8 @@ caches grammars by schema makes only each schema's first use wait.
   :mod:`collectors.probe.schemas`). ``schema_first_ttft_p50_s`` / ``schema_repeat_ttft_p50_s``
   (s) and their ratio ``schema_first_ttft_x`` (x); ``schema_wait_share_of_ttft`` (share): the
   first and concurrent uses' TTFT beyond the repeats' median, summed, over all the schema
-  requests' TTFT (what a cached grammar would have spared); ``schema_first_n``,
+  requests' TTFT (what a cached grammar would have spared); ``schema_first_above_repeat_frac``
+  (share): first uses slower than the repeats' 90th percentile (chance: 10%); ``schema_first_n``,
   ``schema_repeat_n``, ``schema_concurrent_n`` (requests).
 * server (the bundled engine's request spans, ``ttft.grammar.*``): ``grammar_requests_n``
   (requests), ``grammar_miss_frac`` (share of them whose grammar was not cached),
@@ -27,7 +28,8 @@ import pandas as pd
 from rules.features.context import FeatureContext
 from rules.features.numeric import num_col
 
-CLIENT_NAMES = ("schema_first_ttft_p50_s", "schema_repeat_ttft_p50_s", "schema_first_ttft_x", "schema_wait_share_of_ttft")
+CLIENT_NAMES = ("schema_first_ttft_p50_s", "schema_repeat_ttft_p50_s", "schema_first_ttft_x", "schema_wait_share_of_ttft",
+                "schema_first_above_repeat_frac")
 SERVER_NAMES = ("grammar_miss_frac", "grammar_wait_p50_s", "grammar_wait_share_of_ttft", "grammar_wait_share_of_ttft_tail")
 NO_DESIGN = ("no request is marked with a schema role: only a designed probe (ttft probe --response-format "
              "schema:R) tells a schema's first use from its repeats")
@@ -67,6 +69,8 @@ def _client(ctx: FeatureContext, st: pd.DataFrame) -> None:
     ctx.add("schema_repeat_ttft_p50_s", repeat)
     ctx.add("schema_first_ttft_x", first / repeat if repeat > 0 else None,
             None if repeat > 0 else "the repeats' TTFT median is 0")
+    firsts = ttft[roles == "first"].dropna()
+    ctx.add("schema_first_above_repeat_frac", float((firsts > np.nanquantile(ttft[roles == "repeat"], 0.9)).mean()))
     waited = roles.isin(["first", "concurrent"])
     excess = (ttft[waited] - repeat).clip(lower=0).sum()
     total = ttft[roles.notna()].sum()

@@ -3,8 +3,13 @@ batches only requests of those; a request for another waits until a slot frees a
 is loaded. Requests that wait for something other than capacity show in vLLM's metrics as
 ``num_requests_waiting_by_reason{reason="deferred"}`` (a LoRA budget, a grammar, a KV transfer).
 
-* client (designed probe, ``ttft probe --lora A,B,...``, or ttft diagnose's LoRA follow-up): each
-  request's role on its client span
+* client, the control (``ttft probe --lora A,B,...``'s lora sweep, or ttft diagnose's LoRA
+  follow-up: segments ``lora=K``, K of the adapters asked for, at the same load):
+  ``lora_mix_ttft_x`` (x), TTFT p50 with all the adapters over TTFT p50 with one;
+  ``lora_mix_wait_share`` (share), the part of the mixed TTFT beyond the one-adapter control;
+  ``lora_mix_above_control_frac`` (share), the mixed requests slower than the control's 90th
+  percentile (chance: 10%), and ``lora_mix_n`` (requests) of them.
+* client, within the mix: each request's role on its client span
   (``ttft.client.lora_role``, see :mod:`collectors.probe.lora`). ``lora_other_ttft_p50_s`` /
   ``lora_joins_ttft_p50_s`` (s): requests sent while only other adapters were in flight, and
   while their own was; their ratio ``lora_other_ttft_x`` (x); ``lora_wait_share_of_ttft``
@@ -26,6 +31,9 @@ from rules.features.context import FeatureContext
 from rules.features.numeric import num_col
 
 CLIENT_NAMES = ("lora_other_ttft_p50_s", "lora_joins_ttft_p50_s", "lora_other_ttft_x", "lora_wait_share_of_ttft")
+MIX_NAMES = ("lora_mix_ttft_x", "lora_mix_wait_share", "lora_mix_above_control_frac", "lora_mix_n")
+#: a lora sweep point's label: ``lora=K``
+LORA_SEGMENT = r"^lora=([0-9]+)$"
 NO_DESIGN = ("no request is marked with a LoRA role: only a designed probe (ttft probe --lora A,B,...) says which "
              "adapters were in flight when each request was sent")
 
@@ -35,6 +43,7 @@ def lora(ctx: FeatureContext) -> None:
     _deferred(ctx)
     st = pd.concat([d for d in (ctx.steady, ctx.lora_design) if d is not None and len(d)], ignore_index=True) \
         if len(ctx.lora_design) else (ctx.steady if ctx.steady is not None else pd.DataFrame())
+    st = _mix(ctx, st)
     roles = st["lora_role"] if len(st) and "lora_role" in st.columns else pd.Series(dtype=object)
     n = {r: int((roles == r).sum()) for r in ("alone", "joins", "other")}
     ctx.add("lora_adapters_n", float(st.loc[roles.notna(), "lora"].nunique()) if n and roles.notna().any() else 0.0)
@@ -58,6 +67,29 @@ def lora(ctx: FeatureContext) -> None:
     total = ttft[roles.notna()].sum()
     ctx.add("lora_wait_share_of_ttft", float(excess / total) if total > 0 else None,
             None if total > 0 else "no TTFT among the LoRA requests")
+
+
+def _mix(ctx: FeatureContext, st: pd.DataFrame) -> pd.DataFrame:
+    """``lora_mix_*`` from the ``lora=K`` segments (the one-adapter control against the most adapters);
+    returns the requests the roles are read from: the most adapters' segment when there is a sweep."""
+    k = (st["segment"].astype(str).str.extract(LORA_SEGMENT)[0].astype("float64")
+         if len(st) and "segment" in st.columns else pd.Series(dtype="float64"))
+    min_n = int(ctx.params["lora_min_role_requests"])
+    top = float(k.max()) if k.notna().any() else None
+    if top is None or top < 2 or int((k == 1).sum()) < min_n or int((k == top).sum()) < min_n:
+        ctx.na(MIX_NAMES, "no one-adapter control beside the mix (ttft probe --lora A,B,...: a lora sweep of one "
+                          "adapter, then all)" if top is None else
+               f"the lora sweep has fewer than {min_n} completed requests at one adapter or at {top:g}")
+        return st
+    ttft = num_col(st, "ttft_s")
+    one, mixed = float(np.nanmedian(ttft[k == 1])), float(np.nanmedian(ttft[k == top]))
+    ctx.add("lora_mix_ttft_x", mixed / one if one > 0 else None, None if one > 0 else "the control's TTFT median is 0")
+    ctx.add("lora_mix_wait_share", max(0.0, 1.0 - one / mixed) if mixed > 0 else None,
+            None if mixed > 0 else "the mix's TTFT median is 0")
+    mix = ttft[k == top].dropna()
+    ctx.add("lora_mix_above_control_frac", float((mix > np.nanquantile(ttft[k == 1], 0.9)).mean()))
+    ctx.add("lora_mix_n", float(len(mix)))
+    return st.loc[k == top]
 
 
 def _deferred(ctx: FeatureContext) -> None:

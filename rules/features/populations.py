@@ -162,8 +162,9 @@ def designed_apart(ctx: FeatureContext) -> None:
     """Move ttft diagnose's designed experiments from ``ctx.steady``: the long ramp (segments
     ``long=N``) to ``ctx.long_ramp``, its longer answers (``longout=N``) to ``ctx.long_out``, the mixed
     follow-up (``mixed=N``) to ``ctx.mixed``, the grammar and LoRA follow-ups (``grammar=R``, ``lora=C``)
-    to ``ctx.grammar_design`` and ``ctx.lora_design``. They send what the users may never send (or at
-    a load of their own); each is read by its own features only."""
+    to ``ctx.grammar_design`` and ``ctx.lora_design`` (unless that design is all the capture holds: a
+    probe of it alone). They send what the users may never send (or at a load of their own); each is
+    read by its own features only."""
     st = ctx.steady
     if len(st) == 0 or "segment" not in st.columns:
         return
@@ -173,6 +174,8 @@ def designed_apart(ctx: FeatureContext) -> None:
                        ("mixed", stages.SEGMENT_MIXED), ("grammar_design", stages.SEGMENT_GRAMMAR),
                        ("lora_design", stages.SEGMENT_LORA)):
         mine = seg.str.startswith(name + "=")
+        if attr in ("grammar_design", "lora_design") and (keep & ~mine).sum() == 0:
+            continue  # a probe of that design alone (ttft probe --lora): it is the steady population
         if mine.any():
             setattr(ctx, attr, st.loc[mine].reset_index(drop=True))
             keep &= ~mine

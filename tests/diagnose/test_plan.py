@@ -523,12 +523,18 @@ def test_users_json_schemas_get_the_grammar_follow_up_once() -> None:
         assert d.step is None or d.step.kind != "grammar"
 
 
-def test_users_adapters_get_the_lora_follow_up_at_a_few_in_flight() -> None:
+def test_users_adapters_get_a_one_adapter_control_then_all_of_them() -> None:
     cfg = replace(CAPPED, users_lora=("a", "b", "c"))
     d = next_step(cfg, [BASE, *LADDER], 5.0, leading="healthy")
-    assert d.step is not None and d.step.kind == "lora"
+    assert d.step is not None and (d.step.kind, d.step.value) == ("lora", 1.0)
     ps = d.step.probe_step(cfg)
-    assert ps.lora == ("a", "b", "c") and ps.concurrency == min(4, CAPPED.max_concurrency) and ps.requests == 48
+    assert ps.lora == ("a",) and ps.concurrency == min(4, CAPPED.max_concurrency) and ps.requests == 32
+    assert ps.segment == "lora=1"
+    d = next_step(cfg, [BASE, *LADDER, pt("lora", 1, 0.05, n=32)], 6.0, leading="healthy")
+    assert d.step is not None and (d.step.kind, d.step.value) == ("lora", 3.0)
+    assert d.step.probe_step(cfg).lora == ("a", "b", "c")
+    done = next_step(cfg, [BASE, *LADDER, pt("lora", 1, 0.05, n=32), pt("lora", 3, 0.2, n=32)], 7.0, leading="healthy")
+    assert done.step is None or done.step.kind != "lora"
     # one adapter cannot wait for another
     d = next_step(replace(CAPPED, users_lora=("a",)), [BASE, *LADDER], 5.0, leading="healthy")
     assert d.step is None or d.step.kind != "lora"

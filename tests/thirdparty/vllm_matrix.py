@@ -23,6 +23,14 @@ Nothing here models vLLM: the ground truth of a draw is what its flags make the 
   waits for the whole prefill, many steps: short requests wait behind long ones.
 - ``healthy``: the default server at a light load (1 or 2 streams, prompts up to 192 tokens, short
   answers), or the prefix design with the prefix cache on (vLLM's default): nothing waits.
+- ``grammar_compile`` (extra): the probe's ``--response-format schema:R`` (a fresh generated schema
+  of 80 to 160 fields every R requests, R above twice the streams): vLLM compiles each new schema
+  with xgrammar before its request runs (``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``) and caches it;
+  or, the near-miss, one schema for the run (compiled in the warm-up): ``healthy``.
+- ``lora_adapters`` (extra): 3 or 4 ``peft`` adapters served with ``--max-loras 1`` under 4 to 6
+  streams (the probe's ``--lora``: asking for the first, then for one of all of them): a request for
+  an adapter not running waits for the running ones' turn; or, the near-miss, ``--max-loras`` as
+  many as the adapters: ``healthy``.
 
 Each draw runs one server (pinned off the client's CPU: :func:`cpu_split`) exporting its own
 OTLP spans (``--otlp-traces-endpoint``, ``--collect-detailed-traces all``) to a ``ttft receive``,
@@ -79,7 +87,7 @@ CI_DRAWS = 8
 FAMILIES = ("queue", "kv_cache", "prefix_cache", "prefill_compute", "healthy")
 #: families run only when asked (``--families``): not yet named right in every mode, so kept out of the
 #: rotation that CI and the fresh-seed figures use (docs/random-matrix.md says what each mode reads)
-EXTRA_FAMILIES = ("head_of_line",)
+EXTRA_FAMILIES = ("head_of_line", "grammar_compile", "lora_adapters")
 MODES = ("client-only", "metrics", "traces", "diagnose")
 #: per mode, the truth -> other verdicts scored right (what that mode cannot tell apart; module doc)
 ALSO_RIGHT: dict[str, dict[str, frozenset[str]]] = {
@@ -122,6 +130,11 @@ class VLLMDraw:
     input_spread: int = 0
     #: the probe's ``--inject-long TOKENS:EVERY`` ("" for none): a long prompt among the short ones
     inject_long: str = ""
+    #: the probe's ``--response-format`` ("" for none) and its generated schema's fields
+    response_format: str = ""
+    schema_properties: int = 24
+    #: LoRA adapters served (``l0``..) and asked for, one per request (the probe's ``--lora``); 0: none
+    lora_adapters: int = 0
     why: str = ""
 
     @property
@@ -134,7 +147,13 @@ class VLLMDraw:
                "--input-tokens", f"uniform:{lo}-{hi}" if hi > lo else str(lo), "--output-tokens", str(self.output_tokens),
                "--seed", str(self.seed * 1000 + self.index)]
         return (out + (["--shared-prefix", self.shared_prefix] if self.shared_prefix else [])
-                + (["--inject-long", self.inject_long] if self.inject_long else []))
+                + (["--inject-long", self.inject_long] if self.inject_long else [])
+                + (["--response-format", self.response_format, "--schema-properties", str(self.schema_properties)]
+                   if self.response_format else [])
+                + (["--lora", ",".join(self.adapter_names())] if self.lora_adapters else []))
+
+    def adapter_names(self) -> list[str]:
+        return [f"l{i}" for i in range(self.lora_adapters)]
 
     def short_range(self) -> tuple[int, int]:
         """The drawn prompt lengths in tokens (shortest, longest), a mix's long ones apart."""
@@ -154,14 +173,19 @@ class VLLMDraw:
         Their peak load as the ramp's top (``--max-concurrency``) would leave a cap too little room
         above it to be read."""
         lo, hi = self.prompt_range()
+        said = (",response_format=schema" if self.response_format.startswith("schema") else "") + (
+            f",lora={'+'.join(self.adapter_names())}" if self.lora_adapters else "")
         return ["--budget", DIAGNOSE_BUDGET, "--input-tokens", str(self.input_tokens),
                 "--output-tokens", str(self.output_tokens), "--workload",
-                f"prompt_tokens={lo}-{hi},concurrency={self.concurrency}"]
+                f"prompt_tokens={lo}-{hi},concurrency={self.concurrency}{said}",
+                *(["--schema-properties", str(self.schema_properties)] if self.response_format else [])]
 
     def diagnosable(self) -> str | None:
         """Why ``ttft diagnose`` (its own experiment) cannot show this draw's cause, or None."""
         if self.shared_prefix:
             return "a prefix design: diagnose's own prompts share no prefix"
+        if self.response_format == "schema:repeat":
+            return "one schema for the whole run: --workload cannot say the users send only one"
         return None
 
 
@@ -232,6 +256,28 @@ def draw(seed: int, index: int, families: Sequence[str] = FAMILIES) -> VLLMDraw:
                         why=f"a step budget of {budget} tokens: a {long_tokens}-token prompt every {every} requests "
                             f"prefills over ~{math.ceil(long_tokens / budget)} steps ahead of the short ones that "
                             f"arrive behind it (vLLM schedules running requests first)")
+    if family == "grammar_compile":
+        c = int(g.integers(1, 4))
+        group = int(g.integers(2 * c + 2, 2 * c + 6))
+        fields = int(g.integers(80, 161))
+        fresh = bool(g.integers(0, 2))
+        return VLLMDraw(**s, expected="grammar_compile" if fresh else "healthy", server_args=(), max_model_len=2048,
+                        concurrency=c, requests=group * int(g.integers(4, 7)), input_tokens=int(g.integers(16, 129)),
+                        output_tokens=int(g.integers(8, 33)),
+                        response_format=f"schema:{group}" if fresh else "schema:repeat", schema_properties=fields,
+                        why=(f"a fresh {fields}-field schema every {group} requests at {c} stream(s): each first use "
+                             "waits for xgrammar to compile it" if fresh else
+                             f"one {fields}-field schema for the run: compiled in the warm-up, cached after"))
+    if family == "lora_adapters":
+        n = int(g.integers(3, 5))
+        slots = 1 if bool(g.integers(0, 2)) else n
+        c = int(g.integers(4, 7))
+        return VLLMDraw(**s, expected="lora_adapters" if slots < n else "healthy",
+                        server_args=("--enable-lora", "--max-loras", str(slots), "--max-cpu-loras", str(slots),
+                                     "--max-lora-rank", "8"), max_model_len=2048, concurrency=c, requests=40,
+                        input_tokens=int(g.integers(32, 97)), output_tokens=int(g.integers(24, 49)), lora_adapters=n,
+                        why=(f"{n} adapters, one slot, {c} streams: a request for an adapter not in flight waits for "
+                             "the running ones' turn" if slots < n else f"{n} adapters in {n} slots: all batch together"))
     c = int(g.integers(1, 3))
     out = int(g.integers(16, 65))
     # prompt work under ~4 decode steps here (a prompt token costs ~1/60 of a step on this CPU; the
@@ -339,7 +385,15 @@ def run_draw(d: VLLMDraw, model_dir: Path, out_dir: Path, *, python: Path | None
     client = taskset(client_cpus)
     probing = any(m != "diagnose" for m in modes)
     grpc_port = free_port()
-    args = [*d.server_args, *(["--otlp-traces-endpoint", f"grpc://127.0.0.1:{grpc_port}", "--collect-detailed-traces",
+    modules: list[str] = []
+    if d.lora_adapters:  # the adapters, made once per model and reused
+        from vllm_serve import build_lora_adapters
+
+        root = model_dir.parent / f"lora-{d.lora_adapters}"
+        paths = ([root / f"lora{i}" for i in range(d.lora_adapters)] if (root / f"lora{d.lora_adapters - 1}").exists()
+                 else build_lora_adapters(model_dir, root, d.lora_adapters))
+        modules = ["--lora-modules", *(f"{n}={p}" for n, p in zip(d.adapter_names(), paths))]
+    args = [*d.server_args, *modules, *(["--otlp-traces-endpoint", f"grpc://127.0.0.1:{grpc_port}", "--collect-detailed-traces",
                                "all"] if probing else [])]
     srv = VLLMServe(model_dir, args, **pinned(server_cpus), max_model_len=d.max_model_len, python=python,
                     log_dir=out_dir)

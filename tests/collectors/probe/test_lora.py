@@ -39,7 +39,7 @@ def test_requests_draw_adapters_from_the_list():
     assert Workload(WorkloadSpec(LengthSpec.parse("20"))).next_item().lora is None
 
 
-def test_probe_sends_each_adapter_as_the_model_and_records_roles(server, tmp_path):
+def test_probe_runs_one_adapter_then_all_of_them_at_the_same_load(server, tmp_path):
     from diag.capture import load_capture
     from diag.cli import main
 
@@ -47,18 +47,20 @@ def test_probe_sends_each_adapter_as_the_model_and_records_roles(server, tmp_pat
     rc = main(["probe", server.url("ok"), "--lora", "ad1,ad2", "-n", "12", "--warmup", "0", "-c", "3",
                "--input-tokens", "20", "--output-tokens", "4", "-o", str(cap), "--no-progress"])
     assert rc == 0
-    models = {s.body["model"] for s in server.log[-12:]}
-    assert models == {"ad1", "ad2"}
+    sent = [s.body["model"] for s in server.log[-24:]]
+    assert set(sent[:12]) == {"ad1"} and set(sent[12:]) == {"ad1", "ad2"}  # the control, then the mix
     spans = load_capture(cap).spans
     client = spans.loc[(spans["name"] == stages.SPAN_CLIENT_REQUEST) & spans[stages.ATTR_CLIENT_LORA].notna()]
-    assert len(client) == 12 and set(client[stages.ATTR_CLIENT_LORA]) == {"ad1", "ad2"}
+    by_seg = client.groupby(stages.ATTR_SEGMENT)[stages.ATTR_CLIENT_LORA].agg(set).to_dict()
+    assert by_seg == {"lora=1": {"ad1"}, "lora=2": {"ad1", "ad2"}}
     assert set(client[stages.ATTR_CLIENT_LORA_ROLE]) <= {"alone", "joins", "other"}
-    assert "alone" in set(client[stages.ATTR_CLIENT_LORA_ROLE])
 
 
-def test_probe_refuses_a_bad_adapter_list_with_one_line(capsys):
+@pytest.mark.parametrize("argv, says", [(["--lora", "a,,b"], "--lora"), (["--sweep", "lora"], "two or more adapters"),
+                                        (["--lora", "a,b", "--sweep-values", "1,3"], "at most 2 adapters")])
+def test_probe_refuses_a_bad_adapter_design_with_one_line(capsys, argv, says):
     from diag.cli import main
 
-    assert main(["probe", "http://127.0.0.1:9", "--lora", "a,,b"]) == 2
+    assert main(["probe", "http://127.0.0.1:9", *argv]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--lora" in err and len(err.splitlines()) == 1
+    assert says in err and len(err.splitlines()) == 1
