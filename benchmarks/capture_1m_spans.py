@@ -54,7 +54,8 @@ def _request_spans(i: int, t0: int) -> list[dict]:
         "status": {},
     }]
     t = t0
-    for k, (name, dur) in enumerate(zip(stages.TTFT_STAGES, (1, 5, 25, 3, 1, 1))):
+    colocated = (stages.TOKENIZE, stages.QUEUE, stages.PREFILL, stages.COMM, stages.SAMPLE, stages.DETOKENIZE)
+    for k, (name, dur) in enumerate(zip(colocated, (1, 5, 25, 3, 1, 1))):
         spans.append({"traceId": tid, "spanId": f"{i * 16 + 2 + k:016x}", "parentSpanId": root, "name": name,
                       "kind": 1, "startTimeUnixNano": str(t), "endTimeUnixNano": str(t + dur * ms), "status": {}})
         t += dur * ms if name != stages.COMM else 0

@@ -18,6 +18,9 @@ QUEUE = "queue"
 PREFILL = "prefill"
 COMM = "comm"
 SAMPLE = "sample"
+#: disaggregated prefill/decode: the request's KV (and first token) moving from the prefill side
+#: to the decode side (bundled engine: ``diag.engine.pd``)
+KV_TRANSFER = "kv_transfer"
 DETOKENIZE = "detokenize"
 DECODE = "decode"
 NETWORK = "network"
@@ -28,8 +31,11 @@ LUMPED = "lumped"
 
 #: Server-side stages that make up server TTFT, in request order. ``comm`` is *nested inside*
 #: ``prefill`` (the all-reduces of the prefill forward passes); tables report ``prefill_s``
-#: exclusive of comm so that the shares add up to TTFT.
-TTFT_STAGES: tuple[str, ...] = (TOKENIZE, QUEUE, PREFILL, COMM, SAMPLE, DETOKENIZE)
+#: exclusive of comm so that the shares add up to TTFT. ``kv_transfer`` comes after ``sample``:
+#: under disaggregated prefill/decode the prefill side samples the first token and it travels
+#: with the KV; the decode side's admission wait is a second ``queue`` span
+#: (``ATTR_PD_SIDE="decode"``), so ``queue_s`` holds both sides' waits and the columns still add up.
+TTFT_STAGES: tuple[str, ...] = (TOKENIZE, QUEUE, PREFILL, COMM, SAMPLE, KV_TRANSFER, DETOKENIZE)
 #: Stages shown in decompositions (server stages, the lumped remainder, then the client's gap).
 DECOMPOSITION_STAGES: tuple[str, ...] = TTFT_STAGES + (LUMPED, NETWORK)
 #: Everything that can be a stage span name.
@@ -37,10 +43,12 @@ ALL_STAGES: tuple[str, ...] = TTFT_STAGES + (DECODE, NETWORK, COLD_START, LUMPED
 
 STAGE_DESCRIPTIONS: dict[str, str] = {
     TOKENIZE: "prompt text -> token ids on the serving CPU (incl. chat template)",
-    QUEUE: "waiting for the scheduler: admission, KV-cache blocks, a place in a batch",
+    QUEUE: "waiting for the scheduler: admission, KV-cache blocks, a place in a batch (with disaggregated "
+    "prefill/decode: on either side)",
     PREFILL: "forward passes over the prompt tokens (exclusive of comm)",
     COMM: "multi-GPU communication inside the prefill passes: tensor-parallel all-reduces, pipeline send/recv",
     SAMPLE: "last-position logits -> first token (temperature, top-k, top-p)",
+    KV_TRANSFER: "disaggregated prefill/decode: the prompt's KV moving from the prefill side to the decode side",
     DETOKENIZE: "first token id -> text, ready to be written to the stream",
     DECODE: "one token per step after the first (reported as ITL, not TTFT)",
     NETWORK: "client TTFT - server TTFT: network, serialization, HTTP, client parsing",
@@ -190,6 +198,26 @@ ATTR_GRAMMAR_KEY = "ttft.grammar.key"
 ATTR_GRAMMAR_CACHE_HIT = "ttft.grammar.cache_hit"
 ATTR_GRAMMAR_WAIT_S = "ttft.grammar.wait_s"
 ATTR_STEP_WAITING_GRAMMAR = "ttft.step.waiting_grammar"
+
+#: disaggregated prefill/decode (bundled engine, diag.engine.pd). On a request root: served by a
+#: prefill side and a decode worker (bool), the KV bytes sent for it, the seconds of its
+#: ``kv_transfer`` span, the seconds of its decode-side ``queue`` span (KV received -> first token
+#: back at the front end) and, inside them, its wait for admission (KV received -> blocks and a
+#: running place taken), and each side's own TTFT as that instance reports it (prefill: arrival ->
+#: first token sampled, before the transfer; decode: the prefill side's hand-off -> the first
+#: token's text; the two add up to server TTFT). On ``queue`` spans and SPAN_ENGINE_STEP: which
+#: side ("prefill" | "decode")
+ATTR_PD_DISAGGREGATED = "ttft.pd.disaggregated"
+ATTR_PD_KV_BYTES = "ttft.pd.kv_bytes"
+ATTR_PD_KV_TRANSFER_S = "ttft.pd.kv_transfer_s"
+ATTR_PD_DECODE_QUEUE_S = "ttft.pd.decode_queue_s"
+ATTR_PD_ADMISSION_WAIT_S = "ttft.pd.admission_wait_s"
+ATTR_PD_PREFILL_TTFT_S = "ttft.pd.prefill_ttft_s"
+ATTR_PD_DECODE_TTFT_S = "ttft.pd.decode_ttft_s"
+ATTR_PD_SIDE = "ttft.pd.side"
+ATTR_STEP_PD_SIDE = "ttft.step.pd_side"
+PD_SIDE_PREFILL = "prefill"
+PD_SIDE_DECODE = "decode"
 
 # cold-start attributes
 ATTR_COLD_START_PHASE = "ttft.cold_start.phase"  # "load" | "warmup" | "compile"

@@ -7,9 +7,15 @@ Request table columns (one row per trace that has a request root on either side)
 ``trace_id, request_id, segment, warmup, error, start_ns, server_start_ns, first_token_ns,
 server_ttft_s, client_ttft_s, ttft_s, e2e_s, input_tokens, output_tokens, preemptions,
 slot_wait_s, <stage>_s for stage in DECOMPOSITION_STAGES, itl_p50_s, itl_p99_s, itl_max_s,
-itl_mean_s, tpot_s, n_token_times, has_server, has_client, engine``.
+itl_mean_s, tpot_s, n_token_times, has_server, has_client, engine``; and, from disaggregated
+prefill/decode request roots (NaN otherwise), ``pd_kv_bytes``, ``pd_decode_queue_s`` (the part of
+``queue_s`` spent on the decode side: KV received -> first token back), ``pd_admission_wait_s`` (of
+that, the wait for the decode side's blocks and a running place), ``pd_prefill_ttft_s`` and
+``pd_decode_ttft_s`` (each side's own TTFT).
 ``ttft_s`` is the client's TTFT when the client side is present, else the server's.
 ``prefill_s`` is exclusive of ``comm_s`` (comm is nested in prefill), so stage shares add up.
+The step table's ``pd_side`` ("prefill" | "decode", None without P/D) tells the two step loops of a
+disaggregated engine apart.
 """
 
 from __future__ import annotations
@@ -209,6 +215,11 @@ def _server_rows(spans: pd.DataFrame) -> pd.DataFrame:
             "grammar_key": _attr(rows, stages.ATTR_GRAMMAR_KEY).to_numpy(),
             "grammar_cache_hit": _attr(rows, stages.ATTR_GRAMMAR_CACHE_HIT).to_numpy(),
             "grammar_wait_s": _num(_attr(rows, stages.ATTR_GRAMMAR_WAIT_S)).to_numpy(),
+            "pd_kv_bytes": _num(_attr(rows, stages.ATTR_PD_KV_BYTES)).to_numpy(),
+            "pd_decode_queue_s": _num(_attr(rows, stages.ATTR_PD_DECODE_QUEUE_S)).to_numpy(),
+            "pd_admission_wait_s": _num(_attr(rows, stages.ATTR_PD_ADMISSION_WAIT_S)).to_numpy(),
+            "pd_prefill_ttft_s": _num(_attr(rows, stages.ATTR_PD_PREFILL_TTFT_S)).to_numpy(),
+            "pd_decode_ttft_s": _num(_attr(rows, stages.ATTR_PD_DECODE_TTFT_S)).to_numpy(),
         }
     )
     return out
@@ -328,7 +339,8 @@ def request_table(spans: pd.DataFrame, warnings: list[str] | None = None, notes:
     for col in ("server_ttft_s", "client_ttft_s", "server_start_ns", "first_token_ns", "client_first_content_ns",
                 "client_start_ns", "client_sent_ns", "input_tokens", "output_tokens", "server_e2e_s", "client_e2e_s",
                 "slot_wait_s", "preemptions", "tp_size", "client_input_tokens", "client_output_tokens",
-                "cached_tokens", "prefix_tokens", "grammar_wait_s"):
+                "cached_tokens", "prefix_tokens", "grammar_wait_s", "pd_kv_bytes", "pd_decode_queue_s",
+                "pd_admission_wait_s", "pd_prefill_ttft_s", "pd_decode_ttft_s"):
         if col not in req.columns:
             req[col] = np.nan
         req[col] = pd.to_numeric(req[col], errors="coerce").astype("float64")
@@ -442,6 +454,7 @@ def step_table(spans: pd.DataFrame) -> pd.DataFrame:
     out["duration_s"] = (out["end_ns"] - out["start_ns"]) / NS
     for col, key in STEP_ATTRS.items():
         out[col] = _num(attribute(rows, key)).to_numpy() if len(rows) else pd.Series(dtype="float64")
+    out["pd_side"] = attribute(rows, stages.ATTR_STEP_PD_SIDE).to_numpy() if len(rows) else pd.Series(dtype=object)
     return out.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
 

@@ -129,6 +129,7 @@ SELECT
        vllm_prefill) AS {col(S.PREFILL)},
     own_{S.COMM} AS {col(S.COMM)},
     own_{S.SAMPLE} AS {col(S.SAMPLE)},
+    own_{S.KV_TRANSFER} AS {col(S.KV_TRANSFER)},
     own_{S.DETOKENIZE} AS {col(S.DETOKENIZE)},
     if(has_server, own_{S.LUMPED},
        greatest(server_ttft_s - vllm_queue - vllm_prefill, 0) + if(gap_s IS NULL, 0, greatest(gap_s, 0))

@@ -34,6 +34,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "cuda); not with --tp (default 1)")
     p.add_argument("--pp-microbatches", type=int, default=None, metavar="N",
                    help="--pp: micro-batches a step's sequences are split into so stages overlap (default: --pp)")
+    # disaggregated prefill/decode (diag.engine.pd)
+    p.add_argument("--pd", action="store_true",
+                   help="disaggregated prefill/decode: this process prefills and samples each first token, a "
+                   "spawned decode worker (its own model copy, KV cache and step loop) receives each request's KV "
+                   "over send/recv (gloo on cpu) and decodes, like vLLM's P/D with a KV connector; not with --tp "
+                   "or --pp (default off)")
+    p.add_argument("--pd-decode-kv-blocks", type=int, default=None, metavar="N",
+                   help="--pd: the decode worker's KV-cache blocks; requests wait on the decode side when they do "
+                   "not fit (default: as many as --kv-blocks)")
+    p.add_argument("--pd-decode-max-running", type=int, default=None, metavar="N",
+                   help="--pd: the decode worker's running cap (default: --max-running)")
     p.add_argument("--policy", default="prefill-first", choices=POLICIES, help="scheduling policy")
     p.add_argument("--chunk-size", type=int, default=256, metavar="N", help="prefill tokens per step for --policy chunked")
     p.add_argument("--kv-blocks", type=int, default=None, metavar="N", help="KV-cache blocks (small = KV pressure)")
@@ -159,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
         prefix_caching=args.enable_prefix_caching,
         grammar_cache_size=args.grammar_cache_size,
         grammar_workers=args.grammar_workers,
+        pd=args.pd,
+        pd_decode_kv_blocks=args.pd_decode_kv_blocks,
+        pd_decode_max_running=args.pd_decode_max_running,
     )
 
     def ready(srv: object) -> None:
@@ -166,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
 
         assert isinstance(srv, ServerThread)
         print(
-            f"ttft serve: listening on {srv.url} (model={srv.engine.model_name}, device={config.device}, tp={config.tp})",
+            f"ttft serve: listening on {srv.url} (model={srv.engine.model_name}, device={config.device}, tp={config.tp}"
+            + (", pd)" if config.pd else ")"),
             flush=True,
         )
         if srv.engine.max_context_tokens < config.max_context:

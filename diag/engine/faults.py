@@ -6,7 +6,7 @@ Each knob adds a real delay at the place the cause would act; every measurement 
 - ``tokenize_ms_per_token``: after encoding a prompt, sleep this many ms per prompt token
   (a slow tokenizer; moves ``tokenize``).
 - ``scheduler_stall_ms``: the step loop sleeps this long before scheduling each step
-  (a CPU-bound scheduler; moves ``queue`` and ITL).
+  (a CPU-bound scheduler; moves ``queue`` and ITL; with ``--pd``, the prefill side's loop).
 - ``collective_latency_ms``: added to every tensor-parallel all-reduce (a slow link; moves
   ``comm``; needs ``--tp`` >= 2).
 - ``detokenize_ms_per_token``: sleep this many ms per detokenized output token on the step
@@ -20,6 +20,11 @@ Each knob adds a real delay at the place the cause would act; every measurement 
   grammar is not cached) takes this much longer, on its grammar worker thread (a slower grammar
   compiler or a larger vocabulary; moves ``queue`` of such requests only, as
   ``ttft.grammar.wait_s``; see :mod:`diag.engine.grammar_cache`).
+- ``kv_transfer_latency_ms`` and ``kv_transfer_ms_per_mb``: with ``--pd``, every KV transfer from
+  the prefill side to the decode worker waits this many ms (plus this many ms per MiB of KV) on
+  the sending thread before the real send (a slower link; the link carries one transfer at a
+  time, so transfers queue behind a slow one; moves ``kv_transfer`` and TTFT, not ``prefill``;
+  see :mod:`diag.engine.pd`).
 - ``frontend_workers``: the server's front end runs at most this many HTTP request workers and
   tokenizer threads (a saturated front end, like llama.cpp's ``--threads-http`` below its
   slots; requests wait before the engine sees them: ``ttft.frontend.*`` on the request span,
@@ -44,6 +49,8 @@ FAULTS: dict[str, tuple[float, str]] = {
     "load_delay_s": (3600.0, "s added to model loading (cold start)"),
     "network_delay_ms": (60_000.0, "ms between a response chunk being ready and the client getting it (pipelined)"),
     "grammar_compile_ms": (600_000.0, "ms added to every grammar compile (response_format), on its compile thread"),
+    "kv_transfer_latency_ms": (60_000.0, "ms added to every --pd KV transfer (prefill side -> decode worker), on the sending thread"),
+    "kv_transfer_ms_per_mb": (60_000.0, "ms per MiB of KV added to every --pd KV transfer, on the sending thread"),
     "frontend_workers": (4096.0, "HTTP workers and tokenizer threads the front end keeps at most (a whole number)"),
 }
 
@@ -63,6 +70,8 @@ class FaultConfig:
     load_delay_s: float = 0.0
     network_delay_ms: float = 0.0
     grammar_compile_ms: float = 0.0
+    kv_transfer_latency_ms: float = 0.0
+    kv_transfer_ms_per_mb: float = 0.0
     frontend_workers: float = 0.0
 
     def active(self) -> dict[str, float]:

@@ -38,6 +38,12 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def position_slots(block_table: list[int], num_tokens: int, block_size: int) -> torch.Tensor:
+    """Flat cache slots ``[num_tokens]`` (int64) of positions ``0..num_tokens-1`` of a sequence."""
+    pos = torch.arange(num_tokens, dtype=torch.long)
+    return torch.tensor(block_table, dtype=torch.long)[pos // block_size] * block_size + pos % block_size
+
+
 class BlockManager:
     """Fixed-size blocks, a free list and one block table per sequence id.
 
@@ -229,6 +235,18 @@ class PagedKVCache:
         """Store ``k``/``v`` ``[n, kv_heads, head_dim]`` at flat ``slots`` ``[n]``."""
         self.k[layer].index_copy_(0, slots, k)
         self.v[layer].index_copy_(0, slots, v)
+
+    def export_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy of K and V at ``slots`` ``[n]`` in every layer: ``[2, layers, n, kv_heads, head_dim]``
+        (what disaggregated prefill/decode sends; :meth:`import_slots` writes it back)."""
+        slots = slots.to(self.k.device)
+        return torch.stack((self.k.index_select(1, slots), self.v.index_select(1, slots)))
+
+    def import_slots(self, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        """Write ``kv`` ``[2, layers, n, kv_heads, head_dim]`` (from :meth:`export_slots`) at ``slots`` ``[n]``."""
+        slots = slots.to(self.k.device)
+        self.k.index_copy_(1, slots, kv[0])
+        self.v.index_copy_(1, slots, kv[1])
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V at ``slots`` (any shape ``S``) -> two tensors ``[*S, kv_heads, head_dim]``."""

@@ -52,6 +52,16 @@ class SamplerState:
     default_seed: int
     _gen: torch.Generator | None = field(default=None, repr=False)
 
+    @classmethod
+    def resume(cls, params: SamplingParams, default_seed: int, generator: torch.Generator | None) -> "SamplerState":
+        """A state that continues where another process's left off (``generator``: its state, or None
+        when it had drawn nothing yet)."""
+        return cls(params, default_seed, generator)
+
+    def generator_if_started(self) -> torch.Generator | None:
+        """The generator when a draw created it, else None (greedy requests never create one)."""
+        return self._gen
+
     def generator(self) -> torch.Generator:
         if self._gen is None:
             self._gen = torch.Generator().manual_seed(

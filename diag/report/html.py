@@ -31,7 +31,7 @@ from diag.units import Unit, fmt_rate, fmt_s, fmt_value
 #: Stage colours, shared by every chart (and by the diff).
 STAGE_COLORS: dict[str, str] = {
     stages.TOKENIZE: "#56B4E9", stages.QUEUE: "#E69F00", stages.PREFILL: "#0072B2", stages.COMM: "#CC79A7",
-    stages.SAMPLE: "#009E73", stages.DETOKENIZE: "#F0E442", stages.LUMPED: "#999999", stages.NETWORK: "#D55E00",
+    stages.SAMPLE: "#009E73", stages.KV_TRANSFER: "#882255", stages.DETOKENIZE: "#F0E442", stages.LUMPED: "#999999", stages.NETWORK: "#D55E00",
     "unattributed": "#DDDDDD",
 }
 CATEGORY_COLORS: dict[str, str] = {"healthy": "#009E73", "loadgen": "#999999", "cold_start": "#56B4E9",

@@ -1,8 +1,10 @@
 from diag import stages
 
 
-def test_ttft_stages_are_the_design_cards_six_in_request_order():
-    assert stages.TTFT_STAGES == ("tokenize", "queue", "prefill", "comm", "sample", "detokenize")
+def test_ttft_stages_are_the_design_cards_six_and_kv_transfer_in_request_order():
+    assert stages.TTFT_STAGES == ("tokenize", "queue", "prefill", "comm", "sample", "kv_transfer", "detokenize")
+    assert stages.DECOMPOSITION_STAGES[:len(stages.TTFT_STAGES)] == stages.TTFT_STAGES
+    assert "kv_transfer_s" in stages.STAGE_COLUMNS
 
 
 def test_every_stage_has_a_description_and_a_column():

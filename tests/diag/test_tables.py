@@ -63,6 +63,40 @@ def test_server_request_table_and_decomposition(capture_dir):
     assert t.cold_starts["duration_s"].iloc[0] == pytest.approx(1.0)
 
 
+def test_disaggregated_requests_split_queue_by_side_and_count_the_transfer(capture_dir):
+    """A --pd request: prefill-side queue, prefill, sample, kv_transfer, decode-side queue, detokenize."""
+    sink = setup_tracing("engine", capture_dir=capture_dir)
+    for i in range(4):
+        t0 = T0 + i * 100 * MS
+        req = sink.start_request("s", model="tiny", start_ns=t0, attributes={stages.ATTR_PD_DISAGGREGATED: True})
+        t = t0
+        for name, ms, attrs in (("queue", 2, {stages.ATTR_PD_SIDE: "prefill"}), ("prefill", 10, None),
+                                ("sample", 1, None), ("kv_transfer", 6, {stages.ATTR_PD_KV_BYTES: 2048 * 64}),
+                                ("queue", 3, {stages.ATTR_PD_SIDE: "decode"}), ("detokenize", 1, None)):
+            req.record_stage(name, t, t + ms * MS, attrs)
+            t += ms * MS
+        req.add_token_time(t)
+        req.set_attributes({stages.ATTR_PD_KV_BYTES: 2048 * 64, stages.ATTR_PD_DECODE_QUEUE_S: 0.003,
+                            stages.ATTR_PD_ADMISSION_WAIT_S: 0.0025, stages.ATTR_PD_PREFILL_TTFT_S: 0.013,
+                            stages.ATTR_PD_DECODE_TTFT_S: 0.010})
+        req.end(end_ns=t)
+    sink.record_step(T0, T0 + 10 * MS, {stages.ATTR_STEP_PREFILL_TOKENS: 64, stages.ATTR_STEP_PD_SIDE: "prefill"})
+    sink.record_step(T0 + 20 * MS, T0 + 22 * MS, {stages.ATTR_STEP_DECODE_SEQS: 1, stages.ATTR_STEP_PD_SIDE: "decode"})
+    sink.shutdown()
+    t = build_tables(load_capture(capture_dir))
+    r = t.requests.iloc[0]
+    assert r["server_ttft_s"] == pytest.approx(0.023)
+    assert r["queue_s"] == pytest.approx(0.005) and r["kv_transfer_s"] == pytest.approx(0.006)
+    assert r["pd_decode_queue_s"] == pytest.approx(0.003) and r["pd_admission_wait_s"] == pytest.approx(0.0025)
+    assert r["pd_kv_bytes"] == 2048 * 64 and r["pd_prefill_ttft_s"] + r["pd_decode_ttft_s"] == pytest.approx(0.023)
+    parts = sum(r[stages.stage_column(s)] for s in stages.TTFT_STAGES if r[stages.stage_column(s)] == r[stages.stage_column(s)])
+    assert parts == pytest.approx(r["server_ttft_s"])
+    dec = stage_decomposition(t.requests)
+    assert list(dec["stages"]) == ["queue", "prefill", "sample", "kv_transfer", "detokenize"]
+    assert sum(v["share_of_ttft"] for v in dec["stages"].values()) == pytest.approx(1.0)
+    assert list(t.steps["pd_side"]) == ["prefill", "decode"]
+
+
 def _joined(tmp_path, skew_ms=0):
     client = setup_tracing("probe", capture_dir=tmp_path / "cli")
     server = setup_tracing("engine", capture_dir=tmp_path / "srv")

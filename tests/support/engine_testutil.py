@@ -116,3 +116,19 @@ def capture_rounds(out: Path, rounds: list[list[tuple[list[int], int]]], **confi
     finally:
         eng.shutdown()
     return out
+
+
+def kv_receiver(store_port: int, conn: Any) -> None:
+    """Rank 1 of a two-rank gloo group in a spawned process: receive KV transfers
+    (``diag.engine.pd_wire.recv_kv``) until a stop header, sending each ``(kind, meta, kv)`` back on ``conn``."""
+    import torch
+
+    from diag.engine.pd_wire import KIND_STOP, recv_kv
+    from diag.engine.tp import connect_store, make_process_group
+
+    pg = make_process_group(connect_store(store_port, 2), 1, 2, "cpu")
+    while True:
+        got = recv_kv(pg, 0, torch.device("cpu"))
+        conn.send(got)
+        if got[0] == KIND_STOP:
+            return

@@ -43,6 +43,9 @@ def test_defaults_and_flags():
     assert d.grammar_cache_size == 64 and d.grammar_workers == 1
     g = _parse("--grammar-cache-size", "0", "--grammar-workers", "3", "--inject", "grammar_compile_ms=250")
     assert g.grammar_cache_size == 0 and g.grammar_workers == 3 and g.inject == ["grammar_compile_ms=250"]
+    assert not d.pd and d.pd_decode_kv_blocks is None and d.pd_decode_max_running is None
+    p = _parse("--pd", "--pd-decode-kv-blocks", "64", "--pd-decode-max-running", "4", "--inject", "kv_transfer_ms_per_mb=20")
+    assert p.pd and p.pd_decode_kv_blocks == 64 and p.pd_decode_max_running == 4
 
 
 @pytest.mark.parametrize(
@@ -58,6 +61,10 @@ def test_defaults_and_flags():
         (["--grammar-cache-size", "-1"], "--grammar-cache-size must be >= 0"),
         (["--grammar-workers", "0"], "--grammar-workers >= 1"),
         (["--inject", "grammar_compile_ms=-5"], "grammar_compile_ms must be between 0 and"),
+        (["--pd", "--tp", "2"], "--pd with --tp 2: the bundled engine does not combine"),
+        (["--pd", "--pp", "2"], "--pd with --pp 2"),
+        (["--inject", "kv_transfer_latency_ms=5"], "need --pd"),
+        (["--pd-decode-kv-blocks", "8"], "need --pd"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(capsys, argv, msg):
