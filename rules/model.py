@@ -18,9 +18,10 @@ CATEGORIES: tuple[str, ...] = (
     # from real incidents: a prefix cache that does not hit, admission order that
     # leaves capacity idle, a front end saturated outside the engine, KV admitted by worst-case
     # reservation, pipeline-parallel bubbles, a step loop idle between steps, structured-output
-    # grammars compiled before their requests run, LoRA adapters waiting for a slot
+    # grammars compiled before their requests run, LoRA adapters waiting for a slot, the hand-off
+    # between disaggregated prefill and decode instances
     "prefix_cache", "head_of_line", "frontend", "kv_reservation", "pipeline_bubble", "engine_overhead",
-    "grammar_compile", "lora_adapters",
+    "grammar_compile", "lora_adapters", "pd_transfer",
     "healthy",
 )
 #: The verdict's category when there is nothing to judge (no completed request).
@@ -38,7 +39,7 @@ OUTCOMES: tuple[str, ...] = (NO_DATA, INCONCLUSIVE, FAILURES)
 TTFT_CATEGORIES: frozenset[str] = frozenset({"queue", "tokenize", "prefill_compute", "kv_cache", "comm", "network",
                                                  "prefix_cache", "head_of_line", "frontend", "kv_reservation",
                                                  "pipeline_bubble", "engine_overhead", "grammar_compile",
-                                                 "lora_adapters"})
+                                                 "lora_adapters", "pd_transfer"})
 ITL_CATEGORIES: frozenset[str] = frozenset({"decode", "interference"})
 
 

@@ -29,6 +29,8 @@ _SERVER = TTFT_CATEGORIES | ITL_CATEGORIES
 LONG_RAMP_ROW = "shift with the tokens each request holds"
 #: the long ramp's count of streams decoding at once at the long prompt (rules.scheduling)
 LONG_RAMP_CAP_ROW = "streams decoding at once, long prompts (most)"
+#: the pd_transfer finding's row when the decode side's admission holds TTFT (rules.pd)
+PD_ADMISSION_ROW = "decode-side admission share of TTFT"
 #: rows whose numbers do not depend on when the client read its chunks: counts of streams decoding
 #: at once (answers start and end together when a late client shifts them)
 TIMING_FREE_ROWS: frozenset[str] = frozenset({LONG_RAMP_ROW, LONG_RAMP_CAP_ROW})
@@ -110,6 +112,13 @@ OVERRIDES: tuple[Override, ...] = (
     # requests deferred until their adapter has a slot: that queue time is the adapters'
     Override("lora_adapters", frozenset({"queue"}),
              "the time here is requests waiting for a LoRA adapter slot (see lora_adapters)"),
+    # the decode side's admission wait is a queue span: the hand-off owns it; a KV pool that holds it up
+    # is the decode instance's, which the admission finding names
+    Override("pd_transfer", frozenset({"queue"}),
+             "the queue time here is the decode instance admitting requests after their KV arrived (see pd_transfer)"),
+    Override("pd_transfer", frozenset({"kv_cache"}),
+             "the KV pool that holds requests here is the decode instance's, after their transfer (see pd_transfer)",
+             winner_row=PD_ADMISSION_ROW),
     # ITL spikes explained by prefills are not a decode problem
     Override("interference", frozenset({"decode"}), "the slow tokens are stalls behind other requests' prefills"),
     # TTFT findings say where TTFT goes, not what is wrong; the broken (ITL) SLO's findings come first

@@ -24,6 +24,7 @@ from rules import prefix_cache  # noqa: F401  (registers prefix_cache)
 from rules import loop  # noqa: F401  (registers engine_overhead)
 from rules import grammar  # noqa: F401  (registers grammar_compile)
 from rules import lora  # noqa: F401  (registers lora_adapters)
+from rules import pd  # noqa: F401  (registers pd_transfer)
 from rules.base import REGISTRY, RuleContext, missing_reason
 from rules.config import load_thresholds
 from rules.features import compute_features
@@ -41,6 +42,7 @@ CONDITIONAL_TIER = 3
 _STAGE_CATEGORY = {
     stages.QUEUE: "queue", stages.TOKENIZE: "tokenize", stages.PREFILL: "prefill_compute", stages.COMM: "comm",
     stages.SAMPLE: "prefill_compute", stages.DETOKENIZE: "network", stages.NETWORK: "network",
+    stages.KV_TRANSFER: "pd_transfer",
     # time the engine does not split (vLLM: input processing, API server <-> engine-core IPC,
     # bookkeeping; joined with a client, tokenization too): no one cause to name
     stages.LUMPED: INCONCLUSIVE,

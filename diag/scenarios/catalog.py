@@ -311,6 +311,15 @@ def _grammar_compile(cal: Calibration) -> Plan:
     return Plan((Phase((), (step,)),), injected={"response_format": "schema:6", "schema_properties": 30})
 
 
+def _pd_transfer(cal: Calibration) -> Plan:
+    # disaggregated prefill/decode whose link adds 4 short-prompt TTFTs to every KV transfer: each
+    # instance's own TTFT stays low, the user's holds the transfer
+    ms = 4 * cal.ttft_short_ms
+    step = ProbeStep(concurrency=2, requests=32, input_tokens="fixed:64", output_tokens="fixed:16")
+    return Plan((Phase(("--pd", "--inject", f"kv_transfer_latency_ms={ms:.3g}"), (step,)),),
+                injected={"pd": True, "kv_transfer_latency_ms": round(ms, 3)})
+
+
 def _loadgen(cal: Calibration) -> Plan:
     step = ProbeStep(concurrency=4, requests=40, input_tokens="fixed:32", output_tokens="fixed:16", starve_client=True)
     return Plan((Phase((), (step,)),), injected={"client_cpu_hog": True})
@@ -366,6 +375,12 @@ SCENARIOS: tuple[Scenario, ...] = (
              "structured output with a fresh 30-field JSON schema every six requests (the probe's --response-format "
              "schema:6) at 2 streams: each schema's first use waits for its grammar to compile, repeats hit the "
              "engine's grammar cache", _grammar_compile, fast=False),
+    Scenario("pd_transfer", "pd_transfer",
+             "disaggregated prefill/decode (--pd) whose KV transfer takes 4 short-prompt TTFTs "
+             "(--inject kv_transfer_latency_ms) at 2 streams: each side's own TTFT is low, the user's holds the "
+             "transfer; server-side only (a client sees a latency it cannot place; one transfer at a time on the link "
+             "makes a line it reads as queue)",
+             _pd_transfer, fast=False, client_only_also=frozenset({"healthy", "network", "queue"})),
 )
 
 

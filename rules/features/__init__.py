@@ -33,7 +33,8 @@ Themes (one module each; a theme is a function taking the shared
 * ``admission`` — short requests behind long prompts (head-of-line), waiting beside low KV usage (reservation);
 * ``prefix_cache`` — repeats of the probe's shared prefix: their TTFT and cached tokens, engine hit ratios.
 * ``grammar`` — structured output: a schema's first uses against its repeats, the engine's grammar waits;
-* ``lora`` — LoRA adapters: requests for an adapter not in flight against those joining theirs, deferred waits.
+* ``lora`` — LoRA adapters: all the adapters against one at the same load, requests for an adapter not in flight, deferred waits;
+* ``pd`` — disaggregated prefill/decode: the KV transfer and the decode side's admission as shares of TTFT.
 
 Parameters (``tail_quantile``, ``min_fit_requests``, …) are the ``[features]`` table of
 ``rules/defaults.toml`` (read through :mod:`rules.config`), overridden by ``params``.
@@ -54,6 +55,7 @@ from rules.features import floor
 from rules.features import loop
 from rules.features import grammar
 from rules.features import lora
+from rules.features import pd
 from rules.features.catalog import CATALOG, FeatureSpec
 from rules.features.context import FeatureContext
 from rules.features.feature import Feature, Features
@@ -80,6 +82,7 @@ THEMES: tuple[Theme, ...] = (
     prefix_cache.prefix_cache,  # reads ctx.steady (the probe's prefix roles) and the series
     grammar.grammar,  # reads ctx.steady (the probe's schema roles, the engine's grammar waits)
     lora.lora,  # reads ctx.steady (the probe's LoRA roles) and the series
+    pd.pd_split,  # reads ctx.steady (the engine's prefill/decode hand-off)
     device.comm_tp,
     pipeline.pipeline,  # pipeline-parallel idle (bubble) from the engine steps' stage accounts
     itl.itl,

@@ -60,7 +60,8 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("stage_shares", "share", ("stage_shares_median", "stage_shares_tail", "stage_shares_all", "unattributed_share_tail",
                                "tokenize_share_median", "tokenize_share_tail", "queue_share_median", "queue_share_tail",
                                "prefill_share_median", "prefill_share_tail", "comm_share_median", "comm_share_tail",
-                               "sample_share_median", "sample_share_tail", "detokenize_share_median",
+                               "sample_share_median", "sample_share_tail",
+                               "kv_transfer_share_median", "kv_transfer_share_tail", "detokenize_share_median",
                                "detokenize_share_tail", "lumped_share_median", "lumped_share_tail",
                                "network_share_median", "network_share_tail")),
     ("stage_shares", "s", ("stage_tail_mean_s",)),
@@ -132,6 +133,12 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
                           "grammar_wait_share_of_ttft",
                           "grammar_wait_share_of_ttft_tail")),
     ("grammar", "requests", ("schema_first_n", "schema_repeat_n", "schema_concurrent_n", "grammar_requests_n")),
+    # pd (rules/features/pd.py): disaggregated prefill/decode, the hand-off between the two sides
+    ("pd", "share", ("pd_transfer_share", "pd_transfer_share_tail", "pd_decode_queue_share",
+                     "pd_decode_queue_share_tail", "pd_admission_share")),
+    ("pd", "s", ("pd_prefill_ttft_p50_s", "pd_decode_ttft_p50_s", "pd_transfer_p50_s")),
+    ("pd", "requests", ("pd_requests_n",)),
+    ("pd", "x", ("pd_transfer_vs_prefill_x",)),
     # lora (rules/features/lora.py): LoRA adapter slots, deferred waits
     ("lora", "s", ("lora_other_ttft_p50_s", "lora_joins_ttft_p50_s")),
     ("lora", "x", ("lora_other_ttft_x", "lora_mix_ttft_x")),

@@ -20,6 +20,7 @@ SHARE_NAMES: dict[str, tuple[str, str]] = {
     stages.PREFILL: ("prefill_share_median", "prefill_share_tail"),
     stages.COMM: ("comm_share_median", "comm_share_tail"),
     stages.SAMPLE: ("sample_share_median", "sample_share_tail"),
+    stages.KV_TRANSFER: ("kv_transfer_share_median", "kv_transfer_share_tail"),
     stages.DETOKENIZE: ("detokenize_share_median", "detokenize_share_tail"),
     stages.LUMPED: ("lumped_share_median", "lumped_share_tail"),
     stages.NETWORK: ("network_share_median", "network_share_tail"),

@@ -1,0 +1,66 @@
+"""Theme: disaggregated prefill/decode. The prefill side computes the prompt's KV and the first
+token, the KV moves to the decode side (``kv_transfer``), which admits the request (its own queue:
+blocks and a running place) before the first token reaches the user. Each side's own TTFT looks
+low; the user's is their sum.
+
+From request spans (the bundled engine under ``ttft serve --pd``: ``ttft.pd.*`` on the request
+root, the ``kv_transfer`` stage span, the decode side's ``queue`` span):
+
+* ``pd_requests_n`` (requests): steady requests served disaggregated;
+* ``pd_transfer_share`` / ``pd_transfer_share_tail`` (share): KV-transfer seconds over TTFT, over
+  all of them and over the slowest ``tail_quantile``;
+* ``pd_decode_queue_share`` / ``pd_decode_queue_share_tail`` (share): the decode side's queue (KV
+  received to first token back) over TTFT; ``pd_admission_share`` (share): of TTFT, the part of that
+  queue spent waiting for the decode side's blocks and a running place;
+* ``pd_prefill_ttft_p50_s`` / ``pd_decode_ttft_p50_s`` (s): each side's own TTFT, as each instance
+  would report it; ``pd_transfer_p50_s`` (s); ``pd_transfer_vs_prefill_x`` (x): the transfer's
+  median over the prefill stage's, what moving the KV costs against computing it.
+
+Runs on the feature computation's thread, on the shared :class:`~rules.features.context.FeatureContext`.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from diag import stages
+from rules.features.context import FeatureContext
+from rules.features.numeric import num_col
+
+NAMES = ("pd_transfer_share", "pd_transfer_share_tail", "pd_decode_queue_share", "pd_decode_queue_share_tail",
+         "pd_admission_share", "pd_prefill_ttft_p50_s", "pd_decode_ttft_p50_s", "pd_transfer_p50_s",
+         "pd_transfer_vs_prefill_x")
+SOURCE = "request spans (ttft.pd.*, kv_transfer)"
+
+
+def pd_split(ctx: FeatureContext) -> None:
+    """``pd_*``: the hand-off between the prefill and decode sides, as shares of TTFT."""
+    st = ctx.steady if ctx.steady is not None else pd.DataFrame()
+    col = stages.stage_column(stages.KV_TRANSFER)
+    has = num_col(st, "pd_decode_ttft_s").notna() if len(st) and "pd_decode_ttft_s" in st.columns \
+        else pd.Series(False, index=st.index)
+    ctx.add("pd_requests_n", float(has.sum()), source=SOURCE)
+    g = st.loc[has]
+    ttft = num_col(g, "ttft_s")
+    ok = ttft.notna() & (ttft > 0)
+    if ok.sum() < 3:
+        ctx.na(NAMES, "no disaggregated prefill/decode in the request spans (ttft.pd.*): a single engine, or one "
+                      "that does not report its hand-off" if not has.any() else
+               "fewer than 3 completed disaggregated requests")
+        return
+    g, t = g.loc[ok], ttft[ok]
+    tail = t >= t.quantile(float(ctx.params["tail_quantile"]))
+    for name, part in (("pd_transfer_share", num_col(g, col)), ("pd_decode_queue_share", num_col(g, "pd_decode_queue_s"))):
+        part = part.fillna(0.0).clip(lower=0.0)
+        ctx.add(name, float(part.sum() / t.sum()), source=SOURCE)
+        ctx.add(name + "_tail", float(part[tail].sum() / t[tail].sum()), source=SOURCE)
+    ctx.add("pd_admission_share", float(num_col(g, "pd_admission_wait_s").fillna(0.0).sum() / t.sum()), source=SOURCE)
+    for name, c in (("pd_prefill_ttft_p50_s", "pd_prefill_ttft_s"), ("pd_decode_ttft_p50_s", "pd_decode_ttft_s"),
+                    ("pd_transfer_p50_s", col)):
+        v = num_col(g, c).dropna()
+        ctx.add(name, float(v.median()) if len(v) else None, None if len(v) else f"no {c} on the requests",
+                source=SOURCE)
+    transfer, prefill = num_col(g, col).dropna(), num_col(g, stages.stage_column(stages.PREFILL)).dropna()
+    ok = len(transfer) and len(prefill) and float(prefill.median()) > 0
+    ctx.add("pd_transfer_vs_prefill_x", float(transfer.median() / prefill.median()) if ok else None,
+            None if ok else "no prefill or transfer span to compare", source=SOURCE)

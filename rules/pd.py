@@ -1,0 +1,74 @@
+"""The rule ``pd_transfer``: under disaggregated prefill/decode, the hand-off between the two sides
+holds TTFT: the prompt's KV moving from the prefill instance to the decode instance, or the decode
+instance admitting it (its KV pool or running cap full).
+
+Each instance reports a low TTFT of its own (vLLM's and SGLang's per-instance metrics); the user's
+TTFT is the prefill side's, the transfer and the decode side's admission in a row. Read from the
+request spans that split them (the bundled engine's ``ttft serve --pd``: :mod:`rules.features.pd`);
+without them the rule is skipped. A client alone sees only TTFT.
+"""
+
+from __future__ import annotations
+
+from rules.base import Outcome, RuleContext, Triage, finding, rule
+from rules.overrides import PD_ADMISSION_ROW
+
+TRANSFER_CHECKS = [
+    "the link between the prefill and decode instances: its bandwidth and latency against the KV of a prompt "
+    "(vLLM's NIXL connector: vllm:nixl_xfer_time_seconds and vllm:nixl_bytes_transferred; SGLang: "
+    "kv_transfer_latency_ms); RDMA rather than TCP, the same rack or node for a pair",
+    "transfers that wait for each other: one link, one transfer at a time, or a transfer that starts only after "
+    "the whole prefill (layer-wise streaming overlaps it)",
+    "whether disaggregation pays at these prompt lengths: short prompts on a fast prefill may be quicker served "
+    "on one instance than moved",
+]
+ADMISSION_CHECKS = [
+    "the decode instance's KV pool and running cap: the requests wait there for blocks or a running place after "
+    "their KV arrived (vLLM WAITING_FOR_REMOTE_KVS, then its scheduler; SGLang's decode prealloc queue)",
+    "the prefill:decode ratio of instances: more decode capacity, or fewer prefill instances feeding it",
+    "each side's own TTFT beside the user's: a prefill instance reporting a low TTFT while users wait is this gap",
+]
+
+
+@rule("pd_transfer", "pd_transfer", needs=(("pd_transfer_share", "pd_decode_queue_share"),))
+def pd_transfer(ctx: RuleContext) -> Outcome:
+    """The KV transfer or the decode side's admission is a material share of TTFT."""
+    transfer = max(ctx.v("pd_transfer_share"), ctx.v("pd_transfer_share_tail") or 0.0)
+    admission = max(ctx.v("pd_decode_queue_share"), ctx.v("pd_decode_queue_share_tail") or 0.0)
+    t = Triage(ctx)
+    which = "transfer" if transfer >= admission else "admission"
+    if which == "transfer":
+        hit = t.crossed("KV transfer share of TTFT", transfer, "share_min", "share",
+                        "the prompt's KV moving from the prefill side to the decode side, over TTFT (all requests or "
+                        "the slowest 5%, the larger)",
+                        miss="the KV transfer is {value:.0%} of TTFT (< {threshold:.0%})")
+    else:
+        hit = t.crossed(PD_ADMISSION_ROW, admission, "share_min", "share",
+                        "from the KV's arrival on the decode side to the first token back, over TTFT (all requests "
+                        "or the slowest 5%, the larger): waiting for its blocks and a running place",
+                        miss="the decode side's admission is {value:.0%} of TTFT (< {threshold:.0%})")
+    if not hit:
+        return t.pass_reason()
+    if which == "transfer" and not t.crossed(
+            "KV transfer / prefill (p50)", ctx.v("pd_transfer_vs_prefill_x"), "transfer_vs_prefill_min", "x",
+            "moving the prompt's KV against computing it: a transfer well under its prefill is the cost of "
+            "disaggregating, not a wait", miss="the transfer takes {value:.2f}x its prefill (< {threshold:.2f}x): the "
+            "cost of moving the KV, small beside computing it"):
+        return t.pass_reason()
+    for name, key, meaning in (
+        ("prefill instance's own TTFT (p50)", "pd_prefill_ttft_p50_s", "what the prefill instance reports"),
+        ("decode instance's own TTFT (p50)", "pd_decode_ttft_p50_s", "hand-off to first token: transfer, admission"),
+        ("KV transfer (p50)", "pd_transfer_p50_s", "per request"),
+        ("waiting for decode-side blocks or a running place", "pd_admission_share", "share of TTFT"),
+    ):
+        v = ctx.v(key)
+        if v is not None:
+            t.context(name, v, ctx.features.get(key).unit, meaning)
+    share = ctx.v("pd_transfer_share") if which == "transfer" else ctx.v("pd_decode_queue_share")
+    s, pct = ctx.explained(transfer if which == "transfer" else admission)
+    title = ("Disaggregated prefill/decode: the KV transfer between the instances holds TTFT" if which == "transfer"
+             else "Disaggregated prefill/decode: the decode instance admits requests late (its KV pool or running cap)")
+    return finding(title, t.confidence(0.9), s, pct, t.evidence,
+                   TRANSFER_CHECKS if which == "transfer" else ADMISSION_CHECKS,
+                   note="server-side evidence: the engine's spans split the prefill side, the transfer and the decode "
+                   "side's admission", population_share=share)
