@@ -5,7 +5,7 @@ The Collector's ``clickhouseexporter`` writes one row per span; this module repr
 writes, so a capture loaded here and a fleet exporting through a real Collector give the same
 table. Cited from open-telemetry/opentelemetry-collector-contrib:
 
-* the DDL: ``exporter/clickhouseexporter/internal/sqltemplates/traces_table.sql`` @2bf6b9e1
+* the DDL: ``exporter/clickhouseexporter/internal/sqltemplates/traces_table.sql`` @2bf6b9e1f8c8
   (the ``bloom_filter`` branch, ``MergeTree()``, no TTL; database and table are parameters);
 * the row: ``exporter_traces.go`` (``pushTraceData``): ``Timestamp`` is the span's start,
   ``Duration`` its end minus start in ns, ids in lowercase hex, ``ServiceName`` the resource's

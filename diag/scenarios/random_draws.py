@@ -97,7 +97,7 @@ FAMILIES: tuple[str, ...] = ("healthy", "queue", "tokenize", "prefill_compute", 
 #: families added after draws of the others were measured: a draw becomes one of these on a key of
 #: its own (:func:`added_family`), with the chance a uniform pick over all families would give, so
 #: every other draw of every seed stays what it was
-ADDED_FAMILIES: tuple[str, ...] = ("engine_overhead", "grammar_compile")
+ADDED_FAMILIES: tuple[str, ...] = ("engine_overhead", "grammar_compile", "pd_transfer")
 #: every family a main-space draw can have
 ALL_FAMILIES: tuple[str, ...] = FAMILIES + ADDED_FAMILIES
 KINDS = ("plain", "mix", "near-miss")
@@ -337,6 +337,13 @@ def _plain(family: str, r: random.Random, p: dict[str, Any]) -> None:
         p.update(concurrency=c, design=r.choice(("closed", "open")), input_tokens=min(p["input_tokens"], 192),
                  output_tokens=r.randint(8, 32), schema_properties=int(_logu(r, 20, 60)),
                  response_format=f"schema:{group}", requests=group * r.randint(3, 5))
+    elif family == "pd_transfer":
+        # disaggregated prefill/decode (--pd) whose link adds 2.5..8 short-prompt TTFTs to every KV
+        # transfer (--inject kv_transfer_latency_ms); not chunked (the prefill side's policy is its own)
+        f["transfer_x"] = _logu(r, 2.5, 8.0)
+        p.update(pd=True, policy=r.choice(("prefill-first", "decode-first")), concurrency=r.randint(1, 3),
+                 design=r.choice(("closed", "open")), input_tokens=min(p["input_tokens"], 256),
+                 output_tokens=r.randint(8, 32), requests=r.randint(24, 40))
     elif family == "loadgen":
         p.update(starve_client=True, concurrency=r.randint(3, 8), design=r.choice(("closed", "open")),
                  requests=r.randint(30, 48), input_tokens=r.randint(16, 64), output_tokens=r.randint(8, 24),
@@ -384,6 +391,9 @@ def _near_miss(family: str, r: random.Random, p: dict[str, Any]) -> None:
     elif family == "engine_overhead":
         f.clear()
         f["stall_steps"] = r.uniform(0.03, 0.1)  # a loop whose own work is a few % of a step
+    elif family == "pd_transfer":
+        f.clear()  # the same disaggregated engine on its own link: a transfer of a few ms
+        p.update(pd=True, policy=r.choice(("prefill-first", "decode-first")))
     elif family == "grammar_compile":
         p.update(response_format="schema:repeat")  # the same schema throughout: compiled in the warm-up, cached
     elif family == "kv_reservation":

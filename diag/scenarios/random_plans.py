@@ -121,6 +121,8 @@ def faults_ms(d: Draw, cal: Calibration) -> dict[str, float]:
         out["frontend_workers"] = float(f["frontend_workers"])
     if "stall_steps" in f:
         out["scheduler_stall_ms"] = f["stall_steps"] * cal.decode_step_ms
+    if "transfer_x" in f:
+        out["kv_transfer_latency_ms"] = f["transfer_x"] * cal.ttft_short_ms
     if d.kind == "mix":
         share_ms = p["mix_share"] * dominant_cost_ms(d, cal)
         if p["mix_second"] == "tokenize":
@@ -152,6 +154,8 @@ def serve_args(d: Draw, cal: Calibration) -> list[str]:
         args.append("--enable-prefix-caching")
     if "pp" in p:
         args += ["--pp", str(p["pp"])]
+    if p.get("pd"):
+        args.append("--pd")
     for k, v in faults_ms(d, cal).items():
         if k != "collective_latency_ms":
             args += ["--inject", f"{k}={v:.4g}"]
@@ -247,7 +251,7 @@ def build_plan(d: Draw, cal: Calibration) -> Plan:
                f"tpot_p99={_ms(p['tpot_steps'] * cal.decode_step_ms)}")
     elif d.family in ("queue", "kv_cache", "cold_start", "loadgen", "prefill_compute", "tokenize", "network",
                       "frontend", "pipeline_bubble", "prefix_cache", "head_of_line", "kv_reservation",
-                      "engine_overhead", "grammar_compile") \
+                      "engine_overhead", "grammar_compile", "pd_transfer") \
             and d.kind != "near-miss":
         slo = None  # the cause is the answer whatever the users hold, as in the catalogue
     if not p.get("slo_given", True):

@@ -58,7 +58,11 @@ CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"}),
                                                # a step loop idle between steps: a client sees slower
                                                # tokens and TTFT, as a slower device gives (catalogue:
                                                # Scenario.client_only_also)
-                                               "engine_overhead": frozenset({"healthy"})}
+                                               "engine_overhead": frozenset({"healthy"}),
+                                               # the hand-off between prefill and decode instances: a client
+                                               # sees a latency it cannot place, and one transfer at a time
+                                               # on the link a line (catalogue: Scenario.client_only_also)
+                                               "pd_transfer": frozenset({"healthy", "network", "queue"})}
 
 
 def scored_right(category: str, truth: str, mode: str) -> bool:

@@ -65,7 +65,7 @@ def test_every_draws_plan_is_valid_for_the_engine_and_fits_its_context(machine):
                 a = parser.parse_args(list(phase.serve_args))
                 cfg = EngineConfig(tp=a.tp, policy=a.policy, chunk_size=a.chunk_size, kv_blocks=a.kv_blocks,
                                    block_size=a.block_size, max_running=a.max_running, faults=parse_injections(a.inject),
-                                   lazy_load=a.lazy_load, http_keepalive_s=a.keepalive_timeout)
+                                   lazy_load=a.lazy_load, http_keepalive_s=a.keepalive_timeout, pd=a.pd)
                 cfg.validate()
                 for step in phase.steps:
                     longest = max(_tokens(step))
@@ -284,7 +284,10 @@ def test_the_ci_seeds_draws_are_the_ones_it_always_ran():
              ("kv_cache", "plain"), ("queue", "plain"), ("network", "near-miss"), ("prefix_cache", "plain")]
     taken = [i for i, (g, f) in enumerate(zip(got, fixed)) if g != f]
     assert all(got[i][0] in ADDED_FAMILIES for i in taken)
-    assert taken == [4, 8]  # engine_overhead took these two (its own key: 2 of 12 by chance)
+    # engine_overhead took 4 and 8, pd_transfer 7, 9 and 10 (each on its own key, by chance)
+    assert taken == [4, 7, 8, 9, 10]
+    assert [got[i][0] for i in taken] == ["engine_overhead", "pd_transfer", "engine_overhead", "pd_transfer",
+                                          "pd_transfer"]
     assert all(d.space == "main" and d.name.startswith("r") for d in draws(20261201, 12))
 
 
