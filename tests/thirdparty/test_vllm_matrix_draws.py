@@ -59,9 +59,22 @@ def test_each_family_is_sized_to_make_its_truth(seed: int) -> None:
             assert long_tokens >= 10 * d.input_tokens and d.concurrency >= 3 and d.requests >= 8 * every
             assert f"--inject-long {d.inject_long}" in " ".join(d.probe_args()) and d.prompt_range()[1] == long_tokens
             assert f"--input-tokens {d.input_tokens} " in " ".join(d.probe_args())  # the short prompts
+        elif d.family == "grammar_compile":  # groups of R uses per fresh schema, R above twice the streams
+            fresh = d.response_format != "schema:repeat"
+            assert d.expected == ("grammar_compile" if fresh else "healthy") and not d.server_args
+            if fresh:
+                group = int(d.response_format.split(":")[1])
+                assert group >= 2 * d.concurrency + 2 and d.requests >= 4 * group and d.schema_properties >= 80
+            assert "--response-format" in d.probe_args() and ("response_format=schema" in d.diagnose_args()[-3])
+            assert (d.diagnosable() is None) == fresh  # --workload cannot say the users send one schema
+        elif d.family == "lora_adapters":  # more adapters than slots, or as many slots as adapters
+            slots = _arg(d, "--max-loras")
+            assert d.expected == ("lora_adapters" if slots < d.lora_adapters else "healthy")
+            assert d.lora_adapters >= 3 and slots in (1, d.lora_adapters) and d.concurrency >= 4
+            assert "--lora" in d.probe_args() and d.diagnose_args()[-1].endswith("+".join(d.adapter_names()))
         else:
             assert d.expected == "healthy" and not d.server_args and d.concurrency <= 2 and d.input_tokens <= 192
-        if d.family != "prefix_cache":
+        if d.family not in ("prefix_cache", "grammar_compile", "lora_adapters"):
             assert d.diagnosable() is None and "--max-concurrency" not in d.diagnose_args()
             lo, hi = d.prompt_range()
             assert d.diagnose_args()[-1] == f"prompt_tokens={lo}-{hi},concurrency={d.concurrency}"

@@ -262,7 +262,8 @@ def draw(seed: int, index: int, families: Sequence[str] = FAMILIES) -> VLLMDraw:
         fields = int(g.integers(80, 161))
         fresh = bool(g.integers(0, 2))
         return VLLMDraw(**s, expected="grammar_compile" if fresh else "healthy", server_args=(), max_model_len=2048,
-                        concurrency=c, requests=group * int(g.integers(4, 7)), input_tokens=int(g.integers(16, 129)),
+                        concurrency=c, requests=max(MIN_REQUESTS, group * int(g.integers(4, 7))),
+                        input_tokens=int(g.integers(16, 129)),
                         output_tokens=int(g.integers(8, 33)),
                         response_format=f"schema:{group}" if fresh else "schema:repeat", schema_properties=fields,
                         why=(f"a fresh {fields}-field schema every {group} requests at {c} stream(s): each first use "
