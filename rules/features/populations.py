@@ -162,20 +162,21 @@ def designed_apart(ctx: FeatureContext) -> None:
     """Move ttft diagnose's designed experiments from ``ctx.steady``: the long ramp (segments
     ``long=N``) to ``ctx.long_ramp``, its longer answers (``longout=N``) to ``ctx.long_out``, the mixed
     follow-up (``mixed=N``) to ``ctx.mixed``, the grammar and LoRA follow-ups (``grammar=R``, ``lora=C``)
-    to ``ctx.grammar_design`` and ``ctx.lora_design`` (unless that design is all the capture holds: a
-    probe of it alone). They send what the users may never send (or at a load of their own); each is
+    to ``ctx.grammar_design`` and ``ctx.lora_design`` (unless no other labelled segment is beside it:
+    a probe of that design alone). They send what the users may never send (or at a load of their own); each is
     read by its own features only."""
     st = ctx.steady
     if len(st) == 0 or "segment" not in st.columns:
         return
     seg = st["segment"].astype(str)
+    labelled = st["segment"].notna()
     keep = pd.Series(True, index=st.index)
     for attr, name in (("long_ramp", stages.SEGMENT_LONG_RAMP), ("long_out", stages.SEGMENT_LONG_OUT),
                        ("mixed", stages.SEGMENT_MIXED), ("grammar_design", stages.SEGMENT_GRAMMAR),
                        ("lora_design", stages.SEGMENT_LORA)):
         mine = seg.str.startswith(name + "=")
-        if attr in ("grammar_design", "lora_design") and (keep & ~mine).sum() == 0:
-            continue  # a probe of that design alone (ttft probe --lora): it is the steady population
+        if attr in ("grammar_design", "lora_design") and not (labelled & ~mine).any():
+            continue  # no other experiment beside it (ttft probe --lora alone): it is the steady population
         if mine.any():
             setattr(ctx, attr, st.loc[mine].reset_index(drop=True))
             keep &= ~mine
