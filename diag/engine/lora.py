@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from diag.engine.model import ModelConfig
 
@@ -111,8 +113,6 @@ def check_adapter(path: str | Path, cfg: ModelConfig, max_rank: int) -> AdapterI
     """Read ``path``'s config and safetensors header; LoraError (one line) when it is not a LoRA
     adapter this model can serve: rank above ``max_rank``, DoRA, per-module ranks, a module other than
     :data:`TARGETS`, a layer the model lacks, or a tensor of the wrong shape."""
-    from safetensors import safe_open
-
     p = Path(path)
     cfg_path, w_path = p / ADAPTER_CONFIG, p / ADAPTER_WEIGHTS
     if not cfg_path.is_file() or not w_path.is_file():
@@ -221,8 +221,6 @@ def pack(tensors: Mapping[str, torch.Tensor], info: AdapterInfo, cfg: ModelConfi
 
 def read_adapter(info: AdapterInfo, cfg: ModelConfig, max_rank: int) -> PackedAdapter:
     """Read the adapter's tensors from disk and pack them (the disk part of a slot load)."""
-    from safetensors.torch import load_file
-
     try:
         tensors = load_file(str(info.path / ADAPTER_WEIGHTS))
     except Exception as exc:  # a file changed or vanished since the engine started
@@ -234,8 +232,6 @@ def write_adapter(path: str | Path, cfg: ModelConfig, rank: int = 8, seed: int =
                   targets: tuple[str, ...] = TARGETS, b_std: float = 0.04) -> Path:
     """Write a peft-format adapter for ``cfg`` with random rank-``rank`` ``A`` (std 1/sqrt(in)) and
     ``B`` (std ``b_std``) on ``targets`` of every layer, seeded; ``lora_alpha`` defaults to ``2 * rank``."""
-    from safetensors.torch import save_file
-
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
@@ -259,8 +255,6 @@ def merged_state_dict(base: Mapping[str, torch.Tensor], path: str | Path, cfg: M
                       max_rank: int = 1 << 16) -> dict[str, torch.Tensor]:
     """The base weights with the adapter merged in (``W + scale * B @ A`` per target): the reference a
     LoRA forward must equal."""
-    from safetensors.torch import load_file
-
     info = check_adapter(path, cfg, max_rank)
     tensors = load_file(str(Path(path) / ADAPTER_WEIGHTS))
     sd = dict(base)
