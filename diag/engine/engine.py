@@ -692,7 +692,7 @@ class Engine:
         m.waiting.set(waiting)
         m.set_waiting_by_reason(sched.waiting_reasons if sched.waiting else {}, max(0, waiting - deferred), deferred)
         if self.lora is not None:
-            m.set_lora_info(self.lora.max_loras, [a for a in sched.running_loras()],
+            m.set_lora_info(self.lora.max_loras, list(sched.running_loras()),
                             sorted({q.lora for q in sched.waiting if q.lora is not None}))
         pc = self.blocks.prefix_cache
         if pc is not None and (pc.queries_tokens, pc.hits_tokens) != self._prefix_exported:

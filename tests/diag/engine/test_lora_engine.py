@@ -175,3 +175,19 @@ def test_the_load_fault_lengthens_every_load_inside_prefill():
         assert eng.config.as_meta()["faults"] == {"lora_load_ms": 80.0}
     finally:
         eng.shutdown()
+
+
+def test_an_adapter_that_cannot_be_read_fails_its_requests_alone(tmp_path):
+    from diag.engine.lora import ADAPTER_WEIGHTS
+
+    path = write_adapter(tmp_path / "gone", TINY, rank=4, seed=1)
+    eng = build_engine(model="tiny", lora_modules=(f"gone={path}", "ok"), max_loras=2, warmup=False)
+    try:
+        (path / ADAPTER_WEIGHTS).unlink()  # checked at start, gone by its first load
+        bad, good, base = _submit(eng, "gone"), _submit(eng, "ok"), _submit(eng, None)
+        last = list(bad)[-1]
+        assert last.finish_reason == "error" and last.error_status == 500 and "'gone' failed to load" in last.error
+        assert len(_tokens(good)) == 8 and len(_tokens(base)) == 8
+        assert eng.stats()["kv_free_blocks"] == eng.stats()["kv_total_blocks"]
+    finally:
+        eng.shutdown()
