@@ -199,6 +199,19 @@ ATTR_GRAMMAR_CACHE_HIT = "ttft.grammar.cache_hit"
 ATTR_GRAMMAR_WAIT_S = "ttft.grammar.wait_s"
 ATTR_STEP_WAITING_GRAMMAR = "ttft.step.waiting_grammar"
 
+#: LoRA adapters (bundled engine, diag.engine.lora_manager). On a request root: the adapter it asked
+#: for (its ``model``; absent for a base-model request), the seconds it was passed over waiting for an
+#: adapter slot (inside ``queue``; 0 when it never waited) and the seconds of its adapter's load into a
+#: slot when its admission needed one (inside ``prefill``: the load runs in the step before the forward;
+#: 0 when the adapter was in a slot already). On SPAN_ENGINE_STEP: requests still waiting for a slot
+#: after the plan, distinct adapters in the step's batch, and seconds the step spent loading adapters
+ATTR_LORA_NAME = "ttft.lora.name"
+ATTR_LORA_WAIT_S = "ttft.lora.wait_s"
+ATTR_LORA_LOAD_S = "ttft.lora.load_s"
+ATTR_STEP_WAITING_LORA = "ttft.step.waiting_lora"
+ATTR_STEP_LORAS = "ttft.step.loras"
+ATTR_STEP_LORA_LOAD_S = "ttft.step.lora_load_s"
+
 #: disaggregated prefill/decode (bundled engine, diag.engine.pd). On a request root: served by a
 #: prefill side and a decode worker (bool), the KV bytes sent for it, the seconds of its
 #: ``kv_transfer`` span, the seconds of its decode-side ``queue`` span (KV received -> first token

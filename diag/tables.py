@@ -11,11 +11,14 @@ itl_mean_s, tpot_s, n_token_times, has_server, has_client, engine``; and, from d
 prefill/decode request roots (NaN otherwise), ``pd_kv_bytes``, ``pd_decode_queue_s`` (the part of
 ``queue_s`` spent on the decode side: KV received -> first token back), ``pd_admission_wait_s`` (of
 that, the wait for the decode side's blocks and a running place), ``pd_prefill_ttft_s`` and
-``pd_decode_ttft_s`` (each side's own TTFT).
+``pd_decode_ttft_s`` (each side's own TTFT); from requests for a LoRA adapter of the bundled engine,
+``lora_name`` (None for a base-model request), ``lora_wait_s`` (the part of ``queue_s`` spent waiting
+for an adapter slot) and ``lora_load_s`` (its adapter's load, inside ``prefill_s``).
 ``ttft_s`` is the client's TTFT when the client side is present, else the server's.
 ``prefill_s`` is exclusive of ``comm_s`` (comm is nested in prefill), so stage shares add up.
 The step table's ``pd_side`` ("prefill" | "decode", None without P/D) tells the two step loops of a
-disaggregated engine apart.
+disaggregated engine apart; ``waiting_lora_seqs``, ``loras`` and ``lora_load_s`` hold requests waiting
+for a LoRA slot after the plan, distinct adapters in the batch and the seconds spent loading adapters.
 """
 
 from __future__ import annotations
@@ -220,6 +223,9 @@ def _server_rows(spans: pd.DataFrame) -> pd.DataFrame:
             "pd_admission_wait_s": _num(_attr(rows, stages.ATTR_PD_ADMISSION_WAIT_S)).to_numpy(),
             "pd_prefill_ttft_s": _num(_attr(rows, stages.ATTR_PD_PREFILL_TTFT_S)).to_numpy(),
             "pd_decode_ttft_s": _num(_attr(rows, stages.ATTR_PD_DECODE_TTFT_S)).to_numpy(),
+            "lora_name": _attr(rows, stages.ATTR_LORA_NAME).to_numpy(),
+            "lora_wait_s": _num(_attr(rows, stages.ATTR_LORA_WAIT_S)).to_numpy(),
+            "lora_load_s": _num(_attr(rows, stages.ATTR_LORA_LOAD_S)).to_numpy(),
         }
     )
     return out
@@ -340,13 +346,13 @@ def request_table(spans: pd.DataFrame, warnings: list[str] | None = None, notes:
                 "client_start_ns", "client_sent_ns", "input_tokens", "output_tokens", "server_e2e_s", "client_e2e_s",
                 "slot_wait_s", "preemptions", "tp_size", "client_input_tokens", "client_output_tokens",
                 "cached_tokens", "prefix_tokens", "grammar_wait_s", "pd_kv_bytes", "pd_decode_queue_s",
-                "pd_admission_wait_s", "pd_prefill_ttft_s", "pd_decode_ttft_s"):
+                "pd_admission_wait_s", "pd_prefill_ttft_s", "pd_decode_ttft_s", "lora_wait_s", "lora_load_s"):
         if col not in req.columns:
             req[col] = np.nan
         req[col] = pd.to_numeric(req[col], errors="coerce").astype("float64")
     for col in ("server_service", "client_service", "request_id", "client_request_id", "server_error", "client_error",
                 "server_segment", "client_segment", "engine", "prefix_role", "schema_role", "schema_key", "lora", "lora_role",
-                "grammar_key", "grammar_cache_hit"):
+                "grammar_key", "grammar_cache_hit", "lora_name"):
         if col not in req.columns:
             req[col] = None
     req["has_server"] = req["server_start_ns"].notna()
@@ -438,6 +444,9 @@ STEP_ATTRS = {
     "waiting_kv_seqs": stages.ATTR_STEP_WAITING_KV,
     "waiting_hol_seqs": stages.ATTR_STEP_WAITING_HOL,
     "waiting_grammar_seqs": stages.ATTR_STEP_WAITING_GRAMMAR,
+    "waiting_lora_seqs": stages.ATTR_STEP_WAITING_LORA,
+    "loras": stages.ATTR_STEP_LORAS,
+    "lora_load_s": stages.ATTR_STEP_LORA_LOAD_S,
 }
 
 

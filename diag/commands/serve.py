@@ -78,6 +78,21 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--grammar-workers", type=int, default=1, metavar="N",
                    help="threads that compile grammars; requests waiting for theirs are passed over, never "
                    "blocking others (vLLM: (cpus + 1) // 2; default 1)")
+    # LoRA adapters (diag.engine.lora_manager)
+    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME[=PATH]",
+                   help="serve LoRA adapters by name: a request whose model is NAME runs with it; PATH is a peft "
+                   "adapter directory (adapter_config.json, adapter_model.safetensors), without it a random adapter "
+                   "made from the name; loaded into a slot when first scheduled, like vLLM --enable-lora "
+                   "--lora-modules")
+    p.add_argument("--max-loras", type=int, default=None, metavar="K",
+                   help="--lora-modules: adapter slots, distinct adapters in the running batch at once; a request "
+                   "for another waits until a slot frees (default 1)")
+    p.add_argument("--max-cpu-loras", type=int, default=None, metavar="M",
+                   help="--lora-modules: adapters kept in host memory, least recently used out; others are read "
+                   "from disk when loaded into a slot (default: --max-loras)")
+    p.add_argument("--max-lora-rank", type=int, default=16, metavar="R",
+                   help="--lora-modules: the largest adapter rank served; a larger one is refused at start "
+                   "(default 16)")
     p.add_argument(
         "--inject",
         action="append",
@@ -138,9 +153,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"ttft serve: error: --port must be in 0..65535, got {args.port}", file=sys.stderr)
         return 2
     from diag.engine import CheckpointError, EngineConfig, serve
+    from diag.engine.lora import parse_lora_module
     from diag.engine.tokenizer import TokenizerError
     from diag.engine.tp import TPError
 
+    try:
+        lora_modules = tuple(parse_lora_module(m) for m in args.lora_modules)
+    except ValueError as exc:
+        print(f"ttft serve: error: {exc}", file=sys.stderr)
+        return 2
     config = EngineConfig(
         model=args.model,
         device=args.device,
@@ -173,6 +194,10 @@ def run(args: argparse.Namespace) -> int:
         pd=args.pd,
         pd_decode_kv_blocks=args.pd_decode_kv_blocks,
         pd_decode_max_running=args.pd_decode_max_running,
+        lora_modules=lora_modules,
+        max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
+        max_lora_rank=args.max_lora_rank,
     )
 
     def ready(srv: object) -> None:
@@ -181,7 +206,9 @@ def run(args: argparse.Namespace) -> int:
         assert isinstance(srv, ServerThread)
         print(
             f"ttft serve: listening on {srv.url} (model={srv.engine.model_name}, device={config.device}, tp={config.tp}"
-            + (", pd)" if config.pd else ")"),
+            + (", pd" if config.pd else "")
+            + (f", lora={','.join(m.name for m in config.lora_modules)} in {config.lora_slots()} "
+               f"slot{'s' if config.lora_slots() != 1 else ''}" if config.lora_modules else "") + ")",
             flush=True,
         )
         if srv.engine.max_context_tokens < config.max_context:

@@ -1,5 +1,6 @@
 """What an engine is built from: :class:`EngineConfig` (sizes in tokens and blocks, the scheduler's
-policy, faults, the grammar cache, the HTTP front end's limits). A frozen value, safe to share between threads."""
+policy, faults, the grammar cache, LoRA adapters, the HTTP front end's limits). A frozen value, safe to
+share between threads."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import torch
 
 from diag.engine.faults import FaultConfig
+from diag.engine.lora import LoraModule, parse_lora_module
 from diag.engine.model import ModelSpec
 from diag.engine.scheduler import SchedulerConfig
 
@@ -81,6 +83,21 @@ class EngineConfig:
     pd_decode_kv_blocks: int | None = None
     #: the decode worker's running cap (None = max_running)
     pd_decode_max_running: int | None = None
+    # -- LoRA adapters (diag.engine.lora_manager; vLLM's --enable-lora --lora-modules --max-loras ...) --
+    #: adapters served by name (a request whose ``model`` is the name uses it); none = no LoRA
+    lora_modules: tuple[LoraModule, ...] = ()
+    #: adapter slots: distinct adapters in the running batch at once (None = 1 with adapters)
+    max_loras: int | None = None
+    #: adapters kept in host memory, least recently used out; others are read from disk on load
+    #: (None = max_loras, as vLLM's --max-cpu-loras)
+    max_cpu_loras: int | None = None
+    #: the largest adapter rank served; every slot is this rank (vLLM's --max-lora-rank)
+    max_lora_rank: int = 16
+
+    def __post_init__(self) -> None:
+        """``lora_modules`` may be given as ``NAME[=PATH]`` strings (LoraError on a bad one)."""
+        mods = tuple(m if isinstance(m, LoraModule) else parse_lora_module(m) for m in self.lora_modules)
+        object.__setattr__(self, "lora_modules", mods)
 
     def model_spec(self) -> ModelSpec:
         dtype = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
@@ -110,6 +127,7 @@ class EngineConfig:
             raise ValueError(f"--grammar-cache-size must be >= 0 and --grammar-workers >= 1, got "
                              f"{self.grammar_cache_size} and {self.grammar_workers}")
         self._validate_pd()
+        self._validate_lora()
         if self.http_keepalive_s is not None and not self.http_keepalive_s > 0:
             raise ValueError(f"--keepalive-timeout must be > 0 seconds, got {self.http_keepalive_s:g}")
         self.scheduler_config(4096).validate()
@@ -130,6 +148,39 @@ class EngineConfig:
             raise ValueError(f"--pd-decode-kv-blocks and --pd-decode-max-running must be >= 1, got "
                              f"{self.pd_decode_kv_blocks} and {self.pd_decode_max_running}")
 
+    def _validate_lora(self) -> None:
+        if not self.lora_modules:
+            if self.max_loras is not None or self.max_cpu_loras is not None:
+                raise ValueError("--max-loras and --max-cpu-loras need --lora-modules")
+            if self.faults.lora_load_ms:
+                raise ValueError("--inject lora_load_ms needs --lora-modules (no adapter is loaded without it)")
+            return
+        names = [m.name for m in self.lora_modules]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"--lora-modules: adapter {dup[0]!r} is named twice")
+        base = {self.served_model_name or self.model_spec().resolve_config().name, self.model}
+        clash = sorted(base & set(names))
+        if clash:
+            raise ValueError(f"--lora-modules: adapter {clash[0]!r} has the base model's name")
+        if self.tp > 1 or self.pp > 1 or self.pd:
+            which = f"--tp {self.tp}" if self.tp > 1 else (f"--pp {self.pp}" if self.pp > 1 else "--pd")
+            raise ValueError(f"--lora-modules with {which}: the bundled engine serves LoRA adapters on one "
+                             "process only")
+        if self.lora_slots() < 1 or self.max_lora_rank < 1:
+            raise ValueError(f"--max-loras and --max-lora-rank must be >= 1, got {self.lora_slots()} and "
+                             f"{self.max_lora_rank}")
+        if self.lora_host_slots() < self.lora_slots():
+            raise ValueError(f"--max-cpu-loras ({self.lora_host_slots()}) must be >= --max-loras ({self.lora_slots()})")
+
+    def lora_slots(self) -> int:
+        """Adapter slots (``--max-loras``; 1 when adapters are given without it)."""
+        return self.max_loras if self.max_loras is not None else 1
+
+    def lora_host_slots(self) -> int:
+        """Adapters kept in host memory (``--max-cpu-loras``; ``--max-loras`` without it)."""
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.lora_slots()
+
     def pd_decode_blocks(self) -> int:
         """The decode worker's KV-cache blocks (``--pd``)."""
         return self.pd_decode_kv_blocks if self.pd_decode_kv_blocks is not None else self.num_kv_blocks()
@@ -145,6 +196,7 @@ class EngineConfig:
             admission=self.admission,
             max_partial_prefills=self.max_partial_prefills,
             kv_admission=self.kv_admission,
+            max_loras=self.lora_slots() if self.lora_modules else None,
         )
 
     def context_tokens(self, model_max_position: int) -> int:

@@ -17,6 +17,14 @@ Threading contract:
   ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``; ``ttft.grammar.*`` on the request span say how long
   and whether it was a hit. Its tokens are sampled under the grammar's masks; a failed compile
   ends that request alone with a 400-style error event.
+- A request for a LoRA adapter (``submit(lora=...)``, a ``model`` naming one of ``--lora-modules``)
+  runs with it. The scheduler holds at most ``max_loras`` adapters in the running batch and passes
+  a request for another over while they are taken; its ``queue`` span covers that wait, and
+  ``ttft.lora.wait_s`` says how long it was (from the first plan that found it waiting for a slot to
+  the first that did not, to the step). Before a step's forward the loop puts the step's adapters in
+  slots (:class:`~diag.engine.lora_manager.LoraManager`: a copy from host memory, or a read from disk
+  first); that load runs inside the step and the ``prefill`` of the requests whose admission needed
+  it (``ttft.lora.load_s``).
 - With ``pd`` (disaggregated prefill/decode, :mod:`diag.engine.pd`) this engine is the prefill
   side: once a request's first token is sampled, the loop copies its KV out, frees its blocks
   and hands it to the :class:`~diag.engine.pd.DecodeLink`, whose threads own it from then on
@@ -50,6 +58,9 @@ from diag.engine.faults import sleep_ms
 from diag.engine.grammar import GrammarMatcher, GrammarSource, TokenVocab
 from diag.engine.grammar_cache import GrammarCache, GrammarTicket
 from diag.engine.kv_cache import BlockManager, blocks_needed, position_slots
+from diag.engine.lora import LoraError
+from diag.engine.lora_manager import LoraLoad, LoraManager
+from diag.engine.lora_slots import LoraSlots
 from diag.engine.metrics import EngineMetrics
 from diag.engine.outputs import (EngineStoppedError, EventCallback, QueueFullError, SubmitResult, SyncEventStream,
                                  TokenEvent)
@@ -66,6 +77,7 @@ from diag.engine.scheduler import (
     WAIT_GRAMMAR,
     WAIT_HEAD_OF_LINE,
     WAIT_KV_BLOCKS,
+    WAIT_LORA,
 )
 from diag.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from diag.engine.tp import CacheSpec, ModelRunner, make_runner
@@ -94,6 +106,9 @@ class _Request:
     last_token_ns: int | None = None
     grammar: GrammarTicket | None = None  # a response_format's grammar (None: unconstrained)
     matcher: GrammarMatcher | None = None  # set once the grammar is ready
+    lora_wait_ns: int = 0  # waits for a LoRA slot that ended (ns)
+    lora_wait_since_ns: int | None = None  # the plan that found it waiting for a slot (a wait under way)
+    lora_load_s: float = 0.0  # its adapter's loads in the steps that admitted it
 
 
 def _pipeline_attrs(pipe: Any) -> dict[str, Any]:
@@ -156,6 +171,14 @@ class Engine:
         self.grammars = GrammarCache(config.grammar_cache_size, config.grammar_workers, self._grammar_vocab,
                                      self.metrics, extra_delay_s=self.faults.grammar_compile_ms / 1000.0)
         self._grammar_waiting: dict[str, _Request] = {}  # deferred requests by id (loop thread)
+        #: LoRA adapters (``config.lora_modules``); their slots are attached once the model is built
+        self.lora: LoraManager | None = None
+        if config.lora_modules:
+            self.lora = LoraManager.from_modules(
+                config.lora_modules, self.model_config, config.lora_slots(), config.lora_host_slots(),
+                config.max_lora_rank, metrics=self.metrics, extra_delay_s=self.faults.lora_load_ms / 1000.0,
+                stop=self._stop)
+        self._lora_waiting: dict[str, _Request] = {}  # requests whose slot wait is under way (loop thread)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -210,6 +233,11 @@ class Engine:
         )
         if self.pd is not None:
             self.pd.connect()
+        if self.lora is not None:
+            model = self.runner.model
+            model.lora = LoraSlots(self.model_config, cfg.lora_slots(), cfg.max_lora_rank, model.device,
+                                   self.model_config.torch_dtype)
+            self.lora.attach(model.lora)
         t1 = time.time_ns()
         self.cold_start_s["load"] = (t1 - t0) / 1e9
         if self.tracing:
@@ -294,6 +322,8 @@ class Engine:
         for rid in list(self._requests):
             self._finish(self._requests[rid], "abort", time.time_ns(), error="shutdown")
         self.grammars.shutdown()
+        if self.lora is not None:
+            self.lora.close()
         if self.pd is not None:
             self.pd.shutdown()
         if self.runner is not None:
@@ -381,6 +411,7 @@ class Engine:
         trace_attributes: dict[str, Any] | None = None,
         max_tokens_given: bool = True,
         grammar: GrammarSource | None = None,
+        lora: str | None = None,
     ) -> SubmitResult:
         """Tokenize (on this thread) and queue one request; events go to ``on_event``.
 
@@ -390,7 +421,8 @@ class Engine:
         the request's (``kv_admission="reserve"`` then reserves up to the context limit).
         ``grammar``: the output must follow it (:func:`diag.engine.grammar.grammar_source`); its
         compile starts here unless the grammar cache holds it (``SubmitResult.grammar`` resolves
-        once it is ready, or raises GrammarError). Raises ValueError/RequestRejected (-> 400), QueueFullError (-> 503),
+        once it is ready, or raises GrammarError). ``lora``: the name of one of ``--lora-modules`` to run
+        with (None: the base model). Raises ValueError/RequestRejected (-> 400), QueueFullError (-> 503),
         EngineStoppedError (-> 503). Thread-safe.
         """
         if not self.running:
@@ -412,6 +444,8 @@ class Engine:
             }
             if self.config.pd:
                 attrs[stages.ATTR_PD_DISAGGREGATED] = True
+            if lora is not None:
+                attrs[stages.ATTR_LORA_NAME] = lora
             if trace_attributes:
                 attrs.update(trace_attributes)
             trace = self.sink.start_request(rid, model=self.model_name, attributes=attrs, traceparent=traceparent, start_ns=arrival_ns)
@@ -429,6 +463,10 @@ class Engine:
             if trace is not None:
                 trace.set_attributes({stages.GEN_AI_USAGE_INPUT_TOKENS: len(ids)})
             params.validate()
+            if lora is not None and (self.lora is None or lora not in self.lora.adapters):
+                raise RequestRejected(f"LoRA adapter {lora!r} not found"
+                                      + (f"; this server serves {', '.join(self.lora.names)}" if self.lora else
+                                         "; this server serves none (--lora-modules)"))
             self.scheduler.check_admissible(len(ids), params.max_tokens)
             if self.config.pd:
                 self._check_decode_side(len(ids), params.max_tokens, grammar)
@@ -438,6 +476,7 @@ class Engine:
                 params=params,
                 sampler=SamplerState(params, default_seed=self.config.seed * 1_000_003 + next(self._seed_counter)),
                 max_tokens_given=max_tokens_given,
+                lora=lora,
             )
             req = _Request(
                 seq=seq,
@@ -648,10 +687,13 @@ class Engine:
         m.kv_usage.set(self.blocks.usage_ratio())
         m.kv_free_blocks.set(self.blocks.num_free_blocks)
         waiting = self.num_waiting()
-        deferred = self.scheduler.num_deferred()
+        sched = self.scheduler
+        deferred = sched.num_deferred() + (sched.waiting_reasons.get(WAIT_LORA, 0) if sched.waiting else 0)
         m.waiting.set(waiting)
-        m.set_waiting_by_reason(self.scheduler.waiting_reasons if self.scheduler.waiting else {},
-                                max(0, waiting - deferred), deferred)
+        m.set_waiting_by_reason(sched.waiting_reasons if sched.waiting else {}, max(0, waiting - deferred), deferred)
+        if self.lora is not None:
+            m.set_lora_info(self.lora.max_loras, list(sched.running_loras()),
+                            sorted({q.lora for q in sched.waiting if q.lora is not None}))
         pc = self.blocks.prefix_cache
         if pc is not None and (pc.queries_tokens, pc.hits_tokens) != self._prefix_exported:
             q0, h0 = self._prefix_exported
@@ -670,6 +712,11 @@ class Engine:
             r = self._requests[seq.seq_id]
             r.requeue_ns = t_start  # text already emitted stays emitted; recompute continues
             self.metrics.preemptions.inc()
+        loads: list[LoraLoad] = []
+        if self.lora is not None:
+            self._note_lora_waits(t_start)
+            if plan.items:
+                loads = self._load_loras(plan, t_start)
         if not plan.items:
             # nothing can run (e.g. waiting for blocks that only a finishing request frees)
             self._update_gauges()
@@ -698,6 +745,7 @@ class Engine:
                     item.start_pos,
                     list(self.blocks.block_table(seq.seq_id)),
                     want_logits=item.completes,
+                    lora_slot=self.lora.slot_of(seq.lora) if self.lora is not None and seq.lora is not None else None,
                 )
             )
         logits, comm_s = self.runner.execute(inputs)
@@ -751,8 +799,61 @@ class Engine:
                     stages.ATTR_STEP_WAITING_GRAMMAR: self.scheduler.waiting_reasons.get(WAIT_GRAMMAR, 0),
                     **(_pipeline_attrs(pipe) if pipe is not None else {}),
                     **({stages.ATTR_STEP_PD_SIDE: stages.PD_SIDE_PREFILL} if self.pd is not None else {}),
+                    **(self._lora_step_attrs(plan, loads) if self.lora is not None else {}),
                 },
             )
+
+    # -- LoRA adapters (loop thread) -----------------------------------------------------------
+
+    def _note_lora_waits(self, t_plan: int) -> None:
+        """After a plan at ``t_plan`` (Unix ns): start the slot wait of requests the plan passed over
+        for a LoRA slot, end it for those it no longer does (admitted, or waiting for something else)."""
+        blocked = self.scheduler.lora_waiting
+        for rid, r in list(self._lora_waiting.items()):
+            if rid not in blocked:
+                assert r.lora_wait_since_ns is not None
+                r.lora_wait_ns += t_plan - r.lora_wait_since_ns
+                r.lora_wait_since_ns = None
+                del self._lora_waiting[rid]
+        for rid in blocked:
+            r = self._requests.get(rid)
+            if r is not None and r.lora_wait_since_ns is None:
+                r.lora_wait_since_ns = t_plan
+                self._lora_waiting[rid] = r
+
+    def _load_loras(self, plan: StepPlan, t_plan: int) -> list[LoraLoad]:
+        """Put the plan's adapters in slots before the forward; a prefill of a request whose adapter
+        was loaded counts the load as its own (``ttft.lora.load_s``). An adapter whose file cannot be
+        read ends the plan's requests for it with a 500-style error (taken out of the plan)."""
+        assert self.lora is not None
+        names = [it.seq.lora for it in plan.items if it.seq.lora is not None]
+        if not names:
+            return []
+        try:
+            loads = self.lora.activate(names, keep=self.scheduler.running_loras())
+        except LoraError as exc:
+            bad = next(n for n in dict.fromkeys(names) if n not in self.lora.in_slots())
+            log.error("LoRA adapter %r failed to load: %s", bad, _one_line(exc))
+            for it in [it for it in plan.items if it.seq.lora == bad]:
+                self._finish(self._requests[it.seq.seq_id], "error", t_plan, error="lora_load",
+                             message=f"LoRA adapter {bad!r} failed to load: {_one_line(exc)}", error_status=500)
+            plan.items = [it for it in plan.items if it.seq.lora != bad]
+            return self._load_loras(plan, t_plan) if plan.items else []
+        by_name = {ld.name: ld.seconds for ld in loads}
+        for it in plan.items:
+            lora = it.seq.lora
+            if it.is_prefill and lora in by_name:
+                r = self._requests[it.seq.seq_id]
+                if r.first_token_ns is None:
+                    r.lora_load_s += by_name[lora]
+        return loads
+
+    def _lora_step_attrs(self, plan: StepPlan, loads: list[LoraLoad]) -> dict[str, Any]:
+        return {
+            stages.ATTR_STEP_WAITING_LORA: self.scheduler.waiting_reasons.get(WAIT_LORA, 0),
+            stages.ATTR_STEP_LORAS: len({it.seq.lora for it in plan.items if it.seq.lora is not None}),
+            stages.ATTR_STEP_LORA_LOAD_S: sum(ld.seconds for ld in loads),
+        }
 
     def _handoff(self, r: _Request, tok: int, t_fwd: int, t_s0: int, t_s1: int) -> None:
         """``--pd``: the prefill side is done with ``r`` once its first token ``tok`` is sampled: record
@@ -847,6 +948,9 @@ class Engine:
         seq = r.seq
         self._requests.pop(seq.seq_id, None)
         self._grammar_waiting.pop(seq.seq_id, None)
+        if self._lora_waiting.pop(seq.seq_id, None) is not None and r.lora_wait_since_ns is not None:
+            r.lora_wait_ns += max(0, end_ns - r.lora_wait_since_ns)
+            r.lora_wait_since_ns = None
         self.scheduler.remove(seq)
         seq.finish_reason = reason
         if reason in ("stop", "length"):
@@ -869,6 +973,8 @@ class Engine:
             )
             if self.config.prefix_caching:
                 tr.set_attributes({stages.GEN_AI_USAGE_CACHED_TOKENS: seq.num_cached_tokens})
+            if seq.lora is not None:
+                tr.set_attributes({stages.ATTR_LORA_WAIT_S: r.lora_wait_ns / 1e9, stages.ATTR_LORA_LOAD_S: r.lora_load_s})
             tr.end(end_ns=end_ns, error=error)
         self._deliver(
             r,
@@ -897,8 +1003,15 @@ class Engine:
             "preemptions": self.scheduler.num_preemptions_total,
             "requests": len(self._requests),
             "waiting_grammar": self.scheduler.num_deferred(),
+            **(self._lora_stats() if self.lora is not None else {}),
             **(self._pd_stats() if self.pd is not None else {}),
         }
+
+    def _lora_stats(self) -> dict[str, Any]:
+        assert self.lora is not None
+        return {"waiting_lora": len(self.scheduler.lora_waiting), "lora_slots": self.lora.max_loras,
+                "lora_in_slots": self.lora.in_slots(), "lora_in_host": self.lora.in_host(),
+                "lora_loads": dict(self.lora.num_loads)}
 
     def _pd_stats(self) -> dict[str, Any]:
         assert self.pd is not None

@@ -25,6 +25,11 @@ Each knob adds a real delay at the place the cause would act; every measurement 
   the sending thread before the real send (a slower link; the link carries one transfer at a
   time, so transfers queue behind a slow one; moves ``kv_transfer`` and TTFT, not ``prefill``;
   see :mod:`diag.engine.pd`).
+- ``lora_load_ms``: every LoRA adapter load into a slot (``--lora-modules``) takes this much
+  longer, on the step loop before the step's forward (a slower disk or host-to-device copy, a
+  larger adapter; moves ``prefill`` of the requests whose admission loaded their adapter, as
+  ``ttft.lora.load_s``, and ``queue`` of those waiting behind the step; see
+  :mod:`diag.engine.lora_manager`).
 - ``frontend_workers``: the server's front end runs at most this many HTTP request workers and
   tokenizer threads (a saturated front end, like llama.cpp's ``--threads-http`` below its
   slots; requests wait before the engine sees them: ``ttft.frontend.*`` on the request span,
@@ -51,6 +56,7 @@ FAULTS: dict[str, tuple[float, str]] = {
     "grammar_compile_ms": (600_000.0, "ms added to every grammar compile (response_format), on its compile thread"),
     "kv_transfer_latency_ms": (60_000.0, "ms added to every --pd KV transfer (prefill side -> decode worker), on the sending thread"),
     "kv_transfer_ms_per_mb": (60_000.0, "ms per MiB of KV added to every --pd KV transfer, on the sending thread"),
+    "lora_load_ms": (600_000.0, "ms added to every LoRA adapter load into a slot (--lora-modules), on the step loop"),
     "frontend_workers": (4096.0, "HTTP workers and tokenizer threads the front end keeps at most (a whole number)"),
 }
 
@@ -72,6 +78,7 @@ class FaultConfig:
     grammar_compile_ms: float = 0.0
     kv_transfer_latency_ms: float = 0.0
     kv_transfer_ms_per_mb: float = 0.0
+    lora_load_ms: float = 0.0
     frontend_workers: float = 0.0
 
     def active(self) -> dict[str, float]:

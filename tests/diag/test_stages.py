@@ -28,3 +28,10 @@ def test_boundaries_state_start_end_and_what_they_leave_out():
     assert "cold_start" in server["excludes"] and "network" not in server["includes"]
     assert "network" in client["includes"]
     assert "role-only" in client["end"]
+
+
+def test_lora_names_are_spelled_once_under_ttft_lora_and_ttft_step():
+    assert stages.ATTR_LORA_NAME == "ttft.lora.name"
+    assert (stages.ATTR_LORA_WAIT_S, stages.ATTR_LORA_LOAD_S) == ("ttft.lora.wait_s", "ttft.lora.load_s")
+    assert (stages.ATTR_STEP_WAITING_LORA, stages.ATTR_STEP_LORAS) == ("ttft.step.waiting_lora", "ttft.step.loras")
+    assert stages.ATTR_STEP_LORA_LOAD_S == "ttft.step.lora_load_s"

@@ -97,6 +97,27 @@ def test_disaggregated_requests_split_queue_by_side_and_count_the_transfer(captu
     assert list(t.steps["pd_side"]) == ["prefill", "decode"]
 
 
+def test_lora_requests_carry_their_adapter_slot_wait_and_load(capture_dir):
+    """A request for an adapter: its slot wait (inside queue) and its adapter's load (inside prefill)."""
+    sink = setup_tracing("engine", capture_dir=capture_dir)
+    for i, (name, wait_ms, load_ms) in enumerate((("a", 0, 2), ("b", 30, 2), (None, 0, 0))):
+        attrs = {stages.ATTR_LORA_NAME: name, stages.ATTR_LORA_WAIT_S: wait_ms / 1e3,
+                 stages.ATTR_LORA_LOAD_S: load_ms / 1e3} if name else {}
+        req = sink.start_request("s", model="tiny", start_ns=T0 + i * 100 * MS, attributes=attrs)
+        req.record_stage("queue", T0 + i * 100 * MS, T0 + i * 100 * MS + (wait_ms + 1) * MS)
+        req.end(end_ns=T0 + i * 100 * MS + 50 * MS)
+    sink.record_step(T0, T0 + 4 * MS, {stages.ATTR_STEP_PREFILL_TOKENS: 32, stages.ATTR_STEP_WAITING_LORA: 1,
+                                       stages.ATTR_STEP_LORAS: 1, stages.ATTR_STEP_LORA_LOAD_S: 0.002})
+    sink.shutdown()
+    t = build_tables(load_capture(capture_dir))
+    r = t.requests.set_index("start_ns")
+    assert list(r["lora_name"].iloc[:2]) == ["a", "b"] and r["lora_name"].isna().iloc[2]
+    assert list(r["lora_wait_s"].fillna(-1)) == [0.0, pytest.approx(0.03), -1]
+    assert r["lora_load_s"].iloc[1] == pytest.approx(0.002) and r["queue_s"].iloc[1] == pytest.approx(0.031)
+    step = t.steps.iloc[0]
+    assert (step["waiting_lora_seqs"], step["loras"], step["lora_load_s"]) == (1, 1, pytest.approx(0.002))
+
+
 def _joined(tmp_path, skew_ms=0):
     client = setup_tracing("probe", capture_dir=tmp_path / "cli")
     server = setup_tracing("engine", capture_dir=tmp_path / "srv")

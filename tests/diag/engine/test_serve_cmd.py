@@ -46,6 +46,10 @@ def test_defaults_and_flags():
     assert not d.pd and d.pd_decode_kv_blocks is None and d.pd_decode_max_running is None
     p = _parse("--pd", "--pd-decode-kv-blocks", "64", "--pd-decode-max-running", "4", "--inject", "kv_transfer_ms_per_mb=20")
     assert p.pd and p.pd_decode_kv_blocks == 64 and p.pd_decode_max_running == 4
+    assert d.lora_modules == [] and d.max_loras is None and d.max_cpu_loras is None and d.max_lora_rank == 16
+    lo = _parse("--lora-modules", "a", "b=/x", "--max-loras", "2", "--max-cpu-loras", "3", "--max-lora-rank", "8",
+                "--inject", "lora_load_ms=20")
+    assert lo.lora_modules == ["a", "b=/x"] and (lo.max_loras, lo.max_cpu_loras, lo.max_lora_rank) == (2, 3, 8)
 
 
 @pytest.mark.parametrize(
@@ -65,6 +69,15 @@ def test_defaults_and_flags():
         (["--pd", "--pp", "2"], "--pd with --pp 2"),
         (["--inject", "kv_transfer_latency_ms=5"], "need --pd"),
         (["--pd-decode-kv-blocks", "8"], "need --pd"),
+        (["--max-loras", "2"], "need --lora-modules"),
+        (["--inject", "lora_load_ms=5"], "lora_load_ms needs --lora-modules"),
+        (["--lora-modules", "a", "a"], "adapter 'a' is named twice"),
+        (["--lora-modules", "a,b"], "--lora-modules 'a,b': expected NAME or NAME=PATH"),
+        (["--lora-modules", "tiny"], "adapter 'tiny' has the base model's name"),
+        (["--lora-modules", "a", "--tp", "2"], "--lora-modules with --tp 2"),
+        (["--lora-modules", "a", "--pd"], "--lora-modules with --pd"),
+        (["--lora-modules", "a", "--max-loras", "2", "--max-cpu-loras", "1"], "--max-cpu-loras (1) must be >= --max-loras (2)"),
+        (["--lora-modules", "a=/no/such/adapter"], "/no/such/adapter: not a LoRA adapter directory"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(capsys, argv, msg):
