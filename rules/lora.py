@@ -47,10 +47,14 @@ def _deferred_row(ctx: RuleContext, t: Triage) -> None:
                  weigh=share >= float(ctx.th["deferred_share_min"]))
 
 
-@rule("lora_adapters", "lora_adapters", needs=(("lora_mix_ttft_x",), ("lora_other_ttft_x", "lora_wait_share_of_ttft")))
+@rule("lora_adapters", "lora_adapters", needs=(("lora_slot_wait_share",), ("lora_mix_ttft_x",),
+                                               ("lora_other_ttft_x", "lora_wait_share_of_ttft")))
 def lora_adapters(ctx: RuleContext) -> Outcome:
-    """Requests wait for an adapter slot: TTFT with all the users' adapters against one (the lora
-    sweep's control), else requests for an adapter not in flight against those joining their own."""
+    """Requests wait for an adapter slot: the engine's slot waits on its request spans; else TTFT with
+    all the users' adapters against one (the lora sweep's control); else requests for an adapter not
+    in flight against those joining their own."""
+    if ctx.v("lora_slot_wait_share") is not None:
+        return _server(ctx)
     if ctx.v("lora_mix_ttft_x") is not None:
         return _with_control(ctx)
     t = Triage(ctx)
@@ -106,3 +110,28 @@ def _with_control(ctx: RuleContext) -> Outcome:
                    t.confidence(0.9, black_box=bb, designed=True), s, pct, t.evidence, LORA_CHECKS, black_box=bb,
                    note="the probe's lora sweep: the same load asking for one adapter (the control), then for all of "
                    "them; the mix's TTFT beyond the control's is the adapters' wait", population_share=share)
+
+
+def _server(ctx: RuleContext) -> Outcome:
+    """The engine's own account: seconds each LoRA request was deferred for a slot, over its TTFT."""
+    t = Triage(ctx)
+    share, tail = ctx.v("lora_slot_wait_share"), ctx.v("lora_slot_wait_share_tail")
+    worst = max(share, tail if tail is not None else 0.0)
+    if not t.crossed("waits for an adapter slot, share of TTFT", worst, "ttft_share_min", "share",
+                     f"queue time deferred until the request's adapter had a slot, over TTFT: {share:.0%} over all LoRA "
+                     "requests" + (f", {tail:.0%} over the slowest 5%" if tail is not None else ""),
+                     miss="requests waited for an adapter slot {value:.0%} of TTFT (< {threshold:.0%}): the adapters "
+                          "fit their slots"):
+        return t.pass_reason()
+    load = ctx.v("lora_load_share")
+    if load is not None:
+        t.context("adapter loads, share of TTFT", load, "share", "loading adapters into slots (host cache or disk)")
+    _deferred_row(ctx, t)
+    for name, key, meaning in _CONTEXT:
+        v = ctx.v(key)
+        if v is not None:
+            t.context(name, v, ctx.features.get(key).unit, meaning)
+    s, pct = ctx.explained(tail if tail is not None else share)
+    return finding("LoRA adapter slots: requests wait for their adapter's turn in too few slots", t.confidence(0.9),
+                   s, pct, t.evidence, LORA_CHECKS, note="server-side evidence: the engine's slot waits on each request",
+                   population_share=share)

@@ -107,10 +107,11 @@ OVERRIDES: tuple[Override, ...] = (
              "the time here is the engine's step loop idle between steps (see engine_overhead)"),
     # requests parked until their grammar compiles: the queue time is the compile's, and the loop has
     # nothing to step while they wait
-    Override("grammar_compile", frozenset({"queue", "engine_overhead"}),
+    Override("grammar_compile", frozenset({"queue", "engine_overhead", "kv_reservation"}),
              "the time here is requests waiting for their grammar to compile (see grammar_compile)"),
     # requests deferred until their adapter has a slot: that queue time is the adapters'
-    Override("lora_adapters", frozenset({"queue"}),
+    # (requests deferred while KV and the batch have room look like a reservation: the deferral owns it)
+    Override("lora_adapters", frozenset({"queue", "kv_reservation"}),
              "the time here is requests waiting for a LoRA adapter slot (see lora_adapters)"),
     # the decode side's admission wait is a queue span: the hand-off owns it; a KV pool that holds it up
     # is the decode instance's, which the admission finding names

@@ -320,6 +320,14 @@ def _pd_transfer(cal: Calibration) -> Plan:
                 injected={"pd": True, "kv_transfer_latency_ms": round(ms, 3)})
 
 
+def _lora_adapters(cal: Calibration) -> Plan:
+    # three adapters in one slot at four streams (the probe's --lora: one adapter, then all three):
+    # a request for an adapter not running waits for the running ones' turn
+    step = ProbeStep(concurrency=4, requests=32, input_tokens="fixed:64", output_tokens="fixed:24", lora=("a", "b", "c"))
+    return Plan((Phase(("--lora-modules", "a", "b", "c", "--max-loras", "1"), (step,)),),
+                injected={"lora_modules": ["a", "b", "c"], "max_loras": 1})
+
+
 def _loadgen(cal: Calibration) -> Plan:
     step = ProbeStep(concurrency=4, requests=40, input_tokens="fixed:32", output_tokens="fixed:16", starve_client=True)
     return Plan((Phase((), (step,)),), injected={"client_cpu_hog": True})
@@ -375,6 +383,10 @@ SCENARIOS: tuple[Scenario, ...] = (
              "structured output with a fresh 30-field JSON schema every six requests (the probe's --response-format "
              "schema:6) at 2 streams: each schema's first use waits for its grammar to compile, repeats hit the "
              "engine's grammar cache", _grammar_compile, fast=False),
+    Scenario("lora_adapters", "lora_adapters",
+             "three LoRA adapters in one slot (--lora-modules a b c --max-loras 1) at 4 streams, the probe's --lora "
+             "a,b,c (one adapter, then all three): requests for an adapter not running wait for its turn",
+             _lora_adapters, fast=False),
     Scenario("pd_transfer", "pd_transfer",
              "disaggregated prefill/decode (--pd) whose KV transfer takes 4 short-prompt TTFTs "
              "(--inject kv_transfer_latency_ms) at 2 streams: each side's own TTFT is low, the user's holds the "

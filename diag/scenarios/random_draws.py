@@ -97,7 +97,7 @@ FAMILIES: tuple[str, ...] = ("healthy", "queue", "tokenize", "prefill_compute", 
 #: families added after draws of the others were measured: a draw becomes one of these on a key of
 #: its own (:func:`added_family`), with the chance a uniform pick over all families would give, so
 #: every other draw of every seed stays what it was
-ADDED_FAMILIES: tuple[str, ...] = ("engine_overhead", "grammar_compile", "pd_transfer")
+ADDED_FAMILIES: tuple[str, ...] = ("engine_overhead", "grammar_compile", "pd_transfer", "lora_adapters")
 #: every family a main-space draw can have
 ALL_FAMILIES: tuple[str, ...] = FAMILIES + ADDED_FAMILIES
 KINDS = ("plain", "mix", "near-miss")
@@ -344,6 +344,14 @@ def _plain(family: str, r: random.Random, p: dict[str, Any]) -> None:
         p.update(pd=True, policy=r.choice(("prefill-first", "decode-first")), concurrency=r.randint(1, 3),
                  design=r.choice(("closed", "open")), input_tokens=min(p["input_tokens"], 256),
                  output_tokens=r.randint(8, 32), requests=r.randint(24, 40))
+    elif family == "lora_adapters":
+        # 3..4 LoRA adapters in one slot (--lora-modules, --max-loras 1) under 3..5 streams, the probe's
+        # --lora (one adapter, then all of them at the same load): a request for an adapter not
+        # running waits for its turn
+        n = r.randint(3, 4)
+        p.update(lora_adapters=n, max_loras=1, concurrency=r.randint(3, 5), design="closed", policy="prefill-first",
+                 input_tokens=min(p["input_tokens"], 128), input_spread=0.0, output_tokens=r.randint(16, 32),
+                 output_spread=0.0, requests=r.randint(24, 32))
     elif family == "loadgen":
         p.update(starve_client=True, concurrency=r.randint(3, 8), design=r.choice(("closed", "open")),
                  requests=r.randint(30, 48), input_tokens=r.randint(16, 64), output_tokens=r.randint(8, 24),
@@ -391,6 +399,10 @@ def _near_miss(family: str, r: random.Random, p: dict[str, Any]) -> None:
     elif family == "engine_overhead":
         f.clear()
         f["stall_steps"] = r.uniform(0.03, 0.1)  # a loop whose own work is a few % of a step
+    elif family == "lora_adapters":  # as many slots as adapters: they batch together
+        n = r.randint(3, 4)
+        p.update(lora_adapters=n, max_loras=n, concurrency=r.randint(3, 5), design="closed", policy="prefill-first",
+                 input_spread=0.0, output_tokens=r.randint(16, 32), output_spread=0.0, requests=r.randint(24, 32))
     elif family == "pd_transfer":
         f.clear()  # the same disaggregated engine on its own link: a transfer of a few ms
         p.update(pd=True, policy=r.choice(("prefill-first", "decode-first")))

@@ -132,6 +132,11 @@ def faults_ms(d: Draw, cal: Calibration) -> dict[str, float]:
     return {k: round(v, 4) for k, v in out.items() if v > 0}
 
 
+def lora_names(n: int) -> tuple[str, ...]:
+    """The adapters of a LoRA draw, as served and asked for (``lora0`` ...); () for none."""
+    return tuple(f"lora{i}" for i in range(n))
+
+
 def serve_args(d: Draw, cal: Calibration) -> list[str]:
     p = d.params
     args = ["--policy", p["policy"]]
@@ -156,6 +161,8 @@ def serve_args(d: Draw, cal: Calibration) -> list[str]:
         args += ["--pp", str(p["pp"])]
     if p.get("pd"):
         args.append("--pd")
+    if p.get("lora_adapters"):
+        args += ["--lora-modules", *lora_names(p["lora_adapters"]), "--max-loras", str(p["max_loras"])]
     for k, v in faults_ms(d, cal).items():
         if k != "collective_latency_ms":
             args += ["--inject", f"{k}={v:.4g}"]
@@ -194,6 +201,7 @@ def _step(d: Draw, cal: Calibration) -> ProbeStep:
     common = dict(input_tokens=inp, output_tokens=out, warmup=p["warmup"], starve_client=bool(p.get("starve_client")),
                   inject_long=(long_prompt_tokens(cal, p["long_steps"]), p["long_every"]) if "long_steps" in p else (0, 0),
                   omit_max_tokens=bool(p.get("omit_max_tokens")), response_format=p.get("response_format"),
+                  lora=lora_names(p.get("lora_adapters", 0)),
                   schema_properties=int(p.get("schema_properties", 24)))
     if p["design"] == "sweep":
         values = tuple(float(v) for v in p["sweep_values"])
@@ -251,7 +259,7 @@ def build_plan(d: Draw, cal: Calibration) -> Plan:
                f"tpot_p99={_ms(p['tpot_steps'] * cal.decode_step_ms)}")
     elif d.family in ("queue", "kv_cache", "cold_start", "loadgen", "prefill_compute", "tokenize", "network",
                       "frontend", "pipeline_bubble", "prefix_cache", "head_of_line", "kv_reservation",
-                      "engine_overhead", "grammar_compile", "pd_transfer") \
+                      "engine_overhead", "grammar_compile", "pd_transfer", "lora_adapters") \
             and d.kind != "near-miss":
         slo = None  # the cause is the answer whatever the users hold, as in the catalogue
     if not p.get("slo_given", True):

@@ -136,7 +136,8 @@ def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prom
                             inject_long_tokens=step.inject_long[0], inject_long_every=step.inject_long[1],
                             omit_max_tokens=step.omit_max_tokens,
                             response_format=(parse_response_format(step.response_format, step.schema_properties)
-                                             if step.response_format else None))
+                                             if step.response_format else None),
+                            lora_adapters=step.lora)
     # the engine's own tokenizer sizes the prompts exactly (and no calibration requests go first)
     tokenizer = Path(__file__).resolve().parents[1] / "engine" / "data" / "tokenizer.json"
     # api and model given: no detection request reaches the engine before the measured ones; nor
@@ -146,6 +147,8 @@ def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prom
                       segment=step.segment, slo=slo, timeout_s=120, compat_check=False,
                       tokenizer_path=str(tokenizer) if tokenizer.exists() else None)
     spec = step_sweep(step)
+    if spec is None and len(step.lora) > 1:  # as ttft probe --lora: one adapter, then all of them
+        spec = SweepSpec("lora", max_value=float(len(step.lora)), requests_per_point=step.requests)
     if spec is not None:
         return run_sweep(cfg, spec, writer)
     return run_probe(cfg, writer)

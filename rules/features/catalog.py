@@ -144,7 +144,8 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("lora", "x", ("lora_other_ttft_x", "lora_mix_ttft_x")),
     ("lora", "share", ("lora_wait_share_of_ttft", "waiting_deferred_share", "lora_mix_wait_share",
                        "lora_mix_above_control_frac")),
-    ("lora", "requests", ("lora_joins_n", "lora_other_n", "lora_mix_n")),
+    ("lora", "requests", ("lora_joins_n", "lora_other_n", "lora_mix_n", "lora_server_requests_n")),
+    ("lora", "share", ("lora_slot_wait_share", "lora_slot_wait_share_tail", "lora_load_share")),
     ("lora", "count", ("lora_adapters_n",)),
     # pipeline (rules/features/pipeline.py): pipeline-parallel bubbles
     ("pipeline", "share", ("pp_bubble_share_of_prefill", "pp_bubble_share_of_steps", "pp_bubble_share_tail")),

@@ -15,6 +15,10 @@ is loaded. Requests that wait for something other than capacity show in vLLM's m
   while their own was; their ratio ``lora_other_ttft_x`` (x); ``lora_wait_share_of_ttft``
   (share): the ``other`` requests' TTFT beyond the ``joins`` median, summed, over all the LoRA
   requests' TTFT; ``lora_adapters_n`` (count), ``lora_other_n``, ``lora_joins_n`` (requests).
+* server (the bundled engine's request spans, ``ttft.lora.*``): ``lora_slot_wait_share`` /
+  ``lora_slot_wait_share_tail`` (share), the seconds requests were deferred for an adapter slot over
+  their TTFT (all LoRA requests, the slowest ``tail_quantile``); ``lora_load_share`` (share), the
+  adapters' loads over TTFT; ``lora_server_requests_n`` (requests).
 * engine metrics: ``waiting_deferred_share`` (share), the windowed mean of deferred waiting
   requests over all waiting ones (None when nothing waited).
 
@@ -31,6 +35,8 @@ from rules.features.context import FeatureContext
 from rules.features.numeric import num_col
 
 CLIENT_NAMES = ("lora_other_ttft_p50_s", "lora_joins_ttft_p50_s", "lora_other_ttft_x", "lora_wait_share_of_ttft")
+SERVER_NAMES = ("lora_slot_wait_share", "lora_slot_wait_share_tail", "lora_load_share")
+SERVER_SOURCE = "request spans (ttft.lora.*)"
 MIX_NAMES = ("lora_mix_ttft_x", "lora_mix_wait_share", "lora_mix_above_control_frac", "lora_mix_n")
 #: a lora sweep point's label: ``lora=K``
 LORA_SEGMENT = r"^lora=([0-9]+)$"
@@ -41,6 +47,7 @@ NO_DESIGN = ("no request is marked with a LoRA role: only a designed probe (ttft
 def lora(ctx: FeatureContext) -> None:
     """``lora_*`` from the designed probe's roles; ``waiting_deferred_share`` from the engine's metrics."""
     _deferred(ctx)
+    _server(ctx)
     st = pd.concat([d for d in (ctx.steady, ctx.lora_design) if d is not None and len(d)], ignore_index=True) \
         if len(ctx.lora_design) else (ctx.steady if ctx.steady is not None else pd.DataFrame())
     st = _mix(ctx, st)
@@ -90,6 +97,27 @@ def _mix(ctx: FeatureContext, st: pd.DataFrame) -> pd.DataFrame:
     ctx.add("lora_mix_above_control_frac", float((mix > np.nanquantile(ttft[k == 1], 0.9)).mean()))
     ctx.add("lora_mix_n", float(len(mix)))
     return st.loc[k == top]
+
+
+def _server(ctx: FeatureContext) -> None:
+    st = pd.concat([d for d in (ctx.steady, ctx.lora_design) if d is not None and len(d)], ignore_index=True) \
+        if len(ctx.lora_design) else (ctx.steady if ctx.steady is not None else pd.DataFrame())
+    has = st["lora_name"].notna() if len(st) and "lora_name" in st.columns else pd.Series(False, index=st.index)
+    ctx.add("lora_server_requests_n", float(has.sum()), source=SERVER_SOURCE)
+    g = st.loc[has]
+    ttft = num_col(g, "ttft_s")
+    ok = ttft.notna() & (ttft > 0)
+    if ok.sum() < 3:
+        ctx.na(SERVER_NAMES, "no request span names its adapter (ttft.lora.name): no LoRA request reached an engine "
+                             "that reports its slot waits" if not has.any() else "fewer than 3 completed LoRA requests")
+        return
+    g, t = g.loc[ok], ttft[ok]
+    wait = num_col(g, "lora_wait_s").fillna(0.0).clip(lower=0.0)
+    wait = wait.where(wait <= t, t)
+    tail = t >= t.quantile(float(ctx.params["tail_quantile"]))
+    ctx.add("lora_slot_wait_share", float(wait.sum() / t.sum()), source=SERVER_SOURCE)
+    ctx.add("lora_slot_wait_share_tail", float(wait[tail].sum() / t[tail].sum()), source=SERVER_SOURCE)
+    ctx.add("lora_load_share", float(num_col(g, "lora_load_s").fillna(0.0).sum() / t.sum()), source=SERVER_SOURCE)
 
 
 def _deferred(ctx: FeatureContext) -> None:
