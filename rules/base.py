@@ -256,6 +256,15 @@ def beyond_chance(share: float | None, chance: float, n: float | None, p_max: fl
     return tail <= p_max
 
 
+def chance_row(t: Triage, name: str, share: float | None, n: float | None, chance: float, p_max: float,
+               meaning: str) -> None:
+    """When ``share`` of ``n`` is beyond ``chance`` (:func:`beyond_chance` at ``p_max``), a crossed row at full
+    strength: a designed A/B whose effect is no spread of its control (``meaning`` says of what)."""
+    if beyond_chance(share, chance, n, p_max):
+        t.add(Evidence(name, share, f"beyond {chance:.0%} chance (p <= {p_max:g})", "share",
+                       f"{share * n:.0f} of {n:.0f}: {meaning}", crossed=True), 1.0)
+
+
 def finding(title: str, confidence: float, explained_s: float | None, explained_pct: float | None,
             evidence: list[Evidence], next_checks: list[str], **kw: Any) -> Finding:
     """The running rule's :class:`Finding`; the engine fills ``rule_id`` and ``category`` from the

@@ -16,8 +16,7 @@ slower) passes; without a schema in the capture the rule is skipped.
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, beyond_chance, finding, rule
-from rules.model import Evidence
+from rules.base import Outcome, RuleContext, Triage, chance_row, finding, rule
 
 #: the share of first uses a cache-less chance puts above the repeats' 90th percentile
 ABOVE_P90_CHANCE = 0.10
@@ -82,11 +81,9 @@ def grammar_compile(ctx: RuleContext) -> Outcome:
                      miss="a schema's first use is {value:.2f}x its repeats (< {threshold:.2f}x): the compile is "
                           "not seen in TTFT"):
         return t.pass_reason()
-    above, n_first = ctx.v("schema_first_above_repeat_frac"), ctx.v("schema_first_n")
-    if beyond_chance(above, ABOVE_P90_CHANCE, n_first, float(ctx.th["chance_p_max"])):
-        t.add(Evidence("first uses slower than the repeats' 90th percentile", above, f"beyond {ABOVE_P90_CHANCE:.0%} "
-                       f"chance (p <= {float(ctx.th['chance_p_max']):g})", "share",
-                       f"{above * n_first:.0f} of {n_first:.0f} first uses: not the repeats' spread", crossed=True), 1.0)
+    chance_row(t, "first uses slower than the repeats' 90th percentile", ctx.v("schema_first_above_repeat_frac"),
+               ctx.v("schema_first_n"), ABOVE_P90_CHANCE, float(ctx.th["chance_p_max"]),
+               "first uses, not the repeats' spread")
     if wait is not None:
         t.context("first uses' wait share of the design's TTFT", wait, "share",
                   "first (and concurrent) uses' TTFT beyond the repeats' median, over all the schema requests' TTFT: "

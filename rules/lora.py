@@ -14,9 +14,8 @@ slots (no such gap) pass; without the design the rule is skipped.
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, beyond_chance, finding, rule
+from rules.base import Outcome, RuleContext, Triage, chance_row, finding, rule
 from rules.grammar import ABOVE_P90_CHANCE
-from rules.model import Evidence
 
 LORA_CHECKS = [
     "the adapter slots against the adapters in use at once: vLLM --max-loras (adapters batched together) and "
@@ -37,6 +36,13 @@ _CONTEXT = (
      "within the mix: requests whose adapter was not in flight against those joining theirs"),
     ("adapters in the design", "lora_adapters_n", "drawn at random per request"),
 )
+
+
+def _context(ctx: RuleContext, t: Triage, rows: tuple[tuple[str, str, str], ...]) -> None:
+    for name, key, meaning in rows:
+        v = ctx.v(key)
+        if v is not None:
+            t.context(name, v, ctx.features.get(key).unit, meaning)
 
 
 def _deferred_row(ctx: RuleContext, t: Triage) -> None:
@@ -71,10 +77,7 @@ def lora_adapters(ctx: RuleContext) -> Outcome:
                      miss="those waits are {value:.0%} of TTFT (< {threshold:.0%})"):
         return t.pass_reason()
     _deferred_row(ctx, t)
-    for name, key, meaning in _CONTEXT[:2] + _CONTEXT[3:]:
-        v = ctx.v(key)
-        if v is not None:
-            t.context(name, v, ctx.features.get(key).unit, meaning)
+    _context(ctx, t, _CONTEXT[:2] + _CONTEXT[3:])
     s, pct = ctx.explained(wait)
     bb = ctx.black_box
     return finding("LoRA adapter slots: requests for an adapter not in the running batch wait for a slot and its load"
@@ -92,16 +95,11 @@ def _with_control(ctx: RuleContext) -> Outcome:
                      miss="asking for all the adapters takes {value:.2f}x asking for one (< {threshold:.2f}x): the "
                           "adapters fit their slots"):
         return t.pass_reason()
-    above, n = ctx.v("lora_mix_above_control_frac"), ctx.v("lora_mix_n")
-    if beyond_chance(above, ABOVE_P90_CHANCE, n, float(ctx.th["chance_p_max"])):
-        t.add(Evidence("mixed requests slower than the one-adapter control's 90th percentile", above,
-                       f"beyond {ABOVE_P90_CHANCE:.0%} chance (p <= {float(ctx.th['chance_p_max']):g})", "share",
-                       f"{above * n:.0f} of {n:.0f}: not the control's spread", crossed=True), 1.0)
+    chance_row(t, "mixed requests slower than the one-adapter control's 90th percentile",
+               ctx.v("lora_mix_above_control_frac"), ctx.v("lora_mix_n"), ABOVE_P90_CHANCE,
+               float(ctx.th["chance_p_max"]), "mixed requests, not the control's spread")
     _deferred_row(ctx, t)
-    for name, key, meaning in _CONTEXT:
-        v = ctx.v(key)
-        if v is not None:
-            t.context(name, v, ctx.features.get(key).unit, meaning)
+    _context(ctx, t, _CONTEXT)
     share = ctx.v("lora_mix_wait_share")
     s, pct = ctx.explained(share)
     bb = ctx.black_box
@@ -127,10 +125,7 @@ def _server(ctx: RuleContext) -> Outcome:
     if load is not None:
         t.context("adapter loads, share of TTFT", load, "share", "loading adapters into slots (host cache or disk)")
     _deferred_row(ctx, t)
-    for name, key, meaning in _CONTEXT:
-        v = ctx.v(key)
-        if v is not None:
-            t.context(name, v, ctx.features.get(key).unit, meaning)
+    _context(ctx, t, _CONTEXT)
     s, pct = ctx.explained(tail if tail is not None else share)
     return finding("LoRA adapter slots: requests wait for their adapter's turn in too few slots", t.confidence(0.9),
                    s, pct, t.evidence, LORA_CHECKS, note="server-side evidence: the engine's slot waits on each request",
