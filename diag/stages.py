@@ -338,6 +338,12 @@ SERIES_WAITING_DEFERRED = "num_waiting_deferred"  # waiting on LoRA / KV transfe
 #: 1 where the engine's gauges were not refreshed in the window (SGLang sets them only while
 #: it logs stats: idle, they freeze) and its gauge rows were left out; 0 where they were fresh
 SERIES_GAUGES_STALE = "gauges_stale"
+#: disaggregated prefill/decode: seconds per KV transfer between the instances (vLLM's NIXL
+#: connector ``nixl_xfer_time_seconds``, the bundled engine's ``kv_transfer_time_seconds``)
+SERIES_KV_TRANSFER_S = "kv_transfer_s"
+#: the entity label of each instance's own series under disaggregation (``role=prefill``, ``role=decode``)
+ENTITY_ROLE_PREFILL = "role=prefill"
+ENTITY_ROLE_DECODE = "role=decode"
 # a front end before the engine (NVIDIA Dynamo): its own split of TTFT
 SERIES_TOKENIZE_TIME_S = "tokenize_time_s"  # windowed mean tokenizer latency per call
 SERIES_DETOKENIZE_TIME_S = "detokenize_time_s"

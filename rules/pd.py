@@ -30,9 +30,12 @@ ADMISSION_CHECKS = [
 ]
 
 
-@rule("pd_transfer", "pd_transfer", needs=(("pd_transfer_share", "pd_decode_queue_share"),))
+@rule("pd_transfer", "pd_transfer", needs=(("pd_transfer_share", "pd_decode_queue_share"),
+                                           ("pd_metrics_decode_ttft_share",)))
 def pd_transfer(ctx: RuleContext) -> Outcome:
     """The KV transfer or the decode side's admission is a material share of TTFT."""
+    if ctx.v("pd_transfer_share") is None:
+        return _from_metrics(ctx)
     transfer = max(ctx.v("pd_transfer_share"), ctx.v("pd_transfer_share_tail") or 0.0)
     admission = max(ctx.v("pd_decode_queue_share"), ctx.v("pd_decode_queue_share_tail") or 0.0)
     t = Triage(ctx)
@@ -72,3 +75,37 @@ def pd_transfer(ctx: RuleContext) -> Outcome:
                    TRANSFER_CHECKS if which == "transfer" else ADMISSION_CHECKS,
                    note="server-side evidence: the engine's spans split the prefill side, the transfer and the decode "
                    "side's admission", population_share=share)
+
+
+def _from_metrics(ctx: RuleContext) -> Outcome:
+    """Each instance's own TTFT and the transfer histogram (a user with only ``/metrics``): the decode
+    instance's TTFT is the hand-off (transfer, admission, the token's way back)."""
+    t = Triage(ctx)
+    decode = ctx.v("pd_metrics_decode_ttft_share")
+    transfer = ctx.v("pd_metrics_transfer_share")
+    admission = decode - transfer if transfer is not None else None
+    if transfer is not None and (admission is None or transfer >= admission):
+        if not (t.crossed("KV transfer share of TTFT (engine metrics)", transfer, "share_min", "share",
+                          "mean seconds per KV transfer over the two instances' TTFTs together",
+                          miss="the KV transfer is {value:.0%} of TTFT (< {threshold:.0%})")
+                and t.crossed("KV transfer / prefill (engine metrics)", ctx.v("pd_metrics_transfer_vs_prefill_x"),
+                              "transfer_vs_prefill_min", "x", "mean transfer over the prefill instance's prefill time",
+                              miss="the transfer takes {value:.2f}x its prefill (< {threshold:.2f}x)")):
+            return t.pass_reason()
+        which = "transfer"
+    else:
+        rest = admission if admission is not None else decode
+        if not t.crossed("decode instance's own TTFT beyond the transfer, share of TTFT (engine metrics)", rest,
+                         "share_min", "share", "the decode instance admitting requests after their KV arrived, over "
+                         "the two instances' TTFTs together",
+                         miss="the decode side's admission is {value:.0%} of TTFT (< {threshold:.0%})"):
+            return t.pass_reason()
+        which = "admission"
+    t.context("decode instance's own TTFT, share of both (engine metrics)", decode, "share",
+              "hand-off to first token: what a prefill instance's low TTFT leaves out")
+    s, pct = ctx.explained(transfer if which == "transfer" else (admission if admission is not None else decode))
+    title = ("Disaggregated prefill/decode: the KV transfer between the instances holds TTFT" if which == "transfer"
+             else "Disaggregated prefill/decode: the decode instance admits requests late (its KV pool or running cap)")
+    return finding(title, t.confidence(0.8), s, pct, t.evidence, TRANSFER_CHECKS if which == "transfer"
+                   else ADMISSION_CHECKS, note="engine metrics: each instance's own TTFT and the KV-transfer histogram "
+                   "(means over the windows), not per request")

@@ -16,11 +16,18 @@ root, the ``kv_transfer`` stage span, the decode side's ``queue`` span):
   would report it; ``pd_transfer_p50_s`` (s); ``pd_transfer_vs_prefill_x`` (x): the transfer's
   median over the prefill stage's, what moving the KV costs against computing it.
 
+From the engines' metrics alone (each instance's own series, entities ``role=prefill`` and
+``role=decode`` as the bundled engine's ``--pd`` labels them, and the KV-transfer histogram):
+``pd_metrics_decode_ttft_share`` (share), the decode side's own TTFT (hand-off to first token) over
+both sides' together; ``pd_metrics_transfer_share`` (share), the mean transfer over both TTFTs;
+``pd_metrics_transfer_vs_prefill_x`` (x), the mean transfer over the prefill side's prefill time.
+
 Runs on the feature computation's thread, on the shared :class:`~rules.features.context.FeatureContext`.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from diag import stages
@@ -31,10 +38,12 @@ NAMES = ("pd_transfer_share", "pd_transfer_share_tail", "pd_decode_queue_share",
          "pd_admission_share", "pd_prefill_ttft_p50_s", "pd_decode_ttft_p50_s", "pd_transfer_p50_s",
          "pd_transfer_vs_prefill_x")
 SOURCE = "request spans (ttft.pd.*, kv_transfer)"
+METRIC_NAMES = ("pd_metrics_decode_ttft_share", "pd_metrics_transfer_share", "pd_metrics_transfer_vs_prefill_x")
 
 
 def pd_split(ctx: FeatureContext) -> None:
     """``pd_*``: the hand-off between the prefill and decode sides, as shares of TTFT."""
+    _metrics(ctx)
     st = ctx.steady if ctx.steady is not None else pd.DataFrame()
     col = stages.stage_column(stages.KV_TRANSFER)
     has = num_col(st, "pd_decode_ttft_s").notna() if len(st) and "pd_decode_ttft_s" in st.columns \
@@ -64,3 +73,30 @@ def pd_split(ctx: FeatureContext) -> None:
     ok = len(transfer) and len(prefill) and float(prefill.median()) > 0
     ctx.add("pd_transfer_vs_prefill_x", float(transfer.median() / prefill.median()) if ok else None,
             None if ok else "no prefill or transfer span to compare", source=SOURCE)
+
+
+def _role_mean(ctx: FeatureContext, series: str, role: str) -> float | None:
+    d = ctx.weighted(series, stages.SERIES_REQUESTS_PER_S)
+    d = d.loc[d["entity"].astype(str).str.contains(role, regex=False)]
+    return float(np.average(d["value"].to_numpy(), weights=d["w"].to_numpy())) if len(d) else None
+
+
+def _metrics(ctx: FeatureContext) -> None:
+    pre = _role_mean(ctx, stages.SERIES_TTFT_S, stages.ENTITY_ROLE_PREFILL)
+    dec = _role_mean(ctx, stages.SERIES_TTFT_S, stages.ENTITY_ROLE_DECODE)
+    if pre is None or dec is None or pre + dec <= 0:
+        ctx.na(METRIC_NAMES, "the engine's metrics have no TTFT per disaggregated instance (role=prefill and "
+                             "role=decode)")
+        return
+    ctx.add("pd_metrics_decode_ttft_share", dec / (pre + dec), source="prometheus")
+    transfer = ctx.wmean(stages.SERIES_KV_TRANSFER_S)
+    why = None if transfer is not None else "the engine's metrics have no KV-transfer histogram"
+    ctx.add("pd_metrics_transfer_share", transfer / (pre + dec) if transfer is not None else None, why,
+            source="prometheus")
+    # the prefill side's prefill time (only that side observes one: then it carries no role)
+    prefill = _role_mean(ctx, stages.SERIES_PREFILL_TIME_S, stages.ENTITY_ROLE_PREFILL)
+    if prefill is None:
+        prefill = ctx.wmean(stages.SERIES_PREFILL_TIME_S)
+    ok = transfer is not None and prefill is not None and prefill > 0
+    ctx.add("pd_metrics_transfer_vs_prefill_x", transfer / prefill if ok else None,
+            None if ok else why or "no prefill time of the prefill instance", source="prometheus")

@@ -60,3 +60,26 @@ def test_a_fast_link_and_a_roomy_pool_are_not_named(caps: dict[str, Path]) -> No
     (p,) = [p for p in d.passed if p.rule_id == "pd_transfer"]
     # a real transfer of a few ms is a material share of this tiny model's TTFT, but well under its prefill
     assert "its prefill" in p.reason or "of TTFT" in p.reason
+
+
+def test_a_slow_link_is_named_from_the_engines_metrics_alone(tmp_path: Path) -> None:
+    """A user with only /metrics: each instance's own TTFT (role=prefill, role=decode) and the transfer
+    histogram, scraped by the probe from a real ``ttft serve --pd`` process."""
+    import sys
+
+    from diag.analysis import analyze_paths
+    from diag.cli import main
+    from support.engine_testutil import free_port, process
+
+    port = free_port()
+    with process([sys.executable, "-m", "diag", "serve", "--port", str(port), "--pd", "--inject",
+                  "kv_transfer_latency_ms=30"], "listening on"):
+        url = f"http://127.0.0.1:{port}"
+        assert main(["probe", url, "-c", "2", "-n", "30", "--input-tokens", "64", "--output-tokens", "16",
+                     "--metrics", url + "/metrics", "-o", str(tmp_path / "cap"), "--no-progress"]) == 0
+    d = analyze_paths([str(tmp_path / "cap")]).diagnosis
+    v = d.verdict
+    assert v.category == "pd_transfer" and v.confidence >= 0.7, [(f.category, f.confidence) for f in d.findings]
+    rows = {e.name: e for e in v.evidence}
+    assert rows["KV transfer share of TTFT (engine metrics)"].crossed
+    assert rows["KV transfer / prefill (engine metrics)"].value > 1.0
