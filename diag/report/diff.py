@@ -25,11 +25,12 @@ from rules import Finding
 
 #: Which finding categories own a stage's time, most specific first.
 STAGE_CATEGORIES: dict[str, tuple[str, ...]] = {
-    stages.QUEUE: ("queue", "kv_cache"),
+    stages.QUEUE: ("queue", "kv_cache", "grammar_compile", "lora_adapters", "pd_transfer"),
     stages.TOKENIZE: ("tokenize",),
     stages.PREFILL: ("prefill_compute", "interference"),
     stages.COMM: ("comm",),
     stages.SAMPLE: ("prefill_compute",),
+    stages.KV_TRANSFER: ("pd_transfer",),
     stages.DETOKENIZE: ("network", "tokenize"),
     stages.NETWORK: ("network", "loadgen"),
     stages.LUMPED: ("tokenize", "network", "queue"),
