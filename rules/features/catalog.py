@@ -33,7 +33,7 @@ class FeatureSpec:
 _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("populations", "requests", ("requests_total_n", "requests_failed_n", "errors_by_kind", "sides_n", "requests_n",
                                  "cold_start_outliers_n", "cold_start_waited_n", "failed_inflight_p50",
-                                 "context_limit_refused_n")),
+                                 "context_limit_refused_n", "requests_lost_by_probe_n")),
     ("populations", "tokens", ("context_limit_tokens",)),
     ("populations", "share", ("error_rate", "error_rate_by_segment")),
     ("populations", "", ("client_only", "designed_by_diagnose", "designed_probe")),

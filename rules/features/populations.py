@@ -34,10 +34,17 @@ def engines_seen(ctx: FeatureContext) -> dict[str, float]:
     return out
 
 
+#: error kinds of requests the probe itself lost, never the server's failures: a Ray worker that
+#: died with them in flight (collectors.probe.ray_workers), the run's own end or interruption
+PROBE_LOST: tuple[str, ...] = ("worker_lost", "cancelled")
+
+
 def populations(ctx: FeatureContext) -> None:
     """Request counts, error rate, sides; the ok and steady populations (writes ``ctx.ok``, ``ctx.steady``).
     Requests refused at a designed experiment's context limit (:func:`experiment_limit_rows`)
-    are neither failures nor measured requests: ``context_limit_refused_n`` counts them."""
+    are neither failures nor measured requests: ``context_limit_refused_n`` counts them; nor are
+    requests the probe itself lost (:data:`PROBE_LOST`: a worker that died, the run's own end):
+    ``requests_lost_by_probe_n``."""
     req = ctx.req_all
     n_total = len(req)
     warm = bool_col(req, "warmup")
@@ -46,6 +53,10 @@ def populations(ctx: FeatureContext) -> None:
         err &= req["error"].astype(str).str.len() > 0
     limit = experiment_limit_rows(req, ctx.meta)
     err &= ~limit  # the experiment's own limit, not the server failing: counted apart
+    lost = req["error"].astype(object).isin(PROBE_LOST).fillna(False) if "error" in req.columns else limit & False
+    ctx.add("requests_lost_by_probe_n", float((lost & ~warm).sum()))
+    err &= ~lost
+    limit = limit | lost  # neither a failure nor a measured request
     context_limit(ctx, limit & ~warm)
     ttft = num_col(req, "ttft_s")
     ok = req.loc[~warm & ~err & ttft.notna() & (ttft >= 0)]

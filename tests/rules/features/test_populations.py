@@ -85,3 +85,13 @@ def test_the_same_refusals_without_a_recorded_limit_are_failures() -> None:
     feats = _sweep_past_the_context(record=False)
     assert feats.value("context_limit_refused_n") is None
     assert feats.value("errors_by_kind") == {"http_4xx": 5, "http_5xx": 1} and feats.value("error_rate") == 6 / 18
+
+
+def test_requests_the_probe_lost_are_neither_failures_nor_measured():
+    # a Ray worker that died with two requests in flight (worker_lost), one cut by the run's end
+    ttft = [0.02] * 10 + [float("nan")] * 4
+    errors = [None] * 10 + ["worker_lost", "worker_lost", "cancelled", "http_5xx"]
+    f = compute_features(make_tables(make_requests(ttft, error=errors)))
+    assert f.value("requests_lost_by_probe_n") == 3
+    assert f.value("requests_failed_n") == 1 and f.value("requests_total_n") == 11
+    assert f.value("errors_by_kind") == {"http_5xx": 1}
