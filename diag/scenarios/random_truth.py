@@ -61,8 +61,11 @@ CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"}),
                                                "engine_overhead": frozenset({"healthy"}),
                                                # the hand-off between prefill and decode instances: a client
                                                # sees a latency it cannot place, and one transfer at a time
-                                               # on the link a line (catalogue: Scenario.client_only_also)
-                                               "pd_transfer": frozenset({"healthy", "network", "queue"})}
+                                               # on the link a line, or it says it cannot tell (inconclusive,
+                                               # joining the server's spans first; catalogue:
+                                               # Scenario.client_only_also)
+                                               "pd_transfer": frozenset({"healthy", "network", "queue",
+                                                                         "inconclusive"})}
 
 
 def scored_right(category: str, truth: str, mode: str) -> bool:
