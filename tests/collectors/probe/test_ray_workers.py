@@ -2,7 +2,8 @@
 
 Fast tests cover what needs no cluster (the address, the missing extra, the in-flight tracker and
 the driver's stand-in spans); the slow ones start one local Ray for the module, run the probe's
-workers on it against the fake SSE server, kill an actor mid-phase, and leave no raylet.
+workers on it against the fake SSE server and the bundled engine's catalogue scenarios, kill an
+actor mid-phase, and leave no raylet.
 """
 
 from __future__ import annotations
@@ -338,21 +339,18 @@ def test_a_killed_worker_is_reported_and_its_in_flight_requests_marked(ray_clust
 
 
 @pytest.mark.slow
-def test_ray_probe_gives_the_single_process_verdict_on_the_queue_scenario(ray_cluster, tmp_path, monkeypatch):
+def test_ray_probe_gives_the_single_process_verdict_on_the_queue_scenario(ray_cluster, tmp_path):
     # the catalogue's queue scenario (the engine admits one sequence at a time, a concurrency sweep),
     # run by the scenario runner as it is, once with the probe in this process and once on two
     # Ray actors: the same verdict, server-side and client-only
-    import functools
-
-    import diag.scenarios.runner as runner
     from diag.capture import load_capture
     from diag.scenarios import MODES, SCENARIOS, Calibration, diagnose_run, run_scenario
+    from diag.scenarios.runner import ProbeWorkers
 
     queue = next(s for s in SCENARIOS if s.name == "queue")
     cal = Calibration(ttft_short_ms=5.0, prefill_ms_per_token=0.05, decode_step_ms=5.0)  # the plan takes no size from it
     single = run_scenario(queue, tmp_path / "single", cal)
-    monkeypatch.setattr(runner, "ProbeConfig", functools.partial(ProbeConfig, workers=2, ray_address="local"))
-    spread = run_scenario(queue, tmp_path / "ray", cal)
+    spread = run_scenario(queue, tmp_path / "ray", cal, where=ProbeWorkers(2, "local"))
     ray_meta = load_capture(spread.client).meta["probe"]["ray"]
     assert len(ray_meta["workers"]) == 2 and ray_meta["lost_requests"] == 0
     for mode in MODES:
@@ -385,3 +383,30 @@ def test_diagnose_runs_its_steps_on_ray_workers(ray_cluster, tmp_path):
     # every request once (a ladder rung's phases of one request each reuse their ids: the trace is the key)
     assert len(measured) == sent and measured["trace_id"].is_unique
     assert {i.split(".")[0] for i in measured["request_id"]} == {"p0", "p1"}  # the ramp's points ran on both
+
+
+@pytest.mark.slow
+def test_scenarios_check_on_ray_gives_the_in_process_verdicts(ray_cluster, tmp_path, capsys):
+    # ttft scenarios check NAME... once in this process and once --ray local --workers 2 (the Ray
+    # the fixture started is used as it is): per scenario and mode, the same verdict. healthy is
+    # the one a starved probe gets wrong (Ray's niceness 15 made it loadgen 0.90 in 2 of 3 runs)
+    import json
+
+    from diag.capture import load_capture
+    from diag.cli import main
+    from diag.scenarios import Calibration
+
+    cal = tmp_path / "calibration.json"  # the plans' sizes, fixed (as a 2-core machine measured them)
+    cal.write_text(json.dumps(Calibration(ttft_short_ms=8.8, prefill_ms_per_token=0.16, decode_step_ms=3.8).to_dict()))
+    docs = {}
+    for how, extra in (("in-process", []), ("ray", ["--ray", "local", "--workers", "2"])):
+        rc = main(["scenarios", "check", "healthy", "prefill_compute", "--calibration", str(cal),
+                   "-o", str(tmp_path / how), "--json", *extra])
+        docs[how] = json.loads(capsys.readouterr().out)
+        assert rc in (0, 1), how
+    assert docs["ray"]["probe_workers"] == {"workers": 2, "ray_address": "local"}
+    verdicts = {how: {(r["scenario"], m): v["category"] for r in d["matrix"] for m, v in r["verdicts"].items()}
+                for how, d in docs.items()}
+    assert len(verdicts["ray"]) == 4 and verdicts["ray"] == verdicts["in-process"], verdicts
+    workers = load_capture(tmp_path / "ray" / "healthy" / "client").meta["probe"]["ray"]["workers"]
+    assert len(workers) == 2 and all(w["state"] == "ok" and w["nice"] == 0 for w in workers)
