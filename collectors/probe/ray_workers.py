@@ -31,6 +31,12 @@ itself (:func:`.inflight.stand_in_span_lines`); the other workers' results land 
 requests sent after the driver last heard from it (within :data:`POLL_S`) cannot be known: their
 count, where the phase had one, is in the note. Later phases run on the workers left.
 
+Priority: Ray's raylet starts its workers at niceness 15 (``RAY_worker_niceness``), so a probe
+actor yields the CPU to everything else on its node and times that; ``local`` starts Ray with 0,
+and each actor puts its threads back at 0 where it may (:func:`raise_priority`); one left above 0
+is a note. A run of several sessions (a scenario matrix) keeps one set of actors for all of them
+(:func:`kept`), placed before its engines start.
+
 Threading: :class:`RayWorkers` methods block their caller (the probe session calls them from a
 thread-pool thread). In an actor, :meth:`ProbeWorker.run` holds one of its threads (the phase's
 event loop) while :meth:`ProbeWorker.take` and :meth:`ProbeWorker.now_ns` answer on others.
@@ -262,18 +268,42 @@ def connect(address: str) -> bool:
     return True
 
 
+#: actors kept for a run of probe sessions by :func:`kept`, by (address, workers)
+_KEPT: dict[tuple[str, int], RayWorkers] = {}
+
+
 @contextlib.contextmanager
-def connected(address: str | None) -> Iterator[None]:
-    """Ray connected for a run of several probe sessions (a scenario matrix, each step its own
-    session): their :class:`RayWorkers` find it initialised and leave it up, so the cluster is
-    joined (or a local one started) once; shut down on exit where this connected it. ``None``:
-    nothing to connect."""
-    started = address is not None and connect(address)
+def kept(address: str | None, workers: int) -> Iterator[RayWorkers | None]:
+    """Ray joined and ``workers`` actors placed once for a run of probe sessions (a scenario
+    matrix: each step its own session): a session with the same ``ray_address`` and ``workers``
+    runs its phases on them (:func:`session_workers`) and leaves them up, so no step waits seconds
+    for placement after its engine started (an in-process probe is there at once: a cold start's
+    first requests must arrive while the model loads). On exit the actors are killed, and Ray shut
+    down where this joined it. ``None`` address: nothing kept. Blocks while placing."""
+    if address is None:
+        yield None
+        return
+    started = connect(address)
+    pool: RayWorkers | None = None
     try:
-        yield
+        pool = RayWorkers(address, workers).start()
+        _KEPT[(pool.address, pool.workers)] = pool
+        yield pool
     finally:
+        if pool is not None:
+            _KEPT.pop((pool.address, pool.workers), None)
+            pool.close()
         if started:
             require_ray().shutdown()
+
+
+def session_workers(address: str, workers: int) -> tuple[RayWorkers, bool]:
+    """A probe session's actors: those :func:`kept` holds for this address and count (not the
+    session's to close), else a new set placed now (the session's); (workers, owned). Blocks."""
+    pool = _KEPT.get((check_address(address), max(1, int(workers))))
+    if pool is not None:
+        return pool, False
+    return RayWorkers(address, workers).start(), True
 
 
 @dataclass
@@ -532,4 +562,4 @@ class RayWorkers:
 
 
 __all__ = ["POLL_S", "RAY_EXTRA", "ProbeWorker", "RayJob", "RayWorkers", "RayWorkersError", "check_address",
-           "connect", "connected", "require_ray", "runtime_env"]
+           "connect", "kept", "require_ray", "runtime_env", "session_workers"]

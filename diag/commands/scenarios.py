@@ -94,7 +94,7 @@ def _pick(names: list[str], fast: bool) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from collectors.probe.ray_workers import connected
+    from collectors.probe.ray_workers import kept
     from diag.scenarios import SCENARIOS, calibrate, check, confusion_table, diagnose_run, run_scenario, rows_to_dict
 
     if args.scenarios_command == "list":
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if args.scenarios_command == "run":
         (sc,) = _pick([args.name], False)
         out = Path(args.output or f"scenario-{sc.name}")
-        with connected(where.ray_address):
+        with kept(where.ray_address, where.workers):
             run_ = run_scenario(sc, out, cal, log=log, where=where)
         for mode in ("server", "client-only"):
             v = diagnose_run(run_, mode)
@@ -137,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
         return _check_random(args, cal, log)
     chosen = _pick(args.names, args.fast)
     if where.ray_address is not None:
-        log(f"probe steps on {where.workers} Ray actor(s) at {where.ray_address} ...")
-    with connected(where.ray_address):
+        log(f"probe steps on {where.workers} Ray actor(s) at {where.ray_address}, placed once for the run ...")
+    with kept(where.ray_address, where.workers):
         rows = check(chosen, args.output, cal, log=log, where=where)
     wall = time.monotonic() - t0
     if args.json:

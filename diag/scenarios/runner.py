@@ -182,9 +182,9 @@ def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prom
 def run_scenario(scenario: Scenario, out_dir: str | Path, cal: Calibration,
                  log: Callable[[str], None] | None = None, where: ProbeWorkers = IN_PROCESS) -> ScenarioRun:
     """Run every phase of ``scenario`` into ``out_dir`` (replaced if it exists), the probe steps
-    where ``where`` says (each step a probe session of its own: with Ray, connect once around a
-    run of scenarios, :func:`collectors.probe.ray_workers.connected`, or each step joins and
-    leaves the cluster)."""
+    where ``where`` says (each step a probe session of its own: with Ray, keep the actors around a
+    run of scenarios, :func:`collectors.probe.ray_workers.kept`, or each step places its own after
+    its engine started, seconds a cold start's first requests must not wait)."""
     from diag.slo import parse_slo
 
     out = Path(out_dir)

@@ -232,6 +232,17 @@ def test_a_worker_left_above_niceness_zero_is_noted_once():
     assert notes[1] == [] and pool._info[0]["nice"] == 15  # once per worker; meta.json keeps the figure
 
 
+def test_sessions_run_on_the_kept_workers_and_only_their_own_are_theirs(monkeypatch):
+    from collectors.probe import ray_workers as rw
+
+    pool = rw.RayWorkers("local", 2)
+    monkeypatch.setitem(rw._KEPT, ("local", 2), pool)
+    assert rw.session_workers("local", 2) == (pool, False)  # a run's actors: not the session's to close
+    monkeypatch.setattr(rw.RayWorkers, "start", lambda self: self)
+    other, owned = rw.session_workers("local", 3)  # another count: placed for the session
+    assert owned and other is not pool and other.workers == 3
+
+
 # --- a real local Ray ------------------------------------------------------------------------------
 
 
@@ -410,3 +421,6 @@ def test_scenarios_check_on_ray_gives_the_in_process_verdicts(ray_cluster, tmp_p
     assert len(verdicts["ray"]) == 4 and verdicts["ray"] == verdicts["in-process"], verdicts
     workers = load_capture(tmp_path / "ray" / "healthy" / "client").meta["probe"]["ray"]["workers"]
     assert len(workers) == 2 and all(w["state"] == "ok" and w["nice"] == 0 for w in workers)
+    # one set of actors for the run, placed before the first engine started
+    later = load_capture(tmp_path / "ray" / "prefill_compute" / "client").meta["probe"]["ray"]["workers"]
+    assert [w["pid"] for w in later] == [w["pid"] for w in workers]
