@@ -53,6 +53,20 @@ def test_without_ray_the_cli_names_the_extra(server, monkeypatch, capsys):
         assert RAY_EXTRA in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("argv, want", [
+    (["--random", "3", "--ray", "local"], "not with --random, --near-miss or --via diagnose"),
+    (["--via", "diagnose", "--workers", "2"], "not with --random, --near-miss or --via diagnose"),
+    (["--workers", "0"], "--workers must be >= 1"),
+    (["--ray", "head"], "expected local, auto"),
+])
+def test_scenarios_check_spread_flags_are_checked_in_one_line(argv, want, capsys):
+    from diag.cli import main
+
+    assert main(["scenarios", "check", *argv]) == 2  # before any calibration or engine
+    err = capsys.readouterr().err.strip()
+    assert want in err and len(err.splitlines()) == 1
+
+
 def test_tracker_hands_on_results_and_in_flight_requests(server):
     from collectors.probe.client import StreamingClient, resolve_endpoint
     from collectors.probe.workload import Workload
