@@ -372,7 +372,7 @@ def loadgen(ctx: RuleContext) -> Outcome:
         t.context("client health says saturated", "yes", "", "the probe's own health check (meta.json)")
         t.add_strength(1.0)
     if not t.evidence:
-        return t.pass_reason("the client kept up (event-loop lag, CPU and send schedule within bounds)")
+        return t.pass_reason(_kept_up(ctx, lag is not None or stall is not None or total is not None, late))
     s, pct = ctx.explained(read_late if read_late is not None else total if total is not None else (
         min(lag / ctx.ttft_p95_s, 1.0) if lag is not None and ctx.ttft_p95_s else None))
     if machine:
@@ -392,3 +392,18 @@ def loadgen(ctx: RuleContext) -> Outcome:
                    ["run the probe with more worker processes, fewer streams per process, or on another machine",
                     "re-run until client event-loop lag and CPU stay low, then diagnose the server",
                     "the connection pool size against the concurrency"], tier=0)
+
+
+def _kept_up(ctx: RuleContext, loop_measured: bool, late: float | None) -> str:
+    """The loadgen rule's pass reason, naming only what was measured: a capture without the probe's
+    health (its series and meta.json; e.g. client spans read back from a trace store) has the send
+    schedule at most, and must not read as a client whose loop and CPU were checked."""
+    checked = [name for name, seen in (("event-loop lag", loop_measured),
+                                       ("CPU", ctx.v("client_cpu_pct_p95") is not None),
+                                       ("send schedule", late is not None)) if seen]
+    missing = [name for name in ("event-loop lag", "CPU") if name not in checked]
+    if not missing:
+        return f"the client kept up ({', '.join(checked)} within bounds)"
+    head = f"{', '.join(checked)} within bounds" if checked else "nothing the client measured crossed a bound"
+    return (f"{head}; the client's {' and '.join(missing)} are not in this capture (the probe records them in its "
+            "own capture's series and meta.json: analyze that to check the client)")

@@ -105,8 +105,9 @@ OVERRIDES: tuple[Override, ...] = (
     # for the next step; the loop's overhead owns that time
     Override("engine_overhead", frozenset({"queue", "decode"}),
              "the time here is the engine's step loop idle between steps (see engine_overhead)"),
-    # requests parked until their grammar compiles: the queue time is the compile's, and the loop has
-    # nothing to step while they wait
+    # requests parked until their grammar compiles: the queue time is the compile's, the loop has
+    # nothing to step while they wait, and waiting with KV low and batch slots free is what a
+    # reservation looks like too
     Override("grammar_compile", frozenset({"queue", "engine_overhead", "kv_reservation"}),
              "the time here is requests waiting for their grammar to compile (see grammar_compile)"),
     # requests deferred until their adapter has a slot: that queue time is the adapters'

@@ -31,6 +31,12 @@ itself (:func:`.inflight.stand_in_span_lines`); the other workers' results land 
 requests sent after the driver last heard from it (within :data:`POLL_S`) cannot be known: their
 count, where the phase had one, is in the note. Later phases run on the workers left.
 
+Priority: Ray's raylet starts its workers at niceness 15 (``RAY_worker_niceness``), so a probe
+actor yields the CPU to everything else on its node and times that; ``local`` starts Ray with 0,
+and each actor puts its threads back at 0 where it may (:func:`raise_priority`); one left above 0
+is a note. A run of several sessions (a scenario matrix) keeps one set of actors for all of them
+(:func:`kept`), placed before its engines start.
+
 Threading: :class:`RayWorkers` methods block their caller (the probe session calls them from a
 thread-pool thread). In an actor, :meth:`ProbeWorker.run` holds one of its threads (the phase's
 event loop) while :meth:`ProbeWorker.take` and :meth:`ProbeWorker.now_ns` answer on others.
@@ -38,13 +44,14 @@ event loop) while :meth:`ProbeWorker.take` and :meth:`ProbeWorker.now_ns` answer
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from hashlib import sha256
 from pathlib import Path
@@ -70,6 +77,8 @@ PHASE_GRACE_S = 3600.0
 ACTOR_THREADS = 4
 #: seconds a worker may take to answer one clock exchange before it counts as lost
 CLOCK_TIMEOUT_S = 30.0
+#: Ray's setting of the niceness its raylet starts workers at (15 when unset)
+NICENESS_ENV = "RAY_worker_niceness"
 
 
 class RayWorkersError(CaptureError):
@@ -105,6 +114,30 @@ def _one_line(text: str, limit: int = 200) -> str:
 # --- the actor --------------------------------------------------------------------------------
 
 
+def raise_priority() -> tuple[int | None, int | None]:
+    """Put every thread of this process at niceness 0 where it is above (Ray starts its workers
+    at 15: a load generator that yields the CPU to everything else on its node measures that,
+    not the server). Lowering niceness needs root, CAP_SYS_NICE or RLIMIT_NICE; where it is not
+    allowed the threads keep theirs. Returns the calling thread's niceness (before, after); None
+    where it cannot be read. Linux nices threads one by one (/proc/self/task); elsewhere the
+    calling thread's process. Any thread."""
+    try:
+        was = os.getpriority(os.PRIO_PROCESS, 0)
+    except (OSError, AttributeError):
+        return None, None
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) > 0:
+                os.setpriority(os.PRIO_PROCESS, tid, 0)
+        except OSError:
+            pass  # not allowed, or the thread ended
+    return was, os.getpriority(os.PRIO_PROCESS, 0)
+
+
 @dataclass
 class RayJob:
     """One actor's share of a phase: the process worker's job, the common start (driver Unix ns),
@@ -125,11 +158,13 @@ class ProbeWorker:
         self._dir: str | None = None
 
     def facts(self) -> dict[str, Any]:
-        """Where this actor runs: Ray node id, host, pid, clock id, Python."""
+        """Where this actor runs: Ray node id, host, pid, clock id, Python, and its niceness as Ray
+        started it and after :func:`raise_priority`."""
         import ray
 
+        was, now = raise_priority()
         return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
-                "clock_id": clock_id(), "python": platform.python_version()}
+                "clock_id": clock_id(), "python": platform.python_version(), "nice_at_start": was, "nice": now}
 
     def now_ns(self) -> int:
         """This actor's Unix clock (ns)."""
@@ -156,6 +191,7 @@ class ProbeWorker:
         """Run the share on a new event loop in this thread; returns what :meth:`take` has not
         handed on yet, the health samples, the spans and the phase's bounds (driver's clock)."""
         tracker = self._tracker = InFlightTracker()
+        _, nice = raise_priority()  # threads Ray made since facts(); the health monitor inherits this one's
         job = rjob.job
         spec = job.workload_spec
         if getattr(spec, "prompts_file", None):
@@ -183,7 +219,7 @@ class ProbeWorker:
             health.append(h.to_dict())
         done, inflight = tracker.take()
         return {"done": done, "inflight": inflight, "health": health, "span_lines": lines,
-                "start_ns": outcome.start_ns, "end_ns": outcome.end_ns, "error": None}
+                "start_ns": outcome.start_ns, "end_ns": outcome.end_ns, "error": None, "nice": nice}
 
 
 # --- the driver -------------------------------------------------------------------------------
@@ -198,6 +234,76 @@ def runtime_env() -> dict[str, Any]:
 
     return {"py_modules": [str(Path(m.__file__).parent) for m in (collectors, diag)],
             "excludes": ["__pycache__", "*.pyc"]}
+
+
+def connect(address: str) -> bool:
+    """Connect this process to the Ray cluster at ``address`` (``local`` starts one on this
+    machine's CPUs) with the probe's :func:`runtime_env`; False when Ray was initialised already
+    (used as it is), True when this call connected it. Raises :class:`RayWorkersError` in one
+    line. Blocks (seconds: a local start, the runtime_env upload)."""
+    ray = require_ray()
+    address = check_address(address)
+    if ray.is_initialized():
+        return False
+    try:
+        # Ray's own warnings (a SIGTERM handler set only from the main thread, its token
+        # authentication) are not the probe's: errors still raise and are said in one line
+        common = {"log_to_driver": False, "logging_level": logging.ERROR, "runtime_env": runtime_env()}
+        if address == "local":
+            # the raylet starts its workers at RAY_worker_niceness (15 by default): a probe there
+            # loses the CPU to whatever else runs here (the server beside it) and its timing with it
+            before = os.environ.get(NICENESS_ENV)
+            os.environ.setdefault(NICENESS_ENV, "0")
+            try:
+                ray.init(address="local", num_cpus=cpu_count(), include_dashboard=False, **common)
+            finally:
+                if before is None:
+                    os.environ.pop(NICENESS_ENV, None)
+        else:
+            ray.init(address=address, **common)
+    except Exception as exc:
+        hint = " (start one with 'ray start --head', or use --ray local)" if address == "auto" else ""
+        raise RayWorkersError(f"--ray {address}: no Ray cluster reached{hint}: "
+                              f"{_one_line(f'{type(exc).__name__}: {exc}')}") from None
+    return True
+
+
+#: actors kept for a run of probe sessions by :func:`kept`, by (address, workers)
+_KEPT: dict[tuple[str, int], RayWorkers] = {}
+
+
+@contextlib.contextmanager
+def kept(address: str | None, workers: int) -> Iterator[RayWorkers | None]:
+    """Ray joined and ``workers`` actors placed once for a run of probe sessions (a scenario
+    matrix: each step its own session): a session with the same ``ray_address`` and ``workers``
+    runs its phases on them (:func:`session_workers`) and leaves them up, so no step waits seconds
+    for placement after its engine started (an in-process probe is there at once: a cold start's
+    first requests must arrive while the model loads). On exit the actors are killed, and Ray shut
+    down where this joined it. ``None`` address: nothing kept. Blocks while placing."""
+    if address is None:
+        yield None
+        return
+    started = connect(address)
+    pool: RayWorkers | None = None
+    try:
+        pool = RayWorkers(address, workers).start()
+        _KEPT[(pool.address, pool.workers)] = pool
+        yield pool
+    finally:
+        if pool is not None:
+            _KEPT.pop((pool.address, pool.workers), None)
+            pool.close()
+        if started:
+            require_ray().shutdown()
+
+
+def session_workers(address: str, workers: int) -> tuple[RayWorkers, bool]:
+    """A probe session's actors: those :func:`kept` holds for this address and count (not the
+    session's to close), else a new set placed now (the session's); (workers, owned). Blocks."""
+    pool = _KEPT.get((check_address(address), max(1, int(workers))))
+    if pool is not None:
+        return pool, False
+    return RayWorkers(address, workers).start(), True
 
 
 @dataclass
@@ -235,6 +341,8 @@ class RayWorkers:
         self._clock_id = clock_id()
         self._cpus_per_worker = 1.0
         self.lost_requests = 0
+        #: workers already noted as running above niceness 0
+        self._nice_noted: set[int] = set()
         #: set by :meth:`close`: a phase still running (the run interrupted) stops collecting
         self._closing = False
 
@@ -244,20 +352,7 @@ class RayWorkers:
         """Connect (or start a local Ray; a Ray this process already initialised is used as it is),
         place the actors and learn where they run (blocks)."""
         ray = self._ray = require_ray()
-        if not ray.is_initialized():
-            try:
-                # Ray's own warnings (a SIGTERM handler set only from the main thread, its token
-                # authentication) are not the probe's: errors still raise and are said in one line
-                common = {"log_to_driver": False, "logging_level": logging.ERROR, "runtime_env": runtime_env()}
-                if self.address == "local":
-                    ray.init(address="local", num_cpus=cpu_count(), include_dashboard=False, **common)
-                else:
-                    ray.init(address=self.address, **common)
-            except Exception as exc:
-                hint = " (start one with 'ray start --head', or use --ray local)" if self.address == "auto" else ""
-                raise RayWorkersError(f"--ray {self.address}: no Ray cluster reached{hint}: "
-                                      f"{_one_line(f'{type(exc).__name__}: {exc}')}") from None
-            self._started_ray = True
+        self._started_ray = connect(self.address)
         cpus = float(ray.cluster_resources().get("CPU", 0.0))
         # one CPU each where the cluster has them; else they share (Ray would leave the rest unplaced)
         self._cpus_per_worker = 1.0 if cpus >= self.workers else max(0.01, int(100 * cpus / self.workers) / 100)
@@ -423,6 +518,13 @@ class RayWorkers:
                 if pay.get("start_ns"):
                     starts.append(pay["start_ns"])
                     ends.append(pay["end_ns"])
+                nice = info["nice"] = pay.get("nice", info.get("nice"))  # its phase loop's
+                if nice and p.index not in self._nice_noted:  # its timing yields to the rest of its node
+                    self._nice_noted.add(p.index)
+                    out.notes.append(
+                        f"worker {p.index} (host {info.get('host')}) ran at niceness {nice} (Ray's workers start at "
+                        f"{info.get('nice_at_start')}, and it may not lower it): anything else on its node takes the CPU "
+                        f"first and its timing suffers; start that node's Ray with {NICENESS_ENV}=0")
                 try:
                     after = measure(lambda: ray.get(p.actor.now_ns.remote(), timeout=CLOCK_TIMEOUT_S), n=4)
                     info["clock_after"] = after.to_dict()
@@ -460,4 +562,4 @@ class RayWorkers:
 
 
 __all__ = ["POLL_S", "RAY_EXTRA", "ProbeWorker", "RayJob", "RayWorkers", "RayWorkersError", "check_address",
-           "require_ray", "runtime_env"]
+           "connect", "kept", "require_ray", "runtime_env", "session_workers"]

@@ -152,8 +152,10 @@ class ProbeSession:
         self.ready: ReadyWait | None = None
         #: where a designed experiment met the server's context limit (meta.json ``probe.context_limit``)
         self.context_limit: dict[str, Any] | None = None
-        #: the Ray actors the phases run on (``config.ray_address``; started at the first phase)
+        #: the Ray actors the phases run on (``config.ray_address``; started at the first phase, or
+        #: those a run of sessions keeps: ray_workers.kept) and whether they are this session's to close
         self.ray_workers: Any = None
+        self._own_ray_workers = True
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -310,7 +312,8 @@ class ProbeSession:
             workers, self.ray_workers = self.ray_workers, None
             if self.writer is not None:
                 self.writer.update_meta(probe={"ray": workers.facts()})
-            await asyncio.get_running_loop().run_in_executor(None, workers.close)
+            if self._own_ray_workers:  # else kept for later sessions (ray_workers.kept)
+                await asyncio.get_running_loop().run_in_executor(None, workers.close)
         if self.monitor is not None:
             self.health_samples.insert(0, await self.monitor.stop())
             self.monitor = None
@@ -447,13 +450,13 @@ class ProbeSession:
     async def _ray_phase(self, load: LoadSpec, workload: Workload, segment: str | None, phase_label: str) -> PhaseOutcome:
         """One phase on the session's Ray actors (started here the first time); meta.json
         ``probe.ray`` updated after it. Progress is passed to the loop's thread as results come in."""
-        from collectors.probe.ray_workers import RayWorkers
+        from collectors.probe.ray_workers import session_workers
 
         loop = asyncio.get_running_loop()
         if self.ray_workers is None:
             assert self.config.ray_address is not None
-            self.ray_workers = await loop.run_in_executor(
-                None, RayWorkers(self.config.ray_address, self.config.workers).start)
+            self.ray_workers, self._own_ray_workers = await loop.run_in_executor(
+                None, session_workers, self.config.ray_address, self.config.workers)
         progress = self.config.progress
         on_progress = None if progress is None else (
             lambda done, total: loop.call_soon_threadsafe(progress, done, total, phase_label))

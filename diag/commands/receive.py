@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
 import time
@@ -42,7 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
-    """Serve until Ctrl-C, ``--duration`` or ``stop_event`` (tests); 0 on a clean stop."""
+    """Serve until SIGINT/SIGTERM (main thread), ``--duration`` or ``stop_event`` (tests); 0 on a
+    clean stop. Either signal ends it as Ctrl-C does: what was received is flushed and the store
+    closed (a Collector of one under a process manager gets SIGTERM)."""
     from diag.capture import CaptureWriter
     from diag.cli import UsageError
 
@@ -79,6 +82,11 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
     print(f"ttft receive: {where} -> {dest} (Ctrl-C to stop)", flush=True)
     stop = stop_event or threading.Event()
     deadline = None if args.duration is None else time.monotonic() + args.duration
+    old: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        # also when SIGINT came ignored (a shell's background job): the receiver still stops on it
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
         while not stop.is_set():
             left = None if deadline is None else deadline - time.monotonic()
@@ -88,6 +96,8 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
     except KeyboardInterrupt:
         pass
     finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
         receiver.stop()
         stats = receiver.stats()
         if writer is not None:

@@ -29,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument("name", help="scenario name (see `ttft scenarios list`)")
     r.add_argument("-o", "--output", metavar="DIR", help="where to write (default: ./scenario-NAME)")
     r.add_argument("--calibration", metavar="FILE", help="reuse (or write) a calibration JSON file")
+    _add_spread(r)
     c = ssub.add_parser("check", help="run scenarios and print the confusion table (server-side and client-only)")
     c.add_argument("names", nargs="*", metavar="NAME", help="scenarios to check (default: all)")
     c.add_argument("--fast", action="store_true", help="only the fast scenarios")
@@ -53,11 +54,33 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "to verdict")
     c.add_argument("--budget", type=float, metavar="S", default=120.0,
                    help="with --via diagnose: each run's probing budget in seconds (ttft diagnose --budget)")
+    _add_spread(c)
     m = ssub.add_parser("samples", help="regenerate samples/<scenario>/ (small captures, checked)")
     m.add_argument("names", nargs="*", metavar="NAME", help="scenarios (default: all)")
     m.add_argument("-o", "--output", metavar="DIR", default="samples", help="samples directory (default ./samples)")
     m.add_argument("--calibration", metavar="FILE", help="reuse (or write) a calibration JSON file")
     return p
+
+
+def _add_spread(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run each probe step in N client processes (ttft probe --workers); with --ray, N Ray actors")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the probe steps' workers as Ray actors (ttft probe --ray: "
+                   "local, auto, ray://HOST:10001, HOST:PORT), joined once for the whole run; needs the ray extra")
+
+
+def _spread(args: argparse.Namespace):
+    """The scenario runner's ProbeWorkers from --workers/--ray (checked; one line when wrong)."""
+    from diag.scenarios.runner import ProbeWorkers
+
+    workers, ray = getattr(args, "workers", 1), getattr(args, "ray", None)  # samples has neither
+    if workers < 1:
+        raise UsageError("--workers must be >= 1")
+    if ray is not None:
+        from collectors.probe.ray_workers import check_address
+
+        check_address(ray)  # a RayWorkersError: one line, exit code 2
+    return ProbeWorkers(workers, ray)
 
 
 def _pick(names: list[str], fast: bool) -> list:
@@ -71,12 +94,18 @@ def _pick(names: list[str], fast: bool) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
+    from collectors.probe.ray_workers import kept
     from diag.scenarios import SCENARIOS, calibrate, check, confusion_table, diagnose_run, run_scenario, rows_to_dict
 
     if args.scenarios_command == "list":
         for s in SCENARIOS:
             print(f"{s.name:<22} -> {s.category:<16} {'' if s.fast else '(slow) '}{s.cause}")
         return 0
+    where = _spread(args)
+    if where.spread and args.scenarios_command == "check" and (
+            args.via == "diagnose" or args.random is not None or args.near_miss is not None):
+        raise UsageError("--workers and --ray run the catalogue's probe steps (check [NAME...], run); "
+                         "not with --random, --near-miss or --via diagnose")
     log = (lambda m: print(m, file=sys.stderr, flush=True))
     log("calibrating this machine with the bundled engine ...")
     cal = calibrate(cache=args.calibration)
@@ -88,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     if args.scenarios_command == "run":
         (sc,) = _pick([args.name], False)
         out = Path(args.output or f"scenario-{sc.name}")
-        run_ = run_scenario(sc, out, cal, log=log)
+        with kept(where.ray_address, where.workers):
+            run_ = run_scenario(sc, out, cal, log=log, where=where)
         for mode in ("server", "client-only"):
             v = diagnose_run(run_, mode)
             print(f"{sc.name} [{mode}]: {v.category} ({v.confidence:.2f}) - {v.title}")
@@ -105,10 +135,15 @@ def run(args: argparse.Namespace) -> int:
         return _check_via_diagnose(args, cal, log)
     if args.random is not None or args.near_miss is not None:
         return _check_random(args, cal, log)
-    rows = check(_pick(args.names, args.fast), args.output, cal, log=log)
+    chosen = _pick(args.names, args.fast)
+    if where.ray_address is not None:
+        log(f"probe steps on {where.workers} Ray actor(s) at {where.ray_address}, placed once for the run ...")
+    with kept(where.ray_address, where.workers):
+        rows = check(chosen, args.output, cal, log=log, where=where)
     wall = time.monotonic() - t0
     if args.json:
-        json.dump({"matrix": rows_to_dict(rows), "wall_s": wall, "calibration": cal.to_dict()}, sys.stdout, indent=2)
+        json.dump({"matrix": rows_to_dict(rows), "wall_s": wall, "calibration": cal.to_dict(),
+                   "probe_workers": where.to_dict()}, sys.stdout, indent=2)
         print()
     else:
         print(confusion_table(rows))

@@ -14,7 +14,7 @@ from typing import Any
 
 from diag.scenarios.calibrate import Calibration
 from diag.scenarios.catalog import SCENARIOS, Scenario
-from diag.scenarios.runner import ScenarioRun, run_scenario
+from diag.scenarios.runner import IN_PROCESS, ProbeWorkers, ScenarioRun, run_scenario
 
 MODES = ("server", "client-only")
 
@@ -68,13 +68,14 @@ def verdict_of(diagnosis: Any) -> Verdict:
 
 
 def check(scenarios: Sequence[Scenario], out_root: str | Path, cal: Calibration,
-          log: Callable[[str], None] | None = None) -> list[MatrixRow]:
+          log: Callable[[str], None] | None = None, where: ProbeWorkers = IN_PROCESS) -> list[MatrixRow]:
+    """Run each scenario (its probe steps where ``where`` says) and diagnose it per mode."""
     rows = []
     for sc in scenarios:
         t0 = time.monotonic()
         if log:
             log(f"scenario {sc.name} (expect {sc.category}) ...")
-        run = run_scenario(sc, Path(out_root) / sc.name, cal, log=log)
+        run = run_scenario(sc, Path(out_root) / sc.name, cal, log=log, where=where)
         row = MatrixRow(sc.name, sc.category, also_right={"client-only": sc.client_only_also})
         for mode in MODES:
             row.verdicts[mode] = diagnose_run(run, mode)

@@ -10,8 +10,13 @@ Layout of a scenario run directory::
 :class:`~diag.scenarios.catalog.ProbeStep` into the probe's loads, for this runner and for the
 demo's live phases alike.
 
+The probe steps run in this process by default; :class:`ProbeWorkers` spreads them over worker
+processes or Ray actors as ``ttft probe --workers N [--ray ADDRESS]`` does (``ttft scenarios check
+--ray local --workers 2``), each step's requests and client spans merged into the one client capture.
+
 Threading: everything runs on the calling thread except the engine (its own process) and,
-for the loadgen scenario, a CPU-hog thread in this process that starves the probe on purpose.
+for the loadgen scenario, a CPU-hog thread in this process that starves the probe on purpose
+(only a probe in this process: spread workers are not starved by it).
 """
 
 from __future__ import annotations
@@ -34,6 +39,27 @@ from diag.capture import CaptureWriter
 from diag.scenarios.calibrate import Calibration
 from diag.scenarios.catalog import Phase, ProbeStep, Scenario
 from diag.scenarios.engine_process import EngineProcess
+
+
+@dataclass(frozen=True)
+class ProbeWorkers:
+    """Where the probe steps run: in this process (the default), in ``workers`` processes of this
+    machine, or with ``ray_address`` (``local``, ``auto``, ``ray://HOST:PORT``, ``HOST:PORT``) in
+    that many Ray actors; the fields of :class:`~collectors.probe.ProbeConfig` of the same names."""
+
+    workers: int = 1
+    ray_address: str | None = None
+
+    @property
+    def spread(self) -> bool:
+        """Whether the probe runs outside this process (a CPU hog here does not starve it)."""
+        return self.workers > 1 or self.ray_address is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workers": self.workers, "ray_address": self.ray_address}
+
+
+IN_PROCESS = ProbeWorkers()
 
 
 @dataclass
@@ -128,7 +154,8 @@ def step_chunks(step: ProbeStep, default_segment: str) -> list[tuple[LoadSpec, L
     return out
 
 
-def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prompts_file: Path | None, slo: dict[str, float] | None) -> Any:
+def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prompts_file: Path | None,
+              slo: dict[str, float] | None, where: ProbeWorkers = IN_PROCESS) -> Any:
     load = step_load(step, warmup_requests=step.warmup)
     workload = WorkloadSpec(LengthSpec.parse(step.input_tokens), LengthSpec.parse(step.output_tokens),
                             prompts_file=str(prompts_file) if prompts_file else None,
@@ -145,7 +172,8 @@ def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prom
     # sent first would meet an injected cold start in the users' place)
     cfg = ProbeConfig(url, api="completions", model=model or None, load=load, workload=workload, output=None,
                       segment=step.segment, slo=slo, timeout_s=120, compat_check=False,
-                      tokenizer_path=str(tokenizer) if tokenizer.exists() else None)
+                      tokenizer_path=str(tokenizer) if tokenizer.exists() else None,
+                      workers=where.workers, ray_address=where.ray_address)
     spec = step_sweep(step)
     if spec is None and len(step.lora) > 1:  # as ttft probe --lora: one adapter, then all of them
         spec = SweepSpec("lora", max_value=float(len(step.lora)), requests_per_point=step.requests)
@@ -155,8 +183,11 @@ def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prom
 
 
 def run_scenario(scenario: Scenario, out_dir: str | Path, cal: Calibration,
-                 log: Callable[[str], None] | None = None) -> ScenarioRun:
-    """Run every phase of ``scenario`` into ``out_dir`` (replaced if it exists)."""
+                 log: Callable[[str], None] | None = None, where: ProbeWorkers = IN_PROCESS) -> ScenarioRun:
+    """Run every phase of ``scenario`` into ``out_dir`` (replaced if it exists), the probe steps
+    where ``where`` says (each step a probe session of its own: with Ray, keep the actors around a
+    run of scenarios, :func:`collectors.probe.ray_workers.kept`, or each step places its own after
+    its engine started, seconds a cold start's first requests must not wait)."""
     from diag.slo import parse_slo
 
     out = Path(out_dir)
@@ -169,6 +200,8 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, cal: Calibration,
                                          "cause": scenario.cause, "injected": plan.injected, "calibration": cal.to_dict()}}
     if plan.slo:
         meta["slo"] = plan.slo  # the targets its users hold; analyze applies them unless --slo overrides
+    if where.spread:
+        meta["scenario"]["probe_workers"] = where.to_dict()
     run = ScenarioRun(scenario, out, out / "client", slo=plan.slo)
     writer = CaptureWriter(run.client, meta=meta)
     t0 = time.monotonic()
@@ -179,7 +212,7 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, cal: Calibration,
             prompts = None
             if any(s.prompts for s in phase.steps):
                 prompts = write_prompts(out / f"prompts-{i}.jsonl", next(s.prompts for s in phase.steps if s.prompts))
-            _run_phase(phase, server_dir, writer, prompts, slo, log)
+            _run_phase(phase, server_dir, writer, prompts, slo, log, where)
     finally:
         writer.close()
     run.wall_s = time.monotonic() - t0
@@ -190,17 +223,19 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, cal: Calibration,
 
 
 def _run_phase(phase: Phase, server_dir: Path, writer: CaptureWriter, prompts: Path | None,
-               slo: dict[str, float] | None, log: Callable[[str], None] | None) -> None:
+               slo: dict[str, float] | None, log: Callable[[str], None] | None, where: ProbeWorkers) -> None:
     eng = EngineProcess(phase.serve_args, capture_dir=server_dir).start()
     try:
         if log:
             log(f"  engine {' '.join(phase.serve_args) or '(defaults)'} at {eng.url}")
         for step in phase.steps:
             if step.starve_client:
+                if log and where.spread:
+                    log("  note: the CPU hog runs in this process; the spread probe workers are not starved by it")
                 with _ClientHog():
-                    _run_step(eng.url, eng.model, step, writer, prompts, slo)
+                    _run_step(eng.url, eng.model, step, writer, prompts, slo, where)
             else:
-                _run_step(eng.url, eng.model, step, writer, prompts, slo)
+                _run_step(eng.url, eng.model, step, writer, prompts, slo, where)
     finally:
         eng.stop()
 

@@ -37,3 +37,15 @@ def test_a_remote_server_or_a_quiet_loop_leaves_the_gap_to_the_network() -> None
     assert isinstance(loadgen(_ctx(client_loop_stall_frac=0.05)), str)
     # vLLM: the engine's TTFT starts after its own front end, so the gap holds that work too
     assert isinstance(loadgen(_ctx(client_server_gap_frontend_frac=1.0)), str)
+
+
+def test_a_pass_names_only_what_was_measured() -> None:
+    # client spans read back from a trace store: the send schedule, none of the probe's loop health
+    only_spans = {k: None for k in HOG if k.startswith("client_") and k != "client_server_gap_p50_s"}
+    reason = loadgen(_ctx(**only_spans, client_send_lateness_p95_s=0.0))
+    assert isinstance(reason, str) and reason.startswith("send schedule within bounds")
+    assert "event-loop lag and CPU are not in this capture" in reason
+    # the probe's own capture: every part checked
+    quiet = loadgen(_ctx(client_first_token_lag_share=None, client_loop_stall_frac=0.01, client_loop_lag_p99_s=0.001,
+                         client_server_local=0.0, client_send_lateness_p95_s=0.0))
+    assert quiet == "the client kept up (event-loop lag, CPU, send schedule within bounds)"

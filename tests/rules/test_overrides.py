@@ -132,3 +132,15 @@ def test_a_kv_limit_from_the_long_ramp_demotes_a_black_box_prefill_finding_only(
     other = bb_prefill()
     apply_overrides([_f("kv_cache"), other], None, None, GENERAL)
     assert other.demoted_by == []
+
+
+def test_requests_parked_for_their_grammar_are_not_a_kv_reservation() -> None:
+    # the grammar_compile scenario with its fresh schemas sent by two probe workers at once (two
+    # compiles in line on one compile thread): requests wait with KV low and batch slots free, which
+    # kv_reservation read as reservations (0.84, ranked over grammar_compile 0.90)
+    gc, kvr, q = _f("grammar_compile", 0.9, tier=1), _f("kv_reservation", 0.84, tier=1), _f("queue", 0.5, tier=1)
+    fs = [kvr, gc, q]
+    apply_overrides(fs, None, None, GENERAL)
+    rank_after_winners(fs)
+    assert kvr.demoted_by == ["grammar_compile"] and kvr.confidence == pytest.approx(0.42)
+    assert fs.index(gc) < fs.index(kvr)
