@@ -216,6 +216,14 @@ class Triage:
         """A row without a threshold: what the number says about the cause."""
         self.evidence.append(Evidence(name, value, None, unit, meaning))
 
+    def context_of(self, rows: Sequence[tuple[str, str, str]]) -> None:
+        """A context row for each (row name, feature, meaning) whose feature is known, in the
+        feature's catalogued unit; unknown features are left out."""
+        for name, key, meaning in rows:
+            value = self.ctx.v(key)
+            if value is not None:
+                self.context(name, value, self.ctx.features.get(key).unit, meaning)
+
     def add(self, row: Evidence, strength_: float | None = None) -> None:
         """A hand-built row (e.g. an SLO with its target as text), with a strength when it counts."""
         self.evidence.append(row)

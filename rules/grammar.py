@@ -35,17 +35,14 @@ GRAMMAR_CHECKS = [
 
 
 def _context_rows(ctx: RuleContext, t: Triage) -> None:
-    for name, key, meaning in (
+    t.context_of((
         ("TTFT p50, first use of a schema", "schema_first_ttft_p50_s", "its grammar compiles before it can run"),
         ("TTFT p50, repeats of a schema", "schema_repeat_ttft_p50_s", "sent after a use had its first token: "
          "a caching server holds the grammar"),
         ("grammar wait p50 (requests that waited)", "grammar_wait_p50_s", "queue time waiting for the grammar"),
         ("structured-output requests not served from the grammar cache", "grammar_miss_frac",
          "compiled for this request or waited for another's compile"),
-    ):
-        v = ctx.v(key)
-        if v is not None:
-            t.context(name, v, ctx.features.get(key).unit, meaning)
+    ))
     n = {"first": ctx.v("schema_first_n", 0), "repeat": ctx.v("schema_repeat_n", 0),
          "concurrent": ctx.v("schema_concurrent_n", 0)}
     if any(n.values()):

@@ -38,13 +38,6 @@ _CONTEXT = (
 )
 
 
-def _context(ctx: RuleContext, t: Triage, rows: tuple[tuple[str, str, str], ...]) -> None:
-    for name, key, meaning in rows:
-        v = ctx.v(key)
-        if v is not None:
-            t.context(name, v, ctx.features.get(key).unit, meaning)
-
-
 def _deferred_row(ctx: RuleContext, t: Triage) -> None:
     share = ctx.v("waiting_deferred_share")
     if share is not None:
@@ -77,14 +70,18 @@ def lora_adapters(ctx: RuleContext) -> Outcome:
                      miss="those waits are {value:.0%} of TTFT (< {threshold:.0%})"):
         return t.pass_reason()
     _deferred_row(ctx, t)
-    _context(ctx, t, _CONTEXT[:2] + _CONTEXT[3:])
-    s, pct = ctx.explained(wait)
+    t.context_of(_CONTEXT[:2] + _CONTEXT[3:])
+    return _designed_finding(ctx, t, "LoRA adapter slots: requests for an adapter not in the running batch wait for a "
+                             "slot and its load", wait, "the probe's design (--lora A,B,...): requests sent while only "
+                             "other adapters were in flight against those that could join their own, under the same load")
+
+
+def _designed_finding(ctx: RuleContext, t: Triage, title: str, share: float | None, note: str) -> Outcome:
+    """The finding of a client-side design: ``share`` of TTFT explained, designed-level confidence."""
+    s, pct = ctx.explained(share)
     bb = ctx.black_box
-    return finding("LoRA adapter slots: requests for an adapter not in the running batch wait for a slot and its load"
-                   + (" (client timing)" if bb else ""),
-                   t.confidence(0.9, black_box=bb, designed=True), s, pct, t.evidence, LORA_CHECKS, black_box=bb,
-                   note="the probe's design (--lora A,B,...): requests sent while only other adapters were in flight "
-                   "against those that could join their own, under the same load", population_share=wait)
+    return finding(title + (" (client timing)" if bb else ""), t.confidence(0.9, black_box=bb, designed=True), s, pct,
+                   t.evidence, LORA_CHECKS, black_box=bb, note=note, population_share=share)
 
 
 def _with_control(ctx: RuleContext) -> Outcome:
@@ -99,15 +96,10 @@ def _with_control(ctx: RuleContext) -> Outcome:
                ctx.v("lora_mix_above_control_frac"), ctx.v("lora_mix_n"), ABOVE_P90_CHANCE,
                float(ctx.th["chance_p_max"]), "mixed requests, not the control's spread")
     _deferred_row(ctx, t)
-    _context(ctx, t, _CONTEXT)
-    share = ctx.v("lora_mix_wait_share")
-    s, pct = ctx.explained(share)
-    bb = ctx.black_box
-    return finding("LoRA adapter slots: requests wait for their adapter's turn in too few slots"
-                   + (" (client timing)" if bb else ""),
-                   t.confidence(0.9, black_box=bb, designed=True), s, pct, t.evidence, LORA_CHECKS, black_box=bb,
-                   note="the probe's lora sweep: the same load asking for one adapter (the control), then for all of "
-                   "them; the mix's TTFT beyond the control's is the adapters' wait", population_share=share)
+    t.context_of(_CONTEXT)
+    return _designed_finding(ctx, t, "LoRA adapter slots: requests wait for their adapter's turn in too few slots",
+                             ctx.v("lora_mix_wait_share"), "the probe's lora sweep: the same load asking for one adapter "
+                             "(the control), then for all of them; the mix's TTFT beyond the control's is the adapters' wait")
 
 
 def _server(ctx: RuleContext) -> Outcome:
@@ -125,7 +117,7 @@ def _server(ctx: RuleContext) -> Outcome:
     if load is not None:
         t.context("adapter loads, share of TTFT", load, "share", "loading adapters into slots (host cache or disk)")
     _deferred_row(ctx, t)
-    _context(ctx, t, _CONTEXT)
+    t.context_of(_CONTEXT)
     s, pct = ctx.explained(tail if tail is not None else share)
     return finding("LoRA adapter slots: requests wait for their adapter's turn in too few slots", t.confidence(0.9),
                    s, pct, t.evidence, LORA_CHECKS, note="server-side evidence: the engine's slot waits on each request",

@@ -58,15 +58,12 @@ def pd_transfer(ctx: RuleContext) -> Outcome:
             "disaggregating, not a wait", miss="the transfer takes {value:.2f}x its prefill (< {threshold:.2f}x): the "
             "cost of moving the KV, small beside computing it"):
         return t.pass_reason()
-    for name, key, meaning in (
+    t.context_of((
         ("prefill instance's own TTFT (p50)", "pd_prefill_ttft_p50_s", "what the prefill instance reports"),
         ("decode instance's own TTFT (p50)", "pd_decode_ttft_p50_s", "hand-off to first token: transfer, admission"),
         ("KV transfer (p50)", "pd_transfer_p50_s", "per request"),
         ("waiting for decode-side blocks or a running place", "pd_admission_share", "share of TTFT"),
-    ):
-        v = ctx.v(key)
-        if v is not None:
-            t.context(name, v, ctx.features.get(key).unit, meaning)
+    ))
     share = ctx.v("pd_transfer_share") if which == "transfer" else ctx.v("pd_decode_queue_share")
     s, pct = ctx.explained(transfer if which == "transfer" else admission)
     title = ("Disaggregated prefill/decode: the KV transfer between the instances holds TTFT" if which == "transfer"

@@ -40,14 +40,11 @@ COMMON_CHECKS = [
 
 
 def _context_rows(ctx: RuleContext, t: Triage) -> None:
-    for name, key, meaning in (
+    t.context_of((
         ("TTFT p50, first use of a prefix", "prefix_first_ttft_p50_s", "a fresh prefix: its prefill cannot be cached"),
         ("TTFT p50, repeats of the prefix", "prefix_repeat_ttft_p50_s", "the same prefix again, another suffix"),
         ("TTFT p50, controls (suffix alone)", "prefix_control_ttft_p50_s", "what a repeat costs if its prefix is cached"),
-    ):
-        v = ctx.v(key)
-        if v is not None:
-            t.context(name, v, "s", meaning)
+    ))
     tok = ctx.v("prefix_shared_tokens")
     if tok is not None:
         t.context("shared prefix", tok, "tokens",
