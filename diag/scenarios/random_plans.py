@@ -45,6 +45,26 @@ def chunk_tokens(cal: Calibration, steps: float) -> int:
     return int(min(512, max(16, 16 * round(steps * cal.decode_step_ms / cal.prefill_ms_per_token / 16))))
 
 
+def draw_chunk_tokens(d: Draw, cal: Calibration) -> int:
+    """A chunked draw's prefill budget per step (tokens): the drawn chunk, head-of-line's own, and
+    for a KV-capacity draw at least what keeps the prefill budget from binding first.
+
+    With ``fits`` sequences in the KV pool, each holds its blocks for ``x = prompt / chunk``
+    prefill steps plus ``out`` decode steps, so the pool admits ``fits / (x + out)`` requests per
+    step while the chunk budget admits ``1 / x``; the budget binds first unless
+    ``x <= out / (2 fits - 1)`` (a factor 2 to spare); otherwise room for every stream in the pool
+    leaves TTFT where it was and the draw's truth is the chunk budget's queue, not the KV cache."""
+    p = d.params
+    if "hol_chunk" in p:
+        return int(p["hol_chunk"])
+    chunk = chunk_tokens(cal, p["chunk_steps"])
+    if "kv_fits" in p and d.expected == "kv_cache":
+        inp = max_tokens(length_spec(input_tokens(d, cal), p["input_spread"]))
+        floor = inp * (2 * p["kv_fits"] - 1) / max(1, p["output_tokens"])
+        chunk = max(chunk, int(min(512, 16 * math.ceil(floor / 16))))
+    return chunk
+
+
 def _ms(x: float) -> str:
     return f"{x:.2f}ms"
 
@@ -141,7 +161,7 @@ def serve_args(d: Draw, cal: Calibration) -> list[str]:
     p = d.params
     args = ["--policy", p["policy"]]
     if p["policy"] == "chunked":
-        args += ["--chunk-size", str(p["hol_chunk"] if "hol_chunk" in p else chunk_tokens(cal, p["chunk_steps"]))]
+        args += ["--chunk-size", str(draw_chunk_tokens(d, cal))]
     if "reserve_fits" in p:  # kv_reservation: a KV budget of that many 512-token contexts
         args += ["--kv-admission", p["kv_admission"], "--max-context", str(RESERVE_CONTEXT_TOKENS),
                  "--kv-blocks", str(p["reserve_fits"] * RESERVE_CONTEXT_TOKENS // 16), "--block-size", "16"]
@@ -272,5 +292,5 @@ def scenario(d: Draw) -> Scenario:
     return Scenario(d.name, d.expected, d.describe(), lambda cal: build_plan(d, cal), fast=False)
 
 
-__all__ = ["MAX_CONTEXT_TOKENS", "build_plan", "chunk_tokens", "dominant_cost_ms", "faults_ms", "input_tokens",
+__all__ = ["MAX_CONTEXT_TOKENS", "build_plan", "chunk_tokens", "draw_chunk_tokens", "dominant_cost_ms", "faults_ms", "input_tokens",
            "length_spec", "light_prompt_tokens", "max_tokens", "scenario", "serve_args", "service_ms"]

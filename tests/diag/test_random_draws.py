@@ -21,7 +21,8 @@ from diag.scenarios.matrix import MODES, Verdict
 from diag.scenarios.random_draws import (ADDED_FAMILIES, ALL_FAMILIES, FAMILIES, LIGHT_PROMPT_STEPS, MIX_SECOND, NEAR_MISS, NEAR_MISS_EXTRA,
                                          NEAR_MISS_SPACE, SLO_NEAR_MISS, draw, draws, near_miss_draw)
 from diag.scenarios.random_matrix import BINS, DrawResult, RandomResult, reproduce_command
-from diag.scenarios.random_plans import MAX_CONTEXT_TOKENS, build_plan, length_spec, max_tokens, scenario
+from diag.scenarios.random_plans import (MAX_CONTEXT_TOKENS, build_plan, draw_chunk_tokens, input_tokens, length_spec,
+                                        max_tokens, scenario)
 from diag.slo import parse_slo
 
 #: a 2-core CPU box as measured here, one 3x slower, and a GPU-like one (fast prefill per token)
@@ -272,6 +273,20 @@ def test_a_prefill_or_network_draw_at_one_load_level_has_prompts_that_vary():
                  and d.params["design"] != "sweep"]
     assert {d.family for d in one_level} == {"network", "prefill_compute"}
     assert all(d.params["input_spread"] >= 0.25 for d in one_level)
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+def test_a_kv_draws_chunk_budget_never_binds_before_its_kv_pool(machine):
+    # a 16-token chunk under 269-token prompts admitted no faster than 3 fitting sequences did:
+    # room for every stream left TTFT as it was, so the truth was the chunk budget's queue
+    cal = MACHINES[machine]
+    kv = [d for seed in SEEDS for d in draws(seed, N) if d.expected == "kv_cache" and d.params["policy"] == "chunked"]
+    assert kv
+    for d in kv:
+        p = d.params
+        prefill_steps = max_tokens(length_spec(input_tokens(d, cal), p["input_spread"])) / draw_chunk_tokens(d, cal)
+        pool_rate = p["kv_fits"] / (prefill_steps + p["output_tokens"])  # requests admitted per step
+        assert 1 / prefill_steps >= 2 * pool_rate * 0.99, (d.name, draw_chunk_tokens(d, cal))
 
 
 def test_the_ci_seeds_draws_are_the_ones_it_always_ran():
