@@ -78,8 +78,10 @@ def cold_start(ctx: RuleContext) -> Outcome:
     # Requests that really waited for the start-up, far longer than any steady TTFT: this is
     # what users felt, so it ranks with the TTFT findings (still never counted as TTFT).
     dominant = bool(n_out) and p95 and excess >= th["dominant_vs_ttft_p95_min"] * p95
+    # its sample is every request, the first ones too (the steady ones alone leave them out)
+    n_all = (ctx.v("requests_n", 0) or 0) + n_out
     return finding(title + " (start-up cost, reported apart, not TTFT)",
-                   t.confidence(0.9), None, None, t.evidence,
+                   t.confidence(0.9, n_requests=n_all), None, None, t.evidence,
                    ["warm the server up before it takes traffic (a warm-up request, compile ahead of time)",
                     "model load, GPU initialisation and weight reads are start-up / scale-out cost: with weights "
                     "resident in GPU memory, faster SSDs do nothing for TTFT",

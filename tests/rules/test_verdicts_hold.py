@@ -114,6 +114,29 @@ def test_requests_that_arrived_during_start_up_make_it_the_verdict(tmp_path: Pat
     assert out.evidence[0].name == "requests that arrived during start-up and waited" and out.evidence[0].crossed
 
 
+def test_a_short_run_whose_first_half_paid_the_start_up_names_it() -> None:
+    """8 requests, 4 of them the first ones 90x the steady TTFT p95: the sample is all 8 requests,
+    not the 4 steady ones left in the TTFT statistics, so cold_start is the verdict, not a lead."""
+    from rules.base import RuleContext
+    from rules.config import load_thresholds
+    from rules.edges import cold_start
+    from rules.features import Feature, Features
+
+    def conf(outliers: float) -> float:
+        feats = Features()
+        for name, value, unit in (("requests_n", 4.0, "requests"), ("cold_start_outliers_n", outliers, "requests"),
+                                  ("cold_start_outlier_excess_s", 3.4, "s"), ("cold_start_outlier_ttft_s", 3.44, "s"),
+                                  ("ttft_p95_s", 0.038, "s")):
+            feats.add(Feature(name, value, unit, True))
+        th = load_thresholds(None)
+        out = cold_start(RuleContext(feats, th["cold_start"], th["general"], {}, False))
+        assert not isinstance(out, str), out
+        return out.confidence
+
+    assert conf(4.0) >= 0.7
+    assert conf(1.0) < conf(4.0)
+
+
 def test_a_run_with_many_failed_requests_is_never_healthy(tmp_path: Path) -> None:
     """~30% failed (every 3rd request a 503): the failure finding names the kinds and the load level."""
     for sides in (("client",), ("client", "server")):
