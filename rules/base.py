@@ -65,6 +65,12 @@ class RuleContext:
         share = min(max(float(share), 0.0), 1.0)
         return share * p95, share * 100.0
 
+    def stage_population(self, names: tuple[str, ...]) -> float | None:
+        """The named stages' share of every steady request's TTFT, summed (feature
+        ``stage_shares_all``): a finding's ``population_share`` when its cause is those stages."""
+        shares = self.v("stage_shares_all")
+        return sum(float(shares.get(n, 0.0)) for n in names) if shares else None
+
     @property
     def series_only(self) -> bool:
         """No request has a TTFT: the features come from the engine's metrics alone."""

@@ -60,12 +60,6 @@ def _steps_row(t: Triage, weigh: bool = False) -> None:
                  weigh=weigh)
 
 
-def _stage_population(ctx: RuleContext, names: tuple[str, ...]) -> float | None:
-    """The named stages' share of every steady request's TTFT, summed (feature ``stage_shares_all``)."""
-    shares = ctx.v("stage_shares_all")
-    return sum(float(shares.get(n, 0.0)) for n in names) if shares else None
-
-
 def _busy_row(t: Triage) -> None:
     """The device busy fraction against the level that supports "compute load high" (when measured)."""
     busy = t.ctx.v("device_busy_frac")
@@ -152,7 +146,7 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
             # agrees only loosely supports it, and never makes it less sure than the share alone
             conf = max(conf, ctx.confidence(directness, [strength(ps, th["share_only_min"], bound=1.0)]))
         return finding(title, conf, s, pct, t.evidence, PREFILL_CHECKS, note=note,
-                       population_share=_stage_population(ctx, ("prefill", "comm")))
+                       population_share=ctx.stage_population(("prefill", "comm")))
     if r2 is None and ctx.has("prefill_busy_ratio"):
         return _prefill_busy(t)
     # black box: TTFT linear in prompt length at concurrency 1, at a per-token cost a parallel prefill can have

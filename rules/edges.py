@@ -293,7 +293,8 @@ def network(ctx: RuleContext) -> Outcome:
              if by_gap else "Detokenization / response streaming takes a large share of TTFT")
     return finding(title, t.confidence(0.9), s, pct, t.evidence,
                    [*NETWORK_CHECKS,
-                    "the TTFT boundary: client TTFT includes the network, server TTFT ends at the hand-off to the stream"])
+                    "the TTFT boundary: client TTFT includes the network, server TTFT ends at the hand-off to the stream"],
+                   population_share=ctx.stage_population(("network",) if by_gap else ("detokenize",)))
 
 
 @rule("loadgen", "loadgen", needs=(("client_first_token_lag_share",), ("client_loop_stall_frac",),

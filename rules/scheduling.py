@@ -399,7 +399,8 @@ def tokenize(ctx: RuleContext) -> Outcome:
             t.context("TTFT slope", slope, "ms/token", "grows with prompt length, like the tokenizer's work")
         s, pct = ctx.explained(ts)
         return finding("Tokenization on the serving CPU takes a large share of TTFT",
-                       t.confidence(0.95), s, pct, t.evidence, checks)
+                       t.confidence(0.95), s, pct, t.evidence, checks,
+                       population_share=None if from_metrics else ctx.stage_population(("tokenize",)))
     ratio = ctx.v("prompt_slope_per_itl")
     r2 = ctx.v("ttft_prompt_r2")
     if r2 < th["bb_r2_min"] or ratio < th["bb_slope_per_itl_min"]:

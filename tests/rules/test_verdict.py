@@ -78,3 +78,33 @@ def test_a_wait_stays_the_verdict_when_the_tail_or_the_floor_shows_it() -> None:
     # an SLO broken is never healthy
     assert settle([_finding("queue", 0.81)], _feats(**QUEUE_NEAR_MISS), th, 1.0, itl_broken=False,
                   slo_broken=True)[0].category == "queue"
+
+
+def test_a_near_tie_ranks_the_stage_most_requests_spend_their_ttft_in() -> None:
+    """The r012 tokenize draw (seed 90417) on a busy machine: a few streams' first tokens sat in the
+    network (29% of the slowest 5%, 7% of all TTFT) while every request spent 54% of its TTFT in the
+    tokenizer (23% of the slowest 5%). Both rules carry their stage's share of every request's TTFT,
+    so the near tie goes to the tokenizer, not to the tail's network gaps."""
+    from rules.base import RuleContext
+    from rules.edges import network
+    from rules.scheduling import tokenize
+    from rules.verdict import near_tie
+
+    th = load_thresholds(None)
+    feats = _feats(tokenize_share_tail=0.23, network_share_tail=0.29, client_server_gap_p50_s=0.0074,
+                   client_server_ttft_ratio=1.04, itl_p50_s=0.0025, ttft_p95_s=1.06, requests_n=25.0)
+    feats.add(Feature("stage_shares_all", {"tokenize": 0.54, "prefill": 0.3, "network": 0.07}, "share", True))
+
+    def run(rule, rid: str) -> Finding:
+        out = rule(RuleContext(feats, th[rid], th["general"], {}, False))
+        assert isinstance(out, Finding), out
+        out.category, out.rule_id, out.weight = rid, rid, 0.25
+        return out
+
+    tok, net = run(tokenize, "tokenize"), run(network, "network")
+    assert (tok.population_share, net.population_share) == (0.54, 0.07)
+    assert net.explained_pct > tok.explained_pct  # the tail alone would rank the network first
+    findings = [net, tok]
+    near_tie(findings, 0.2, itl_broken=False)
+    assert [f.category for f in findings] == ["tokenize", "network"]
+    assert "larger share of all requests' TTFT" in tok.note
