@@ -418,11 +418,21 @@ def tokenize(ctx: RuleContext) -> Outcome:
               "each prompt token costs a sizeable part of a whole decode step: sequential per-token CPU work, "
               "not a parallel prefill")
     t.crossed("TTFT vs prompt tokens R²", r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token", bound=1.0)
+    # every fitted request alone in flight: the spread of its prompts is a prompt sweep (as prefill_compute)
+    alone = ctx.v("ttft_prompt_fit_alone_frac")
+    lone = alone is not None and alone >= ctx.th_of("prefill_compute")["bb_alone_frac_min"]
+    if alone is not None:
+        t.context("fitted requests alone in flight", alone, "share",
+                  "nothing else in flight when they arrived: the spread of their prompts is a prompt sweep"
+                  if lone else "some met other requests in flight")
     s, pct = ctx.explained(min(share, 1.0) if share is not None else None)
     return finding("TTFT grows per prompt token far faster than a parallel prefill would: tokenization (black box)",
-                   t.confidence(0.8, black_box=True), s, pct, t.evidence, checks, black_box=True,
+                   t.confidence(0.8, black_box=True, designed=lone), s, pct, t.evidence, checks, black_box=True,
+                   population_share=None if share is None else min(share, 1.0),
                    note="client-only evidence: per-token cost compared with the decode step; a server-side capture "
-                   "tells tokenizer from prefill directly")
+                   "tells tokenizer from prefill directly"
+                   + ("; the requests arrived alone, so their prompts' spread is a prompt sweep (designed-like)"
+                      if lone else ""))
 
 
 KV_CHECKS = [

@@ -77,3 +77,22 @@ def test_requests_waiting_for_kv_blocks_name_kv_cache_short_of_full_usage(tmp_pa
     cap = run(tmp_path / "cap", max_running=2)
     assert cap.features.value("kv_blocked_steps_frac") == 0.0
     assert cap.verdict.category != "kv_cache"
+
+
+def test_a_lone_streams_prompt_spread_is_a_sweep_for_the_black_box_tokenizer(tmp_path) -> None:  # noqa: ANN001
+    """One stream, prompts of 64..384 tokens at 3 ms a token in the tokenizer (the r005 tokenize draw
+    of seed 90417, client-only): every request arrived alone, so the spread of its prompts is a
+    prompt sweep and tokenize is named; the same costs under 3 streams stay a leading candidate."""
+    from support.simcap import MS, Client, Engine, Phase, simulate, tables_of
+
+    def client_only(conc: int):  # noqa: ANN202
+        dirs = simulate(tmp_path / str(conc), Engine(tok_s_per_token=3.0 * MS),
+                        [Phase("steady", 30, [64, 128, 256, 384], 8, conc=conc)], Client())
+        return diagnose(tables_of(dirs, ("client",)))
+
+    lone = client_only(1)
+    assert lone.verdict.category == "tokenize" and lone.verdict.black_box, lone.verdict
+    rows = {e.name: e.value for e in lone.verdict.evidence}
+    assert rows["fitted requests alone in flight"] == 1.0 and rows["TTFT per prompt token / ITL p50"] > 0.5
+    crowded = next(f for f in client_only(3).findings if f.category == "tokenize")
+    assert crowded.confidence < lone.verdict.confidence
