@@ -152,11 +152,13 @@ def deciding_experiment(f: Finding, feats: Any, min_requests: int) -> list[str]:
                    "/metrics (`--metrics URL`) measure the stages the client only infers")
     if n is not None and n < min_requests:
         out.append(f"more requests: {n:g} completed, the rules want {min_requests} (`-n`, or a longer --budget)")
-    if f.black_box and not feats.available("ttft_by_inflight") and f.category in ("queue", "kv_cache", "frontend",
-                                                                                    "kv_reservation"):
+    own = f.next_checks[:2]
+    if (f.black_box and not feats.available("ttft_by_inflight") and f.category in ("queue", "kv_cache", "frontend",
+                                                                                     "kv_reservation")
+            and not any("--sweep concurrency" in c for c in own)):
         out.append("`ttft probe URL --sweep concurrency`: TTFT rising from the lowest level while decode speed holds "
                    "is requests waiting to be admitted")
-    out.extend(c for c in f.next_checks[:2] if c not in out)
+    out.extend(c for c in own if c not in out)
     return out
 
 

@@ -108,3 +108,16 @@ def test_a_near_tie_ranks_the_stage_most_requests_spend_their_ttft_in() -> None:
     near_tie(findings, 0.2, itl_broken=False)
     assert [f.category for f in findings] == ["tokenize", "network"]
     assert "larger share of all requests' TTFT" in tok.note
+
+
+def test_the_deciding_experiment_is_named_once() -> None:
+    """A black-box queue lead whose own first check is the concurrency sweep: the sweep is listed once."""
+    from rules.verdict import deciding_experiment
+
+    sweep = "confirm with a concurrency sweep: `ttft probe URL --sweep concurrency`"
+    lead = Finding("queue", "queue", "queue finding", 0.32, 0.4, 100.0, [], [sweep, "admission limits"],
+                   black_box=True)
+    checks = deciding_experiment(lead, _feats(requests_n=32.0), 20)
+    assert sum("--sweep concurrency" in c for c in checks) == 1 and sweep in checks
+    other = Finding("queue", "queue", "queue finding", 0.32, 0.4, 100.0, [], ["admission limits"], black_box=True)
+    assert sum("--sweep concurrency" in c for c in deciding_experiment(other, _feats(requests_n=32.0), 20)) == 1
