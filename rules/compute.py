@@ -42,11 +42,23 @@ def _fit_rows(t: Triage, weigh: bool) -> None:
     r2 = ctx.v("ttft_prompt_r2")
     if r2 is None:
         return
-    t.judged("TTFT vs prompt tokens R²", r2, "r2_min", "",
-             f"requests that did not queue; slope {ctx.v('ttft_prompt_slope_ms_per_token'):.3g} ms/token, intercept "
-             f"{ctx.v('ttft_prompt_intercept_ms', 0):.3g} ms", weigh=weigh, bound=1.0)
+    fit = (f"slope {ctx.v('ttft_prompt_slope_ms_per_token'):.3g} ms/token, intercept "
+           f"{ctx.v('ttft_prompt_intercept_ms', 0):.3g} ms")
+    if r2 < ctx.th["r2_min"] and _slope_resolved(ctx):
+        t.context("TTFT vs prompt tokens R²", r2, "", f"requests that did not queue; {fit}: low over a narrow prompt range")
+        t.judged("TTFT slope / its standard error", ctx.v("ttft_prompt_slope_t"), "slope_t_min", "",
+                 "TTFT rises with the prompt within the range the prompts span", weigh=weigh)
+    else:
+        t.judged("TTFT vs prompt tokens R²", r2, "r2_min", "", f"requests that did not queue; {fit}", weigh=weigh,
+                 bound=1.0)
     t.judged("prompt-proportional part of median TTFT", ctx.v("ttft_prompt_explained_frac"), "explained_frac_min",
              "share", "slope x mean prompt / mean TTFT: how much of the TTFT time is prompt processing", weigh=weigh)
+
+
+def _slope_resolved(ctx: RuleContext) -> bool:
+    """Whether the prompt fit's slope stands ``slope_t_min`` standard errors above zero."""
+    t = ctx.v("ttft_prompt_slope_t")
+    return t is not None and t >= ctx.th["slope_t_min"]
 
 
 def _steps_row(t: Triage, weigh: bool = False) -> None:
@@ -96,7 +108,8 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
                 f"{th['prompt_steps_min']:g}): TTFT is what a short prompt costs, not prefill holding it back")
     r2 = ctx.v("ttft_prompt_r2")
     expl = ctx.v("ttft_prompt_explained_frac")
-    fit_ok = r2 is not None and expl is not None and r2 >= th["r2_min"] and expl >= th["explained_frac_min"]
+    fit_ok = (r2 is not None and expl is not None and expl >= th["explained_frac_min"]
+              and (r2 >= th["r2_min"] or _slope_resolved(ctx)))
     busy = ctx.v("device_busy_frac")
     t = Triage(ctx)
     if ctx.has("prefill_share_tail"):

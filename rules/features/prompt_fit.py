@@ -18,7 +18,8 @@ def prompt_fit(ctx: FeatureContext) -> None:
     """TTFT = intercept + slope x prompt tokens on comparable requests (needs a prompt-length sweep)."""
     st = ctx.steady
     prompt_sweep_points(ctx)
-    names = ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_intercept_se_ms", "ttft_prompt_r2",
+    names = ("ttft_prompt_slope_ms_per_token", "ttft_prompt_intercept_ms", "ttft_prompt_intercept_se_ms",
+             "ttft_prompt_slope_t", "ttft_prompt_r2",
              "ttft_prompt_explained_frac", "ttft_prompt_fit_n", "ttft_prompt_fit_ttft_p50_s",
              "ttft_prompt_fit_itl_p50_s", "ttft_prompt_fit_alone_frac")
     if len(st) == 0:
@@ -93,11 +94,17 @@ def prompt_fit(ctx: FeatureContext) -> None:
     ctx.add("ttft_prompt_intercept_ms", intercept * 1e3, source=how)
     # how well the points pin the intercept: a narrow range far from zero tokens leaves it an
     # extrapolation (the network rule asks how far below it the points allow)
-    se = linear_fit_se(fx, fy)[1]
+    slope_se, se = linear_fit_se(fx, fy)
     if np.isfinite(se):
         ctx.add("ttft_prompt_intercept_se_ms", se * 1e3, source=f"over {fx.size} fit points ({how})")
     else:
         ctx.add("ttft_prompt_intercept_se_ms", None, f"{fx.size} fit points leave no scatter to measure it with")
+    # how many standard errors the slope stands above zero: over a narrow prompt range R² stays low
+    # however exactly TTFT follows the prompt, while this still says the slope is there
+    if np.isfinite(slope_se) and slope_se > 0:
+        ctx.add("ttft_prompt_slope_t", slope / slope_se, source=f"over {fx.size} fit points ({how})")
+    else:
+        ctx.add("ttft_prompt_slope_t", None, f"{fx.size} fit points leave no scatter to measure it with")
     ctx.add("ttft_prompt_r2", max(0.0, r2), source=how)
     # time-weighted (means, not medians): in a mixed workload most requests are short, yet
     # the long ones carry most of the TTFT time

@@ -50,6 +50,8 @@ def test_a_narrow_prompt_range_fits_when_the_slope_is_resolved() -> None:
     assert feats.available("ttft_prompt_r2")
     assert feats.value("ttft_prompt_slope_ms_per_token") == pytest.approx(0.2, rel=0.1)
     assert feats.value("ttft_prompt_explained_frac") <= 1.0
+    # the slope stands many standard errors above zero (0.2 ms/token against a +-1 ms scatter)
+    assert feats.value("ttft_prompt_slope_t") > 10
 
 
 def test_a_narrow_prompt_range_with_noisy_ttft_stays_unfitted() -> None:
