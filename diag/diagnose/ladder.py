@@ -1,6 +1,8 @@
 """The prompt ladder of ``ttft diagnose``: prompt lengths doubling at concurrency 1 from the
-baseline's, to split TTFT into a fixed part and a per-token part (prefill, tokenizer). It ends
-below the server's context limit (from ``/v1/models``, or the first length answered with a 4xx),
+baseline's, to split TTFT into a fixed part and a per-token part (prefill, tokenizer). Below the
+server's context limit (from ``/v1/models``, or the first length answered with a 4xx); when the
+limit leaves no room for the three lengths a fit needs (the users' prompts near the context), the
+rungs halve from the baseline's instead, down to :data:`LADDER_MIN_TOKENS`. It ends
 once the fit of TTFT on prompt tokens is clear (growth past the ramp's break line with the
 prefill rule's R²) or TTFT is flat over a wide span, when a rung would eat the ramp's share of
 the budget, or after :data:`LADDER_MAX_RUNGS`. Pure; no I/O.
@@ -30,6 +32,8 @@ LADDER_MIN_RUNGS = 3
 LADDER_SPAN = 8.0
 #: A lone request slower than this is not sent again at a longer prompt (never harm).
 RUNG_TTFT_MAX_S = 10.0
+#: The shortest rung of a ladder that steps down from the baseline (tokens).
+LADDER_MIN_TOKENS = 32
 
 def prompt_fit(points: Sequence[Point]) -> tuple[float, float, float] | None:
     """(slope s/token, intercept s, R²) of median TTFT on prompt tokens over the baseline and the
@@ -64,9 +68,12 @@ def ladder_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float) -
     if rungs and last.ok == 0:
         return None, f"every request at prompt={last.value:g} failed ({', '.join(last.errors) or 'error'})", learned
     fit = prompt_fit(points)
-    growth = ratio(last.ttft_p50_s, base.ttft_p50_s)
-    # the span as designed (requested lengths): the server's token counts run a little short
-    span = (last.value if rungs else float(cfg.input_tokens)) / float(cfg.input_tokens)
+    # the longest and the shortest length answered, as designed (requested lengths: the server's
+    # token counts run a little short); the baseline's is the users' prompt
+    answered = [(float(cfg.input_tokens), base)] + [(p.value, p) for p in rungs if p.ok]
+    (lo_len, lo), (hi_len, hi) = min(answered, key=lambda a: a[0]), max(answered, key=lambda a: a[0])
+    growth = ratio(hi.ttft_p50_s, lo.ttft_p50_s)
+    span = hi_len / lo_len
     if fit is not None and len(rungs) >= LADDER_MIN_RUNGS:
         slope, intercept, r2 = fit
         r2_min = float(cfg.thresholds["prefill_compute"]["r2_min"])
@@ -75,28 +82,37 @@ def ladder_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float) -
                           f"fixed part dominates ({fmt_s(base.ttft_p50_s)}{steps_of(base)})"), learned
         if growth is not None and r2 >= r2_min and (growth >= cfg.ttft_break_x or span >= LADDER_SPAN):
             fixed = max(intercept, 0.0) / base.ttft_p50_s if base.ttft_p50_s else 0.0
-            return None, (f"TTFT {growth:.1f}x from {tokens_of(base, cfg):.0f} to {tokens_of(last, cfg):.0f} tokens: "
+            return None, (f"TTFT {growth:.1f}x from {tokens_of(lo, cfg):.0f} to {tokens_of(hi, cfg):.0f} tokens: "
                           f"{slope * 1e3:.3g} ms/token + {intercept * 1e3:.3g} ms fixed (R² {r2:.2f}; the fixed part "
                           f"is {fixed:.0%} of the baseline's TTFT): the per-token cost and the fixed part are "
                           "measured"), learned
     if len(rungs) >= LADDER_MAX_RUNGS:
         return None, f"{len(rungs)} rungs ran (TTFT {growth or 0:.1f}x over {span:.0f}x the tokens)", learned
+    down = any(p.value < cfg.input_tokens for p in rungs)  # stepping down from the baseline already
     prev_len = last.value if rungs else float(cfg.step_base_tokens)
-    nxt = int(2 * prev_len)
+    nxt = int(lo_len // 2) if down else int(2 * prev_len)
     limit = cfg.prompt_limit_tokens
-    if nxt > limit:
+    if not down and nxt > limit:
         if limit <= prev_len * 1.25:
             where = (f"the context limit ({cfg.context_limit_tokens} tokens)" if cfg.context_limit_tokens
                      and limit < cfg.max_prompt_tokens else f"--max-prompt {cfg.max_prompt_tokens}")
-            return None, f"the next length would pass {where}: the ladder ends at {prev_len:g}", learned
-        nxt = limit
+            if len({round(a) for a, _ in answered}) >= 3 or lo_len // 2 < LADDER_MIN_TOKENS:
+                return None, f"the next length would pass {where}: the ladder ends at {prev_len:g}", learned
+            nxt, down = int(lo_len // 2), True  # too few lengths for a fit: step down from the baseline
+        else:
+            nxt = limit
+    if down and nxt < LADDER_MIN_TOKENS:
+        return None, f"the ladder stepped down to {lo_len:g} tokens (the next would be under {LADDER_MIN_TOKENS})", learned
     if (last.ttft_p50_s or 0.0) >= RUNG_TTFT_MAX_S:
         return None, f"a lone request at {last.value:g} tokens already takes {fmt_s(last.ttft_p50_s)}", learned
     cost = cfg.rung_requests * ((last.ttft_p50_s or 0.0) * nxt / max(tokens_of(last, cfg), 1.0) + (last.service_s or 0.0))
     if elapsed_s + cost > LADDER_BUDGET_SHARE * cfg.budget_s and len(rungs) >= 2:
         return None, (f"the next rung ({nxt} tokens) would take ~{cost:.0f} s: the ramp needs the rest of the "
                       f"{cfg.budget_s:.0f} s budget"), learned
-    if not rungs:
+    if down and not any(p.value < cfg.input_tokens for p in rungs):
+        why = (f"longer prompts would pass the context limit, and a fit needs three lengths: the ladder steps down "
+               f"from the {cfg.input_tokens}-token baseline; next rung {nxt} tokens")
+    elif not rungs:
         why = (f"a lone request takes {fmt_s(base.ttft_p50_s)} to its first token{steps_of(base)}; climbing prompt "
                f"lengths at concurrency 1 splits TTFT into a fixed part and a per-token part (prefill, tokenizer)")
     else:
@@ -105,4 +121,5 @@ def ladder_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float) -
     return nxt, why, learned
 
 
-__all__ = ["LADDER_BUDGET_SHARE", "LADDER_MAX_RUNGS", "LADDER_MIN_RUNGS", "LADDER_SPAN", "ladder_reading", "prompt_fit"]
+__all__ = ["LADDER_BUDGET_SHARE", "LADDER_MAX_RUNGS", "LADDER_MIN_RUNGS", "LADDER_MIN_TOKENS", "LADDER_SPAN",
+           "ladder_reading", "prompt_fit"]

@@ -135,6 +135,27 @@ def test_the_ladder_stops_below_a_context_limit_from_v1_models() -> None:
     assert "context limit (300 tokens)" in d.step.reason
 
 
+def test_a_ladder_with_no_room_above_the_users_prompts_steps_down_for_its_fit() -> None:
+    """Real vLLM, users' prompts of 1,361 tokens under a 2,048-token context: one rung up (2,023)
+    left two lengths and no prompt fit. The ladder then halves from the baseline until a fit can
+    be judged, and stops above the shortest rung it allows."""
+    cfg = PlanConfig(input_tokens=1361, output_tokens=17, context_limit_tokens=2048)
+    base = pt("baseline", 1, 0.104, tokens=1361.0)
+    d = next_step(cfg, [base], 1.0)
+    assert d.step is not None and (d.step.kind, d.step.value) == ("prompt", 2023)  # climbs first, to the limit
+    top = pt("prompt", 2023, 0.150)
+    d = next_step(cfg, [base, top], 2.0)
+    assert d.step is not None and (d.step.kind, d.step.value) == ("prompt", 680) and "steps down" in d.step.reason
+    d = next_step(cfg, [base, top, pt("prompt", 680, 0.052)], 3.0)
+    assert d.step is not None and (d.step.kind, d.step.value) == ("prompt", 340)
+    d = next_step(cfg, [base, top, pt("prompt", 680, 0.052), pt("prompt", 340, 0.026)], 4.0)
+    assert d.step is not None and d.step.kind == "concurrency" and "from 340 to 2023 tokens" in d.step.reason
+    # with three lengths answered below the limit, the ladder ends there as before
+    d = next_step(replace(cfg, input_tokens=500), [pt("baseline", 1, 0.04, tokens=500.0), pt("prompt", 1000, 0.075),
+                                                   pt("prompt", 2000, 0.15)], 3.0)
+    assert d.step is not None and d.step.kind == "concurrency"
+
+
 def test_a_flat_ladder_ends_early_with_the_fixed_part_named() -> None:
     flat = [pt("prompt", v, 0.200) for v in (128, 256, 512)]
     d = next_step(PlanConfig(), [pt("baseline", 1, 0.190), *flat], 3.0)
@@ -284,8 +305,9 @@ def test_no_prefix_follow_up_on_a_failing_server_a_short_ladder_or_without_the_b
     failing = pt("concurrency", 2, 0.02, n=8, ok=6, errors={"http_5xx": 2})
     d = next_step(cfg, [BASE, *LADDER, failing], 5.0, leading="prefill_compute")
     assert d.step is None or d.step.kind != "prefix"
-    small = replace(CAPPED, context_limit_tokens=200)  # the ladder ends at 128 tokens: a prefix of 64 says little
-    assert next_step(small, [BASE, pt("prompt", 128, 0.017)], 5.0, leading="prefill_compute").step is None
+    small = replace(CAPPED, context_limit_tokens=200)  # the ladder tops out at 128 tokens: a prefix of 64 says little
+    assert next_step(small, [BASE, pt("prompt", 128, 0.017), pt("prompt", 32, 0.008)], 5.0,
+                     leading="prefill_compute").step is None
     assert next_step(replace(CAPPED, budget_s=5.5), [BASE, *LADDER], 5.0, leading="prefill_compute").step is None
 
 
