@@ -116,7 +116,8 @@ def ladder_reading(cfg: PlanConfig, points: Sequence[Point], elapsed_s: float) -
         why = (f"a lone request takes {fmt_s(base.ttft_p50_s)} to its first token{steps_of(base)}; climbing prompt "
                f"lengths at concurrency 1 splits TTFT into a fixed part and a per-token part (prefill, tokenizer)")
     else:
-        why = (f"prompt={last.value:g}: TTFT {fmt_s(last.ttft_p50_s)} ({ratio(last.ttft_p50_s, base.ttft_p50_s) or 0:.1f}x the "
+        vs_base = ratio(last.ttft_p50_s, base.ttft_p50_s) or 0.0
+        why = (f"prompt={last.value:g}: TTFT {fmt_s(last.ttft_p50_s)} ({vs_base:.1f}x the "
                f"{tokens_of(base, cfg):.0f}-token baseline); next rung {nxt} tokens")
     return nxt, why, learned
 
