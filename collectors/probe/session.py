@@ -551,6 +551,8 @@ async def run_sweep_async(config: ProbeConfig, sweep: SweepSpec, writer: Capture
             if sweep.kind == "lora":  # the first v adapters of --lora
                 wl = session.workload.with_design(session.workload.spec.response_format,
                                                   session.workload.spec.lora_adapters[: int(v)])
+            if sweep.kind == "long_every":  # the control without long prompts, then every v-th prompt long
+                wl = session.workload.with_long_every(int(v))
             outcome = await session.phase(load, wl, seg)
             m = session.metrics(outcome)
             session.segments.append((seg, m))

@@ -11,6 +11,11 @@
 * ``lora``: how many of the ``--lora`` adapters the requests ask for, at the same load: 1 (every
   request for the first: the control) and all of them (``max_value``); more points with values.
   TTFT with all of them against one is what waiting for an adapter slot costs.
+* ``long_every``: the ``--inject-long TOKENS:EVERY`` design at the same load in two points: no
+  long prompt (``long_every=0``, the control) and every EVERY-th prompt long (``long_every=EVERY``). Short
+  requests' TTFT in the second against the first is what a long prompt ahead of them costs; with
+  the long prompts alone, a long one may be unfinished whenever a short one arrives, and nothing
+  then says what a short request takes without one.
 
 Pure planning and stop rules; the session (:mod:`collectors.probe.session`) runs the points.
 """
@@ -22,9 +27,9 @@ from typing import Any
 
 from collectors.probe.load import LoadSpec
 
-SWEEP_KINDS = ("prompt", "concurrency", "rate", "lora")
-DEFAULT_MAX = {"prompt": 4096, "concurrency": 64, "rate": 32, "lora": 2}
-_START = {"prompt": 64, "concurrency": 1, "rate": 1, "lora": 1}
+SWEEP_KINDS = ("prompt", "concurrency", "rate", "lora", "long_every")
+DEFAULT_MAX = {"prompt": 4096, "concurrency": 64, "rate": 32, "lora": 2, "long_every": 4}
+_START = {"prompt": 64, "concurrency": 1, "rate": 1, "lora": 1, "long_every": 0}
 
 
 class SweepError(ValueError):
@@ -47,7 +52,7 @@ class SweepSpec:
         if self.values is not None:
             if not self.values:
                 raise SweepError("--sweep-values is empty")
-            if any(v <= 0 for v in self.values):
+            if any(v < 0 or (v == 0 and self.kind != "long_every") for v in self.values):
                 raise SweepError("--sweep-values must be > 0")
             if self.kind != "rate" and any(v != int(v) for v in self.values):
                 raise SweepError(f"--sweep-values for {self.kind} must be whole numbers")
@@ -58,6 +63,8 @@ class SweepSpec:
         top = self.max_value or DEFAULT_MAX[self.kind]
         if self.kind == "lora":  # the control (one adapter) and all of them
             return sorted({1.0, float(top)})
+        if self.kind == "long_every":  # the control (no long prompt) and every top-th prompt long
+            return [0.0, float(top)]
         out, v = [], float(_START[self.kind])
         while v <= top:
             out.append(v)
@@ -84,7 +91,7 @@ def label(kind: str, value: float) -> str:
 def point_load(spec: SweepSpec, value: float, base: LoadSpec, user_set_concurrency: bool) -> LoadSpec:
     """The load of one sweep point (the user's requests/duration per point, or a default)."""
     n, dur = spec.requests_per_point, spec.duration_per_point_s
-    if spec.kind == "lora":  # the user's load at every point; only the adapters asked for change
+    if spec.kind in ("lora", "long_every"):  # the user's load at every point; only the adapters / long prompts change
         return replace(base, requests=n or (None if dur else base.requests), duration_s=dur or base.duration_s)
     if spec.kind == "prompt":
         return replace(base, concurrency=1, rate_rps=None, requests=n or (None if dur else 8), duration_s=dur)

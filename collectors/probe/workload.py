@@ -320,6 +320,15 @@ class Workload:
         clone.spec = replace(clone.spec, inject_long_tokens=int(long_tokens), inject_long_every=int(every))
         return clone
 
+    def with_long_every(self, every: int) -> Workload:
+        """A copy whose every ``every``-th prompt is the ``--inject-long`` one (0: none, the control);
+        the short prompts' draws are this workload's."""
+        if every and (every < 2 or self.spec.inject_long_tokens < 1):
+            raise WorkloadError("--inject-long TOKENS:EVERY needs TOKENS >= 1 and EVERY >= 2")
+        clone = self.with_input(self.spec.input_tokens)
+        clone.spec = replace(clone.spec, inject_long_every=int(every))
+        return clone
+
     def with_design(self, response_format: ResponseFormatSpec | None, lora: tuple[str, ...] = ()) -> Workload:
         """A copy that also asks for ``response_format`` (its own schema draws) and one of ``lora`` per
         request (the ``--response-format`` and ``--lora`` designs)."""

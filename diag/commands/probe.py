@@ -90,7 +90,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "control), so that TTFT on repeats shows whether the server's prefix cache works (use --concurrency 1)")
     p.add_argument("--inject-long", default=None, metavar="TOKENS:EVERY",
                    help="every EVERY-th prompt has TOKENS tokens instead of --input-tokens: a long prompt among short "
-                   "ones, so that short requests' TTFT with a long one in flight shows head-of-line blocking")
+                   "ones, so that short requests' TTFT with a long one in flight shows head-of-line blocking; alone, the "
+                   "same load runs first without long prompts (the control)")
     p.add_argument("--response-format", metavar="SPEC", default=None,
                    help="structured output, to see the server's grammar compilation: json (json_object), schema:fresh "
                    "(a new JSON schema on every request), schema:repeat (one schema for the run), schema:R or schema "
@@ -277,13 +278,14 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
         ray_address=ray_address,
     )
     sweep = None
-    kind = args.sweep or ("lora" if len(lora) > 1 else None)  # --lora A,B: one adapter, then all of them
+    # --lora A,B: one adapter, then all of them; --inject-long alone: no long prompt, then every EVERY-th
+    kind = args.sweep or ("lora" if len(lora) > 1 else "long_every" if long_every else None)
     if kind == "lora" and len(lora) < 2:
         raise _usage("--sweep lora needs --lora with two or more adapters")
     if kind:
         try:
             values = parse_values(args.sweep_values) if args.sweep_values else None
-            top = float(len(lora)) if kind == "lora" else args.sweep_max
+            top = float(len(lora)) if kind == "lora" else float(long_every) if kind == "long_every" else args.sweep_max
             if kind == "lora" and values and max(values) > len(lora):
                 raise ValueError(f"--sweep-values: at most {len(lora)} adapters (--lora names {len(lora)})")
             sweep = SweepSpec(kind, values, top, args.requests, args.duration)

@@ -40,6 +40,24 @@ def test_the_flag_builds_the_workload_and_bad_values_are_one_line_errors():
         Workload(WorkloadSpec(inject_long_tokens=10, inject_long_every=1))
 
 
+def test_the_design_runs_a_control_without_long_prompts_then_the_mix():
+    """Alone, --inject-long is a two-point sweep at the same load: no long prompt (the control), then
+    every EVERY-th prompt long; with another sweep the long prompts ride along every point, as before."""
+    cfg, sweep = _cfg("--inject-long", "512:6", "-c", "3", "-n", "24")
+    assert sweep is not None and sweep.kind == "long_every" and sweep.point_values() == [0.0, 6.0]
+    from collectors.probe.sweep import point_load
+
+    assert point_load(sweep, 0.0, cfg.load, True) == point_load(sweep, 6.0, cfg.load, True)  # the same load
+    _, other = _cfg("--inject-long", "512:6", "--sweep", "concurrency")
+    assert other is not None and other.kind == "concurrency"
+    tok = TokenCounter(TOKENIZER)
+    w = Workload(WorkloadSpec(LengthSpec.parse("24"), inject_long_tokens=400, inject_long_every=4), tok)
+    control = w.with_long_every(0)
+    assert {control.next_item().input_tokens_target for _ in range(8)} == {24}
+    mixed = w.with_long_every(3)
+    assert [mixed.next_item().input_tokens_target for _ in range(6)] == [24, 24, 400] * 2
+
+
 def test_omit_max_tokens_sends_none():
     w = Workload(WorkloadSpec(LengthSpec.parse("24"), omit_max_tokens=True))
     assert w.next_item().max_tokens is None and w.spec.describe()["omit_max_tokens"] is True
