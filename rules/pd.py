@@ -4,8 +4,11 @@ instance admitting it (its KV pool or running cap full).
 
 Each instance reports a low TTFT of its own (vLLM's and SGLang's per-instance metrics); the user's
 TTFT is the prefill side's, the transfer and the decode side's admission in a row. Read from the
-request spans that split them (the bundled engine's ``ttft serve --pd``: :mod:`rules.features.pd`);
-without them the rule is skipped. A client alone sees only TTFT.
+request spans that split them (the bundled engine's ``ttft serve --pd``: :mod:`rules.features.pd`),
+else from the engines' metrics: each instance's own series under ``role=prefill`` / ``role=decode``
+(the bundled engine's one endpoint, or two instances' endpoints given as ``--metrics prefill=URL
+--metrics decode=URL``) and the transfer histogram; without either the rule is skipped. A client
+alone sees only TTFT.
 """
 
 from __future__ import annotations
