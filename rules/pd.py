@@ -107,6 +107,14 @@ def _from_metrics(ctx: RuleContext) -> Outcome:
         which = "admission"
     t.context("decode instance's own TTFT, share of both (engine metrics)", decode, "share",
               "hand-off to first token: what a prefill instance's low TTFT leaves out")
+    t.context_of((
+        ("prefill instance's own TTFT (engine metrics, mean)", "pd_metrics_prefill_ttft_s",
+         "what the prefill instance reports: its own prefill"),
+        ("decode instance's own TTFT (engine metrics, mean)", "pd_metrics_decode_ttft_s",
+         "what the decode instance reports: transfer, admission, its step"),
+        ("TTFT p50 (what the users wait)", "ttft_p50_s", "the client's, when a client capture is there: beside the "
+         "two instances' own, the proxy and the hops between them too"),
+    ))
     s, pct = ctx.explained(transfer if which == "transfer" else (admission if admission is not None else decode))
     title = ("Disaggregated prefill/decode: the KV transfer between the instances holds TTFT" if which == "transfer"
              else "Disaggregated prefill/decode: the decode instance admits requests late (its KV pool or running cap)")

@@ -25,8 +25,9 @@ both sides' together; ``pd_metrics_transfer_share`` (share), the mean transfer o
 compute step (its prefill-time histogram, where it has one: a vLLM decode instance computes the
 prompt's last token, ``request_prefill_time_seconds`` from its SCHEDULED to its first token) and
 less its front end (taken as the prefill instance's: its TTFT beyond its queue and prefill times,
-the API server and its IPC with the engine), over both TTFTs: its wait for blocks and a running place; ``pd_metrics_transfer_vs_prefill_x`` (x), the
-mean transfer over the prefill side's prefill time.
+the API server and its IPC with the engine), over both TTFTs: its wait for blocks and a running
+place; ``pd_metrics_transfer_vs_prefill_x`` (x), the mean transfer over the prefill side's prefill
+time; ``pd_metrics_prefill_ttft_s`` / ``pd_metrics_decode_ttft_s`` (s), each instance's own mean TTFT.
 
 Runs on the feature computation's thread, on the shared :class:`~rules.features.context.FeatureContext`.
 """
@@ -45,7 +46,7 @@ NAMES = ("pd_transfer_share", "pd_transfer_share_tail", "pd_decode_queue_share",
          "pd_transfer_vs_prefill_x")
 SOURCE = "request spans (ttft.pd.*, kv_transfer)"
 METRIC_NAMES = ("pd_metrics_decode_ttft_share", "pd_metrics_transfer_share", "pd_metrics_admission_share",
-                "pd_metrics_transfer_vs_prefill_x")
+                "pd_metrics_transfer_vs_prefill_x", "pd_metrics_prefill_ttft_s", "pd_metrics_decode_ttft_s")
 
 
 def pd_split(ctx: FeatureContext) -> None:
@@ -96,6 +97,8 @@ def _metrics(ctx: FeatureContext) -> None:
                              "role=decode)")
         return
     ctx.add("pd_metrics_decode_ttft_share", dec / (pre + dec), source="prometheus")
+    ctx.add("pd_metrics_prefill_ttft_s", pre, source="prometheus")
+    ctx.add("pd_metrics_decode_ttft_s", dec, source="prometheus")
     transfer = ctx.wmean(stages.SERIES_KV_TRANSFER_S)
     why = None if transfer is not None else "the engine's metrics have no KV-transfer histogram"
     ctx.add("pd_metrics_transfer_share", transfer / (pre + dec) if transfer is not None else None, why,
