@@ -4,79 +4,60 @@ backend moves host memory between the two processes), the proxy of ``tests/suppo
 between them, and the probe scraping each instance's own /metrics (``--metrics prefill=URL
 --metrics decode=URL``), with no server spans: what a user with only the engines' metrics has.
 
-The decode instance's configuration sets the answer:
+The configuration sets the answer:
 
 * ``--max-num-seqs 1`` on the decode instance, 3 streams of 16-token answers: each request's KV
   waits there for the one running place (vLLM's decode-side queue time, QUEUED to SCHEDULED,
   holds it), the prefill instance's own TTFT stays low: named ``pd_transfer`` (its admission);
 * the same pair with a roomy decode instance, one stream: the decode instance's TTFT is the
-  transfer (about 10 ms here) and its one step computing the prompt's last token: not named.
+  transfer (about 10-25 ms here, over shared memory) and its one step computing the prompt's last
+  token: not named;
+* the roomy pair over a slow link: the pair, the proxy and the probe in a private network
+  namespace whose loopback runs at 16 Mbit/s (``tc … tbf``), UCX over TCP: each transfer of a
+  block takes about 0.1 s against a prefill of tens of ms: named ``pd_transfer`` (the transfer).
 
-Slow: three server starts (~40 s each, two at once) and two probes on 2 cores.
+Slow: six server starts (~40 s each, two at once) and three probes on 2 cores.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from diag.analysis import analyze_paths
-from support.engine_testutil import process
 
-from hf_serve import ttft_command
-from vllm_matrix import cpu_split, pinned, taskset
-from vllm_serve import VLLMServe, free_port, require_nixl
+import vllm_pd
+from vllm_serve import require_nixl
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-CLIENT_CPUS, SERVER_CPUS = cpu_split()
-PROXY = Path(__file__).resolve().parents[1] / "support" / "pd_proxy.py"
-
-
-def _instance(model: Path, python: Path, nixl: Path, role: str, log_dir: Path, args: tuple[str, ...] = ()) -> VLLMServe:
-    """One instance of the pair: NixlConnector in ``role`` (kv_producer: prefill, kv_consumer:
-    decode), its NIXL side channel on a free port of its own."""
-    kv = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}
-    pin = pinned(SERVER_CPUS)
-    env = {**pin["env"], "PYTHONPATH": str(nixl), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-           "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()), "UCX_NET_DEVICES": "lo"}
-    return VLLMServe(model, ["--kv-transfer-config", json.dumps(kv), *args], env, prefix=pin["prefix"],
-                     python=python, log_dir=log_dir)
-
-
-@contextlib.contextmanager
-def _pair(model: Path, python: Path, nixl: Path, log_dir: Path, decode_args: tuple[str, ...]) -> Iterator[tuple[str, str, str]]:
-    """Prefill and decode instances started together and a proxy before them: (proxy, prefill, decode) URLs."""
-    pre = _instance(model, python, nixl, "kv_producer", log_dir)
-    dec = _instance(model, python, nixl, "kv_consumer", log_dir, decode_args)
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            for fut in [pool.submit(pre.start), pool.submit(dec.start)]:
-                try:
-                    fut.result()
-                except RuntimeError as exc:
-                    pytest.skip(f"a vLLM P/D instance could not be started here: {exc}")
-        with process(["taskset", "-c", ",".join(map(str, CLIENT_CPUS)), sys.executable, str(PROXY), pre.url,
-                      dec.url], "listening on") as (_, line):
-            yield f"http://127.0.0.1:{line.split()[-1]}", pre.url, dec.url
-    finally:
-        pre.stop()
-        dec.stop()
+ROOT = Path(__file__).resolve().parents[2]
+#: the slow link's rate: a 128-token block of this model's KV (~300 KB) takes about 0.2 s over it
+LINK_RATE = "16mbit"
 
 
 def _probe(urls: tuple[str, str, str], out: Path, streams: int) -> Path:
-    proxy, pre, dec = urls
-    proc = subprocess.run([*taskset(CLIENT_CPUS), *ttft_command(), "probe", proxy, "-n", "30", "-c", str(streams),
-                           "--input-tokens", "64", "--output-tokens", "16", "--metrics", f"prefill={pre}",
-                           "--metrics", f"decode={dec}", "-o", str(out), "--no-progress"],
-                          capture_output=True, text=True, timeout=300)
+    proc = vllm_pd.probe(urls, out, streams)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _slow_link(model: Path, python: Path, nixl: Path, out: Path) -> Path:
+    """The pair, the proxy and the probe in a private network namespace whose loopback runs at
+    :data:`LINK_RATE` (vllm_pd.py run under ``unshare -n``); skips with one line when that cannot be made."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare here: the slow-link case needs a private network namespace")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "thirdparty")])}
+    proc = subprocess.run(["unshare", "-n", "--kill-child", sys.executable, str(Path(vllm_pd.__file__)), str(out),
+                           "--model", str(model), "--python", str(python), "--nixl", str(nixl), "--link-rate", LINK_RATE,
+                           "--streams", "1"], capture_output=True, text=True, timeout=900, env=env)
+    if proc.returncode in (3, 4) or "unshare failed" in proc.stderr:
+        pytest.skip(f"the slow link could not be made here: {proc.stderr.strip().splitlines()[-1:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -86,10 +67,14 @@ def caps(vllm_python: Path, vllm_model: Path, tmp_path_factory: pytest.TempPathF
     nixl = require_nixl()
     root = tmp_path_factory.mktemp("vllm-pd")
     out = {}
-    with _pair(vllm_model, vllm_python, nixl, root, ("--max-num-seqs", "1")) as urls:
-        out["capped"] = _probe(urls, root / "capped", 3)
-    with _pair(vllm_model, vllm_python, nixl, root, ()) as urls:
-        out["roomy"] = _probe(urls, root / "roomy", 1)
+    try:
+        with vllm_pd.pair(vllm_model, vllm_python, nixl, root, ("--max-num-seqs", "1")) as urls:
+            out["capped"] = _probe(urls, root / "capped", 3)
+        with vllm_pd.pair(vllm_model, vllm_python, nixl, root) as urls:
+            out["roomy"] = _probe(urls, root / "roomy", 1)
+    except RuntimeError as exc:
+        pytest.skip(f"a vLLM P/D instance could not be started here: {exc}")
+    out["link"] = _slow_link(vllm_model, vllm_python, nixl, root / "link")
     return out
 
 
@@ -125,3 +110,15 @@ def test_a_roomy_decode_instance_is_not_named(caps: dict[str, Path]) -> None:
     assert "admission" in p.reason or "transfer" in p.reason, p.reason
     split = _split(caps["roomy"])
     assert split["decode_kv_transfer_s"] > 0  # the transfer histogram was there, and small
+
+
+def test_a_slow_link_between_the_instances_is_named_as_the_transfer(caps: dict[str, Path]) -> None:
+    d = analyze_paths([str(caps["link"])]).diagnosis
+    v = d.verdict
+    assert v.category == "pd_transfer" and "KV transfer" in v.title, [(f.category, f.confidence) for f in d.findings]
+    assert v.confidence >= 0.7
+    rows = {e.name: e for e in v.evidence}
+    assert rows["KV transfer share of TTFT (engine metrics)"].crossed
+    assert rows["KV transfer / prefill (engine metrics)"].value > 1.0
+    split = _split(caps["link"])
+    assert split["decode_kv_transfer_s"] > 0.5 * split["decode_ttft_s"]
