@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             expose = parse_expose(args.expose)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    targets = []
+    targets: list[MetricsTarget] = []
     if args.metrics != "none":
         from collectors.prometheus import MetricsTarget, metrics_targets
 
