@@ -103,12 +103,14 @@ class LiveCollection:
         with self._feeds_lock:
             return [f.collector for f in self._feeds.values()]
 
-    def start_prometheus(self, url: str, interval_s: float = 1.0, source: str = "prometheus") -> bool:
-        """Scrape ``url`` (``/metrics`` appended when missing) into ``series/<source>.parquet``.
+    def start_prometheus(self, url: str, interval_s: float = 1.0, source: str = "prometheus",
+                         entity: str = "") -> bool:
+        """Scrape ``url`` (``/metrics`` appended when missing) into ``series/<source>.parquet``, its rows'
+        entities under ``entity`` (``role=prefill``: one instance of a disaggregated pair).
         One scraper per ``source``; the demo starts one per engine process."""
         url = metrics_url(url)  # trtllm-serve's JSON /metrics: the scraper moves to /prometheus/metrics
         try:
-            scraper = PrometheusScraper(url, interval_s=interval_s)
+            scraper = PrometheusScraper(url, interval_s=interval_s, entity=entity)
             self.add_collector(source, scraper)
         except Exception as exc:
             self.notes.append(f"/metrics scraper failed to start: {type(exc).__name__}: {exc}")
@@ -125,7 +127,8 @@ class LiveCollection:
             return None
 
         self._monitors.append(CallableMonitor(f"metrics {source}", check))
-        self.writer.update_meta(live={"metrics_url": url})
+        self.writer.update_meta(live={"metrics_url": url} if source == "prometheus"
+                                else {f"metrics_url_{source}": url})
         return True
 
     def start_nvml(self, interval_s: float = 0.5) -> bool:

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -59,6 +61,68 @@ def metrics_url(url: str) -> str:
     if path.rstrip("/").endswith("metrics"):
         return url
     return url.rstrip("/") + "/metrics"
+
+
+#: ``--metrics ROLE=URL``: the roles of a disaggregated prefill/decode pair, each its own endpoint,
+#: and the entity its series are labelled with (what ``rules.features.pd`` reads as each instance's own)
+METRICS_ROLES = {"prefill": stages.ENTITY_ROLE_PREFILL, "decode": stages.ENTITY_ROLE_DECODE}
+_ROLE_RE = re.compile(r"^([A-Za-z][A-Za-z0-9_-]*)=(.*)$")
+
+
+@dataclass(frozen=True)
+class MetricsTarget:
+    """One /metrics endpoint to scrape: ``url`` as given (``/metrics`` is appended later when its path
+    names none) and ``role`` (``""`` for a single endpoint, else a key of :data:`METRICS_ROLES`)."""
+
+    url: str
+    role: str = ""
+
+    @property
+    def entity(self) -> str:
+        """The entity prefix of its rows (``role=prefill``; ``""`` without a role)."""
+        return METRICS_ROLES[self.role] if self.role else ""
+
+    @property
+    def source(self) -> str:
+        """The capture's series file it goes to: ``prometheus``, or ``prometheus-<role>``."""
+        return f"{SOURCE}-{self.role}" if self.role else SOURCE
+
+
+def metrics_targets(values: str | Sequence[str] | None, option: str = "--metrics") -> list[MetricsTarget]:
+    """The endpoints of ``--metrics`` (given once, or repeated): one ``URL``, or ``prefill=URL`` and
+    ``decode=URL`` (a disaggregated pair, each instance its own /metrics). Raises ValueError with one
+    line for an unknown role, a role given twice, a pair missing a side, or a bare URL beside roles."""
+    given = [values] if isinstance(values, str) else list(values or ())
+    known = ", ".join(METRICS_ROLES)
+    out: list[MetricsTarget] = []
+    for v in given:
+        m = _ROLE_RE.match(v.strip())
+        if m is None:
+            if not v.strip():
+                raise ValueError(f"{option}: empty URL")
+            out.append(MetricsTarget(v.strip()))
+            continue
+        role, url = m.group(1).lower(), m.group(2).strip()
+        if role not in METRICS_ROLES:
+            raise ValueError(f"{option} {v}: unknown role {m.group(1)!r} (known: {known}); give URL, or "
+                             "prefill=URL and decode=URL for a disaggregated pair")
+        if not url:
+            raise ValueError(f"{option} {v}: no URL after {role}=")
+        out.append(MetricsTarget(url, role))
+    roles = [t.role for t in out if t.role]
+    if len(roles) != len(set(roles)):
+        twice = ", ".join(sorted(r for r in set(roles) if roles.count(r) > 1))
+        raise ValueError(f"{option}: a role given twice ({twice})")
+    if roles and len(roles) != len(out):
+        raise ValueError(f"{option}: a bare URL beside ROLE=URL; give one URL, or prefill=URL and decode=URL")
+    if not roles and len(out) > 1:
+        raise ValueError(f"{option}: {len(out)} URLs without roles; give one URL, or prefill=URL and decode=URL "
+                         "(each instance of a disaggregated pair its own /metrics)")
+    missing = [r for r in METRICS_ROLES if roles and r not in roles]
+    if missing:
+        raise ValueError(f"{option}: {', '.join(f'{r}=URL' for r in missing)} missing: a disaggregated pair is read "
+                         "from both instances' /metrics")
+    return out
 
 
 def _looks_like_json(text: str) -> bool:

@@ -4,8 +4,11 @@ instance admitting it (its KV pool or running cap full).
 
 Each instance reports a low TTFT of its own (vLLM's and SGLang's per-instance metrics); the user's
 TTFT is the prefill side's, the transfer and the decode side's admission in a row. Read from the
-request spans that split them (the bundled engine's ``ttft serve --pd``: :mod:`rules.features.pd`);
-without them the rule is skipped. A client alone sees only TTFT.
+request spans that split them (the bundled engine's ``ttft serve --pd``: :mod:`rules.features.pd`),
+else from the engines' metrics: each instance's own series under ``role=prefill`` / ``role=decode``
+(the bundled engine's one endpoint, or two instances' endpoints given as ``--metrics prefill=URL
+--metrics decode=URL``) and the transfer histogram; without either the rule is skipped. A client
+alone sees only TTFT.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ TRANSFER_CHECKS = [
     "on one instance than moved",
 ]
 ADMISSION_CHECKS = [
-    "the decode instance's KV pool and running cap: the requests wait there for blocks or a running place after "
-    "their KV arrived (vLLM WAITING_FOR_REMOTE_KVS, then its scheduler; SGLang's decode prealloc queue)",
+    "the decode instance's KV pool and running cap: the requests wait there for blocks or a running place (vLLM's "
+    "decode instance: in its waiting queue, before and after WAITING_FOR_REMOTE_KVS, its queue-time histogram "
+    "holding the transfer too; SGLang's decode prealloc queue)",
     "the prefill:decode ratio of instances: more decode capacity, or fewer prefill instances feeding it",
     "each side's own TTFT beside the user's: a prefill instance reporting a low TTFT while users wait is this gap",
 ]
@@ -80,7 +84,7 @@ def _from_metrics(ctx: RuleContext) -> Outcome:
     t = Triage(ctx)
     decode = ctx.v("pd_metrics_decode_ttft_share")
     transfer = ctx.v("pd_metrics_transfer_share")
-    admission = decode - transfer if transfer is not None else None
+    admission = ctx.v("pd_metrics_admission_share")
     if transfer is not None and (admission is None or transfer >= admission):
         if not (t.crossed("KV transfer share of TTFT (engine metrics)", transfer, "share_min", "share",
                           "mean seconds per KV transfer over the two instances' TTFTs together",
@@ -92,14 +96,25 @@ def _from_metrics(ctx: RuleContext) -> Outcome:
         which = "transfer"
     else:
         rest = admission if admission is not None else decode
-        if not t.crossed("decode instance's own TTFT beyond the transfer, share of TTFT (engine metrics)", rest,
-                         "share_min", "share", "the decode instance admitting requests after their KV arrived, over "
-                         "the two instances' TTFTs together",
+        if not t.crossed("decode instance's own TTFT beyond the transfer and its compute step, share of TTFT "
+                         "(engine metrics)", rest, "share_min", "share",
+                         "the decode instance's own TTFT less the KV transfer, its own step computing the prompt's "
+                         "last token (its prefill-time histogram) and its front end (as the prefill instance's TTFT "
+                         "beyond its queue and prefill shows it), over the two instances' TTFTs together: its wait "
+                         "for blocks and a running place",
                          miss="the decode side's admission is {value:.0%} of TTFT (< {threshold:.0%})"):
             return t.pass_reason()
         which = "admission"
     t.context("decode instance's own TTFT, share of both (engine metrics)", decode, "share",
               "hand-off to first token: what a prefill instance's low TTFT leaves out")
+    t.context_of((
+        ("prefill instance's own TTFT (engine metrics, mean)", "pd_metrics_prefill_ttft_s",
+         "what the prefill instance reports: its own prefill"),
+        ("decode instance's own TTFT (engine metrics, mean)", "pd_metrics_decode_ttft_s",
+         "what the decode instance reports: transfer, admission, its step"),
+        ("TTFT p50 (what the users wait)", "ttft_p50_s", "the client's, when a client capture is there: beside the "
+         "two instances' own, the proxy and the hops between them too"),
+    ))
     s, pct = ctx.explained(transfer if which == "transfer" else (admission if admission is not None else decode))
     title = ("Disaggregated prefill/decode: the KV transfer between the instances holds TTFT" if which == "transfer"
              else "Disaggregated prefill/decode: the decode instance admits requests late (its KV pool or running cap)")

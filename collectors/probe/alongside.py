@@ -1,5 +1,6 @@
 """Hooks that sample the server side into the probe's capture while it probes:
-the server's Prometheus ``/metrics`` (``--metrics URL``) and NVML GPU counters (``--gpu``).
+the server's Prometheus ``/metrics`` (``--metrics URL``, or ``--metrics prefill=URL --metrics decode=URL``
+for the two instances of a disaggregated pair) and NVML GPU counters (``--gpu``).
 
 The collectors live in ``collectors.prometheus`` (``PrometheusScraper``) and
 ``collectors.nvml`` (``NvmlSampler``); they are imported lazily here, and anything missing or
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 from diag.capture import CaptureWriter
@@ -94,31 +96,49 @@ def _frame_of(obj: Any) -> Any:
 
 
 class Alongside:
-    """Starts the optional server-side samplers; :meth:`stop` writes their series."""
+    """Starts the optional server-side samplers; :meth:`stop` writes their series.
 
-    def __init__(self, metrics_url: str | None = None, gpu: bool = False, metrics_interval_s: float = 0.5,
-                 gpu_interval_s: float = 0.1) -> None:
+    ``metrics_url``: one /metrics URL, or the values of a repeated ``--metrics`` (``prefill=URL``,
+    ``decode=URL``: :func:`collectors.prometheus.metrics_targets`), each scraped on its own thread
+    into ``series/<source>`` with its role as the rows' entity."""
+
+    def __init__(self, metrics_url: str | Sequence[str] | None = None, gpu: bool = False,
+                 metrics_interval_s: float = 0.5, gpu_interval_s: float = 0.1) -> None:
         self.metrics_url = metrics_url
         self.gpu = gpu
         self.metrics_interval_s = metrics_interval_s
         self.gpu_interval_s = gpu_interval_s
-        self.scraper: Any = None
+        #: source name (``prometheus``, ``prometheus-prefill``, ...) -> its deferred scraper
+        self.scrapers: dict[str, DeferredScrape] = {}
         self.nvml: Any = None
         self.notes: dict[str, Any] = {}
+
+    @property
+    def scraper(self) -> DeferredScrape | None:
+        """The single endpoint's scraper (``--metrics URL``); None when none or a pair runs."""
+        return self.scrapers.get("prometheus")
 
     def start(self) -> None:
         """Start what was asked for; failures become notes."""
         if self.metrics_url:
             try:
-                from collectors.prometheus import PrometheusScraper, metrics_url
+                from collectors.prometheus import PrometheusScraper, metrics_targets, metrics_url
 
-                url = metrics_url(self.metrics_url)
-                self.scraper = DeferredScrape(PrometheusScraper(url, interval_s=self.metrics_interval_s))
-                self.scraper.start()
-                self.notes["prometheus"] = {"url": url, "interval_s": self.metrics_interval_s}
-            except Exception as exc:  # missing module or bad URL: note and go on
-                self.scraper = None
+                targets = metrics_targets(self.metrics_url)
+            except Exception as exc:  # missing module or a bad --metrics value: note and go on
                 self.notes["prometheus"] = f"skipped: {type(exc).__name__}: {exc}"
+                targets = []
+            for t in targets:
+                try:
+                    url = metrics_url(t.url)
+                    scraper = DeferredScrape(PrometheusScraper(url, interval_s=self.metrics_interval_s,
+                                                               entity=t.entity))
+                    scraper.start()
+                    self.scrapers[t.source] = scraper
+                    self.notes[t.source] = {"url": url, "interval_s": self.metrics_interval_s,
+                                            **({"role": t.role} if t.role else {})}
+                except Exception as exc:  # a bad URL: note and go on
+                    self.notes[t.source] = f"skipped: {type(exc).__name__}: {exc}"
         if self.gpu:
             try:
                 from collectors.nvml import NvmlSampler
@@ -136,12 +156,13 @@ class Alongside:
 
     def parse_pending(self) -> None:
         """Parse the scrapes fetched so far (call between load phases: no request in flight)."""
-        if self.scraper is not None:
-            self.scraper.parse_pending()
+        for scraper in self.scrapers.values():
+            scraper.parse_pending()
 
     def stop(self, writer: CaptureWriter | None) -> dict[str, Any]:
-        """Stop the samplers and write ``series/prometheus`` and ``series/nvml``; returns notes."""
-        for name, obj in (("prometheus", self.scraper), ("nvml", self.nvml)):
+        """Stop the samplers and write ``series/prometheus`` (``series/prometheus-<role>`` for a pair) and
+        ``series/nvml``; returns notes."""
+        for name, obj in (*self.scrapers.items(), ("nvml", self.nvml)):
             if obj is None:
                 continue
             try:
@@ -156,5 +177,6 @@ class Alongside:
                     self.notes[name]["rows"] = 0 if frame is None else int(len(frame))
             except Exception as exc:
                 self.notes[name] = f"failed: {type(exc).__name__}: {exc}"
-        self.scraper = self.nvml = None
+        self.scrapers = {}
+        self.nvml = None
         return self.notes

@@ -58,7 +58,8 @@ class ProbeConfig:
     workers: int = 1
     output: str | Path | None = None
     slo: dict[str, float] | None = None
-    metrics_url: str | None = None
+    #: one /metrics URL, or ``--metrics`` values (``prefill=URL``, ``decode=URL``: collectors.prometheus.metrics_targets)
+    metrics_url: str | tuple[str, ...] | None = None
     gpu: bool = False
     record_prompts: bool = False
     segment: str | None = None

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diag.commands.probe import add_ray, add_wait_ready, check_ray
+from diag.commands.probe import add_metrics, add_ray, add_wait_ready, check_metrics, check_ray
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -54,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--schema-properties", type=int, default=24, metavar="N",
                    help="fields of the grammar follow-up's generated schema (default 24; size it like your users')")
     p.add_argument("--budget", default="120s", metavar="T", help="probing time budget, e.g. 120s or 3m (default 120s)")
-    p.add_argument("--metrics", metavar="URL", help="scrape this Prometheus /metrics into the capture alongside")
+    add_metrics(p)
     p.add_argument("--join", action="append", default=[], metavar="SERVER_CAPTURE",
                    help="a server capture (ttft serve --capture, ttft instrument, ttft receive) to join into the verdict")
     p.add_argument("--ramp", choices=["concurrency", "rate"], default="concurrency",
@@ -186,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise _usage("--workers must be >= 1")
     ray_address = check_ray(args.ray)
+    metrics = check_metrics(args.metrics)
     for j in args.join:
         if not Path(j).exists():
             raise _usage(f"--join {j}: no such capture")
@@ -198,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
                                          ("stream_options", args.no_stream_options)) if off)
     cfg = DiagnoseConfig(args.url, output, plan, api=args.api, model=args.model,
                          api_key=args.api_key or os.environ.get("OPENAI_API_KEY"), slo=slo_option(args.slo),
-                         metrics_url=args.metrics, join=list(args.join), rules_file=args.rules,
+                         metrics_url=metrics, join=list(args.join), rules_file=args.rules,
                          tokenizer_path=args.tokenizer, exact_output=not args.no_exact_output, dropped=dropped,
                          timeout_s=args.timeout, seed=args.seed, wait_ready_s=args.wait_ready, workload=workload,
                          workers=args.workers, ray_address=ray_address)

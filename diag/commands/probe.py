@@ -33,6 +33,31 @@ def add_ray(p: argparse.ArgumentParser) -> None:
                         "extra (pip install 'ttft-diag[ray]')")
 
 
+#: ``--metrics``'s help, as ``ttft probe``, ``ttft diagnose`` and ``ttft watch`` take it
+METRICS_HELP = ("the engine's Prometheus /metrics, scraped into the capture alongside (URL, or the server's base URL); "
+                "a disaggregated prefill/decode pair: --metrics prefill=URL --metrics decode=URL, each instance's "
+                "own /metrics, its series labelled with its role")
+
+
+def add_metrics(p: argparse.ArgumentParser, help_text: str = METRICS_HELP) -> None:
+    """``--metrics URL`` or ``--metrics ROLE=URL`` repeated (``prefill``, ``decode``)."""
+    p.add_argument("--metrics", metavar="[ROLE=]URL", action="append", default=None, help=help_text)
+
+
+def check_metrics(values: list[str] | None) -> tuple[str, ...] | None:
+    """The checked ``--metrics`` values (None without any); a one-line usage error for an unknown role,
+    a pair missing a side or two bare URLs."""
+    if not values:
+        return None
+    from collectors.prometheus import metrics_targets
+
+    try:
+        metrics_targets(values)
+    except ValueError as exc:
+        raise _usage(str(exc)) from exc
+    return tuple(values)
+
+
 def check_ray(address: str | None) -> str | None:
     """The checked ``--ray`` address (None without one); a usage error when it is malformed or Ray is
     not installed."""
@@ -110,7 +135,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--sweep-values", metavar="LIST", help="sweep points, e.g. 64,256,1024 (default: doubling)")
     p.add_argument("--sweep-max", type=float, metavar="V", help="last default sweep point (prompt 4096, concurrency 64, rate 32)")
     p.add_argument("--slo", metavar="SPEC", help="SLOs for goodput and sweep stops, e.g. ttft_p99=2s,tpot_p99=100ms")
-    p.add_argument("--metrics", metavar="URL", help="scrape this Prometheus /metrics into the capture while probing")
+    add_metrics(p)
     p.add_argument("--gpu", action="store_true", help="sample local GPUs (NVML) into the capture while probing")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="client processes (when one core cannot keep up); "
                    "with --ray, Ray actors")
@@ -189,6 +214,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.workers < 1:
         raise _usage("--workers must be >= 1")
     ray_address = check_ray(args.ray)
+    metrics = check_metrics(args.metrics)
     if ray_address is not None and args.cpus is not None:
         raise _usage("--cpus pins processes on this machine; Ray places --ray workers itself (drop one of them)")
     cpus = None
@@ -269,7 +295,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
     cfg = ProbeConfig(
         url=args.url, api=args.api, model=args.model, api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
         load=load, workload=wl, tokenizer_path=args.tokenizer, timeout_s=args.timeout, workers=args.workers,
-        output=output, slo=slo, metrics_url=args.metrics, gpu=args.gpu, record_prompts=args.record_prompts,
+        output=output, slo=slo, metrics_url=metrics, gpu=args.gpu, record_prompts=args.record_prompts,
         concurrency_set=args.concurrency is not None or args.max_concurrency is not None,
         dropped=frozenset(e for e, off in (("x_request_id", args.no_request_id), ("traceparent", args.no_traceparent),
                                            ("stream_options", args.no_stream_options)) if off),

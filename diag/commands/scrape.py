@@ -1,5 +1,7 @@
 """``ttft scrape URL -o CAPTURE``: poll an engine's /metrics (or read a Prometheus server, or saved
-scrapes with ``--from-files``) into a capture. Exit code 2 when nothing was scraped."""
+scrapes with ``--from-files``) into a capture. ``ttft scrape prefill=URL decode=URL`` polls the two
+instances of a disaggregated pair, each on its own thread, into ``series/prometheus-<role>`` with the
+role as the rows' entity. Exit code 2 when nothing was scraped (from either instance of a pair)."""
 
 from __future__ import annotations
 
@@ -39,9 +41,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "With --from-prometheus, URL is a Prometheus server and the last --duration seconds are read "
         "for every replica (instance) at once. With --from-files, saved /metrics texts (one scrape per file, "
         "e.g. `curl -s URL/metrics > metrics.t$i.prom` in a loop) become the capture's series: times from "
-        "--start and --interval when given, else from the files' modification times.",
+        "--start and --interval when given, else from the files' modification times. Two instances of a "
+        "disaggregated prefill/decode pair: `ttft scrape prefill=URL decode=URL`, each scraped on its own and "
+        "its series labelled role=prefill / role=decode (what the pd_transfer rule reads).",
     )
-    p.add_argument("url", metavar="URL", nargs="?", help="e.g. http://127.0.0.1:8000/metrics")
+    p.add_argument("url", metavar="[ROLE=]URL", nargs="*",
+                   help="e.g. http://127.0.0.1:8000/metrics; a disaggregated prefill/decode pair: prefill=URL "
+                   "decode=URL, each instance's own /metrics, its series labelled with its role")
     p.add_argument("--from-files", nargs="+", metavar="FILE.prom",
                    help="saved scrapes (Prometheus text) instead of URL, read in natural name order (t2 before t10)")
     p.add_argument("--start", type=float, metavar="UNIX_S",
@@ -64,8 +70,19 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
     from diag.capture import CaptureWriter
     from diag.cli import UsageError
 
-    if (args.url is None) == (args.from_files is None):
+    urls = list(args.url or [])
+    if bool(urls) == (args.from_files is not None):
         raise UsageError("give either URL or --from-files FILE.prom ..., not both or neither")
+    from collectors.prometheus import metrics_targets
+
+    try:
+        targets = metrics_targets(urls, option="URL") if urls else []
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if any(t.role for t in targets) and (args.from_prometheus or args.entity):
+        raise UsageError("prefill=URL decode=URL scrapes two instances' /metrics; not with --from-prometheus "
+                         "or --entity")
+    args.url = targets[0].url if len(targets) == 1 and not targets[0].role else None
     if args.interval is not None and args.interval <= 0:
         raise UsageError("--interval must be > 0")
     if args.duration is not None and args.duration <= 0:
@@ -77,39 +94,50 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
     if args.from_prometheus:
         return _run_api(args)
     writer = CaptureWriter(args.output, meta={"command": "scrape"})
-    scraper = PrometheusScraper(args.url, interval_s=args.interval, timeout_s=args.timeout, engine=args.engine,
-                                entity=args.entity)
-    print(f"ttft scrape: polling {args.url} every {args.interval:g}s -> {args.output} (Ctrl-C to stop)", flush=True)
+    scrapers = {t.source: PrometheusScraper(t.url, interval_s=args.interval, timeout_s=args.timeout,
+                                            engine=args.engine, entity=t.entity or args.entity) for t in targets}
+    what = " and ".join(f"{t.role}={t.url}" if t.role else t.url for t in targets)
+    print(f"ttft scrape: polling {what} every {args.interval:g}s -> {args.output} (Ctrl-C to stop)", flush=True)
     stop = stop_event or threading.Event()
     start = time.monotonic()
     deadline = None if args.duration is None else start + args.duration
     last_flush = start
-    scraper.start()
+    for scraper in scrapers.values():
+        scraper.start()
+    frames: dict[str, pd.DataFrame] = {}
+    stats: dict[str, dict[str, object]] = {}
     try:
         while not stop.is_set():
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 break
             if now - last_flush >= FLUSH_EVERY_S:
-                writer.write_series(SOURCE, scraper.collect())
+                for source, scraper in scrapers.items():
+                    writer.write_series(source, scraper.collect())
                 last_flush = now
             stop.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - now)))
     except KeyboardInterrupt:
         pass
     finally:
-        scraper.stop()
-        frame = scraper.collect()
-        writer.write_series(SOURCE, frame)
-        stats = scraper.stats()
-        writer.update_meta(prometheus_scrape=stats)
+        for source, scraper in scrapers.items():
+            scraper.stop()
+            frames[source] = scraper.collect()
+            writer.write_series(source, frames[source])
+            stats[source] = scraper.stats()
+        one = next(iter(stats.values()))
+        writer.update_meta(prometheus_scrape=one if len(stats) == 1 else
+                           {t.role: stats[t.source] for t in targets})
         writer.close()
-    ok = stats["scrapes"] - stats["errors"]
-    msg = (f"ttft scrape: {stats['scrapes']} scrapes of {args.url} ({stats['engine'] or 'engine not detected'}), "
-           f"{len(frame)} rows, {stats['errors']} errors")
-    if stats["last_error"]:
-        msg += f" (last: {stats['last_error']})"
-    print(msg, file=sys.stderr)
-    return OK if ok > 0 else BAD_INPUT
+    ok = True
+    for t in targets:
+        st, frame = stats[t.source], frames[t.source]
+        ok = ok and int(st["scrapes"]) - int(st["errors"]) > 0  # type: ignore[call-overload]
+        msg = (f"ttft scrape: {st['scrapes']} scrapes of {t.url}{f' ({t.role})' if t.role else ''} "
+               f"({st['engine'] or 'engine not detected'}), {len(frame)} rows, {st['errors']} errors")
+        if st["last_error"]:
+            msg += f" (last: {st['last_error']})"
+        print(msg, file=sys.stderr)
+    return OK if ok else BAD_INPUT
 
 
 def read_api_capture(url: str, out: str, duration_s: float, step_s: float, window: str, by: str = "instance",

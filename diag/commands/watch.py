@@ -22,8 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "with --gpu. The verdict follows the last --window seconds. Everything is written to a capture.",
     )
     p.add_argument("url", metavar="URL", help="base URL of the server, e.g. http://127.0.0.1:8000")
-    p.add_argument("--metrics", metavar="URL", default=None,
-                   help="Prometheus /metrics URL (default: URL/metrics; --no-metrics to skip)")
+    p.add_argument("--metrics", metavar="[ROLE=]URL", action="append", default=None,
+                   help="Prometheus /metrics URL (default: URL/metrics; --no-metrics to skip); a disaggregated "
+                   "prefill/decode pair: --metrics prefill=URL --metrics decode=URL, each instance's own /metrics")
     p.add_argument("--otlp-port", type=int, metavar="P", default=4318,
                    help="port of the OTLP/HTTP receiver on 127.0.0.1 (default 4318; 0 picks one; --no-otlp: none)")
     p.add_argument("--probe-rate", type=float, metavar="R", default=0.5,
@@ -58,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from diag.cli import UsageError
 
-    if args.no_metrics:
+    if args.no_metrics or args.metrics == ["none"]:
         args.metrics = "none"
     if args.no_otlp:
         args.otlp_port = -1
@@ -84,6 +85,14 @@ def run(args: argparse.Namespace) -> int:
             expose = parse_expose(args.expose)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    targets: list[MetricsTarget] = []
+    if args.metrics != "none":
+        from collectors.prometheus import MetricsTarget, metrics_targets
+
+        try:
+            targets = metrics_targets(args.metrics) if args.metrics else [MetricsTarget(args.url)]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     out = args.output or f"ttft-watch-{time.strftime('%Y%m%d-%H%M%S')}"
     from collectors.live import LiveCollection
     from collectors.live_probe import ProbePlan, steady_plan
@@ -91,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
 
     live = LiveCollection(out, meta={"kind": "watch", "watch": {"url": args.url}})
     if args.metrics != "none":
-        live.start_prometheus(args.metrics or args.url)
+        for target in targets:
+            live.start_prometheus(target.url, source=target.source, entity=target.entity)
     if args.otlp_port >= 0:
         live.start_otlp(args.otlp_port)
     if args.gpu:

@@ -64,7 +64,8 @@ class DiagnoseConfig:
     model: str | None = None
     api_key: str | None = None
     slo: dict[str, float] | None = None
-    metrics_url: str | None = None
+    #: one /metrics URL, or ``--metrics`` values (``prefill=URL``, ``decode=URL``: collectors.prometheus.metrics_targets)
+    metrics_url: str | tuple[str, ...] | None = None
     join: list[str] = field(default_factory=list)
     rules_file: str | None = None
     tokenizer_path: str | None = None

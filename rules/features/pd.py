@@ -17,10 +17,17 @@ root, the ``kv_transfer`` stage span, the decode side's ``queue`` span):
   median over the prefill stage's, what moving the KV costs against computing it.
 
 From the engines' metrics alone (each instance's own series, entities ``role=prefill`` and
-``role=decode`` as the bundled engine's ``--pd`` labels them, and the KV-transfer histogram):
+``role=decode``: the bundled engine's ``--pd`` labels them so on one endpoint, ``--metrics
+prefill=URL --metrics decode=URL`` labels two instances' endpoints so; and the KV-transfer histogram):
 ``pd_metrics_decode_ttft_share`` (share), the decode side's own TTFT (hand-off to first token) over
 both sides' together; ``pd_metrics_transfer_share`` (share), the mean transfer over both TTFTs;
-``pd_metrics_transfer_vs_prefill_x`` (x), the mean transfer over the prefill side's prefill time.
+``pd_metrics_admission_share`` (share), the decode side's TTFT less the transfer, less its own
+compute step (its prefill-time histogram, where it has one: a vLLM decode instance computes the
+prompt's last token, ``request_prefill_time_seconds`` from its SCHEDULED to its first token) and
+less its front end (taken as the prefill instance's: its TTFT beyond its queue and prefill times,
+the API server and its IPC with the engine), over both TTFTs: its wait for blocks and a running
+place; ``pd_metrics_transfer_vs_prefill_x`` (x), the mean transfer over the prefill side's prefill
+time; ``pd_metrics_prefill_ttft_s`` / ``pd_metrics_decode_ttft_s`` (s), each instance's own mean TTFT.
 
 Runs on the feature computation's thread, on the shared :class:`~rules.features.context.FeatureContext`.
 """
@@ -38,7 +45,8 @@ NAMES = ("pd_transfer_share", "pd_transfer_share_tail", "pd_decode_queue_share",
          "pd_admission_share", "pd_prefill_ttft_p50_s", "pd_decode_ttft_p50_s", "pd_transfer_p50_s",
          "pd_transfer_vs_prefill_x")
 SOURCE = "request spans (ttft.pd.*, kv_transfer)"
-METRIC_NAMES = ("pd_metrics_decode_ttft_share", "pd_metrics_transfer_share", "pd_metrics_transfer_vs_prefill_x")
+METRIC_NAMES = ("pd_metrics_decode_ttft_share", "pd_metrics_transfer_share", "pd_metrics_admission_share",
+                "pd_metrics_transfer_vs_prefill_x", "pd_metrics_prefill_ttft_s", "pd_metrics_decode_ttft_s")
 
 
 def pd_split(ctx: FeatureContext) -> None:
@@ -89,9 +97,21 @@ def _metrics(ctx: FeatureContext) -> None:
                              "role=decode)")
         return
     ctx.add("pd_metrics_decode_ttft_share", dec / (pre + dec), source="prometheus")
+    ctx.add("pd_metrics_prefill_ttft_s", pre, source="prometheus")
+    ctx.add("pd_metrics_decode_ttft_s", dec, source="prometheus")
     transfer = ctx.wmean(stages.SERIES_KV_TRANSFER_S)
     why = None if transfer is not None else "the engine's metrics have no KV-transfer histogram"
     ctx.add("pd_metrics_transfer_share", transfer / (pre + dec) if transfer is not None else None, why,
+            source="prometheus")
+    # the decode side's own compute step (vLLM: SCHEDULED -> first token, the prompt's last token computed
+    # after the KV arrived) and its front end (API server and IPC: what the prefill instance's TTFT holds
+    # beyond its queue and prefill); the bundled engine's decode worker observes no step, its prefill time
+    # no role
+    step = _role_mean(ctx, stages.SERIES_PREFILL_TIME_S, stages.ENTITY_ROLE_DECODE) or 0.0
+    pre_compute = _role_mean(ctx, stages.SERIES_PREFILL_TIME_S, stages.ENTITY_ROLE_PREFILL)
+    pre_queue = _role_mean(ctx, stages.SERIES_QUEUE_TIME_S, stages.ENTITY_ROLE_PREFILL) or 0.0
+    front = max(pre - pre_queue - pre_compute, 0.0) if pre_compute is not None else 0.0
+    ctx.add("pd_metrics_admission_share", max(dec - (transfer or 0.0) - step - front, 0.0) / (pre + dec),
             source="prometheus")
     # the prefill side's prefill time (only that side observes one: then it carries no role)
     prefill = _role_mean(ctx, stages.SERIES_PREFILL_TIME_S, stages.ENTITY_ROLE_PREFILL)

@@ -18,8 +18,9 @@ SIGKILL, 15 s apart at most). ``prefix`` runs it under another command (``ttft i
 --capture DIR --``). In a test, :func:`require_vllm` and :meth:`VLLMServe.start_or_skip` skip
 with one line saying why when vLLM cannot be installed or started.
 
-Run as a script: ``python tests/thirdparty/vllm_serve.py --install`` makes the venv (CI does
-it once, up front); ``--check`` exits 0 when a complete one is there; ``--serve MODEL_DIR``
+Run as a script: ``python tests/thirdparty/vllm_serve.py --install`` makes the venv and NIXL's
+folder beside it (:func:`install_nixl`, for vLLM's NixlConnector in the disaggregated prefill/decode
+test; CI does it once, up front); ``--check`` exits 0 when a complete one is there; ``--serve MODEL_DIR``
 starts a server and prints its URL until Ctrl-C.
 
 Threads: none of its own; the server is a child process group.
@@ -166,6 +167,75 @@ def install(version: str = VLLM_VERSION, *, timeout_s: float = INSTALL_TIMEOUT_S
                "made_unix_s": round(time.time(), 1)}
         (d / MARKER).write_text(json.dumps(rec, indent=1) + "\n")
         return rec
+
+
+#: NIXL (the transfer library of vLLM's NixlConnector, disaggregated prefill/decode): the registry's
+#: ``nixl`` meta package and its ``nixl-cu12`` backend wheel, whose UCX plugin registers host (DRAM)
+#: memory and moves it between two processes on a CPU-only machine too. Installed with ``pip --target``
+#: into a folder of its own beside the vLLM venv (never into it), put on the servers' PYTHONPATH.
+NIXL_VERSION = "1.5.1"
+NIXL_PACKAGES = (f"nixl=={NIXL_VERSION}", f"nixl-cu12=={NIXL_VERSION}")
+NIXL_CHECK = ("import torch; from nixl._api import nixl_agent, nixl_agent_config; "
+              "a = nixl_agent('check', nixl_agent_config(backends=['UCX'])); t = torch.zeros(256); "
+              "a.register_memory(a.get_reg_descs([(t.data_ptr(), 1024, 0, '')], 'DRAM')); print('ok')")
+
+
+def nixl_dir(version: str = NIXL_VERSION) -> Path:
+    """Where NIXL's packages are installed (``pip --target``): ``<venv root>/nixl-<version>``."""
+    return venv_root() / f"nixl-{version}"
+
+
+def nixl_installed(version: str = NIXL_VERSION) -> bool:
+    return (nixl_dir(version) / MARKER).exists()
+
+
+def install_nixl(version: str = NIXL_VERSION, *, timeout_s: float = 600.0) -> Path:
+    """Install NIXL for the vLLM venv's python (see :data:`NIXL_PACKAGES`), check that an agent
+    registers host memory, then write the marker; its folder. RuntimeError with one line on failure."""
+    d = nixl_dir(version)
+    if nixl_installed(version):
+        return d
+    py = str(venv_python())
+    root = venv_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".nixl-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if nixl_installed(version):
+            return d
+        if d.exists():
+            shutil.rmtree(d)
+        log = root / f"nixl-{version}.install.log"
+        log.write_text("")
+        try:
+            _run_logged([py, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(d), *NIXL_PACKAGES],
+                        log, timeout_s)
+            check = subprocess.run([py, "-c", NIXL_CHECK], capture_output=True, text=True, timeout=120,
+                                   env={**os.environ, "PYTHONPATH": str(d)})
+        except (OSError, subprocess.TimeoutExpired, RuntimeError) as exc:
+            raise RuntimeError(f"NIXL {version} install failed: {exc}; {_last_line(log)}") from None
+        if check.returncode != 0 or check.stdout.strip().splitlines()[-1:] != ["ok"]:
+            tail = (check.stderr.strip().splitlines() or ["?"])[-1][:300]
+            raise RuntimeError(f"NIXL {version} installed but cannot register host memory: {tail}")
+        (d / MARKER).write_text(json.dumps({"version": version, "packages": list(NIXL_PACKAGES)}) + "\n")
+    return d
+
+
+def require_nixl(version: str = NIXL_VERSION) -> Path:
+    """In a test: NIXL's folder (for PYTHONPATH), installing it first if needed; skips (one line)
+    when that fails or when ``TTFT_VLLM_INSTALL=0`` and it is not there."""
+    import pytest
+
+    if not nixl_installed(version) and os.environ.get("TTFT_VLLM_INSTALL", "1") == "0":
+        pytest.skip(f"no NIXL {version} at {nixl_dir(version)} and TTFT_VLLM_INSTALL=0 "
+                    "(make it: python tests/thirdparty/vllm_serve.py --install)")
+    key = f"nixl-{version}"
+    if key in _FAILED:
+        pytest.skip(_FAILED[key])
+    try:
+        return install_nixl(version)
+    except RuntimeError as exc:
+        _FAILED[key] = f"NIXL cannot be installed here: {exc}"
+        pytest.skip(_FAILED[key])
 
 
 #: version -> why its install failed in this process (tried once per process)
@@ -382,6 +452,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(f"vllm_serve: {VLLM_DIST} {a.version} ready at {venv_dir(a.version)} "
               f"({float(rec['bytes']) / 2**30:.1f} GiB, installed in {rec['install_s']} s)")  # type: ignore[arg-type]
+        try:
+            print(f"vllm_serve: NIXL {NIXL_VERSION} ready at {install_nixl()}")
+        except RuntimeError as exc:  # only the disaggregated prefill/decode test needs it: it skips
+            print(f"vllm_serve: {exc}", file=sys.stderr)
         return 0
     srv = VLLMServe(a.serve, a.server_args, python=venv_python(a.version))
     try:
