@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rules.evidence import name_of
 from rules.features import Features
 from rules.model import Evidence, Finding
 
@@ -145,11 +146,6 @@ def check_strength(value: Any, threshold: Any, op: str, unit: str, bound: float 
                     bound=BOUND_BY_UNIT.get(unit) if bound is None else bound)
 
 
-def ev(name: str, value: Any, threshold: Any, unit: str, meaning: str) -> Evidence:
-    """A hand-built evidence row (threshold as given: None, a number or a text)."""
-    return Evidence(name, value, threshold, unit, meaning)
-
-
 _OPS: dict[str, Callable[[Any, Any], bool]] = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
@@ -158,7 +154,8 @@ class Triage:
     """One rule's evidence as it is read: rows in order, the strength of each check that counts,
     and the reasons of the checks that did not cross.
 
-    ``key`` names the rule's threshold (``ctx.th[key]``); ``threshold`` gives the number instead
+    ``row`` is the evidence row's key (:mod:`rules.evidence`, which names it). ``key`` names the
+    rule's threshold (``ctx.th[key]``); ``threshold`` gives the number instead
     (an SLO target, another table's value). A value of None never crosses and adds no row to
     :meth:`crossed`. Strength: :func:`strength` of value against threshold, higher is worse for
     ``>=``/``>``, lower for ``<=``/``<``. One rule evaluation, one thread.
@@ -179,7 +176,7 @@ class Triage:
     def _weigh(self, value: Any, limit: Any, op: str, unit: str, bound: float | None) -> None:
         self.strengths.append(check_strength(value, limit, op, unit, bound))
 
-    def crossed(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
+    def crossed(self, row: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
                 threshold: float | None = None, miss: str | None = None, weigh: bool = True,
                 bound: float | None = None) -> bool:
         """When ``value op threshold``: a crossed row and (``weigh``) its strength; True. Else False,
@@ -189,40 +186,40 @@ class Triage:
         limit = self._limit(key, threshold)
         hit = value is not None and _OPS[op](value, limit)
         if hit:
-            self.evidence.append(Evidence(name, value, limit, unit, meaning, op=op, crossed=True))
+            self.evidence.append(Evidence(name_of(row), value, limit, unit, meaning, op=op, crossed=True, key=row))
             if weigh:
                 self._weigh(value, limit, op, unit, bound)
         elif value is not None and miss is not None:
             self.misses.append(miss.format(value=value, threshold=limit))
         return hit
 
-    def below(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = "<=",
+    def below(self, row: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = "<=",
               threshold: float | None = None, miss: str | None = None, weigh: bool = True) -> bool:
         """:meth:`crossed` for a value that fires at or under its threshold (lower is worse)."""
-        return self.crossed(name, value, key, unit, meaning, op=op, threshold=threshold, miss=miss, weigh=weigh)
+        return self.crossed(row, value, key, unit, meaning, op=op, threshold=threshold, miss=miss, weigh=weigh)
 
-    def judged(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
+    def judged(self, row: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
                threshold: float | None = None, weigh: bool = False, bound: float | None = None) -> bool:
         """A row shown whether or not ``value op threshold`` (``crossed`` says which); its strength
         only when ``weigh`` (``bound`` as for :meth:`crossed`). Returns whether it crossed."""
         limit = self._limit(key, threshold)
         hit = value is not None and _OPS[op](value, limit)
-        self.evidence.append(Evidence(name, value, limit, unit, meaning, op=op, crossed=hit))
+        self.evidence.append(Evidence(name_of(row), value, limit, unit, meaning, op=op, crossed=hit, key=row))
         if weigh:
             self._weigh(value, limit, op, unit, bound)
         return hit
 
-    def context(self, name: str, value: Any, unit: str, meaning: str) -> None:
+    def context(self, row: str, value: Any, unit: str, meaning: str) -> None:
         """A row without a threshold: what the number says about the cause."""
-        self.evidence.append(Evidence(name, value, None, unit, meaning))
+        self.evidence.append(Evidence(name_of(row), value, None, unit, meaning, key=row))
 
     def context_of(self, rows: Sequence[tuple[str, str, str]]) -> None:
-        """A context row for each (row name, feature, meaning) whose feature is known, in the
+        """A context row for each (row key, feature, meaning) whose feature is known, in the
         feature's catalogued unit; unknown features are left out."""
-        for name, key, meaning in rows:
-            value = self.ctx.v(key)
+        for row, feature, meaning in rows:
+            value = self.ctx.v(feature)
             if value is not None:
-                self.context(name, value, self.ctx.features.get(key).unit, meaning)
+                self.context(row, value, self.ctx.features.get(feature).unit, meaning)
 
     def add(self, row: Evidence, strength_: float | None = None) -> None:
         """A hand-built row (e.g. an SLO with its target as text), with a strength when it counts."""
@@ -264,13 +261,13 @@ def beyond_chance(share: float | None, chance: float, n: float | None, p_max: fl
     return tail <= p_max
 
 
-def chance_row(t: Triage, name: str, share: float | None, n: float | None, chance: float, p_max: float,
+def chance_row(t: Triage, row: str, share: float | None, n: float | None, chance: float, p_max: float,
                meaning: str) -> None:
     """When ``share`` of ``n`` is beyond ``chance`` (:func:`beyond_chance` at ``p_max``), a crossed row at full
     strength: a designed A/B whose effect is no spread of its control (``meaning`` says of what)."""
     if beyond_chance(share, chance, n, p_max):
-        t.add(Evidence(name, share, f"beyond {chance:.0%} chance (p <= {p_max:g})", "share",
-                       f"{share * n:.0f} of {n:.0f}: {meaning}", crossed=True), 1.0)
+        t.add(Evidence(name_of(row), share, f"beyond {chance:.0%} chance (p <= {p_max:g})", "share",
+                       f"{share * n:.0f} of {n:.0f}: {meaning}", crossed=True, key=row), 1.0)
 
 
 def finding(title: str, confidence: float, explained_s: float | None, explained_pct: float | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, finding, rule
 from rules.scheduling import served_in_line
 
@@ -41,7 +42,7 @@ def cold_start(ctx: RuleContext) -> Outcome:
     worst = ctx.v("cold_start_outlier_ttft_s", 0.0) or 0.0
     p95 = ctx.v("ttft_p95_s")
     t = Triage(ctx)
-    if t.crossed("requests that arrived during start-up and waited", waited, "waited_min", "requests",
+    if t.crossed(evidence.COLD_WAITED, waited, "waited_min", "requests",
                  f"they arrived while the model loaded / warmed up ({load:.3g} s of start-up) and got their first "
                  "token after it", weigh=False):
         t.add_strength(1.0)  # users waited for the start-up itself
@@ -51,18 +52,18 @@ def cold_start(ctx: RuleContext) -> Outcome:
     material_penalty = (penalty is not None and penalty >= th["penalty_vs_ttft_p95_min"]
                         and excess >= th["penalty_min_s"] and breaks_slo is not False)
     if material_penalty:
-        t.crossed("first requests far above comparable ones", n_out, "outliers_min", "requests",
+        t.crossed(evidence.COLD_OUTLIERS, n_out, "outliers_min", "requests",
                   f"worst {worst:.3g} s, {excess:.3g} s above comparable requests; excluded from TTFT statistics",
                   weigh=False)
-        t.crossed("first-request penalty / steady TTFT p95", penalty, "penalty_vs_ttft_p95_min", "x",
+        t.crossed(evidence.COLD_PENALTY_X, penalty, "penalty_vs_ttft_p95_min", "x",
                   "the start-up cost a first user paid against what every later one waits")
-        t.crossed("first-request penalty", excess, "penalty_min_s", "s", "an absolute floor: a few ms more is noise")
+        t.crossed(evidence.COLD_PENALTY, excess, "penalty_min_s", "s", "an absolute floor: a few ms more is noise")
         contact = ctx.v("cold_start_first_contact_s")
         if contact is not None and contact >= worst:
-            t.context("the probe's first request answered after", contact, "s",
+            t.context(evidence.COLD_FIRST_CONTACT, contact, "s",
                       "API detection / compatibility check, before the run: the server was still starting")
         if breaks_slo:
-            t.context("first request against the TTFT SLO", worst, "s", f"breaks the TTFT SLO ({min(slo_targets):.3g} s)")
+            t.context(evidence.COLD_FIRST_VS_SLO, worst, "s", f"breaks the TTFT SLO ({min(slo_targets):.3g} s)")
     if not t.evidence:
         reason = startup_note(ctx) or "no start-up seen"
         if n_out and penalty is not None:
@@ -72,7 +73,7 @@ def cold_start(ctx: RuleContext) -> Outcome:
         return reason
     if load:
         phases = ctx.v("cold_start_by_phase_s") or {}
-        t.context("start-up spans", load, "s", ", ".join(f"{k} {v:.3g} s" for k, v in phases.items()) or "cold_start spans")
+        t.context(evidence.STARTUP_SPANS, load, "s", ", ".join(f"{k} {v:.3g} s" for k, v in phases.items()) or "cold_start spans")
     title = (f"Cold start: {waited:g} request(s) arrived during start-up and waited for it" if waited
              else f"Cold start: {n_out:g} first request(s) paid model load / warm-up")
     # Requests that really waited for the start-up, far longer than any steady TTFT: this is
@@ -115,17 +116,17 @@ def failures(ctx: RuleContext) -> Outcome:
              f"({ctx.v('context_limit_tokens') or 0:.0f} tokens) were refused: the experiment's limit, not failures"
              if limit_n else "")
     t = Triage(ctx)
-    if not t.crossed("requests that failed", rate, "share_min", "share",
+    if not t.crossed(evidence.FAILED_SHARE, rate, "share_min", "share",
                      ", ".join(f"{k} x{v}" for k, v in kinds.items()) or "failed requests",
                      miss="{value:.0%} of requests failed (< {threshold:.0%})"):
         return "; ".join(x for x in (t.pass_reason("no request failed"), apart) if x)
     by_seg = ctx.v("error_rate_by_segment") or {}
     if by_seg and (len(by_seg) > 1 or "(none)" not in by_seg):
-        t.context("failed share by load level", max(by_seg.values()), "share",
+        t.context(evidence.FAILED_SHARE_BY_LEVEL, max(by_seg.values()), "share",
                   "; ".join(f"{k}: {v:.0%}" for k, v in sorted(by_seg.items(), key=lambda kv: -kv[1])[:6]))
     inflight = ctx.v("failed_inflight_p50")
     if inflight is not None:
-        t.context("requests in flight when a failed request was sent (median)", inflight, "requests",
+        t.context(evidence.FAILED_INFLIGHT_P50, inflight, "requests",
                   f"against {ctx.v('inflight_at_arrival_p50', 0) or 0:g} for the completed ones")
     points = [FAILURE_CAUSES.get(k, f"{k}: see the probe's error kinds") for k in kinds]
     top = max(kinds.items(), key=lambda kv: kv[1])[0] if kinds else "unknown"
@@ -224,13 +225,13 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
                 f"{n:g} requests, prompts too close together or TTFT too scattered to pin it): a prompt sweep from "
                 "short prompts with a few requests per length (`ttft probe URL --sweep prompt`) decides")
     t = Triage(ctx)
-    t.crossed("fixed part of TTFT / ITL p50", steps, "bb_intercept_itl_min", "steps",
+    t.crossed(evidence.INTERCEPT_STEPS, steps, "bb_intercept_itl_min", "steps",
               f"the TTFT-vs-prompt intercept {intercept_s * 1e3:.1f} ms: latency no prompt token explains")
-    t.crossed("fixed part of TTFT / TTFT p50", share, "bb_intercept_share_min", "share",
+    t.crossed(evidence.INTERCEPT_SHARE, share, "bb_intercept_share_min", "share",
               "most of what users wait for is not prompt processing"
               + (f" (the fit's TTFT at your users' {users_mid:g}-token prompts)" if at_users
                  else " (TTFT of the lone requests the fit is over)" if alone else ""))
-    t.context("fixed part of TTFT, lower bound", low_s, "s",
+    t.context(evidence.INTERCEPT_LOW, low_s, "s",
               f"the intercept less {th['bb_intercept_se_k']:g} of its standard errors: what the fit's points show at least")
     s, pct = ctx.explained(min(share, 1.0))
     if alone and ctx.ttft_p95_s:  # a fixed latency is that many seconds of every request's TTFT, no more
@@ -258,12 +259,12 @@ def network(ctx: RuleContext) -> Outcome:
         # in proportion: a gap shorter than a decode step or two is the hand-off to the stream, not a cause
         gap_share = ratio = None
     t = Triage(ctx)
-    t.crossed("client-server gap share of TTFT (slowest 5%)", gap_share, "gap_share_min", "share",
+    t.crossed(evidence.GAP_SHARE_TAIL, gap_share, "gap_share_min", "share",
               "network, serialization, HTTP and client parsing between the two TTFT boundaries",
               miss="client-server gap {value:.0%} of TTFT")
-    t.crossed("client TTFT p50 / server TTFT p50", ratio, "ttft_ratio_min", "x",
+    t.crossed(evidence.CLIENT_SERVER_TTFT_X, ratio, "ttft_ratio_min", "x",
               f"median gap {ctx.v('client_server_gap_p50_s', 0) * 1e3:.1f} ms")
-    t.crossed("detokenize share of TTFT (slowest 5%)", det, "detokenize_share_min", "share",
+    t.crossed(evidence.DETOKENIZE_SHARE_TAIL, det, "detokenize_share_min", "share",
               "first token id -> text, ready for the stream", miss="detokenize {value:.0%} of TTFT")
     if not t.evidence:
         if gap_share is None and ratio is None and gap_p50 is not None and itl:
@@ -277,7 +278,7 @@ def network(ctx: RuleContext) -> Outcome:
     if by_gap and frontend:
         # the engine's TTFT starts after its own API server tokenized the prompt (vLLM): the gap
         # holds that front-end work as well as the network, and the spans cannot split them
-        t.context("requests whose engine TTFT starts after its front end", ctx.v("client_server_gap_frontend_frac"),
+        t.context(evidence.GAP_HOLDS_FRONTEND, ctx.v("client_server_gap_frontend_frac"),
                   "share", "the gap also holds the API server's chat template, tokenization and first detokenize")
         return finding("Between the client and the engine's clock: the network, or the API server's chat template "
                        "and tokenization before the engine's TTFT starts", t.confidence(0.6), s, pct, t.evidence,
@@ -320,28 +321,28 @@ def loadgen(ctx: RuleContext) -> Outcome:
     # the client's CPU weighs with a lag that crossed its bound, or alone where no lag was measured
     cpu_weighs = False
     if total is not None:
-        if t.crossed("client stalls at the first token / TTFT", total, "first_token_lag_share_min", "share",
+        if t.crossed(evidence.CLIENT_FIRST_TOKEN_LAG, total, "first_token_lag_share_min", "share",
                      "TTFT the client's event-loop stalls could have added at the requests' sends and first tokens "
                      "(an upper bound): chunks sat unread, TTFT is inflated",
                      miss="the client's stalls at the requests' sends and first tokens could add {value:.0%} of "
                           "their TTFT (< {threshold:.0%})"):
             machine = starved is not None and starved > (own or 0.0)
             if starved is not None:
-                t.context("the client's own part / TTFT", own, "share",
+                t.context(evidence.CLIENT_OWN_PART, own, "share",
                           "its loop busy, its other threads on the CPU or holding the GIL")
-                t.context("the machine's part / TTFT", starved, "share",
+                t.context(evidence.CLIENT_MACHINE_PART, starved, "share",
                           "the loop runnable but given no CPU while every CPU was busy (the server on this machine, "
                           "other work): not the client's own work")
-            t.crossed("client event loop stalled while requests waited", stall, "loop_stall_frac_min", "share",
+            t.crossed(evidence.CLIENT_LOOP_STALLED_WAITING, stall, "loop_stall_frac_min", "share",
                       "share of the time requests waited for their first token that the probe's event loop ran late")
             if lag is not None and p50:
-                t.context("client event-loop lag p99 / TTFT p50", lag / p50, "share",
+                t.context(evidence.CLIENT_LAG_OVER_TTFT, lag / p50, "share",
                           f"lag p99 {lag * 1e3:.1f} ms while requests waited, against the TTFT being measured")
             cpu_weighs = True
-    elif t.crossed("client event loop stalled", stall, "loop_stall_frac_min", "share",
+    elif t.crossed(evidence.CLIENT_LOOP_STALLED, stall, "loop_stall_frac_min", "share",
                    "share of the run the probe's event loop ran late: chunks sat unread, TTFT is inflated"):
         if lag is not None and p50:
-            t.context("client event-loop lag p99 / TTFT p50", lag / p50, "share",
+            t.context(evidence.CLIENT_LAG_OVER_TTFT, lag / p50, "share",
                       f"lag p99 {lag * 1e3:.1f} ms against the TTFT being measured")
         cpu_weighs = True
     else:
@@ -354,22 +355,22 @@ def loadgen(ctx: RuleContext) -> Outcome:
         # the engine's spans say when the first token left it, and on this machine's loopback the network
         # adds microseconds: a gap that the loop's own lag covers is the probe reading late (its lag
         # samples under-count a loop that stalls between them, so the share above can miss it)
-        if t.crossed("client-server gap / TTFT p50, server on this machine", gap / p50, "first_token_lag_share_min",
+        if t.crossed(evidence.GAP_SHARE_LOCAL, gap / p50, "first_token_lag_share_min",
                      "share", "the first token left the engine this long before the client read it, over a loopback "
                      "connection"):
             read_late = min(gap / p50, 1.0)
-            t.crossed("client event loop stalled while requests waited", stall, "loop_stall_frac_min", "share",
+            t.crossed(evidence.CLIENT_LOOP_STALLED_WAITING, stall, "loop_stall_frac_min", "share",
                       "share of the time requests waited for their first token that the probe's event loop ran late")
-            t.context("client event-loop lag p99 / client-server gap p50", lag / gap, "x",
+            t.context(evidence.CLIENT_LAG_OVER_GAP, lag / gap, "x",
                       f"lag p99 {lag * 1e3:.1f} ms against a gap of {gap * 1e3:.1f} ms: the loop's stalls cover it")
             cpu_weighs = True
     if cpu_weighs:
-        t.crossed("client CPU p95", ctx.v("client_cpu_pct_p95"), "cpu_pct_min", "%", "the client process is CPU-bound")
+        t.crossed(evidence.CLIENT_CPU_P95, ctx.v("client_cpu_pct_p95"), "cpu_pct_min", "%", "the client process is CPU-bound")
     late = ctx.v("client_send_lateness_p95_s")
-    t.crossed("sends late against the schedule p95 / TTFT p50", late / p50 if late is not None and p50 else None,
+    t.crossed(evidence.SEND_LATENESS_SHARE, late / p50 if late is not None and p50 else None,
               "send_lateness_vs_ttft_min", "share", "the client cannot keep the arrival schedule")
     if ctx.v("client_saturated_flag") and stall is None and total is None and not t.evidence:
-        t.context("client health says saturated", "yes", "", "the probe's own health check (meta.json)")
+        t.context(evidence.CLIENT_SATURATED, "yes", "", "the probe's own health check (meta.json)")
         t.add_strength(1.0)
     if not t.evidence:
         return t.pass_reason(_kept_up(ctx, lag is not None or stall is not None or total is not None, late))

@@ -16,6 +16,7 @@ prompt token at concurrency 1: a tokenizer thread busy with slow tokenization is
 
 from __future__ import annotations
 
+from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, rule
 
 #: what to check next, in each engine's terms
@@ -40,14 +41,14 @@ def _shed_rows(ctx: RuleContext, t: Triage) -> None:
     kinds: dict[str, int] = ctx.v("errors_by_kind") or {}
     shed = {k: v for k, v in kinds.items() if k in SHED_KINDS}
     if shed:
-        t.context("requests shed or refused", float(sum(shed.values())), "requests",
+        t.context(evidence.FRONTEND_SHED, float(sum(shed.values())), "requests",
                   ", ".join(f"{k} x{v}" for k, v in shed.items()) + " (front-end limits under load)")
 
 
 def _engine_queue_row(ctx: RuleContext, t: Triage) -> None:
     q = ctx.v("queue_share_tail")
     if q is not None:
-        t.context("engine queue share of TTFT (slowest 5%)", q, "share", "the engine's own queue: it did not hold them")
+        t.context(evidence.ENGINE_QUEUE_SHARE_TAIL, q, "share", "the engine's own queue: it did not hold them")
 
 
 def _server_side(ctx: RuleContext) -> Outcome:
@@ -61,16 +62,16 @@ def _server_side(ctx: RuleContext) -> Outcome:
         return (f"requests waited for the tokenizer thread ({share:.0%} of TTFT) because tokenization itself is slow "
                 f"({tok_share:.0%} of TTFT): see tokenize")
     t = Triage(ctx)
-    if not t.crossed("front-end wait share of TTFT (slowest 5%)", share, "wait_share_min", "share",
+    if not t.crossed(evidence.FRONTEND_WAIT_SHARE_TAIL, share, "wait_share_min", "share",
                      "parsed request -> the engine has it: waiting for an HTTP worker or a tokenizer thread",
                      miss="front-end wait {value:.0%} of TTFT (< {threshold:.0%})"):
         return t.pass_reason("no request waited in the front end")
     if http is not None:
-        t.context("of that wait, for an HTTP worker", http, "share",
+        t.context(evidence.FRONTEND_HTTP_PART, http, "share",
                   f"{1 - http:.0%} of it waited for a tokenizer thread")
     med = ctx.v("frontend_wait_share_median")
     if med is not None:
-        t.context("front-end wait share of TTFT (median requests)", med, "share", "")
+        t.context(evidence.FRONTEND_WAIT_SHARE_P50, med, "share", "")
     _engine_queue_row(ctx, t)
     _shed_rows(ctx, t)
     s, pct = ctx.explained(share)
@@ -83,16 +84,16 @@ def _gap_grows(ctx: RuleContext) -> Outcome:
     ratio = ctx.v("client_server_gap_concurrency_ratio")
     rise = ctx.v("client_server_gap_rise_per_itl")
     t = Triage(ctx)
-    grows = t.crossed("client-server gap at the highest load / at the lowest", ratio, "gap_rise_ratio_min", "x",
+    grows = t.crossed(evidence.GAP_RISE_X, ratio, "gap_rise_ratio_min", "x",
                       f"by in-flight level: {_curve(ctx.v('client_server_gap_by_inflight'))}",
                       miss="the client-server gap grows {value:.2f}x with load (< {threshold:g}x): a fixed latency")
     if not grows:
         return t.pass_reason("the client-server gap does not grow with load")
-    if not t.crossed("its rise / ITL p50", rise, "gap_rise_itl_min", "steps", "in proportion to a decode step",
+    if not t.crossed(evidence.GAP_RISE_STEPS, rise, "gap_rise_itl_min", "steps", "in proportion to a decode step",
                      miss="the gap rises by {value:.1f} decode steps (< {threshold:g})"):
         return t.pass_reason()
     gap_share = ctx.v("network_share_tail")
-    if not t.crossed("client-server gap share of TTFT (slowest 5%)", gap_share, None, "share",
+    if not t.crossed(evidence.GAP_SHARE_TAIL, gap_share, None, "share",
                      "time outside the engine's clock", threshold=ctx.th_of("network")["gap_share_min"],
                      miss="the gap is {value:.0%} of TTFT (< {threshold:.0%})"):
         return t.pass_reason()
@@ -110,20 +111,20 @@ def _unseen(ctx: RuleContext) -> Outcome:
     unseen = ctx.v("engine_unseen_inflight")
     rise = ctx.v("ttft_concurrency_ratio")
     t = Triage(ctx)
-    if not t.crossed("TTFT at the highest concurrency / at the lowest", rise, None, "x",
+    if not t.crossed(evidence.FRONTEND_TTFT_RISE_X, rise, None, "x",
                      "TTFT grows with load", threshold=qth["bb_ttft_rise_min"],
                      miss="TTFT grows {value:.2f}x with load (< {threshold:g}x)"):
         return t.pass_reason("TTFT does not grow with load")
-    if not t.crossed("client requests in flight the engine did not count (mean over scrapes)", unseen,
+    if not t.crossed(evidence.UNSEEN_INFLIGHT, unseen,
                      "unseen_inflight_min", "requests",
                      "the client's requests in flight at each scrape less the engine's running + waiting gauges",
                      miss="the engine counted the client's requests in flight (unseen {value:g})"):
         return t.pass_reason()
-    if not t.crossed("unseen / client requests in flight", ctx.v("engine_unseen_share"), "unseen_share_min", "share",
+    if not t.crossed(evidence.UNSEEN_SHARE, ctx.v("engine_unseen_share"), "unseen_share_min", "share",
                      "most of what the client had in flight was not in the engine",
                      miss="{value:.0%} of the client's requests in flight were unseen (< {threshold:.0%})"):
         return t.pass_reason()
-    t.context("engine waiting (max)", ctx.v("waiting_seqs_max"), "requests", "its own queue stayed empty")
+    t.context(evidence.ENGINE_WAITING_MAX, ctx.v("waiting_seqs_max"), "requests", "its own queue stayed empty")
     _shed_rows(ctx, t)
     s, pct = ctx.explained(1.0 - 1.0 / rise if rise else None)
     return finding("Front end saturated: TTFT grows with load while the engine's queue is empty (requests wait "
@@ -139,10 +140,10 @@ def _dynamo(ctx: RuleContext) -> Outcome:
     share = max(0.0, total - tok) if total is not None and tok is not None else total
     t = Triage(ctx)
     if tok is not None:
-        t.context("front-end time / TTFT (Dynamo metrics)", total, "share",
+        t.context(evidence.DYNAMO_FRONTEND_SHARE, total, "share",
                   "mean TTFT - mean transit - mean worker first response")
-    if not t.crossed("front-end time less tokenization / TTFT (Dynamo metrics)" if tok is not None else
-                     "front-end time / TTFT (Dynamo metrics)", share, "wait_share_min", "share",
+    if not t.crossed(evidence.DYNAMO_FRONTEND_LESS_TOKENIZE_SHARE if tok is not None else
+                     evidence.DYNAMO_FRONTEND_SHARE, share, "wait_share_min", "share",
                      "routing, the router queue, waiting for front-end workers, streaming back",
                      miss="front-end time other than tokenization {value:.0%} of TTFT (< {threshold:.0%})"
                      + (f"; its tokenizer holds {tok:.0%}: see tokenize" if tok else "")):

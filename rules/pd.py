@@ -10,8 +10,8 @@ without them the rule is skipped. A client alone sees only TTFT.
 
 from __future__ import annotations
 
+from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, finding, rule
-from rules.overrides import PD_ADMISSION_ROW
 
 TRANSFER_CHECKS = [
     "the link between the prefill and decode instances: its bandwidth and latency against the KV of a prompt "
@@ -41,28 +41,28 @@ def pd_transfer(ctx: RuleContext) -> Outcome:
     t = Triage(ctx)
     which = "transfer" if transfer >= admission else "admission"
     if which == "transfer":
-        hit = t.crossed("KV transfer share of TTFT", transfer, "share_min", "share",
+        hit = t.crossed(evidence.PD_TRANSFER_SHARE, transfer, "share_min", "share",
                         "the prompt's KV moving from the prefill side to the decode side, over TTFT (all requests or "
                         "the slowest 5%, the larger)",
                         miss="the KV transfer is {value:.0%} of TTFT (< {threshold:.0%})")
     else:
-        hit = t.crossed(PD_ADMISSION_ROW, admission, "share_min", "share",
+        hit = t.crossed(evidence.PD_ADMISSION_SHARE, admission, "share_min", "share",
                         "from the KV's arrival on the decode side to the first token back, over TTFT (all requests "
                         "or the slowest 5%, the larger): waiting for its blocks and a running place",
                         miss="the decode side's admission is {value:.0%} of TTFT (< {threshold:.0%})")
     if not hit:
         return t.pass_reason()
     if which == "transfer" and not t.crossed(
-            "KV transfer / prefill (p50)", ctx.v("pd_transfer_vs_prefill_x"), "transfer_vs_prefill_min", "x",
+            evidence.PD_TRANSFER_X, ctx.v("pd_transfer_vs_prefill_x"), "transfer_vs_prefill_min", "x",
             "moving the prompt's KV against computing it: a transfer well under its prefill is the cost of "
             "disaggregating, not a wait", miss="the transfer takes {value:.2f}x its prefill (< {threshold:.2f}x): the "
             "cost of moving the KV, small beside computing it"):
         return t.pass_reason()
     t.context_of((
-        ("prefill instance's own TTFT (p50)", "pd_prefill_ttft_p50_s", "what the prefill instance reports"),
-        ("decode instance's own TTFT (p50)", "pd_decode_ttft_p50_s", "hand-off to first token: transfer, admission"),
-        ("KV transfer (p50)", "pd_transfer_p50_s", "per request"),
-        ("waiting for decode-side blocks or a running place", "pd_admission_share", "share of TTFT"),
+        (evidence.PD_PREFILL_TTFT_P50, "pd_prefill_ttft_p50_s", "what the prefill instance reports"),
+        (evidence.PD_DECODE_TTFT_P50, "pd_decode_ttft_p50_s", "hand-off to first token: transfer, admission"),
+        (evidence.PD_TRANSFER_P50, "pd_transfer_p50_s", "per request"),
+        (evidence.PD_ADMISSION_WAIT_SHARE, "pd_admission_share", "share of TTFT"),
     ))
     share = ctx.v("pd_transfer_share") if which == "transfer" else ctx.v("pd_decode_queue_share")
     s, pct = ctx.explained(transfer if which == "transfer" else admission)
@@ -82,23 +82,23 @@ def _from_metrics(ctx: RuleContext) -> Outcome:
     transfer = ctx.v("pd_metrics_transfer_share")
     admission = decode - transfer if transfer is not None else None
     if transfer is not None and (admission is None or transfer >= admission):
-        if not (t.crossed("KV transfer share of TTFT (engine metrics)", transfer, "share_min", "share",
+        if not (t.crossed(evidence.PD_TRANSFER_SHARE_METRICS, transfer, "share_min", "share",
                           "mean seconds per KV transfer over the two instances' TTFTs together",
                           miss="the KV transfer is {value:.0%} of TTFT (< {threshold:.0%})")
-                and t.crossed("KV transfer / prefill (engine metrics)", ctx.v("pd_metrics_transfer_vs_prefill_x"),
+                and t.crossed(evidence.PD_TRANSFER_X_METRICS, ctx.v("pd_metrics_transfer_vs_prefill_x"),
                               "transfer_vs_prefill_min", "x", "mean transfer over the prefill instance's prefill time",
                               miss="the transfer takes {value:.2f}x its prefill (< {threshold:.2f}x)")):
             return t.pass_reason()
         which = "transfer"
     else:
         rest = admission if admission is not None else decode
-        if not t.crossed("decode instance's own TTFT beyond the transfer, share of TTFT (engine metrics)", rest,
+        if not t.crossed(evidence.PD_ADMISSION_SHARE_METRICS, rest,
                          "share_min", "share", "the decode instance admitting requests after their KV arrived, over "
                          "the two instances' TTFTs together",
                          miss="the decode side's admission is {value:.0%} of TTFT (< {threshold:.0%})"):
             return t.pass_reason()
         which = "admission"
-    t.context("decode instance's own TTFT, share of both (engine metrics)", decode, "share",
+    t.context(evidence.PD_DECODE_TTFT_SHARE_METRICS, decode, "share",
               "hand-off to first token: what a prefill instance's low TTFT leaves out")
     s, pct = ctx.explained(transfer if which == "transfer" else (admission if admission is not None else decode))
     title = ("Disaggregated prefill/decode: the KV transfer between the instances holds TTFT" if which == "transfer"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
+from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, beyond_chance, check_strength, finding, rule, strength
 from rules.model import Finding
-from rules.overrides import LONG_RAMP_CAP_ROW, LONG_RAMP_ROW
 
 QUEUE_IDLE_CHECKS = [
     "queue wait share and the scheduler thread: take a CPU profile of the serving process (py-spy) "
@@ -28,7 +28,7 @@ QUEUE_BUSY_CHECKS = [
 def _queue_metric_rows(t: Triage, share_from_metrics: bool) -> None:
     """Queue depth and the engine's own queue-time histogram, as context (no thresholds)."""
     ctx = t.ctx
-    for name, label in (("waiting_seqs_p95", "requests waiting (p95)"), ("waiting_seqs_max", "requests waiting (max)")):
+    for name, label in (("waiting_seqs_p95", evidence.WAITING_P95), ("waiting_seqs_max", evidence.WAITING_MAX)):
         val = ctx.v(name)
         if val is not None:
             src = ctx.features.get(name).source
@@ -37,13 +37,13 @@ def _queue_metric_rows(t: Triage, share_from_metrics: bool) -> None:
     q_mean = ctx.v("metrics_queue_time_mean_s")
     if q_mean is not None:
         q95 = ctx.v("metrics_queue_time_p95_s")
-        t.context("queue time (engine metric, mean)", q_mean, "s",
+        t.context(evidence.QUEUE_TIME_METRICS_MEAN, q_mean, "s",
                   "the engine's queue-time histogram (queue_time_s), request-weighted over scrape windows"
                   + (f"; windowed p95 {q95 * 1e3:.0f} ms" if q95 is not None else ""))
     _waiting_for_capacity_row(t)
     share = ctx.v("metrics_queue_share")
     if share is not None and not share_from_metrics:
-        t.context("queue share of TTFT (engine metrics)", share, "share",
+        t.context(evidence.QUEUE_SHARE_METRICS, share, "share",
                   "mean queue time / mean TTFT from the engine's own histograms: the same story from /metrics")
 
 
@@ -52,7 +52,7 @@ def _waiting_for_capacity_row(t: Triage) -> None:
     (a batch cap, the step's token budget or KV blocks: the gauge does not say which) or deferred."""
     share = t.ctx.v("waiting_for_capacity_share")
     if share is not None:
-        t.context("waiting requests held for scheduling capacity (engine gauge)", share, "share",
+        t.context(evidence.WAITING_FOR_CAPACITY, share, "share",
                   "vLLM num_requests_waiting_by_reason{reason=capacity} / num_requests_waiting: every waiting "
                   "request not deferred (LoRA, KV transfer), whichever limit holds it: max_num_seqs, the token "
                   "budget or KV blocks")
@@ -61,7 +61,7 @@ def _waiting_for_capacity_row(t: Triage) -> None:
 def _judged_metrics_queue_share(t: Triage, mq: float, what: str) -> bool:
     """The engine's queue-time share of TTFT judged against ``share_min`` (weighed): whether it
     measures the wait ``what`` (the sweep, the long ramp) infers."""
-    return t.judged("queue share of TTFT (engine metrics)", mq, "share_min", "share",
+    return t.judged(evidence.QUEUE_SHARE_METRICS, mq, "share_min", "share",
                     "mean queue time / mean TTFT from the engine's own histograms, request-weighted over scrape "
                     f"windows: the wait {what} infers, measured by the engine", weigh=True)
 
@@ -97,18 +97,18 @@ def queue(ctx: RuleContext) -> Outcome:
         idle = idle_measure is not None and idle_measure < th["device_idle_max"]
         from_metrics = ctx.features.get("queue_share_tail").source == "prometheus"
         t = Triage(ctx)
-        t.crossed("queue share of TTFT (engine metrics)" if from_metrics else "queue share of TTFT (slowest 5%)", qs,
+        t.crossed(evidence.QUEUE_SHARE_METRICS if from_metrics else evidence.QUEUE_SHARE_TAIL, qs,
                   "share_min", "share", "time requests wait for the scheduler before their prefill"
                   + (" (mean queue time / mean TTFT from the engine's histograms, request-weighted over scrape windows)"
                      if from_metrics else ""))
-        t.crossed("queue wait / step in flight", wait_steps, "wait_steps_min", "x",
+        t.crossed(evidence.QUEUE_WAIT_STEPS, wait_steps, "wait_steps_min", "x",
                   "queued for several engine steps, not just the one in flight when it arrived")
         if busy_q is not None:
-            t.judged("device busy while requests queued", busy_q, "device_idle_max", "share",
+            t.judged(evidence.DEVICE_BUSY_QUEUED, busy_q, "device_idle_max", "share",
                      "idle device while requests wait: the hold-up is not the GPU" if idle else
                      "the device was working while requests waited: capacity", op="<")
         if busy is not None:
-            t.context("device busy fraction", busy, "share",
+            t.context(evidence.DEVICE_BUSY, busy, "share",
                       f"from {ctx.features.get('device_busy_frac').source}; utilisation alone says little")
         _queue_metric_rows(t, from_metrics)
         if idle:  # how idle: the further below the idle line, the stronger
@@ -167,13 +167,13 @@ def _queue_sweep(ctx: RuleContext) -> Outcome:
     curve = ctx.v("ttft_by_inflight") or {}
     ys = list(curve.values())
     t = Triage(ctx)
-    t.crossed("TTFT at highest / lowest concurrency", ratio, "bb_ttft_rise_min", "x",
+    t.crossed(evidence.TTFT_RISE_X, ratio, "bb_ttft_rise_min", "x",
               f"median TTFT by in-flight requests: {', '.join(f'{k}: {v * 1e3:.0f} ms' for k, v in curve.items())}")
     # the comparison that holds is the one shown: decode speed held (>=) or fell (<)
-    t.judged("per-stream decode speed, highest / lowest concurrency", hold, "bb_decode_hold_min", "x",
+    t.judged(evidence.DECODE_HOLD, hold, "bb_decode_hold_min", "x",
              "decode speed holds: the server does not batch the extra requests, it makes them wait" if holds
              else "decode slows as well: the server is at capacity", op=">=" if holds else "<")
-    t.judged("TTFT rise / ITL at the highest concurrency", rise_steps, "wait_steps_min", "steps",
+    t.judged(evidence.TTFT_RISE_STEPS, rise_steps, "wait_steps_min", "steps",
              "new requests wait many steps, not just the one in flight")
     # the engine's own queue-time histogram, when /metrics was scraped alongside: it measures the wait
     # the sweep infers (a KV or front-end limit the client also sees as a queue would show elsewhere)
@@ -288,24 +288,24 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
                 f"{ctx.v('first_token_after_end_order_control') or 0:.0%}) and {alone or 0:.0%} streamed alone: "
                 "requests are not served one after another")
     t = Triage(ctx)
-    t.crossed("TTFT p50 / ITL p50", steps, "bb_line_steps_min", "steps",
+    t.crossed(evidence.TTFT_P50_STEPS, steps, "bb_line_steps_min", "steps",
               "a batching server starts a new request within a step or two; these waited many steps")
-    t.judged("TTFT / (requests ahead x their service time)", inline, "bb_inline_ratio_min", "x",
+    t.judged(evidence.INLINE_RATIO, inline, "bb_inline_ratio_min", "x",
              f"median service time {ctx.v('service_s_p50', 0) * 1e3:.0f} ms (e2e − TTFT): TTFT is what waiting "
              "for every request ahead to finish would take", weigh=False)
     order = ctx.v("first_token_after_end_order_frac")
     by_order = order is not None and (after is None or order > after)
-    t.judged("first token just after another stream ended", after, "bb_after_end_min", "share",
+    t.judged(evidence.AFTER_END_SHARE, after, "bb_after_end_min", "share",
              f"first tokens come one after another, each when a stream ends (chance at this load: {control:.0%})",
              weigh=follows and not by_order)
     if by_order:
-        t.judged("first token next after a stream end (order of events)", order, "bb_after_end_min", "share",
+        t.judged(evidence.NEXT_AFTER_END_SHARE, order, "bb_after_end_min", "share",
                  "stream ends and first tokens alternate, however long the prefill between them (several admitted "
                  f"together); chance: {ctx.v('first_token_after_end_order_control') or 0:.0%}", weigh=follows)
     if alone is not None:
-        t.judged("waiting requests that streamed alone", alone, "bb_decode_alone_min", "share",
+        t.judged(evidence.WAITED_STREAMED_ALONE, alone, "bb_decode_alone_min", "share",
                  "no other stream's tokens while this one streamed: one request served at a time", weigh=solo)
-    t.context("requests in flight at arrival (median)", ctx.v("inflight_at_arrival_p50"), "requests",
+    t.context(evidence.INFLIGHT_AT_ARRIVAL_P50, ctx.v("inflight_at_arrival_p50"), "requests",
               "one load level: no concurrency sweep")
     s, pct = ctx.explained(min(1.0 / inline, 1.0) if inline else None)
     # both signs at once (each first token after a stream end, beyond chance, and each stream alone): a
@@ -343,12 +343,12 @@ def _queue_at_cap(ctx: RuleContext) -> Outcome:
     at_cap = ctx.v("waiting_at_cap_frac")
     ratio = ctx.v("ttft_vs_engine_prefill_ratio")
     t = Triage(ctx)
-    if not t.crossed("scrapes with requests waiting while running is at its cap", at_cap, "cap_waiting_frac_min",
+    if not t.crossed(evidence.AT_CAP_SCRAPES, at_cap, "cap_waiting_frac_min",
                      "share", f"the running gauge at its highest ({ctx.v('running_seqs_max', 0):g}) with requests "
                      "waiting: the engine admits no more", miss="requests waited at the running cap in {value:.0%} of "
                      "scrapes (< {threshold:.0%})"):
         return t.pass_reason()
-    if not t.crossed("TTFT p50 / the engine's prefill time", ratio, "ttft_vs_prefill_min", "x",
+    if not t.crossed(evidence.TTFT_OVER_PREFILL, ratio, "ttft_vs_prefill_min", "x",
                      "TTFT far above what the engine itself spends on the prompt: the rest is waiting",
                      miss="TTFT is {value:.1f}x the engine's prefill time (< {threshold:g}x)"):
         return t.pass_reason()
@@ -387,16 +387,16 @@ def tokenize(ctx: RuleContext) -> Outcome:
             return f"tokenize share of the slowest 5% is {ts:.0%} (< {th['share_min']:.0%})"
         t = Triage(ctx)  # either may fire it: both rows are shown, both strengths count
         from_metrics = ctx.features.get("tokenize_share_tail").source == "prometheus"
-        t.judged("tokenize share of TTFT (engine metrics)" if from_metrics else "tokenize share of TTFT (slowest 5%)",
+        t.judged(evidence.TOKENIZE_SHARE_METRICS if from_metrics else evidence.TOKENIZE_SHARE_TAIL,
                  ts, "share_min", "share", "prompt text -> token ids on the serving CPU"
                  + (" (mean tokenizer latency / mean TTFT from the front end's histograms)" if from_metrics else ""),
                  weigh=True)
         if prof_tok is not None:
-            t.judged("tokenizer share of CPU samples", prof_tok, "cpu_profile_share_min", "share",
+            t.judged(evidence.TOKENIZER_CPU_SHARE, prof_tok, "cpu_profile_share_min", "share",
                      "py-spy samples of the serving process", weigh=True)
         slope = ctx.v("ttft_prompt_slope_ms_per_token")
         if slope is not None:
-            t.context("TTFT slope", slope, "ms/token", "grows with prompt length, like the tokenizer's work")
+            t.context(evidence.TTFT_SLOPE, slope, "ms/token", "grows with prompt length, like the tokenizer's work")
         s, pct = ctx.explained(ts)
         return finding("Tokenization on the serving CPU takes a large share of TTFT",
                        t.confidence(0.95), s, pct, t.evidence, checks)
@@ -413,10 +413,10 @@ def tokenize(ctx: RuleContext) -> Outcome:
         return (f"a prompt token costs {ratio:.2f} of a decode step, but at your users' {users_mid:g}-token prompts "
                 f"prompt work is {share:.0%} of TTFT (< {share_min:.0%})")
     t = Triage(ctx)
-    t.crossed("TTFT per prompt token / ITL p50", ratio, "bb_slope_per_itl_min", "x",
+    t.crossed(evidence.SLOPE_PER_ITL, ratio, "bb_slope_per_itl_min", "x",
               "each prompt token costs a sizeable part of a whole decode step: sequential per-token CPU work, "
               "not a parallel prefill")
-    t.crossed("TTFT vs prompt tokens R²", r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token", bound=1.0)
+    t.crossed(evidence.PROMPT_FIT_R2, r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token", bound=1.0)
     s, pct = ctx.explained(min(share, 1.0) if share is not None else None)
     return finding("TTFT grows per prompt token far faster than a parallel prefill would: tokenization (black box)",
                    t.confidence(0.8, black_box=True), s, pct, t.evidence, checks, black_box=True,
@@ -499,30 +499,30 @@ def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) ->
     lc, sc, tr = ctx.v("long_ramp_decode_cap"), ctx.v("long_ramp_short_decode_cap"), ctx.v("long_ramp_token_ratio")
     sc_most = ctx.v("long_ramp_knee_ratio", 0) * lc
     tokens = ctx.v("long_ramp_prompt_tokens", 0)
-    t.context(LONG_RAMP_CAP_ROW, lc, "requests",
+    t.context(evidence.LONG_RAMP_CAP, lc, "requests",
               f"at {tokens:.0f}-token prompts at most {lc:g} streams decode together however many are in flight: "
               "the server admits that many, the rest wait")
-    t.context("streams decoding at once, short prompts (most)", sc, "requests", "the short ramp's cap" if sc is not None
+    t.context(evidence.SHORT_RAMP_CAP, sc, "requests", "the short ramp's cap" if sc is not None
               else "the short ramp's streams decoded together as the load grew: no cap within it (a lower bound)")
     meaning = f"log(cap ratio {ctx.v('long_ramp_knee_ratio'):.2f}) / log(token ratio {tr:.2f}): 1 = the cap moved as " \
               "the tokens each request holds, 0 = it stayed"
     most, x = ctx.v("long_out_decode_max"), ctx.v("long_out_output_x")
     if most is not None and x is not None:
-        t.context("streams decoding at once, long prompts with longer answers", most, "requests",
+        t.context(evidence.LONG_OUT_CAP, most, "requests",
                   f"answers {x:.1f}x as long: a limit on what runs at once holds as many or fewer (a stage taking "
                   "prompts one at a time would let more overlap)")
     limit = ctx.th_of("kv_cache")["long_knee_shift_min"]
     lower = f"; a lower bound: the short ramp decoded {sc_most:g} at once and was not capped, more than the long ramp's {lc:g}"
     if crossed and shift < limit:  # a lower bound: the uncapped short ramp decoded more at once than the cap
-        t.context(LONG_RAMP_ROW, shift, "x", meaning + lower)
+        t.context(evidence.LONG_RAMP_SHIFT, shift, "x", meaning + lower)
         t.add_strength(UNCAPPED_SHORT_STRENGTH)
     elif crossed and sc is None:  # a lower bound past the threshold: at least as strong as one short of it
-        t.crossed(LONG_RAMP_ROW, shift, None, "x", meaning + lower, threshold=limit, weigh=False)
+        t.crossed(evidence.LONG_RAMP_SHIFT, shift, None, "x", meaning + lower, threshold=limit, weigh=False)
         t.add_strength(max(UNCAPPED_SHORT_STRENGTH, check_strength(shift, limit, ">=", "x", None)))
     elif crossed:
-        t.crossed(LONG_RAMP_ROW, shift, None, "x", meaning, threshold=limit)
+        t.crossed(evidence.LONG_RAMP_SHIFT, shift, None, "x", meaning, threshold=limit)
     else:
-        t.below(LONG_RAMP_ROW, shift, None, "x", meaning, threshold=limit, op="<")
+        t.below(evidence.LONG_RAMP_SHIFT, shift, None, "x", meaning, threshold=limit, op="<")
 
 
 def _request_limit(ctx: RuleContext, shift: float) -> Outcome:
@@ -566,7 +566,7 @@ def _kv_from_long_ramp(ctx: RuleContext, shift: float) -> Outcome:
             "server's /metrics (KV usage, preemptions) confirm it")
     serial = _serial_stage_not_ruled_out(ctx)
     if serial is not None:
-        t.context("TTFT per prompt token / ITL p50", serial, "x", "as sequential per-token work before the engine (a "
+        t.context(evidence.SLOPE_PER_ITL, serial, "x", "as sequential per-token work before the engine (a "
                   "tokenizer) costs: such a stage caps streams decoding at once at long prompts the same way")
         confidence = round(confidence * float(ctx.general["demote_factor"]), 3)
         note += ("; not confirmed: a stage taking prompts one at a time (see tokenize) is not ruled out, the longout "
@@ -604,12 +604,12 @@ def _kv_from_stalls(ctx: RuleContext) -> Finding | None:
     if frac is None or wait is None or frac < th["bb_stall_frac_min"] or wait < th["bb_stall_wait_steps_min"]:
         return None
     t = Triage(ctx)
-    t.judged("streams stalled mid-answer while others streamed", frac, "bb_stall_frac_min", "share",
+    t.judged(evidence.STALLED_STREAMS, frac, "bb_stall_frac_min", "share",
              f"of {ctx.v('stream_stall_n', 0):g} streams: stopped, then resumed, as an engine does to a request it "
              "preempts to free KV blocks", weigh=True)
-    t.context("their longest gap (median)", ctx.v("stream_stall_steps_p50"), "steps",
+    t.context(evidence.STALL_GAP_P50, ctx.v("stream_stall_steps_p50"), "steps",
               "decode steps the engine ran without them: recomputing their KV cache when resumed")
-    t.judged("TTFT p95 / ITL p50", wait, "bb_stall_wait_steps_min", "steps",
+    t.judged(evidence.TTFT_P95_STEPS, wait, "bb_stall_wait_steps_min", "steps",
              "the slowest first tokens waited many steps: new requests held back while the pool is full", weigh=True)
     s, pct = ctx.explained(1.0 - 1.0 / wait if wait > 1 else None)
     return finding("Streams are preempted mid-answer and new requests wait: the KV cache is full (client token times)",
@@ -633,22 +633,22 @@ def kv_cache(ctx: RuleContext) -> Outcome:
         # two groups, each must show: the pressure (usage, time near capacity, preemptions) and its
         # effect on TTFT (a knee, queueing); the strongest row of each counts
         pressure, effect = Triage(ctx), Triage(ctx)
-        pressure.crossed("KV usage p95", usage, "usage_p95_min", "share",
+        pressure.crossed(evidence.KV_USAGE_P95, usage, "usage_p95_min", "share",
                          "all active requests' KV caches together near the capacity")
-        pressure.crossed("time with KV usage near capacity", above, "time_above_min", "share",
+        pressure.crossed(evidence.KV_NEAR_FULL_SHARE, above, "time_above_min", "share",
                          "share of engine time at or above the near-capacity level")
-        pressure.crossed("preemptions", pre, "preemptions_min", "count",
+        pressure.crossed(evidence.PREEMPTIONS, pre, "preemptions_min", "count",
                          "running requests evicted to free blocks (their work is redone)")
-        pressure.crossed("steps after which a request waited for KV blocks", ctx.v("kv_blocked_steps_frac"),
+        pressure.crossed(evidence.KV_WAIT_AFTER_STEPS, ctx.v("kv_blocked_steps_frac"),
                          "blocked_steps_min", "share",
                          "of the steps after which requests waited, the engine's own reason: the next one's prompt "
                          "needs more free blocks than there are (usage short of 100% is block granularity)")
-        effect.crossed("TTFT past the knee / at the knee", jump, "knee_jump_min", "x",
+        effect.crossed(evidence.KNEE_TTFT_X, jump, "knee_jump_min", "x",
                        f"TTFT jumps past {ctx.v('concurrency_knee', 0):g} requests in flight")
-        effect.crossed("queue share of TTFT (slowest 5%)", qs, "queue_share_min", "share",
+        effect.crossed(evidence.QUEUE_SHARE_TAIL, qs, "queue_share_min", "share",
                        "new requests wait for free KV blocks")
         mq = ctx.v("metrics_queue_share") if qs is None else None
-        effect.crossed("queue share of TTFT (engine metrics)", mq, "queue_share_min", "share",
+        effect.crossed(evidence.QUEUE_SHARE_METRICS, mq, "queue_share_min", "share",
                        "mean queue time / mean TTFT from the engine's own histograms (no per-request server spans)")
         if not pressure.evidence:
             blocked = ctx.v("kv_blocked_steps_frac")
@@ -699,9 +699,9 @@ def kv_cache(ctx: RuleContext) -> Outcome:
     knee = ctx.v("concurrency_knee")
     holds = hold >= th["bb_decode_hold_min"]
     t = Triage(ctx)
-    t.crossed("TTFT past the knee / at the knee", jump, "knee_jump_min", "x",
+    t.crossed(evidence.KNEE_TTFT_X, jump, "knee_jump_min", "x",
               f"TTFT stays nearly flat up to {knee:g} requests in flight, then jumps")
-    t.context("per-stream decode speed, highest / lowest concurrency", hold, "x",
+    t.context(evidence.DECODE_HOLD, hold, "x",
               "running streams keep their speed: the extra requests are not admitted, they wait" if holds else
               "running streams slow too: preempted requests recompute their KV cache")
     s, pct = ctx.explained(1.0 - 1.0 / jump)

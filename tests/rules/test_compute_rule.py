@@ -3,6 +3,7 @@ prefill-time histogram (vLLM / SGLang /metrics scraped beside the probe)."""
 
 from __future__ import annotations
 
+from rules import evidence
 from rules.base import RuleContext
 from rules.compute import prefill_compute
 from rules.config import load_thresholds
@@ -33,7 +34,7 @@ def test_the_engines_prefill_histogram_measures_what_the_fit_infers() -> None:
     out = prefill_compute(_ctx(0.95))
     assert not isinstance(out, str) and not out.black_box and out.confidence >= 0.7
     assert "(engine metrics)" in out.title
-    row = next(e for e in out.evidence if e.name == "prefill share of TTFT (engine metrics)")
+    row = next(e for e in out.evidence if e.key == evidence.PREFILL_SHARE_METRICS)
     assert row.crossed and row.value == 0.95
 
 

@@ -19,7 +19,7 @@ from diag import stages
 from diag.capture import load_capture
 from diag.report.text import format_diagnosis
 from diag.tables import build_tables
-from rules import diagnose
+from rules import diagnose, evidence
 from support.simcap import Client, Engine, Phase, simulate, tables_of
 
 NS = 1_000_000_000
@@ -65,9 +65,9 @@ def test_requests_waiting_for_an_http_worker_are_the_front_end(tmp_path: Path) -
     assert d.verdict.category == "frontend", format_diagnosis(d)
     f = d.verdict
     assert "HTTP workers" in f.title and f.confidence >= 0.8
-    rows = {e.name: e for e in f.evidence}
-    assert rows["front-end wait share of TTFT (slowest 5%)"].crossed
-    assert rows["engine queue share of TTFT (slowest 5%)"].value < 0.05
+    rows = {e.key: e for e in f.evidence}
+    assert rows[evidence.FRONTEND_WAIT_SHARE_TAIL].crossed
+    assert rows[evidence.ENGINE_QUEUE_SHARE_TAIL].value < 0.05
     # the checks are in the terms of the engine the capture came from (the bundled server), not every engine's
     assert any("--http-workers" in c for c in f.next_checks)
     assert not any("--threads-http" in c or "--api-server-count" in c for c in f.next_checks)
@@ -97,8 +97,8 @@ def test_a_gap_outside_the_engine_clock_that_grows_with_load_is_the_front_end(tm
     dirs = simulate(tmp_path, Engine(), _sweep(), Client(net_s=1 * MS, frontend_s_per_conc=8 * MS))
     d = diagnose(tables_of(dirs))
     assert d.verdict.category == "frontend", format_diagnosis(d)
-    rows = {e.name: e for e in d.verdict.evidence}
-    assert rows["client-server gap at the highest load / at the lowest"].value > 5
+    rows = {e.key: e for e in d.verdict.evidence}
+    assert rows[evidence.GAP_RISE_X].value > 5
     net = _find(d, "network")
     assert net is None or "frontend" in net.demoted_by
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from diag.capture import load_capture
 from diag.tables import build_tables
-from rules import diagnose
+from rules import diagnose, evidence
 from rules.base import RuleContext
 from rules.config import load_thresholds
 from rules.features import Feature, Features
@@ -31,9 +31,9 @@ def test_streams_evicted_mid_answer_name_kv_cache_from_the_client() -> None:
     out = kv_cache(_ctx(**EVICTING))
     assert not isinstance(out, str)
     assert out.black_box  # the category is the rule's, set by the runner
-    rows = {e.name: e for e in out.evidence}
-    assert rows["streams stalled mid-answer while others streamed"].crossed
-    assert rows["TTFT p95 / ITL p50"].value == 288.0 and rows["TTFT p95 / ITL p50"].crossed
+    rows = {e.key: e for e in out.evidence}
+    assert rows[evidence.STALLED_STREAMS].crossed
+    assert rows[evidence.TTFT_P95_STEPS].value == 288.0 and rows[evidence.TTFT_P95_STEPS].crossed
 
 
 def test_a_stall_share_barely_past_its_threshold_is_less_sure_than_a_clear_one() -> None:
@@ -73,7 +73,7 @@ def test_requests_waiting_for_kv_blocks_name_kv_cache_short_of_full_usage(tmp_pa
     assert kv.features.value("kv_blocked_steps_frac") >= 0.5
     assert kv.features.value("kv_usage_p95") < 0.95
     assert kv.verdict.category == "kv_cache", [(f.category, f.confidence) for f in kv.findings]
-    assert "steps after which a request waited for KV blocks" in {e.name for e in kv.verdict.evidence}
+    assert evidence.KV_WAIT_AFTER_STEPS in {e.key for e in kv.verdict.evidence}
     cap = run(tmp_path / "cap", max_running=2)
     assert cap.features.value("kv_blocked_steps_frac") == 0.0
     assert cap.verdict.category != "kv_cache"
