@@ -15,7 +15,7 @@ admits more, ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` @cf6abc45)
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, rule
+from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, reason, rule
 
 #: what to check next, by engine (:func:`rules.base.engine_checks` picks those the capture came from)
 HOL_BY_ENGINE = {
@@ -50,8 +50,8 @@ def head_of_line(ctx: RuleContext) -> Outcome:
     th = ctx.th
     ratio = ctx.v("hol_short_ttft_ratio")
     if ratio < th["ttft_ratio_min"]:
-        return (f"short requests behind an unfinished long prompt have {ratio:.1f}x the TTFT of the others "
-                f"(< {th['ttft_ratio_min']:g}x)")
+        return reason("short requests behind an unfinished long prompt have {ratio:.1f}x the TTFT of the others "
+                      "(< {min:g}x)", ratio=ratio, min=th["ttft_ratio_min"])
     t = Triage(ctx)
     nb, nu = ctx.v("hol_blocked_short_n", 0), ctx.v("hol_unblocked_short_n", 0)
     always = bool(ctx.v("hol_baseline_own_wait"))
@@ -70,9 +70,10 @@ def head_of_line(ctx: RuleContext) -> Outcome:
     server = ctx.has("hol_blocked_queue_share")
     spread = ctx.v("users_prompt_spread_x")
     if ctx.v("mixed_by_diagnose") and spread is not None and spread < th["users_spread_min"]:
-        return (f"short prompts wait {ratio:.1f}x behind ttft diagnose's own long ones, but your prompts do not mix "
-                f"lengths that far (--workload prompt_tokens: longest {spread:.1f}x the shortest < "
-                f"{th['users_spread_min']:g}x): none of yours waits for another's whole prefill")
+        return reason("short prompts wait {ratio:.1f}x behind ttft diagnose's own long ones, but your prompts do not "
+                      "mix lengths that far (--workload prompt_tokens: longest {spread:.1f}x the shortest < {min:g}x): "
+                      "none of yours waits for another's whole prefill", ratio=ratio, spread=spread,
+                      min=th["users_spread_min"])
     others = ctx.v("hol_blocked_others_steps")
     stepped = others is not None and t.crossed(
         evidence.HOL_OTHERS_STEPS, others, "others_steps_min", "steps",
@@ -81,9 +82,10 @@ def head_of_line(ctx: RuleContext) -> Outcome:
     if not server:
         inter, lim = ctx.v("itl_interference_ratio"), ctx.th_of("interference")["itl_ratio_min"]
         if inter is not None and inter >= lim and not stepped:
-            return (f"short requests behind a long prompt have {ratio:.1f}x the TTFT of the others, but running streams "
-                    f"stall while long prompts prefill ({inter:.1f}x ITL >= {lim:g}x): they wait for the long prefill "
-                    "step itself, not for admission order (see interference; chunked prefill bounds both)")
+            return reason("short requests behind a long prompt have {ratio:.1f}x the TTFT of the others, but running "
+                          "streams stall while long prompts prefill ({inter:.1f}x ITL >= {lim:g}x): they wait for the "
+                          "long prefill step itself, not for admission order (see interference; chunked prefill bounds "
+                          "both)", ratio=ratio, inter=inter, lim=lim)
         s, pct = ctx.explained(1.0 - 1.0 / ratio)
         return finding("Short requests' TTFT jumps while a long prompt is in flight ahead of them: head-of-line "
                        "blocking behind long prefills (black box)",
@@ -139,7 +141,8 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
     th = ctx.th
     if not ctx.has("kvr_kv_usage_while_waiting_p95"):
         if ctx.has("kvr_waiting_steps_frac"):
-            return f"a request waited in only {ctx.v('kvr_waiting_steps_frac'):.0%} of engine steps: no admission limit held"
+            return reason("a request waited in only {frac:.0%} of engine steps: no admission limit held",
+                          frac=ctx.v("kvr_waiting_steps_frac"))
         return ("client-only: a reservation limit (each request admitted for its whole max_tokens) looks the same as "
                 "a max_num_seqs / max_running cap from the client (see queue, kv_cache); the experiment that decides: "
                 "rerun with a small max_tokens -- concurrency rises under a reservation, not under a cap")

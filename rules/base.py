@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag.units import fill
 from rules.evidence import name_of
 from rules.features import Features
 from rules.model import Evidence, Finding
@@ -190,7 +191,7 @@ class Triage:
             if weigh:
                 self._weigh(value, limit, op, unit, bound)
         elif value is not None and miss is not None:
-            self.misses.append(miss.format(value=value, threshold=limit))
+            self.misses.append(fill(miss, value=value, threshold=limit))
         return hit
 
     def below(self, row: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = "<=",
@@ -268,6 +269,13 @@ def chance_row(t: Triage, row: str, share: float | None, n: float | None, chance
     if beyond_chance(share, chance, n, p_max):
         t.add(Evidence(name_of(row), share, f"beyond {chance:.0%} chance (p <= {p_max:g})", "share",
                        f"{share * n:.0f} of {n:.0f}: {meaning}", crossed=True, key=row), 1.0)
+
+
+def reason(template: str, /, **values: Any) -> str:
+    """Why a rule did not fire, or fired at another's door: ``template`` (a sentence with named
+    ``str.format`` fields) filled with ``values`` by :func:`diag.units.fill`, the one formatter of
+    the rules' sentences (a missing value reads ``-``)."""
+    return fill(template, **values)
 
 
 def finding(title: str, confidence: float, explained_s: float | None, explained_pct: float | None,

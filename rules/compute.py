@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, finding, rule, strength
+from rules.base import Outcome, RuleContext, Triage, finding, reason, rule, strength
 
 PREFILL_CHECKS = [
     "the prompt-length slope (ms per prompt token): shorter prompts, prefix caching of shared prefixes",
@@ -95,12 +95,14 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         # the probe's shared-prefix design, and no prompt sweep: its long prompts are its own first
         # uses, and the cache spares the repeats; what a first use pays is what no cache can avoid,
         # not a bottleneck (a sweep of prompt lengths beside it still shows prompt work)
-        return (f"the long prompts are the shared-prefix test's own first uses, and the server's prefix cache spares "
-                f"its repeats {saving:.0%} of the prefix's cost: a first use's prefill is what no cache avoids")
+        return reason("the long prompts are the shared-prefix test's own first uses, and the server's prefix cache "
+                      "spares its repeats {saving:.0%} of the prefix's cost: a first use's prefill is what no cache "
+                      "avoids", saving=saving)
     steps = ctx.v("prompt_work_steps_p50")
     if steps is not None and steps < th["prompt_steps_min"]:
-        return (f"the median request's prompt work holds its first token back {steps:.1f} decode steps (< "
-                f"{th['prompt_steps_min']:g}): TTFT is what a short prompt costs, not prefill holding it back")
+        return reason("the median request's prompt work holds its first token back {steps:.1f} decode steps (< "
+                      "{min:g}): TTFT is what a short prompt costs, not prefill holding it back",
+                      steps=steps, min=th["prompt_steps_min"])
     r2 = ctx.v("ttft_prompt_r2")
     expl = ctx.v("ttft_prompt_explained_frac")
     fit_ok = r2 is not None and expl is not None and r2 >= th["r2_min"] and expl >= th["explained_frac_min"]
@@ -113,19 +115,21 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         elif ps >= th["share_only_min"] and r2 is not None and _had_batch_mates(ctx) and (
                 r2 < th["r2_contradicts_max"] or (expl is not None and expl < th["explained_frac_min"])):
             # a prompt-length fit exists and says the request's own prompt is not what costs the time
-            return (f"prefill is {ps:.0%} of the slowest TTFTs but each request's own prompt length explains little "
-                    f"of it (R² {r2:.2f}, prompt-proportional part {expl or 0:.0%}): other requests' prefills share "
-                    "its steps (see interference)")
+            return reason("prefill is {ps:.0%} of the slowest TTFTs but each request's own prompt length explains "
+                          "little of it (R² {r2:.2f}, prompt-proportional part {expl:.0%}): other requests' prefills "
+                          "share its steps (see interference)", ps=ps, r2=r2, expl=expl or 0)
         elif ps >= th["share_only_min"]:
             # no prompt fit: the prefill span is a request's own forward pass when it ran alone, and
             # may hold batch-mates' prompts when others were in flight
             directness, by_fit = (0.7 if _had_batch_mates(ctx) else 0.9), False
         else:
-            why = (f"prefill share of TTFT in the engine's metrics is {ps:.0%}" if _share_label(ctx, "prefill")[1]
-                   else f"prefill share of the slowest 5% is {ps:.0%}")
+            over = "TTFT in the engine's metrics" if _share_label(ctx, "prefill")[1] else "the slowest 5%"
             if r2 is None:
-                return why + f" (< {th['share_only_min']:.0%} without a prompt-length sweep: {ctx.features.get('ttft_prompt_r2').reason})"
-            return why + f"; TTFT vs prompt length R² {r2:.2f}, prompt-proportional part {expl:.0%}"
+                return reason("prefill share of {over} is {ps:.0%} (< {min:.0%} without a prompt-length sweep: "
+                              "{why})", over=over, ps=ps, min=th["share_only_min"],
+                              why=ctx.features.get("ttft_prompt_r2").reason)
+            return reason("prefill share of {over} is {ps:.0%}; TTFT vs prompt length R² {r2:.2f}, "
+                          "prompt-proportional part {expl:.0%}", over=over, ps=ps, r2=r2, expl=expl)
         label, how = _share_label(ctx, "prefill")
         t.judged(label, ps, "share_min" if fit_ok else "share_only_min", "share",
                  "forward passes over the prompt tokens" + (f" ({how})" if how else ""), weigh=by_fit)
@@ -158,11 +162,11 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         return _prefill_busy(t)
     # black box: TTFT linear in prompt length at concurrency 1, at a per-token cost a parallel prefill can have
     if not fit_ok:
-        return f"TTFT vs prompt length: R² {r2:.2f}, prompt-proportional part {expl:.0%}"
+        return reason("TTFT vs prompt length: R² {r2:.2f}, prompt-proportional part {expl:.0%}", r2=r2, expl=expl)
     per_itl = ctx.v("prompt_slope_per_itl")
     if per_itl is not None and per_itl >= th["bb_slope_per_itl_max"]:
-        return (f"a prompt token costs {per_itl:.2f} of a decode step (>= {th['bb_slope_per_itl_max']:g}): "
-                "too slow for a parallel prefill (see tokenize)")
+        return reason("a prompt token costs {per_itl:.2f} of a decode step (>= {max:g}): too slow for a parallel "
+                      "prefill (see tokenize)", per_itl=per_itl, max=th["bb_slope_per_itl_max"])
     # from the client the case is four checks, each weighed: TTFT follows the prompt (R²), the prompt
     # part is most of it, it holds the first token back many steps, at a parallel prefill's per-token
     # cost (not a tokenizer's)
@@ -211,8 +215,8 @@ def _prefill_busy(t: Triage) -> Outcome:
                      "from the engine's prompt-seconds counter: the engine is processing prompts most of the time, so "
                      "new requests wait behind prompt processing (summed over slots: above 1 means several slots' "
                      "prompts at once)"):
-        return (f"the engine spends {pb:.2f} s per s processing prompts (< {th['busy_ratio_min']:g}); "
-                "no prefill share or prompt-length sweep to say more")
+        return reason("the engine spends {pb:.2f} s per s processing prompts (< {min:g}); no prefill share or "
+                      "prompt-length sweep to say more", pb=pb, min=th["busy_ratio_min"])
     _prefill_metric_rows(t)
     waiting = ctx.v("waiting_seqs_max")
     if waiting:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, finding, rule
+from rules.base import Outcome, RuleContext, Triage, finding, reason, rule
 from rules.scheduling import served_in_line
 
 
@@ -188,8 +188,8 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     if (slope is not None and slope < 0) or share > 1.05:
         # TTFT falling with the prompt, or an intercept above TTFT itself: the fit over this prompt
         # range is noise, and its intercept is an extrapolation, not a latency
-        return (f"the TTFT-vs-prompt fit has no meaningful fixed part (intercept {intercept_s * 1e3:.1f} ms = "
-                f"{share:.0%} of TTFT p50, slope {slope if slope is not None else float('nan'):.3g} ms/token)")
+        return reason("the TTFT-vs-prompt fit has no meaningful fixed part (intercept {ms:.1f} ms = {share:.0%} of "
+                      "TTFT p50, slope {slope:.3g} ms/token)", ms=intercept_s * 1e3, share=share, slope=slope)
     qth = ctx.th_of("queue")
     inline = ctx.v("ttft_inline_ratio")
     line_explains = inline is not None and qth["bb_inline_ratio_min"] <= inline <= qth["bb_inline_ratio_max"]
@@ -197,33 +197,36 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     alone = (ctx.v("ttft_prompt_fit_alone_frac") or 0.0) >= float(th["bb_fit_alone_min"])
     if not alone and any(served_in_line(ctx)) and line_explains and (ctx.v("inflight_at_arrival_p50") or 1) > 1:
         # waiting in line is also a fixed part no prompt token explains: it is the queue's (see queue)
-        return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is waiting in line: requests are served one "
-                "after another (see queue)")
+        return reason("TTFT's fixed part ({ms:.1f} ms) is waiting in line: requests are served one after another "
+                      "(see queue)", ms=intercept_s * 1e3)
     hol, hol_min = ctx.v("hol_short_ttft_ratio"), ctx.th_of("head_of_line")["ttft_ratio_min"]
     if not alone and hol is not None and hol >= hol_min:
         # short prompts that waited behind a long one's prefill pull the fit's intercept up: their
         # TTFT is waiting, at zero tokens as at eight, not a latency outside the server
-        return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is short prompts waiting behind long ones ahead of "
-                f"them ({hol:.1f}x the TTFT of short requests with none ahead, >= {hol_min:g}x): see head_of_line")
+        return reason("TTFT's fixed part ({ms:.1f} ms) is short prompts waiting behind long ones ahead of them "
+                      "({hol:.1f}x the TTFT of short requests with none ahead, >= {min:g}x): see head_of_line",
+                      ms=intercept_s * 1e3, hol=hol, min=hol_min)
     blocked, unblocked = ctx.v("hol_blocked_short_n"), ctx.v("hol_unblocked_short_n")
     if not alone and blocked is not None and blocked >= float(ctx.general.get("min_requests", 20)) / 4 \
             and blocked > 3 * (unblocked or 0):
         # nearly every short prompt arrived behind an unfinished long one: with no short request left to
         # compare, their waiting behind the long prefills is as good a fixed part as any latency
-        return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) may be short prompts waiting behind long ones: "
-                f"{blocked:g} of {blocked + (unblocked or 0):g} short requests arrived behind an unfinished long "
-                "prompt, too few with none ahead to compare (a run without the long prompts, or at concurrency 1, "
-                "decides)")
+        return reason("TTFT's fixed part ({ms:.1f} ms) may be short prompts waiting behind long ones: {blocked:g} "
+                      "of {short:g} short requests arrived behind an unfinished long prompt, too few with none ahead "
+                      "to compare (a run without the long prompts, or at concurrency 1, decides)",
+                      ms=intercept_s * 1e3, blocked=blocked, short=blocked + (unblocked or 0))
     if steps < th["bb_intercept_itl_min"] or share < th["bb_intercept_share_min"]:
-        return (f"TTFT's fixed part (prompt-fit intercept {intercept_s * 1e3:.1f} ms) is {steps:.1f} decode steps "
-                f"and {share:.0%} of TTFT p50: no outside latency stands out")
+        return reason("TTFT's fixed part (prompt-fit intercept {ms:.1f} ms) is {steps:.1f} decode steps and "
+                      "{share:.0%} of TTFT p50: no outside latency stands out", ms=intercept_s * 1e3, steps=steps,
+                      share=share)
     if low_s / itl < th["bb_intercept_itl_min"]:
         n = ctx.v("ttft_prompt_fit_n")
-        return (f"TTFT's fixed part is not resolved: the prompt fit's intercept {intercept_s * 1e3:.1f} ms could be "
-                f"as low as {low_s * 1e3:.1f} ms ({th['bb_intercept_se_k']:g} standard errors of {se_s * 1e3:.1f} ms), "
-                f"{max(low_s, 0.0) / itl:.1f} decode steps (< {th['bb_intercept_itl_min']:g}; over "
-                f"{n:g} requests, prompts too close together or TTFT too scattered to pin it): a prompt sweep from "
-                "short prompts with a few requests per length (`ttft probe URL --sweep prompt`) decides")
+        return reason("TTFT's fixed part is not resolved: the prompt fit's intercept {ms:.1f} ms could be as low as "
+                      "{low_ms:.1f} ms ({k:g} standard errors of {se_ms:.1f} ms), {low_steps:.1f} decode steps (< "
+                      "{min:g}; over {n:g} requests, prompts too close together or TTFT too scattered to pin it): a "
+                      "prompt sweep from short prompts with a few requests per length (`ttft probe URL --sweep "
+                      "prompt`) decides", ms=intercept_s * 1e3, low_ms=low_s * 1e3, k=th["bb_intercept_se_k"],
+                      se_ms=se_s * 1e3, low_steps=max(low_s, 0.0) / itl, min=th["bb_intercept_itl_min"], n=n)
     t = Triage(ctx)
     t.crossed(evidence.INTERCEPT_STEPS, steps, "bb_intercept_itl_min", "steps",
               f"the TTFT-vs-prompt intercept {intercept_s * 1e3:.1f} ms: latency no prompt token explains")
@@ -268,8 +271,9 @@ def network(ctx: RuleContext) -> Outcome:
               "first token id -> text, ready for the stream", miss="detokenize {value:.0%} of TTFT")
     if not t.evidence:
         if gap_share is None and ratio is None and gap_p50 is not None and itl:
-            return (f"the client-server gap p50 {gap_p50 * 1e3:.1f} ms is {gap_p50 / itl:.1f} decode steps "
-                    f"(< {th['gap_itl_min']:g}): the hand-off to the stream, not a network problem")
+            return reason("the client-server gap p50 {ms:.1f} ms is {steps:.1f} decode steps (< {min:g}): the "
+                          "hand-off to the stream, not a network problem", ms=gap_p50 * 1e3, steps=gap_p50 / itl,
+                          min=th["gap_itl_min"])
         return t.pass_reason("client and server TTFT agree")
     shares = [x for x in (gap_share, det) if x is not None]
     s, pct = ctx.explained(sum(shares) if shares else (1 - 1 / ratio if ratio else None))
@@ -404,7 +408,9 @@ def _kept_up(ctx: RuleContext, loop_measured: bool, late: float | None) -> str:
                                        ("send schedule", late is not None)) if seen]
     missing = [name for name in ("event-loop lag", "CPU") if name not in checked]
     if not missing:
-        return f"the client kept up ({', '.join(checked)} within bounds)"
-    head = f"{', '.join(checked)} within bounds" if checked else "nothing the client measured crossed a bound"
-    return (f"{head}; the client's {' and '.join(missing)} are not in this capture (the probe records them in its "
-            "own capture's series and meta.json: analyze that to check the client)")
+        return reason("the client kept up ({checked} within bounds)", checked=", ".join(checked))
+    head = (reason("{checked} within bounds", checked=", ".join(checked)) if checked
+            else "nothing the client measured crossed a bound")
+    return reason("{head}; the client's {missing} are not in this capture (the probe records them in its own "
+                  "capture's series and meta.json: analyze that to check the client)", head=head,
+                  missing=" and ".join(missing))

@@ -40,7 +40,7 @@ def family(family_: str, member: str) -> str:
     """The key of ``member``'s row of ``family_`` (:data:`FAMILIES`)."""
     if family_ not in FAMILIES:
         raise KeyError(f"no evidence row family {family_!r}")
-    return f"{family_}.{member}"
+    return family_ + "." + member
 
 
 def stage_share_tail(stage: str) -> str:

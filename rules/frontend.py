@@ -17,7 +17,7 @@ prompt token at concurrency 1: a tokenizer thread busy with slow tokenization is
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, rule
+from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, reason, rule
 
 #: what to check next, in each engine's terms
 #: the front end's worker and process counts against the concurrency, by engine
@@ -59,8 +59,8 @@ def _server_side(ctx: RuleContext) -> Outcome:
     tok_share = ctx.v("tokenize_share_tail")
     if http is not None and http < 0.5 and tok_share is not None and tok_share >= tok_th["share_min"] \
             and share is not None and share >= th["wait_share_min"]:
-        return (f"requests waited for the tokenizer thread ({share:.0%} of TTFT) because tokenization itself is slow "
-                f"({tok_share:.0%} of TTFT): see tokenize")
+        return reason("requests waited for the tokenizer thread ({share:.0%} of TTFT) because tokenization itself "
+                      "is slow ({tok_share:.0%} of TTFT): see tokenize", share=share, tok_share=tok_share)
     t = Triage(ctx)
     if not t.crossed(evidence.FRONTEND_WAIT_SHARE_TAIL, share, "wait_share_min", "share",
                      "parsed request -> the engine has it: waiting for an HTTP worker or a tokenizer thread",

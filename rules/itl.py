@@ -7,7 +7,7 @@ Their findings explain ITL, not TTFT (``explained_s`` is None); the engine ranks
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, finding, rule, strength
+from rules.base import Outcome, RuleContext, Triage, finding, reason, rule, strength
 from rules.features.itl import MIXED_SOURCE
 
 DECODE_CHECKS = [
@@ -46,14 +46,16 @@ def decode(ctx: RuleContext) -> Outcome:
                 t.judged(evidence.slo(key), check.get("value_s"), None, "s", "ITL SLO broken", op=">", threshold=target,
                          weigh=True)
     if not t.evidence:
-        return (f"ITL p50 {itl * 1e3:.1f} ms is {ratio:.2f}x TTFT p50" if ratio is not None else "ITL within bounds") + (
-            f"; decode speed holds x{hold:.2f} across concurrency" if hold is not None else "")
+        head = (reason("ITL p50 {itl_ms:.1f} ms is {ratio:.2f}x TTFT p50", itl_ms=itl * 1e3, ratio=ratio)
+                if ratio is not None else "ITL within bounds")
+        return head if hold is None else reason("{head}; decode speed holds x{hold:.2f} across concurrency",
+                                                head=head, hold=hold)
     if all(e.key == evidence.DECODE_HOLD for e in t.evidence):
         # streams slowing as the batch grows is what batching costs on any engine: slow tokens are
         # a problem against the users' ITL/TPOT target or against TTFT, not against a lone stream
-        return (f"per-stream decode speed falls to x{hold:.2f} under load (what a growing batch costs), but ITL "
-                f"p50 {itl * 1e3:.1f} ms is {ratio or 0:.2f}x TTFT p50 and no ITL/TPOT target is broken: give --slo "
-                "tpot_p99=... (or itl_p99) to judge the tokens")
+        return reason("per-stream decode speed falls to x{hold:.2f} under load (what a growing batch costs), but ITL "
+                      "p50 {itl_ms:.1f} ms is {ratio:.2f}x TTFT p50 and no ITL/TPOT target is broken: give --slo "
+                      "tpot_p99=... (or itl_p99) to judge the tokens", hold=hold, itl_ms=itl * 1e3, ratio=ratio or 0)
     for name, row, unit, meaning in (
             ("running_seqs_p95", evidence.RUNNING_P95, "requests", "running sequences per step (p95)"),
             ("decode_step_p50_s", evidence.DECODE_STEP_P50, "s", "decode-only engine step time"),
@@ -91,9 +93,11 @@ def interference(ctx: RuleContext) -> Outcome:
     tail_caused = (itl_slo_broken and tail is not None and tail >= th["tail_during_prefill_min"]
                    and (not bb or designed or tail_n >= th["bb_tail_gaps_min"]))
     if ratio < th["itl_ratio_min"] or (stall < th["stall_share_min"] and not tail_caused):
-        return (f"token gaps during other requests' prefills are {ratio:.1f}x the others (threshold "
-                f"{th['itl_ratio_min']:g}x) and cost {stall:.0%} of decode time (threshold {th['stall_share_min']:.0%}); "
-                f"{tail or 0:.0%} of the slowest 1% of gaps overlap a prefill (threshold {th['tail_during_prefill_min']:.0%})")
+        return reason("token gaps during other requests' prefills are {ratio:.1f}x the others (threshold "
+                      "{ratio_min:g}x) and cost {stall:.0%} of decode time (threshold {stall_min:.0%}); {tail:.0%} of "
+                      "the slowest 1% of gaps overlap a prefill (threshold {tail_min:.0%})", ratio=ratio,
+                      ratio_min=th["itl_ratio_min"], stall=stall, stall_min=th["stall_share_min"], tail=tail or 0,
+                      tail_min=th["tail_during_prefill_min"])
     src = ctx.features.get("itl_interference_ratio").source or ""
     t = Triage(ctx)
     t.judged(evidence.ITL_DURING_PREFILL_X, ratio, "itl_ratio_min", "x",

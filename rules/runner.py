@@ -26,7 +26,7 @@ from rules import grammar  # noqa: F401  (registers grammar_compile)
 from rules import lora  # noqa: F401  (registers lora_adapters)
 from rules import pd  # noqa: F401  (registers pd_transfer)
 from rules import evidence
-from rules.base import REGISTRY, RuleContext, missing_reason
+from rules.base import REGISTRY, RuleContext, missing_reason, reason
 from rules.config import load_thresholds
 from rules.features import compute_features
 from rules.edges import startup_note
@@ -129,7 +129,8 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
     for f in list(findings):
         if f.confidence < min_conf:
             findings.remove(f)
-            passed.append(Passed(f.rule_id, f"fired too weakly (confidence {f.confidence:.2f} < {min_conf:g}): {f.title}"))
+            passed.append(Passed(f.rule_id, reason("fired too weakly (confidence {c:.2f} < {min:g}): {title}",
+                                                   c=f.confidence, min=min_conf, title=f.title)))
 
     p95 = feats.value("ttft_p95_s")
     hth = th["healthy"]

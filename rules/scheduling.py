@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, beyond_chance, check_strength, finding, rule, strength
+from rules.base import (Outcome, RuleContext, Triage, beyond_chance, check_strength, finding, reason, rule,
+                        strength)
 from rules.model import Finding
 
 QUEUE_IDLE_CHECKS = [
@@ -89,10 +90,10 @@ def queue(ctx: RuleContext) -> Outcome:
         busy = ctx.v("device_busy_frac")
         busy_q = ctx.v("device_busy_frac_while_queued")
         if qs < th["share_min"]:
-            return f"queue share of the slowest 5% is {qs:.0%} (< {th['share_min']:.0%})"
+            return reason("queue share of the slowest 5% is {qs:.0%} (< {min:.0%})", qs=qs, min=th["share_min"])
         if wait_steps is not None and wait_steps < th["wait_steps_min"]:
-            return (f"queue share {qs:.0%} but requests wait only {wait_steps:.1f}x the step in flight: they join at "
-                    "the next step boundary, admission is prompt")
+            return reason("queue share {qs:.0%} but requests wait only {steps:.1f}x the step in flight: they join at "
+                          "the next step boundary, admission is prompt", qs=qs, steps=wait_steps)
         idle_measure = busy_q if busy_q is not None else busy
         idle = idle_measure is not None and idle_measure < th["device_idle_max"]
         from_metrics = ctx.features.get("queue_share_tail").source == "prometheus"
@@ -149,19 +150,21 @@ def _queue_sweep(ctx: RuleContext) -> Outcome:
         # the long ramp's streams all decoded together: nothing admitted fewer than came, so what the sweep
         # shows (TTFT rising with load) is compute shared among the streams, not requests held in a line
         most, top = uncapped
-        return (f"ttft diagnose's long ramp: {most:g} streams decoded at once at {top:g} in flight: no admission limit "
-                "holds requests back, so TTFT rising with load is the streams sharing the compute, not a queue")
+        return reason("ttft diagnose's long ramp: {most:g} streams decoded at once at {top:g} in flight: no admission "
+                      "limit holds requests back, so TTFT rising with load is the streams sharing the compute, not a "
+                      "queue", most=most, top=top)
     # black box: TTFT against concurrency and per-stream decode speed
     ratio = ctx.v("ttft_concurrency_ratio")
     hold = ctx.v("decode_speed_hold_ratio")
     flat = ctx.v("concurrency_flat_levels", 0)
     if ratio < th["bb_ttft_rise_min"]:
-        return f"TTFT at the highest concurrency is {ratio:.1f}x the lowest (< {th['bb_ttft_rise_min']:g}x)"
+        return reason("TTFT at the highest concurrency is {ratio:.1f}x the lowest (< {min:g}x)", ratio=ratio,
+                      min=th["bb_ttft_rise_min"])
     holds = hold >= th["bb_decode_hold_min"]
     rise_steps = ctx.v("ttft_rise_per_itl")
     if rise_steps is not None and rise_steps < th["wait_steps_min"]:
-        return (f"TTFT rises x{ratio:.1f} with concurrency but only by {rise_steps:.1f} decode steps: new requests wait "
-                "for the step in flight, not in a queue")
+        return reason("TTFT rises x{ratio:.1f} with concurrency but only by {steps:.1f} decode steps: new requests "
+                      "wait for the step in flight, not in a queue", ratio=ratio, steps=rise_steps)
     if flat >= 1 and closed_loop(ctx):
         return "TTFT is flat then jumps past a concurrency knee: an admission limit above one request (see kv_cache)"
     curve = ctx.v("ttft_by_inflight") or {}
@@ -275,18 +278,20 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
     after = ctx.v("first_token_after_end_frac")
     control = ctx.v("first_token_after_end_control") or 0.0
     if steps < th["bb_line_steps_min"]:
-        return f"TTFT p50 is {steps:.1f} decode steps (< {th['bb_line_steps_min']:g}): new requests start at once"
+        return reason("TTFT p50 is {steps:.1f} decode steps (< {min:g}): new requests start at once", steps=steps,
+                      min=th["bb_line_steps_min"])
     if not th["bb_inline_ratio_min"] <= inline <= th["bb_inline_ratio_max"]:
-        return (f"TTFT is {inline:.2f}x (requests ahead x their service time), outside "
-                f"{th['bb_inline_ratio_min']:g}..{th['bb_inline_ratio_max']:g}: not waiting in line")
+        return reason("TTFT is {inline:.2f}x (requests ahead x their service time), outside {lo:g}..{hi:g}: not "
+                      "waiting in line", inline=inline, lo=th["bb_inline_ratio_min"], hi=th["bb_inline_ratio_max"])
     alone = ctx.v("decode_alone_frac")
     follows, solo = served_in_line(ctx)
     if not follows and not solo:
-        return (f"{after:.0%} of waiting requests got their first token just after another stream ended "
-                f"(chance at this load: {control:.0%}), {ctx.v('first_token_after_end_order_frac') or 0:.0%} next "
-                f"after one in the order of events (chance "
-                f"{ctx.v('first_token_after_end_order_control') or 0:.0%}) and {alone or 0:.0%} streamed alone: "
-                "requests are not served one after another")
+        return reason("{after:.0%} of waiting requests got their first token just after another stream ended "
+                      "(chance at this load: {control:.0%}), {order:.0%} next after one in the order of events "
+                      "(chance {order_control:.0%}) and {alone:.0%} streamed alone: requests are not served one "
+                      "after another", after=after, control=control,
+                      order=ctx.v("first_token_after_end_order_frac") or 0,
+                      order_control=ctx.v("first_token_after_end_order_control") or 0, alone=alone or 0)
     t = Triage(ctx)
     t.crossed(evidence.TTFT_P50_STEPS, steps, "bb_line_steps_min", "steps",
               "a batching server starts a new request within a step or two; these waited many steps")
@@ -384,7 +389,7 @@ def tokenize(ctx: RuleContext) -> Outcome:
         ts = ctx.v("tokenize_share_tail")
         fires = ts >= th["share_min"] or (prof_tok is not None and prof_tok >= th["cpu_profile_share_min"])
         if not fires:
-            return f"tokenize share of the slowest 5% is {ts:.0%} (< {th['share_min']:.0%})"
+            return reason("tokenize share of the slowest 5% is {ts:.0%} (< {min:.0%})", ts=ts, min=th["share_min"])
         t = Triage(ctx)  # either may fire it: both rows are shown, both strengths count
         from_metrics = ctx.features.get("tokenize_share_tail").source == "prometheus"
         t.judged(evidence.TOKENIZE_SHARE_METRICS if from_metrics else evidence.TOKENIZE_SHARE_TAIL,
@@ -403,15 +408,16 @@ def tokenize(ctx: RuleContext) -> Outcome:
     ratio = ctx.v("prompt_slope_per_itl")
     r2 = ctx.v("ttft_prompt_r2")
     if r2 < th["bb_r2_min"] or ratio < th["bb_slope_per_itl_min"]:
-        return (f"a prompt token costs {ratio:.2f} of a decode step (< {th['bb_slope_per_itl_min']:g}) or TTFT is "
-                f"not linear in prompt length (R² {r2:.2f})")
+        return reason("a prompt token costs {ratio:.2f} of a decode step (< {min:g}) or TTFT is not linear in "
+                      "prompt length (R² {r2:.2f})", ratio=ratio, min=th["bb_slope_per_itl_min"], r2=r2)
     slope = ctx.v("ttft_prompt_slope_ms_per_token")
     share, share_min = ctx.v("ttft_prompt_explained_frac"), float(ctx.th_of("prefill_compute")["explained_frac_min"])
     users_mid = ctx.v("users_prompt_mid_tokens")
     if users_mid is not None and share is not None and share < share_min:
         # per-token work that the users' short prompts barely pay: not where their TTFT goes
-        return (f"a prompt token costs {ratio:.2f} of a decode step, but at your users' {users_mid:g}-token prompts "
-                f"prompt work is {share:.0%} of TTFT (< {share_min:.0%})")
+        return reason("a prompt token costs {ratio:.2f} of a decode step, but at your users' {mid:g}-token prompts "
+                      "prompt work is {share:.0%} of TTFT (< {min:.0%})", ratio=ratio, mid=users_mid, share=share,
+                      min=share_min)
     t = Triage(ctx)
     t.crossed(evidence.SLOPE_PER_ITL, ratio, "bb_slope_per_itl_min", "x",
               "each prompt token costs a sizeable part of a whole decode step: sequential per-token CPU work, "
@@ -472,10 +478,11 @@ def long_out_refutes(ctx: RuleContext) -> str | None:
         return None
     if most < max(float(th["long_out_rise_min"]) * cap, cap + 2):
         return None
-    return (f"ttft diagnose's long ramp capped streams decoding at once at {cap:g}, but with {x:.1f}x longer answers "
-            f"{most:g} decoded at once: a limit on what runs at once (KV capacity, max_num_seqs, workers) would have "
-            "held them to as many or fewer; the cap was short decode windows overlapping little behind a stage that "
-            "takes prompts one at a time before the engine (a tokenizer or front end: see tokenize, network)")
+    return reason("ttft diagnose's long ramp capped streams decoding at once at {cap:g}, but with {x:.1f}x longer "
+                  "answers {most:g} decoded at once: a limit on what runs at once (KV capacity, max_num_seqs, workers) "
+                  "would have held them to as many or fewer; the cap was short decode windows overlapping little "
+                  "behind a stage that takes prompts one at a time before the engine (a tokenizer or front end: see "
+                  "tokenize, network)", cap=cap, x=x, most=most)
 
 
 def long_ramp_uncapped(ctx: RuleContext) -> tuple[float, float] | None:
