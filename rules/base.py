@@ -10,7 +10,12 @@ call — :meth:`Triage.crossed` (value at or past a threshold), :meth:`Triage.be
 one), :meth:`Triage.judged` (a row shown either way), :meth:`Triage.context` (a number without
 a threshold) — that adds the evidence row (numeric ``threshold`` with its ``op`` and whether it
 ``crossed``), its strength, and the reason when it did not cross. The rule builds its result with
-:func:`finding`; the engine fills the finding's ``rule_id`` and ``category`` from the decorator.
+:func:`finding`, or its pass reason with :func:`reason`; the engine fills the finding's ``rule_id``
+and ``category`` from the decorator.
+
+A rule with several paths is declared as checks (:func:`checked_rule`, :func:`check`): one small
+function per path with what it needs, which paths it is tried before and the thresholds it reads;
+:func:`run_checks` picks the path.
 """
 
 from __future__ import annotations
@@ -298,16 +303,127 @@ def engine_checks(ctx: RuleContext, by_engine: Mapping[str, str], common: Sequen
 
 @dataclass(frozen=True)
 class Rule:
+    """A registered rule: ``evaluate`` is its function (:func:`rule`) or the runner of its declared
+    checks (:func:`checked_rule`)."""
+
     id: str
     category: str
-    needs: tuple[tuple[str, ...], ...]
+    declared_needs: tuple[tuple[str, ...], ...]
     evaluate: Callable[[RuleContext], Outcome]
     description: str = ""
     tier: int = 2
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def needs(self) -> tuple[tuple[str, ...], ...]:
+        """Alternative feature sets, one of which must be available: as declared, or for a rule of
+        checks each check's ``needs`` in the order the checks are tried."""
+        return self.declared_needs or tuple(c.needs for c in checks_of(self.id))
+
 
 REGISTRY: dict[str, Rule] = {}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One path of a rule, ``<rule id>.<path>``: applicable when every feature in ``needs`` is
+    available and ``when`` (if given) holds; tried before the checks named in ``before``.
+    ``reads`` names the thresholds it judges by (``key`` of its rule's table, ``table.key`` of
+    another's). ``judge`` returns a :class:`Finding` or its pass reason.
+
+    The first applicable check answers for the rule, except: a pass whose ``final`` is False (or a
+    callable of the context that says False) lets the next applicable check be tried, the reasons
+    joined by "; "; a finding of a ``weighed`` check lets the next one be tried too, and the surer
+    finding of those that fired answers."""
+
+    id: str
+    needs: tuple[str, ...]
+    judge: Callable[[RuleContext], Outcome]
+    before: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
+    when: Callable[[RuleContext], bool] | None = None
+    final: bool | Callable[[RuleContext], bool] = True
+    weighed: bool = False
+
+    @property
+    def rule_id(self) -> str:
+        return self.id.partition(".")[0]
+
+    def applies(self, ctx: RuleContext) -> bool:
+        return all(ctx.has(n) for n in self.needs) and (self.when is None or self.when(ctx))
+
+    def is_final(self, ctx: RuleContext) -> bool:
+        return self.final(ctx) if callable(self.final) else self.final
+
+
+#: rule id -> its checks by id, in declaration order
+CHECKS: dict[str, dict[str, Check]] = {}
+
+
+def check(id: str, needs: tuple[str, ...], *, before: tuple[str, ...] = (), reads: tuple[str, ...] = (),
+          when: Callable[[RuleContext], bool] | None = None, final: bool | Callable[[RuleContext], bool] = True,
+          weighed: bool = False) -> Callable[[Callable[[RuleContext], Outcome]], Callable[[RuleContext], Outcome]]:
+    """Declare ``fn`` as check ``id`` (``<rule id>.<path>``) of a rule registered with
+    :func:`checked_rule` (decorator; fields as :class:`Check`)."""
+
+    def deco(fn: Callable[[RuleContext], Outcome]) -> Callable[[RuleContext], Outcome]:
+        rule_id, dot, _ = id.partition(".")
+        if not dot or id in CHECKS.get(rule_id, {}):
+            raise ValueError(f"a check id is '<rule id>.<path>', declared once: {id!r}")
+        CHECKS.setdefault(rule_id, {})[id] = Check(id, tuple(needs), fn, tuple(before), tuple(reads), when, final,
+                                                    weighed)
+        return fn
+
+    return deco
+
+
+def checks_of(rule_id: str) -> list[Check]:
+    """``rule_id``'s checks in the order they are tried: each before the ones its ``before`` names,
+    otherwise in declaration order. ValueError on an unknown name or a cycle in ``before``."""
+    declared = CHECKS.get(rule_id, {})
+    after: dict[str, set[str]] = {cid: set() for cid in declared}  # check -> the checks it must follow
+    for c in declared.values():
+        for later in c.before:
+            if later not in declared:
+                raise ValueError(f"{c.id} is tried before {later!r}, which {rule_id} does not declare")
+            after[later].add(c.id)
+    order: list[Check] = []
+    while len(order) < len(declared):
+        ready = [cid for cid, deps in after.items() if not deps and declared[cid] not in order]
+        if not ready:
+            raise ValueError(f"the checks of {rule_id} are tried before each other in a cycle")
+        order.append(declared[ready[0]])
+        for deps in after.values():
+            deps.discard(ready[0])
+    return order
+
+
+def run_checks(rule_id: str, ctx: RuleContext) -> Outcome:
+    """Try ``rule_id``'s checks in order (:class:`Check` says which answers): the surer finding of
+    those that fired, else the pass reasons of those tried, joined by "; " ("" when none applied)."""
+    reasons: list[str] = []
+    found: list[Finding] = []
+    for c in checks_of(rule_id):
+        if not c.applies(ctx):
+            continue
+        out = c.judge(ctx)
+        if isinstance(out, Finding):
+            found.append(out)
+            if not c.weighed:
+                break
+        else:
+            reasons.append(out)
+            if c.is_final(ctx):
+                break
+    if found:
+        return max(found, key=lambda f: f.confidence)
+    return "; ".join(r for r in reasons if r)
+
+
+def checked_rule(id: str, category: str, description: str, tier: int = 2) -> None:
+    """Register rule ``id`` whose paths are its declared checks (:func:`check`, ids ``<id>.<path>``):
+    the runner tries them (:func:`run_checks`) and its ``needs`` are theirs."""
+    REGISTRY[id] = Rule(id, category, (), lambda ctx: run_checks(id, ctx), description, tier)
 
 
 def rule(id: str, category: str, needs: tuple[tuple[str, ...], ...], description: str = "",

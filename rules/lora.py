@@ -15,7 +15,7 @@ slots (no such gap) pass; without the design the rule is skipped.
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, chance_row, finding, rule
+from rules.base import Outcome, RuleContext, Triage, chance_row, check, checked_rule, finding
 from rules.grammar import ABOVE_P90_CHANCE
 
 LORA_CHECKS = [
@@ -47,16 +47,17 @@ def _deferred_row(ctx: RuleContext, t: Triage) -> None:
                  weigh=share >= float(ctx.th["deferred_share_min"]))
 
 
-@rule("lora_adapters", "lora_adapters", needs=(("lora_slot_wait_share",), ("lora_mix_ttft_x",),
-                                               ("lora_other_ttft_x", "lora_wait_share_of_ttft")))
-def lora_adapters(ctx: RuleContext) -> Outcome:
-    """Requests wait for an adapter slot: the engine's slot waits on its request spans; else TTFT with
-    all the users' adapters against one (the lora sweep's control); else requests for an adapter not
-    in flight against those joining their own."""
-    if ctx.v("lora_slot_wait_share") is not None:
-        return _server(ctx)
-    if ctx.v("lora_mix_ttft_x") is not None:
-        return _with_control(ctx)
+checked_rule("lora_adapters", "lora_adapters",
+             "Requests wait for an adapter slot: the engine's slot waits on its request spans; else TTFT with all "
+             "the users' adapters against one (the lora sweep's control); else requests for an adapter not in "
+             "flight against those joining their own")
+
+
+@check("lora_adapters.design", needs=("lora_other_ttft_x", "lora_wait_share_of_ttft"),
+       reads=("other_ratio_min", "ttft_share_min", "deferred_share_min"))
+def _design(ctx: RuleContext) -> Outcome:
+    """The probe's design (--lora A,B,...) under one load: requests sent while only other adapters
+    were in flight against those that could join their own."""
     t = Triage(ctx)
     if not t.crossed(evidence.LORA_OTHER_X, ctx.v("lora_other_ttft_x"),
                      "other_ratio_min", "x", "the same prompts and load; only whether the request's adapter was "
@@ -85,6 +86,8 @@ def _designed_finding(ctx: RuleContext, t: Triage, title: str, share: float | No
                    t.evidence, LORA_CHECKS, black_box=bb, note=note, population_share=share)
 
 
+@check("lora_adapters.control", needs=("lora_mix_ttft_x",), before=("lora_adapters.design",),
+       reads=("mix_ratio_min", "chance_p_max", "deferred_share_min"))
 def _with_control(ctx: RuleContext) -> Outcome:
     """The lora sweep: the same load asking for one adapter, then for all of them."""
     t = Triage(ctx)
@@ -103,6 +106,8 @@ def _with_control(ctx: RuleContext) -> Outcome:
                              "(the control), then for all of them; the mix's TTFT beyond the control's is the adapters' wait")
 
 
+@check("lora_adapters.server", needs=("lora_slot_wait_share",), before=("lora_adapters.control",),
+       reads=("ttft_share_min", "deferred_share_min"))
 def _server(ctx: RuleContext) -> Outcome:
     """The engine's own account: seconds each LoRA request was deferred for a slot, over its TTFT."""
     t = Triage(ctx)

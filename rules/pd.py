@@ -11,7 +11,7 @@ without them the rule is skipped. A client alone sees only TTFT.
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, finding, rule
+from rules.base import Outcome, RuleContext, Triage, check, checked_rule, finding
 
 TRANSFER_CHECKS = [
     "the link between the prefill and decode instances: its bandwidth and latency against the KV of a prompt "
@@ -30,12 +30,14 @@ ADMISSION_CHECKS = [
 ]
 
 
-@rule("pd_transfer", "pd_transfer", needs=(("pd_transfer_share", "pd_decode_queue_share"),
-                                           ("pd_metrics_decode_ttft_share",)))
-def pd_transfer(ctx: RuleContext) -> Outcome:
-    """The KV transfer or the decode side's admission is a material share of TTFT."""
-    if ctx.v("pd_transfer_share") is None:
-        return _from_metrics(ctx)
+checked_rule("pd_transfer", "pd_transfer",
+             "The KV transfer or the decode side's admission is a material share of TTFT")
+
+
+@check("pd_transfer.spans", needs=("pd_transfer_share", "pd_decode_queue_share"), before=("pd_transfer.metrics",),
+       reads=("share_min", "transfer_vs_prefill_min"))
+def _spans(ctx: RuleContext) -> Outcome:
+    """The request spans that split the prefill side, the transfer and the decode side's admission."""
     transfer = max(ctx.v("pd_transfer_share"), ctx.v("pd_transfer_share_tail") or 0.0)
     admission = max(ctx.v("pd_decode_queue_share"), ctx.v("pd_decode_queue_share_tail") or 0.0)
     t = Triage(ctx)
@@ -74,6 +76,7 @@ def pd_transfer(ctx: RuleContext) -> Outcome:
                    "side's admission", population_share=share)
 
 
+@check("pd_transfer.metrics", needs=("pd_metrics_decode_ttft_share",), reads=("share_min", "transfer_vs_prefill_min"))
 def _from_metrics(ctx: RuleContext) -> Outcome:
     """Each instance's own TTFT and the transfer histogram (a user with only ``/metrics``): the decode
     instance's TTFT is the hand-off (transfer, admission, the token's way back)."""
