@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from rules import evidence
-from rules.base import (Outcome, RuleContext, Triage, beyond_chance, check_strength, finding, reason, rule,
-                        strength)
+from rules.base import (Outcome, RuleContext, Triage, beyond_chance, check, check_strength, checked_rule, finding,
+                        reason, rule, strength)
 from rules.model import Finding
 
 QUEUE_IDLE_CHECKS = [
@@ -78,69 +78,78 @@ KNEE = ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ra
 SWEEP = ("ttft_concurrency_ratio", "decode_speed_hold_ratio", "concurrency_flat_levels", "ttft_rise_per_itl")
 
 
-@rule("queue", "queue", needs=(("queue_share_tail",), SWEEP, SINGLE_LEVEL, AT_CAP, LONG_RAMP))
-def queue(ctx: RuleContext) -> Outcome:
-    """TTFT spent waiting for the scheduler: high queue share, or TTFT rising with concurrency."""
+checked_rule("queue", "queue", "TTFT spent waiting for the scheduler: high queue share, or TTFT rising with "
+             "concurrency")
+
+
+def _not_a_request_limit(ctx: RuleContext) -> bool:
+    """Whether ttft diagnose's long ramp, when it ran, did not show a limit in requests."""
+    return long_ramp_limit(ctx)[0] != "requests"
+
+
+@check("queue.spans", needs=("queue_share_tail",), before=("queue.sweep",),
+       reads=("share_min", "wait_steps_min", "device_idle_max"))
+def _queue_spans(ctx: RuleContext) -> Outcome:
+    """The engine's own queue time (its spans, or its queue-time histogram): a high share of the
+    slowest TTFTs, queued for several engine steps."""
     th = ctx.th
-    if ctx.has("queue_share_tail"):
-        qs = ctx.v("queue_share_tail")
-        step = ctx.v("engine_step_in_flight_s")
-        q_mean = (ctx.v("stage_tail_mean_s") or {}).get("queue")
-        wait_steps = q_mean / step if (q_mean is not None and step) else None
-        busy = ctx.v("device_busy_frac")
-        busy_q = ctx.v("device_busy_frac_while_queued")
-        if qs < th["share_min"]:
-            return reason("queue share of the slowest 5% is {qs:.0%} (< {min:.0%})", qs=qs, min=th["share_min"])
-        if wait_steps is not None and wait_steps < th["wait_steps_min"]:
-            return reason("queue share {qs:.0%} but requests wait only {steps:.1f}x the step in flight: they join at "
-                          "the next step boundary, admission is prompt", qs=qs, steps=wait_steps)
-        idle_measure = busy_q if busy_q is not None else busy
-        idle = idle_measure is not None and idle_measure < th["device_idle_max"]
-        from_metrics = ctx.features.get("queue_share_tail").source == "prometheus"
-        t = Triage(ctx)
-        t.crossed(evidence.QUEUE_SHARE_METRICS if from_metrics else evidence.QUEUE_SHARE_TAIL, qs,
-                  "share_min", "share", "time requests wait for the scheduler before their prefill"
-                  + (" (mean queue time / mean TTFT from the engine's histograms, request-weighted over scrape windows)"
-                     if from_metrics else ""))
-        t.crossed(evidence.QUEUE_WAIT_STEPS, wait_steps, "wait_steps_min", "x",
-                  "queued for several engine steps, not just the one in flight when it arrived")
-        if busy_q is not None:
-            t.judged(evidence.DEVICE_BUSY_QUEUED, busy_q, "device_idle_max", "share",
-                     "idle device while requests wait: the hold-up is not the GPU" if idle else
-                     "the device was working while requests waited: capacity", op="<")
-        if busy is not None:
-            t.context(evidence.DEVICE_BUSY, busy, "share",
-                      f"from {ctx.features.get('device_busy_frac').source}; utilisation alone says little")
-        _queue_metric_rows(t, from_metrics)
-        if idle:  # how idle: the further below the idle line, the stronger
-            t.add_strength(strength(th["device_idle_max"], max(idle_measure, 1e-3)))
-            title = "Requests wait in the queue while the device is mostly idle: the scheduler / CPU side holds them"
-            checks = QUEUE_IDLE_CHECKS
-        else:
-            title = "Requests queue behind a busy device: arrivals exceed what the engine admits per step"
-            checks = QUEUE_BUSY_CHECKS
-        s, pct = ctx.explained(ctx.v("queue_share_tail"))
-        shares = ctx.v("stage_shares_all") or {}
-        return finding(title, t.confidence(0.95), s, pct, t.evidence, checks,
-                       population_share=shares.get("queue"))
-    limit, shift = long_ramp_limit(ctx)
-    if limit == "requests":
-        # ttft diagnose's long ramp: as many decode at once at either length, unless longer answers overlap more
-        return long_out_refutes(ctx) or _request_limit(ctx, shift)
-    if not all(ctx.has(n) for n in SWEEP):
-        return _queue_one_level(ctx)
-    out = _queue_sweep(ctx)
-    if isinstance(out, str) and not closed_loop(ctx):
-        # open-loop arrivals: the levels in flight are not a designed sweep (their number grows because
-        # requests wait), so TTFT may rise less than a sweep's would; the order of first tokens and
-        # stream ends at the load offered is evidence of its own
-        line = _queue_one_level(ctx)
-        if not isinstance(line, str):
-            return line
-        out = "; ".join(r for r in (out, line) if r)
-    return out
+    qs = ctx.v("queue_share_tail")
+    step = ctx.v("engine_step_in_flight_s")
+    q_mean = (ctx.v("stage_tail_mean_s") or {}).get("queue")
+    wait_steps = q_mean / step if (q_mean is not None and step) else None
+    busy = ctx.v("device_busy_frac")
+    busy_q = ctx.v("device_busy_frac_while_queued")
+    if qs < th["share_min"]:
+        return reason("queue share of the slowest 5% is {qs:.0%} (< {min:.0%})", qs=qs, min=th["share_min"])
+    if wait_steps is not None and wait_steps < th["wait_steps_min"]:
+        return reason("queue share {qs:.0%} but requests wait only {steps:.1f}x the step in flight: they join at "
+                      "the next step boundary, admission is prompt", qs=qs, steps=wait_steps)
+    idle_measure = busy_q if busy_q is not None else busy
+    idle = idle_measure is not None and idle_measure < th["device_idle_max"]
+    from_metrics = ctx.features.get("queue_share_tail").source == "prometheus"
+    t = Triage(ctx)
+    t.crossed(evidence.QUEUE_SHARE_METRICS if from_metrics else evidence.QUEUE_SHARE_TAIL, qs,
+              "share_min", "share", "time requests wait for the scheduler before their prefill"
+              + (" (mean queue time / mean TTFT from the engine's histograms, request-weighted over scrape windows)"
+                 if from_metrics else ""))
+    t.crossed(evidence.QUEUE_WAIT_STEPS, wait_steps, "wait_steps_min", "x",
+              "queued for several engine steps, not just the one in flight when it arrived")
+    if busy_q is not None:
+        t.judged(evidence.DEVICE_BUSY_QUEUED, busy_q, "device_idle_max", "share",
+                 "idle device while requests wait: the hold-up is not the GPU" if idle else
+                 "the device was working while requests waited: capacity", op="<")
+    if busy is not None:
+        t.context(evidence.DEVICE_BUSY, busy, "share",
+                  f"from {ctx.features.get('device_busy_frac').source}; utilisation alone says little")
+    _queue_metric_rows(t, from_metrics)
+    if idle:  # how idle: the further below the idle line, the stronger
+        t.add_strength(strength(th["device_idle_max"], max(idle_measure, 1e-3)))
+        title = "Requests wait in the queue while the device is mostly idle: the scheduler / CPU side holds them"
+        checks = QUEUE_IDLE_CHECKS
+    else:
+        title = "Requests queue behind a busy device: arrivals exceed what the engine admits per step"
+        checks = QUEUE_BUSY_CHECKS
+    s, pct = ctx.explained(ctx.v("queue_share_tail"))
+    shares = ctx.v("stage_shares_all") or {}
+    return finding(title, t.confidence(0.95), s, pct, t.evidence, checks,
+                   population_share=shares.get("queue"))
 
 
+@check("queue.request_limit", needs=LONG_RAMP, when=lambda ctx: not _not_a_request_limit(ctx),
+       reads=("share_min", "kv_cache.long_knee_shift_min", "kv_cache.long_out_output_x_min",
+              "kv_cache.long_out_rise_min"))
+def _queue_request_limit(ctx: RuleContext) -> Outcome:
+    """ttft diagnose's long ramp: as many decode at once at either length, unless longer answers
+    overlap more."""
+    return long_out_refutes(ctx) or _request_limit(ctx, long_ramp_limit(ctx)[1])
+
+
+# open-loop arrivals: the levels in flight are not a designed sweep (their number grows because requests
+# wait), so TTFT may rise less than a sweep's would; its pass lets the one-level checks judge the order of
+# first tokens and stream ends at the load offered
+@check("queue.sweep", needs=SWEEP, before=("queue.in_line",), when=_not_a_request_limit,
+       final=lambda ctx: closed_loop(ctx),
+       reads=("bb_ttft_rise_min", "wait_steps_min", "bb_decode_hold_min", "share_min"))
 def _queue_sweep(ctx: RuleContext) -> Outcome:
     """Client only, several levels in flight: TTFT against concurrency and per-stream decode speed
     (ttft diagnose's long ramp first, when it ran)."""
@@ -205,24 +214,6 @@ def _queue_sweep(ctx: RuleContext) -> Outcome:
                    "confidence lowered", black_box=True)
 
 
-def _queue_one_level(ctx: RuleContext) -> Outcome:
-    """One load level: requests served one after another (client timing) and the engine's gauges;
-    the surer finding of the two when both fire (the gauges, with a queue-time histogram, measure
-    what the client's order of events infers)."""
-    reasons: list[str] = []
-    found: list[Finding] = []
-    for names, judge in ((SINGLE_LEVEL, _queue_in_line), (AT_CAP, _queue_at_cap)):
-        if all(ctx.has(n) for n in names):
-            out = judge(ctx)
-            if isinstance(out, str):
-                reasons.append(out)
-            else:
-                found.append(out)
-    if found:
-        return max(found, key=lambda f: f.confidence)
-    return "; ".join(reasons)
-
-
 def closed_loop(ctx: RuleContext) -> bool:
     """Whether the client held the concurrency (each request sent as another ended). Only then is
     a knee in TTFT against requests in flight a limit at that count (KV space, max running);
@@ -263,6 +254,12 @@ def follows_stream_ends(ctx: RuleContext, p_max: float) -> bool:
     return follows
 
 
+# one load level: the client's order of events (in line) and the engine's gauges (at cap); when both
+# fire the surer finding answers (the gauges, with a queue-time histogram, measure what the client infers)
+@check("queue.in_line", needs=SINGLE_LEVEL, before=("queue.at_cap",), when=_not_a_request_limit, final=False,
+       weighed=True, reads=("bb_line_steps_min", "bb_inline_ratio_min", "bb_inline_ratio_max", "bb_after_end_min",
+                            "bb_after_end_p_max", "bb_decode_alone_min", "bb_after_end_plain_n_min",
+                            "bb_after_end_plain_p_max", "bb_in_line_both_directness", "bb_single_level_directness"))
 def _queue_in_line(ctx: RuleContext) -> Outcome:
     """Client only, one load level: each request waits for the ones ahead of it to finish.
 
@@ -339,6 +336,9 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
                    black_box=True)
 
 
+@check("queue.at_cap", needs=AT_CAP, before=("queue.request_limit",), when=_not_a_request_limit,
+       reads=("cap_waiting_frac_min", "ttft_vs_prefill_min", "at_cap_directness", "at_cap_measured_directness",
+              "share_min"))
 def _queue_at_cap(ctx: RuleContext) -> Outcome:
     """The engine's gauges at one level: requests waiting while running sits at its cap, and TTFT
     far above the engine's own prefill time for the prompt (llama.cpp, TGI: no queue histogram). Where the

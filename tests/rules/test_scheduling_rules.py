@@ -77,3 +77,14 @@ def test_requests_waiting_for_kv_blocks_name_kv_cache_short_of_full_usage(tmp_pa
     cap = run(tmp_path / "cap", max_running=2)
     assert cap.features.value("kv_blocked_steps_frac") == 0.0
     assert cap.verdict.category != "kv_cache"
+
+
+def test_the_queue_rules_paths_are_tried_in_their_declared_order() -> None:
+    """The engine's queue time first; the client's sweep, then one level (in line, at the cap); the long
+    ramp's limit in requests only when it showed one, and then it alone answers."""
+    from rules.base import REGISTRY, checks_of
+    from rules.scheduling import AT_CAP, LONG_RAMP, SINGLE_LEVEL, SWEEP
+
+    assert [c.id for c in checks_of("queue")] == ["queue.spans", "queue.sweep", "queue.in_line", "queue.at_cap",
+                                                  "queue.request_limit"]
+    assert REGISTRY["queue"].needs == (("queue_share_tail",), SWEEP, SINGLE_LEVEL, AT_CAP, LONG_RAMP)

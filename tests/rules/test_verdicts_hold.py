@@ -205,7 +205,8 @@ def _gauge_ctx(waiting_at_cap: float, ttft_vs_prefill: float, queue_share: float
 def test_engine_gauges_at_one_level_name_a_queue() -> None:
     """llama.cpp / TGI style: waiting gauge up while running sits at its cap, TTFT far above the
     engine's prefill time -> queue; either sign missing -> no queue."""
-    from rules.scheduling import queue
+    from rules.base import REGISTRY
+    queue = REGISTRY["queue"].evaluate
 
     out = queue(_gauge_ctx(0.8, 9.0))
     assert not isinstance(out, str)
@@ -218,7 +219,8 @@ def test_engine_gauges_at_one_level_name_a_queue() -> None:
 def test_the_gauges_with_the_engines_queue_histogram_name_a_measured_queue() -> None:
     """vLLM / SGLang style: the same gauges, and the engine's queue-time histogram measures the wait
     (72% of TTFT): the finding says so, judges that share, and is surer than the gauges alone."""
-    from rules.scheduling import queue
+    from rules.base import REGISTRY
+    queue = REGISTRY["queue"].evaluate
 
     inferred, measured = queue(_gauge_ctx(0.4, 27.0)), queue(_gauge_ctx(0.4, 27.0, queue_share=0.72))
     assert not isinstance(inferred, str) and not isinstance(measured, str)
