@@ -149,7 +149,8 @@ def _queue_request_limit(ctx: RuleContext) -> Outcome:
 # first tokens and stream ends at the load offered
 @check("queue.sweep", needs=SWEEP, before=("queue.in_line",), when=_not_a_request_limit,
        final=lambda ctx: closed_loop(ctx),
-       reads=("bb_ttft_rise_min", "wait_steps_min", "bb_decode_hold_min", "share_min"))
+       reads=("bb_ttft_rise_min", "wait_steps_min", "bb_decode_hold_min", "share_min", "closed_loop_starts_min",
+              "closed_loop_p_max"))
 def _queue_sweep(ctx: RuleContext) -> Outcome:
     """Client only, several levels in flight: TTFT against concurrency and per-stream decode speed
     (ttft diagnose's long ramp first, when it ran)."""

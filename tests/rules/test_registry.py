@@ -120,3 +120,51 @@ def test_the_runner_tries_checks_in_their_declared_order_and_joins_what_passed()
             checks_of("t")
     finally:
         CHECKS.pop("t", None)
+
+
+class _Reads(dict):
+    """A rule table that notes each threshold read from it as ``table.key``."""
+
+    def __init__(self, table: str, values: dict, seen: set[str]) -> None:
+        super().__init__(values)
+        self.table, self.seen = table, seen
+
+    def __getitem__(self, key: str):
+        self.seen.add(f"{self.table}.{key}")
+        return super().__getitem__(key)
+
+    def get(self, key: str, default=None):
+        self.seen.add(f"{self.table}.{key}")
+        return super().get(key, default)
+
+
+def test_a_check_reads_only_the_thresholds_it_declares() -> None:
+    from diag.analysis import analyze_paths
+    from rules.base import CHECKS, RuleContext
+    from rules.config import load_thresholds
+
+    samples = Path(__file__).resolve().parents[2] / "samples"
+    th = load_thresholds(None)
+    tried = set()
+    for sample in sorted(p for p in samples.iterdir() if p.is_dir()):
+        dirs = sorted(m.parent for m in sample.rglob("meta.json"))
+        if not dirs:
+            continue
+        feats = analyze_paths(dirs[:2]).diagnosis.features
+        for rule_id, checks in CHECKS.items():
+            if rule_id not in REGISTRY:
+                continue
+            for c in checks.values():
+                seen: set[str] = set()
+                tables = {t: _Reads(t, v, seen) for t, v in th.items()}
+                ctx = RuleContext(feats, tables[rule_id], th["general"], {}, bool(feats.value("client_only")),
+                                  all_th=tables)
+                if not c.applies(ctx):
+                    continue
+                seen.clear()  # what deciding that it applies read is the when's, not the judge's
+                c.judge(ctx)
+                tried.add(c.id)
+                declared = {r if "." in r else f"{rule_id}.{r}" for r in c.reads}
+                assert seen <= declared, (c.id, sample.name, sorted(seen - declared))
+    assert {"queue.spans", "queue.sweep", "queue.in_line", "pd_transfer.spans", "lora_adapters.server",
+            "lora_adapters.design"} <= tried, tried
