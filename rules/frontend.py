@@ -17,7 +17,7 @@ prompt token at concurrency 1: a tokenizer thread busy with slow tokenization is
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, reason, rule
+from rules.base import Outcome, RuleContext, Triage, check, checked_rule, checks_of, engine_checks, finding, reason
 
 #: what to check next, in each engine's terms
 #: the front end's worker and process counts against the concurrency, by engine
@@ -51,6 +51,9 @@ def _engine_queue_row(ctx: RuleContext, t: Triage) -> None:
         t.context(evidence.ENGINE_QUEUE_SHARE_TAIL, q, "share", "the engine's own queue: it did not hold them")
 
 
+# measured directly, the front end's own wait answers alone; the other paths each add their reason
+@check("frontend.spans", needs=("frontend_wait_share_tail",), before=("frontend.gap",),
+       reads=("wait_share_min", "tokenize.share_min"))
 def _server_side(ctx: RuleContext) -> Outcome:
     th = ctx.th
     share = ctx.v("frontend_wait_share_tail")
@@ -80,6 +83,8 @@ def _server_side(ctx: RuleContext) -> Outcome:
                    t.confidence(0.9), s, pct, t.evidence, engine_checks(ctx, BY_ENGINE, CHECKS))
 
 
+@check("frontend.gap", needs=("client_server_gap_concurrency_ratio",), before=("frontend.unseen",), final=False,
+       reads=("gap_rise_ratio_min", "gap_rise_itl_min", "network.gap_share_min"))
 def _gap_grows(ctx: RuleContext) -> Outcome:
     ratio = ctx.v("client_server_gap_concurrency_ratio")
     rise = ctx.v("client_server_gap_rise_per_itl")
@@ -106,6 +111,9 @@ def _gap_grows(ctx: RuleContext) -> Outcome:
                    "queueing in the API server (workers, tokenizer, IPC), not the network")
 
 
+@check("frontend.unseen", needs=("engine_unseen_inflight", "engine_unseen_share", "ttft_concurrency_ratio"),
+       before=("frontend.dynamo",), final=False,
+       reads=("queue.bb_ttft_rise_min", "unseen_inflight_min", "unseen_share_min"))
 def _unseen(ctx: RuleContext) -> Outcome:
     qth = ctx.th_of("queue")
     unseen = ctx.v("engine_unseen_inflight")
@@ -132,6 +140,8 @@ def _unseen(ctx: RuleContext) -> Outcome:
                    note="from the client and the engine's gauges: where before the engine is not observed")
 
 
+@check("frontend.dynamo", needs=("metrics_frontend_share",), before=("frontend.client_only",), final=False,
+       reads=("wait_share_min",))
 def _dynamo(ctx: RuleContext) -> Outcome:
     total = ctx.v("metrics_frontend_share")
     tok = ctx.v("metrics_tokenize_share")
@@ -158,26 +168,19 @@ def _curve(c: dict[str, float] | None) -> str:
     return ", ".join(f"{k}: {v * 1e3:.0f} ms" for k, v in (c or {}).items()) or "n/a"
 
 
-@rule("frontend", "frontend", needs=(("frontend_wait_share_tail",), ("client_server_gap_concurrency_ratio",),
-                                     ("engine_unseen_inflight", "engine_unseen_share", "ttft_concurrency_ratio"), ("metrics_frontend_share",),
-                                     ("client_only",)))
-def frontend(ctx: RuleContext) -> Outcome:
-    """Requests wait before the engine sees them (HTTP workers, tokenizer threads, API-server IPC) while
-    the engine's own queue is empty; connections shed under load."""
-    reasons: list[str] = []
-    for has, path in (("frontend_wait_share_tail", _server_side), ("client_server_gap_concurrency_ratio", _gap_grows),
-                      ("engine_unseen_inflight", _unseen), ("metrics_frontend_share", _dynamo)):
-        if not ctx.has(has) or (has == "engine_unseen_inflight" and not ctx.has("ttft_concurrency_ratio")):
-            continue
-        out = path(ctx)
-        if not isinstance(out, str):
-            return out
-        reasons.append(out)
-        if has == "frontend_wait_share_tail":
-            return out  # measured directly: the other paths cannot outweigh it
-    if reasons:
-        return "; ".join(r for r in reasons if r)
-    # client only, nothing above available
+checked_rule("frontend", "frontend",
+             "Requests wait before the engine sees them (HTTP workers, tokenizer threads, API-server IPC) while the "
+             "engine's own queue is empty; connections shed under load")
+
+
+def _no_path_applies(ctx: RuleContext) -> bool:
+    """Whether none of the checks that measure the front end applies (a client alone, nothing else)."""
+    return not any(c.applies(ctx) for c in checks_of("frontend") if c.id != "frontend.client_only")
+
+
+@check("frontend.client_only", needs=("client_only",), when=_no_path_applies)
+def _client_only(ctx: RuleContext) -> Outcome:
+    """What the client alone cannot tell apart, and the experiment that would."""
     if not ctx.has("ttft_concurrency_ratio"):
         return ("client only at one load level: a fixed latency cannot be split into front end and network; "
                 "a concurrency sweep (`ttft probe URL --sweep concurrency`) with the engine's /metrics (--metrics URL) "

@@ -201,3 +201,25 @@ def test_client_with_the_engines_gauges_tells_a_front_end_line_from_the_engines(
     d = _sweep_with_metrics(tmp_path / "q", ["--max-running", "1"])
     assert d.named == "queue", format_diagnosis(d)
     assert d.features.value("engine_unseen_share") < 0.2 and _find(d, "frontend") is None
+
+
+def test_the_client_alone_is_told_what_decides_only_when_no_path_measured_anything() -> None:
+    from rules.base import REGISTRY, RuleContext, checks_of
+    from rules.config import load_thresholds
+    from rules.features import Feature, Features
+
+    assert [c.id for c in checks_of("frontend")] == ["frontend.spans", "frontend.gap", "frontend.unseen",
+                                                     "frontend.dynamo", "frontend.client_only"]
+    th = load_thresholds(None)
+
+    def judge(**values: float) -> object:
+        feats = Features()
+        for name, value in {"client_only": 1.0, "requests_n": 40.0, **values}.items():
+            feats.add(Feature(name, value, "", True))
+        return REGISTRY["frontend"].evaluate(RuleContext(feats, th["frontend"], th["general"], {}, True, all_th=th))
+
+    assert str(judge()).startswith("client only at one load level")
+    assert str(judge(ttft_concurrency_ratio=3.0)).startswith("client only: TTFT growing with load")
+    # a gap that does not grow with load is the answer, not the client-only caveat
+    assert judge(client_server_gap_concurrency_ratio=1.0) == (
+        "the client-server gap grows 1.00x with load (< 2x): a fixed latency")
