@@ -168,3 +168,14 @@ def test_a_check_reads_only_the_thresholds_it_declares() -> None:
                 assert seen <= declared, (c.id, sample.name, sorted(seen - declared))
     assert {"queue.spans", "queue.sweep", "queue.in_line", "pd_transfer.spans", "lora_adapters.server",
             "lora_adapters.design"} <= tried, tried
+
+
+#: modules of rules/ that hold the machinery, not rules
+MACHINERY: frozenset[str] = frozenset({"__init__.py", "base.py", "config.py", "evidence.py", "inconclusive.py",
+                                       "model.py", "overrides.py", "runner.py", "verdict.py"})
+
+
+def test_every_rule_module_declares_a_rule() -> None:
+    modules = {p.name for p in RULES_DIR.glob("*.py")} - MACHINERY
+    idle = modules - set(_declared().values())
+    assert not idle, f"rules/ modules that declare no rule (machinery goes in MACHINERY): {sorted(idle)}"
