@@ -88,3 +88,10 @@ def test_the_queue_rules_paths_are_tried_in_their_declared_order() -> None:
     assert [c.id for c in checks_of("queue")] == ["queue.spans", "queue.sweep", "queue.in_line", "queue.at_cap",
                                                   "queue.request_limit"]
     assert REGISTRY["queue"].needs == (("queue_share_tail",), SWEEP, SINGLE_LEVEL, AT_CAP, LONG_RAMP)
+
+
+def test_the_tokenize_rules_server_path_answers_before_the_clients() -> None:
+    from rules.base import REGISTRY, checks_of
+
+    assert [c.id for c in checks_of("tokenize")] == ["tokenize.spans", "tokenize.black_box"]
+    assert REGISTRY["tokenize"].needs == (("tokenize_share_tail",), ("prompt_slope_per_itl", "ttft_prompt_r2"))
