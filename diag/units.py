@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import math
 import re
+import string
 from enum import Enum
 from typing import Any
 
 import numpy as np
 
 __all__ = ["Unit", "MISSING", "unit_of", "is_num", "fmt_value", "fmt_s", "fmt_threshold",
-           "fmt_rate", "op_text", "crossed_mark", "json_safe", "parse_duration_s"]
+           "fmt_rate", "op_text", "crossed_mark", "fill", "json_safe", "parse_duration_s"]
 
 #: What a missing value prints as.
 MISSING = "-"
@@ -261,6 +262,26 @@ def crossed_mark(crossed: bool | None) -> str:
     if crossed is None:
         return ""
     return "✓ crossed" if crossed else "✗ not crossed"
+
+
+class _Fill(string.Formatter):
+    """``str.format`` that prints a missing value as :data:`MISSING` whatever its field's spec."""
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return MISSING
+        return format(value, format_spec)
+
+
+_FILL = _Fill()
+
+
+def fill(template: str, /, **values: Any) -> str:
+    """``template`` (``str.format`` syntax, named fields) filled with ``values``, each number in
+    its field's spec: ``{share:.0%}`` 42%, ``{ratio:.2f}`` 1.50, ``{n:g}`` 12, ``{ms:.1f}`` for a
+    duration the caller gives in ms. A missing value (None, NaN) reads :data:`MISSING`. The rules'
+    sentences (a pass reason, a check's miss) are filled here and nowhere else."""
+    return _FILL.vformat(template, (), values)
 
 
 def json_safe(obj: Any) -> Any:

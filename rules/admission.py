@@ -14,7 +14,8 @@ admits more, ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` @cf6abc45)
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, rule
+from rules import evidence
+from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, reason, rule
 
 #: what to check next, by engine (:func:`rules.base.engine_checks` picks those the capture came from)
 HOL_BY_ENGINE = {
@@ -49,40 +50,42 @@ def head_of_line(ctx: RuleContext) -> Outcome:
     th = ctx.th
     ratio = ctx.v("hol_short_ttft_ratio")
     if ratio < th["ttft_ratio_min"]:
-        return (f"short requests behind an unfinished long prompt have {ratio:.1f}x the TTFT of the others "
-                f"(< {th['ttft_ratio_min']:g}x)")
+        return reason("short requests behind an unfinished long prompt have {ratio:.1f}x the TTFT of the others "
+                      "(< {min:g}x)", ratio=ratio, min=th["ttft_ratio_min"])
     t = Triage(ctx)
     nb, nu = ctx.v("hol_blocked_short_n", 0), ctx.v("hol_unblocked_short_n", 0)
     always = bool(ctx.v("hol_baseline_own_wait"))
     if always:  # a long prompt was always unfinished: against their own TTFT without the queue wait
-        t.crossed("short TTFT behind a long prompt / without its queue wait", ratio, "ttft_ratio_min", "x",
+        t.crossed(evidence.HOL_TTFT_X_NO_QUEUE, ratio, "ttft_ratio_min", "x",
                   f"median TTFT of {nb:g} short requests that arrived while a longer one ahead of them had no first "
                   f"token, against the same requests' TTFT less their queue wait (only {nu:g} arrived with none "
                   "in flight)")
     else:
-        t.crossed("short TTFT behind a long prompt / without", ratio, "ttft_ratio_min", "x",
+        t.crossed(evidence.HOL_TTFT_X, ratio, "ttft_ratio_min", "x",
                   f"median TTFT of {nb:g} short requests that arrived while a longer one ahead of them had no first "
                   f"token, against {nu:g} that arrived with none in flight")
     lr = ctx.v("hol_long_prompt_ratio")
     if lr is not None:
-        t.context("long / short prompt tokens", lr, "x", "median prompt of the long requests against the short ones")
+        t.context(evidence.HOL_PROMPT_X, lr, "x", "median prompt of the long requests against the short ones")
     server = ctx.has("hol_blocked_queue_share")
     spread = ctx.v("users_prompt_spread_x")
     if ctx.v("mixed_by_diagnose") and spread is not None and spread < th["users_spread_min"]:
-        return (f"short prompts wait {ratio:.1f}x behind ttft diagnose's own long ones, but your prompts do not mix "
-                f"lengths that far (--workload prompt_tokens: longest {spread:.1f}x the shortest < "
-                f"{th['users_spread_min']:g}x): none of yours waits for another's whole prefill")
+        return reason("short prompts wait {ratio:.1f}x behind ttft diagnose's own long ones, but your prompts do not "
+                      "mix lengths that far (--workload prompt_tokens: longest {spread:.1f}x the shortest < {min:g}x): "
+                      "none of yours waits for another's whole prefill", ratio=ratio, spread=spread,
+                      min=th["users_spread_min"])
     others = ctx.v("hol_blocked_others_steps")
     stepped = others is not None and t.crossed(
-        "engine steps the other streams took while they waited", others, "others_steps_min", "steps",
+        evidence.HOL_OTHERS_STEPS, others, "others_steps_min", "steps",
         "the engine kept stepping without them (median over those that lost over half their TTFT): admission "
         "order, not one long step", weigh=False)
     if not server:
         inter, lim = ctx.v("itl_interference_ratio"), ctx.th_of("interference")["itl_ratio_min"]
         if inter is not None and inter >= lim and not stepped:
-            return (f"short requests behind a long prompt have {ratio:.1f}x the TTFT of the others, but running streams "
-                    f"stall while long prompts prefill ({inter:.1f}x ITL >= {lim:g}x): they wait for the long prefill "
-                    "step itself, not for admission order (see interference; chunked prefill bounds both)")
+            return reason("short requests behind a long prompt have {ratio:.1f}x the TTFT of the others, but running "
+                          "streams stall while long prompts prefill ({inter:.1f}x ITL >= {lim:g}x): they wait for the "
+                          "long prefill step itself, not for admission order (see interference; chunked prefill bounds "
+                          "both)", ratio=ratio, inter=inter, lim=lim)
         s, pct = ctx.explained(1.0 - 1.0 / ratio)
         return finding("Short requests' TTFT jumps while a long prompt is in flight ahead of them: head-of-line "
                        "blocking behind long prefills (black box)",
@@ -94,24 +97,24 @@ def head_of_line(ctx: RuleContext) -> Outcome:
                        + "client-only evidence: a client cannot tell admission order from a long prefill that "
                        "simply fills the step; a server capture (queue spans, engine steps) tells them apart")
     qs = ctx.v("hol_blocked_queue_share")
-    if not t.crossed("queue share of the TTFT those short requests lost", qs, "queue_share_min", "share",
+    if not t.crossed(evidence.HOL_QUEUE_SHARE, qs, "queue_share_min", "share",
                      "their TTFT above the others', spent waiting to be admitted, not in a slow prefill batch",
                      miss="the short requests behind long prompts spent {value:.0%} of the TTFT they lost in the "
                      "queue (< {threshold:.0%}): they ran, slower, in batches beside the long prefill"):
         return t.pass_reason()
     steps = ctx.v("hol_blocked_wait_steps")
-    if steps is not None and not t.crossed("engine steps while they queued", steps, "wait_steps_min", "steps",
+    if steps is not None and not t.crossed(evidence.HOL_QUEUED_STEPS, steps, "wait_steps_min", "steps",
                                            "the engine ran steps without them: admission order held them back",
                                            miss="the short requests waited through {value:.0f} engine step(s) (< "
                                            "{threshold:g}): the long prefill step in flight, not admission order"):
         return t.pass_reason()
     kv = ctx.v("hol_blocked_kv_usage_max")
-    if kv is not None and not t.below("KV usage while they queued (max)", kv, "kv_usage_max", "share",
+    if kv is not None and not t.below(evidence.HOL_KV_USAGE_MAX, kv, "kv_usage_max", "share",
                                       "KV had room for them", op="<", weigh=False,
                                       miss="KV usage reached {value:.0%} while they queued: KV capacity, see kv_cache"):
         return t.pass_reason()
     bound = ctx.v("kvr_prefill_bound_while_waiting_frac")
-    if always and not t.crossed("steps whose prefill hit its per-step limit while requests waited", bound,
+    if always and not t.crossed(evidence.PREFILL_BOUND_STEPS, bound,
                                 "prefill_bound_min", "share", "the prefill budget went to the requests ahead of them",
                                 weigh=False, miss="with a long prompt always unfinished, only {value:.0%} of the "
                                 "steps while requests waited had their prefill at its limit (< {threshold:.0%}): "
@@ -121,7 +124,7 @@ def head_of_line(ctx: RuleContext) -> Outcome:
                                    "decides")
     run, cap = ctx.v("hol_blocked_running_max"), ctx.v("running_cap")
     if run is not None and cap is not None:
-        if not t.below("running sequences while they queued (max)", run, None, "requests",
+        if not t.below(evidence.HOL_RUNNING_MAX, run, None, "requests",
                        f"under the engine's running cap of {cap:g}: batch slots were free", op="<", threshold=cap,
                        weigh=False, miss="the batch was full ({value:g} of {threshold:g} running): see queue"):
             return t.pass_reason()
@@ -138,22 +141,23 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
     th = ctx.th
     if not ctx.has("kvr_kv_usage_while_waiting_p95"):
         if ctx.has("kvr_waiting_steps_frac"):
-            return f"a request waited in only {ctx.v('kvr_waiting_steps_frac'):.0%} of engine steps: no admission limit held"
+            return reason("a request waited in only {frac:.0%} of engine steps: no admission limit held",
+                          frac=ctx.v("kvr_waiting_steps_frac"))
         return ("client-only: a reservation limit (each request admitted for its whole max_tokens) looks the same as "
                 "a max_num_seqs / max_running cap from the client (see queue, kv_cache); the experiment that decides: "
                 "rerun with a small max_tokens -- concurrency rises under a reservation, not under a cap")
     qs = ctx.v("queue_share_tail")
     t = Triage(ctx)
-    if not t.crossed("queue share of TTFT (slowest 5%)", qs, "queue_share_min", "share", "requests wait to be admitted",
+    if not t.crossed(evidence.QUEUE_SHARE_TAIL, qs, "queue_share_min", "share", "requests wait to be admitted",
                      miss="queue share of the slowest 5% is {value:.0%} (< {threshold:.0%})"):
         return t.pass_reason()
     wf = ctx.v("kvr_waiting_steps_frac")
-    if not t.crossed("engine steps with a request waiting", wf, "waiting_steps_min", "share",
+    if not t.crossed(evidence.STEPS_WITH_WAITING, wf, "waiting_steps_min", "share",
                      "share of engine steps that ran while a request waited",
                      miss="a request waited in only {value:.0%} of engine steps (< {threshold:.0%})"):
         return t.pass_reason()
     kv = ctx.v("kvr_kv_usage_while_waiting_p95")
-    if not t.below("KV usage while requests waited (p95)", kv, "kv_usage_max", "share",
+    if not t.below(evidence.KV_USAGE_WAITING_P95, kv, "kv_usage_max", "share",
                    "the blocks really in use stayed low while requests were refused",
                    miss="KV usage reached {value:.0%} while requests waited (> {threshold:.0%}): blocks in use, see "
                    "kv_cache"):
@@ -163,12 +167,12 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
     bound = ctx.v("kvr_prefill_bound_while_waiting_frac")
     pre = ctx.v("kvr_prefill_steps_while_waiting_frac")
     if bound is not None:
-        ok = t.below("steps whose prefill hit its per-step limit while requests waited", bound, "prefill_bound_max",
+        ok = t.below(evidence.PREFILL_BOUND_STEPS, bound, "prefill_bound_max",
                      "share", "prefill budget was left in the steps while requests waited", weigh=False,
                      miss="{value:.0%} of the steps while requests waited had their prefill at its per-step limit "
                      "(> {threshold:.0%}): they waited for prefill budget, see head_of_line")
     else:
-        ok = pre is None or t.below("steps with prefill work while requests waited", pre, "prefill_steps_max",
+        ok = pre is None or t.below(evidence.PREFILL_STEPS_WAITING, pre, "prefill_steps_max",
                                     "share", "the engine was not busy prefilling others meanwhile", weigh=False,
                                     miss="{value:.0%} of the steps while requests waited ran prefill work (> "
                                     "{threshold:.0%}): they waited for prefill budget, see head_of_line")
@@ -177,7 +181,7 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
     run, cap = ctx.v("kvr_running_while_waiting_p50"), ctx.v("running_cap")
     if run is not None and cap is not None:
         frac = run / cap
-        if not t.below("running sequences while waiting / running cap", frac, "running_frac_max", "share",
+        if not t.below(evidence.RUNNING_OVER_CAP, frac, "running_frac_max", "share",
                        f"median {run:g} running against a cap of {cap:g}: batch slots were free",
                        miss="the batch ran at {value:.0%} of its cap while requests waited: a batch cap, see queue"):
             return t.pass_reason()
@@ -186,7 +190,7 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
         most = ctx.v("running_seqs_max")
         if run is not None and most:
             # no known cap: only a batch that ran larger at other times shows the limit is not a fixed cap
-            if not t.below("running sequences while waiting / the most that ran", run / most, "running_frac_max",
+            if not t.below(evidence.RUNNING_OVER_MOST, run / most, "running_frac_max",
                            "share", f"median {run:g} running while requests waited, {most:g} at other times",
                            miss="requests waited while {value:.0%} of the largest batch ran and the engine's running "
                            "cap is unknown: a max_num_seqs / max_running cap looks the same (see queue); the "
@@ -194,7 +198,7 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
                            "reservation, not under a cap"):
                 return t.pass_reason()
         elif run is not None:
-            t.context("running sequences while waiting (median)", run, "requests", "the engine's running cap is unknown")
+            t.context(evidence.RUNNING_WAITING_P50, run, "requests", "the engine's running cap is unknown")
         directness = 0.6
         note = ("the engine's running cap is unknown here: a max_num_seqs cap at this count would look the same; "
                 "rerun with a small max_tokens -- concurrency rises under a reservation, not under a cap")

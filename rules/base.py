@@ -10,7 +10,12 @@ call — :meth:`Triage.crossed` (value at or past a threshold), :meth:`Triage.be
 one), :meth:`Triage.judged` (a row shown either way), :meth:`Triage.context` (a number without
 a threshold) — that adds the evidence row (numeric ``threshold`` with its ``op`` and whether it
 ``crossed``), its strength, and the reason when it did not cross. The rule builds its result with
-:func:`finding`; the engine fills the finding's ``rule_id`` and ``category`` from the decorator.
+:func:`finding`, or its pass reason with :func:`reason`; the engine fills the finding's ``rule_id``
+and ``category`` from the decorator.
+
+A rule with several paths is declared as checks (:func:`checked_rule`, :func:`check`): one small
+function per path with what it needs, which paths it is tried before and the thresholds it reads;
+:func:`run_checks` picks the path.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag.units import fill
+from rules.evidence import name_of
 from rules.features import Features
 from rules.model import Evidence, Finding
 
@@ -151,11 +158,6 @@ def check_strength(value: Any, threshold: Any, op: str, unit: str, bound: float 
                     bound=BOUND_BY_UNIT.get(unit) if bound is None else bound)
 
 
-def ev(name: str, value: Any, threshold: Any, unit: str, meaning: str) -> Evidence:
-    """A hand-built evidence row (threshold as given: None, a number or a text)."""
-    return Evidence(name, value, threshold, unit, meaning)
-
-
 _OPS: dict[str, Callable[[Any, Any], bool]] = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
@@ -164,7 +166,8 @@ class Triage:
     """One rule's evidence as it is read: rows in order, the strength of each check that counts,
     and the reasons of the checks that did not cross.
 
-    ``key`` names the rule's threshold (``ctx.th[key]``); ``threshold`` gives the number instead
+    ``row`` is the evidence row's key (:mod:`rules.evidence`, which names it). ``key`` names the
+    rule's threshold (``ctx.th[key]``); ``threshold`` gives the number instead
     (an SLO target, another table's value). A value of None never crosses and adds no row to
     :meth:`crossed`. Strength: :func:`strength` of value against threshold, higher is worse for
     ``>=``/``>``, lower for ``<=``/``<``. One rule evaluation, one thread.
@@ -185,7 +188,7 @@ class Triage:
     def _weigh(self, value: Any, limit: Any, op: str, unit: str, bound: float | None) -> None:
         self.strengths.append(check_strength(value, limit, op, unit, bound))
 
-    def crossed(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
+    def crossed(self, row: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
                 threshold: float | None = None, miss: str | None = None, weigh: bool = True,
                 bound: float | None = None) -> bool:
         """When ``value op threshold``: a crossed row and (``weigh``) its strength; True. Else False,
@@ -195,40 +198,40 @@ class Triage:
         limit = self._limit(key, threshold)
         hit = value is not None and _OPS[op](value, limit)
         if hit:
-            self.evidence.append(Evidence(name, value, limit, unit, meaning, op=op, crossed=True))
+            self.evidence.append(Evidence(name_of(row), value, limit, unit, meaning, op=op, crossed=True, key=row))
             if weigh:
                 self._weigh(value, limit, op, unit, bound)
         elif value is not None and miss is not None:
-            self.misses.append(miss.format(value=value, threshold=limit))
+            self.misses.append(fill(miss, value=value, threshold=limit))
         return hit
 
-    def below(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = "<=",
+    def below(self, row: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = "<=",
               threshold: float | None = None, miss: str | None = None, weigh: bool = True) -> bool:
         """:meth:`crossed` for a value that fires at or under its threshold (lower is worse)."""
-        return self.crossed(name, value, key, unit, meaning, op=op, threshold=threshold, miss=miss, weigh=weigh)
+        return self.crossed(row, value, key, unit, meaning, op=op, threshold=threshold, miss=miss, weigh=weigh)
 
-    def judged(self, name: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
+    def judged(self, row: str, value: Any, key: str | None, unit: str, meaning: str, *, op: str = ">=",
                threshold: float | None = None, weigh: bool = False, bound: float | None = None) -> bool:
         """A row shown whether or not ``value op threshold`` (``crossed`` says which); its strength
         only when ``weigh`` (``bound`` as for :meth:`crossed`). Returns whether it crossed."""
         limit = self._limit(key, threshold)
         hit = value is not None and _OPS[op](value, limit)
-        self.evidence.append(Evidence(name, value, limit, unit, meaning, op=op, crossed=hit))
+        self.evidence.append(Evidence(name_of(row), value, limit, unit, meaning, op=op, crossed=hit, key=row))
         if weigh:
             self._weigh(value, limit, op, unit, bound)
         return hit
 
-    def context(self, name: str, value: Any, unit: str, meaning: str) -> None:
+    def context(self, row: str, value: Any, unit: str, meaning: str) -> None:
         """A row without a threshold: what the number says about the cause."""
-        self.evidence.append(Evidence(name, value, None, unit, meaning))
+        self.evidence.append(Evidence(name_of(row), value, None, unit, meaning, key=row))
 
     def context_of(self, rows: Sequence[tuple[str, str, str]]) -> None:
-        """A context row for each (row name, feature, meaning) whose feature is known, in the
+        """A context row for each (row key, feature, meaning) whose feature is known, in the
         feature's catalogued unit; unknown features are left out."""
-        for name, key, meaning in rows:
-            value = self.ctx.v(key)
+        for row, feature, meaning in rows:
+            value = self.ctx.v(feature)
             if value is not None:
-                self.context(name, value, self.ctx.features.get(key).unit, meaning)
+                self.context(row, value, self.ctx.features.get(feature).unit, meaning)
 
     def add(self, row: Evidence, strength_: float | None = None) -> None:
         """A hand-built row (e.g. an SLO with its target as text), with a strength when it counts."""
@@ -270,13 +273,20 @@ def beyond_chance(share: float | None, chance: float, n: float | None, p_max: fl
     return tail <= p_max
 
 
-def chance_row(t: Triage, name: str, share: float | None, n: float | None, chance: float, p_max: float,
+def chance_row(t: Triage, row: str, share: float | None, n: float | None, chance: float, p_max: float,
                meaning: str) -> None:
     """When ``share`` of ``n`` is beyond ``chance`` (:func:`beyond_chance` at ``p_max``), a crossed row at full
     strength: a designed A/B whose effect is no spread of its control (``meaning`` says of what)."""
     if beyond_chance(share, chance, n, p_max):
-        t.add(Evidence(name, share, f"beyond {chance:.0%} chance (p <= {p_max:g})", "share",
-                       f"{share * n:.0f} of {n:.0f}: {meaning}", crossed=True), 1.0)
+        t.add(Evidence(name_of(row), share, f"beyond {chance:.0%} chance (p <= {p_max:g})", "share",
+                       f"{share * n:.0f} of {n:.0f}: {meaning}", crossed=True, key=row), 1.0)
+
+
+def reason(template: str, /, **values: Any) -> str:
+    """Why a rule did not fire, or fired at another's door: ``template`` (a sentence with named
+    ``str.format`` fields) filled with ``values`` by :func:`diag.units.fill`, the one formatter of
+    the rules' sentences (a missing value reads ``-``)."""
+    return fill(template, **values)
 
 
 def finding(title: str, confidence: float, explained_s: float | None, explained_pct: float | None,
@@ -299,16 +309,127 @@ def engine_checks(ctx: RuleContext, by_engine: Mapping[str, str], common: Sequen
 
 @dataclass(frozen=True)
 class Rule:
+    """A registered rule: ``evaluate`` is its function (:func:`rule`) or the runner of its declared
+    checks (:func:`checked_rule`)."""
+
     id: str
     category: str
-    needs: tuple[tuple[str, ...], ...]
+    declared_needs: tuple[tuple[str, ...], ...]
     evaluate: Callable[[RuleContext], Outcome]
     description: str = ""
     tier: int = 2
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def needs(self) -> tuple[tuple[str, ...], ...]:
+        """Alternative feature sets, one of which must be available: as declared, or for a rule of
+        checks each check's ``needs`` in the order the checks are tried."""
+        return self.declared_needs or tuple(c.needs for c in checks_of(self.id))
+
 
 REGISTRY: dict[str, Rule] = {}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One path of a rule, ``<rule id>.<path>``: applicable when every feature in ``needs`` is
+    available and ``when`` (if given) holds; tried before the checks named in ``before``.
+    ``reads`` names the thresholds it judges by (``key`` of its rule's table, ``table.key`` of
+    another's). ``judge`` returns a :class:`Finding` or its pass reason.
+
+    The first applicable check answers for the rule, except: a pass whose ``final`` is False (or a
+    callable of the context that says False) lets the next applicable check be tried, the reasons
+    joined by "; "; a finding of a ``weighed`` check lets the next one be tried too, and the surer
+    finding of those that fired answers."""
+
+    id: str
+    needs: tuple[str, ...]
+    judge: Callable[[RuleContext], Outcome]
+    before: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
+    when: Callable[[RuleContext], bool] | None = None
+    final: bool | Callable[[RuleContext], bool] = True
+    weighed: bool = False
+
+    @property
+    def rule_id(self) -> str:
+        return self.id.partition(".")[0]
+
+    def applies(self, ctx: RuleContext) -> bool:
+        return all(ctx.has(n) for n in self.needs) and (self.when is None or self.when(ctx))
+
+    def is_final(self, ctx: RuleContext) -> bool:
+        return self.final(ctx) if callable(self.final) else self.final
+
+
+#: rule id -> its checks by id, in declaration order
+CHECKS: dict[str, dict[str, Check]] = {}
+
+
+def check(id: str, needs: tuple[str, ...], *, before: tuple[str, ...] = (), reads: tuple[str, ...] = (),
+          when: Callable[[RuleContext], bool] | None = None, final: bool | Callable[[RuleContext], bool] = True,
+          weighed: bool = False) -> Callable[[Callable[[RuleContext], Outcome]], Callable[[RuleContext], Outcome]]:
+    """Declare ``fn`` as check ``id`` (``<rule id>.<path>``) of a rule registered with
+    :func:`checked_rule` (decorator; fields as :class:`Check`)."""
+
+    def deco(fn: Callable[[RuleContext], Outcome]) -> Callable[[RuleContext], Outcome]:
+        rule_id, dot, _ = id.partition(".")
+        if not dot or id in CHECKS.get(rule_id, {}):
+            raise ValueError(f"a check id is '<rule id>.<path>', declared once: {id!r}")
+        CHECKS.setdefault(rule_id, {})[id] = Check(id, tuple(needs), fn, tuple(before), tuple(reads), when, final,
+                                                    weighed)
+        return fn
+
+    return deco
+
+
+def checks_of(rule_id: str) -> list[Check]:
+    """``rule_id``'s checks in the order they are tried: each before the ones its ``before`` names,
+    otherwise in declaration order. ValueError on an unknown name or a cycle in ``before``."""
+    declared = CHECKS.get(rule_id, {})
+    after: dict[str, set[str]] = {cid: set() for cid in declared}  # check -> the checks it must follow
+    for c in declared.values():
+        for later in c.before:
+            if later not in declared:
+                raise ValueError(f"{c.id} is tried before {later!r}, which {rule_id} does not declare")
+            after[later].add(c.id)
+    order: list[Check] = []
+    while len(order) < len(declared):
+        ready = [cid for cid, deps in after.items() if not deps and declared[cid] not in order]
+        if not ready:
+            raise ValueError(f"the checks of {rule_id} are tried before each other in a cycle")
+        order.append(declared[ready[0]])
+        for deps in after.values():
+            deps.discard(ready[0])
+    return order
+
+
+def run_checks(rule_id: str, ctx: RuleContext) -> Outcome:
+    """Try ``rule_id``'s checks in order (:class:`Check` says which answers): the surer finding of
+    those that fired, else the pass reasons of those tried, joined by "; " ("" when none applied)."""
+    reasons: list[str] = []
+    found: list[Finding] = []
+    for c in checks_of(rule_id):
+        if not c.applies(ctx):
+            continue
+        out = c.judge(ctx)
+        if isinstance(out, Finding):
+            found.append(out)
+            if not c.weighed:
+                break
+        else:
+            reasons.append(out)
+            if c.is_final(ctx):
+                break
+    if found:
+        return max(found, key=lambda f: f.confidence)
+    return "; ".join(r for r in reasons if r)
+
+
+def checked_rule(id: str, category: str, description: str, tier: int = 2) -> None:
+    """Register rule ``id`` whose paths are its declared checks (:func:`check`, ids ``<id>.<path>``):
+    the runner tries them (:func:`run_checks`) and its ``needs`` are theirs."""
+    REGISTRY[id] = Rule(id, category, (), lambda ctx: run_checks(id, ctx), description, tier)
 
 
 def rule(id: str, category: str, needs: tuple[tuple[str, ...], ...], description: str = "",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, finding, rule, strength
+from rules import evidence
+from rules.base import Outcome, RuleContext, Triage, finding, reason, rule, strength
 
 PREFILL_CHECKS = [
     "the prompt-length slope (ms per prompt token): shorter prompts, prefix caching of shared prefixes",
@@ -14,11 +15,11 @@ PREFILL_CHECKS = [
 
 
 def _share_label(ctx: RuleContext, stage: str) -> tuple[str, str]:
-    """(evidence name, how it was measured) of a stage's TTFT share: spans (slowest 5%) or engine metrics."""
+    """(evidence row key, how it was measured) of a stage's TTFT share: spans (slowest 5%) or engine metrics."""
     if ctx.features.get(f"{stage}_share_tail").source == "prometheus":
-        return (f"{stage} share of TTFT (engine metrics)",
+        return (evidence.stage_share_metrics(stage),
                 f"mean {stage} time / mean TTFT from the engine's histograms, request-weighted over scrape windows")
-    return f"{stage} share of TTFT (slowest 5%)", ""
+    return evidence.stage_share_tail(stage), ""
 
 
 def _prefill_metric_rows(t: Triage) -> None:
@@ -28,11 +29,11 @@ def _prefill_metric_rows(t: Triage) -> None:
     spt = ctx.v("prefill_s_per_token")
     rate = ctx.v("prompt_tokens_per_s")
     if spt:
-        t.context("prompt tokens per prompt-processing second", 1.0 / spt, "tokens/s",
+        t.context(evidence.PROMPT_TOKENS_PER_BUSY_S, 1.0 / spt, "tokens/s",
                   f"{spt * 1e3:.3g} ms per prompt token (Δ prompt seconds / Δ prompt tokens; per slot when "
                   "the engine sums its slots' times)")
     if rate is not None and busy is not None:
-        t.context("prompt tokens computed per second", rate, "tokens/s",
+        t.context(evidence.PROMPT_TOKENS_PER_S, rate, "tokens/s",
                   "the prompt load; x seconds per prompt token = the prefill busy time")
 
 
@@ -45,13 +46,13 @@ def _fit_rows(t: Triage, weigh: bool) -> None:
     fit = (f"slope {ctx.v('ttft_prompt_slope_ms_per_token'):.3g} ms/token, intercept "
            f"{ctx.v('ttft_prompt_intercept_ms', 0):.3g} ms")
     if r2 < ctx.th["r2_min"] and _slope_resolved(ctx):
-        t.context("TTFT vs prompt tokens R²", r2, "", f"requests that did not queue; {fit}: low over a narrow prompt range")
-        t.judged("TTFT slope / its standard error", ctx.v("ttft_prompt_slope_t"), "slope_t_min", "",
+        t.context(evidence.PROMPT_FIT_R2, r2, "", f"requests that did not queue; {fit}: low over a narrow prompt range")
+        t.judged(evidence.PROMPT_SLOPE_T, ctx.v("ttft_prompt_slope_t"), "slope_t_min", "",
                  "TTFT rises with the prompt within the range the prompts span", weigh=weigh)
     else:
-        t.judged("TTFT vs prompt tokens R²", r2, "r2_min", "", f"requests that did not queue; {fit}", weigh=weigh,
+        t.judged(evidence.PROMPT_FIT_R2, r2, "r2_min", "", f"requests that did not queue; {fit}", weigh=weigh,
                  bound=1.0)
-    t.judged("prompt-proportional part of median TTFT", ctx.v("ttft_prompt_explained_frac"), "explained_frac_min",
+    t.judged(evidence.PROMPT_PART_P50, ctx.v("ttft_prompt_explained_frac"), "explained_frac_min",
              "share", "slope x mean prompt / mean TTFT: how much of the TTFT time is prompt processing", weigh=weigh)
 
 
@@ -67,7 +68,7 @@ def _steps_row(t: Triage, weigh: bool = False) -> None:
     the checks whose strength makes the confidence (the black-box fit, where it is part of the case)."""
     steps = t.ctx.v("prompt_work_steps_p50")
     if steps is not None:
-        t.judged("prompt work of the median request", steps, "prompt_steps_min", "steps",
+        t.judged(evidence.PROMPT_WORK_P50, steps, "prompt_steps_min", "steps",
                  f"its first token held back this many decode steps ({t.ctx.features.get('prompt_work_steps_p50').source})",
                  weigh=weigh)
 
@@ -76,7 +77,7 @@ def _busy_row(t: Triage) -> None:
     """The device busy fraction against the level that supports "compute load high" (when measured)."""
     busy = t.ctx.v("device_busy_frac")
     if busy is not None:
-        t.judged("device busy fraction", busy, "device_busy_min", "share",
+        t.judged(evidence.DEVICE_BUSY, busy, "device_busy_min", "share",
                  f"from {t.ctx.features.get('device_busy_frac').source}: compute load")
 
 
@@ -100,12 +101,14 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         # the probe's shared-prefix design, and no prompt sweep: its long prompts are its own first
         # uses, and the cache spares the repeats; what a first use pays is what no cache can avoid,
         # not a bottleneck (a sweep of prompt lengths beside it still shows prompt work)
-        return (f"the long prompts are the shared-prefix test's own first uses, and the server's prefix cache spares "
-                f"its repeats {saving:.0%} of the prefix's cost: a first use's prefill is what no cache avoids")
+        return reason("the long prompts are the shared-prefix test's own first uses, and the server's prefix cache "
+                      "spares its repeats {saving:.0%} of the prefix's cost: a first use's prefill is what no cache "
+                      "avoids", saving=saving)
     steps = ctx.v("prompt_work_steps_p50")
     if steps is not None and steps < th["prompt_steps_min"]:
-        return (f"the median request's prompt work holds its first token back {steps:.1f} decode steps (< "
-                f"{th['prompt_steps_min']:g}): TTFT is what a short prompt costs, not prefill holding it back")
+        return reason("the median request's prompt work holds its first token back {steps:.1f} decode steps (< "
+                      "{min:g}): TTFT is what a short prompt costs, not prefill holding it back",
+                      steps=steps, min=th["prompt_steps_min"])
     r2 = ctx.v("ttft_prompt_r2")
     expl = ctx.v("ttft_prompt_explained_frac")
     fit_ok = (r2 is not None and expl is not None and expl >= th["explained_frac_min"]
@@ -119,19 +122,21 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         elif ps >= th["share_only_min"] and r2 is not None and _had_batch_mates(ctx) and (
                 r2 < th["r2_contradicts_max"] or (expl is not None and expl < th["explained_frac_min"])):
             # a prompt-length fit exists and says the request's own prompt is not what costs the time
-            return (f"prefill is {ps:.0%} of the slowest TTFTs but each request's own prompt length explains little "
-                    f"of it (R² {r2:.2f}, prompt-proportional part {expl or 0:.0%}): other requests' prefills share "
-                    "its steps (see interference)")
+            return reason("prefill is {ps:.0%} of the slowest TTFTs but each request's own prompt length explains "
+                          "little of it (R² {r2:.2f}, prompt-proportional part {expl:.0%}): other requests' prefills "
+                          "share its steps (see interference)", ps=ps, r2=r2, expl=expl or 0)
         elif ps >= th["share_only_min"]:
             # no prompt fit: the prefill span is a request's own forward pass when it ran alone, and
             # may hold batch-mates' prompts when others were in flight
             directness, by_fit = (0.7 if _had_batch_mates(ctx) else 0.9), False
         else:
-            why = (f"prefill share of TTFT in the engine's metrics is {ps:.0%}" if _share_label(ctx, "prefill")[1]
-                   else f"prefill share of the slowest 5% is {ps:.0%}")
+            over = "TTFT in the engine's metrics" if _share_label(ctx, "prefill")[1] else "the slowest 5%"
             if r2 is None:
-                return why + f" (< {th['share_only_min']:.0%} without a prompt-length sweep: {ctx.features.get('ttft_prompt_r2').reason})"
-            return why + f"; TTFT vs prompt length R² {r2:.2f}, prompt-proportional part {expl:.0%}"
+                return reason("prefill share of {over} is {ps:.0%} (< {min:.0%} without a prompt-length sweep: "
+                              "{why})", over=over, ps=ps, min=th["share_only_min"],
+                              why=ctx.features.get("ttft_prompt_r2").reason)
+            return reason("prefill share of {over} is {ps:.0%}; TTFT vs prompt length R² {r2:.2f}, "
+                          "prompt-proportional part {expl:.0%}", over=over, ps=ps, r2=r2, expl=expl)
         label, how = _share_label(ctx, "prefill")
         t.judged(label, ps, "share_min" if fit_ok else "share_only_min", "share",
                  "forward passes over the prompt tokens" + (f" ({how})" if how else ""), weigh=by_fit)
@@ -141,7 +146,7 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         _steps_row(t)
         pb = ctx.v("prefill_busy_ratio")
         if pb is not None:
-            t.context("prefill busy: prompt-processing seconds per second", pb, "s/s",
+            t.context(evidence.PREFILL_BUSY_RATIO, pb, "s/s",
                       "from the engine's counters: how much of the time the engine spends on prompts")
         _prefill_metric_rows(t)
         note = None
@@ -164,23 +169,23 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         return _prefill_busy(t)
     # black box: TTFT linear in prompt length at concurrency 1, at a per-token cost a parallel prefill can have
     if not fit_ok:
-        return f"TTFT vs prompt length: R² {r2:.2f}, prompt-proportional part {expl:.0%}"
+        return reason("TTFT vs prompt length: R² {r2:.2f}, prompt-proportional part {expl:.0%}", r2=r2, expl=expl)
     per_itl = ctx.v("prompt_slope_per_itl")
     if per_itl is not None and per_itl >= th["bb_slope_per_itl_max"]:
-        return (f"a prompt token costs {per_itl:.2f} of a decode step (>= {th['bb_slope_per_itl_max']:g}): "
-                "too slow for a parallel prefill (see tokenize)")
+        return reason("a prompt token costs {per_itl:.2f} of a decode step (>= {max:g}): too slow for a parallel "
+                      "prefill (see tokenize)", per_itl=per_itl, max=th["bb_slope_per_itl_max"])
     # from the client the case is four checks, each weighed: TTFT follows the prompt (R²), the prompt
     # part is most of it, it holds the first token back many steps, at a parallel prefill's per-token
     # cost (not a tokenizer's)
     _fit_rows(t, weigh=True)
     _steps_row(t, weigh=True)
     if per_itl is not None:
-        t.judged("TTFT per prompt token / ITL p50", per_itl, "bb_slope_per_itl_max", "x",
+        t.judged(evidence.SLOPE_PER_ITL, per_itl, "bb_slope_per_itl_max", "x",
                  "a prompt token costs a small part of a decode step, as a parallel prefill does", op="<", weigh=True)
     s, pct = ctx.explained(min(expl, 1.0))
     # vLLM and SGLang also measure it: their prefill-time histogram's share of TTFT, judged like a span's
     mp = ctx.v("metrics_prefill_share")
-    if mp is not None and t.judged("prefill share of TTFT (engine metrics)", mp, "share_min", "share",
+    if mp is not None and t.judged(evidence.PREFILL_SHARE_METRICS, mp, "share_min", "share",
                                    "mean prefill time / mean TTFT from the engine's own histograms, request-weighted "
                                    "over scrape windows: the prompt cost the fit infers, measured by the engine",
                                    weigh=True):
@@ -194,7 +199,7 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
     # at one in flight (one thing varied, no batch-mate to share a step with), as designed as one
     lone = alone is not None and alone >= th["bb_alone_frac_min"]
     if alone is not None:
-        t.context("fitted requests alone in flight", alone, "share",
+        t.context(evidence.FIT_ALONE_SHARE, alone, "share",
                   "nothing else in flight when they arrived: the spread of their prompts is a prompt sweep"
                   if lone else "some met other requests in flight")
     return finding("TTFT grows linearly with prompt length at low concurrency: prefill compute (black box)",
@@ -213,16 +218,16 @@ def _prefill_busy(t: Triage) -> Outcome:
     ctx = t.ctx
     th = ctx.th
     pb = ctx.v("prefill_busy_ratio")
-    if not t.crossed("prefill busy: prompt-processing seconds per second", pb, "busy_ratio_min", "s/s",
+    if not t.crossed(evidence.PREFILL_BUSY_RATIO, pb, "busy_ratio_min", "s/s",
                      "from the engine's prompt-seconds counter: the engine is processing prompts most of the time, so "
                      "new requests wait behind prompt processing (summed over slots: above 1 means several slots' "
                      "prompts at once)"):
-        return (f"the engine spends {pb:.2f} s per s processing prompts (< {th['busy_ratio_min']:g}); "
-                "no prefill share or prompt-length sweep to say more")
+        return reason("the engine spends {pb:.2f} s per s processing prompts (< {min:g}); no prefill share or "
+                      "prompt-length sweep to say more", pb=pb, min=th["busy_ratio_min"])
     _prefill_metric_rows(t)
     waiting = ctx.v("waiting_seqs_max")
     if waiting:
-        t.context("requests waiting (max)", waiting, "requests",
+        t.context(evidence.WAITING_MAX, waiting, "requests",
                   f"requests deferred while the slots process prompts ({ctx.features.get('waiting_seqs_max').source})")
     directness = 0.6
     note = "TTFT is not split into stages here, so the share of TTFT it explains is unknown"
@@ -250,11 +255,11 @@ def comm(ctx: RuleContext) -> Outcome:
     share = ctx.v("comm_share_of_prefill")
     ratio = ctx.v("tp_ttft_ratio")
     t = Triage(ctx)
-    t.crossed("comm share of prefill", share, "share_of_prefill_min", "share",
+    t.crossed(evidence.COMM_SHARE_PREFILL, share, "share_of_prefill_min", "share",
               f"all-reduces inside the prefill passes (TP={ctx.v('tp_size', 0):g})",
               miss="comm share of prefill {value:.0%} (< {threshold:.0%})")
     by = ctx.v("ttft_by_tp") or {}
-    t.crossed("TTFT per prompt token, highest / lowest TP", ratio, "tp_ratio_min", "x",
+    t.crossed(evidence.TP_SLOPE_X, ratio, "tp_ratio_min", "x",
               "more GPUs made TTFT worse: " + ", ".join(f"TP={k}: {v * 1e3:.0f} ms" for k, v in by.items()),
               miss="TP ratio {value:.2f} (< {threshold:g})")
     if not t.evidence:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, finding, rule
+from rules import evidence
+from rules.base import Outcome, RuleContext, Triage, finding, reason, rule
 from rules.scheduling import served_in_line
 
 
@@ -41,7 +42,7 @@ def cold_start(ctx: RuleContext) -> Outcome:
     worst = ctx.v("cold_start_outlier_ttft_s", 0.0) or 0.0
     p95 = ctx.v("ttft_p95_s")
     t = Triage(ctx)
-    if t.crossed("requests that arrived during start-up and waited", waited, "waited_min", "requests",
+    if t.crossed(evidence.COLD_WAITED, waited, "waited_min", "requests",
                  f"they arrived while the model loaded / warmed up ({load:.3g} s of start-up) and got their first "
                  "token after it", weigh=False):
         t.add_strength(1.0)  # users waited for the start-up itself
@@ -51,18 +52,18 @@ def cold_start(ctx: RuleContext) -> Outcome:
     material_penalty = (penalty is not None and penalty >= th["penalty_vs_ttft_p95_min"]
                         and excess >= th["penalty_min_s"] and breaks_slo is not False)
     if material_penalty:
-        t.crossed("first requests far above comparable ones", n_out, "outliers_min", "requests",
+        t.crossed(evidence.COLD_OUTLIERS, n_out, "outliers_min", "requests",
                   f"worst {worst:.3g} s, {excess:.3g} s above comparable requests; excluded from TTFT statistics",
                   weigh=False)
-        t.crossed("first-request penalty / steady TTFT p95", penalty, "penalty_vs_ttft_p95_min", "x",
+        t.crossed(evidence.COLD_PENALTY_X, penalty, "penalty_vs_ttft_p95_min", "x",
                   "the start-up cost a first user paid against what every later one waits")
-        t.crossed("first-request penalty", excess, "penalty_min_s", "s", "an absolute floor: a few ms more is noise")
+        t.crossed(evidence.COLD_PENALTY, excess, "penalty_min_s", "s", "an absolute floor: a few ms more is noise")
         contact = ctx.v("cold_start_first_contact_s")
         if contact is not None and contact >= worst:
-            t.context("the probe's first request answered after", contact, "s",
+            t.context(evidence.COLD_FIRST_CONTACT, contact, "s",
                       "API detection / compatibility check, before the run: the server was still starting")
         if breaks_slo:
-            t.context("first request against the TTFT SLO", worst, "s", f"breaks the TTFT SLO ({min(slo_targets):.3g} s)")
+            t.context(evidence.COLD_FIRST_VS_SLO, worst, "s", f"breaks the TTFT SLO ({min(slo_targets):.3g} s)")
     if not t.evidence:
         reason = startup_note(ctx) or "no start-up seen"
         if n_out and penalty is not None:
@@ -72,7 +73,7 @@ def cold_start(ctx: RuleContext) -> Outcome:
         return reason
     if load:
         phases = ctx.v("cold_start_by_phase_s") or {}
-        t.context("start-up spans", load, "s", ", ".join(f"{k} {v:.3g} s" for k, v in phases.items()) or "cold_start spans")
+        t.context(evidence.STARTUP_SPANS, load, "s", ", ".join(f"{k} {v:.3g} s" for k, v in phases.items()) or "cold_start spans")
     title = (f"Cold start: {waited:g} request(s) arrived during start-up and waited for it" if waited
              else f"Cold start: {n_out:g} first request(s) paid model load / warm-up")
     # Requests that really waited for the start-up, far longer than any steady TTFT: this is
@@ -117,17 +118,17 @@ def failures(ctx: RuleContext) -> Outcome:
              f"({ctx.v('context_limit_tokens') or 0:.0f} tokens) were refused: the experiment's limit, not failures"
              if limit_n else "")
     t = Triage(ctx)
-    if not t.crossed("requests that failed", rate, "share_min", "share",
+    if not t.crossed(evidence.FAILED_SHARE, rate, "share_min", "share",
                      ", ".join(f"{k} x{v}" for k, v in kinds.items()) or "failed requests",
                      miss="{value:.0%} of requests failed (< {threshold:.0%})"):
         return "; ".join(x for x in (t.pass_reason("no request failed"), apart) if x)
     by_seg = ctx.v("error_rate_by_segment") or {}
     if by_seg and (len(by_seg) > 1 or "(none)" not in by_seg):
-        t.context("failed share by load level", max(by_seg.values()), "share",
+        t.context(evidence.FAILED_SHARE_BY_LEVEL, max(by_seg.values()), "share",
                   "; ".join(f"{k}: {v:.0%}" for k, v in sorted(by_seg.items(), key=lambda kv: -kv[1])[:6]))
     inflight = ctx.v("failed_inflight_p50")
     if inflight is not None:
-        t.context("requests in flight when a failed request was sent (median)", inflight, "requests",
+        t.context(evidence.FAILED_INFLIGHT_P50, inflight, "requests",
                   f"against {ctx.v('inflight_at_arrival_p50', 0) or 0:g} for the completed ones")
     points = [FAILURE_CAUSES.get(k, f"{k}: see the probe's error kinds") for k in kinds]
     top = max(kinds.items(), key=lambda kv: kv[1])[0] if kinds else "unknown"
@@ -189,8 +190,8 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     if (slope is not None and slope < 0) or share > 1.05:
         # TTFT falling with the prompt, or an intercept above TTFT itself: the fit over this prompt
         # range is noise, and its intercept is an extrapolation, not a latency
-        return (f"the TTFT-vs-prompt fit has no meaningful fixed part (intercept {intercept_s * 1e3:.1f} ms = "
-                f"{share:.0%} of TTFT p50, slope {slope if slope is not None else float('nan'):.3g} ms/token)")
+        return reason("the TTFT-vs-prompt fit has no meaningful fixed part (intercept {ms:.1f} ms = {share:.0%} of "
+                      "TTFT p50, slope {slope:.3g} ms/token)", ms=intercept_s * 1e3, share=share, slope=slope)
     qth = ctx.th_of("queue")
     inline = ctx.v("ttft_inline_ratio")
     line_explains = inline is not None and qth["bb_inline_ratio_min"] <= inline <= qth["bb_inline_ratio_max"]
@@ -198,41 +199,44 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     alone = (ctx.v("ttft_prompt_fit_alone_frac") or 0.0) >= float(th["bb_fit_alone_min"])
     if not alone and any(served_in_line(ctx)) and line_explains and (ctx.v("inflight_at_arrival_p50") or 1) > 1:
         # waiting in line is also a fixed part no prompt token explains: it is the queue's (see queue)
-        return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is waiting in line: requests are served one "
-                "after another (see queue)")
+        return reason("TTFT's fixed part ({ms:.1f} ms) is waiting in line: requests are served one after another "
+                      "(see queue)", ms=intercept_s * 1e3)
     hol, hol_min = ctx.v("hol_short_ttft_ratio"), ctx.th_of("head_of_line")["ttft_ratio_min"]
     if not alone and hol is not None and hol >= hol_min:
         # short prompts that waited behind a long one's prefill pull the fit's intercept up: their
         # TTFT is waiting, at zero tokens as at eight, not a latency outside the server
-        return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) is short prompts waiting behind long ones ahead of "
-                f"them ({hol:.1f}x the TTFT of short requests with none ahead, >= {hol_min:g}x): see head_of_line")
+        return reason("TTFT's fixed part ({ms:.1f} ms) is short prompts waiting behind long ones ahead of them "
+                      "({hol:.1f}x the TTFT of short requests with none ahead, >= {min:g}x): see head_of_line",
+                      ms=intercept_s * 1e3, hol=hol, min=hol_min)
     blocked, unblocked = ctx.v("hol_blocked_short_n"), ctx.v("hol_unblocked_short_n")
     if not alone and blocked is not None and blocked >= float(ctx.general.get("min_requests", 20)) / 4 \
             and blocked > 3 * (unblocked or 0):
         # nearly every short prompt arrived behind an unfinished long one: with no short request left to
         # compare, their waiting behind the long prefills is as good a fixed part as any latency
-        return (f"TTFT's fixed part ({intercept_s * 1e3:.1f} ms) may be short prompts waiting behind long ones: "
-                f"{blocked:g} of {blocked + (unblocked or 0):g} short requests arrived behind an unfinished long "
-                "prompt, too few with none ahead to compare (a run without the long prompts, or at concurrency 1, "
-                "decides)")
+        return reason("TTFT's fixed part ({ms:.1f} ms) may be short prompts waiting behind long ones: {blocked:g} "
+                      "of {short:g} short requests arrived behind an unfinished long prompt, too few with none ahead "
+                      "to compare (a run without the long prompts, or at concurrency 1, decides)",
+                      ms=intercept_s * 1e3, blocked=blocked, short=blocked + (unblocked or 0))
     if steps < th["bb_intercept_itl_min"] or share < th["bb_intercept_share_min"]:
-        return (f"TTFT's fixed part (prompt-fit intercept {intercept_s * 1e3:.1f} ms) is {steps:.1f} decode steps "
-                f"and {share:.0%} of TTFT p50: no outside latency stands out")
+        return reason("TTFT's fixed part (prompt-fit intercept {ms:.1f} ms) is {steps:.1f} decode steps and "
+                      "{share:.0%} of TTFT p50: no outside latency stands out", ms=intercept_s * 1e3, steps=steps,
+                      share=share)
     if low_s / itl < th["bb_intercept_itl_min"]:
         n = ctx.v("ttft_prompt_fit_n")
-        return (f"TTFT's fixed part is not resolved: the prompt fit's intercept {intercept_s * 1e3:.1f} ms could be "
-                f"as low as {low_s * 1e3:.1f} ms ({th['bb_intercept_se_k']:g} standard errors of {se_s * 1e3:.1f} ms), "
-                f"{max(low_s, 0.0) / itl:.1f} decode steps (< {th['bb_intercept_itl_min']:g}; over "
-                f"{n:g} requests, prompts too close together or TTFT too scattered to pin it): a prompt sweep from "
-                "short prompts with a few requests per length (`ttft probe URL --sweep prompt`) decides")
+        return reason("TTFT's fixed part is not resolved: the prompt fit's intercept {ms:.1f} ms could be as low as "
+                      "{low_ms:.1f} ms ({k:g} standard errors of {se_ms:.1f} ms), {low_steps:.1f} decode steps (< "
+                      "{min:g}; over {n:g} requests, prompts too close together or TTFT too scattered to pin it): a "
+                      "prompt sweep from short prompts with a few requests per length (`ttft probe URL --sweep "
+                      "prompt`) decides", ms=intercept_s * 1e3, low_ms=low_s * 1e3, k=th["bb_intercept_se_k"],
+                      se_ms=se_s * 1e3, low_steps=max(low_s, 0.0) / itl, min=th["bb_intercept_itl_min"], n=n)
     t = Triage(ctx)
-    t.crossed("fixed part of TTFT / ITL p50", steps, "bb_intercept_itl_min", "steps",
+    t.crossed(evidence.INTERCEPT_STEPS, steps, "bb_intercept_itl_min", "steps",
               f"the TTFT-vs-prompt intercept {intercept_s * 1e3:.1f} ms: latency no prompt token explains")
-    t.crossed("fixed part of TTFT / TTFT p50", share, "bb_intercept_share_min", "share",
+    t.crossed(evidence.INTERCEPT_SHARE, share, "bb_intercept_share_min", "share",
               "most of what users wait for is not prompt processing"
               + (f" (the fit's TTFT at your users' {users_mid:g}-token prompts)" if at_users
                  else " (TTFT of the lone requests the fit is over)" if alone else ""))
-    t.context("fixed part of TTFT, lower bound", low_s, "s",
+    t.context(evidence.INTERCEPT_LOW, low_s, "s",
               f"the intercept less {th['bb_intercept_se_k']:g} of its standard errors: what the fit's points show at least")
     s, pct = ctx.explained(min(share, 1.0))
     if alone and ctx.ttft_p95_s:  # a fixed latency is that many seconds of every request's TTFT, no more
@@ -260,17 +264,18 @@ def network(ctx: RuleContext) -> Outcome:
         # in proportion: a gap shorter than a decode step or two is the hand-off to the stream, not a cause
         gap_share = ratio = None
     t = Triage(ctx)
-    t.crossed("client-server gap share of TTFT (slowest 5%)", gap_share, "gap_share_min", "share",
+    t.crossed(evidence.GAP_SHARE_TAIL, gap_share, "gap_share_min", "share",
               "network, serialization, HTTP and client parsing between the two TTFT boundaries",
               miss="client-server gap {value:.0%} of TTFT")
-    t.crossed("client TTFT p50 / server TTFT p50", ratio, "ttft_ratio_min", "x",
+    t.crossed(evidence.CLIENT_SERVER_TTFT_X, ratio, "ttft_ratio_min", "x",
               f"median gap {ctx.v('client_server_gap_p50_s', 0) * 1e3:.1f} ms")
-    t.crossed("detokenize share of TTFT (slowest 5%)", det, "detokenize_share_min", "share",
+    t.crossed(evidence.DETOKENIZE_SHARE_TAIL, det, "detokenize_share_min", "share",
               "first token id -> text, ready for the stream", miss="detokenize {value:.0%} of TTFT")
     if not t.evidence:
         if gap_share is None and ratio is None and gap_p50 is not None and itl:
-            return (f"the client-server gap p50 {gap_p50 * 1e3:.1f} ms is {gap_p50 / itl:.1f} decode steps "
-                    f"(< {th['gap_itl_min']:g}): the hand-off to the stream, not a network problem")
+            return reason("the client-server gap p50 {ms:.1f} ms is {steps:.1f} decode steps (< {min:g}): the "
+                          "hand-off to the stream, not a network problem", ms=gap_p50 * 1e3, steps=gap_p50 / itl,
+                          min=th["gap_itl_min"])
         return t.pass_reason("client and server TTFT agree")
     shares = [x for x in (gap_share, det) if x is not None]
     s, pct = ctx.explained(sum(shares) if shares else (1 - 1 / ratio if ratio else None))
@@ -279,7 +284,7 @@ def network(ctx: RuleContext) -> Outcome:
     if by_gap and frontend:
         # the engine's TTFT starts after its own API server tokenized the prompt (vLLM): the gap
         # holds that front-end work as well as the network, and the spans cannot split them
-        t.context("requests whose engine TTFT starts after its front end", ctx.v("client_server_gap_frontend_frac"),
+        t.context(evidence.GAP_HOLDS_FRONTEND, ctx.v("client_server_gap_frontend_frac"),
                   "share", "the gap also holds the API server's chat template, tokenization and first detokenize")
         return finding("Between the client and the engine's clock: the network, or the API server's chat template "
                        "and tokenization before the engine's TTFT starts", t.confidence(0.6), s, pct, t.evidence,
@@ -323,28 +328,28 @@ def loadgen(ctx: RuleContext) -> Outcome:
     # the client's CPU weighs with a lag that crossed its bound, or alone where no lag was measured
     cpu_weighs = False
     if total is not None:
-        if t.crossed("client stalls at the first token / TTFT", total, "first_token_lag_share_min", "share",
+        if t.crossed(evidence.CLIENT_FIRST_TOKEN_LAG, total, "first_token_lag_share_min", "share",
                      "TTFT the client's event-loop stalls could have added at the requests' sends and first tokens "
                      "(an upper bound): chunks sat unread, TTFT is inflated",
                      miss="the client's stalls at the requests' sends and first tokens could add {value:.0%} of "
                           "their TTFT (< {threshold:.0%})"):
             machine = starved is not None and starved > (own or 0.0)
             if starved is not None:
-                t.context("the client's own part / TTFT", own, "share",
+                t.context(evidence.CLIENT_OWN_PART, own, "share",
                           "its loop busy, its other threads on the CPU or holding the GIL")
-                t.context("the machine's part / TTFT", starved, "share",
+                t.context(evidence.CLIENT_MACHINE_PART, starved, "share",
                           "the loop runnable but given no CPU while every CPU was busy (the server on this machine, "
                           "other work): not the client's own work")
-            t.crossed("client event loop stalled while requests waited", stall, "loop_stall_frac_min", "share",
+            t.crossed(evidence.CLIENT_LOOP_STALLED_WAITING, stall, "loop_stall_frac_min", "share",
                       "share of the time requests waited for their first token that the probe's event loop ran late")
             if lag is not None and p50:
-                t.context("client event-loop lag p99 / TTFT p50", lag / p50, "share",
+                t.context(evidence.CLIENT_LAG_OVER_TTFT, lag / p50, "share",
                           f"lag p99 {lag * 1e3:.1f} ms while requests waited, against the TTFT being measured")
             cpu_weighs = True
-    elif t.crossed("client event loop stalled", stall, "loop_stall_frac_min", "share",
+    elif t.crossed(evidence.CLIENT_LOOP_STALLED, stall, "loop_stall_frac_min", "share",
                    "share of the run the probe's event loop ran late: chunks sat unread, TTFT is inflated"):
         if lag is not None and p50:
-            t.context("client event-loop lag p99 / TTFT p50", lag / p50, "share",
+            t.context(evidence.CLIENT_LAG_OVER_TTFT, lag / p50, "share",
                       f"lag p99 {lag * 1e3:.1f} ms against the TTFT being measured")
         cpu_weighs = True
     else:
@@ -357,22 +362,22 @@ def loadgen(ctx: RuleContext) -> Outcome:
         # the engine's spans say when the first token left it, and on this machine's loopback the network
         # adds microseconds: a gap that the loop's own lag covers is the probe reading late (its lag
         # samples under-count a loop that stalls between them, so the share above can miss it)
-        if t.crossed("client-server gap / TTFT p50, server on this machine", gap / p50, "first_token_lag_share_min",
+        if t.crossed(evidence.GAP_SHARE_LOCAL, gap / p50, "first_token_lag_share_min",
                      "share", "the first token left the engine this long before the client read it, over a loopback "
                      "connection"):
             read_late = min(gap / p50, 1.0)
-            t.crossed("client event loop stalled while requests waited", stall, "loop_stall_frac_min", "share",
+            t.crossed(evidence.CLIENT_LOOP_STALLED_WAITING, stall, "loop_stall_frac_min", "share",
                       "share of the time requests waited for their first token that the probe's event loop ran late")
-            t.context("client event-loop lag p99 / client-server gap p50", lag / gap, "x",
+            t.context(evidence.CLIENT_LAG_OVER_GAP, lag / gap, "x",
                       f"lag p99 {lag * 1e3:.1f} ms against a gap of {gap * 1e3:.1f} ms: the loop's stalls cover it")
             cpu_weighs = True
     if cpu_weighs:
-        t.crossed("client CPU p95", ctx.v("client_cpu_pct_p95"), "cpu_pct_min", "%", "the client process is CPU-bound")
+        t.crossed(evidence.CLIENT_CPU_P95, ctx.v("client_cpu_pct_p95"), "cpu_pct_min", "%", "the client process is CPU-bound")
     late = ctx.v("client_send_lateness_p95_s")
-    t.crossed("sends late against the schedule p95 / TTFT p50", late / p50 if late is not None and p50 else None,
+    t.crossed(evidence.SEND_LATENESS_SHARE, late / p50 if late is not None and p50 else None,
               "send_lateness_vs_ttft_min", "share", "the client cannot keep the arrival schedule")
     if ctx.v("client_saturated_flag") and stall is None and total is None and not t.evidence:
-        t.context("client health says saturated", "yes", "", "the probe's own health check (meta.json)")
+        t.context(evidence.CLIENT_SATURATED, "yes", "", "the probe's own health check (meta.json)")
         t.add_strength(1.0)
     if not t.evidence:
         return t.pass_reason(_kept_up(ctx, lag is not None or stall is not None or total is not None, late))
@@ -406,7 +411,9 @@ def _kept_up(ctx: RuleContext, loop_measured: bool, late: float | None) -> str:
                                        ("send schedule", late is not None)) if seen]
     missing = [name for name in ("event-loop lag", "CPU") if name not in checked]
     if not missing:
-        return f"the client kept up ({', '.join(checked)} within bounds)"
-    head = f"{', '.join(checked)} within bounds" if checked else "nothing the client measured crossed a bound"
-    return (f"{head}; the client's {' and '.join(missing)} are not in this capture (the probe records them in its "
-            "own capture's series and meta.json: analyze that to check the client)")
+        return reason("the client kept up ({checked} within bounds)", checked=", ".join(checked))
+    head = (reason("{checked} within bounds", checked=", ".join(checked)) if checked
+            else "nothing the client measured crossed a bound")
+    return reason("{head}; the client's {missing} are not in this capture (the probe records them in its own "
+                  "capture's series and meta.json: analyze that to check the client)", head=head,
+                  missing=" and ".join(missing))

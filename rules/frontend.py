@@ -16,7 +16,8 @@ prompt token at concurrency 1: a tokenizer thread busy with slow tokenization is
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, rule
+from rules import evidence
+from rules.base import Outcome, RuleContext, Triage, check, checked_rule, checks_of, engine_checks, finding, reason
 
 #: what to check next, in each engine's terms
 #: the front end's worker and process counts against the concurrency, by engine
@@ -40,16 +41,19 @@ def _shed_rows(ctx: RuleContext, t: Triage) -> None:
     kinds: dict[str, int] = ctx.v("errors_by_kind") or {}
     shed = {k: v for k, v in kinds.items() if k in SHED_KINDS}
     if shed:
-        t.context("requests shed or refused", float(sum(shed.values())), "requests",
+        t.context(evidence.FRONTEND_SHED, float(sum(shed.values())), "requests",
                   ", ".join(f"{k} x{v}" for k, v in shed.items()) + " (front-end limits under load)")
 
 
 def _engine_queue_row(ctx: RuleContext, t: Triage) -> None:
     q = ctx.v("queue_share_tail")
     if q is not None:
-        t.context("engine queue share of TTFT (slowest 5%)", q, "share", "the engine's own queue: it did not hold them")
+        t.context(evidence.ENGINE_QUEUE_SHARE_TAIL, q, "share", "the engine's own queue: it did not hold them")
 
 
+# measured directly, the front end's own wait answers alone; the other paths each add their reason
+@check("frontend.spans", needs=("frontend_wait_share_tail",), before=("frontend.gap",),
+       reads=("wait_share_min", "tokenize.share_min"))
 def _server_side(ctx: RuleContext) -> Outcome:
     th = ctx.th
     share = ctx.v("frontend_wait_share_tail")
@@ -58,19 +62,19 @@ def _server_side(ctx: RuleContext) -> Outcome:
     tok_share = ctx.v("tokenize_share_tail")
     if http is not None and http < 0.5 and tok_share is not None and tok_share >= tok_th["share_min"] \
             and share is not None and share >= th["wait_share_min"]:
-        return (f"requests waited for the tokenizer thread ({share:.0%} of TTFT) because tokenization itself is slow "
-                f"({tok_share:.0%} of TTFT): see tokenize")
+        return reason("requests waited for the tokenizer thread ({share:.0%} of TTFT) because tokenization itself "
+                      "is slow ({tok_share:.0%} of TTFT): see tokenize", share=share, tok_share=tok_share)
     t = Triage(ctx)
-    if not t.crossed("front-end wait share of TTFT (slowest 5%)", share, "wait_share_min", "share",
+    if not t.crossed(evidence.FRONTEND_WAIT_SHARE_TAIL, share, "wait_share_min", "share",
                      "parsed request -> the engine has it: waiting for an HTTP worker or a tokenizer thread",
                      miss="front-end wait {value:.0%} of TTFT (< {threshold:.0%})"):
         return t.pass_reason("no request waited in the front end")
     if http is not None:
-        t.context("of that wait, for an HTTP worker", http, "share",
+        t.context(evidence.FRONTEND_HTTP_PART, http, "share",
                   f"{1 - http:.0%} of it waited for a tokenizer thread")
     med = ctx.v("frontend_wait_share_median")
     if med is not None:
-        t.context("front-end wait share of TTFT (median requests)", med, "share", "")
+        t.context(evidence.FRONTEND_WAIT_SHARE_P50, med, "share", "")
     _engine_queue_row(ctx, t)
     _shed_rows(ctx, t)
     s, pct = ctx.explained(share)
@@ -79,20 +83,22 @@ def _server_side(ctx: RuleContext) -> Outcome:
                    t.confidence(0.9), s, pct, t.evidence, engine_checks(ctx, BY_ENGINE, CHECKS))
 
 
+@check("frontend.gap", needs=("client_server_gap_concurrency_ratio",), before=("frontend.unseen",), final=False,
+       reads=("gap_rise_ratio_min", "gap_rise_itl_min", "network.gap_share_min"))
 def _gap_grows(ctx: RuleContext) -> Outcome:
     ratio = ctx.v("client_server_gap_concurrency_ratio")
     rise = ctx.v("client_server_gap_rise_per_itl")
     t = Triage(ctx)
-    grows = t.crossed("client-server gap at the highest load / at the lowest", ratio, "gap_rise_ratio_min", "x",
+    grows = t.crossed(evidence.GAP_RISE_X, ratio, "gap_rise_ratio_min", "x",
                       f"by in-flight level: {_curve(ctx.v('client_server_gap_by_inflight'))}",
                       miss="the client-server gap grows {value:.2f}x with load (< {threshold:g}x): a fixed latency")
     if not grows:
         return t.pass_reason("the client-server gap does not grow with load")
-    if not t.crossed("its rise / ITL p50", rise, "gap_rise_itl_min", "steps", "in proportion to a decode step",
+    if not t.crossed(evidence.GAP_RISE_STEPS, rise, "gap_rise_itl_min", "steps", "in proportion to a decode step",
                      miss="the gap rises by {value:.1f} decode steps (< {threshold:g})"):
         return t.pass_reason()
     gap_share = ctx.v("network_share_tail")
-    if not t.crossed("client-server gap share of TTFT (slowest 5%)", gap_share, None, "share",
+    if not t.crossed(evidence.GAP_SHARE_TAIL, gap_share, None, "share",
                      "time outside the engine's clock", threshold=ctx.th_of("network")["gap_share_min"],
                      miss="the gap is {value:.0%} of TTFT (< {threshold:.0%})"):
         return t.pass_reason()
@@ -105,25 +111,28 @@ def _gap_grows(ctx: RuleContext) -> Outcome:
                    "queueing in the API server (workers, tokenizer, IPC), not the network")
 
 
+@check("frontend.unseen", needs=("engine_unseen_inflight", "engine_unseen_share", "ttft_concurrency_ratio"),
+       before=("frontend.dynamo",), final=False,
+       reads=("queue.bb_ttft_rise_min", "unseen_inflight_min", "unseen_share_min"))
 def _unseen(ctx: RuleContext) -> Outcome:
     qth = ctx.th_of("queue")
     unseen = ctx.v("engine_unseen_inflight")
     rise = ctx.v("ttft_concurrency_ratio")
     t = Triage(ctx)
-    if not t.crossed("TTFT at the highest concurrency / at the lowest", rise, None, "x",
+    if not t.crossed(evidence.FRONTEND_TTFT_RISE_X, rise, None, "x",
                      "TTFT grows with load", threshold=qth["bb_ttft_rise_min"],
                      miss="TTFT grows {value:.2f}x with load (< {threshold:g}x)"):
         return t.pass_reason("TTFT does not grow with load")
-    if not t.crossed("client requests in flight the engine did not count (mean over scrapes)", unseen,
+    if not t.crossed(evidence.UNSEEN_INFLIGHT, unseen,
                      "unseen_inflight_min", "requests",
                      "the client's requests in flight at each scrape less the engine's running + waiting gauges",
                      miss="the engine counted the client's requests in flight (unseen {value:g})"):
         return t.pass_reason()
-    if not t.crossed("unseen / client requests in flight", ctx.v("engine_unseen_share"), "unseen_share_min", "share",
+    if not t.crossed(evidence.UNSEEN_SHARE, ctx.v("engine_unseen_share"), "unseen_share_min", "share",
                      "most of what the client had in flight was not in the engine",
                      miss="{value:.0%} of the client's requests in flight were unseen (< {threshold:.0%})"):
         return t.pass_reason()
-    t.context("engine waiting (max)", ctx.v("waiting_seqs_max"), "requests", "its own queue stayed empty")
+    t.context(evidence.ENGINE_WAITING_MAX, ctx.v("waiting_seqs_max"), "requests", "its own queue stayed empty")
     _shed_rows(ctx, t)
     s, pct = ctx.explained(1.0 - 1.0 / rise if rise else None)
     return finding("Front end saturated: TTFT grows with load while the engine's queue is empty (requests wait "
@@ -131,6 +140,8 @@ def _unseen(ctx: RuleContext) -> Outcome:
                    note="from the client and the engine's gauges: where before the engine is not observed")
 
 
+@check("frontend.dynamo", needs=("metrics_frontend_share",), before=("frontend.client_only",), final=False,
+       reads=("wait_share_min",))
 def _dynamo(ctx: RuleContext) -> Outcome:
     total = ctx.v("metrics_frontend_share")
     tok = ctx.v("metrics_tokenize_share")
@@ -139,10 +150,10 @@ def _dynamo(ctx: RuleContext) -> Outcome:
     share = max(0.0, total - tok) if total is not None and tok is not None else total
     t = Triage(ctx)
     if tok is not None:
-        t.context("front-end time / TTFT (Dynamo metrics)", total, "share",
+        t.context(evidence.DYNAMO_FRONTEND_SHARE, total, "share",
                   "mean TTFT - mean transit - mean worker first response")
-    if not t.crossed("front-end time less tokenization / TTFT (Dynamo metrics)" if tok is not None else
-                     "front-end time / TTFT (Dynamo metrics)", share, "wait_share_min", "share",
+    if not t.crossed(evidence.DYNAMO_FRONTEND_LESS_TOKENIZE_SHARE if tok is not None else
+                     evidence.DYNAMO_FRONTEND_SHARE, share, "wait_share_min", "share",
                      "routing, the router queue, waiting for front-end workers, streaming back",
                      miss="front-end time other than tokenization {value:.0%} of TTFT (< {threshold:.0%})"
                      + (f"; its tokenizer holds {tok:.0%}: see tokenize" if tok else "")):
@@ -157,26 +168,19 @@ def _curve(c: dict[str, float] | None) -> str:
     return ", ".join(f"{k}: {v * 1e3:.0f} ms" for k, v in (c or {}).items()) or "n/a"
 
 
-@rule("frontend", "frontend", needs=(("frontend_wait_share_tail",), ("client_server_gap_concurrency_ratio",),
-                                     ("engine_unseen_inflight", "engine_unseen_share", "ttft_concurrency_ratio"), ("metrics_frontend_share",),
-                                     ("client_only",)))
-def frontend(ctx: RuleContext) -> Outcome:
-    """Requests wait before the engine sees them (HTTP workers, tokenizer threads, API-server IPC) while
-    the engine's own queue is empty; connections shed under load."""
-    reasons: list[str] = []
-    for has, path in (("frontend_wait_share_tail", _server_side), ("client_server_gap_concurrency_ratio", _gap_grows),
-                      ("engine_unseen_inflight", _unseen), ("metrics_frontend_share", _dynamo)):
-        if not ctx.has(has) or (has == "engine_unseen_inflight" and not ctx.has("ttft_concurrency_ratio")):
-            continue
-        out = path(ctx)
-        if not isinstance(out, str):
-            return out
-        reasons.append(out)
-        if has == "frontend_wait_share_tail":
-            return out  # measured directly: the other paths cannot outweigh it
-    if reasons:
-        return "; ".join(r for r in reasons if r)
-    # client only, nothing above available
+checked_rule("frontend", "frontend",
+             "Requests wait before the engine sees them (HTTP workers, tokenizer threads, API-server IPC) while the "
+             "engine's own queue is empty; connections shed under load")
+
+
+def _no_path_applies(ctx: RuleContext) -> bool:
+    """Whether none of the checks that measure the front end applies (a client alone, nothing else)."""
+    return not any(c.applies(ctx) for c in checks_of("frontend") if c.id != "frontend.client_only")
+
+
+@check("frontend.client_only", needs=("client_only",), when=_no_path_applies)
+def _client_only(ctx: RuleContext) -> Outcome:
+    """What the client alone cannot tell apart, and the experiment that would."""
     if not ctx.has("ttft_concurrency_ratio"):
         return ("client only at one load level: a fixed latency cannot be split into front end and network; "
                 "a concurrency sweep (`ttft probe URL --sweep concurrency`) with the engine's /metrics (--metrics URL) "

@@ -16,6 +16,7 @@ slower) passes; without a schema in the capture the rule is skipped.
 
 from __future__ import annotations
 
+from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, chance_row, finding, rule
 
 #: the share of first uses a cache-less chance puts above the repeats' 90th percentile
@@ -36,17 +37,17 @@ GRAMMAR_CHECKS = [
 
 def _context_rows(ctx: RuleContext, t: Triage) -> None:
     t.context_of((
-        ("TTFT p50, first use of a schema", "schema_first_ttft_p50_s", "its grammar compiles before it can run"),
-        ("TTFT p50, repeats of a schema", "schema_repeat_ttft_p50_s", "sent after a use had its first token: "
+        (evidence.SCHEMA_FIRST_TTFT_P50, "schema_first_ttft_p50_s", "its grammar compiles before it can run"),
+        (evidence.SCHEMA_REPEAT_TTFT_P50, "schema_repeat_ttft_p50_s", "sent after a use had its first token: "
          "a caching server holds the grammar"),
-        ("grammar wait p50 (requests that waited)", "grammar_wait_p50_s", "queue time waiting for the grammar"),
-        ("structured-output requests not served from the grammar cache", "grammar_miss_frac",
+        (evidence.GRAMMAR_WAIT_P50, "grammar_wait_p50_s", "queue time waiting for the grammar"),
+        (evidence.GRAMMAR_MISS_SHARE, "grammar_miss_frac",
          "compiled for this request or waited for another's compile"),
     ))
     n = {"first": ctx.v("schema_first_n", 0), "repeat": ctx.v("schema_repeat_n", 0),
          "concurrent": ctx.v("schema_concurrent_n", 0)}
     if any(n.values()):
-        t.context("schema uses in the probe's design", n["first"] + n["repeat"] + n["concurrent"], "requests",
+        t.context(evidence.SCHEMA_USES, n["first"] + n["repeat"] + n["concurrent"], "requests",
                   f"{n['first']:g} first uses, {n['repeat']:g} repeats, {n['concurrent']:g} sent while an "
                   "earlier use still waited")
 
@@ -60,7 +61,7 @@ def grammar_compile(ctx: RuleContext) -> Outcome:
     if share is not None:
         tail = ctx.v("grammar_wait_share_of_ttft_tail")
         worst = max(share, tail if tail is not None else 0.0)
-        if not t.crossed("grammar wait share of TTFT", worst, "ttft_share_min", "share",
+        if not t.crossed(evidence.GRAMMAR_WAIT_SHARE, worst, "ttft_share_min", "share",
                          f"queue time waiting for the request's grammar, over TTFT: {share:.0%} over all structured-"
                          "output requests" + (f", {tail:.0%} over the slowest 5%" if tail is not None else ""),
                          miss="requests waited for their grammar {value:.0%} of TTFT (< {threshold:.0%})"):
@@ -73,16 +74,16 @@ def grammar_compile(ctx: RuleContext) -> Outcome:
                        population_share=share)
     ratio = ctx.v("schema_first_ttft_x")
     wait = ctx.v("schema_wait_share_of_ttft")
-    if not t.crossed("TTFT of a schema's first use / its repeats (p50)", ratio, "first_ratio_min", "x",
+    if not t.crossed(evidence.SCHEMA_FIRST_X, ratio, "first_ratio_min", "x",
                      "the same prompts and load; only the schema's novelty differs",
                      miss="a schema's first use is {value:.2f}x its repeats (< {threshold:.2f}x): the compile is "
                           "not seen in TTFT"):
         return t.pass_reason()
-    chance_row(t, "first uses slower than the repeats' 90th percentile", ctx.v("schema_first_above_repeat_frac"),
+    chance_row(t, evidence.SCHEMA_FIRST_ABOVE_P90, ctx.v("schema_first_above_repeat_frac"),
                ctx.v("schema_first_n"), ABOVE_P90_CHANCE, float(ctx.th["chance_p_max"]),
                "first uses, not the repeats' spread")
     if wait is not None:
-        t.context("first uses' wait share of the design's TTFT", wait, "share",
+        t.context(evidence.SCHEMA_FIRST_WAIT_SHARE, wait, "share",
                   "first (and concurrent) uses' TTFT beyond the repeats' median, over all the schema requests' TTFT: "
                   "what a cached grammar would have spared at this design's mix of new and repeated schemas")
     _context_rows(ctx, t)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rules import evidence
 from rules.model import INCONCLUSIVE, Evidence, Finding, Skipped
 from rules.verdict import floor_rows
 
@@ -78,7 +79,7 @@ def inconclusive(feats: Any, skipped: list[Skipped], th: Mapping[str, Any], slo_
     if steps is not None:
         hit = steps >= float(t["ttft_steps_min"])
         far |= hit
-        rows.append(Evidence("TTFT p50 / ITL p50", steps, float(t["ttft_steps_min"]), "steps",
+        rows.append(evidence.row(evidence.TTFT_P50_STEPS, steps, float(t["ttft_steps_min"]), "steps",
                              "a batching engine starts a short prompt within a step or two", op=">=", crossed=hit))
     tail_steps, tail_prompt = feats.value("ttft_in_itl_steps_p95"), feats.value("ttft_tail_prompt_x")
     if tail_steps is not None and steps and tail_prompt is not None:
@@ -86,7 +87,7 @@ def inconclusive(feats: Any, skipped: list[Skipped], th: Mapping[str, Any], slo_
         hit = (tail_steps >= float(t["ttft_steps_min"]) and tail_x >= float(t["tail_over_p50_min"])
                and tail_prompt <= float(t["tail_prompt_x_max"]))
         far |= hit
-        rows.append(Evidence("TTFT p95 / ITL p50 (the tail)", tail_steps, float(t["ttft_steps_min"]), "steps",
+        rows.append(evidence.row(evidence.TTFT_TAIL_STEPS, tail_steps, float(t["ttft_steps_min"]), "steps",
                              f"{tail_x:.1f}x the median's (>= {float(t['tail_over_p50_min']):g}x counts) on prompts "
                              f"{tail_prompt:.2f}x the median's: the slowest waited, not for their own longer prompts",
                              op=">=", crossed=hit))
@@ -94,7 +95,7 @@ def inconclusive(feats: Any, skipped: list[Skipped], th: Mapping[str, Any], slo_
     if pre is not None:
         hit = pre >= float(t["ttft_vs_prefill_min"])
         far |= hit
-        rows.append(Evidence("TTFT p50 / the engine's prefill time", pre, float(t["ttft_vs_prefill_min"]), "x",
+        rows.append(evidence.row(evidence.TTFT_OVER_PREFILL, pre, float(t["ttft_vs_prefill_min"]), "x",
                              "what the engine itself spends on the prompt (its prompt seconds)", op=">=", crossed=hit))
     inline = feats.value("ttft_inline_ratio")
     if inline is not None:
@@ -103,15 +104,15 @@ def inconclusive(feats: Any, skipped: list[Skipped], th: Mapping[str, Any], slo_
         hit = (inline >= float(t["inline_ratio_min"]) and (steps is None or steps >= float(t["inline_steps_min"]))
                and (pre is None or pre >= float(t["ttft_vs_prefill_min"])))
         far |= hit
-        rows.append(Evidence("TTFT / (requests ahead x their service time)", inline, float(t["inline_ratio_min"]),
+        rows.append(evidence.row(evidence.INLINE_RATIO, inline, float(t["inline_ratio_min"]),
                              "x", "as long as waiting for the requests in flight to finish would take", op=">=",
                              crossed=hit))
     if not far:
         return None
     p50 = feats.value("ttft_p50_s")
-    rows.insert(0, Evidence("TTFT p50", p50, None, "s", "over the steady requests"))
+    rows.insert(0, evidence.row(evidence.TTFT_P50, p50, None, "s", "over the steady requests"))
     if skipped_ids:
-        rows.append(Evidence("rules that could explain TTFT but could not run", float(len(skipped_ids)), None, "count",
+        rows.append(evidence.row(evidence.RULES_NOT_RUN, float(len(skipped_ids)), None, "count",
                              ", ".join(skipped_ids) + " (see skipped rules: what each needs)"))
     rows.extend(slo_rows)
     return Finding("inconclusive", INCONCLUSIVE,

@@ -6,7 +6,8 @@ Their findings explain ITL, not TTFT (``explained_s`` is None); the engine ranks
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, finding, rule, strength
+from rules import evidence
+from rules.base import Outcome, RuleContext, Triage, finding, reason, rule, strength
 from rules.features.itl import MIXED_SOURCE
 
 DECODE_CHECKS = [
@@ -31,10 +32,10 @@ def decode(ctx: RuleContext) -> Outcome:
     ttft = ctx.v("ttft_p50_s")
     t = Triage(ctx)
     ratio = itl / ttft if ttft else None
-    t.crossed("ITL p50 / TTFT p50", ratio, "itl_ttft_ratio_min", "x",
+    t.crossed(evidence.ITL_OVER_TTFT, ratio, "itl_ttft_ratio_min", "x",
               f"each later token ({itl * 1e3:.1f} ms) takes as long as the first")
     hold = ctx.v("decode_speed_hold_ratio")
-    t.below("per-stream decode speed, highest / lowest concurrency", hold, "decode_hold_max", "x",
+    t.below(evidence.DECODE_HOLD, hold, "decode_hold_max", "x",
             "streams slow down as concurrency grows")
     for key, target in (ctx.slo or {}).items():
         metric = key.split("_")[0]
@@ -42,23 +43,26 @@ def decode(ctx: RuleContext) -> Outcome:
             check = (ctx.v("slo_checks") or {}).get(key) or {}
             if check.get("met") is False:
                 # the SLO's target as the user gave it; the row fires when the value is over it
-                t.judged(f"SLO {key}", check.get("value_s"), None, "s", "ITL SLO broken", op=">", threshold=target,
+                t.judged(evidence.slo(key), check.get("value_s"), None, "s", "ITL SLO broken", op=">", threshold=target,
                          weigh=True)
     if not t.evidence:
-        return (f"ITL p50 {itl * 1e3:.1f} ms is {ratio:.2f}x TTFT p50" if ratio is not None else "ITL within bounds") + (
-            f"; decode speed holds x{hold:.2f} across concurrency" if hold is not None else "")
-    if all(e.name.startswith("per-stream decode speed") for e in t.evidence):
+        head = (reason("ITL p50 {itl_ms:.1f} ms is {ratio:.2f}x TTFT p50", itl_ms=itl * 1e3, ratio=ratio)
+                if ratio is not None else "ITL within bounds")
+        return head if hold is None else reason("{head}; decode speed holds x{hold:.2f} across concurrency",
+                                                head=head, hold=hold)
+    if all(e.key == evidence.DECODE_HOLD for e in t.evidence):
         # streams slowing as the batch grows is what batching costs on any engine: slow tokens are
         # a problem against the users' ITL/TPOT target or against TTFT, not against a lone stream
-        return (f"per-stream decode speed falls to x{hold:.2f} under load (what a growing batch costs), but ITL "
-                f"p50 {itl * 1e3:.1f} ms is {ratio or 0:.2f}x TTFT p50 and no ITL/TPOT target is broken: give --slo "
-                "tpot_p99=... (or itl_p99) to judge the tokens")
-    for name, unit, meaning in (("running_seqs_p95", "requests", "running sequences per step (p95)"),
-                                ("decode_step_p50_s", "s", "decode-only engine step time"),
-                                ("itl_p99_s", "s", "ITL p99 over all token gaps")):
+        return reason("per-stream decode speed falls to x{hold:.2f} under load (what a growing batch costs), but ITL "
+                      "p50 {itl_ms:.1f} ms is {ratio:.2f}x TTFT p50 and no ITL/TPOT target is broken: give --slo "
+                      "tpot_p99=... (or itl_p99) to judge the tokens", hold=hold, itl_ms=itl * 1e3, ratio=ratio or 0)
+    for name, row, unit, meaning in (
+            ("running_seqs_p95", evidence.RUNNING_P95, "requests", "running sequences per step (p95)"),
+            ("decode_step_p50_s", evidence.DECODE_STEP_P50, "s", "decode-only engine step time"),
+            ("itl_p99_s", evidence.ITL_P99, "s", "ITL p99 over all token gaps")):
         val = ctx.v(name)
         if val is not None:
-            t.context(name, val, unit, meaning)
+            t.context(row, val, unit, meaning)
     return finding("Decode: TTFT is fine but the tokens after the first come slowly (ITL)",
                    # the client measures token gaps as directly as the engine does: no black-box scale
                    t.confidence(0.85), None, None, t.evidence, DECODE_CHECKS,
@@ -89,22 +93,24 @@ def interference(ctx: RuleContext) -> Outcome:
     tail_caused = (itl_slo_broken and tail is not None and tail >= th["tail_during_prefill_min"]
                    and (not bb or designed or tail_n >= th["bb_tail_gaps_min"]))
     if ratio < th["itl_ratio_min"] or (stall < th["stall_share_min"] and not tail_caused):
-        return (f"token gaps during other requests' prefills are {ratio:.1f}x the others (threshold "
-                f"{th['itl_ratio_min']:g}x) and cost {stall:.0%} of decode time (threshold {th['stall_share_min']:.0%}); "
-                f"{tail or 0:.0%} of the slowest 1% of gaps overlap a prefill (threshold {th['tail_during_prefill_min']:.0%})")
+        return reason("token gaps during other requests' prefills are {ratio:.1f}x the others (threshold "
+                      "{ratio_min:g}x) and cost {stall:.0%} of decode time (threshold {stall_min:.0%}); {tail:.0%} of "
+                      "the slowest 1% of gaps overlap a prefill (threshold {tail_min:.0%})", ratio=ratio,
+                      ratio_min=th["itl_ratio_min"], stall=stall, stall_min=th["stall_share_min"], tail=tail or 0,
+                      tail_min=th["tail_during_prefill_min"])
     src = ctx.features.get("itl_interference_ratio").source or ""
     t = Triage(ctx)
-    t.judged("ITL during prefills / ITL otherwise", ratio, "itl_ratio_min", "x",
+    t.judged(evidence.ITL_DURING_PREFILL_X, ratio, "itl_ratio_min", "x",
              f"mean gap {ctx.v('itl_during_prefill_mean_s', 0) * 1e3:.1f} ms against a median "
              f"{ctx.v('itl_without_prefill_p50_s', 0) * 1e3:.1f} ms ({src})", weigh=True)
-    t.judged("decode time lost to prefill stalls", stall, "stall_share_min", "share",
+    t.judged(evidence.PREFILL_STALL_SHARE, stall, "stall_share_min", "share",
              "running requests wait while new prompts are prefilled")
     if tail_caused:
-        t.judged("slowest 1% of token gaps that overlap a prefill", tail, "tail_during_prefill_min", "share",
+        t.judged(evidence.ITL_TAIL_DURING_PREFILL, tail, "tail_during_prefill_min", "share",
                  "the ITL tail that breaks its SLO is made of stalls behind other requests' prefills")
     for key, c in mixed.items():
         if c.get("met") is False:
-            t.judged(f"SLO {key} with long prompts among the streams", c.get("value_s"), None, "s",
+            t.judged(evidence.slo_mixed(key), c.get("value_s"), None, "s",
                      "the users' ITL target, over the token gaps of ttft diagnose's mixed follow-up", op=">",
                      threshold=c.get("target_s"))
     # client only: stalls that end as another request's first token arrives were that request's prefill,
@@ -114,11 +120,11 @@ def interference(ctx: RuleContext) -> Outcome:
         frac, chance = ctx.v("itl_stall_end_first_token_frac"), ctx.v("itl_stall_end_first_token_chance")
         n_st = ctx.v("itl_stall_gaps_n", 0) or 0
         if frac is not None and chance is not None and n_st >= th["bb_aligned_gaps_min"]:
-            aligned = t.judged("stalls ending as another request's first token arrives, above chance", frac - chance,
+            aligned = t.judged(evidence.STALLS_ALIGNED_EXCESS, frac - chance,
                                "bb_aligned_excess_min", "share",
                                f"{frac:.0%} of {n_st:g} stalls end within a few steps of a first token, against "
                                f"{chance:.0%} by chance: the stall was that request's prefill")
-    t.context("token gaps overlapping a prefill", ctx.v("itl_during_prefill_frac"), "share", "how often it happens")
+    t.context(evidence.GAPS_DURING_PREFILL, ctx.v("itl_during_prefill_frac"), "share", "how often it happens")
     # the time lost, or (an ITL SLO broken) the tail made of stalls: whichever says it louder
     t.add_strength(max(strength(stall, th["stall_share_min"], bound=1.0),
                        strength(tail, th["tail_during_prefill_min"], bound=1.0) if tail_caused else 0.0))

@@ -11,6 +11,7 @@ client alone sees only slower tokens and TTFT, which other causes also give.
 
 from __future__ import annotations
 
+from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, finding, rule
 
 #: what to look at next; the flags are the engines' own: vLLM ``--async-scheduling`` (the
@@ -37,23 +38,23 @@ def engine_overhead(ctx: RuleContext) -> Outcome:
     tail = ctx.v("loop_idle_share_of_ttft_tail")
     gap, step = ctx.v("loop_gap_p50_s"), ctx.v("engine_step_p50_s")
     t = Triage(ctx)
-    if not t.crossed("engine loop idle while requests are inside it", idle, "idle_share_min", "share",
+    if not t.crossed(evidence.LOOP_IDLE_SHARE, idle, "idle_share_min", "share",
                      "time with a request queued or running and no engine step running, over all such time: "
                      "the loop's own work between steps",
                      miss="the loop is idle {value:.0%} of the time requests are inside the engine (< {threshold:.0%})"):
         return t.pass_reason()
     worst = max(share, tail if tail is not None else 0.0)
-    if not t.crossed("loop idle time inside TTFT", worst, "ttft_share_min", "share",
+    if not t.crossed(evidence.LOOP_IDLE_TTFT_SHARE, worst, "ttft_share_min", "share",
                      f"time before each first token with no step running, over TTFT: {share:.0%} over all requests"
                      + (f", {tail:.0%} over the slowest 5%" if tail is not None else ""),
                      miss="that idle time is {value:.0%} of TTFT (< {threshold:.0%})"):
         return t.pass_reason()
     if gap is not None and step is not None:
-        t.context("gap between steps while requests wait (median)", gap, "s",
+        t.context(evidence.LOOP_GAP_P50, gap, "s",
                   f"against an engine step of {step * 1e3:.1f} ms (median): the device idles this long before each step")
-    for name, label, meaning in (("queue_share_tail", "queue share of TTFT (slowest 5%)",
+    for name, label, meaning in (("queue_share_tail", evidence.QUEUE_SHARE_TAIL,
                                   "waiting for a step that has not started"),
-                                 ("itl_p50_s", "ITL p50", "every running stream waits for the same gaps between its tokens")):
+                                 ("itl_p50_s", evidence.ITL_P50, "every running stream waits for the same gaps between its tokens")):
         val = ctx.v(name)
         if val is not None:
             t.context(label, val, ctx.features.get(name).unit, meaning)

@@ -14,7 +14,8 @@ slots (no such gap) pass; without the design the rule is skipped.
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, chance_row, finding, rule
+from rules import evidence
+from rules.base import Outcome, RuleContext, Triage, chance_row, check, checked_rule, finding
 from rules.grammar import ABOVE_P90_CHANCE
 
 LORA_CHECKS = [
@@ -30,41 +31,42 @@ LORA_CHECKS = [
 
 
 _CONTEXT = (
-    ("TTFT p50, own adapter in flight", "lora_joins_ttft_p50_s", "could join a running batch of its adapter"),
-    ("TTFT p50, only other adapters in flight", "lora_other_ttft_p50_s", "needs a slot (and a load) for its adapter"),
-    ("TTFT, only other adapters in flight / own adapter in flight (p50)", "lora_other_ttft_x",
+    (evidence.LORA_JOINS_TTFT_P50, "lora_joins_ttft_p50_s", "could join a running batch of its adapter"),
+    (evidence.LORA_OTHER_TTFT_P50, "lora_other_ttft_p50_s", "needs a slot (and a load) for its adapter"),
+    (evidence.LORA_OTHER_X, "lora_other_ttft_x",
      "within the mix: requests whose adapter was not in flight against those joining theirs"),
-    ("adapters in the design", "lora_adapters_n", "drawn at random per request"),
+    (evidence.LORA_ADAPTERS_N, "lora_adapters_n", "drawn at random per request"),
 )
 
 
 def _deferred_row(ctx: RuleContext, t: Triage) -> None:
     share = ctx.v("waiting_deferred_share")
     if share is not None:
-        t.judged("deferred share of waiting requests (engine metrics)", share, "deferred_share_min", "share",
+        t.judged(evidence.DEFERRED_SHARE, share, "deferred_share_min", "share",
                  "waiting for something other than capacity (vLLM: a LoRA budget, a grammar, a KV transfer)",
                  weigh=share >= float(ctx.th["deferred_share_min"]))
 
 
-@rule("lora_adapters", "lora_adapters", needs=(("lora_slot_wait_share",), ("lora_mix_ttft_x",),
-                                               ("lora_other_ttft_x", "lora_wait_share_of_ttft")))
-def lora_adapters(ctx: RuleContext) -> Outcome:
-    """Requests wait for an adapter slot: the engine's slot waits on its request spans; else TTFT with
-    all the users' adapters against one (the lora sweep's control); else requests for an adapter not
-    in flight against those joining their own."""
-    if ctx.v("lora_slot_wait_share") is not None:
-        return _server(ctx)
-    if ctx.v("lora_mix_ttft_x") is not None:
-        return _with_control(ctx)
+checked_rule("lora_adapters", "lora_adapters",
+             "Requests wait for an adapter slot: the engine's slot waits on its request spans; else TTFT with all "
+             "the users' adapters against one (the lora sweep's control); else requests for an adapter not in "
+             "flight against those joining their own")
+
+
+@check("lora_adapters.design", needs=("lora_other_ttft_x", "lora_wait_share_of_ttft"),
+       reads=("other_ratio_min", "ttft_share_min", "deferred_share_min"))
+def _design(ctx: RuleContext) -> Outcome:
+    """The probe's design (--lora A,B,...) under one load: requests sent while only other adapters
+    were in flight against those that could join their own."""
     t = Triage(ctx)
-    if not t.crossed("TTFT, only other adapters in flight / own adapter in flight (p50)", ctx.v("lora_other_ttft_x"),
+    if not t.crossed(evidence.LORA_OTHER_X, ctx.v("lora_other_ttft_x"),
                      "other_ratio_min", "x", "the same prompts and load; only whether the request's adapter was "
                      "already running differs",
                      miss="requests for an adapter not in flight take {value:.2f}x those joining theirs "
                           "(< {threshold:.2f}x): the adapters fit their slots"):
         return t.pass_reason()
     wait = ctx.v("lora_wait_share_of_ttft")
-    if not t.crossed("waits for an adapter, share of TTFT", wait, "ttft_share_min", "share",
+    if not t.crossed(evidence.LORA_WAIT_SHARE, wait, "ttft_share_min", "share",
                      "TTFT of requests sent while only other adapters ran, beyond the joining requests' median, "
                      "over all the LoRA requests' TTFT",
                      miss="those waits are {value:.0%} of TTFT (< {threshold:.0%})"):
@@ -84,15 +86,17 @@ def _designed_finding(ctx: RuleContext, t: Triage, title: str, share: float | No
                    t.evidence, LORA_CHECKS, black_box=bb, note=note, population_share=share)
 
 
+@check("lora_adapters.control", needs=("lora_mix_ttft_x",), before=("lora_adapters.design",),
+       reads=("mix_ratio_min", "chance_p_max", "deferred_share_min"))
 def _with_control(ctx: RuleContext) -> Outcome:
     """The lora sweep: the same load asking for one adapter, then for all of them."""
     t = Triage(ctx)
-    if not t.crossed("TTFT p50, all the adapters / one adapter", ctx.v("lora_mix_ttft_x"), "mix_ratio_min", "x",
+    if not t.crossed(evidence.LORA_MIX_X, ctx.v("lora_mix_ttft_x"), "mix_ratio_min", "x",
                      "the same prompts and load; only how many adapters the requests ask for differs",
                      miss="asking for all the adapters takes {value:.2f}x asking for one (< {threshold:.2f}x): the "
                           "adapters fit their slots"):
         return t.pass_reason()
-    chance_row(t, "mixed requests slower than the one-adapter control's 90th percentile",
+    chance_row(t, evidence.LORA_MIX_ABOVE_P90,
                ctx.v("lora_mix_above_control_frac"), ctx.v("lora_mix_n"), ABOVE_P90_CHANCE,
                float(ctx.th["chance_p_max"]), "mixed requests, not the control's spread")
     _deferred_row(ctx, t)
@@ -102,12 +106,14 @@ def _with_control(ctx: RuleContext) -> Outcome:
                              "(the control), then for all of them; the mix's TTFT beyond the control's is the adapters' wait")
 
 
+@check("lora_adapters.server", needs=("lora_slot_wait_share",), before=("lora_adapters.control",),
+       reads=("ttft_share_min", "deferred_share_min"))
 def _server(ctx: RuleContext) -> Outcome:
     """The engine's own account: seconds each LoRA request was deferred for a slot, over its TTFT."""
     t = Triage(ctx)
     share, tail = ctx.v("lora_slot_wait_share"), ctx.v("lora_slot_wait_share_tail")
     worst = max(share, tail if tail is not None else 0.0)
-    if not t.crossed("waits for an adapter slot, share of TTFT", worst, "ttft_share_min", "share",
+    if not t.crossed(evidence.LORA_SLOT_WAIT_SHARE, worst, "ttft_share_min", "share",
                      f"queue time deferred until the request's adapter had a slot, over TTFT: {share:.0%} over all LoRA "
                      "requests" + (f", {tail:.0%} over the slowest 5%" if tail is not None else ""),
                      miss="requests waited for an adapter slot {value:.0%} of TTFT (< {threshold:.0%}): the adapters "
@@ -115,7 +121,7 @@ def _server(ctx: RuleContext) -> Outcome:
         return t.pass_reason()
     load = ctx.v("lora_load_share")
     if load is not None:
-        t.context("adapter loads, share of TTFT", load, "share", "loading adapters into slots (host cache or disk)")
+        t.context(evidence.LORA_LOAD_SHARE, load, "share", "loading adapters into slots (host cache or disk)")
     _deferred_row(ctx, t)
     t.context_of(_CONTEXT)
     s, pct = ctx.explained(tail if tail is not None else share)

@@ -50,6 +50,8 @@ class Evidence:
     ``threshold`` is a number in ``unit`` (with ``op``, one of ``>=``, ``>``, ``<=``, ``<``, the
     comparison that fires the rule) or, for rows not yet judged by a helper, a text. ``crossed``
     says whether ``value`` crossed it: True, False, or None for a context row (no threshold).
+    ``key`` is the row's stable key (:mod:`rules.evidence`): what code matches, where ``name`` is
+    what is shown.
     """
 
     name: str
@@ -59,10 +61,11 @@ class Evidence:
     meaning: str
     op: str | None = None
     crossed: bool | None = None
+    key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "value": json_safe(self.value), "threshold": json_safe(self.threshold),
-                "op": self.op, "crossed": self.crossed, "unit": self.unit, "meaning": self.meaning}
+                "op": self.op, "crossed": self.crossed, "unit": self.unit, "meaning": self.meaning, "key": self.key}
 
 
 @dataclass

@@ -22,18 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rules import evidence
 from rules.model import CATEGORIES, ITL_CATEGORIES, TTFT_CATEGORIES, Finding
 
 _SERVER = TTFT_CATEGORIES | ITL_CATEGORIES
-#: the kv_cache finding's row from ttft diagnose's long ramp (rules.scheduling)
-LONG_RAMP_ROW = "shift with the tokens each request holds"
-#: the long ramp's count of streams decoding at once at the long prompt (rules.scheduling)
-LONG_RAMP_CAP_ROW = "streams decoding at once, long prompts (most)"
-#: the pd_transfer finding's row when the decode side's admission holds TTFT (rules.pd)
-PD_ADMISSION_ROW = "decode-side admission share of TTFT"
-#: rows whose numbers do not depend on when the client read its chunks: counts of streams decoding
-#: at once (answers start and end together when a late client shifts them)
-TIMING_FREE_ROWS: frozenset[str] = frozenset({LONG_RAMP_ROW, LONG_RAMP_CAP_ROW})
+#: keys of rows whose numbers do not depend on when the client read its chunks: counts of streams
+#: decoding at once (answers start and end together when a late client shifts them)
+TIMING_FREE_ROWS: frozenset[str] = frozenset({evidence.LONG_RAMP_SHIFT, evidence.LONG_RAMP_CAP})
 
 
 #: causes whose evidence holds the client's timing even with the server's joined: the client-server
@@ -45,7 +40,7 @@ def timing_free(f: Finding) -> bool:
     """Whether ``f`` stands without client timing: measured by the server (its spans, its /metrics)
     and not from the client-server gap (:data:`CLIENT_TIMED`), or on a row that counts streams
     rather than timing them (:data:`TIMING_FREE_ROWS`)."""
-    return (not f.black_box and f.category not in CLIENT_TIMED) or any(e.name in TIMING_FREE_ROWS for e in f.evidence)
+    return (not f.black_box and f.category not in CLIENT_TIMED) or any(e.key in TIMING_FREE_ROWS for e in f.evidence)
 
 
 @dataclass(frozen=True)
@@ -58,7 +53,7 @@ class Override:
     demote: bool = True
     tier: int | None = None  #: losers rank at this tier or later
     black_box_only: bool = False  #: only losers inferred from client timing (Finding.black_box)
-    winner_row: str | None = None  #: a finding winner counts only when it carries an evidence row so named
+    winner_row: str | None = None  #: a finding winner counts only when it carries the evidence row of this key
     spare_timing_free: bool = False  #: losers that stand without client timing (:func:`timing_free`) are spared
 
 
@@ -73,11 +68,11 @@ OVERRIDES: tuple[Override, ...] = (
     # a KV limit makes longer prompts wait for others to end: the KV finding owns that time
     Override("kv_cache", frozenset({"prefill_compute"}),
              "under load, longer prompts wait here for KV-cache space (see kv_cache), beyond their own prefill",
-             black_box_only=True, winner_row=LONG_RAMP_ROW),
+             black_box_only=True, winner_row=evidence.LONG_RAMP_SHIFT),
     # ... and so does a limit in requests the long ramp showed (at most N decode at once at any length)
     Override("queue", frozenset({"prefill_compute"}),
              "under load, requests wait here to be admitted (see queue: a limit in requests), beyond their own prefill",
-             black_box_only=True, winner_row=LONG_RAMP_ROW),
+             black_box_only=True, winner_row=evidence.LONG_RAMP_SHIFT),
     # queue time that free capacity could have served: admission order / reservations own it
     Override("head_of_line", frozenset({"queue", "kv_reservation"}),
              "the queue time here is short requests held behind long prompts ahead of them (see head_of_line)"),
@@ -120,7 +115,7 @@ OVERRIDES: tuple[Override, ...] = (
              "the queue time here is the decode instance admitting requests after their KV arrived (see pd_transfer)"),
     Override("pd_transfer", frozenset({"kv_cache"}),
              "the KV pool that holds requests here is the decode instance's, after their transfer (see pd_transfer)",
-             winner_row=PD_ADMISSION_ROW),
+             winner_row=evidence.PD_ADMISSION_SHARE),
     # ITL spikes explained by prefills are not a decode problem
     Override("interference", frozenset({"decode"}), "the slow tokens are stalls behind other requests' prefills"),
     # TTFT findings say where TTFT goes, not what is wrong; the broken (ITL) SLO's findings come first
@@ -143,10 +138,10 @@ def demote(f: Finding, by: str, why: str, factor: float) -> None:
 def winner(name: str, findings: list[Finding], all_met: bool | None, ttft_met: bool | None,
            strong: float, row: str | None = None) -> str | None:
     """Who wins row ``name`` now (the ``demoted_by`` name), or None when the row does not apply;
-    ``row``: a finding winner must carry an evidence row so named."""
+    ``row``: a finding winner must carry the evidence row of this key (:mod:`rules.evidence`)."""
     if name in CATEGORIES:  # a conditional finding (the tool's own test) overrides nothing
         return name if any(f.category == name and not f.conditional
-                           and (row is None or any(e.name == row for e in f.evidence)) for f in findings) else None
+                           and (row is None or any(e.key == row for e in f.evidence)) for f in findings) else None
     if name == "slo_ttft_met":
         return "slo" if ttft_met and not all_met else None
     if name in ("ttft_strong", "ttft_not_fine"):

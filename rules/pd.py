@@ -13,8 +13,8 @@ alone sees only TTFT.
 
 from __future__ import annotations
 
-from rules.base import Outcome, RuleContext, Triage, finding, rule
-from rules.overrides import PD_ADMISSION_ROW
+from rules import evidence
+from rules.base import Outcome, RuleContext, Triage, check, checked_rule, finding
 
 TRANSFER_CHECKS = [
     "the link between the prefill and decode instances: its bandwidth and latency against the KV of a prompt "
@@ -34,39 +34,41 @@ ADMISSION_CHECKS = [
 ]
 
 
-@rule("pd_transfer", "pd_transfer", needs=(("pd_transfer_share", "pd_decode_queue_share"),
-                                           ("pd_metrics_decode_ttft_share",)))
-def pd_transfer(ctx: RuleContext) -> Outcome:
-    """The KV transfer or the decode side's admission is a material share of TTFT."""
-    if ctx.v("pd_transfer_share") is None:
-        return _from_metrics(ctx)
+checked_rule("pd_transfer", "pd_transfer",
+             "The KV transfer or the decode side's admission is a material share of TTFT")
+
+
+@check("pd_transfer.spans", needs=("pd_transfer_share", "pd_decode_queue_share"), before=("pd_transfer.metrics",),
+       reads=("share_min", "transfer_vs_prefill_min"))
+def _spans(ctx: RuleContext) -> Outcome:
+    """The request spans that split the prefill side, the transfer and the decode side's admission."""
     transfer = max(ctx.v("pd_transfer_share"), ctx.v("pd_transfer_share_tail") or 0.0)
     admission = max(ctx.v("pd_decode_queue_share"), ctx.v("pd_decode_queue_share_tail") or 0.0)
     t = Triage(ctx)
     which = "transfer" if transfer >= admission else "admission"
     if which == "transfer":
-        hit = t.crossed("KV transfer share of TTFT", transfer, "share_min", "share",
+        hit = t.crossed(evidence.PD_TRANSFER_SHARE, transfer, "share_min", "share",
                         "the prompt's KV moving from the prefill side to the decode side, over TTFT (all requests or "
                         "the slowest 5%, the larger)",
                         miss="the KV transfer is {value:.0%} of TTFT (< {threshold:.0%})")
     else:
-        hit = t.crossed(PD_ADMISSION_ROW, admission, "share_min", "share",
+        hit = t.crossed(evidence.PD_ADMISSION_SHARE, admission, "share_min", "share",
                         "from the KV's arrival on the decode side to the first token back, over TTFT (all requests "
                         "or the slowest 5%, the larger): waiting for its blocks and a running place",
                         miss="the decode side's admission is {value:.0%} of TTFT (< {threshold:.0%})")
     if not hit:
         return t.pass_reason()
     if which == "transfer" and not t.crossed(
-            "KV transfer / prefill (p50)", ctx.v("pd_transfer_vs_prefill_x"), "transfer_vs_prefill_min", "x",
+            evidence.PD_TRANSFER_X, ctx.v("pd_transfer_vs_prefill_x"), "transfer_vs_prefill_min", "x",
             "moving the prompt's KV against computing it: a transfer well under its prefill is the cost of "
             "disaggregating, not a wait", miss="the transfer takes {value:.2f}x its prefill (< {threshold:.2f}x): the "
             "cost of moving the KV, small beside computing it"):
         return t.pass_reason()
     t.context_of((
-        ("prefill instance's own TTFT (p50)", "pd_prefill_ttft_p50_s", "what the prefill instance reports"),
-        ("decode instance's own TTFT (p50)", "pd_decode_ttft_p50_s", "hand-off to first token: transfer, admission"),
-        ("KV transfer (p50)", "pd_transfer_p50_s", "per request"),
-        ("waiting for decode-side blocks or a running place", "pd_admission_share", "share of TTFT"),
+        (evidence.PD_PREFILL_TTFT_P50, "pd_prefill_ttft_p50_s", "what the prefill instance reports"),
+        (evidence.PD_DECODE_TTFT_P50, "pd_decode_ttft_p50_s", "hand-off to first token: transfer, admission"),
+        (evidence.PD_TRANSFER_P50, "pd_transfer_p50_s", "per request"),
+        (evidence.PD_ADMISSION_WAIT_SHARE, "pd_admission_share", "share of TTFT"),
     ))
     share = ctx.v("pd_transfer_share") if which == "transfer" else ctx.v("pd_decode_queue_share")
     s, pct = ctx.explained(transfer if which == "transfer" else admission)
@@ -78,6 +80,7 @@ def pd_transfer(ctx: RuleContext) -> Outcome:
                    "side's admission", population_share=share)
 
 
+@check("pd_transfer.metrics", needs=("pd_metrics_decode_ttft_share",), reads=("share_min", "transfer_vs_prefill_min"))
 def _from_metrics(ctx: RuleContext) -> Outcome:
     """Each instance's own TTFT and the transfer histogram (a user with only ``/metrics``): the decode
     instance's TTFT is the hand-off (transfer, admission, the token's way back)."""
@@ -86,18 +89,17 @@ def _from_metrics(ctx: RuleContext) -> Outcome:
     transfer = ctx.v("pd_metrics_transfer_share")
     admission = ctx.v("pd_metrics_admission_share")
     if transfer is not None and (admission is None or transfer >= admission):
-        if not (t.crossed("KV transfer share of TTFT (engine metrics)", transfer, "share_min", "share",
+        if not (t.crossed(evidence.PD_TRANSFER_SHARE_METRICS, transfer, "share_min", "share",
                           "mean seconds per KV transfer over the two instances' TTFTs together",
                           miss="the KV transfer is {value:.0%} of TTFT (< {threshold:.0%})")
-                and t.crossed("KV transfer / prefill (engine metrics)", ctx.v("pd_metrics_transfer_vs_prefill_x"),
+                and t.crossed(evidence.PD_TRANSFER_X_METRICS, ctx.v("pd_metrics_transfer_vs_prefill_x"),
                               "transfer_vs_prefill_min", "x", "mean transfer over the prefill instance's prefill time",
                               miss="the transfer takes {value:.2f}x its prefill (< {threshold:.2f}x)")):
             return t.pass_reason()
         which = "transfer"
     else:
         rest = admission if admission is not None else decode
-        if not t.crossed("decode instance's own TTFT beyond the transfer and its compute step, share of TTFT "
-                         "(engine metrics)", rest, "share_min", "share",
+        if not t.crossed(evidence.PD_ADMISSION_SHARE_METRICS, rest, "share_min", "share",
                          "the decode instance's own TTFT less the KV transfer, its own step computing the prompt's "
                          "last token (its prefill-time histogram) and its front end (as the prefill instance's TTFT "
                          "beyond its queue and prefill shows it), over the two instances' TTFTs together: its wait "
@@ -105,14 +107,14 @@ def _from_metrics(ctx: RuleContext) -> Outcome:
                          miss="the decode side's admission is {value:.0%} of TTFT (< {threshold:.0%})"):
             return t.pass_reason()
         which = "admission"
-    t.context("decode instance's own TTFT, share of both (engine metrics)", decode, "share",
+    t.context(evidence.PD_DECODE_TTFT_SHARE_METRICS, decode, "share",
               "hand-off to first token: what a prefill instance's low TTFT leaves out")
     t.context_of((
-        ("prefill instance's own TTFT (engine metrics, mean)", "pd_metrics_prefill_ttft_s",
+        (evidence.PD_PREFILL_TTFT_MEAN_METRICS, "pd_metrics_prefill_ttft_s",
          "what the prefill instance reports: its own prefill"),
-        ("decode instance's own TTFT (engine metrics, mean)", "pd_metrics_decode_ttft_s",
+        (evidence.PD_DECODE_TTFT_MEAN_METRICS, "pd_metrics_decode_ttft_s",
          "what the decode instance reports: transfer, admission, its step"),
-        ("TTFT p50 (what the users wait)", "ttft_p50_s", "the client's, when a client capture is there: beside the "
+        (evidence.PD_USERS_TTFT_P50, "ttft_p50_s", "the client's, when a client capture is there: beside the "
          "two instances' own, the proxy and the hops between them too"),
     ))
     s, pct = ctx.explained(transfer if which == "transfer" else (admission if admission is not None else decode))

@@ -11,6 +11,7 @@ rule's. A client alone cannot see stages: it sees TTFT only.
 
 from __future__ import annotations
 
+from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, finding, rule
 
 #: vLLM keeps pipeline_parallel_size scheduled batches in flight ("PP requires PP-size concurrent
@@ -36,7 +37,7 @@ def pipeline_bubble(ctx: RuleContext) -> Outcome:
     share = ctx.v("pp_bubble_share_of_prefill")
     n = ctx.v("pp_size", 0) or 0
     t = Triage(ctx)
-    if not t.crossed("pipeline idle share of prefill step time", share, "bubble_share_min", "share",
+    if not t.crossed(evidence.PP_IDLE_PREFILL, share, "bubble_share_min", "share",
                      f"idle stage-seconds / ({n:g} stages x step seconds), from each stage's own account "
                      "(compute, send/recv, idle) on the prefill steps",
                      miss="pipeline idle share of prefill steps {value:.0%} (< {threshold:.0%})"):
@@ -44,23 +45,23 @@ def pipeline_bubble(ctx: RuleContext) -> Outcome:
     tail = ctx.v("pp_bubble_share_tail")
     if tail is None:
         tail = share * (ctx.v("prefill_share_tail") or 0.0)
-    if not t.crossed("pipeline idle share of the slowest TTFTs", tail, "ttft_share_min", "share",
+    if not t.crossed(evidence.PP_IDLE_TAIL, tail, "ttft_share_min", "share",
                      "the idle seconds on the slowest requests' prefill spans / their TTFT",
                      miss="the idle time is {value:.0%} of the slowest TTFTs (< {threshold:.0%})"):
         return t.pass_reason()
     mb = ctx.v("pp_microbatches_p50")
     if mb is not None:
         ideal = (n - 1) / (mb + n - 1) if n >= 2 else None
-        t.context("micro-batches per prefill step (median)", mb, "count",
+        t.context(evidence.PP_MICROBATCHES, mb, "count",
                   f"fewer micro-batches than stages leave stages idle; {mb:g} over {n:g} stages idle "
                   + (f"{ideal:.0%} of stage time even when balanced" if ideal is not None else "some stage time"))
     steps = ctx.v("pp_bubble_share_of_steps")
     if steps is not None:
-        t.context("pipeline idle share of all step time", steps, "share", "decode steps included")
+        t.context(evidence.PP_IDLE_ALL, steps, "share", "decode steps included")
     ratio = ctx.v("pp_vs_tp_ttft_ratio")
     by = ctx.v("ttft_by_parallelism") or {}
     if ratio is not None:
-        t.judged("TTFT per prompt token, PP / the other layout", ratio, "pp_vs_tp_ratio_min", "x",
+        t.judged(evidence.PP_SLOPE_X, ratio, "pp_vs_tp_ratio_min", "x",
                  "median TTFT by layout in this capture: " + ", ".join(f"{k}: {v * 1e3:.0f} ms" for k, v in by.items()),
                  weigh=True)
     s, pct = ctx.explained(tail)

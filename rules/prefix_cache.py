@@ -15,6 +15,7 @@ control's) passes; without the design the rule is skipped: nothing else says pro
 
 from __future__ import annotations
 
+from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, rule
 
 #: what to check next, by engine (:func:`rules.base.engine_checks` picks those the capture came from)
@@ -41,21 +42,21 @@ COMMON_CHECKS = [
 
 def _context_rows(ctx: RuleContext, t: Triage) -> None:
     t.context_of((
-        ("TTFT p50, first use of a prefix", "prefix_first_ttft_p50_s", "a fresh prefix: its prefill cannot be cached"),
-        ("TTFT p50, repeats of the prefix", "prefix_repeat_ttft_p50_s", "the same prefix again, another suffix"),
-        ("TTFT p50, controls (suffix alone)", "prefix_control_ttft_p50_s", "what a repeat costs if its prefix is cached"),
+        (evidence.PREFIX_FIRST_TTFT_P50, "prefix_first_ttft_p50_s", "a fresh prefix: its prefill cannot be cached"),
+        (evidence.PREFIX_REPEAT_TTFT_P50, "prefix_repeat_ttft_p50_s", "the same prefix again, another suffix"),
+        (evidence.PREFIX_CONTROL_TTFT_P50, "prefix_control_ttft_p50_s", "what a repeat costs if its prefix is cached"),
     ))
     tok = ctx.v("prefix_shared_tokens")
     if tok is not None:
-        t.context("shared prefix", tok, "tokens",
+        t.context(evidence.PREFIX_TOKENS, tok, "tokens",
                   f"{ctx.v('prefix_first_n', 0):g} first uses, {ctx.v('prefix_repeat_n', 0):g} repeats, "
                   f"{ctx.v('prefix_control_n', 0):g} controls")
     hit = ctx.v("prefix_cache_hit_ratio_metrics")
     if hit is not None:
-        t.context("engine prefix-cache hit ratio (metrics)", hit, "share", "Δ cached prompt tokens / Δ prompt tokens")
+        t.context(evidence.PREFIX_HIT_RATIO_METRICS, hit, "share", "Δ cached prompt tokens / Δ prompt tokens")
     on = ctx.v("prefix_caching_enabled")
     if on is not None:
-        t.context("prefix caching in the engine's configuration", on, "", "1 = on, 0 = off (meta.json engine_config)")
+        t.context(evidence.PREFIX_CACHING_ON, on, "", "1 = on, 0 = off (meta.json engine_config)")
 
 
 @rule("prefix_cache", "prefix_cache", needs=(("prefix_repeat_cached_frac",),
@@ -81,18 +82,18 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
                "the engine's prefix-cache hit ratio (metrics) over the ratio a working cache gives these prompts "
                "(the repeats' prefix tokens / all prompt tokens)" if by_metrics else
                "server spans (gen_ai.usage.cached_tokens): how much of the repeated prefix the cache served")
-        if not t.below("repeats' cached tokens / shared prefix", cached, "cached_frac_max", "share", how,
+        if not t.below(evidence.PREFIX_CACHED_FRAC, cached, "cached_frac_max", "share", how,
                        miss="repeats had {value:.0%} of their shared prefix cached (> {threshold:.0%}): the cache hits"):
             return t.pass_reason()
         material = prefill if prefill is not None else cost
         key = "prefill_share_min" if prefill is not None else "cost_share_min"
-        if not t.crossed("prefill share of TTFT (slowest 5%)" if prefill is not None else
-                         "prefix's share of a first use's TTFT", material, key, "share",
+        if not t.crossed(evidence.PREFILL_SHARE_TAIL if prefill is not None else
+                         evidence.PREFIX_COST_SHARE, material, key, "share",
                          "the forward passes a cache hit would have skipped",
                          miss="prefill is {value:.0%} of TTFT (< {threshold:.0%}): a cache would save little"):
             return t.pass_reason("the prefill share of TTFT is unknown")
         if saving is not None:
-            t.judged("repeats' TTFT saving of the prefix's cost", saving, "saving_max", "share",
+            t.judged(evidence.PREFIX_SAVING, saving, "saving_max", "share",
                      "(first - repeat) / (first - control): 1 = repeats cost what the suffix alone costs", op="<=")
         _context_rows(ctx, t)
         s, pct = ctx.explained(material * (1.0 - cached))
@@ -105,12 +106,12 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
                        + "explained share: the prefill share x the part of the shared prefix not served from the cache",
                        conditional=own)
     # client only (or a server that does not report cached tokens): TTFT on repeats
-    if not t.below("repeats' TTFT saving of the prefix's cost", saving, "saving_max", "share",
+    if not t.below(evidence.PREFIX_SAVING, saving, "saving_max", "share",
                    "(first - repeat) / (first - control) of TTFT p50s: 1 = repeats cost what the suffix alone costs, "
                    "0 = they cost a whole first use", op="<=",
                    miss="repeats were spared {value:.0%} of the prefix's cost (> {threshold:.0%}): the cache hits"):
         return t.pass_reason()
-    if not t.crossed("prefix's share of a first use's TTFT", cost, "cost_share_min", "share",
+    if not t.crossed(evidence.PREFIX_COST_SHARE, cost, "cost_share_min", "share",
                      "(first - control) / first: the prefill a cache hit would skip",
                      miss="the prefix is {value:.0%} of a first use's TTFT (< {threshold:.0%}): a cache would save little"):
         return t.pass_reason()

@@ -25,7 +25,8 @@ from rules import loop  # noqa: F401  (registers engine_overhead)
 from rules import grammar  # noqa: F401  (registers grammar_compile)
 from rules import lora  # noqa: F401  (registers lora_adapters)
 from rules import pd  # noqa: F401  (registers pd_transfer)
-from rules.base import REGISTRY, RuleContext, missing_reason
+from rules import evidence
+from rules.base import REGISTRY, RuleContext, missing_reason, reason
 from rules.config import load_thresholds
 from rules.features import compute_features
 from rules.edges import startup_note
@@ -61,7 +62,7 @@ def _slo_state(feats: Any) -> tuple[bool | None, bool | None, list[Evidence]]:
         met = c.get("met")
         # the target as a number with the comparison that breaks it; crossed = broken
         state = "met" if met else ("broken" if met is False else "not measurable")
-        rows.append(Evidence(f"SLO {key}", c.get("value_s"), c["target_s"], "s",
+        rows.append(evidence.row(evidence.slo(key), c.get("value_s"), c["target_s"], "s",
                              f"{state} over {c['over']}" if c.get("over") else state,
                              op=">", crossed=None if met is None else met is False))
         if met is False:
@@ -71,7 +72,7 @@ def _slo_state(feats: Any) -> tuple[bool | None, bool | None, list[Evidence]]:
     # an ITL target that ttft diagnose's mixed follow-up (long prompts among the streams) broke is broken
     for key, c in (feats.value("itl_mixed_slo") or {}).items():
         if c.get("met") is False:
-            rows.append(Evidence(f"SLO {key} with long prompts among the streams", c.get("value_s"), c["target_s"], "s",
+            rows.append(evidence.row(evidence.slo_mixed(key), c.get("value_s"), c["target_s"], "s",
                                  "broken in ttft diagnose's mixed follow-up", op=">", crossed=True))
             all_met = False
     return all_met, ttft_met, rows
@@ -128,7 +129,8 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
     for f in list(findings):
         if f.confidence < min_conf:
             findings.remove(f)
-            passed.append(Passed(f.rule_id, f"fired too weakly (confidence {f.confidence:.2f} < {min_conf:g}): {f.title}"))
+            passed.append(Passed(f.rule_id, reason("fired too weakly (confidence {c:.2f} < {min:g}): {title}",
+                                                   c=f.confidence, min=min_conf, title=f.title)))
 
     p95 = feats.value("ttft_p95_s")
     hth = th["healthy"]
@@ -166,7 +168,7 @@ def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, fl
     elif not main and all_met is None:
         findings.append(Finding(HEALTHY_ID, "healthy", "Healthy: no rule crossed its threshold",
                                 float(hth["no_slo_confidence"]) * sample,
-                                None, None, [Evidence("TTFT p95", p95, None, "s", "over the steady requests")],
+                                None, None, [evidence.row(evidence.TTFT_P95, p95, None, "s", "over the steady requests")],
                                 ["give an SLO (--slo ttft_p99=…) for a firm judgement: without one, healthy means "
                                  "no bottleneck stands out", "a run at concurrency 1 (or a sweep from 1) measures each "
                                  "request's own work, which healthy is then judged against"],
@@ -238,8 +240,8 @@ def _no_data(feats: Any) -> Finding:
         title = "Nothing to judge: the capture holds no requests"
         checks = ["that the engine or probe wrote spans into this capture (spans.otlp.jsonl)"]
     return Finding("no_data", NO_DATA, title, 0.0, None, None,
-                   [Evidence("requests", float(total), None, "requests", "requests in the capture"),
-                    Evidence("failed", float(failed), None, "requests", "requests that ended in an error")],
+                   [evidence.row(evidence.REQUESTS_N, float(total), None, "requests", "requests in the capture"),
+                    evidence.row(evidence.FAILED_N, float(failed), None, "requests", "requests that ended in an error")],
                    checks, tier=0)
 
 

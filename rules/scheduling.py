@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
-from rules.base import Outcome, RuleContext, Triage, beyond_chance, check_strength, finding, rule, strength
+from rules import evidence
+from rules.base import (Outcome, RuleContext, Triage, beyond_chance, check, check_strength, checked_rule, finding,
+                        reason, rule, strength)
 from rules.model import Finding
-from rules.overrides import LONG_RAMP_CAP_ROW, LONG_RAMP_ROW
 
 QUEUE_IDLE_CHECKS = [
     "queue wait share and the scheduler thread: take a CPU profile of the serving process (py-spy) "
@@ -28,7 +29,7 @@ QUEUE_BUSY_CHECKS = [
 def _queue_metric_rows(t: Triage, share_from_metrics: bool) -> None:
     """Queue depth and the engine's own queue-time histogram, as context (no thresholds)."""
     ctx = t.ctx
-    for name, label in (("waiting_seqs_p95", "requests waiting (p95)"), ("waiting_seqs_max", "requests waiting (max)")):
+    for name, label in (("waiting_seqs_p95", evidence.WAITING_P95), ("waiting_seqs_max", evidence.WAITING_MAX)):
         val = ctx.v(name)
         if val is not None:
             src = ctx.features.get(name).source
@@ -37,13 +38,13 @@ def _queue_metric_rows(t: Triage, share_from_metrics: bool) -> None:
     q_mean = ctx.v("metrics_queue_time_mean_s")
     if q_mean is not None:
         q95 = ctx.v("metrics_queue_time_p95_s")
-        t.context("queue time (engine metric, mean)", q_mean, "s",
+        t.context(evidence.QUEUE_TIME_METRICS_MEAN, q_mean, "s",
                   "the engine's queue-time histogram (queue_time_s), request-weighted over scrape windows"
                   + (f"; windowed p95 {q95 * 1e3:.0f} ms" if q95 is not None else ""))
     _waiting_for_capacity_row(t)
     share = ctx.v("metrics_queue_share")
     if share is not None and not share_from_metrics:
-        t.context("queue share of TTFT (engine metrics)", share, "share",
+        t.context(evidence.QUEUE_SHARE_METRICS, share, "share",
                   "mean queue time / mean TTFT from the engine's own histograms: the same story from /metrics")
 
 
@@ -52,7 +53,7 @@ def _waiting_for_capacity_row(t: Triage) -> None:
     (a batch cap, the step's token budget or KV blocks: the gauge does not say which) or deferred."""
     share = t.ctx.v("waiting_for_capacity_share")
     if share is not None:
-        t.context("waiting requests held for scheduling capacity (engine gauge)", share, "share",
+        t.context(evidence.WAITING_FOR_CAPACITY, share, "share",
                   "vLLM num_requests_waiting_by_reason{reason=capacity} / num_requests_waiting: every waiting "
                   "request not deferred (LoRA, KV transfer), whichever limit holds it: max_num_seqs, the token "
                   "budget or KV blocks")
@@ -61,7 +62,7 @@ def _waiting_for_capacity_row(t: Triage) -> None:
 def _judged_metrics_queue_share(t: Triage, mq: float, what: str) -> bool:
     """The engine's queue-time share of TTFT judged against ``share_min`` (weighed): whether it
     measures the wait ``what`` (the sweep, the long ramp) infers."""
-    return t.judged("queue share of TTFT (engine metrics)", mq, "share_min", "share",
+    return t.judged(evidence.QUEUE_SHARE_METRICS, mq, "share_min", "share",
                     "mean queue time / mean TTFT from the engine's own histograms, request-weighted over scrape "
                     f"windows: the wait {what} infers, measured by the engine", weigh=True)
 
@@ -77,69 +78,79 @@ KNEE = ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ra
 SWEEP = ("ttft_concurrency_ratio", "decode_speed_hold_ratio", "concurrency_flat_levels", "ttft_rise_per_itl")
 
 
-@rule("queue", "queue", needs=(("queue_share_tail",), SWEEP, SINGLE_LEVEL, AT_CAP, LONG_RAMP))
-def queue(ctx: RuleContext) -> Outcome:
-    """TTFT spent waiting for the scheduler: high queue share, or TTFT rising with concurrency."""
+checked_rule("queue", "queue", "TTFT spent waiting for the scheduler: high queue share, or TTFT rising with "
+             "concurrency")
+
+
+def _not_a_request_limit(ctx: RuleContext) -> bool:
+    """Whether ttft diagnose's long ramp, when it ran, did not show a limit in requests."""
+    return long_ramp_limit(ctx)[0] != "requests"
+
+
+@check("queue.spans", needs=("queue_share_tail",), before=("queue.sweep",),
+       reads=("share_min", "wait_steps_min", "device_idle_max"))
+def _queue_spans(ctx: RuleContext) -> Outcome:
+    """The engine's own queue time (its spans, or its queue-time histogram): a high share of the
+    slowest TTFTs, queued for several engine steps."""
     th = ctx.th
-    if ctx.has("queue_share_tail"):
-        qs = ctx.v("queue_share_tail")
-        step = ctx.v("engine_step_in_flight_s")
-        q_mean = (ctx.v("stage_tail_mean_s") or {}).get("queue")
-        wait_steps = q_mean / step if (q_mean is not None and step) else None
-        busy = ctx.v("device_busy_frac")
-        busy_q = ctx.v("device_busy_frac_while_queued")
-        if qs < th["share_min"]:
-            return f"queue share of the slowest 5% is {qs:.0%} (< {th['share_min']:.0%})"
-        if wait_steps is not None and wait_steps < th["wait_steps_min"]:
-            return (f"queue share {qs:.0%} but requests wait only {wait_steps:.1f}x the step in flight: they join at "
-                    "the next step boundary, admission is prompt")
-        idle_measure = busy_q if busy_q is not None else busy
-        idle = idle_measure is not None and idle_measure < th["device_idle_max"]
-        from_metrics = ctx.features.get("queue_share_tail").source == "prometheus"
-        t = Triage(ctx)
-        t.crossed("queue share of TTFT (engine metrics)" if from_metrics else "queue share of TTFT (slowest 5%)", qs,
-                  "share_min", "share", "time requests wait for the scheduler before their prefill"
-                  + (" (mean queue time / mean TTFT from the engine's histograms, request-weighted over scrape windows)"
-                     if from_metrics else ""))
-        t.crossed("queue wait / step in flight", wait_steps, "wait_steps_min", "x",
-                  "queued for several engine steps, not just the one in flight when it arrived")
-        if busy_q is not None:
-            t.judged("device busy while requests queued", busy_q, "device_idle_max", "share",
-                     "idle device while requests wait: the hold-up is not the GPU" if idle else
-                     "the device was working while requests waited: capacity", op="<")
-        if busy is not None:
-            t.context("device busy fraction", busy, "share",
-                      f"from {ctx.features.get('device_busy_frac').source}; utilisation alone says little")
-        _queue_metric_rows(t, from_metrics)
-        if idle:  # how idle: the further below the idle line, the stronger
-            t.add_strength(strength(th["device_idle_max"], max(idle_measure, 1e-3)))
-            title = "Requests wait in the queue while the device is mostly idle: the scheduler / CPU side holds them"
-            checks = QUEUE_IDLE_CHECKS
-        else:
-            title = "Requests queue behind a busy device: arrivals exceed what the engine admits per step"
-            checks = QUEUE_BUSY_CHECKS
-        s, pct = ctx.explained(ctx.v("queue_share_tail"))
-        shares = ctx.v("stage_shares_all") or {}
-        return finding(title, t.confidence(0.95), s, pct, t.evidence, checks,
-                       population_share=shares.get("queue"))
-    limit, shift = long_ramp_limit(ctx)
-    if limit == "requests":
-        # ttft diagnose's long ramp: as many decode at once at either length, unless longer answers overlap more
-        return long_out_refutes(ctx) or _request_limit(ctx, shift)
-    if not all(ctx.has(n) for n in SWEEP):
-        return _queue_one_level(ctx)
-    out = _queue_sweep(ctx)
-    if isinstance(out, str) and not closed_loop(ctx):
-        # open-loop arrivals: the levels in flight are not a designed sweep (their number grows because
-        # requests wait), so TTFT may rise less than a sweep's would; the order of first tokens and
-        # stream ends at the load offered is evidence of its own
-        line = _queue_one_level(ctx)
-        if not isinstance(line, str):
-            return line
-        out = "; ".join(r for r in (out, line) if r)
-    return out
+    qs = ctx.v("queue_share_tail")
+    step = ctx.v("engine_step_in_flight_s")
+    q_mean = (ctx.v("stage_tail_mean_s") or {}).get("queue")
+    wait_steps = q_mean / step if (q_mean is not None and step) else None
+    busy = ctx.v("device_busy_frac")
+    busy_q = ctx.v("device_busy_frac_while_queued")
+    if qs < th["share_min"]:
+        return reason("queue share of the slowest 5% is {qs:.0%} (< {min:.0%})", qs=qs, min=th["share_min"])
+    if wait_steps is not None and wait_steps < th["wait_steps_min"]:
+        return reason("queue share {qs:.0%} but requests wait only {steps:.1f}x the step in flight: they join at "
+                      "the next step boundary, admission is prompt", qs=qs, steps=wait_steps)
+    idle_measure = busy_q if busy_q is not None else busy
+    idle = idle_measure is not None and idle_measure < th["device_idle_max"]
+    from_metrics = ctx.features.get("queue_share_tail").source == "prometheus"
+    t = Triage(ctx)
+    t.crossed(evidence.QUEUE_SHARE_METRICS if from_metrics else evidence.QUEUE_SHARE_TAIL, qs,
+              "share_min", "share", "time requests wait for the scheduler before their prefill"
+              + (" (mean queue time / mean TTFT from the engine's histograms, request-weighted over scrape windows)"
+                 if from_metrics else ""))
+    t.crossed(evidence.QUEUE_WAIT_STEPS, wait_steps, "wait_steps_min", "x",
+              "queued for several engine steps, not just the one in flight when it arrived")
+    if busy_q is not None:
+        t.judged(evidence.DEVICE_BUSY_QUEUED, busy_q, "device_idle_max", "share",
+                 "idle device while requests wait: the hold-up is not the GPU" if idle else
+                 "the device was working while requests waited: capacity", op="<")
+    if busy is not None:
+        t.context(evidence.DEVICE_BUSY, busy, "share",
+                  f"from {ctx.features.get('device_busy_frac').source}; utilisation alone says little")
+    _queue_metric_rows(t, from_metrics)
+    if idle:  # how idle: the further below the idle line, the stronger
+        t.add_strength(strength(th["device_idle_max"], max(idle_measure, 1e-3)))
+        title = "Requests wait in the queue while the device is mostly idle: the scheduler / CPU side holds them"
+        checks = QUEUE_IDLE_CHECKS
+    else:
+        title = "Requests queue behind a busy device: arrivals exceed what the engine admits per step"
+        checks = QUEUE_BUSY_CHECKS
+    s, pct = ctx.explained(ctx.v("queue_share_tail"))
+    shares = ctx.v("stage_shares_all") or {}
+    return finding(title, t.confidence(0.95), s, pct, t.evidence, checks,
+                   population_share=shares.get("queue"))
 
 
+@check("queue.request_limit", needs=LONG_RAMP, when=lambda ctx: not _not_a_request_limit(ctx),
+       reads=("share_min", "kv_cache.long_knee_shift_min", "kv_cache.long_out_output_x_min",
+              "kv_cache.long_out_rise_min"))
+def _queue_request_limit(ctx: RuleContext) -> Outcome:
+    """ttft diagnose's long ramp: as many decode at once at either length, unless longer answers
+    overlap more."""
+    return long_out_refutes(ctx) or _request_limit(ctx, long_ramp_limit(ctx)[1])
+
+
+# open-loop arrivals: the levels in flight are not a designed sweep (their number grows because requests
+# wait), so TTFT may rise less than a sweep's would; its pass lets the one-level checks judge the order of
+# first tokens and stream ends at the load offered
+@check("queue.sweep", needs=SWEEP, before=("queue.in_line",), when=_not_a_request_limit,
+       final=lambda ctx: closed_loop(ctx),
+       reads=("bb_ttft_rise_min", "wait_steps_min", "bb_decode_hold_min", "share_min", "closed_loop_starts_min",
+              "closed_loop_p_max"))
 def _queue_sweep(ctx: RuleContext) -> Outcome:
     """Client only, several levels in flight: TTFT against concurrency and per-stream decode speed
     (ttft diagnose's long ramp first, when it ran)."""
@@ -149,31 +160,33 @@ def _queue_sweep(ctx: RuleContext) -> Outcome:
         # the long ramp's streams all decoded together: nothing admitted fewer than came, so what the sweep
         # shows (TTFT rising with load) is compute shared among the streams, not requests held in a line
         most, top = uncapped
-        return (f"ttft diagnose's long ramp: {most:g} streams decoded at once at {top:g} in flight: no admission limit "
-                "holds requests back, so TTFT rising with load is the streams sharing the compute, not a queue")
+        return reason("ttft diagnose's long ramp: {most:g} streams decoded at once at {top:g} in flight: no admission "
+                      "limit holds requests back, so TTFT rising with load is the streams sharing the compute, not a "
+                      "queue", most=most, top=top)
     # black box: TTFT against concurrency and per-stream decode speed
     ratio = ctx.v("ttft_concurrency_ratio")
     hold = ctx.v("decode_speed_hold_ratio")
     flat = ctx.v("concurrency_flat_levels", 0)
     if ratio < th["bb_ttft_rise_min"]:
-        return f"TTFT at the highest concurrency is {ratio:.1f}x the lowest (< {th['bb_ttft_rise_min']:g}x)"
+        return reason("TTFT at the highest concurrency is {ratio:.1f}x the lowest (< {min:g}x)", ratio=ratio,
+                      min=th["bb_ttft_rise_min"])
     holds = hold >= th["bb_decode_hold_min"]
     rise_steps = ctx.v("ttft_rise_per_itl")
     if rise_steps is not None and rise_steps < th["wait_steps_min"]:
-        return (f"TTFT rises x{ratio:.1f} with concurrency but only by {rise_steps:.1f} decode steps: new requests wait "
-                "for the step in flight, not in a queue")
+        return reason("TTFT rises x{ratio:.1f} with concurrency but only by {steps:.1f} decode steps: new requests "
+                      "wait for the step in flight, not in a queue", ratio=ratio, steps=rise_steps)
     if flat >= 1 and closed_loop(ctx):
         return "TTFT is flat then jumps past a concurrency knee: an admission limit above one request (see kv_cache)"
     curve = ctx.v("ttft_by_inflight") or {}
     ys = list(curve.values())
     t = Triage(ctx)
-    t.crossed("TTFT at highest / lowest concurrency", ratio, "bb_ttft_rise_min", "x",
+    t.crossed(evidence.TTFT_RISE_X, ratio, "bb_ttft_rise_min", "x",
               f"median TTFT by in-flight requests: {', '.join(f'{k}: {v * 1e3:.0f} ms' for k, v in curve.items())}")
     # the comparison that holds is the one shown: decode speed held (>=) or fell (<)
-    t.judged("per-stream decode speed, highest / lowest concurrency", hold, "bb_decode_hold_min", "x",
+    t.judged(evidence.DECODE_HOLD, hold, "bb_decode_hold_min", "x",
              "decode speed holds: the server does not batch the extra requests, it makes them wait" if holds
              else "decode slows as well: the server is at capacity", op=">=" if holds else "<")
-    t.judged("TTFT rise / ITL at the highest concurrency", rise_steps, "wait_steps_min", "steps",
+    t.judged(evidence.TTFT_RISE_STEPS, rise_steps, "wait_steps_min", "steps",
              "new requests wait many steps, not just the one in flight")
     # the engine's own queue-time histogram, when /metrics was scraped alongside: it measures the wait
     # the sweep infers (a KV or front-end limit the client also sees as a queue would show elsewhere)
@@ -200,24 +213,6 @@ def _queue_sweep(ctx: RuleContext) -> Outcome:
     return finding(title, t.confidence(0.8, black_box=True), s, pct, t.evidence, checks,
                    note="client-only evidence: the queue is inferred from the concurrency sweep, not measured; "
                    "confidence lowered", black_box=True)
-
-
-def _queue_one_level(ctx: RuleContext) -> Outcome:
-    """One load level: requests served one after another (client timing) and the engine's gauges;
-    the surer finding of the two when both fire (the gauges, with a queue-time histogram, measure
-    what the client's order of events infers)."""
-    reasons: list[str] = []
-    found: list[Finding] = []
-    for names, judge in ((SINGLE_LEVEL, _queue_in_line), (AT_CAP, _queue_at_cap)):
-        if all(ctx.has(n) for n in names):
-            out = judge(ctx)
-            if isinstance(out, str):
-                reasons.append(out)
-            else:
-                found.append(out)
-    if found:
-        return max(found, key=lambda f: f.confidence)
-    return "; ".join(reasons)
 
 
 def closed_loop(ctx: RuleContext) -> bool:
@@ -260,6 +255,12 @@ def follows_stream_ends(ctx: RuleContext, p_max: float) -> bool:
     return follows
 
 
+# one load level: the client's order of events (in line) and the engine's gauges (at cap); when both
+# fire the surer finding answers (the gauges, with a queue-time histogram, measure what the client infers)
+@check("queue.in_line", needs=SINGLE_LEVEL, before=("queue.at_cap",), when=_not_a_request_limit, final=False,
+       weighed=True, reads=("bb_line_steps_min", "bb_inline_ratio_min", "bb_inline_ratio_max", "bb_after_end_min",
+                            "bb_after_end_p_max", "bb_decode_alone_min", "bb_after_end_plain_n_min",
+                            "bb_after_end_plain_p_max", "bb_in_line_both_directness", "bb_single_level_directness"))
 def _queue_in_line(ctx: RuleContext) -> Outcome:
     """Client only, one load level: each request waits for the ones ahead of it to finish.
 
@@ -275,37 +276,39 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
     after = ctx.v("first_token_after_end_frac")
     control = ctx.v("first_token_after_end_control") or 0.0
     if steps < th["bb_line_steps_min"]:
-        return f"TTFT p50 is {steps:.1f} decode steps (< {th['bb_line_steps_min']:g}): new requests start at once"
+        return reason("TTFT p50 is {steps:.1f} decode steps (< {min:g}): new requests start at once", steps=steps,
+                      min=th["bb_line_steps_min"])
     if not th["bb_inline_ratio_min"] <= inline <= th["bb_inline_ratio_max"]:
-        return (f"TTFT is {inline:.2f}x (requests ahead x their service time), outside "
-                f"{th['bb_inline_ratio_min']:g}..{th['bb_inline_ratio_max']:g}: not waiting in line")
+        return reason("TTFT is {inline:.2f}x (requests ahead x their service time), outside {lo:g}..{hi:g}: not "
+                      "waiting in line", inline=inline, lo=th["bb_inline_ratio_min"], hi=th["bb_inline_ratio_max"])
     alone = ctx.v("decode_alone_frac")
     follows, solo = served_in_line(ctx)
     if not follows and not solo:
-        return (f"{after:.0%} of waiting requests got their first token just after another stream ended "
-                f"(chance at this load: {control:.0%}), {ctx.v('first_token_after_end_order_frac') or 0:.0%} next "
-                f"after one in the order of events (chance "
-                f"{ctx.v('first_token_after_end_order_control') or 0:.0%}) and {alone or 0:.0%} streamed alone: "
-                "requests are not served one after another")
+        return reason("{after:.0%} of waiting requests got their first token just after another stream ended "
+                      "(chance at this load: {control:.0%}), {order:.0%} next after one in the order of events "
+                      "(chance {order_control:.0%}) and {alone:.0%} streamed alone: requests are not served one "
+                      "after another", after=after, control=control,
+                      order=ctx.v("first_token_after_end_order_frac") or 0,
+                      order_control=ctx.v("first_token_after_end_order_control") or 0, alone=alone or 0)
     t = Triage(ctx)
-    t.crossed("TTFT p50 / ITL p50", steps, "bb_line_steps_min", "steps",
+    t.crossed(evidence.TTFT_P50_STEPS, steps, "bb_line_steps_min", "steps",
               "a batching server starts a new request within a step or two; these waited many steps")
-    t.judged("TTFT / (requests ahead x their service time)", inline, "bb_inline_ratio_min", "x",
+    t.judged(evidence.INLINE_RATIO, inline, "bb_inline_ratio_min", "x",
              f"median service time {ctx.v('service_s_p50', 0) * 1e3:.0f} ms (e2e − TTFT): TTFT is what waiting "
              "for every request ahead to finish would take", weigh=False)
     order = ctx.v("first_token_after_end_order_frac")
     by_order = order is not None and (after is None or order > after)
-    t.judged("first token just after another stream ended", after, "bb_after_end_min", "share",
+    t.judged(evidence.AFTER_END_SHARE, after, "bb_after_end_min", "share",
              f"first tokens come one after another, each when a stream ends (chance at this load: {control:.0%})",
              weigh=follows and not by_order)
     if by_order:
-        t.judged("first token next after a stream end (order of events)", order, "bb_after_end_min", "share",
+        t.judged(evidence.NEXT_AFTER_END_SHARE, order, "bb_after_end_min", "share",
                  "stream ends and first tokens alternate, however long the prefill between them (several admitted "
                  f"together); chance: {ctx.v('first_token_after_end_order_control') or 0:.0%}", weigh=follows)
     if alone is not None:
-        t.judged("waiting requests that streamed alone", alone, "bb_decode_alone_min", "share",
+        t.judged(evidence.WAITED_STREAMED_ALONE, alone, "bb_decode_alone_min", "share",
                  "no other stream's tokens while this one streamed: one request served at a time", weigh=solo)
-    t.context("requests in flight at arrival (median)", ctx.v("inflight_at_arrival_p50"), "requests",
+    t.context(evidence.INFLIGHT_AT_ARRIVAL_P50, ctx.v("inflight_at_arrival_p50"), "requests",
               "one load level: no concurrency sweep")
     s, pct = ctx.explained(min(1.0 / inline, 1.0) if inline else None)
     # both signs at once (each first token after a stream end, beyond chance, and each stream alone): a
@@ -334,6 +337,9 @@ def _queue_in_line(ctx: RuleContext) -> Outcome:
                    black_box=True)
 
 
+@check("queue.at_cap", needs=AT_CAP, before=("queue.request_limit",), when=_not_a_request_limit,
+       reads=("cap_waiting_frac_min", "ttft_vs_prefill_min", "at_cap_directness", "at_cap_measured_directness",
+              "share_min"))
 def _queue_at_cap(ctx: RuleContext) -> Outcome:
     """The engine's gauges at one level: requests waiting while running sits at its cap, and TTFT
     far above the engine's own prefill time for the prompt (llama.cpp, TGI: no queue histogram). Where the
@@ -343,12 +349,12 @@ def _queue_at_cap(ctx: RuleContext) -> Outcome:
     at_cap = ctx.v("waiting_at_cap_frac")
     ratio = ctx.v("ttft_vs_engine_prefill_ratio")
     t = Triage(ctx)
-    if not t.crossed("scrapes with requests waiting while running is at its cap", at_cap, "cap_waiting_frac_min",
+    if not t.crossed(evidence.AT_CAP_SCRAPES, at_cap, "cap_waiting_frac_min",
                      "share", f"the running gauge at its highest ({ctx.v('running_seqs_max', 0):g}) with requests "
                      "waiting: the engine admits no more", miss="requests waited at the running cap in {value:.0%} of "
                      "scrapes (< {threshold:.0%})"):
         return t.pass_reason()
-    if not t.crossed("TTFT p50 / the engine's prefill time", ratio, "ttft_vs_prefill_min", "x",
+    if not t.crossed(evidence.TTFT_OVER_PREFILL, ratio, "ttft_vs_prefill_min", "x",
                      "TTFT far above what the engine itself spends on the prompt: the rest is waiting",
                      miss="TTFT is {value:.1f}x the engine's prefill time (< {threshold:g}x)"):
         return t.pass_reason()
@@ -370,64 +376,77 @@ def _queue_at_cap(ctx: RuleContext) -> Outcome:
                    "histogram, so the wait is inferred, not measured")
 
 
-@rule("tokenize", "tokenize", needs=(("tokenize_share_tail",), ("prompt_slope_per_itl", "ttft_prompt_r2")))
-def tokenize(ctx: RuleContext) -> Outcome:
-    """Prompt -> token ids on the serving CPU takes a large share of TTFT."""
+TOKENIZE_CHECKS = ["tokenizer time per prompt token: a fast (Rust) tokenizer, batch encoding, the chat template",
+                   "the serving process's CPU profile under concurrency: tokenizer, request parsing and JSON "
+                   "serialization threads compete with the scheduler",
+                   "move tokenization off the event loop (a process pool, more API-server processes)"]
+
+checked_rule("tokenize", "tokenize", "Prompt -> token ids on the serving CPU takes a large share of TTFT")
+
+
+@check("tokenize.spans", needs=("tokenize_share_tail",), before=("tokenize.black_box",),
+       reads=("share_min", "cpu_profile_share_min"))
+def _tokenize_spans(ctx: RuleContext) -> Outcome:
+    """The server's tokenize time (its spans, or the front end's tokenizer histogram) or its CPU
+    profile: either may fire it, both rows are shown."""
     th = ctx.th
-    checks = ["tokenizer time per prompt token: a fast (Rust) tokenizer, batch encoding, the chat template",
-              "the serving process's CPU profile under concurrency: tokenizer, request parsing and JSON "
-              "serialization threads compete with the scheduler",
-              "move tokenization off the event loop (a process pool, more API-server processes)"]
-    prof = ctx.v("cpu_profile_shares") or {}
-    prof_tok = prof.get("tokenize")
-    if ctx.has("tokenize_share_tail"):
-        ts = ctx.v("tokenize_share_tail")
-        fires = ts >= th["share_min"] or (prof_tok is not None and prof_tok >= th["cpu_profile_share_min"])
-        if not fires:
-            return f"tokenize share of the slowest 5% is {ts:.0%} (< {th['share_min']:.0%})"
-        t = Triage(ctx)  # either may fire it: both rows are shown, both strengths count
-        from_metrics = ctx.features.get("tokenize_share_tail").source == "prometheus"
-        t.judged("tokenize share of TTFT (engine metrics)" if from_metrics else "tokenize share of TTFT (slowest 5%)",
-                 ts, "share_min", "share", "prompt text -> token ids on the serving CPU"
-                 + (" (mean tokenizer latency / mean TTFT from the front end's histograms)" if from_metrics else ""),
-                 weigh=True)
-        if prof_tok is not None:
-            t.judged("tokenizer share of CPU samples", prof_tok, "cpu_profile_share_min", "share",
-                     "py-spy samples of the serving process", weigh=True)
-        slope = ctx.v("ttft_prompt_slope_ms_per_token")
-        if slope is not None:
-            t.context("TTFT slope", slope, "ms/token", "grows with prompt length, like the tokenizer's work")
-        s, pct = ctx.explained(ts)
-        return finding("Tokenization on the serving CPU takes a large share of TTFT",
-                       t.confidence(0.95), s, pct, t.evidence, checks,
-                       population_share=None if from_metrics else ctx.stage_population(("tokenize",)))
+    prof_tok = (ctx.v("cpu_profile_shares") or {}).get("tokenize")
+    ts = ctx.v("tokenize_share_tail")
+    fires = ts >= th["share_min"] or (prof_tok is not None and prof_tok >= th["cpu_profile_share_min"])
+    if not fires:
+        return reason("tokenize share of the slowest 5% is {ts:.0%} (< {min:.0%})", ts=ts, min=th["share_min"])
+    t = Triage(ctx)  # either may fire it: both rows are shown, both strengths count
+    from_metrics = ctx.features.get("tokenize_share_tail").source == "prometheus"
+    t.judged(evidence.TOKENIZE_SHARE_METRICS if from_metrics else evidence.TOKENIZE_SHARE_TAIL,
+             ts, "share_min", "share", "prompt text -> token ids on the serving CPU"
+             + (" (mean tokenizer latency / mean TTFT from the front end's histograms)" if from_metrics else ""),
+             weigh=True)
+    if prof_tok is not None:
+        t.judged(evidence.TOKENIZER_CPU_SHARE, prof_tok, "cpu_profile_share_min", "share",
+                 "py-spy samples of the serving process", weigh=True)
+    slope = ctx.v("ttft_prompt_slope_ms_per_token")
+    if slope is not None:
+        t.context(evidence.TTFT_SLOPE, slope, "ms/token", "grows with prompt length, like the tokenizer's work")
+    s, pct = ctx.explained(ts)
+    return finding("Tokenization on the serving CPU takes a large share of TTFT",
+                   t.confidence(0.95), s, pct, t.evidence, TOKENIZE_CHECKS,
+                   population_share=None if from_metrics else ctx.stage_population(("tokenize",)))
+
+
+@check("tokenize.black_box", needs=("prompt_slope_per_itl", "ttft_prompt_r2"),
+       reads=("bb_r2_min", "bb_slope_per_itl_min", "prefill_compute.explained_frac_min",
+              "prefill_compute.bb_alone_frac_min"))
+def _tokenize_black_box(ctx: RuleContext) -> Outcome:
+    """Client only: TTFT per prompt token against a decode step, far above what a parallel prefill costs."""
+    th = ctx.th
     ratio = ctx.v("prompt_slope_per_itl")
     r2 = ctx.v("ttft_prompt_r2")
     if r2 < th["bb_r2_min"] or ratio < th["bb_slope_per_itl_min"]:
-        return (f"a prompt token costs {ratio:.2f} of a decode step (< {th['bb_slope_per_itl_min']:g}) or TTFT is "
-                f"not linear in prompt length (R² {r2:.2f})")
+        return reason("a prompt token costs {ratio:.2f} of a decode step (< {min:g}) or TTFT is not linear in "
+                      "prompt length (R² {r2:.2f})", ratio=ratio, min=th["bb_slope_per_itl_min"], r2=r2)
     slope = ctx.v("ttft_prompt_slope_ms_per_token")
     share, share_min = ctx.v("ttft_prompt_explained_frac"), float(ctx.th_of("prefill_compute")["explained_frac_min"])
     users_mid = ctx.v("users_prompt_mid_tokens")
     if users_mid is not None and share is not None and share < share_min:
         # per-token work that the users' short prompts barely pay: not where their TTFT goes
-        return (f"a prompt token costs {ratio:.2f} of a decode step, but at your users' {users_mid:g}-token prompts "
-                f"prompt work is {share:.0%} of TTFT (< {share_min:.0%})")
+        return reason("a prompt token costs {ratio:.2f} of a decode step, but at your users' {mid:g}-token prompts "
+                      "prompt work is {share:.0%} of TTFT (< {min:.0%})", ratio=ratio, mid=users_mid, share=share,
+                      min=share_min)
     t = Triage(ctx)
-    t.crossed("TTFT per prompt token / ITL p50", ratio, "bb_slope_per_itl_min", "x",
+    t.crossed(evidence.SLOPE_PER_ITL, ratio, "bb_slope_per_itl_min", "x",
               "each prompt token costs a sizeable part of a whole decode step: sequential per-token CPU work, "
               "not a parallel prefill")
-    t.crossed("TTFT vs prompt tokens R²", r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token", bound=1.0)
+    t.crossed(evidence.PROMPT_FIT_R2, r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token", bound=1.0)
     # every fitted request alone in flight: the spread of its prompts is a prompt sweep (as prefill_compute)
     alone = ctx.v("ttft_prompt_fit_alone_frac")
     lone = alone is not None and alone >= ctx.th_of("prefill_compute")["bb_alone_frac_min"]
     if alone is not None:
-        t.context("fitted requests alone in flight", alone, "share",
+        t.context(evidence.FIT_ALONE_SHARE, alone, "share",
                   "nothing else in flight when they arrived: the spread of their prompts is a prompt sweep"
                   if lone else "some met other requests in flight")
     s, pct = ctx.explained(min(share, 1.0) if share is not None else None)
     return finding("TTFT grows per prompt token far faster than a parallel prefill would: tokenization (black box)",
-                   t.confidence(0.8, black_box=True, designed=lone), s, pct, t.evidence, checks, black_box=True,
+                   t.confidence(0.8, black_box=True, designed=lone), s, pct, t.evidence, TOKENIZE_CHECKS, black_box=True,
                    population_share=None if share is None else min(share, 1.0),
                    note="client-only evidence: per-token cost compared with the decode step; a server-side capture "
                    "tells tokenizer from prefill directly"
@@ -483,10 +502,11 @@ def long_out_refutes(ctx: RuleContext) -> str | None:
         return None
     if most < max(float(th["long_out_rise_min"]) * cap, cap + 2):
         return None
-    return (f"ttft diagnose's long ramp capped streams decoding at once at {cap:g}, but with {x:.1f}x longer answers "
-            f"{most:g} decoded at once: a limit on what runs at once (KV capacity, max_num_seqs, workers) would have "
-            "held them to as many or fewer; the cap was short decode windows overlapping little behind a stage that "
-            "takes prompts one at a time before the engine (a tokenizer or front end: see tokenize, network)")
+    return reason("ttft diagnose's long ramp capped streams decoding at once at {cap:g}, but with {x:.1f}x longer "
+                  "answers {most:g} decoded at once: a limit on what runs at once (KV capacity, max_num_seqs, workers) "
+                  "would have held them to as many or fewer; the cap was short decode windows overlapping little "
+                  "behind a stage that takes prompts one at a time before the engine (a tokenizer or front end: see "
+                  "tokenize, network)", cap=cap, x=x, most=most)
 
 
 def long_ramp_uncapped(ctx: RuleContext) -> tuple[float, float] | None:
@@ -510,30 +530,30 @@ def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) ->
     lc, sc, tr = ctx.v("long_ramp_decode_cap"), ctx.v("long_ramp_short_decode_cap"), ctx.v("long_ramp_token_ratio")
     sc_most = ctx.v("long_ramp_knee_ratio", 0) * lc
     tokens = ctx.v("long_ramp_prompt_tokens", 0)
-    t.context(LONG_RAMP_CAP_ROW, lc, "requests",
+    t.context(evidence.LONG_RAMP_CAP, lc, "requests",
               f"at {tokens:.0f}-token prompts at most {lc:g} streams decode together however many are in flight: "
               "the server admits that many, the rest wait")
-    t.context("streams decoding at once, short prompts (most)", sc, "requests", "the short ramp's cap" if sc is not None
+    t.context(evidence.SHORT_RAMP_CAP, sc, "requests", "the short ramp's cap" if sc is not None
               else "the short ramp's streams decoded together as the load grew: no cap within it (a lower bound)")
     meaning = f"log(cap ratio {ctx.v('long_ramp_knee_ratio'):.2f}) / log(token ratio {tr:.2f}): 1 = the cap moved as " \
               "the tokens each request holds, 0 = it stayed"
     most, x = ctx.v("long_out_decode_max"), ctx.v("long_out_output_x")
     if most is not None and x is not None:
-        t.context("streams decoding at once, long prompts with longer answers", most, "requests",
+        t.context(evidence.LONG_OUT_CAP, most, "requests",
                   f"answers {x:.1f}x as long: a limit on what runs at once holds as many or fewer (a stage taking "
                   "prompts one at a time would let more overlap)")
     limit = ctx.th_of("kv_cache")["long_knee_shift_min"]
     lower = f"; a lower bound: the short ramp decoded {sc_most:g} at once and was not capped, more than the long ramp's {lc:g}"
     if crossed and shift < limit:  # a lower bound: the uncapped short ramp decoded more at once than the cap
-        t.context(LONG_RAMP_ROW, shift, "x", meaning + lower)
+        t.context(evidence.LONG_RAMP_SHIFT, shift, "x", meaning + lower)
         t.add_strength(UNCAPPED_SHORT_STRENGTH)
     elif crossed and sc is None:  # a lower bound past the threshold: at least as strong as one short of it
-        t.crossed(LONG_RAMP_ROW, shift, None, "x", meaning + lower, threshold=limit, weigh=False)
+        t.crossed(evidence.LONG_RAMP_SHIFT, shift, None, "x", meaning + lower, threshold=limit, weigh=False)
         t.add_strength(max(UNCAPPED_SHORT_STRENGTH, check_strength(shift, limit, ">=", "x", None)))
     elif crossed:
-        t.crossed(LONG_RAMP_ROW, shift, None, "x", meaning, threshold=limit)
+        t.crossed(evidence.LONG_RAMP_SHIFT, shift, None, "x", meaning, threshold=limit)
     else:
-        t.below(LONG_RAMP_ROW, shift, None, "x", meaning, threshold=limit, op="<")
+        t.below(evidence.LONG_RAMP_SHIFT, shift, None, "x", meaning, threshold=limit, op="<")
 
 
 def _request_limit(ctx: RuleContext, shift: float) -> Outcome:
@@ -577,7 +597,7 @@ def _kv_from_long_ramp(ctx: RuleContext, shift: float) -> Outcome:
             "server's /metrics (KV usage, preemptions) confirm it")
     serial = _serial_stage_not_ruled_out(ctx)
     if serial is not None:
-        t.context("TTFT per prompt token / ITL p50", serial, "x", "as sequential per-token work before the engine (a "
+        t.context(evidence.SLOPE_PER_ITL, serial, "x", "as sequential per-token work before the engine (a "
                   "tokenizer) costs: such a stage caps streams decoding at once at long prompts the same way")
         confidence = round(confidence * float(ctx.general["demote_factor"]), 3)
         note += ("; not confirmed: a stage taking prompts one at a time (see tokenize) is not ruled out, the longout "
@@ -615,12 +635,12 @@ def _kv_from_stalls(ctx: RuleContext) -> Finding | None:
     if frac is None or wait is None or frac < th["bb_stall_frac_min"] or wait < th["bb_stall_wait_steps_min"]:
         return None
     t = Triage(ctx)
-    t.judged("streams stalled mid-answer while others streamed", frac, "bb_stall_frac_min", "share",
+    t.judged(evidence.STALLED_STREAMS, frac, "bb_stall_frac_min", "share",
              f"of {ctx.v('stream_stall_n', 0):g} streams: stopped, then resumed, as an engine does to a request it "
              "preempts to free KV blocks", weigh=True)
-    t.context("their longest gap (median)", ctx.v("stream_stall_steps_p50"), "steps",
+    t.context(evidence.STALL_GAP_P50, ctx.v("stream_stall_steps_p50"), "steps",
               "decode steps the engine ran without them: recomputing their KV cache when resumed")
-    t.judged("TTFT p95 / ITL p50", wait, "bb_stall_wait_steps_min", "steps",
+    t.judged(evidence.TTFT_P95_STEPS, wait, "bb_stall_wait_steps_min", "steps",
              "the slowest first tokens waited many steps: new requests held back while the pool is full", weigh=True)
     s, pct = ctx.explained(1.0 - 1.0 / wait if wait > 1 else None)
     return finding("Streams are preempted mid-answer and new requests wait: the KV cache is full (client token times)",
@@ -644,22 +664,22 @@ def kv_cache(ctx: RuleContext) -> Outcome:
         # two groups, each must show: the pressure (usage, time near capacity, preemptions) and its
         # effect on TTFT (a knee, queueing); the strongest row of each counts
         pressure, effect = Triage(ctx), Triage(ctx)
-        pressure.crossed("KV usage p95", usage, "usage_p95_min", "share",
+        pressure.crossed(evidence.KV_USAGE_P95, usage, "usage_p95_min", "share",
                          "all active requests' KV caches together near the capacity")
-        pressure.crossed("time with KV usage near capacity", above, "time_above_min", "share",
+        pressure.crossed(evidence.KV_NEAR_FULL_SHARE, above, "time_above_min", "share",
                          "share of engine time at or above the near-capacity level")
-        pressure.crossed("preemptions", pre, "preemptions_min", "count",
+        pressure.crossed(evidence.PREEMPTIONS, pre, "preemptions_min", "count",
                          "running requests evicted to free blocks (their work is redone)")
-        pressure.crossed("steps after which a request waited for KV blocks", ctx.v("kv_blocked_steps_frac"),
+        pressure.crossed(evidence.KV_WAIT_AFTER_STEPS, ctx.v("kv_blocked_steps_frac"),
                          "blocked_steps_min", "share",
                          "of the steps after which requests waited, the engine's own reason: the next one's prompt "
                          "needs more free blocks than there are (usage short of 100% is block granularity)")
-        effect.crossed("TTFT past the knee / at the knee", jump, "knee_jump_min", "x",
+        effect.crossed(evidence.KNEE_TTFT_X, jump, "knee_jump_min", "x",
                        f"TTFT jumps past {ctx.v('concurrency_knee', 0):g} requests in flight")
-        effect.crossed("queue share of TTFT (slowest 5%)", qs, "queue_share_min", "share",
+        effect.crossed(evidence.QUEUE_SHARE_TAIL, qs, "queue_share_min", "share",
                        "new requests wait for free KV blocks")
         mq = ctx.v("metrics_queue_share") if qs is None else None
-        effect.crossed("queue share of TTFT (engine metrics)", mq, "queue_share_min", "share",
+        effect.crossed(evidence.QUEUE_SHARE_METRICS, mq, "queue_share_min", "share",
                        "mean queue time / mean TTFT from the engine's own histograms (no per-request server spans)")
         if not pressure.evidence:
             blocked = ctx.v("kv_blocked_steps_frac")
@@ -710,9 +730,9 @@ def kv_cache(ctx: RuleContext) -> Outcome:
     knee = ctx.v("concurrency_knee")
     holds = hold >= th["bb_decode_hold_min"]
     t = Triage(ctx)
-    t.crossed("TTFT past the knee / at the knee", jump, "knee_jump_min", "x",
+    t.crossed(evidence.KNEE_TTFT_X, jump, "knee_jump_min", "x",
               f"TTFT stays nearly flat up to {knee:g} requests in flight, then jumps")
-    t.context("per-stream decode speed, highest / lowest concurrency", hold, "x",
+    t.context(evidence.DECODE_HOLD, hold, "x",
               "running streams keep their speed: the extra requests are not admitted, they wait" if holds else
               "running streams slow too: preempted requests recompute their KV cache")
     s, pct = ctx.explained(1.0 - 1.0 / jump)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rules import evidence
 from rules.config import load_thresholds
 from rules.model import FAILURES, INCONCLUSIVE, ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Evidence, Finding
 from rules.overrides import demote, timing_free
@@ -75,11 +76,11 @@ def floor_rows(feats: Any, th: Mapping[str, Any]) -> tuple[bool | None, list[Evi
         return None, []
     lim50, lim90 = float(th["floor_ratio_p50_max"]), float(th["floor_ratio_p90_max"])
     src = feats.get("ttft_over_floor_p50").source or ""
-    rows = [Evidence("TTFT / own work (median request)", r50, lim50, "x",
+    rows = [evidence.row(evidence.FLOOR_RATIO_P50, r50, lim50, "x",
                      f"own work: {src}", op="<=", crossed=r50 <= lim50),
-            Evidence("TTFT / own work (90th percentile)", r90, lim90, "x",
+            evidence.row(evidence.FLOOR_RATIO_P90, r90, lim90, "x",
                      "the slowest requests against theirs: a wait shows here first", op="<=", crossed=r90 <= lim90),
-            Evidence("own work (median)", feats.value("ttft_floor_p50_s"), None, "s",
+            evidence.row(evidence.FLOOR_P50, feats.value("ttft_floor_p50_s"), None, "s",
                      f"measured on {feats.value('ttft_floor_n', 0):g} requests in this capture")]
     return r50 <= lim50 and r90 <= lim90, rows
 
@@ -98,7 +99,7 @@ def unsplit_spread(feats: Any, th: Mapping[str, Any]) -> bool:
 def decomposition_rows(feats: Any, top: int = 3) -> list[Evidence]:
     """The largest stage shares of the median request's TTFT (server spans), as context rows."""
     shares = feats.value("stage_shares_median") or {}
-    return [Evidence(f"{stage} share of TTFT (median requests)", share, None, "share", "where a typical TTFT goes")
+    return [evidence.row(evidence.stage_share_median(stage), share, None, "share", "where a typical TTFT goes")
             for stage, share in sorted(shares.items(), key=lambda kv: -kv[1])[:top]]
 
 
@@ -109,7 +110,7 @@ def healthy_by_floor(feats: Any, th: Mapping[str, Any], sample_factor: float,
     if not waits_not or unsplit_spread(feats, th):
         return None
     rows = rows + decomposition_rows(feats)
-    rows.append(Evidence("TTFT p95", feats.value("ttft_p95_s"), None, "s", "over the steady requests"))
+    rows.append(evidence.row(evidence.TTFT_P95, feats.value("ttft_p95_s"), None, "s", "over the steady requests"))
     note = "nothing waits: each TTFT is what the request's own work costs on this server"
     if leading is not None and leading.conditional:
         note += (f"; {leading.category} ({leading.confidence:.2f}) holds only for prompts like the tool's own test, "
@@ -129,7 +130,7 @@ def healthy_by_floor(feats: Any, th: Mapping[str, Any], sample_factor: float,
     if steps is not None and steps >= float(th["long_lone_steps_min"]) and split:
         # a lone request takes many decode steps and nothing here says of what: a fixed part (network,
         # a proxy, the server's per-request work) or prompt work; healthy, said less surely
-        rows.insert(0, Evidence("TTFT p50 / ITL p50", steps, float(th["long_lone_steps_min"]), "steps",
+        rows.insert(0, evidence.row(evidence.TTFT_P50_STEPS, steps, float(th["long_lone_steps_min"]), "steps",
                                 "a lone request's first token takes this many decode steps: prompt work or a fixed "
                                 "part, which only a prompt sweep (or the server's spans) tells apart", op=">=",
                                 crossed=True))
@@ -165,13 +166,13 @@ def deciding_experiment(f: Finding, feats: Any, min_requests: int) -> list[str]:
 def undecided(leading: Finding, feats: Any, th: Mapping[str, Any], floor: float, min_requests: int) -> Finding:
     """``inconclusive`` naming the leading candidate below the floor and the experiment that decides."""
     _, rows = floor_rows(feats, th)
-    evidence = [Evidence("leading candidate's confidence", leading.confidence, floor, "",
-                         f"{leading.category}: {leading.title}", op=">=", crossed=False)]
-    evidence += leading.evidence[:4] + rows
+    shown = [evidence.row(evidence.LEADING_CONFIDENCE, leading.confidence, floor, "",
+                          f"{leading.category}: {leading.title}", op=">=", crossed=False)]
+    shown += leading.evidence[:4] + rows
     return Finding(UNDECIDED_ID, INCONCLUSIVE,
                    f"Inconclusive: {leading.category} leads ({leading.confidence:.2f}) but is not sure enough to name "
                    f"(a verdict needs {floor:g})", float(th["undecided_confidence"]), leading.explained_s,
-                   leading.explained_pct, evidence, deciding_experiment(leading, feats, min_requests),
+                   leading.explained_pct, shown, deciding_experiment(leading, feats, min_requests),
                    note="the leading candidate, not a verdict to act on alone: the first check is the experiment "
                    "that would decide", tier=leading.tier, black_box=leading.black_box)
 

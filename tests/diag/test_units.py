@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from diag.units import Unit, crossed_mark, fmt_s, fmt_threshold, fmt_value, is_num, json_safe, unit_of
+from diag.units import Unit, crossed_mark, fill, fmt_s, fmt_threshold, fmt_value, is_num, json_safe, unit_of
 
 
 def test_the_closed_set_is_exactly_the_documented_one():
@@ -153,3 +153,12 @@ def test_as_float_keeps_finite_numbers_only():
     assert as_float(3) == 3.0 and as_float(np.float32(0.5)) == 0.5 and as_float("1.25") == 1.25
     assert as_float(None) is None and as_float("x") is None
     assert as_float(float("nan")) is None and as_float(np.inf) is None
+
+
+def test_fill_formats_each_field_by_its_spec_and_a_missing_value_as_a_dash():
+    text = fill("{share:.0%} of TTFT, {ratio:.2f}x (< {min:g}x), {n:g} requests: {why}",
+                share=0.423, ratio=1.5, min=2.0, n=12.0, why="too few")
+    assert text == f"{0.423:.0%} of TTFT, {1.5:.2f}x (< {2.0:g}x), {12.0:g} requests: too few" == \
+        "42% of TTFT, 1.50x (< 2x), 12 requests: too few"
+    assert fill("{a:.1f} and {b:.0%}", a=None, b=float("nan")) == "- and -"
+    assert fill("{x:.1f} ms", x=np.float64(12.34)) == "12.3 ms"

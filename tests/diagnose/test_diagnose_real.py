@@ -27,7 +27,7 @@ from diag.analysis import analyze_paths
 from diag.diagnose import CONFIDENT, DiagnoseConfig, DiagnoseResult, PlanConfig, format_result, run_diagnose
 from diag.report.text import format_analysis
 from diag.scenarios.engine_process import EngineProcess
-from rules import OUTCOMES
+from rules import OUTCOMES, evidence
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +96,7 @@ def test_one_request_at_a_time_is_queue_from_the_ramp(tmp_path: Path) -> None:
     v = res.analysis.diagnosis.verdict
     assert v.category == "queue", v.title
     # the engine's queue-time histogram measured the wait the sweep infers: not a black-box guess
-    row = next(e for e in v.evidence if e.name == "queue share of TTFT (engine metrics)")
+    row = next(e for e in v.evidence if e.key == evidence.QUEUE_SHARE_METRICS)
     assert row.crossed and v.confidence >= 0.7 and not v.black_box, (v.confidence, v.title)
     assert not any(f.category == "healthy" for f in res.analysis.diagnosis.findings)
     stages = _stages(res)
@@ -214,7 +214,7 @@ def test_a_front_end_pool_is_not_called_an_engine_queue_when_the_engines_metrics
     d = res.analysis.diagnosis
     q = next((f for f in d.findings if f.category == "queue"), None)
     if q is not None:
-        row = next(e for e in q.evidence if e.name == "queue share of TTFT (engine metrics)")
+        row = next(e for e in q.evidence if e.key == evidence.QUEUE_SHARE_METRICS)
         assert not row.crossed and row.value < 0.1 and q.black_box and q.confidence < 0.5, (q.confidence, q.title)
     assert d.verdict.category not in ("healthy", "queue") or d.verdict.confidence < 0.5, d.verdict.title
 
@@ -239,7 +239,7 @@ def test_when_prompt_work_leads_a_repeated_prefix_tells_whether_the_server_reuse
     else:
         pc = next(f for f in d.findings if f.category == "prefix_cache")
         assert pc.conditional and "if your prompts share one" in pc.title and not d.verdict.demoted_by
-        saving = next(e for e in pc.evidence if e.name == "repeats' TTFT saving of the prefix's cost")
+        saving = next(e for e in pc.evidence if e.key == evidence.PREFIX_SAVING)
         assert saving.crossed and saving.value < 0.5
         # users who say their prompts share a prefix (--workload) are judged for it: measured, not
         # conditional; users who say they share none are not told about a cache
@@ -313,7 +313,7 @@ def test_short_prompts_waiting_for_a_long_ones_chunks_are_head_of_line_from_the_
     d = res.analysis.diagnosis
     v = d.leading or d.verdict  # client only: named, as the verdict or the leading candidate
     assert d.named == "head_of_line", d.verdict.title
-    row = next(e for e in v.evidence if e.name == "short TTFT behind a long prompt / without")
+    row = next(e for e in v.evidence if e.key == evidence.HOL_TTFT_X)
     assert row.value >= 3.0 and row.crossed
     assert "ttft diagnose's own test" in (v.note or "")
     # users whose prompts do not mix lengths (--workload prompt_tokens=600-900) never wait behind another's
@@ -343,7 +343,7 @@ def test_an_itl_target_is_judged_with_long_prompts_among_the_streams(tmp_path: P
     if stalls:  # the ITL target is broken: interference may be the verdict (rules.verdict)
         assert d.named == "interference", d.verdict.title
         named = d.leading or d.verdict
-        assert any(e.name == "SLO itl_p99 with long prompts among the streams" and e.crossed for e in named.evidence)
+        assert any(e.key == evidence.slo_mixed("itl_p99") and e.crossed for e in named.evidence)
     else:
         assert d.named not in ("interference", "head_of_line"), d.verdict.title
     _check_capture(res)
@@ -356,7 +356,7 @@ def test_a_server_still_loading_its_model_is_a_cold_start_from_its_first_answer(
     d = res.analysis.diagnosis
     v = d.leading or d.verdict
     assert d.named == "cold_start", d.verdict.title
-    row = next(e for e in v.evidence if e.name == "the probe's first request answered after")
+    row = next(e for e in v.evidence if e.key == evidence.COLD_FIRST_CONTACT)
     assert row.value >= 2.0
     assert res.startup["startup_s"] >= 2.0  # and start-up is reported apart
     meta = json.loads((res.capture / "meta.json").read_text())

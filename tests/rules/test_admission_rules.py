@@ -17,7 +17,7 @@ from diag.engine.outputs import SyncEventStream
 from diag.engine.sampler import SamplingParams
 from diag.report.text import format_diagnosis
 from diag.tables import build_tables
-from rules import Diagnosis, diagnose
+from rules import Diagnosis, diagnose, evidence
 
 pytestmark = pytest.mark.slow
 
@@ -65,17 +65,17 @@ def test_a_long_prompt_always_unfinished_is_still_head_of_line(tmp_path: Path) -
     # requests' own TTFT less their queue wait, with the chunk budget taken in the waiting steps
     d = _run(tmp_path, [(16, 4), (16, 4), (600, 2)], 4, 36, policy="chunked", chunk_size=16, max_context=1024)
     assert d.verdict.category == "head_of_line", format_diagnosis(d)
-    rows = {e.name: e for e in d.verdict.evidence}
-    assert rows["short TTFT behind a long prompt / without its queue wait"].crossed
-    assert rows["steps whose prefill hit its per-step limit while requests waited"].crossed
+    rows = {e.key: e for e in d.verdict.evidence}
+    assert rows[evidence.HOL_TTFT_X_NO_QUEUE].crossed
+    assert rows[evidence.PREFILL_BOUND_STEPS].crossed
 
 
 def test_chunked_without_a_cap_is_head_of_line(tmp_path: Path) -> None:
     # the running long prompt's chunks take the whole chunk budget: short prompts behind it wait
     d = _run(tmp_path, MIX, 4, 36, policy="chunked", chunk_size=32, max_context=1024)
     assert d.verdict.category == "head_of_line", format_diagnosis(d)
-    rows = {e.name for e in d.verdict.evidence}
-    assert {"short TTFT behind a long prompt / without", "engine steps while they queued"} <= rows
+    rows = {e.key for e in d.verdict.evidence}
+    assert {evidence.HOL_TTFT_X, evidence.HOL_QUEUED_STEPS} <= rows
     # in the terms of the engine the capture came from (the bundled one), not every engine's
     assert any("--max-partial-prefills" in c and "--admission skip-blocked" in c for c in d.verdict.next_checks)
     assert not any("--max-num-partial-prefills" in c for c in d.verdict.next_checks)

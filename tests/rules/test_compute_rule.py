@@ -3,6 +3,7 @@ prefill-time histogram (vLLM / SGLang /metrics scraped beside the probe)."""
 
 from __future__ import annotations
 
+from rules import evidence
 from rules.base import RuleContext
 from rules.compute import prefill_compute
 from rules.config import load_thresholds
@@ -33,7 +34,7 @@ def test_the_engines_prefill_histogram_measures_what_the_fit_infers() -> None:
     out = prefill_compute(_ctx(0.95))
     assert not isinstance(out, str) and not out.black_box and out.confidence >= 0.7
     assert "(engine metrics)" in out.title
-    row = next(e for e in out.evidence if e.name == "prefill share of TTFT (engine metrics)")
+    row = next(e for e in out.evidence if e.key == evidence.PREFILL_SHARE_METRICS)
     assert row.crossed and row.value == 0.95
 
 
@@ -71,6 +72,6 @@ def test_a_resolved_slope_over_a_narrow_prompt_range_stands_for_r2() -> None:
     narrow = {"ttft_prompt_r2": 0.56, "ttft_prompt_fit_alone_frac": 1.0}
     out = prefill_compute(_ctx(None, **narrow, ttft_prompt_slope_t=5.3))
     assert not isinstance(out, str) and out.confidence >= 0.7, out
-    rows = {e.name: e for e in out.evidence}
-    assert rows["TTFT slope / its standard error"].crossed and rows["TTFT vs prompt tokens R²"].threshold is None
+    rows = {e.key: e for e in out.evidence}
+    assert rows[evidence.PROMPT_SLOPE_T].crossed and rows[evidence.PROMPT_FIT_R2].threshold is None
     assert isinstance(prefill_compute(_ctx(None, **narrow, ttft_prompt_slope_t=2.0)), str)

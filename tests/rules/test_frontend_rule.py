@@ -19,7 +19,7 @@ from diag import stages
 from diag.capture import load_capture
 from diag.report.text import format_diagnosis
 from diag.tables import build_tables
-from rules import diagnose
+from rules import diagnose, evidence
 from support.simcap import Client, Engine, Phase, simulate, tables_of
 
 NS = 1_000_000_000
@@ -65,9 +65,9 @@ def test_requests_waiting_for_an_http_worker_are_the_front_end(tmp_path: Path) -
     assert d.verdict.category == "frontend", format_diagnosis(d)
     f = d.verdict
     assert "HTTP workers" in f.title and f.confidence >= 0.8
-    rows = {e.name: e for e in f.evidence}
-    assert rows["front-end wait share of TTFT (slowest 5%)"].crossed
-    assert rows["engine queue share of TTFT (slowest 5%)"].value < 0.05
+    rows = {e.key: e for e in f.evidence}
+    assert rows[evidence.FRONTEND_WAIT_SHARE_TAIL].crossed
+    assert rows[evidence.ENGINE_QUEUE_SHARE_TAIL].value < 0.05
     # the checks are in the terms of the engine the capture came from (the bundled server), not every engine's
     assert any("--http-workers" in c for c in f.next_checks)
     assert not any("--threads-http" in c or "--api-server-count" in c for c in f.next_checks)
@@ -97,8 +97,8 @@ def test_a_gap_outside_the_engine_clock_that_grows_with_load_is_the_front_end(tm
     dirs = simulate(tmp_path, Engine(), _sweep(), Client(net_s=1 * MS, frontend_s_per_conc=8 * MS))
     d = diagnose(tables_of(dirs))
     assert d.verdict.category == "frontend", format_diagnosis(d)
-    rows = {e.name: e for e in d.verdict.evidence}
-    assert rows["client-server gap at the highest load / at the lowest"].value > 5
+    rows = {e.key: e for e in d.verdict.evidence}
+    assert rows[evidence.GAP_RISE_X].value > 5
     net = _find(d, "network")
     assert net is None or "frontend" in net.demoted_by
 
@@ -201,3 +201,25 @@ def test_client_with_the_engines_gauges_tells_a_front_end_line_from_the_engines(
     d = _sweep_with_metrics(tmp_path / "q", ["--max-running", "1"])
     assert d.named == "queue", format_diagnosis(d)
     assert d.features.value("engine_unseen_share") < 0.2 and _find(d, "frontend") is None
+
+
+def test_the_client_alone_is_told_what_decides_only_when_no_path_measured_anything() -> None:
+    from rules.base import REGISTRY, RuleContext, checks_of
+    from rules.config import load_thresholds
+    from rules.features import Feature, Features
+
+    assert [c.id for c in checks_of("frontend")] == ["frontend.spans", "frontend.gap", "frontend.unseen",
+                                                     "frontend.dynamo", "frontend.client_only"]
+    th = load_thresholds(None)
+
+    def judge(**values: float) -> object:
+        feats = Features()
+        for name, value in {"client_only": 1.0, "requests_n": 40.0, **values}.items():
+            feats.add(Feature(name, value, "", True))
+        return REGISTRY["frontend"].evaluate(RuleContext(feats, th["frontend"], th["general"], {}, True, all_th=th))
+
+    assert str(judge()).startswith("client only at one load level")
+    assert str(judge(ttft_concurrency_ratio=3.0)).startswith("client only: TTFT growing with load")
+    # a gap that does not grow with load is the answer, not the client-only caveat
+    assert judge(client_server_gap_concurrency_ratio=1.0) == (
+        "the client-server gap grows 1.00x with load (< 2x): a fixed latency")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rules import evidence
 from rules.config import load_thresholds
 from rules.features import Feature, Features
 from rules.inconclusive import inconclusive
@@ -26,7 +27,7 @@ def test_the_line_proxy_counts_only_past_a_lone_requests_start() -> None:
     assert inconclusive(_feats(), [], th, [], True, no_floor=True) is None
     out = inconclusive(_feats(ttft_in_itl_steps_p50=12.0), [], th, [], True, no_floor=True)
     assert out is not None and out.category == "inconclusive"
-    assert next(e for e in out.evidence if e.name.startswith("TTFT / (requests ahead")).crossed
+    assert next(e for e in out.evidence if e.key == evidence.INLINE_RATIO).crossed
 
 
 def test_the_engines_prefill_time_close_to_ttft_overrules_the_line_proxy() -> None:
@@ -48,7 +49,7 @@ def test_a_tail_that_waited_on_prompts_like_the_others_is_far_above_with_no_floo
     th = load_thresholds(None)
     out = inconclusive(_feats(**KV_TAIL), [], th, [], True, no_floor=True)
     assert out is not None and out.category == "inconclusive"
-    row = next(e for e in out.evidence if e.name == "TTFT p95 / ITL p50 (the tail)")
+    row = next(e for e in out.evidence if e.key == evidence.TTFT_TAIL_STEPS)
     assert row.crossed and "17.2x the median's" in row.meaning
     # the slowest sent prompts 3x the others': their own prefill, not a wait
     assert inconclusive(_feats(**{**KV_TAIL, "ttft_tail_prompt_x": 3.0}), [], th, [], True, no_floor=True) is None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from support.simcap import Engine, Phase, simulate, tables_of
 
-from rules import diagnose
+from rules import diagnose, evidence
 
 # decode steps that grow with the batch (3 ms + 1 ms per running sequence); a 40 ms prefill, so that
 # TTFT stays above a token gap
@@ -30,4 +30,4 @@ def test_streams_slowing_under_load_alone_is_not_named_decode(tmp_path: Path) ->
     # the users' per-token target, broken: that is a decode problem
     d = diagnose(tables, slo={"tpot_p99": 0.008})
     dec = next(f for f in d.findings if f.category == "decode")
-    assert any(e.name == "SLO tpot_p99" and e.crossed for e in dec.evidence)
+    assert any(e.key == evidence.slo("tpot_p99") and e.crossed for e in dec.evidence)

@@ -5,6 +5,7 @@ sampled first-token lag read 17% (< 20%) and whose gap then read as the network 
 
 from __future__ import annotations
 
+from rules import evidence
 from rules.base import RuleContext
 from rules.config import load_thresholds
 from rules.edges import loadgen
@@ -27,7 +28,7 @@ def _ctx(**over: float | None) -> RuleContext:
 def test_a_loopback_gap_the_loops_lag_covers_is_the_probe_reading_late() -> None:
     out = loadgen(_ctx())
     assert not isinstance(out, str) and out.confidence >= 0.8
-    row = next(e for e in out.evidence if e.name.startswith("client-server gap / TTFT p50"))
+    row = next(e for e in out.evidence if e.key == evidence.GAP_SHARE_LOCAL)
     assert row.crossed and abs(row.value - 0.289 / 0.311) < 1e-9
 
 

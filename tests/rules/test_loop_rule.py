@@ -11,7 +11,7 @@ import pytest
 from diag.capture import load_capture
 from diag.engine.faults import parse_injections
 from diag.tables import build_tables
-from rules import diagnose
+from rules import diagnose, evidence
 from support.engine_testutil import capture_rounds
 
 
@@ -31,11 +31,11 @@ def test_a_stalled_step_loop_is_engine_overhead_with_its_share(caps: dict[str, P
     v = d.verdict
     assert v.category == "engine_overhead", [(f.category, f.confidence) for f in d.findings]
     assert v.confidence >= 0.7
-    rows = {e.name: e for e in v.evidence}
-    idle = rows["engine loop idle while requests are inside it"]
+    rows = {e.key: e for e in v.evidence}
+    idle = rows[evidence.LOOP_IDLE_SHARE]
     assert idle.crossed and idle.value > 0.5  # 25 ms before every step of a few ms
-    assert rows["loop idle time inside TTFT"].crossed
-    assert rows["gap between steps while requests wait (median)"].value == pytest.approx(0.025, rel=0.3)
+    assert rows[evidence.LOOP_IDLE_TTFT_SHARE].crossed
+    assert rows[evidence.LOOP_GAP_P50].value == pytest.approx(0.025, rel=0.3)
     # the queue it causes is the loop's: demoted, never ranked above it
     for f in d.findings:
         if f.category in ("queue", "decode"):

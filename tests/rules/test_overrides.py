@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rules.model import Evidence, Finding
-from rules.overrides import LONG_RAMP_CAP_ROW, OVERRIDES, Override, apply_overrides, rank_after_winners, winner
+from rules import evidence
+from rules.model import Finding
+from rules.overrides import OVERRIDES, Override, apply_overrides, rank_after_winners, winner
 
 GENERAL = {"demote_factor": 0.5, "strong_confidence": 0.5}
 
@@ -56,7 +57,7 @@ def test_the_load_generator_demotes_every_server_finding_read_from_client_timing
 def test_a_long_ramps_stream_count_stands_under_the_load_generator() -> None:
     kv = _f("kv_cache")
     kv.black_box = True
-    kv.evidence.append(Evidence(LONG_RAMP_CAP_ROW, 2.0, None, "requests", "counted, not timed"))
+    kv.evidence.append(evidence.row(evidence.LONG_RAMP_CAP, 2.0, None, "requests", "counted, not timed"))
     apply_overrides([_f("loadgen"), kv], None, None, GENERAL)
     assert kv.demoted_by == []
 
@@ -115,9 +116,6 @@ def test_a_conditional_finding_overrides_nothing() -> None:
 
 
 def test_a_kv_limit_from_the_long_ramp_demotes_a_black_box_prefill_finding_only() -> None:
-    from rules.model import Evidence
-    from rules.overrides import LONG_RAMP_ROW
-
     def bb_prefill() -> Finding:
         f = _f("prefill_compute")
         f.black_box = True
@@ -125,7 +123,7 @@ def test_a_kv_limit_from_the_long_ramp_demotes_a_black_box_prefill_finding_only(
 
     measured, inferred = _f("prefill_compute"), bb_prefill()
     kv = _f("kv_cache")
-    kv.evidence = [Evidence(LONG_RAMP_ROW, 1.0, 0.5, "x", "moved as the tokens")]
+    kv.evidence = [evidence.row(evidence.LONG_RAMP_SHIFT, 1.0, 0.5, "x", "moved as the tokens")]
     apply_overrides([kv, measured, inferred], None, None, GENERAL)
     assert inferred.demoted_by == ["kv_cache"] and measured.demoted_by == []
     # a kv_cache finding without the long ramp's row (a knee alone) demotes no prefill finding

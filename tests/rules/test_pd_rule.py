@@ -11,7 +11,7 @@ import pytest
 from diag.capture import load_capture
 from diag.engine.faults import parse_injections
 from diag.tables import build_tables
-from rules import diagnose
+from rules import diagnose, evidence
 from support.engine_testutil import capture_rounds
 
 pytestmark = pytest.mark.slow
@@ -36,19 +36,19 @@ def test_a_slow_link_is_named_as_the_transfer_with_both_sides_ttft(caps: dict[st
     d = diagnose(build_tables(load_capture(caps["link"])))
     v = d.verdict
     assert v.category == "pd_transfer" and "KV transfer" in v.title, [(f.category, f.confidence) for f in d.findings]
-    rows = {e.name: e for e in v.evidence}
-    assert rows["KV transfer share of TTFT"].crossed and rows["KV transfer share of TTFT"].value > 0.4
+    rows = {e.key: e for e in v.evidence}
+    assert rows[evidence.PD_TRANSFER_SHARE].crossed and rows[evidence.PD_TRANSFER_SHARE].value > 0.4
     # each instance's own TTFT: the prefill side's stays low, the decode side's holds the 40 ms
-    assert rows["prefill instance's own TTFT (p50)"].value < rows["decode instance's own TTFT (p50)"].value
+    assert rows[evidence.PD_PREFILL_TTFT_P50].value < rows[evidence.PD_DECODE_TTFT_P50].value
     # at least the injected 40 ms; one transfer at a time on the link, so the second of a pair waits too
-    assert 0.038 <= rows["KV transfer (p50)"].value <= 0.2
+    assert 0.038 <= rows[evidence.PD_TRANSFER_P50].value <= 0.2
 
 
 def test_a_small_decode_pool_is_named_as_its_admission_and_owns_the_queue(caps: dict[str, Path]) -> None:
     d = diagnose(build_tables(load_capture(caps["pool"])))
     v = d.verdict
     assert v.category == "pd_transfer" and "admits" in v.title, [(f.category, f.confidence) for f in d.findings]
-    assert {e.name: e for e in v.evidence}["decode-side admission share of TTFT"].crossed
+    assert {e.key: e for e in v.evidence}[evidence.PD_ADMISSION_SHARE].crossed
     for f in d.findings:
         if f.category == "queue":
             assert "pd_transfer" in f.demoted_by
@@ -80,6 +80,6 @@ def test_a_slow_link_is_named_from_the_engines_metrics_alone(tmp_path: Path) -> 
     d = analyze_paths([str(tmp_path / "cap")]).diagnosis
     v = d.verdict
     assert v.category == "pd_transfer" and v.confidence >= 0.7, [(f.category, f.confidence) for f in d.findings]
-    rows = {e.name: e for e in v.evidence}
-    assert rows["KV transfer share of TTFT (engine metrics)"].crossed
-    assert rows["KV transfer / prefill (engine metrics)"].value > 1.0
+    rows = {e.key: e for e in v.evidence}
+    assert rows[evidence.PD_TRANSFER_SHARE_METRICS].crossed
+    assert rows[evidence.PD_TRANSFER_X_METRICS].value > 1.0

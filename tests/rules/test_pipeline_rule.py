@@ -10,7 +10,7 @@ import pytest
 
 from diag.capture import load_capture
 from diag.tables import build_tables
-from rules import diagnose
+from rules import diagnose, evidence
 from support.engine_testutil import capture_rounds
 
 
@@ -31,10 +31,10 @@ def test_pp2_alone_is_a_pipeline_bubble_with_its_share(caps: dict[str, Path]) ->
     d = diagnose(build_tables(load_capture(caps["pp2"])))
     v = d.verdict
     assert v.category == "pipeline_bubble", [(f.category, f.confidence) for f in d.findings]
-    rows = {e.name: e for e in v.evidence}
-    share = rows["pipeline idle share of prefill step time"]
+    rows = {e.key: e for e in v.evidence}
+    share = rows[evidence.PP_IDLE_PREFILL]
     assert share.crossed and 0.25 <= share.value <= 0.75  # two stages, one micro-batch: about half
-    assert rows["micro-batches per prefill step (median)"].value == 1
+    assert rows[evidence.PP_MICROBATCHES].value == 1
     assert v.explained_pct is not None and v.explained_pct >= 10
     assert any("micro-batches" in c for c in v.next_checks) and any("--pipeline-parallel-size" in c for c in v.next_checks)
     # the prefill it stretches is not blamed on compute alone
@@ -56,7 +56,7 @@ def test_pp_against_one_rank_in_one_capture_is_compared(caps: dict[str, Path]) -
     assert set(by) == {"pp=2", "1 rank"} and all(v > 0 for v in by.values())
     assert d.features.value("pp_vs_tp_ttft_ratio") > 0
     pp = [f for f in d.findings if f.category == "pipeline_bubble"]
-    assert pp and any(e.name.startswith("TTFT per prompt token, PP") for e in pp[0].evidence)
+    assert pp and any(e.key == evidence.PP_SLOPE_X for e in pp[0].evidence)
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from diag import stages
 from diag.capture import load_capture
 from diag.report.text import format_diagnosis
 from diag.tables import build_tables
-from rules import diagnose
+from rules import diagnose, evidence
 
 NS = 1_000_000_000
 PREFIX, SUFFIX = 512, 64
@@ -99,7 +99,7 @@ def _passed(d, rule_id: str = "prefix_cache") -> str:
 
 
 def _rows(f) -> dict[str, object]:
-    return {e.name: e for e in f.evidence}
+    return {e.key: e for e in f.evidence}
 
 
 def test_client_only_repeats_that_cost_a_first_use_are_named(tmp_path):
@@ -107,9 +107,9 @@ def test_client_only_repeats_that_cost_a_first_use_are_named(tmp_path):
     f = _find(d)
     assert f is not None and d.named == "prefix_cache", format_diagnosis(d)
     rows = _rows(f)
-    saving = rows["repeats' TTFT saving of the prefix's cost"]
+    saving = rows[evidence.PREFIX_SAVING]
     assert saving.crossed and abs(saving.value) < 0.05  # repeats saved nothing of the prefix
-    cost = rows["prefix's share of a first use's TTFT"]
+    cost = rows[evidence.PREFIX_COST_SHARE]
     assert cost.crossed and cost.value == pytest.approx(0.2048 / 0.2456, rel=0.05)
     assert f.black_box and f.confidence < 0.8
     # client-only: which engine is unknown, so every engine's switch is named
@@ -178,9 +178,9 @@ def test_server_side_uncached_repeats_with_the_engine_named(tmp_path):
     f = _find(d)
     assert f is not None and d.verdict.rule_id == "prefix_cache", format_diagnosis(d)
     rows = _rows(f)
-    assert rows["repeats' cached tokens / shared prefix"].value == 0.0 and rows["repeats' cached tokens / shared prefix"].crossed
-    assert rows["prefill share of TTFT (slowest 5%)"].crossed
-    assert rows["prefix caching in the engine's configuration"].value == 1.0
+    assert rows[evidence.PREFIX_CACHED_FRAC].value == 0.0 and rows[evidence.PREFIX_CACHED_FRAC].crossed
+    assert rows[evidence.PREFILL_SHARE_TAIL].crossed
+    assert rows[evidence.PREFIX_CACHING_ON].value == 1.0
     assert not f.black_box and f.confidence >= 0.7
     checks = " ".join(f.next_checks)
     assert "ttft serve --enable-prefix-caching" in checks and "cache_prompt" not in checks  # the bundled engine's terms
@@ -192,7 +192,7 @@ def test_server_side_cache_off_in_the_engine_config_counts_as_nothing_cached(tmp
     d = _diagnose(cap, cap / "server")
     f = _find(d)
     assert f is not None and d.verdict.rule_id == "prefix_cache", format_diagnosis(d)
-    assert "prefix cache off" in _rows(f)["repeats' cached tokens / shared prefix"].meaning
+    assert "prefix cache off" in _rows(f)[evidence.PREFIX_CACHED_FRAC].meaning
     pc = _find(d, "prefill_compute")
     assert pc is None or "prefix_cache" in pc.demoted_by  # the misses own that prefill time
 
@@ -238,7 +238,7 @@ def test_external_engine_counters_against_what_the_design_allows(tmp_path, hit):
         assert f is None and "the cache hits" in _passed(d)
         return
     assert f is not None and d.verdict.rule_id == "prefix_cache", format_diagnosis(d)
-    row = _rows(f)["repeats' cached tokens / shared prefix"]
+    row = _rows(f)[evidence.PREFIX_CACHED_FRAC]
     assert row.crossed and "hit ratio (metrics)" in row.meaning
     checks = " ".join(f.next_checks)
     assert "vLLM: --enable-prefix-caching" in checks and "cache_prompt" not in checks

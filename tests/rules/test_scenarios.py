@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from diag.report.text import format_diagnosis
-from rules import CATEGORIES, diagnose
+from rules import CATEGORIES, diagnose, evidence
 from rules.overrides import timing_free
 from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
 
@@ -22,34 +22,34 @@ SCENARIOS = {
                 "healthy", "healthy", []),
     # a CPU-bound step loop: requests queue for steps that have not started, the device idle between them
     "engine_overhead": (Engine(stall_s=30 * MS), [Phase("concurrency=4", 80, 64, 16, conc=4)], Client(),
-                        "engine_overhead", None, ["engine loop idle while requests are inside it",
-                                                  "loop idle time inside TTFT"]),
+                        "engine_overhead", None, [evidence.LOOP_IDLE_SHARE,
+                                                  evidence.LOOP_IDLE_TTFT_SHARE]),
     "queue_overload": (Engine(prefill_s_per_token=0.05 * MS),
                        [Phase("rate=150", 200, 256, 16, conc=None, arrivals_s=poisson(200, 150))], Client(),
-                       "queue", ("inconclusive", "queue"), ["queue wait / step in flight"]),
+                       "queue", ("inconclusive", "queue"), [evidence.QUEUE_WAIT_STEPS]),
     "kv_cache": (Engine(kv_tokens=4 * (128 + 32)), [Phase(f"concurrency={c}", 40, 128, 32, conc=c) for c in (1, 2, 4, 8, 16)],
                  # client only, the knee leads under the floor: a batch cap makes the same one
-                 Client(), "kv_cache", ("inconclusive", "kv_cache"), ["KV usage p95", "TTFT past the knee / at the knee"]),
+                 Client(), "kv_cache", ("inconclusive", "kv_cache"), [evidence.KV_USAGE_P95, evidence.KNEE_TTFT_X]),
     "prefill_compute": (Engine(prefill_s_per_token=0.2 * MS),
                         [Phase(f"prompt={p}", 5, p, 8, conc=1) for p in (256, 512, 1024, 2048, 4096)], Client(),
-                        "prefill_compute", "prefill_compute", ["TTFT vs prompt tokens R²", "prefill share of TTFT (slowest 5%)"]),
+                        "prefill_compute", "prefill_compute", [evidence.PROMPT_FIT_R2, evidence.PREFILL_SHARE_TAIL]),
     "tokenize": (Engine(tok_s_per_token=1.0 * MS), [Phase(f"prompt={p}", 8, p, 8, conc=1) for p in (64, 128, 256, 512)],
-                 Client(), "tokenize", ("inconclusive", "tokenize"), ["tokenize share of TTFT (slowest 5%)"]),
+                 Client(), "tokenize", ("inconclusive", "tokenize"), [evidence.TOKENIZE_SHARE_TAIL]),
     "comm": (Engine(), [Phase("tp=1", 40, [128, 256], 16, conc=2),
                         Phase("tp=2", 40, [128, 256], 16, conc=2, engine=Engine(comm_frac=0.6, tp_size=2,
                                                                                prefill_s_per_token=0.03 * MS))],
-             Client(), ("inconclusive", "comm"), ("inconclusive", "comm"), ["comm share of prefill"]),
+             Client(), ("inconclusive", "comm"), ("inconclusive", "comm"), [evidence.COMM_SHARE_PREFILL]),
     "decode": (Engine(decode_s_per_seq=3 * MS), [Phase(f"concurrency={c}", 30, 64, 64, conc=c) for c in (1, 4, 8, 16)],
-               Client(), "decode", "decode", ["per-stream decode speed, highest / lowest concurrency"]),
+               Client(), "decode", "decode", [evidence.DECODE_HOLD]),
     "interference": (Engine(prefill_s_per_token=0.1 * MS),
                      [Phase("mix", 60, [2048, 32, 32, 32], 64, conc=None, arrivals_s=poisson(60, 8))], Client(),
-                     "interference", "interference", ["ITL during prefills / ITL otherwise"]),
+                     "interference", "interference", [evidence.ITL_DURING_PREFILL_X]),
     "cold_start": (Engine(cold_start_s=5.0, warmup_first_s=0.5), [Phase("steady", 40, 64, 16, conc=1)], Client(),
-                   "cold_start", "cold_start", ["first requests far above comparable ones"]),
+                   "cold_start", "cold_start", [evidence.COLD_OUTLIERS]),
     "network": (Engine(), [Phase("steady", 60, 64, 16, conc=2)], Client(net_s=10 * MS), "network", None,
-                ["client-server gap share of TTFT (slowest 5%)"]),
+                [evidence.GAP_SHARE_TAIL]),
     "loadgen": (Engine(), [Phase("steady", 60, 64, 16, conc=4)], Client(lag_s=40 * MS), "loadgen", "loadgen",
-                ["client event-loop lag p99 / TTFT p50"]),
+                [evidence.CLIENT_LAG_OVER_TTFT]),
 }
 
 
@@ -94,13 +94,13 @@ def _check(d, expected) -> object:  # noqa: ANN001
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_verdict_with_both_sides(captures: dict[str, dict[str, Path]], name: str) -> None:
-    expected, evidence = SCENARIOS[name][3], SCENARIOS[name][5]
+    expected, rows = SCENARIOS[name][3], SCENARIOS[name][5]
     d = _diagnose(captures, name)
     named = _check(d, expected)
     assert named.category in CATEGORIES
     assert 0.3 <= named.confidence <= 1.0
-    names = {e.name for e in named.evidence}
-    for n in evidence:
+    names = {e.key for e in named.evidence}
+    for n in rows:
         assert n in names, (n, names)
     assert d.verdict.next_checks
     if named.explained_pct is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from diag.capture import load_capture
 from diag.tables import build_tables
-from rules import diagnose
+from rules import diagnose, evidence
 from rules.base import RuleContext
 from rules.config import load_thresholds
 from rules.features import Feature, Features
@@ -31,9 +31,9 @@ def test_streams_evicted_mid_answer_name_kv_cache_from_the_client() -> None:
     out = kv_cache(_ctx(**EVICTING))
     assert not isinstance(out, str)
     assert out.black_box  # the category is the rule's, set by the runner
-    rows = {e.name: e for e in out.evidence}
-    assert rows["streams stalled mid-answer while others streamed"].crossed
-    assert rows["TTFT p95 / ITL p50"].value == 288.0 and rows["TTFT p95 / ITL p50"].crossed
+    rows = {e.key: e for e in out.evidence}
+    assert rows[evidence.STALLED_STREAMS].crossed
+    assert rows[evidence.TTFT_P95_STEPS].value == 288.0 and rows[evidence.TTFT_P95_STEPS].crossed
 
 
 def test_a_stall_share_barely_past_its_threshold_is_less_sure_than_a_clear_one() -> None:
@@ -73,7 +73,7 @@ def test_requests_waiting_for_kv_blocks_name_kv_cache_short_of_full_usage(tmp_pa
     assert kv.features.value("kv_blocked_steps_frac") >= 0.5
     assert kv.features.value("kv_usage_p95") < 0.95
     assert kv.verdict.category == "kv_cache", [(f.category, f.confidence) for f in kv.findings]
-    assert "steps after which a request waited for KV blocks" in {e.name for e in kv.verdict.evidence}
+    assert evidence.KV_WAIT_AFTER_STEPS in {e.key for e in kv.verdict.evidence}
     cap = run(tmp_path / "cap", max_running=2)
     assert cap.features.value("kv_blocked_steps_frac") == 0.0
     assert cap.verdict.category != "kv_cache"
@@ -92,7 +92,25 @@ def test_a_lone_streams_prompt_spread_is_a_sweep_for_the_black_box_tokenizer(tmp
 
     lone = client_only(1)
     assert lone.verdict.category == "tokenize" and lone.verdict.black_box, lone.verdict
-    rows = {e.name: e.value for e in lone.verdict.evidence}
-    assert rows["fitted requests alone in flight"] == 1.0 and rows["TTFT per prompt token / ITL p50"] > 0.5
+    rows = {e.key: e.value for e in lone.verdict.evidence}
+    assert rows[evidence.FIT_ALONE_SHARE] == 1.0 and rows[evidence.SLOPE_PER_ITL] > 0.5
     crowded = next(f for f in client_only(3).findings if f.category == "tokenize")
     assert crowded.confidence < lone.verdict.confidence
+
+
+def test_the_queue_rules_paths_are_tried_in_their_declared_order() -> None:
+    """The engine's queue time first; the client's sweep, then one level (in line, at the cap); the long
+    ramp's limit in requests only when it showed one, and then it alone answers."""
+    from rules.base import REGISTRY, checks_of
+    from rules.scheduling import AT_CAP, LONG_RAMP, SINGLE_LEVEL, SWEEP
+
+    assert [c.id for c in checks_of("queue")] == ["queue.spans", "queue.sweep", "queue.in_line", "queue.at_cap",
+                                                  "queue.request_limit"]
+    assert REGISTRY["queue"].needs == (("queue_share_tail",), SWEEP, SINGLE_LEVEL, AT_CAP, LONG_RAMP)
+
+
+def test_the_tokenize_rules_server_path_answers_before_the_clients() -> None:
+    from rules.base import REGISTRY, checks_of
+
+    assert [c.id for c in checks_of("tokenize")] == ["tokenize.spans", "tokenize.black_box"]
+    assert REGISTRY["tokenize"].needs == (("tokenize_share_tail",), ("prompt_slope_per_itl", "ttft_prompt_r2"))

@@ -11,7 +11,7 @@ import pytest
 
 from diag import stages as S
 from diag.tables import Tables, empty_request_table
-from rules import NO_DATA, diagnose
+from rules import NO_DATA, diagnose, evidence
 from rules.runner import SERIES_ONLY_NOTE
 from support.simcap import MS, Client, Engine, Phase, simulate, tables_of
 
@@ -51,9 +51,9 @@ def test_queue_verdict_from_metrics_alone(tmp_path: Path) -> None:
     d = diagnose(t)
     v = d.verdict
     assert v.category == "queue"
-    names = [e.name for e in v.evidence]
-    assert names[0] == "queue share of TTFT (engine metrics)" and v.evidence[0].value == pytest.approx(0.9)
-    assert "requests waiting (p95)" in names and "queue time (engine metric, mean)" in names
+    names = [e.key for e in v.evidence]
+    assert names[0] == evidence.QUEUE_SHARE_METRICS and v.evidence[0].value == pytest.approx(0.9)
+    assert evidence.WAITING_P95 in names and evidence.QUEUE_TIME_METRICS_MEAN in names
     assert SERIES_ONLY_NOTE in v.note and any(SERIES_ONLY_NOTE in n for n in d.notes)
     assert v.explained_s == pytest.approx(0.9 * 3.0)  # share x TTFT p95 from ttft_s_p95
     # the confidence is the same finding's, scaled by general.series_only_scale
@@ -66,7 +66,7 @@ def test_prefill_verdict_from_the_stage_share_in_metrics() -> None:
     d = diagnose(_tables(_series([PREFILL] * 7)))
     v = d.leading  # 14 requests, metrics alone: prefill leads, under the verdict floor
     assert (d.verdict.category, v.category) == ("inconclusive", "prefill_compute")
-    assert v.evidence[0].name == "prefill share of TTFT (engine metrics)"
+    assert v.evidence[0].key == evidence.PREFILL_SHARE_METRICS
     assert "engine metrics" in v.title
     assert SERIES_ONLY_NOTE in v.note
     # 0.4 req/s x 5 s x 7 windows = 14 requests < min_requests: confidence shrinks with the count too
@@ -78,8 +78,8 @@ def test_prefill_verdict_from_busy_seconds_without_ttft() -> None:
     d = diagnose(_tables(_series([BUSY] * 12)))
     v = d.leading  # busy seconds alone say prefill, not how much of TTFT: under the verdict floor
     assert (d.verdict.category, v.category) == ("inconclusive", "prefill_compute")
-    assert v.evidence[0].name.startswith("prefill busy") and v.evidence[0].threshold is not None
-    assert any(e.name == "requests waiting (max)" for e in v.evidence)
+    assert v.evidence[0].key == evidence.PREFILL_BUSY_RATIO and v.evidence[0].threshold is not None
+    assert any(e.key == evidence.WAITING_MAX for e in v.evidence)
     assert v.explained_s is None and "unknown" in v.note and SERIES_ONLY_NOTE in v.note
     skipped = {s.rule_id: s.reason for s in d.skipped}
     assert "queue" in skipped and "decode" in skipped  # no TTFT from a llama.cpp-like engine: said, not passed
@@ -100,7 +100,7 @@ def test_kv_pressure_from_metrics_alone() -> None:
     kv = dict(QUEUE, **{S.SERIES_KV_USAGE: 0.99})
     d = diagnose(_tables(_series([kv] * 4 + [dict(kv, **{S.SERIES_PREEMPTIONS: 7.0})] * 4)))
     assert d.verdict.category == "kv_cache"
-    assert {"KV usage p95", "preemptions"} <= {e.name for e in d.verdict.evidence}
+    assert {evidence.KV_USAGE_P95, evidence.PREEMPTIONS} <= {e.key for e in d.verdict.evidence}
     queue = next(f for f in d.findings if f.category == "queue")
     assert "kv_cache" in queue.demoted_by
 
@@ -142,7 +142,7 @@ def test_requests_waiting_for_capacity_are_not_kv_pressure_alone() -> None:
     d = diagnose(_tables(_series([{**base, S.SERIES_WAITING_CAPACITY: 11.0}] * 8)))
     assert d.verdict.category == "queue", d.verdict.title
     assert not any(f.category == "kv_cache" for f in d.findings)
-    row = next(e for e in d.verdict.evidence if e.name.startswith("waiting requests held for scheduling capacity"))
+    row = next(e for e in d.verdict.evidence if e.key == evidence.WAITING_FOR_CAPACITY)
     assert row.value == pytest.approx(11.0 / 12.0) and row.threshold is None
     assert d.features.value("waiting_for_capacity_share") == pytest.approx(11.0 / 12.0)
     deferred = diagnose(_tables(_series([{**base, S.SERIES_WAITING_CAPACITY: 0.0, S.SERIES_WAITING_DEFERRED: 11.0}] * 8)))
@@ -151,5 +151,5 @@ def test_requests_waiting_for_capacity_are_not_kv_pressure_alone() -> None:
     kv = diagnose(_tables(_series([{**base, S.SERIES_WAITING_CAPACITY: 11.0, S.SERIES_KV_USAGE: 0.99,
                                     S.SERIES_PREEMPTIONS: 6.0}] * 8))).verdict
     assert kv.category == "kv_cache", kv.title
-    names = [e.name for e in kv.evidence]
-    assert "KV usage p95" in names and any(n.startswith("waiting requests held for scheduling capacity") for n in names)
+    names = [e.key for e in kv.evidence]
+    assert evidence.KV_USAGE_P95 in names and evidence.WAITING_FOR_CAPACITY in names

@@ -9,7 +9,7 @@ import pytest
 from diag.analysis import recorded_slo
 from diag.capture import load_capture
 from diag.tables import build_tables
-from rules import REGISTRY, diagnose
+from rules import REGISTRY, diagnose, evidence
 from rules.base import RuleContext, Triage, finding, strength
 from rules.features import Feature, Features
 from rules.model import Evidence
@@ -23,37 +23,38 @@ def _ctx(th: dict[str, float], requests_n: float = 100.0) -> RuleContext:
 
 def test_a_crossed_row_has_its_number_op_and_strength() -> None:
     t = Triage(_ctx({"share_min": 0.3}))
-    assert t.crossed("queue share", 0.6, "share_min", "share", "waits for the scheduler")
-    assert t.evidence == [Evidence("queue share", 0.6, 0.3, "share", "waits for the scheduler", op=">=", crossed=True)]
+    assert t.crossed(evidence.QUEUE_SHARE_TAIL, 0.6, "share_min", "share", "waits for the scheduler")
+    assert t.evidence == [Evidence("queue share of TTFT (slowest 5%)", 0.6, 0.3, "share", "waits for the scheduler",
+                                   op=">=", crossed=True, key=evidence.QUEUE_SHARE_TAIL)]
     assert t.strengths == [pytest.approx(1.0)]  # 2x the threshold
     assert t.pass_reason("nothing") == "nothing"
 
 
 def test_a_check_that_does_not_cross_adds_no_row_and_says_why() -> None:
     t = Triage(_ctx({"share_min": 0.3, "ratio_min": 1.2}))
-    assert not t.crossed("comm share", 0.1, "share_min", "share", "", miss="comm share {value:.0%} (< {threshold:.0%})")
-    assert not t.crossed("TP ratio", None, "ratio_min", "x", "", miss="TP ratio {value:.2f}")  # unknown: no reason
-    assert not t.crossed("TP ratio", 1.1, "ratio_min", "x", "", miss="TP ratio {value:.2f} (< {threshold:g})")
+    assert not t.crossed(evidence.COMM_SHARE_PREFILL, 0.1, "share_min", "share", "", miss="comm share {value:.0%} (< {threshold:.0%})")
+    assert not t.crossed(evidence.TP_SLOPE_X, None, "ratio_min", "x", "", miss="TP ratio {value:.2f}")  # unknown: no reason
+    assert not t.crossed(evidence.TP_SLOPE_X, 1.1, "ratio_min", "x", "", miss="TP ratio {value:.2f} (< {threshold:g})")
     assert t.evidence == [] and t.strengths == []
     assert t.pass_reason() == "comm share 10% (< 30%); TP ratio 1.10 (< 1.2)"
 
 
 def test_a_below_row_is_stronger_the_lower_the_value() -> None:
     t = Triage(_ctx({"hold_max": 0.5}))
-    assert t.below("decode speed hold", 0.25, "hold_max", "x", "streams slow down")
+    assert t.below(evidence.DECODE_HOLD, 0.25, "hold_max", "x", "streams slow down")
     row = t.evidence[0]
     assert (row.op, row.threshold, row.crossed) == ("<=", 0.5, True)
     assert t.strengths == [pytest.approx(strength(0.25, 0.5, higher_is_worse=False))] == [pytest.approx(1.0)]
-    assert not t.below("decode speed hold", 0.9, "hold_max", "x", "")
+    assert not t.below(evidence.DECODE_HOLD, 0.9, "hold_max", "x", "")
     assert len(t.evidence) == 1
 
 
 def test_a_judged_row_is_shown_either_way_and_weighs_only_when_asked() -> None:
     t = Triage(_ctx({"idle_max": 0.5, "r2_min": 0.6}))
-    assert not t.judged("device busy while queued", 0.8, "idle_max", "share", "working", op="<")
-    assert t.judged("R²", 0.9, "r2_min", "", "linear", weigh=True)
-    assert [(e.name, e.op, e.threshold, e.crossed) for e in t.evidence] == [
-        ("device busy while queued", "<", 0.5, False), ("R²", ">=", 0.6, True)]
+    assert not t.judged(evidence.DEVICE_BUSY_QUEUED, 0.8, "idle_max", "share", "working", op="<")
+    assert t.judged(evidence.PROMPT_FIT_R2, 0.9, "r2_min", "", "linear", weigh=True)
+    assert [(e.key, e.op, e.threshold, e.crossed) for e in t.evidence] == [
+        (evidence.DEVICE_BUSY_QUEUED, "<", 0.5, False), (evidence.PROMPT_FIT_R2, ">=", 0.6, True)]
     assert t.strengths == [pytest.approx(strength(0.9, 0.6))]
 
 
@@ -67,30 +68,33 @@ def test_a_bounded_measure_reaches_full_strength_at_its_bound_not_at_twice_a_thr
     assert strength(0.3, 0.15, bound=1.0) == strength(0.3, 0.15) == pytest.approx(1.0)
     # a share row is bounded without saying; an R² row says so
     t = Triage(_ctx({"share_min": 0.8, "r2_min": 0.6}))
-    t.crossed("prefill share", 0.9, "share_min", "share", "")
-    t.judged("R²", 0.8, "r2_min", "", "", weigh=True, bound=1.0)
-    t.judged("R² unbounded", 0.8, "r2_min", "", "", weigh=True)
+    t.crossed(evidence.PREFILL_SHARE_TAIL, 0.9, "share_min", "share", "")
+    t.judged(evidence.PROMPT_FIT_R2, 0.8, "r2_min", "", "", weigh=True, bound=1.0)
+    t.judged(evidence.PROMPT_FIT_R2, 0.8, "r2_min", "", "", weigh=True)
     assert t.strengths == [pytest.approx(0.75), pytest.approx(0.75), pytest.approx(strength(0.8, 0.6))]
 
 
 def test_a_context_row_has_no_threshold_and_no_strength() -> None:
     t = Triage(_ctx({}))
-    t.context("device busy fraction", 0.42, "share", "utilisation alone says little")
-    assert t.evidence == [Evidence("device busy fraction", 0.42, None, "share", "utilisation alone says little")]
+    t.context(evidence.DEVICE_BUSY, 0.42, "share", "utilisation alone says little")
+    assert t.evidence == [Evidence("device busy fraction", 0.42, None, "share", "utilisation alone says little",
+                                   key=evidence.DEVICE_BUSY)]
     assert t.evidence[0].op is None and t.evidence[0].crossed is None and t.strengths == []
 
 
 def test_an_explicit_threshold_replaces_the_key() -> None:
     t = Triage(_ctx({}))
-    assert t.crossed("ITL p99 vs SLO", 0.3, None, "s", "", threshold=0.1)
-    assert t.evidence[0].threshold == 0.1
+    assert t.crossed(evidence.slo("itl_p99"), 0.3, None, "s", "", threshold=0.1)
+    assert (t.evidence[0].name, t.evidence[0].threshold) == ("SLO itl_p99", 0.1)
     with pytest.raises(ValueError):
-        t.crossed("no threshold", 1.0, None, "", "")
+        t.crossed(evidence.TTFT_P50, 1.0, None, "", "")
+    with pytest.raises(KeyError):  # a row is declared in the catalogue before a rule shows it
+        t.crossed("a row nobody declared", 1.0, None, "", "", threshold=0.5)
 
 
 def test_confidence_is_directness_times_mean_strength_times_sample_size() -> None:
     t = Triage(_ctx({"a": 1.0}, requests_n=5))
-    t.crossed("a", 2.0, "a", "x", "")
+    t.crossed(evidence.TTFT_RISE_X, 2.0, "a", "x", "")
     t.add_strength(0.5)
     f = (5 / 20) ** 0.5  # the sample factor, for evidence at its thresholds ...
     weight = f + (1 - f) * f * 0.5  # ... eased halfway to f (2 - f): the mean strength 0.75 is half-way past
@@ -100,12 +104,12 @@ def test_confidence_is_directness_times_mean_strength_times_sample_size() -> Non
 
 def test_a_few_requests_weigh_less_at_the_threshold_than_far_past_it() -> None:
     at, far = Triage(_ctx({"a": 1.0}, requests_n=5)), Triage(_ctx({"a": 1.0}, requests_n=5))
-    at.crossed("a", 1.0, "a", "x", "")
-    far.crossed("a", 4.0, "a", "x", "")
+    at.crossed(evidence.TTFT_RISE_X, 1.0, "a", "x", "")
+    far.crossed(evidence.TTFT_RISE_X, 4.0, "a", "x", "")
     assert at.confidence(1.0) == pytest.approx(0.5 * 0.5)  # strength 0.5 x the sample factor
     assert far.confidence(1.0) == pytest.approx(1.0 * (0.5 + 0.5 * 0.5))  # f (2 - f)
     many = Triage(_ctx({"a": 1.0}, requests_n=40))
-    many.crossed("a", 4.0, "a", "x", "")
+    many.crossed(evidence.TTFT_RISE_X, 4.0, "a", "x", "")
     assert far.confidence(1.0) < many.confidence(1.0) == 1.0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from diag.report.text import format_diagnosis
-from rules import FAILURES, INCONCLUSIVE, OUTCOMES, diagnose
+from rules import FAILURES, INCONCLUSIVE, OUTCOMES, diagnose, evidence
 from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
 
 
@@ -37,12 +37,12 @@ def test_one_level_closed_loop_against_a_serialising_server_is_queue(tmp_path: P
     # one request served at a time (each stream alone, each first token after an end): as plain as a
     # sweep, the verdict; a cap of 2 lets streams overlap, but 60 first tokens each after a stream end
     # are far beyond chance: requests admitted only as others leave, the verdict too
-    alone = next(e for e in q.evidence if e.name == "waiting requests that streamed alone").crossed
+    alone = next(e for e in q.evidence if e.key == evidence.WAITED_STREAMED_ALONE).crossed
     assert d.verdict.category == "queue" and alone == (cap == 1), format_diagnosis(d)
     assert q.black_box and "one load level" in (q.note or "")
     assert ("both signs of one-at-a-time service" if alone else "far beyond chance") in q.note
-    names = {e.name for e in q.evidence}
-    assert {"TTFT p50 / ITL p50", "first token just after another stream ended"} <= names
+    names = {e.key for e in q.evidence}
+    assert {evidence.TTFT_P50_STEPS, evidence.AFTER_END_SHARE} <= names
     assert any("--sweep concurrency" in c for c in d.verdict.next_checks)
     assert not any(f.category == "healthy" for f in d.findings)
 
@@ -111,7 +111,7 @@ def test_requests_that_arrived_during_start_up_make_it_the_verdict(tmp_path: Pat
     th = load_thresholds(None)
     out = cold_start(RuleContext(feats, th["cold_start"], th["general"], {}, False))
     assert not isinstance(out, str)
-    assert out.evidence[0].name == "requests that arrived during start-up and waited" and out.evidence[0].crossed
+    assert out.evidence[0].key == evidence.COLD_WAITED and out.evidence[0].crossed
 
 
 def test_a_short_run_whose_first_half_paid_the_start_up_names_it() -> None:
@@ -145,7 +145,7 @@ def test_a_run_with_many_failed_requests_is_never_healthy(tmp_path: Path) -> Non
         assert d.verdict.category == FAILURES, format_diagnosis(d)
         assert not any(f.category == "healthy" for f in d.findings)
         assert "http_503" in d.verdict.title and "concurrency=4" in d.verdict.title
-        assert any("failed share by load level" == e.name for e in d.verdict.evidence)
+        assert any(e.key == evidence.FAILED_SHARE_BY_LEVEL for e in d.verdict.evidence)
         json.dumps(d.to_dict(), allow_nan=False)
 
 
@@ -163,8 +163,8 @@ def test_lone_requests_many_steps_long_at_one_prompt_length_are_healthy_with_the
     assert d.verdict.category == "healthy", format_diagnosis(d)
     assert d.verdict.next_checks[0].startswith("run `ttft probe URL --sweep prompt`")
     assert "ttft analyze CLIENT SERVER" in d.verdict.next_checks[0]
-    rows = {e.name: e for e in d.verdict.evidence}
-    assert rows["TTFT p50 / ITL p50"].crossed and rows["TTFT / own work (median request)"].value < 1.5
+    rows = {e.key: e for e in d.verdict.evidence}
+    assert rows[evidence.TTFT_P50_STEPS].crossed and rows[evidence.FLOOR_RATIO_P50].value < 1.5
     assert d.verdict.confidence < d.thresholds["healthy"]["floor_confidence"]
 
 
@@ -172,7 +172,7 @@ def test_inconclusive_still_reports_a_broken_slo(tmp_path: Path) -> None:
     d = _diag(tmp_path, Engine(), [Phase("steady", 40, 64, 16, conc=1)], Client(net_s=100 * MS),
               slo={"ttft_p99": 0.05})
     assert d.verdict.category == INCONCLUSIVE
-    assert any(e.name == "SLO ttft_p99" and e.meaning == "broken" for e in d.verdict.evidence)
+    assert any(e.key == evidence.slo("ttft_p99") and e.meaning == "broken" for e in d.verdict.evidence)
     assert any("SLO is broken" in n for n in d.notes)
 
 
@@ -228,12 +228,13 @@ def _gauge_ctx(waiting_at_cap: float, ttft_vs_prefill: float, queue_share: float
 def test_engine_gauges_at_one_level_name_a_queue() -> None:
     """llama.cpp / TGI style: waiting gauge up while running sits at its cap, TTFT far above the
     engine's prefill time -> queue; either sign missing -> no queue."""
-    from rules.scheduling import queue
+    from rules.base import REGISTRY
+    queue = REGISTRY["queue"].evaluate
 
     out = queue(_gauge_ctx(0.8, 9.0))
     assert not isinstance(out, str)
-    assert [e.name for e in out.evidence][:2] == ["scrapes with requests waiting while running is at its cap",
-                                                   "TTFT p50 / the engine's prefill time"]
+    assert [e.key for e in out.evidence][:2] == [evidence.AT_CAP_SCRAPES,
+                                                   evidence.TTFT_OVER_PREFILL]
     assert isinstance(queue(_gauge_ctx(0.05, 9.0)), str)
     assert isinstance(queue(_gauge_ctx(0.8, 1.2)), str)
 
@@ -241,12 +242,13 @@ def test_engine_gauges_at_one_level_name_a_queue() -> None:
 def test_the_gauges_with_the_engines_queue_histogram_name_a_measured_queue() -> None:
     """vLLM / SGLang style: the same gauges, and the engine's queue-time histogram measures the wait
     (72% of TTFT): the finding says so, judges that share, and is surer than the gauges alone."""
-    from rules.scheduling import queue
+    from rules.base import REGISTRY
+    queue = REGISTRY["queue"].evaluate
 
     inferred, measured = queue(_gauge_ctx(0.4, 27.0)), queue(_gauge_ctx(0.4, 27.0, queue_share=0.72))
     assert not isinstance(inferred, str) and not isinstance(measured, str)
     assert "queue-time histogram" in measured.title and "inferred" not in measured.note
-    row = next(e for e in measured.evidence if e.name == "queue share of TTFT (engine metrics)")
+    row = next(e for e in measured.evidence if e.key == evidence.QUEUE_SHARE_METRICS)
     assert row.crossed and row.value == 0.72
     assert measured.confidence > inferred.confidence and measured.confidence >= 0.7
     # a histogram that measures little wait does not raise the gauges' reading
@@ -334,7 +336,7 @@ def test_a_fixed_part_measured_on_lone_requests_is_never_waiting_in_line(tmp_pat
     assert d.features.value("ttft_prompt_fit_alone_frac") >= 0.9
     net = next((f for f in d.findings if f.category == "network"), None)
     assert net is not None, format_diagnosis(d)
-    row = next(e for e in net.evidence if e.name == "fixed part of TTFT / TTFT p50")
+    row = next(e for e in net.evidence if e.key == evidence.INTERCEPT_SHARE)
     assert "lone requests" in row.meaning and row.value > 0.6
     assert net.explained_s == pytest.approx(d.features.value("ttft_prompt_intercept_ms") / 1e3)
     queue = next(f for f in d.findings if f.category == "queue")  # the ramp's line is still the queue's
@@ -367,7 +369,7 @@ def test_a_network_delay_the_prompt_fit_pins_is_still_network(tmp_path: Path) ->
               Client(net_s=0.3), seed=1)
     # eight lone requests at a load the client happened to send: network leads, under the floor
     assert (d.verdict.category, d.named) == (INCONCLUSIVE, "network"), format_diagnosis(d)
-    low = next(e for e in d.leading.evidence if e.name == "fixed part of TTFT, lower bound")
+    low = next(e for e in d.leading.evidence if e.key == evidence.INTERCEPT_LOW)
     assert 0.2 < low.value < d.features.value("ttft_prompt_intercept_ms") / 1e3
 
 

@@ -16,7 +16,7 @@ from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, ru
 from diag.capture import load_capture
 from diag.report.text import format_diagnosis
 from diag.tables import build_tables
-from rules import FAILURES, Diagnosis, diagnose
+from rules import FAILURES, Diagnosis, diagnose, evidence
 from rules.model import TTFT_CATEGORIES
 from rules.verdict import is_candidate, itl_target_broken
 
@@ -73,7 +73,7 @@ def test_a_kv_pool_that_preempts_is_kv_cache_from_the_client_alone(tmp_path: Pat
                   LoadSpec(concurrency=4, requests=24, warmup_requests=2), output="96")
     d = _diagnose(dirs)
     assert d.verdict.category == "kv_cache", format_diagnosis(d)
-    row = next(e for e in d.verdict.evidence if e.name == "streams stalled mid-answer while others streamed")
+    row = next(e for e in d.verdict.evidence if e.key == evidence.STALLED_STREAMS)
     assert row.crossed and d.verdict.black_box
     assert _diagnose(dirs, ("client", "server")).verdict.category == "kv_cache"
 
@@ -85,7 +85,7 @@ def test_lone_requests_over_a_spread_of_long_prompts_are_prefill_compute(tmp_pat
     dirs = _probe(tmp_path, [], LoadSpec(concurrency=1, requests=24, warmup_requests=2), prompt="uniform:300-1000")
     d = _diagnose(dirs)
     assert d.verdict.category == "prefill_compute", format_diagnosis(d)
-    assert next(e for e in d.verdict.evidence if e.name == "fitted requests alone in flight").value == 1.0
+    assert next(e for e in d.verdict.evidence if e.key == evidence.FIT_ALONE_SHARE).value == 1.0
     assert _diagnose(dirs, ("client", "server")).verdict.category == "prefill_compute"
 
 
@@ -140,8 +140,8 @@ def test_light_load_on_short_prompts_is_healthy_with_its_own_work_as_evidence(tm
     for sides in (("client", "server"), ("client",)):
         d = _diagnose(dirs, sides)
         assert d.verdict.category == "healthy", format_diagnosis(d)
-        rows = {e.name: e for e in d.verdict.evidence}
-        assert rows["TTFT / own work (median request)"].crossed, format_diagnosis(d)
+        rows = {e.key: e for e in d.verdict.evidence}
+        assert rows[evidence.FLOOR_RATIO_P50].crossed, format_diagnosis(d)
         assert not any(f.category == "prefill_compute" for f in d.findings), format_diagnosis(d)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from collectors.probe.health import FIRST_TOKEN_SHARE_LIMIT
+from rules import evidence
 from rules.verdict import VERDICT_FLOOR
 
 from hf_serve import ttft_command
@@ -44,8 +45,8 @@ def _diagnose(url: str, out: Path, *extra: str) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
-def _row(verdict: dict[str, Any], prefix: str) -> dict[str, Any] | None:
-    return next((e for e in verdict["evidence"] if e["name"].startswith(prefix)), None)
+def _row(verdict: dict[str, Any], key: str) -> dict[str, Any] | None:
+    return next((e for e in verdict["evidence"] if e["key"] == key), None)
 
 
 def _check_queue(doc: dict[str, Any]) -> dict[str, Any]:
@@ -54,7 +55,7 @@ def _check_queue(doc: dict[str, Any]) -> dict[str, Any]:
     verdict = doc["analysis"]["verdict"]
     assert doc["verdict"]["category"] == "queue" and verdict["confidence"] >= VERDICT_FLOOR, \
         json.dumps(doc["analysis"]["findings"], indent=1)[:4000]
-    cap = _row(verdict, "streams decoding at once, long prompts (most)")
+    cap = _row(verdict, evidence.LONG_RAMP_CAP)
     assert cap is not None and cap["value"] == MAX_NUM_SEQS, verdict["evidence"]
     health = json.loads((Path(doc["capture"]) / "meta.json").read_text())["client_health"]
     own = (health.get("first_token") or {}).get("own_share")
@@ -71,5 +72,5 @@ def test_diagnose_names_a_max_num_seqs_cap_queue_client_only_and_with_metrics(
         with_metrics = _diagnose(srv.url, tmp_path / "metrics", "--metrics", srv.url + "/metrics")
     _check_queue(client_only)
     verdict = _check_queue(with_metrics)
-    share = _row(verdict, "queue share of TTFT (engine metrics)")
+    share = _row(verdict, evidence.QUEUE_SHARE_METRICS)
     assert share is not None and share["crossed"], verdict["evidence"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from diag.analysis import analyze_paths
+from rules import evidence
 from rules.verdict import VERDICT_FLOOR
 
 from hf_serve import ttft_command
@@ -52,11 +53,11 @@ def test_fresh_schemas_on_vllm_are_named_grammar_compile(caps: dict[str, Path]) 
     v = d.verdict
     assert v.category == "grammar_compile" and v.confidence >= VERDICT_FLOOR, \
         [(f.category, f.confidence, f.title) for f in d.findings]
-    rows = {e.name: e for e in v.evidence}
-    ratio = rows["TTFT of a schema's first use / its repeats (p50)"]
+    rows = {e.key: e for e in v.evidence}
+    ratio = rows[evidence.SCHEMA_FIRST_X]
     assert ratio.crossed and ratio.value >= 2.0
-    assert rows["first uses slower than the repeats' 90th percentile"].crossed
-    assert rows["schema uses in the probe's design"].value == 40
+    assert rows[evidence.SCHEMA_FIRST_ABOVE_P90].crossed
+    assert rows[evidence.SCHEMA_USES].value == 40
 
 
 @pytest.mark.parametrize("case", ["cached", "small"])

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from diag.analysis import analyze_paths
+from rules import evidence
 from rules.verdict import VERDICT_FLOOR
 
 from hf_serve import ttft_command
@@ -62,11 +63,11 @@ def test_three_adapters_in_one_slot_are_named_lora_adapters(caps: dict[int, Path
     v = d.verdict
     assert v.category == "lora_adapters" and v.confidence >= VERDICT_FLOOR, \
         [(f.category, f.confidence, f.title) for f in d.findings]
-    rows = {e.name: e for e in v.evidence}
-    assert rows["TTFT p50, all the adapters / one adapter"].value >= 2.0
-    assert rows["mixed requests slower than the one-adapter control's 90th percentile"].crossed
+    rows = {e.key: e for e in v.evidence}
+    assert rows[evidence.LORA_MIX_X].value >= 2.0
+    assert rows[evidence.LORA_MIX_ABOVE_P90].crossed
     # vLLM's own metrics agree: the waiting requests were deferred, not held by capacity
-    assert rows["deferred share of waiting requests (engine metrics)"].value > 0.5
+    assert rows[evidence.DEFERRED_SHARE].value > 0.5
 
 
 def test_diagnose_runs_the_users_adapters_and_names_the_slot(caps: dict[int, Path]) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from diag.analysis import analyze_paths
+from rules import evidence
 
 import vllm_pd
 from vllm_serve import require_nixl
@@ -94,8 +95,8 @@ def test_a_decode_instance_capped_at_one_is_named_from_the_two_instances_metrics
     v = d.verdict
     assert v.category == "pd_transfer" and "admits" in v.title, [(f.category, f.confidence) for f in d.findings]
     assert v.confidence >= 0.7
-    rows = {e.name: e for e in v.evidence}
-    admission = next(e for name, e in rows.items() if name.startswith("decode instance's own TTFT beyond"))
+    rows = {e.key: e for e in v.evidence}
+    admission = rows[evidence.PD_ADMISSION_SHARE_METRICS]
     assert admission.crossed and admission.value > 0.5
     split = _split(caps["capped"])
     # the NIXL transfer was read (vllm:nixl_xfer_time_seconds, on the decode instance only) and is not the wait
@@ -117,8 +118,8 @@ def test_a_slow_link_between_the_instances_is_named_as_the_transfer(caps: dict[s
     v = d.verdict
     assert v.category == "pd_transfer" and "KV transfer" in v.title, [(f.category, f.confidence) for f in d.findings]
     assert v.confidence >= 0.7
-    rows = {e.name: e for e in v.evidence}
-    assert rows["KV transfer share of TTFT (engine metrics)"].crossed
-    assert rows["KV transfer / prefill (engine metrics)"].value > 1.0
+    rows = {e.key: e for e in v.evidence}
+    assert rows[evidence.PD_TRANSFER_SHARE_METRICS].crossed
+    assert rows[evidence.PD_TRANSFER_X_METRICS].value > 1.0
     split = _split(caps["link"])
     assert split["decode_kv_transfer_s"] > 0.5 * split["decode_ttft_s"]

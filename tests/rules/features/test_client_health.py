@@ -16,7 +16,7 @@ from support.featcap import make_requests, make_tables
 
 from diag import stages
 from diag.report.text import format_diagnosis
-from rules import diagnose
+from rules import diagnose, evidence
 from rules.features import compute_features
 
 def test_client_health_from_probe_meta() -> None:
@@ -84,9 +84,9 @@ def test_the_clients_own_stalls_at_first_tokens_are_the_load_generator() -> None
     v = d.verdict
     assert v.category == "loadgen" and v.confidence >= 0.7, format_diagnosis(d)
     assert v.title.startswith("The load generator was the bottleneck")
-    row = next(e for e in v.evidence if e.name == "client stalls at the first token / TTFT")
+    row = next(e for e in v.evidence if e.key == evidence.CLIENT_FIRST_TOKEN_LAG)
     assert row.crossed and row.value == pytest.approx(0.5, abs=0.01)  # 0.25 s of each 0.5 s TTFT
-    assert next(e for e in v.evidence if e.name == "the client's own part / TTFT").value == pytest.approx(0.5, abs=0.01)
+    assert next(e for e in v.evidence if e.key == evidence.CLIENT_OWN_PART).value == pytest.approx(0.5, abs=0.01)
 
 
 def test_stalls_the_machine_caused_are_said_to_be_the_machines() -> None:
@@ -94,7 +94,7 @@ def test_stalls_the_machine_caused_are_said_to_be_the_machines() -> None:
     v = d.verdict
     assert v.category == "loadgen", format_diagnosis(d)
     assert v.title.startswith("The machine starved the load generator") and "not the client's own work" in v.title
-    assert next(e for e in v.evidence if e.name == "the machine's part / TTFT").value == pytest.approx(0.45, abs=0.01)
+    assert next(e for e in v.evidence if e.key == evidence.CLIENT_MACHINE_PART).value == pytest.approx(0.45, abs=0.01)
     assert any("another machine" in c for c in v.next_checks)
 
 
@@ -103,4 +103,4 @@ def test_a_capture_without_per_request_timing_reads_the_probes_own_summary() -> 
     d = diagnose(make_tables(make_requests([TTFT_S] * N), meta=meta))
     assert d.features.value("client_first_token_lag_share") is None
     assert d.verdict.category == "loadgen", format_diagnosis(d)
-    assert any(e.name == "client event loop stalled" and e.crossed for e in d.verdict.evidence)
+    assert any(e.key == evidence.CLIENT_LOOP_STALLED and e.crossed for e in d.verdict.evidence)

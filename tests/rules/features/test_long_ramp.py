@@ -10,7 +10,7 @@ import heapq
 
 from support.featcap import make_requests, make_tables
 
-from rules import diagnose
+from rules import diagnose, evidence
 from rules.features import compute_features
 
 STEP_S = 0.004  # one decode step
@@ -104,7 +104,7 @@ def test_an_uncapped_short_ramp_counts_as_much_past_the_threshold_as_short_of_it
         return next(f for f in d.findings if f.category == "kv_cache")
 
     to4, to6 = kv((1, 2, 3, 4)), kv((1, 2, 4, 6))
-    row = next(e for e in to6.evidence if e.name == "shift with the tokens each request holds")
+    row = next(e for e in to6.evidence if e.key == evidence.LONG_RAMP_SHIFT)
     assert row.crossed and "a lower bound" in row.meaning
     assert to6.confidence >= to4.confidence
 
@@ -178,7 +178,7 @@ def test_a_kv_limit_holds_as_few_streams_with_longer_answers() -> None:
     feats = compute_features(tables)
     assert feats.value("long_ramp_decode_cap") == 2 and feats.value("long_out_decode_max") == 2
     kv = next(f for f in diagnose(tables).findings if f.category == "kv_cache")
-    row = next(e for e in kv.evidence if e.name == "streams decoding at once, long prompts with longer answers")
+    row = next(e for e in kv.evidence if e.key == evidence.LONG_OUT_CAP)
     assert row.value == 2 and "5.0x as long" in row.meaning
     # a limit in requests likewise
     d = diagnose(_tables(short_limit=2, long_limit=2, long_out=5 * OUT))

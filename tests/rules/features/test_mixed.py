@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support.simcap import Engine, Phase, simulate, tables_of
 
-from rules import diagnose
+from rules import diagnose, evidence
 from rules.features.itl import MIXED_SOURCE
 
 ENGINE = Engine(prefill_s_per_token=0.15e-3, decode_base_s=4e-3)
@@ -41,7 +41,7 @@ def test_an_itl_target_the_long_prompts_break_names_interference(tmp_path: Path)
     check = d.features.value("itl_mixed_slo")["itl_p99"]
     assert check["met"] is False and check["value_s"] > 0.1  # a 1000-token prefill, 150 ms, in one step
     assert d.verdict.category == "interference" and not d.verdict.conditional
-    assert any(e.name == "SLO itl_p99 with long prompts among the streams" and e.crossed for e in d.verdict.evidence)
+    assert any(e.key == evidence.slo_mixed("itl_p99") and e.crossed for e in d.verdict.evidence)
     note = next(n for n in d.notes if n.startswith("an SLO is broken"))  # names what broke, not an empty list
     assert f"itl_p99 with long prompts among the streams = {round(check['value_s'] * 1e3, 1)} ms" in note
     # a target the stalls stay under: judged met

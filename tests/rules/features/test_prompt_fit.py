@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from support.featcap import make_requests, make_tables
 
+from rules import evidence
 from rules.features import compute_features
 
 
@@ -107,7 +108,7 @@ def test_at_the_users_short_prompts_the_fixed_part_is_network_and_the_tokenizer_
 
     d = diagnose(_ladder_with_a_fixed_part([15, 44]))
     assert d.named == "network"  # client only, what the rules name (maybe under the verdict floor)
-    share = next(e for e in (d.leading or d.verdict).evidence if e.name == "fixed part of TTFT / TTFT p50")
+    share = next(e for e in (d.leading or d.verdict).evidence if e.key == evidence.INTERCEPT_SHARE)
     assert share.value == pytest.approx(0.380 / (0.380 + 0.0034 * 29.5), rel=0.01) and "29.5-token" in share.meaning
     tok = next(p.reason for p in d.passed if p.rule_id == "tokenize")
     assert "at your users' 29.5-token prompts prompt work is 21% of TTFT" in tok
