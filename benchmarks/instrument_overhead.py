@@ -58,7 +58,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "thirdparty"))
 
 from collectors.probe import LengthSpec, WorkloadSpec  # noqa: E402
-from collectors.probe.client import StreamingClient, resolve_endpoint  # noqa: E402
+from collectors.probe.client import StreamingClient  # noqa: E402
+from collectors.probe.endpoint import resolve_endpoint  # noqa: E402
 from collectors.probe.workload import PromptItem, Workload  # noqa: E402
 from hf_serve import (  # noqa: E402
     CB_SMALL_CACHE_ARGS, InstrumentedTransformersServe, TransformersServe, build_tiny_llama,

@@ -11,7 +11,7 @@ runs; a tokenizer or prompts file travels with the job (nodes share no disk).
 
 What comes back, all through Ray's return values (no shared files):
 
-* every request's raw :class:`~.client.RequestResult`: the driver asks each running actor every
+* every request's raw :class:`~.results.RequestResult`: the driver asks each running actor every
   :data:`POLL_S` for the results finished since it last asked and a snapshot of the requests in
   flight (:class:`.inflight.InFlightTracker`), and takes the rest with the phase's return value;
 * the worker's health samples and its client spans (OTLP JSON lines) with the return value.
