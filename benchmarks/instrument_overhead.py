@@ -122,7 +122,7 @@ def cpu_delta_s(before: tuple[float, dict[str, Sched]], after: tuple[float, dict
 
 def own_threads(pid: int, prefix: str = "ttft-") -> list[Path]:
     """``/proc/P/task/T`` of the threads of ``pid``'s tree whose OS name starts with ``prefix``
-    (our span build and export threads name themselves: collectors.spans.name_native_thread)."""
+    (our span build and export threads name themselves: collectors.span_export.name_native_thread)."""
     out = []
     for p in _tree_pids(pid):
         try:
