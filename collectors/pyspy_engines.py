@@ -31,7 +31,8 @@ BUNDLED = PatternSet("bundled", (
        why="diag/engine/tp.py collectives"),
     _r(CPU_FORWARD, _BUNDLED + r"(model|tp)\.py$", why="diag/engine/model.py forward, tp.py runners"),
     _r(CPU_SCHEDULER, _BUNDLED + r"scheduler\.py$", why="diag/engine/scheduler.py"),
-    _r(CPU_HTTP, _BUNDLED + r"server\.py$", why="diag/engine/server.py (HTTP, SSE)"),
+    _r(CPU_HTTP, _BUNDLED + r"(server|openai_protocol|delayed_writer)\.py$",
+       why="diag/engine/server.py (HTTP, SSE), openai_protocol.py, delayed_writer.py"),
     _r(CPU_SCHEDULER, _BUNDLED + r"(engine|engine_load|step_loop|request_outputs|request)\.py$",
        why="diag/engine/engine.py, step_loop.py, request_outputs.py, engine_load.py: step loop bookkeeping"),
 ) + _SHARED)
