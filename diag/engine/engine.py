@@ -60,7 +60,7 @@ from diag.engine.grammar_cache import GrammarCache
 from diag.engine.kv_cache import BlockManager, blocks_needed
 from diag.engine.lora_manager import LoraManager
 from diag.engine.metrics import EngineMetrics
-from diag.engine.model import ModelConfig
+from diag.engine.model_config import ModelConfig
 from diag.engine.outputs import (EngineStoppedError, EventCallback, QueueFullError, SubmitResult, SyncEventStream,
                                  TokenEvent)
 from diag.engine.pd import DecodeLink

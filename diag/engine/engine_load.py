@@ -21,7 +21,8 @@ from diag.engine.kv_cache import BlockManager
 from diag.engine.lora_manager import LoraManager
 from diag.engine.lora_slots import LoraSlots
 from diag.engine.metrics import EngineMetrics
-from diag.engine.model import ModelConfig, SeqInput
+from diag.engine.model import SeqInput
+from diag.engine.model_config import ModelConfig
 from diag.engine.outputs import EngineStoppedError
 from diag.engine.pd import DecodeLink
 from diag.engine.pd_worker import DecodeSettings
