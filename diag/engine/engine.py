@@ -55,7 +55,7 @@ from diag import stages
 from diag.engine.config import EngineConfig
 from diag.engine.engine_load import EngineLoad
 from diag.engine.faults import sleep_ms
-from diag.engine.grammar import GrammarSource
+from diag.engine.grammar_schema import GrammarSource
 from diag.engine.grammar_cache import GrammarCache
 from diag.engine.kv_cache import BlockManager, blocks_needed
 from diag.engine.lora_manager import LoraManager
@@ -264,7 +264,7 @@ class Engine(StepLoop, EngineLoad):
         ``arrival_ns`` (Unix ns) is when the caller had the parsed request; the request span
         starts there. ``max_tokens_given`` False: ``params.max_tokens`` is the server's default, not
         the request's (``kv_admission="reserve"`` then reserves up to the context limit).
-        ``grammar``: the output must follow it (:func:`diag.engine.grammar.grammar_source`); its
+        ``grammar``: the output must follow it (:func:`diag.engine.grammar_schema.grammar_source`); its
         compile starts here unless the grammar cache holds it (``SubmitResult.grammar`` resolves
         once it is ready, or raises GrammarError). ``lora``: the name of one of ``--lora-modules`` to run
         with (None: the base model). Raises ValueError/RequestRejected (-> 400), QueueFullError (-> 503),

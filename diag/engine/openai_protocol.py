@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from diag.engine.grammar import GrammarError, GrammarSource, grammar_source
+from diag.engine.grammar_schema import GrammarError, GrammarSource, grammar_source
 from diag.engine.sampler import MAX_TOKENS_LIMIT, SamplingParams
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024

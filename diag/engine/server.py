@@ -16,7 +16,7 @@ the engine is ready, then run normally; if loading fails they get a 503 naming t
 
 Structured output: ``response_format`` on both routes, ``{"type": "text"}`` (none),
 ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name": ..., "schema":
-{...}}}`` (:mod:`diag.engine.grammar`: a malformed one or a schema outside the supported subset
+{...}}}`` (:mod:`diag.engine.grammar_schema`: a malformed one or a schema outside the supported subset
 gets a 400 at once). The handler holds the response (no headers yet) until the request's
 grammar is ready, so a grammar that fails to compile is a 400 too; the schema's text is never
 logged or recorded (the request span has its key only).
@@ -59,7 +59,7 @@ from diag import stages
 from diag.engine.delayed_writer import DelayedWriter
 from diag.engine.engine import Engine
 from diag.engine.frontend import FrontEnd, FrontEndFull, FrontEndWait, effective_sizes
-from diag.engine.grammar import GrammarError
+from diag.engine.grammar_schema import GrammarError
 from diag.engine.openai_protocol import (DEFAULT_MAX_BODY_BYTES, ERROR_TYPES, BadRequest, ParsedRequest, error_response,
                                          parse_request)
 from diag.engine.outputs import AsyncEventStream, EngineStoppedError, QueueFullError, TokenEvent
