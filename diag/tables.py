@@ -492,7 +492,7 @@ def build_tables(captures: Capture | list[Capture]) -> Tables:
         for col in ("name", "service"):
             spans[col] = spans[col].astype(str).astype("category")
     else:
-        from diag.capture import empty_span_table
+        from diag.capture_spans import empty_span_table
 
         spans = empty_span_table()
     series_frames = [c.series for c in caps if not c.series.empty]
