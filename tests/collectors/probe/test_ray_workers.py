@@ -127,7 +127,7 @@ def test_a_worker_puts_every_timestamp_on_the_drivers_clock(server):
 
     from collectors.probe.endpoint import resolve_endpoint
     from collectors.probe.load import worker_jobs
-    from collectors.probe.ray_workers import ProbeWorker, RayJob
+    from collectors.probe.ray_actor import ProbeWorker, RayJob
     from collectors.probe.workload import Workload
 
     ep, _ = eventloop.run(resolve_endpoint(server.url("ok"), "completions", "m"))
@@ -219,7 +219,7 @@ def test_a_worker_takes_back_the_priority_ray_starts_it_without(monkeypatch):
     # Ray starts its workers at niceness 15: on a busy node such a probe measured its own
     # starvation (the healthy scenario read loadgen 0.90 in 2 of 3 runs on 2 shared cores, healthy
     # 3 of 3 at 0). The worker puts its threads back at 0 where it may
-    from collectors.probe.ray_workers import raise_priority
+    from collectors.probe.ray_actor import raise_priority
 
     if os.geteuid() == 0:  # root may lower niceness
         assert _in_thread_at_niceness(7, raise_priority) == (7, 0)
