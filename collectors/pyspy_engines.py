@@ -31,7 +31,7 @@ BUNDLED = PatternSet("bundled", (
        why="diag/engine/tp.py collectives"),
     _r(CPU_FORWARD, _BUNDLED + r"(model|model_config|tp)\.py$",
        why="diag/engine/model.py forward, model_config.py weights, tp.py runners"),
-    _r(CPU_SCHEDULER, _BUNDLED + r"scheduler\.py$", why="diag/engine/scheduler.py"),
+    _r(CPU_SCHEDULER, _BUNDLED + r"scheduler(_types)?\.py$", why="diag/engine/scheduler.py, scheduler_types.py"),
     _r(CPU_HTTP, _BUNDLED + r"(server|openai_protocol|delayed_writer)\.py$",
        why="diag/engine/server.py (HTTP, SSE), openai_protocol.py, delayed_writer.py"),
     _r(CPU_SCHEDULER, _BUNDLED + r"(engine|engine_load|step_loop|request_outputs|request)\.py$",

@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from diag.engine.model import ModelSpec
     from diag.engine.model_config import PRESETS, CheckpointError, ModelConfig
     from diag.engine.sampler import SamplingParams
-    from diag.engine.scheduler import POLICIES, RequestRejected
+    from diag.engine.scheduler_types import POLICIES, RequestRejected
     from diag.engine.server import EngineServer, ServerThread
 
 

@@ -66,7 +66,8 @@ from diag.engine.outputs import (EngineStoppedError, EventCallback, QueueFullErr
 from diag.engine.pd import DecodeLink
 from diag.engine.request import ENGINE_NAME, EngineRequest, new_request_id, one_line
 from diag.engine.sampler import SamplerState, SamplingParams
-from diag.engine.scheduler import RequestRejected, Scheduler, Sequence as Seq
+from diag.engine.scheduler import Scheduler
+from diag.engine.scheduler_types import RequestRejected, Sequence as Seq
 from diag.engine.step_loop import StepLoop
 from diag.engine.tokenizer import Tokenizer
 from diag.engine.tp import ModelRunner

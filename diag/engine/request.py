@@ -16,7 +16,7 @@ from diag import stages
 from diag.engine.grammar import GrammarMatcher
 from diag.engine.grammar_cache import GrammarTicket
 from diag.engine.outputs import EventCallback
-from diag.engine.scheduler import Sequence as Seq
+from diag.engine.scheduler_types import Sequence as Seq
 from diag.engine.tokenizer import IncrementalDetokenizer
 
 #: the ``ttft.engine`` attribute and the capture's ``engine`` of the bundled engine

@@ -27,7 +27,7 @@ from diag.engine.outputs import TokenEvent
 from diag.engine.request import EngineRequest, one_line, pipeline_attrs
 from diag.engine.request_outputs import RequestOutputs
 from diag.engine.sampler import sample
-from diag.engine.scheduler import StepPlan, WAIT_GRAMMAR, WAIT_HEAD_OF_LINE, WAIT_KV_BLOCKS, WAIT_LORA
+from diag.engine.scheduler_types import StepPlan, WAIT_GRAMMAR, WAIT_HEAD_OF_LINE, WAIT_KV_BLOCKS, WAIT_LORA
 
 log = logging.getLogger("diag.engine.engine")
 
