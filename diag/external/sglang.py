@@ -1,8 +1,8 @@
 """SGLang: its request-stage slice spans and root (sgl-project/sglang ``RequestStage.stage_name``,
 ``python/sglang/srt/observability/trace.py`` @b8e5a7c3; see :mod:`diag.external_spans`).
 
-Pure data (``docs/engines.md`` has the table). The ``/metrics`` names are in
-:mod:`collectors.adapters.sglang`, the py-spy frames in :mod:`collectors.pyspy_engines`.
+Pure data (``docs/engines.md`` has the table). Its py-spy frames are :data:`FRAMES`; the ``/metrics``
+names are in :mod:`collectors.adapters.sglang`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from diag import stages
+from diag.external import FrameRule
 
 #: the engine's name in request rows and notes
 NAME = "sglang"
@@ -40,4 +41,31 @@ NOTE = (
     "and the first detokenize are lumped. Server TTFT is the root span's gen_ai.latency.time_to_first_token "
     "(the tokenizer manager's clock) when present, else the end of the last prefill slice minus the root's "
     "start (the scheduler's clock: it misses the detokenizer hop); token counts are not on the spans."
+)
+
+# --- py-spy frames --------------------------------------------------------------------------
+
+_SRT = r"(^|/)sglang/srt/"
+#: which of SGLang's own files and functions are which CPU stage, first match first
+#: (:mod:`collectors.pyspy_engines` adds the shared rules)
+FRAMES: tuple[FrameRule, ...] = (
+    FrameRule(stages.DETOKENIZE, _SRT + r"managers/detokenizer_manager\.py$", why="DetokenizerManager"),
+    FrameRule(stages.TOKENIZE, _SRT + r"managers/tokenizer_manager\w*\.py$", r"(^|\.)_?(\w*tokeni[sz]\w*|_create_tokenized_object)$",
+              why="TokenizerManager._tokenize_one_request / batch tokenize"),
+    FrameRule(stages.TOKENIZE, _SRT + r"managers/(async_dynamic_batch_tokenizer|multimodal_processor|mm_utils)\.py$"
+                               + r"|" + _SRT + r"(utils/)?hf_transformers_utils\.py$|" + _SRT + r"(conversation|jinja_template_utils)\.py$"
+                               + r"|" + _SRT + r"multimodal/",
+              why="tokenizer helpers, chat templates, multimodal processing"),
+    FrameRule(stages.TOKENIZE, _SRT + r"(entrypoints|openai_api)/", r"(^|\.)_?(process_messages|\w*chat_template\w*|\w*tokeni[sz]e\w*)$",
+              why="OpenAI server applying the chat template"),
+    FrameRule(stages.SAMPLE, _SRT + r"layers/sampler\.py$|" + _SRT + r"(sampling|constrained)/",
+              why="sglang/srt/layers/sampler.py, sampling params, grammar"),
+    FrameRule(stages.CPU_FORWARD, _SRT + r"(model_executor|models|layers|speculative|lora)/|" + _SRT + r"managers/tp_worker\w*\.py$",
+              why="TpModelWorker / ModelRunner forward"),
+    FrameRule(stages.COMM, _SRT + r"distributed/", why="sglang/srt/distributed collectives"),
+    FrameRule(stages.CPU_SCHEDULER, _SRT + r"managers/(scheduler\w*|schedule_batch|schedule_policy|data_parallel_controller)\.py$"
+                                    + r"|" + _SRT + r"mem_cache/",
+              why="sglang/srt/managers/scheduler.py, radix cache, allocators"),
+    FrameRule(stages.CPU_HTTP, _SRT + r"(entrypoints|openai_api)/|" + _SRT + r"managers/tokenizer_manager\w*\.py$",
+              why="http_server.py / OpenAI serving; the rest of TokenizerManager is request handling"),
 )
