@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from collectors.spans import RequestTrace
-from diag import stages
 from diag.engine.grammar import GrammarMatcher
 from diag.engine.grammar_cache import GrammarTicket
 from diag.engine.outputs import EventCallback
@@ -25,6 +23,8 @@ ENGINE_NAME = "bundled"
 
 @dataclass
 class EngineRequest:
+    """One request's sequence, event callback, trace, detokenizer and timestamps (loop thread once queued)."""
+
     seq: Seq
     on_event: EventCallback
     trace: RequestTrace | None
@@ -44,18 +44,8 @@ class EngineRequest:
     lora_load_s: float = 0.0  # its adapter's loads in the steps that admitted it
 
 
-def pipeline_attrs(pipe: Any) -> dict[str, Any]:
-    """A step's pipeline account (``diag.engine.pp.PipelineAccount``) as step-span attributes."""
-    return {
-        stages.ATTR_STEP_PP_SIZE: pipe.pp_size,
-        stages.ATTR_STEP_PP_MICROBATCHES: pipe.microbatches,
-        stages.ATTR_STEP_PP_COMPUTE_S: list(pipe.compute_s),
-        stages.ATTR_STEP_PP_COMM_S: list(pipe.comm_s),
-        stages.ATTR_STEP_PP_BUBBLE_S: list(pipe.bubble_s),
-    }
-
-
 def new_request_id() -> str:
+    """A fresh request id: 24 hex digits."""
     return uuid.uuid4().hex[:24]
 
 

@@ -24,12 +24,23 @@ from diag.engine.lora import LoraError
 from diag.engine.lora_manager import LoraLoad, LoraManager
 from diag.engine.model import SeqInput
 from diag.engine.outputs import TokenEvent
-from diag.engine.request import EngineRequest, one_line, pipeline_attrs
+from diag.engine.request import EngineRequest, one_line
 from diag.engine.request_outputs import RequestOutputs
 from diag.engine.sampler import sample
 from diag.engine.scheduler_types import StepPlan, WAIT_GRAMMAR, WAIT_HEAD_OF_LINE, WAIT_KV_BLOCKS, WAIT_LORA
 
 log = logging.getLogger("diag.engine.engine")
+
+
+def _pipeline_attrs(pipe: Any) -> dict[str, Any]:
+    """A step's pipeline account (``diag.engine.pp.PipelineAccount``) as step-span attributes."""
+    return {
+        stages.ATTR_STEP_PP_SIZE: pipe.pp_size,
+        stages.ATTR_STEP_PP_MICROBATCHES: pipe.microbatches,
+        stages.ATTR_STEP_PP_COMPUTE_S: list(pipe.compute_s),
+        stages.ATTR_STEP_PP_COMM_S: list(pipe.comm_s),
+        stages.ATTR_STEP_PP_BUBBLE_S: list(pipe.bubble_s),
+    }
 
 
 class StepLoop(RequestOutputs):
@@ -278,7 +289,7 @@ class StepLoop(RequestOutputs):
                     stages.ATTR_STEP_WAITING_KV: self.scheduler.waiting_reasons.get(WAIT_KV_BLOCKS, 0),
                     stages.ATTR_STEP_WAITING_HOL: self.scheduler.waiting_reasons.get(WAIT_HEAD_OF_LINE, 0),
                     stages.ATTR_STEP_WAITING_GRAMMAR: self.scheduler.waiting_reasons.get(WAIT_GRAMMAR, 0),
-                    **(pipeline_attrs(pipe) if pipe is not None else {}),
+                    **(_pipeline_attrs(pipe) if pipe is not None else {}),
                     **({stages.ATTR_STEP_PD_SIDE: stages.PD_SIDE_PREFILL} if self.pd is not None else {}),
                     **(self._lora_step_attrs(plan, loads) if self.lora is not None else {}),
                 },
