@@ -58,7 +58,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "thirdparty"))
 
 from collectors.probe import LengthSpec, WorkloadSpec  # noqa: E402
-from collectors.probe.client import StreamingClient, resolve_endpoint  # noqa: E402
+from collectors.probe.client import StreamingClient  # noqa: E402
+from collectors.probe.endpoint import resolve_endpoint  # noqa: E402
 from collectors.probe.workload import PromptItem, Workload  # noqa: E402
 from hf_serve import (  # noqa: E402
     CB_SMALL_CACHE_ARGS, InstrumentedTransformersServe, TransformersServe, build_tiny_llama,
@@ -121,7 +122,7 @@ def cpu_delta_s(before: tuple[float, dict[str, Sched]], after: tuple[float, dict
 
 def own_threads(pid: int, prefix: str = "ttft-") -> list[Path]:
     """``/proc/P/task/T`` of the threads of ``pid``'s tree whose OS name starts with ``prefix``
-    (our span build and export threads name themselves: collectors.spans.name_native_thread)."""
+    (our span build and export threads name themselves: collectors.span_export.name_native_thread)."""
     out = []
     for p in _tree_pids(pid):
         try:

@@ -74,7 +74,7 @@ def run_probe_round(base: str, concurrency: int, requests: int, chunks: int, tag
                     workers: int = 1) -> dict[str, tuple[int, int]]:
     """Our client (in ``workers`` processes): returns {request_id: (start_ns, first_content_ns)} (Unix ns)."""
     from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
-    from collectors.probe.client import request_id_header
+    from collectors.probe.endpoint import request_id_header
 
     cfg = ProbeConfig(base, api="completions", model="instant",
                       load=LoadSpec(concurrency=concurrency * 2, rate_rps=rate, requests=requests,

@@ -2,7 +2,8 @@
 
 Front door: :class:`NvmlSampler`. It talks to NVML only through the ``pynvml`` module of
 ``nvidia-ml-py``, which is injected (``nvml=``) so that tests pass a fake; the timestamp
-clock is injected too (``clock=``, Unix seconds).
+clock is injected too (``clock=``, Unix seconds). Which counters a GPU has is found in
+:mod:`collectors.nvml_setup`; the readers themselves are in :mod:`collectors.nvml_counters`.
 
 Rows follow :data:`diag.stages.SERIES_COLUMNS` = (ts_s, source="nvml", series, entity, value):
 
@@ -44,17 +45,17 @@ A lock guards the sample buffer only; NVML calls are made outside it.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from collectors.base import empty_series_frame
+from collectors.nvml_counters import CounterDisabled, GpmCounters, GpuState
+from collectors.nvml_setup import GpuSetup
 from diag import stages as S
 
 SOURCE = "nvml"
@@ -62,17 +63,6 @@ DEFAULT_INTERVAL_S = 0.1  # 10 Hz
 _CHUNK_SAMPLES = 512  # samples per preallocated buffer chunk
 _MAX_CONSECUTIVE_ERRORS = 5  # transient errors in a row before a counter is given up
 _NAN = float("nan")
-_KIB = 1024.0
-
-# nvidia-smi's names for nvmlGpuTopologyLevel_t (PCIe path between two GPUs).
-_TOPOLOGY_LEVEL_NAMES: dict[int, str] = {
-    0: "internal",  # same board (multi-GPU board)
-    10: "PIX",  # one PCIe switch
-    20: "PXB",  # several PCIe switches, no host bridge
-    30: "PHB",  # a PCIe host bridge
-    40: "NODE",  # host bridges within one NUMA node
-    50: "SYS",  # across NUMA nodes (SMP interconnect)
-}
 
 # Error names whose meaning is "this GPU/driver cannot do that": give the counter up at once.
 _PERMANENT_ERRORS = (
@@ -84,226 +74,8 @@ _PERMANENT_ERRORS = (
     "NVML_ERROR_DEPRECATED",
 )
 
-_GPM_METRICS: tuple[tuple[str, str], ...] = (
-    ("NVML_GPM_METRIC_DRAM_BW_UTIL", S.SERIES_DRAM_BW_UTIL_PCT),
-    ("NVML_GPM_METRIC_SM_UTIL", S.SERIES_SM_UTIL_PCT),
-    ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", S.SERIES_TENSOR_UTIL_PCT),
-)
 
-
-class _Disabled(Exception):
-    """Raised inside a probe to give the whole counter up with a reason."""
-
-
-@dataclass
-class _Gpu:
-    """Per-GPU sampling state. Mutated only by the sampling thread after setup."""
-
-    index: int
-    entity: str
-    handle: Any
-    name: str = ""
-    uuid: str = ""
-    memory_total_bytes: float | None = None
-    nvlink_links: list[int] = field(default_factory=list)
-    gpm_supported: bool = False
-    pcie_source: str = ""  # "field_counters" | "throughput" | ""
-    not_supported: dict[str, str] = field(default_factory=dict)
-    errors: dict[str, int] = field(default_factory=dict)
-    # (counter name, series covered, reader) for the counters still sampled
-    probes: tuple[tuple[str, tuple[str, ...], Callable[[list[float]], None]], ...] = ()
-
-
-def _field_value_dtype(nvml: Any) -> np.dtype | None:
-    """A numpy view of ``c_nvmlFieldValue_t`` (fieldId, scopeId, timestamp, nvmlReturn, value):
-    reads a whole result array without touching ctypes attributes one by one."""
-    try:
-        f = nvml.c_nvmlFieldValue_t
-        return np.dtype({
-            "names": ["fid", "scope", "ts", "ret", "val"],
-            "formats": [np.uint32, np.uint32, np.int64, np.uint32, np.uint64],
-            "offsets": [f.fieldId.offset, f.scopeId.offset, f.timestamp.offset,
-                        f.nvmlReturn.offset, f.value.offset],
-            "itemsize": ctypes.sizeof(f),
-        })
-    except Exception:  # noqa: BLE001 - a binding without the ctypes struct
-        return None
-
-
-class _FieldCounters:
-    """Cumulative NVML field counters (NVLink KiB, PCIe bytes) read in one batched call.
-
-    Rate = Δcounter × scale / Δtimestamp, with the timestamps (µs) NVML returns per field; a
-    field whose timestamp has not moved gives no value that sample, a counter that went back
-    (wrap, driver reload) restarts its baseline. A field that fails with a permanent error is
-    dropped (noted once) and the request is rebuilt without it.
-
-    Fast path (the real nvidia-ml-py): the ``c_nvmlFieldValue_t`` array, its field ids and a
-    numpy view over it are built once and the C entry point is called directly, so a sample
-    allocates no ctypes objects. Otherwise the public ``nvmlDeviceGetFieldValues`` is called.
-    """
-
-    def __init__(self, sampler: NvmlSampler, gpu: _Gpu) -> None:
-        self._s = sampler
-        self._gpu = gpu
-        self._fields: list[tuple[int, int]] = []
-        self._slots: list[int] = []
-        self._scale_l: list[float] = []  # bytes per counter unit
-        self._labels: list[str] = []  # not_supported key for each field
-        self._prev_v: list[int] = []
-        self._prev_t: list[int] = []
-        self._scale: list[float] = []
-        self._dtype = _field_value_dtype(sampler._nvml)
-        self._fn: Any = None
-        self._view: np.ndarray | None = None
-
-    def add(self, field_id: int, scope_id: int, slot: int, scale: float, label: str) -> None:
-        self._fields.append((field_id, scope_id))
-        self._slots.append(slot)
-        self._scale_l.append(scale)
-        self._labels.append(label)
-
-    def __len__(self) -> int:
-        return len(self._fields)
-
-    def finalize(self, keep: list[int] | None = None) -> None:
-        """Build the per-sample state (again, keeping only ``keep`` and their baselines)."""
-        if keep is not None:
-            for name in ("_fields", "_slots", "_scale_l", "_labels", "_prev_v", "_prev_t"):
-                old = getattr(self, name)
-                setattr(self, name, [old[i] for i in keep])
-        else:
-            self._prev_v = [0] * len(self._fields)
-            self._prev_t = [-1] * len(self._fields)
-        self._scale = [x * 1e6 for x in self._scale_l]  # per µs -> per s
-        n = len(self._fields)
-        self._fn = self._view = None
-        nv = self._s._nvml
-        get_fp = getattr(nv, "_nvmlGetFunctionPointer", None)
-        if n and self._dtype is not None and get_fp is not None:
-            try:
-                fn = get_fp("nvmlDeviceGetFieldValues")
-                arr = (nv.c_nvmlFieldValue_t * n)()
-                view = np.frombuffer(arr, dtype=self._dtype)
-            except Exception:  # noqa: BLE001 - use the public call
-                return
-            view["fid"] = [f for f, _sc in self._fields]
-            view["scope"] = [sc for _f, sc in self._fields]
-            self._fn, self._arr, self._view = fn, arr, view
-            self._ref, self._n_c = ctypes.byref(arr), ctypes.c_int32(n)
-
-    def _fetch(self) -> tuple[list[int], list[int], list[int]]:
-        """(nvmlReturn, value, timestamp µs) per field."""
-        nv = self._s._nvml
-        if self._fn is not None:
-            ret = self._fn(self._gpu.handle, self._n_c, self._ref)
-            if ret:
-                raise nv.NVMLError(ret)
-            view = self._view
-            assert view is not None
-        else:
-            out = nv.nvmlDeviceGetFieldValues(self._gpu.handle, self._fields)
-            if self._dtype is None or not isinstance(out, ctypes.Array):
-                # a binding/fake that answers with plain objects
-                return ([fv.nvmlReturn for fv in out], [fv.value.ullVal for fv in out],
-                        [fv.timestamp for fv in out])
-            view = np.frombuffer(out, dtype=self._dtype)
-        return view["ret"].tolist(), view["val"].tolist(), view["ts"].tolist()
-
-    def read(self, vals: list[float]) -> None:
-        rets, vs, ts = self._fetch()
-        prev_v, prev_t, slots, scale = self._prev_v, self._prev_t, self._slots, self._scale
-        bad: list[int] | None = None
-        for i in range(len(slots)):
-            t = ts[i]
-            pt = prev_t[i]
-            if t == pt:  # NVML has not refreshed this counter since the last sample
-                continue
-            if rets[i]:
-                if bad is None:
-                    bad = []
-                bad.append(i)
-                continue
-            v = vs[i]
-            pv = prev_v[i]
-            if pt >= 0 and t > pt and v >= pv:
-                vals[slots[i]] = (v - pv) * scale[i] / (t - pt)
-            prev_v[i] = v  # a wrapped/reset counter (v < pv) restarts its baseline
-            prev_t[i] = t
-        if bad is not None:
-            self._on_field_errors(bad, rets)
-
-    def _on_field_errors(self, bad: list[int], rets: list[int]) -> None:
-        drop: set[int] = set()
-        for i in bad:
-            code = int(rets[i])
-            if self._s._is_permanent(code):
-                self._gpu.not_supported.setdefault(self._labels[i], self._s._reason(code))
-                drop.add(i)
-        if drop:
-            self.finalize([i for i in range(len(self._fields)) if i not in drop])
-            if not self._fields:
-                raise _Disabled("no field counter left")
-
-
-class _Gpm:
-    """GPM metrics (Hopper+): one GPM sample per sampler tick, metrics over consecutive pairs."""
-
-    def __init__(self, sampler: NvmlSampler, gpu: _Gpu, metrics: list[tuple[int, str, int]]) -> None:
-        nv = sampler._nvml
-        self._s = sampler
-        self._gpu = gpu
-        self._samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
-        self._cur = 0
-        self._have_prev = False
-        self._metrics = metrics  # (metric id, series, slot)
-        self._mg = self._build()
-
-    def _build(self) -> Any:
-        nv = self._s._nvml
-        mg = nv.c_nvmlGpmMetricsGet_t()
-        mg.version = nv.NVML_GPM_METRICS_GET_VERSION
-        mg.numMetrics = len(self._metrics)
-        for i, (metric_id, _series, _slot) in enumerate(self._metrics):
-            mg.metrics[i].metricId = metric_id
-        return mg
-
-    def free(self) -> None:
-        for smp in self._samples:
-            try:
-                self._s._nvml.nvmlGpmSampleFree(smp)
-            except Exception:  # noqa: BLE001 - freeing must never fail the caller
-                pass
-        self._samples = []
-
-    def read(self, vals: list[float]) -> None:
-        nv = self._s._nvml
-        cur = self._samples[self._cur]
-        nv.nvmlGpmSampleGet(self._gpu.handle, cur)
-        if self._have_prev:
-            mg = self._mg
-            mg.sample1 = self._samples[1 - self._cur]
-            mg.sample2 = cur
-            nv.nvmlGpmMetricsGet(mg)
-            drop: list[int] = []
-            for i, (_mid, series, slot) in enumerate(self._metrics):
-                m = mg.metrics[i]
-                if m.nvmlReturn:
-                    if self._s._is_permanent(m.nvmlReturn):
-                        self._gpu.not_supported.setdefault(series, self._s._reason(m.nvmlReturn))
-                        drop.append(i)
-                    continue
-                vals[slot] = float(m.value)
-            if drop:
-                self._metrics = [m for i, m in enumerate(self._metrics) if i not in drop]
-                if not self._metrics:
-                    raise _Disabled("no GPM metric left")
-                self._mg = self._build()
-        self._have_prev = True
-        self._cur = 1 - self._cur
-
-
-class NvmlSampler:
+class NvmlSampler(GpuSetup):
     """Samples every GPU's counters at ``interval_s`` on a background thread.
 
     ``available`` is False (and ``note`` says why in one line) when the binding, the driver
@@ -331,8 +103,8 @@ class NvmlSampler:
         self._stop_evt = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._gpus: list[_Gpu] = []
-        self._gpm: list[_Gpm] = []
+        self._gpus: list[GpuState] = []
+        self._gpm: list[GpmCounters] = []
         self._topology: list[dict[str, Any]] = []
         self._driver_version = ""
         self._nvml_version = ""
@@ -395,7 +167,7 @@ class NvmlSampler:
                 except Exception as exc:  # noqa: BLE001 - e.g. no permission on one GPU
                     self._warnings.append(f"gpu{idx} skipped: {self._describe(exc)}")
                     continue
-                self._gpus.append(_Gpu(idx, f"gpu{idx}", handle))
+                self._gpus.append(GpuState(idx, f"gpu{idx}", handle))
             if not self._gpus:
                 self.note = f"NVML unavailable: no usable GPU ({'; '.join(self._warnings)})"
                 self._shutdown()
@@ -432,252 +204,6 @@ class NvmlSampler:
             "uninstall it (pip uninstall pynvml)"
         )
 
-    @staticmethod
-    def _try_str(nvml: Any, fn: str) -> str:
-        try:
-            v = getattr(nvml, fn)()
-        except Exception:  # noqa: BLE001
-            return ""
-        return v.decode() if isinstance(v, bytes) else str(v)
-
-    def _slot(self, series: str, entity: str) -> int:
-        self._keys.append((series, entity))
-        return len(self._keys) - 1
-
-    def _setup_gpu(self, gpu: _Gpu, gpm: bool) -> None:
-        nv = self._nvml
-        h = gpu.handle
-        gpu.name = self._try_call(lambda: nv.nvmlDeviceGetName(h), "")
-        gpu.uuid = self._try_call(lambda: nv.nvmlDeviceGetUUID(h), "")
-        if isinstance(gpu.name, bytes):
-            gpu.name = gpu.name.decode()
-        if isinstance(gpu.uuid, bytes):
-            gpu.uuid = gpu.uuid.decode()
-        e = gpu.entity
-        probes: list[tuple[str, tuple[str, ...], Callable[[list[float]], None]]] = []
-
-        # memory: v2 struct, v1 when the driver lacks the v2 entry point
-        mem_used = self._slot(S.SERIES_HBM_USED_BYTES, e)
-        mem_total = self._slot(S.SERIES_HBM_TOTAL_BYTES, e)
-        use_v2 = [getattr(nv, "nvmlMemory_v2", None) is not None]
-        v1_fallback = {getattr(nv, n, None) for n in (
-            "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH")} - {None}
-
-        def read_memory(vals: list[float]) -> None:
-            if use_v2[0]:
-                try:
-                    m = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
-                except nv.NVMLError as err:
-                    if err.value not in v1_fallback:
-                        raise
-                    use_v2[0] = False  # driver older than the v2 struct
-                    m = nv.nvmlDeviceGetMemoryInfo(h)
-            else:
-                m = nv.nvmlDeviceGetMemoryInfo(h)
-            vals[mem_used] = float(m.used)
-            vals[mem_total] = float(m.total)
-
-        probes.append(("memory", (S.SERIES_HBM_USED_BYTES, S.SERIES_HBM_TOTAL_BYTES), read_memory))
-
-        util_gpu = self._slot(S.SERIES_GPU_UTIL_PCT, e)
-        util_mem = self._slot(S.SERIES_MEM_UTIL_PCT, e)
-
-        def read_util(vals: list[float]) -> None:
-            u = nv.nvmlDeviceGetUtilizationRates(h)
-            vals[util_gpu] = float(u.gpu)
-            vals[util_mem] = float(u.memory)
-
-        probes.append(("utilization", (S.SERIES_GPU_UTIL_PCT, S.SERIES_MEM_UTIL_PCT), read_util))
-
-        # NVLink per active link + PCIe byte counters: one batched field-values call
-        counters = _FieldCounters(self, gpu)
-        gpu.nvlink_links = self._active_nvlinks(gpu)
-        tx_id = nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
-        rx_id = nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
-        for link in gpu.nvlink_links:
-            le = f"{e}/nvlink{link}"
-            counters.add(tx_id, link, self._slot(S.SERIES_NVLINK_TX_BYTES_PER_S, le), _KIB,
-                         f"{S.SERIES_NVLINK_TX_BYTES_PER_S}[nvlink{link}]")
-            counters.add(rx_id, link, self._slot(S.SERIES_NVLINK_RX_BYTES_PER_S, le), _KIB,
-                         f"{S.SERIES_NVLINK_RX_BYTES_PER_S}[nvlink{link}]")
-        pcie_tx = self._slot(S.SERIES_PCIE_TX_BYTES_PER_S, e)
-        pcie_rx = self._slot(S.SERIES_PCIE_RX_BYTES_PER_S, e)
-        if self._pcie_counters_work(gpu):
-            gpu.pcie_source = "field_counters"
-            counters.add(nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0, pcie_tx, 1.0, S.SERIES_PCIE_TX_BYTES_PER_S)
-            counters.add(nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0, pcie_rx, 1.0, S.SERIES_PCIE_RX_BYTES_PER_S)
-        else:
-            gpu.pcie_source = "throughput"
-            tx_c, rx_c = nv.NVML_PCIE_UTIL_TX_BYTES, nv.NVML_PCIE_UTIL_RX_BYTES
-
-            def read_pcie(vals: list[float]) -> None:
-                vals[pcie_tx] = nv.nvmlDeviceGetPcieThroughput(h, tx_c) * _KIB
-                vals[pcie_rx] = nv.nvmlDeviceGetPcieThroughput(h, rx_c) * _KIB
-
-            probes.append(("pcie", (S.SERIES_PCIE_TX_BYTES_PER_S, S.SERIES_PCIE_RX_BYTES_PER_S), read_pcie))
-        if len(counters):
-            counters.finalize()
-            covered = tuple(
-                s for s in (S.SERIES_NVLINK_TX_BYTES_PER_S, S.SERIES_NVLINK_RX_BYTES_PER_S)
-                if gpu.nvlink_links
-            ) + ((S.SERIES_PCIE_TX_BYTES_PER_S, S.SERIES_PCIE_RX_BYTES_PER_S)
-                 if gpu.pcie_source == "field_counters" else ())
-            probes.append(("field_counters", covered, counters.read))
-
-        sm_clock = self._slot(S.SERIES_SM_CLOCK_MHZ, e)
-        clock_sm = nv.NVML_CLOCK_SM
-
-        def read_clock(vals: list[float]) -> None:
-            vals[sm_clock] = float(nv.nvmlDeviceGetClockInfo(h, clock_sm))
-
-        probes.append(("sm_clock", (S.SERIES_SM_CLOCK_MHZ,), read_clock))
-
-        power = self._slot(S.SERIES_POWER_W, e)
-
-        def read_power(vals: list[float]) -> None:
-            vals[power] = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
-
-        probes.append(("power", (S.SERIES_POWER_W,), read_power))
-
-        temp = self._slot(S.SERIES_TEMPERATURE_C, e)
-        sensor = nv.NVML_TEMPERATURE_GPU
-
-        def read_temp(vals: list[float]) -> None:
-            vals[temp] = float(nv.nvmlDeviceGetTemperature(h, sensor))
-
-        probes.append(("temperature", (S.SERIES_TEMPERATURE_C,), read_temp))
-
-        reasons = self._slot(S.SERIES_CLOCK_EVENT_REASONS, e)
-        reasons_fn = [getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                      or nv.nvmlDeviceGetCurrentClocksThrottleReasons]
-
-        def read_reasons(vals: list[float]) -> None:
-            try:
-                v = reasons_fn[0](h)
-            except nv.NVMLError as err:
-                legacy = nv.nvmlDeviceGetCurrentClocksThrottleReasons
-                if err.value != nv.NVML_ERROR_FUNCTION_NOT_FOUND or reasons_fn[0] is legacy:
-                    raise
-                reasons_fn[0] = legacy  # driver older than the "clock events" rename
-                v = legacy(h)
-            vals[reasons] = float(v)
-
-        probes.append(("clock_event_reasons", (S.SERIES_CLOCK_EVENT_REASONS,), read_reasons))
-
-        gpm_series = tuple(s for _n, s in _GPM_METRICS)
-        if gpm:
-            gpm_probe = self._setup_gpm(gpu)
-            if gpm_probe is not None:
-                self._gpm.append(gpm_probe)
-                probes.append(("gpm", gpm_series, gpm_probe.read))
-        else:
-            for s in gpm_series:
-                gpu.not_supported.setdefault(s, "GPM sampling switched off (gpm=False)")
-
-        gpu.probes = tuple(probes)
-        # the total is constant: keep it for the meta even if the first sample fails
-        try:
-            gpu.memory_total_bytes = float(nv.nvmlDeviceGetMemoryInfo(h).total)
-        except Exception:  # noqa: BLE001
-            gpu.memory_total_bytes = None
-
-    def _try_call(self, fn: Callable[[], Any], default: Any) -> Any:
-        try:
-            return fn()
-        except Exception:  # noqa: BLE001
-            return default
-
-    def _active_nvlinks(self, gpu: _Gpu) -> list[int]:
-        """Indices of the links in state ENABLED; a GPU without NVLink is noted once."""
-        nv = self._nvml
-        n_links = int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
-        try:  # the link count field narrows the walk where the driver knows it
-            fv = nv.nvmlDeviceGetFieldValues(gpu.handle, [nv.NVML_FI_DEV_NVLINK_LINK_COUNT])[0]
-            if fv.nvmlReturn == 0 and 0 < fv.value.uiVal <= n_links:
-                n_links = int(fv.value.uiVal)
-        except Exception:  # noqa: BLE001
-            pass
-        links: list[int] = []
-        first_error: BaseException | None = None
-        for link in range(n_links):
-            try:
-                state = nv.nvmlDeviceGetNvLinkState(gpu.handle, link)
-            except nv.NVMLError as err:
-                if link == 0:
-                    first_error = err
-                if err.value in (nv.NVML_ERROR_INVALID_ARGUMENT, nv.NVML_ERROR_NOT_SUPPORTED):
-                    break  # past the last link (or no NVLink at all)
-                continue
-            if state == nv.NVML_FEATURE_ENABLED:
-                links.append(link)
-        if not links:
-            reason = self._describe(first_error) if first_error else "no active NVLink link"
-            for s in (S.SERIES_NVLINK_TX_BYTES_PER_S, S.SERIES_NVLINK_RX_BYTES_PER_S):
-                gpu.not_supported.setdefault(s, reason)
-        return links
-
-    def _pcie_counters_work(self, gpu: _Gpu) -> bool:
-        nv = self._nvml
-        ids = (getattr(nv, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", None),
-               getattr(nv, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", None))
-        if None in ids:
-            return False
-        try:
-            out = nv.nvmlDeviceGetFieldValues(gpu.handle, [(ids[0], 0), (ids[1], 0)])
-        except Exception:  # noqa: BLE001
-            return False
-        return out[0].nvmlReturn == 0 and out[1].nvmlReturn == 0
-
-    def _setup_gpm(self, gpu: _Gpu) -> _Gpm | None:
-        nv = self._nvml
-        series = [s for _n, s in _GPM_METRICS]
-
-        def unsupported(reason: str) -> None:
-            for s in series:
-                gpu.not_supported.setdefault(s, reason)
-
-        if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
-            unsupported("GPM not in this nvidia-ml-py")
-            return None
-        try:
-            support = nv.nvmlGpmQueryDeviceSupport(gpu.handle)
-        except Exception as exc:  # noqa: BLE001
-            unsupported(f"nvmlGpmQueryDeviceSupport: {self._describe(exc)}")
-            return None
-        if not support.isSupportedDevice:
-            unsupported("GPM not supported on this device (Hopper or newer needed)")
-            return None
-        metrics = [(int(getattr(nv, name)), s, self._slot(s, gpu.entity)) for name, s in _GPM_METRICS]
-        try:
-            probe = _Gpm(self, gpu, metrics)
-        except Exception as exc:  # noqa: BLE001
-            unsupported(f"GPM sample allocation failed: {self._describe(exc)}")
-            return None
-        gpu.gpm_supported = True
-        return probe
-
-    def _probe_topology(self) -> list[dict[str, Any]]:
-        """NVLink (P2P status over the NVLink index) or the PCIe common-ancestor level per pair."""
-        nv = self._nvml
-        out: list[dict[str, Any]] = []
-        for i, a in enumerate(self._gpus):
-            for b in self._gpus[i + 1:]:
-                entry: dict[str, Any] = {"a": a.entity, "b": b.entity}
-                try:
-                    p2p = nv.nvmlDeviceGetP2PStatus(a.handle, b.handle, nv.NVML_P2P_CAPS_INDEX_NVLINK)
-                except Exception:  # noqa: BLE001
-                    p2p = None
-                try:
-                    level = int(nv.nvmlDeviceGetTopologyCommonAncestor(a.handle, b.handle))
-                    entry["pcie_level"] = _TOPOLOGY_LEVEL_NAMES.get(level, str(level))
-                except Exception as exc:  # noqa: BLE001
-                    entry["pcie_level"] = None
-                    entry["pcie_level_error"] = self._describe(exc)
-                entry["link"] = "nvlink" if p2p == nv.NVML_P2P_STATUS_OK else (
-                    "pcie" if entry["pcie_level"] is not None else "unknown")
-                out.append(entry)
-        return out
-
     # --- errors ---------------------------------------------------------------------------
 
     def _is_permanent(self, code: int) -> bool:
@@ -699,16 +225,16 @@ class NvmlSampler:
             return f"{name} ({text})" if text and text != name else name
         return f"{type(exc).__name__}: {exc}"
 
-    def _give_up(self, gpu: _Gpu, name: str, series: tuple[str, ...], reason: str) -> None:
+    def _give_up(self, gpu: GpuState, name: str, series: tuple[str, ...], reason: str) -> None:
         for s in series:
             gpu.not_supported.setdefault(s, reason)
         if not series:
             gpu.not_supported.setdefault(name, reason)
         gpu.probes = tuple(p for p in gpu.probes if p[0] != name)
 
-    def _on_error(self, gpu: _Gpu, name: str, series: tuple[str, ...], exc: BaseException) -> None:
+    def _on_error(self, gpu: GpuState, name: str, series: tuple[str, ...], exc: BaseException) -> None:
         nv = self._nvml
-        if isinstance(exc, _Disabled):  # its parts were noted one by one already
+        if isinstance(exc, CounterDisabled):  # its parts were noted one by one already
             gpu.probes = tuple(p for p in gpu.probes if p[0] != name)
             return
         if isinstance(exc, AttributeError):  # an older nvidia-ml-py without this call

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from diag import stages as S
+from diag.external import DECODE_FUNCS as _DECODE_FUNCS
 
 # --- CPU stages (what a sample is attributed to): defined in diag.stages ----------------------
 CPU_TOKENIZE = S.TOKENIZE  # prompt -> ids, chat template, input processing
@@ -142,7 +143,6 @@ class PatternSet:
 
 # --- shared by every engine; an engine's own rules come first so that they win within a frame --
 
-_DECODE_FUNCS = r"(^|\.)(decode\w*|batch_decode|_decode\w*|convert_ids_to_tokens|convert_tokens_to_string|id_to_token|detokeni\w*)$"
 _TOKENIZER_LIBS = (r"(^|/)(tokenizers|sentencepiece|tiktoken)/[\w/]*\.py$|(^|/)transformers/(tokenization_\w+"
                    r"|models/[^/]+/tokenization_\w+)\.py$")
 #: native tokenizer libraries (py-spy --native): Rust/C++ symbols, mangled

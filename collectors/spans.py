@@ -9,8 +9,9 @@ be driven by one thread at a time (the engine loop or the HTTP handler that owns
 Record calls only note plain tuples on the caller's thread (a few microseconds, O(1));
 the SDK spans are built on one ``ttft-span-build`` thread per sink (:class:`SpanMaterializer`)
 and exported on a background thread per exporter (:class:`DroppingBatchProcessor`); a capture
-with no other destination is written as OTLP JSON by the ``ttft-span-build`` thread itself. Nothing
-blocks or raises on the caller's thread; when a queue is full, spans are dropped and counted
+with no other destination is written as OTLP JSON by the ``ttft-span-build`` thread itself (the
+record path: :mod:`collectors.span_build`; processors and exporters: :mod:`collectors.span_export`).
+Nothing blocks or raises on the caller's thread; when a queue is full, spans are dropped and counted
 in :attr:`TraceSink.dropped_spans`. Spans reach exporters within about two export intervals,
 or at once on :meth:`TraceSink.force_flush`.
 
@@ -19,395 +20,25 @@ Times are Unix epoch nanoseconds (``time.time_ns()``), OpenTelemetry's conventio
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import logging
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from collectors.otel_env import resource_for, traces_url
+from collectors.span_build import EMPTY_CONTEXT, LOOSE, ROOT, SETTLE_LOCK, STAGE, AttributeValue, SpanMaterializer
+from collectors.span_export import CaptureSpanExporter, DroppingBatchProcessor
 from diag import stages
 from diag.capture import CaptureWriter
-from diag.otlp_json import NotPlainValue, json_line, resource_spans_to_dict, span_to_dict, spans_to_dict
 
-log = logging.getLogger(__name__)
 _PROPAGATOR = TraceContextTextMapPropagator()
-
-AttributeValue = str | bool | int | float | Sequence[str] | Sequence[int] | Sequence[float]
-
-
-def name_native_thread() -> None:
-    """Give the calling thread its Python name in the OS (``top -H``, ``/proc/PID/task/TID/comm``),
-    cut to Linux's 15 bytes, so our threads can be told apart in the process they run in. Best effort."""
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
-            f.write(threading.current_thread().name[:15])
-    except OSError:
-        pass
-
-
-class DroppingBatchProcessor(SpanProcessor):
-    """A batch span processor that never blocks the caller: a bounded deque, a worker thread.
-
-    ``on_end`` runs on the caller's thread and only appends (O(1)) or counts a drop.
-    The worker exports batches of up to ``max_batch`` spans every ``interval_s`` or when a
-    batch is full. Exporter failures are logged once per kind and counted as dropped.
-    """
-
-    def __init__(
-        self,
-        exporter: SpanExporter,
-        max_queue: int = 65536,
-        max_batch: int = 512,
-        interval_s: float = 0.5,
-    ) -> None:
-        self._exporter = exporter
-        self._queue: collections.deque[ReadableSpan] = collections.deque()
-        self._max_queue = max_queue
-        self._max_batch = max_batch
-        self._interval_s = interval_s
-        self._wake = threading.Event()
-        self._stopping = False
-        self._lock = threading.Lock()
-        self.dropped_spans = 0
-        self.exported_spans = 0
-        self._worker = threading.Thread(target=self._run, name="ttft-span-export", daemon=True)
-        self._worker.start()
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:  # noqa: D102
-        return None
-
-    def on_end(self, span: ReadableSpan) -> None:  # noqa: D102
-        if len(self._queue) >= self._max_queue or self._stopping:
-            self.dropped_spans += 1
-            return
-        self._queue.append(span)
-        if len(self._queue) >= self._max_batch:
-            self._wake.set()
-
-    def _drain(self) -> None:
-        with self._lock:
-            while self._queue:
-                batch: list[ReadableSpan] = []
-                while self._queue and len(batch) < self._max_batch:
-                    batch.append(self._queue.popleft())
-                try:
-                    result = self._exporter.export(batch)
-                except Exception as exc:  # an exporter must never take the engine down
-                    log.warning("span export failed: %s", exc)
-                    result = SpanExportResult.FAILURE
-                if result == SpanExportResult.SUCCESS:
-                    self.exported_spans += len(batch)
-                else:
-                    self.dropped_spans += len(batch)
-
-    def _run(self) -> None:
-        name_native_thread()
-        while not self._stopping:
-            self._wake.wait(self._interval_s)
-            self._wake.clear()
-            self._drain()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:  # noqa: D102
-        self._drain()
-        return True
-
-    def shutdown(self) -> None:  # noqa: D102
-        self._stopping = True
-        self._wake.set()
-        self._worker.join(timeout=5)
-        self._drain()
-        self._exporter.shutdown()
-
-
-class CaptureSpanExporter(SpanExporter):
-    """Writes spans into a capture's ``spans.otlp.jsonl``: one OTLP JSON request per batch.
-
-    Spans without events or links (all of ours) go straight to an OTLP JSON dict
-    (:func:`diag.otlp_json.spans_to_dict`), the same document the protobuf encoder and
-    ``diag.otlp_json.request_to_dict`` give, at a fraction of their CPU on the export thread
-    (which shares the GIL with the engine it observes); any other batch takes that route.
-    """
-
-    def __init__(self, writer: CaptureWriter) -> None:
-        self._writer = writer
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:  # noqa: D102
-        doc = spans_to_dict(spans)
-        if doc is None:
-            from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
-            self._writer.append_span_request(encode_spans(spans))
-        else:
-            self._writer.append_span_lines([json_line(doc)])
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:  # noqa: D102
-        return None
-
-
-# --- the record path: plain tuples on the caller's thread, SDK spans on the materialiser's ------
-
-_STAGE = 0  # (_STAGE, RequestTrace, name, start_ns, end_ns, attributes | None)
-_ROOT = 1  # (_ROOT, RequestTrace, end_ns, token times | None, error | None)
-_LOOSE = 2  # (_LOOSE, name, start_ns, end_ns, attributes): a root span of its own trace
-_EMPTY_CONTEXT = otel_context.Context()
-_LINE_SPANS = 512  # spans per OTLP JSON line written by the materialiser (the batch processor's batch)
-_SETTLE_LOCK = threading.Lock()  # settles a RequestTrace's root once, whichever thread asks first
-_UNSET = Status(StatusCode.UNSET)
-
-
-_SCALARS = (bool, int, float)
-
-
-def _plain_attributes(attrs: dict[str, Any], max_attrs: int | None, max_len: int | None) -> dict[str, Any] | None:
-    """``attrs`` as ``BoundedAttributes`` would clean them, or None when cleaning would change them."""
-    if max_attrs is not None and len(attrs) > max_attrs:
-        return None
-    for key, value in attrs.items():
-        if not isinstance(key, str) or not key:
-            return None
-        t = type(value)
-        if t in _SCALARS:
-            continue
-        if t is str:
-            if max_len is not None and len(value) > max_len:
-                return None
-            continue
-        if t is list or t is tuple:
-            for v in value:
-                tv = type(v)
-                if not (tv in _SCALARS or (tv is str and (max_len is None or len(v) <= max_len))):
-                    return None
-            if t is list:
-                attrs[key] = tuple(value)
-            continue
-        return None
-    return attrs
-
-
-class SpanMaterializer:
-    """Builds OpenTelemetry SDK spans from plain records, on its own thread.
-
-    The caller's side (:meth:`submit`) only appends a tuple to a bounded deque: O(1), never
-    blocks, never raises; a full queue drops and counts (:attr:`dropped_spans`). The
-    ``ttft-span-build`` thread settles each request root's ids and sampling (:meth:`new_root`,
-    unless the caller asked for them first) and turns records into :class:`ReadableSpan` objects with the tracer's resource,
-    scope, span limits and id generator (the same content ``Tracer.start_span``/``end`` give:
-    names, ids, parents, timestamps in Unix ns, attributes, status) and hands each to the
-    provider's span processor's ``on_end`` (exporters then run on the processors' threads).
-    Children follow their request root's sampling decision (what ``ParentBased`` does).
-    It wakes every ``interval_s`` or when ``batch`` records wait; :meth:`drain` builds now.
-
-    With a ``writer`` (a capture and nothing else to export to), the thread skips the SDK
-    objects and the export thread: it writes each span's OTLP JSON (the document
-    :class:`CaptureSpanExporter` writes for the same spans) into the capture itself, one line
-    per :data:`_LINE_SPANS` spans; a write that fails drops and counts its spans.
-    """
-
-    def __init__(self, tracer: Any, max_queue: int = 65536, batch: int = 256, interval_s: float = 0.5,
-                 writer: CaptureWriter | None = None) -> None:
-        self._tracer = tracer
-        self._writer = writer
-        #: the capture exporter, for a span the direct JSON cannot write (its protobuf route)
-        self._protobuf = CaptureSpanExporter(writer) if writer is not None else None
-        self._processor: SpanProcessor = tracer.span_processor
-        self._sampler = tracer.sampler
-        self._ids = tracer.id_generator
-        self._resource = tracer.resource
-        self._info = tracer.instrumentation_info
-        self._scope = getattr(tracer, "_instrumentation_scope", None)
-        limits = getattr(tracer, "_span_limits", None) or SpanLimits()
-        self._max_attrs = limits.max_span_attributes
-        self._max_value_len = limits.max_span_attribute_length
-        self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._max_queue = max_queue
-        self._batch = batch
-        self._interval_s = interval_s
-        self._wake = threading.Event()
-        self._lock = threading.Lock()
-        self._closed = False
-        self.dropped_spans = 0
-        self._failures_logged: set[str] = set()
-        self._worker = threading.Thread(target=self._run, name="ttft-span-build", daemon=True)
-        self._worker.start()
-
-    # -- caller's thread -------------------------------------------------------------------------
-
-    def submit(self, record: tuple[Any, ...]) -> None:
-        """Queue one span record (any thread; O(1); drops and counts when full or closed)."""
-        q = self._queue
-        if self._closed or len(q) >= self._max_queue:
-            self.dropped_spans += 1
-            return
-        q.append(record)
-        if len(q) >= self._batch and not self._wake.is_set():
-            self._wake.set()
-
-    def new_root(
-        self,
-        name: str,
-        kind: SpanKind,
-        attributes: dict[str, AttributeValue],
-        parent: SpanContext | None,
-        parent_context: otel_context.Context,
-    ) -> tuple[SpanContext, Mapping[str, Any] | None]:
-        """Ids and sampling for a request root, as ``Tracer.start_span`` decides them.
-
-        Returns (its SpanContext, the attributes to record) - attributes None when the
-        sampler does not record it (then nothing of the request is exported).
-        """
-        ids = self._ids
-        trace_id = parent.trace_id if parent is not None else ids.generate_trace_id()
-        result = self._sampler.should_sample(parent_context, trace_id, name, kind, attributes, ())
-        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
-        random_id = ids.is_trace_id_random() if parent is None else parent.trace_flags.random_trace_id
-        if random_id:
-            flags |= TraceFlags.RANDOM_TRACE_ID
-        ctx = SpanContext(trace_id, ids.generate_span_id(), False, TraceFlags(flags), result.trace_state)
-        return ctx, (result.attributes if result.decision.is_recording() else None)
-
-    # -- the materialiser's thread -----------------------------------------------------------------
-
-    def _attrs(self, *maps: Mapping[str, Any] | None) -> Mapping[str, Any]:
-        """The span's attributes as the SDK would keep them (cleaned, bounded).
-
-        When every value is already clean (str within the length limit, bool, int, float, or a
-        list of those) and they fit the count limit, a plain dict holds exactly what
-        ``BoundedAttributes`` would (lists as tuples, nothing dropped) at a fifth of its cost on
-        this thread; anything else goes through ``BoundedAttributes``.
-        """
-        merged: dict[str, Any] = dict(maps[0]) if maps[0] else {}
-        for extra in maps[1:]:
-            if extra:
-                for key, value in extra.items():
-                    merged.pop(key, None)  # a key set again moves to the end, as in BoundedAttributes
-                    merged[key] = value
-        plain = _plain_attributes(merged, self._max_attrs, self._max_value_len)
-        if plain is not None:
-            return plain
-        attrs = BoundedAttributes(self._max_attrs, maps[0], immutable=False, max_value_len=self._max_value_len)
-        for extra in maps[1:]:
-            if extra:
-                for key, value in extra.items():
-                    attrs[key] = value
-        return attrs
-
-    def _fields(self, rec: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        """(name, context, parent, kind, attributes, start_ns, end_ns, status) of a record's span;
-        None when its request is not sampled."""
-        tag = rec[0]
-        if tag == _STAGE:
-            _, req, name, start_ns, end_ns, attributes = rec
-            root = req.root_context()
-            if req.recorded_attributes is None:
-                return None
-            ctx = SpanContext(root.trace_id, self._ids.generate_span_id(), False, root.trace_flags, root.trace_state)
-            return name, ctx, root, SpanKind.INTERNAL, self._attrs(attributes), start_ns, end_ns, _UNSET
-        if tag == _ROOT:
-            _, req, end_ns, token_times, error = rec
-            ctx = req.root_context()
-            if req.recorded_attributes is None:
-                return None
-            attrs = self._attrs(req.recorded_attributes, *req.attribute_updates)
-            if token_times:
-                attrs[stages.ATTR_TOKEN_TIMES_NS] = token_times
-                attrs[stages.ATTR_FIRST_TOKEN_NS] = token_times[0]
-            status = _UNSET
-            if error:
-                attrs[stages.ATTR_ERROR] = error
-                status = Status(StatusCode.ERROR, error)
-            return req.name, ctx, req.parent_context, req.kind, attrs, req.start_ns, end_ns, status
-        _, name, start_ns, end_ns, attributes = rec  # _LOOSE: a root of its own trace
-        ctx, recorded = self.new_root(name, SpanKind.INTERNAL, attributes, None, _EMPTY_CONTEXT)
-        if recorded is None:
-            return None
-        return name, ctx, None, SpanKind.INTERNAL, self._attrs(recorded), start_ns, end_ns, _UNSET
-
-    def _span(self, name: str, ctx: SpanContext, parent: SpanContext | None, kind: SpanKind,
-              attributes: Mapping[str, Any], start_ns: int, end_ns: int, status: Status = _UNSET) -> ReadableSpan:
-        return ReadableSpan(
-            name=name, context=ctx, parent=parent, resource=self._resource, attributes=attributes,
-            kind=kind, instrumentation_info=self._info, status=status, start_time=start_ns, end_time=end_ns,
-            instrumentation_scope=self._scope,
-        )
-
-    def _doc(self, fields: tuple[Any, ...]) -> dict[str, Any]:
-        """A span's OTLP JSON straight from its fields (raises NotPlainValue for the protobuf route)."""
-        name, ctx, parent, kind, attrs, start_ns, end_ns, status = fields
-        dropped = attrs.dropped if isinstance(attrs, BoundedAttributes) else 0
-        return span_to_dict(ctx, parent, name, kind, start_ns, end_ns, attrs, dropped, status)
-
-    def drain(self) -> None:
-        """Build and hand on every queued record now (any thread; records keep their order)."""
-        with self._lock:
-            q = self._queue
-            docs: list[dict[str, Any]] = []
-            while q:
-                rec = q.popleft()
-                try:
-                    fields = self._fields(rec)
-                    if fields is None:
-                        continue
-                    if self._writer is None:
-                        self._processor.on_end(self._span(*fields))
-                        continue
-                    try:
-                        docs.append(self._doc(fields))
-                    except NotPlainValue:  # a value the fast path leaves to protobuf: its own line, in order
-                        self._write(docs)
-                        docs = []
-                        self._protobuf.export([self._span(*fields)])  # type: ignore[union-attr]
-                    if len(docs) >= _LINE_SPANS:
-                        self._write(docs)
-                        docs = []
-                except Exception as exc:  # never let one bad record stop the others
-                    self._failed(exc)
-            self._write(docs)
-
-    def _write(self, docs: list[dict[str, Any]]) -> None:
-        """Append span docs to the capture as one OTLP JSON line (a failure drops and counts them)."""
-        if not docs or self._writer is None:
-            return
-        try:
-            doc = {"resourceSpans": [resource_spans_to_dict(self._resource, {self._scope: docs})]}
-            self._writer.append_span_lines([json_line(doc)])
-        except Exception as exc:
-            self._failed(exc, len(docs))
-
-    def _failed(self, exc: Exception, spans: int = 1) -> None:
-        self.dropped_spans += spans
-        kind = type(exc).__name__
-        if kind not in self._failures_logged:
-            self._failures_logged.add(kind)
-            log.warning("building or writing a span failed (%s): %s", kind, exc)
-
-    def _run(self) -> None:
-        name_native_thread()
-        while not self._closed:
-            self._wake.wait(self._interval_s)
-            self._wake.clear()
-            self.drain()
-
-    def shutdown(self) -> None:
-        """Stop taking records, build what is queued, stop the thread. Idempotent."""
-        self._closed = True
-        self._wake.set()
-        if self._worker is not threading.current_thread():
-            self._worker.join(timeout=5)
-        self.drain()
 
 
 class RequestTrace:
@@ -454,10 +85,10 @@ class RequestTrace:
         ctx = self._ctx
         if ctx is not None or self._pending is None:
             return ctx
-        with _SETTLE_LOCK:
+        with SETTLE_LOCK:
             if self._pending is not None:
                 attributes, traceparent = self._pending
-                parent_context = _EMPTY_CONTEXT
+                parent_context = EMPTY_CONTEXT
                 if traceparent:
                     parent_context = _PROPAGATOR.extract({"traceparent": traceparent})
                     found = trace.get_current_span(parent_context).get_span_context()
@@ -499,7 +130,7 @@ class RequestTrace:
         try:
             yield
         finally:
-            self._mat.submit((_STAGE, self, name, start_ns, time.time_ns(), attrs))
+            self._mat.submit((STAGE, self, name, start_ns, time.time_ns(), attrs))
 
     def record_stage(
         self,
@@ -514,7 +145,7 @@ class RequestTrace:
         start_ns = int(start_ns)
         end_ns = int(end_ns)
         self._mat.submit(
-            (_STAGE, self, name, start_ns, end_ns if end_ns > start_ns else start_ns,
+            (STAGE, self, name, start_ns, end_ns if end_ns > start_ns else start_ns,
              dict(attributes) if attributes else None)
         )
 
@@ -537,7 +168,7 @@ class RequestTrace:
             return
         self._ended = True
         self._mat.submit(
-            (_ROOT, self, time.time_ns() if end_ns is None else int(end_ns), self._token_times_ns or None, error or None)
+            (ROOT, self, time.time_ns() if end_ns is None else int(end_ns), self._token_times_ns or None, error or None)
         )
 
 
@@ -624,7 +255,7 @@ class TraceSink:
             return
         start_ns = int(start_ns)
         end_ns = int(end_ns)
-        self._mat.submit((_LOOSE, name, start_ns, end_ns if end_ns > start_ns else start_ns, dict(attributes)))
+        self._mat.submit((LOOSE, name, start_ns, end_ns if end_ns > start_ns else start_ns, dict(attributes)))
 
     def record_step(self, start_ns: int, end_ns: int, attributes: Mapping[str, AttributeValue]) -> None:
         """One engine step (a forward over a batch) with its ATTR_STEP_* batch make-up. O(1)."""

@@ -119,7 +119,7 @@ def _looks_like_export_lines(path: Path) -> bool:
     Arrow's JSON reader is only handed files that pass: it is not hardened against
     top-level non-objects (it can crash on a bare ``null`` line).
     """
-    from diag.capture import open_spans
+    from diag.capture_spans import open_spans
 
     with open_spans(path) as fh:
         for line in fh:

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from diag.capture import META_FILE, PROFILE_DIR, SERIES_DIR, SPANS_FILE, SPANS_FILE_GZ, open_spans
+from diag.capture import META_FILE, PROFILE_DIR, SERIES_DIR, SPANS_FILE, SPANS_FILE_GZ
+from diag.capture_spans import open_spans
 
 #: a file is sniffed from its first bytes only
 SNIFF_BYTES = 4096

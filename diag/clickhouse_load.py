@@ -18,7 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from diag.capture import SPANS_FILE, SPANS_FILE_GZ, CaptureError, open_spans
+from diag.capture import SPANS_FILE, SPANS_FILE_GZ, CaptureError
+from diag.capture_spans import open_spans
 from diag.clickhouse import ClickHouseError, Connection
 from diag.otel_traces import DEFAULT_TABLE, check_identifier, rows_from_request, traces_ddl
 

@@ -14,11 +14,8 @@ import numpy as np
 import pandas as pd
 
 from diag import stages
-from diag.external_engines import (EXTRA_COLUMNS, REQUEST_COLUMNS, SGLANG, SGLANG_DECODE, SGLANG_LUMPED_NOTE,
-                                   SGLANG_PREFILL, SGLANG_QUEUE, SGLANG_ROOT_RE, SGLANG_SLICE_NAMES, SGLANG_TOKENIZE,
-                                   TGI, TGI_FIELDS, TGI_INFERENCE, TGI_QUEUE, TGI_SPAN_NAMES, TGI_TOTAL,
-                                   TGI_VALIDATION, VLLM, VLLM_CACHED_TOKENS, VLLM_INFERENCE, VLLM_LUMPED_NOTE,
-                                   parse_duration_series)
+from diag.external import sglang, tgi, vllm
+from diag.external_engines import EXTRA_COLUMNS, REQUEST_COLUMNS, parse_duration_series
 
 
 def _attr_getter(df: pd.DataFrame) -> Any:
@@ -74,7 +71,7 @@ def _frame_vllm(df: pd.DataFrame, get: Any) -> pd.DataFrame:
                (stages.VLLM_QUEUE, stages.VLLM_PROMPT_TOKENS, stages.GEN_AI_USAGE_INPUT_TOKENS)]
     vllm_key = present[0] | present[1] | present[2]
     sglang_mark = (np.array([v is not None for v in get("rid")]) | np.array([v is not None for v in get("thread_label")])
-                   | pd.Series(names).str.match(SGLANG_ROOT_RE).to_numpy(dtype=bool))
+                   | pd.Series(names).str.match(sglang.ROOT_RE).to_numpy(dtype=bool))
     mask = (names == stages.VLLM_SPAN_REQUEST) | (has_op & has_lat & vllm_key & ~sglang_mark)
     if not mask.any():
         return _empty_requests()
@@ -96,7 +93,7 @@ def _frame_vllm(df: pd.DataFrame, get: Any) -> pd.DataFrame:
     model = get(stages.GEN_AI_REQUEST_MODEL)[mask]
     return pd.DataFrame({
         "trace_id": sub["trace_id"].astype(str).to_numpy(),
-        "engine": VLLM,
+        "engine": vllm.NAME,
         "start_ns": start,
         "server_ttft_s": ttft,
         "e2e_s": e2e,
@@ -107,23 +104,23 @@ def _frame_vllm(df: pd.DataFrame, get: Any) -> pd.DataFrame:
         "tokenize_s": np.nan,
         "decode_s": f(stages.VLLM_DECODE),
         "lumped_s": lumped,
-        "lumped_note": np.where(np.isnan(lumped), "", VLLM_LUMPED_NOTE),
+        "lumped_note": np.where(np.isnan(lumped), "", vllm.LUMPED_NOTE),
         "span_id": sub["span_id"].astype(str).to_numpy(),
         "model": np.array(["" if v is None else str(v) for v in model], dtype=object),
-        "inference_s": f(VLLM_INFERENCE),
-        "cached_tokens": f(VLLM_CACHED_TOKENS),
+        "inference_s": f(vllm.INFERENCE),
+        "cached_tokens": f(vllm.CACHED_TOKENS),
     })
 
 
 def _frame_tgi(df: pd.DataFrame, get: Any) -> pd.DataFrame:
-    total_raw = get(TGI_TOTAL)
+    total_raw = get(tgi.TOTAL)
     has_total = np.array([v is not None for v in total_raw])
     if not has_total.any():
         return _empty_requests()
     names = df["name"].astype(str).to_numpy()
-    has_q = np.array([v is not None for v in get(TGI_QUEUE)]) | np.array([v is not None for v in get(TGI_INFERENCE)])
-    has_v = np.array([v is not None for v in get(TGI_VALIDATION)])
-    mask = has_total & has_q & (np.isin(names, list(TGI_SPAN_NAMES)) | has_v)
+    has_q = np.array([v is not None for v in get(tgi.QUEUE)]) | np.array([v is not None for v in get(tgi.INFERENCE)])
+    has_v = np.array([v is not None for v in get(tgi.VALIDATION)])
+    mask = has_total & has_q & (np.isin(names, list(tgi.SPAN_NAMES)) | has_v)
     if not mask.any():
         return _empty_requests()
     sub = df.loc[mask]
@@ -131,12 +128,12 @@ def _frame_tgi(df: pd.DataFrame, get: Any) -> pd.DataFrame:
     def d(key: str) -> np.ndarray:
         return parse_duration_series(pd.Series(get(key)[mask], dtype=object))
 
-    total, validation, queue, inference, tpt = (d(k) for k in TGI_FIELDS)
+    total, validation, queue, inference, tpt = (d(k) for k in tgi.FIELDS)
     with np.errstate(divide="ignore", invalid="ignore"):
         out_tokens = np.where(tpt > 0, np.round(inference / tpt), np.nan)
     return pd.DataFrame({
         "trace_id": sub["trace_id"].astype(str).to_numpy(),
-        "engine": TGI,
+        "engine": tgi.NAME,
         "start_ns": sub["start_ns"].to_numpy(dtype="int64"),
         "server_ttft_s": np.nan,
         "e2e_s": total,
@@ -159,13 +156,13 @@ def _frame_sglang(df: pd.DataFrame, get: Any) -> pd.DataFrame:
     names = df["name"].astype(str)
     rid = get("rid")
     has_rid = np.array([v is not None for v in rid])
-    is_root = has_rid & names.str.match(SGLANG_ROOT_RE).to_numpy(dtype=bool)
+    is_root = has_rid & names.str.match(sglang.ROOT_RE).to_numpy(dtype=bool)
     if not is_root.any():
         return _empty_requests()
     sg_traces = set(df.loc[is_root, "trace_id"].astype(str))
     trace = df["trace_id"].astype(str)
     in_trace = trace.isin(sg_traces).to_numpy()
-    is_slice = names.isin(SGLANG_SLICE_NAMES).to_numpy() & in_trace
+    is_slice = names.isin(sglang.SLICE_NAMES).to_numpy() & in_trace
     start = df["start_ns"].to_numpy(dtype="int64")
     end = df["end_ns"].to_numpy(dtype="int64")
 
@@ -197,8 +194,8 @@ def _frame_sglang(df: pd.DataFrame, get: Any) -> pd.DataFrame:
             return np.full(len(roots), np.nan)
         return dur[cols].sum(axis=1, min_count=1).to_numpy(dtype="float64")
 
-    tokenize, queue, prefill, decode = (total(x) for x in (SGLANG_TOKENIZE, SGLANG_QUEUE, SGLANG_PREFILL, SGLANG_DECODE))
-    pf = sl[sl["name"].isin(SGLANG_PREFILL)]
+    tokenize, queue, prefill, decode = (total(x) for x in (sglang.TOKENIZE, sglang.QUEUE, sglang.PREFILL, sglang.DECODE))
+    pf = sl[sl["name"].isin(sglang.PREFILL)]
     first_token_ns = pf.groupby("trace_id")["end_ns"].max().reindex(roots.index).to_numpy(dtype="float64")
     root_start = roots["start_ns"].to_numpy(dtype="int64")
     ttft = (first_token_ns - root_start) / 1e9
@@ -210,7 +207,7 @@ def _frame_sglang(df: pd.DataFrame, get: Any) -> pd.DataFrame:
     lumped = np.maximum(ttft - known, 0.0)
     return pd.DataFrame({
         "trace_id": roots.index.to_numpy(dtype=object),
-        "engine": SGLANG,
+        "engine": sglang.NAME,
         "start_ns": root_start,
         "server_ttft_s": ttft,
         "e2e_s": (roots["end_ns"].to_numpy(dtype="int64") - root_start) / 1e9,
@@ -221,7 +218,7 @@ def _frame_sglang(df: pd.DataFrame, get: Any) -> pd.DataFrame:
         "tokenize_s": tokenize,
         "decode_s": decode,
         "lumped_s": lumped,
-        "lumped_note": np.where(np.isnan(lumped), "", SGLANG_LUMPED_NOTE),
+        "lumped_note": np.where(np.isnan(lumped), "", sglang.LUMPED_NOTE),
         "span_id": roots["span_id"].to_numpy(dtype=object),
         "model": "",
         "inference_s": np.nan,

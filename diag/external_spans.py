@@ -46,10 +46,9 @@ import numpy as np
 import pandas as pd
 
 from diag import stages
+from diag.external import sglang, tgi, vllm
 from diag.external_engines import (EXTRA_COLUMNS, GAP_INCLUDES_FRONTEND, NOTES, REQUEST_COLUMNS,  # noqa: F401
-                                   SGLANG, SGLANG_ROOT_RE, SGLANG_SLICE_NAMES, SGLANG_UNIQUE, TGI, TGI_FIELDS,
-                                   TGI_INFERENCE, TGI_QUEUE, TGI_SPAN_NAMES, TGI_TOTAL, TGI_VALIDATION, VLLM,
-                                   VLLM_CACHED_TOKENS, VLLM_INFERENCE, VLLM_LUMPED_NOTE, parse_rust_duration_s)
+                                   parse_rust_duration_s)
 from diag.external_engines import parse_duration_series as _parse_duration_series  # noqa: F401
 from diag.external_frames import adapt_spans_frame  # noqa: F401  (the vectorised entry, re-exported)
 
@@ -136,24 +135,24 @@ def _is_vllm(name: str, attributes: Mapping[str, Any]) -> bool:
         return False
     if not (stages.VLLM_TTFT in attributes or stages.VLLM_E2E in attributes):
         return False
-    if "rid" in attributes or "thread_label" in attributes or SGLANG_ROOT_RE.match(name):
+    if "rid" in attributes or "thread_label" in attributes or sglang.ROOT_RE.match(name):
         return False
     return stages.VLLM_QUEUE in attributes or stages.VLLM_PROMPT_TOKENS in attributes or \
         stages.GEN_AI_USAGE_INPUT_TOKENS in attributes
 
 
 def _is_tgi(name: str, attributes: Mapping[str, Any]) -> bool:
-    if TGI_TOTAL in attributes and (TGI_QUEUE in attributes or TGI_INFERENCE in attributes):
-        return name in TGI_SPAN_NAMES or TGI_VALIDATION in attributes
+    if tgi.TOTAL in attributes and (tgi.QUEUE in attributes or tgi.INFERENCE in attributes):
+        return name in tgi.SPAN_NAMES or tgi.VALIDATION in attributes
     return False
 
 
 def _is_sglang(name: str, attributes: Mapping[str, Any]) -> bool:
-    if name in SGLANG_UNIQUE:
+    if name in sglang.UNIQUE:
         return True
     if name.startswith("Bootstrap Room "):
         return True
-    if "rid" in attributes and SGLANG_ROOT_RE.match(name):
+    if "rid" in attributes and sglang.ROOT_RE.match(name):
         return True
     return "thread_label" in attributes and "pid" in attributes and "host_id" in attributes
 
@@ -162,11 +161,11 @@ def detect_engine(span_name: str, attributes: Mapping[str, Any]) -> str | None:
     """Which engine made this span: "vllm", "tgi", "sglang" or None (ours or unknown)."""
     attributes = attributes or {}
     if _is_vllm(span_name, attributes):
-        return VLLM
+        return vllm.NAME
     if _is_tgi(span_name, attributes):
-        return TGI
+        return tgi.NAME
     if _is_sglang(span_name, attributes):
-        return SGLANG
+        return sglang.NAME
     return None
 
 
@@ -191,7 +190,7 @@ def _adapt_vllm(name: str, a: Mapping[str, Any], start_ns: int, end_ns: int) -> 
         lumped = 0.0
     st = {stages.QUEUE: queue, stages.PREFILL: prefill, stages.DECODE: decode}
     return AdaptedRequest(
-        engine=VLLM,
+        engine=vllm.NAME,
         name=name,
         start_ns=int(start_ns),
         end_ns=int(end_ns),
@@ -202,10 +201,10 @@ def _adapt_vllm(name: str, a: Mapping[str, Any], start_ns: int, end_ns: int) -> 
         output_tokens=_num(_first(a, stages.VLLM_COMPLETION_TOKENS, stages.GEN_AI_USAGE_OUTPUT_TOKENS)),
         lumped_stage=stages.LUMPED if not math.isnan(lumped) else None,
         lumped_s=lumped,
-        lumped_note=VLLM_LUMPED_NOTE,
-        inference_s=_num(a.get(VLLM_INFERENCE)),
+        lumped_note=vllm.LUMPED_NOTE,
+        inference_s=_num(a.get(vllm.INFERENCE)),
         model=str(_first(a, stages.GEN_AI_REQUEST_MODEL, "gen_ai.response.model") or ""),
-        cached_tokens=_num(a.get(VLLM_CACHED_TOKENS)),
+        cached_tokens=_num(a.get(vllm.CACHED_TOKENS)),
     )
 
 
@@ -214,11 +213,11 @@ def _adapt_tgi(name: str, a: Mapping[str, Any], start_ns: int, end_ns: int) -> A
         v = parse_rust_duration_s(a.get(key))
         return math.nan if v is None else v
 
-    total, validation, queue, inference, tpt = (d(k) for k in TGI_FIELDS)
+    total, validation, queue, inference, tpt = (d(k) for k in tgi.FIELDS)
     out_tokens = round(inference / tpt) if tpt > 0 and not math.isnan(inference) else math.nan
     st = {stages.TOKENIZE: validation, stages.QUEUE: queue}
     return AdaptedRequest(
-        engine=TGI,
+        engine=tgi.NAME,
         name=name,
         start_ns=int(start_ns),
         end_ns=int(end_ns),
@@ -237,8 +236,8 @@ def adapt_span(name: str, attributes: Mapping[str, Any], start_ns: int, end_ns: 
     """
     attributes = attributes or {}
     engine = detect_engine(name, attributes)
-    if engine == VLLM:
+    if engine == vllm.NAME:
         return _adapt_vllm(name, attributes, start_ns, end_ns)
-    if engine == TGI:
+    if engine == tgi.NAME:
         return _adapt_tgi(name, attributes, start_ns, end_ns)
     return None

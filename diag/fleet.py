@@ -22,7 +22,8 @@ from typing import Any
 import rules
 from diag.analysis import Analysis, analyze_captures, load_captures
 from diag.capture import CaptureError
-from diag.tables import empty_request_table, stage_decomposition
+from diag.request_table import empty_request_table
+from diag.tables import stage_decomposition
 
 #: verdicts that name no bottleneck: a replica with one of these is never the hot one
 _NOT_A_BOTTLENECK = frozenset({"healthy", *rules.OUTCOMES})

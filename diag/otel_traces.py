@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from diag import stages
-from diag.capture import KNOWN_ATTRS, SPAN_COLUMNS
+from diag.capture_spans import KNOWN_ATTRS, SPAN_COLUMNS
 
 DEFAULT_TABLE = "otel_traces"
 
@@ -280,7 +280,7 @@ SPAN_QUERY_COLUMNS: tuple[str, ...] = ("trace_id", "span_id", "parent_span_id", 
 
 def span_table(rows: pd.DataFrame, source: str) -> pd.DataFrame:
     """Span rows read back from the table (:data:`SPAN_QUERY_COLUMNS`) as a capture's span table
-    (``diag.capture.SPAN_COLUMNS``, one column per known attribute, ``extra`` for the rest), typed
+    (``diag.capture_spans.SPAN_COLUMNS``, one column per known attribute, ``extra`` for the rest), typed
     by :func:`decode_value`. Work is one pass over the rows' attributes: for a bounded sample."""
     n = len(rows)
     start = pd.to_numeric(rows["start_ns"]).astype("int64").to_numpy() if n else np.zeros(0, dtype="int64")

@@ -43,8 +43,9 @@ class Room:
 #: is in "engine", not "ground"'s ``diag``).
 HOUSE: tuple[Room, ...] = (
     Room(1, "ground", (
-        "diag", "diag.stages", "diag.capture", "diag.capture_arrow", "diag.capture_files", "diag.otlp_json", "diag.tables",
-        "diag.slo", "diag.exit_codes", "diag.units", "diag.external_spans", "diag.external_engines", "diag.external_frames",
+        "diag", "diag.stages", "diag.capture", "diag.capture_arrow", "diag.capture_files", "diag.capture_spans",
+        "diag.otlp_json", "diag.tables", "diag.request_table", "diag.slo", "diag.exit_codes", "diag.units",
+        "diag.external_spans", "diag.external_engines", "diag.external_frames", "diag.external", "diag.external.*",
         "diag.client_lag", "diag.clickhouse", "diag.clickhouse_load", "diag.otel_traces", "diag.trace_sql",
     )),
     Room(2, "collectors", ("collectors", "collectors.*")),

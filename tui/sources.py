@@ -37,8 +37,8 @@ from diag.capture import (
     SPANS_FILE_GZ,
     Capture,
     CaptureError,
-    empty_span_table,
 )
+from diag.capture_spans import empty_span_table
 from diag.tables import Tables, build_tables
 from tui.outage import ServerState, server_state
 
@@ -243,7 +243,7 @@ class SpanTail:
 
     def read_new(self) -> pd.DataFrame | None:
         """New spans as a span table, or None when nothing new arrived."""
-        from diag.capture import parse_span_lines  # the loader's own line parser
+        from diag.capture_spans import parse_span_lines  # the loader's own line parser
 
         try:
             size = self.path.stat().st_size

@@ -14,7 +14,9 @@ Workers behind it: :mod:`.client` (streaming client), :mod:`.workload` (prompts)
 :mod:`.health` (client saturation), :mod:`.alongside` (/metrics and NVML hooks).
 """
 
-from collectors.probe.client import ERROR_KINDS, Endpoint, RequestResult, StreamingClient, resolve_endpoint
+from collectors.probe.client import StreamingClient
+from collectors.probe.endpoint import Endpoint, resolve_endpoint
+from collectors.probe.results import ERROR_KINDS, RequestResult
 from collectors.probe.health import HealthMonitor, summarize as summarize_health
 from collectors.probe.load import LoadSpec, PhaseOutcome, run_phase
 from collectors.probe.metrics import DEFINITIONS, compute_metrics, format_metrics, format_sweep_table

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from collectors.probe.client import ATTR_CLIENT_API, RequestResult, StreamingClient, record_result_on_span
+from collectors.probe.client import StreamingClient
+from collectors.probe.results import ATTR_CLIENT_API, RequestResult, record_result_on_span
 from diag import stages
 
 #: the error kind of a request whose worker was lost while it was in flight

@@ -33,7 +33,8 @@ from typing import Any
 
 from collectors.probe import eventloop
 from collectors.probe.affinity import worker_cpus
-from collectors.probe.client import RequestResult, StreamingClient
+from collectors.probe.client import StreamingClient
+from collectors.probe.results import RequestResult
 from collectors.probe.health import HealthMonitor, HealthSamples
 from collectors.probe.workload import Workload
 

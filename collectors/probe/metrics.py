@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from collectors.probe.client import ERROR_KINDS, RequestResult
+from collectors.probe.results import ERROR_KINDS, RequestResult
 from diag.units import fmt_s
 from diag.tables import describe
 

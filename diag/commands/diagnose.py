@@ -144,7 +144,7 @@ def _waits_only(kind: str, payload: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from collectors.probe.client import split_url
+    from collectors.probe.endpoint import split_url
     from diag.exit_codes import BAD_INPUT, INTERRUPTED, OK
     from diag.diagnose import DiagnoseConfig, PlanConfig, format_result, run_diagnose
     from diag.report.text import format_analysis

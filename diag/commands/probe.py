@@ -324,7 +324,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from collectors.probe import format_metrics, format_sweep_table, run_probe, run_sweep
-    from collectors.probe.client import split_url
+    from collectors.probe.endpoint import split_url
 
     try:
         split_url(args.url)

@@ -11,7 +11,7 @@ import sys
 from diag.engine.faults import FAULTS, FaultError, parse_injections
 
 #: the scheduler's policies (kept literal so that ``ttft --help`` does not import torch;
-#: tests check it equals ``diag.engine.scheduler.POLICIES``)
+#: tests check it equals ``diag.engine.scheduler_types.POLICIES``)
 POLICIES: tuple[str, ...] = ("prefill-first", "decode-first", "chunked")
 
 

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         args.probe_rate = 0.0
     if args.probe_rate < 0 or args.window <= 0 or args.refresh <= 0 or args.probe_timeout <= 0:
         raise UsageError("--probe-rate must be >= 0, --window, --refresh and --probe-timeout > 0")
-    from collectors.probe.client import split_url
+    from collectors.probe.endpoint import split_url
     from diag.slo import slo_option
 
     try:

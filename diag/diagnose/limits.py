@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from collectors.probe.client import auth_headers, split_url
+from collectors.probe.endpoint import auth_headers, split_url
 
 #: Keys of a ``/v1/models`` entry that give the context limit in tokens (see the module docstring).
 CONTEXT_KEYS: tuple[str, ...] = ("max_model_len",)

@@ -44,9 +44,10 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from diag.engine.faults import FAULTS, FaultConfig, FaultError, parse_injections
     from diag.engine.metrics import METRIC_NAMES
-    from diag.engine.model import PRESETS, CheckpointError, ModelConfig, ModelSpec
+    from diag.engine.model import ModelSpec
+    from diag.engine.model_config import PRESETS, CheckpointError, ModelConfig
     from diag.engine.sampler import SamplingParams
-    from diag.engine.scheduler import POLICIES, RequestRejected
+    from diag.engine.scheduler_types import POLICIES, RequestRejected
     from diag.engine.server import EngineServer, ServerThread
 
 

@@ -12,7 +12,7 @@ import torch
 from diag.engine.faults import FaultConfig
 from diag.engine.lora import LoraModule, parse_lora_module
 from diag.engine.model import ModelSpec
-from diag.engine.scheduler import SchedulerConfig
+from diag.engine.scheduler_types import SchedulerConfig
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from diag.engine.grammar import CompiledGrammar, GrammarSource, TokenVocab, compile_grammar
+from diag.engine.grammar import CompiledGrammar, TokenVocab, compile_grammar
+from diag.engine.grammar_schema import GrammarSource
 from diag.engine.metrics import EngineMetrics
 from diag.engine.outputs import EngineStoppedError
 

@@ -36,7 +36,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from diag.engine.model import ModelConfig
+from diag.engine.model_config import ModelConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

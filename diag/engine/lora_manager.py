@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 from diag.engine.lora import AdapterInfo, LoraModule, PackedAdapter, check_adapter, name_seed, read_adapter, write_adapter
 from diag.engine.lora_slots import LoraSlots
 from diag.engine.metrics import EngineMetrics
-from diag.engine.model import ModelConfig
+from diag.engine.model_config import ModelConfig
 
 #: where a load's adapter came from: the host cache, or its file
 SOURCE_HOST = "host"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from diag.engine.lora import GROUPS, PackedAdapter, group_shapes
-from diag.engine.model import ModelConfig
+from diag.engine.model_config import ModelConfig
 
 #: one forward's adapters: (slot, row indices of its tokens; None = every row of the batch)
 LoraGroups = list[tuple[int, "torch.Tensor | None"]]

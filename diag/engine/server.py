@@ -16,7 +16,7 @@ the engine is ready, then run normally; if loading fails they get a 503 naming t
 
 Structured output: ``response_format`` on both routes, ``{"type": "text"}`` (none),
 ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name": ..., "schema":
-{...}}}`` (:mod:`diag.engine.grammar`: a malformed one or a schema outside the supported subset
+{...}}}`` (:mod:`diag.engine.grammar_schema`: a malformed one or a schema outside the supported subset
 gets a 400 at once). The handler holds the response (no headers yet) until the request's
 grammar is ready, so a grammar that fails to compile is a 400 too; the schema's text is never
 logged or recorded (the request span has its key only).
@@ -27,7 +27,7 @@ model (``parent``: the base model, ``root``: its directory, as vLLM lists them);
 as their ``model``. Any other unknown ``model`` is a 404, as without adapters.
 
 Fault ``network_delay_ms``: every SSE write (headers, each chunk) and each non-streamed response
-goes to the client that long after it is ready, pipelined (see :class:`_DelayedWriter`), so it
+goes to the client that long after it is ready, pipelined (see :class:`DelayedWriter`), so it
 adds to the client's TTFT but not to its inter-token gaps, and never touches the step loop.
 
 Front end (:mod:`diag.engine.frontend`): each request holds one of ``EngineConfig.http_workers``
@@ -36,6 +36,8 @@ HTTP workers (unbounded by default) from its parsed body to the end of its respo
 default). Requests beyond them wait before the engine sees them; that wait is on the request span
 (``stages.ATTR_FRONTEND_*``) and in ``/metrics``; a full ``http_backlog`` gets 503. The fault
 ``frontend_workers=N`` shrinks both pools.
+
+Request parsing and the error body are in :mod:`diag.engine.openai_protocol`.
 
 Threading: handlers run on the server's asyncio loop; tokenization runs on the front end's
 tokenizer threads (``Engine.submit``); engine events come back through ``AsyncEventStream``.
@@ -46,192 +48,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from diag import stages
+from diag.engine.delayed_writer import DelayedWriter
 from diag.engine.engine import Engine
 from diag.engine.frontend import FrontEnd, FrontEndFull, FrontEndWait, effective_sizes
-from diag.engine.grammar import GrammarError, GrammarSource, grammar_source
+from diag.engine.grammar_schema import GrammarError
+from diag.engine.openai_protocol import (DEFAULT_MAX_BODY_BYTES, ERROR_TYPES, BadRequest, ParsedRequest, error_response,
+                                         parse_request)
 from diag.engine.outputs import AsyncEventStream, EngineStoppedError, QueueFullError, TokenEvent
-from diag.engine.sampler import MAX_TOKENS_LIMIT, SamplingParams
-
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-DEFAULT_COMPLETION_MAX_TOKENS = 16
-DEFAULT_CHAT_MAX_TOKENS = 256
-
-
-class BadRequest(ValueError):
-    """A client error with its HTTP status (default 400)."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
-
-
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestTooLarge", 503: "ServiceUnavailableError"}
-
-
-def error_response(message: str, status: int, param: str | None = None) -> web.Response:
-    """OpenAI-style error body on one line: ``{"error": {"message", "type", "param", "code"}}``."""
-    body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "Error"), "param": param, "code": status}}
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
-
-
-# --- request parsing ----------------------------------------------------------------------------
-
-
-def _opt_number(body: dict[str, Any], key: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise BadRequest(f"'{key}' must be a number, got {json.dumps(v)[:40]}", param=key)
-    if v < lo or v > hi or (lo_open and v == lo):
-        raise BadRequest(f"'{key}' must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v}", param=key)
-    return float(v)
-
-
-def _opt_int(body: dict[str, Any], key: str, default: int | None) -> int | None:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise BadRequest(f"'{key}' must be an integer, got {json.dumps(v)[:40]}", param=key)
-    return v
-
-
-def _opt_bool(body: dict[str, Any], key: str, default: bool) -> bool:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise BadRequest(f"'{key}' must be a boolean, got {json.dumps(v)[:40]}", param=key)
-    return v
-
-
-@dataclass
-class ParsedRequest:
-    """A validated completions/chat request."""
-
-    chat: bool
-    prompt: str | None
-    prompt_ids: list[int] | None
-    messages: list[dict[str, str]] | None
-    params: SamplingParams
-    stream: bool
-    include_usage: bool
-    max_tokens_given: bool
-    grammar: GrammarSource | None = None
-    #: the LoRA adapter the request's ``model`` names (None: the base model)
-    lora: str | None = None
-
-
-def parse_request(body: Any, chat: bool, served_names: tuple[str, ...],
-                  adapters: tuple[str, ...] = ()) -> ParsedRequest:
-    """Validate a decoded JSON body; BadRequest with a one-line message naming the field. A ``model``
-    among ``adapters`` (LoRA adapter names) selects that adapter."""
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    model = body.get("model")
-    lora: str | None = None
-    if model is not None:
-        if not isinstance(model, str):
-            raise BadRequest("'model' must be a string", param="model")
-        if model in adapters:
-            lora = model
-        elif model not in served_names:
-            also = f" and the LoRA adapters {', '.join(repr(a) for a in adapters)}" if adapters else ""
-            raise BadRequest(f"model {model!r} not found; this server serves {served_names[0]!r}{also}", status=404,
-                             param="model")
-    prompt: str | None = None
-    prompt_ids: list[int] | None = None
-    messages: list[dict[str, str]] | None = None
-    if chat:
-        raw = body.get("messages")
-        if not isinstance(raw, list) or not raw:
-            raise BadRequest("'messages' must be a non-empty list", param="messages")
-        messages = []
-        for i, m in enumerate(raw):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise BadRequest(f"messages[{i}] must be an object with a string 'role'", param="messages")
-            content = m.get("content")
-            if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-                parts = []
-                for p in content:
-                    if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                        raise BadRequest(f"messages[{i}].content: only text parts are supported", param="messages")
-                    parts.append(p["text"])
-                content = "".join(parts)
-            if content is None:
-                content = ""
-            if not isinstance(content, str):
-                raise BadRequest(f"messages[{i}].content must be a string", param="messages")
-            messages.append({"role": m["role"], "content": content})
-        if not any(m["content"] for m in messages):
-            raise BadRequest("messages are empty (no content)", param="messages")
-    else:
-        raw = body.get("prompt")
-        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
-            raw = raw[0]
-        if isinstance(raw, str):
-            if not raw:
-                raise BadRequest("'prompt' must not be empty", param="prompt")
-            prompt = raw
-        elif isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
-            prompt_ids = list(raw)
-        elif isinstance(raw, list) and not raw:
-            raise BadRequest("'prompt' must not be empty", param="prompt")
-        elif raw is None:
-            raise BadRequest("'prompt' is required", param="prompt")
-        else:
-            raise BadRequest("'prompt' must be a string, a list of one string, or a list of token ids", param="prompt")
-    key = "max_tokens"
-    max_tokens = _opt_int(body, "max_tokens", None)
-    if chat and body.get("max_completion_tokens") is not None:
-        key = "max_completion_tokens"
-        max_tokens = _opt_int(body, key, None)
-    given = max_tokens is not None
-    if max_tokens is None:
-        max_tokens = DEFAULT_CHAT_MAX_TOKENS if chat else DEFAULT_COMPLETION_MAX_TOKENS
-    if max_tokens < 1 or max_tokens > MAX_TOKENS_LIMIT:
-        raise BadRequest(f"'{key}' must be an integer in [1, {MAX_TOKENS_LIMIT}], got {max_tokens}", param=key)
-    n = _opt_int(body, "n", 1)
-    if n != 1:
-        raise BadRequest("'n' must be 1 (one choice per request)", param="n")
-    if body.get("stop") not in (None, [], ""):
-        raise BadRequest("'stop' sequences are not supported by this engine", param="stop")
-    top_k = _opt_int(body, "top_k", 0)
-    assert top_k is not None
-    if top_k < -1:
-        raise BadRequest(f"'top_k' must be >= -1 (-1 or 0 = off), got {top_k}", param="top_k")
-    params = SamplingParams(
-        max_tokens=max_tokens,
-        temperature=_opt_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_opt_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        top_k=max(0, top_k),
-        seed=_opt_int(body, "seed", None),
-        ignore_eos=_opt_bool(body, "ignore_eos", False),
-    )
-    stream = _opt_bool(body, "stream", False)
-    so = body.get("stream_options")
-    include_usage = False
-    if so is not None:
-        if not isinstance(so, dict):
-            raise BadRequest("'stream_options' must be an object", param="stream_options")
-        include_usage = _opt_bool(so, "include_usage", False)
-    try:
-        grammar = grammar_source(body.get("response_format"))
-    except GrammarError as exc:
-        raise BadRequest(str(exc), param="response_format") from None
-    return ParsedRequest(chat, prompt, prompt_ids, messages, params, stream, include_usage, given, grammar, lora)
 
 
 # --- the server ---------------------------------------------------------------------------------
@@ -483,9 +314,9 @@ class EngineServer:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": rid},
         )
         created = int(time.time())
-        delayed: _DelayedWriter | None = None
+        delayed: DelayedWriter | None = None
         if self.network_delay_s > 0:
-            delayed = _DelayedWriter(resp, request, self.network_delay_s)
+            delayed = DelayedWriter(resp, request, self.network_delay_s)
 
             async def send(obj: dict[str, Any]) -> None:
                 assert delayed is not None
@@ -510,7 +341,7 @@ class EngineServer:
         created: int,
         stream: AsyncEventStream,
         send: Any,
-        delayed: "_DelayedWriter | None",
+        delayed: "DelayedWriter | None",
     ) -> web.StreamResponse:
         if parsed.chat:
             await send(self._chunk(parsed, rid, created, None, None, role=True))
@@ -521,7 +352,7 @@ class EngineServer:
                 if ev.finish_reason == "error":
                     code = ev.error_status or 500
                     await send({"error": {"message": ev.error or "engine error",
-                                          "type": _ERROR_TYPES.get(code, "InternalServerError"), "code": code}})
+                                          "type": ERROR_TYPES.get(code, "InternalServerError"), "code": code}})
                     break
                 await send(self._chunk(parsed, rid, created, ev.text, ev.finish_reason))
             elif ev.text:
@@ -582,60 +413,6 @@ class EngineServer:
                 "usage": usage,
             }
         return web.json_response(body, headers={"X-Request-Id": rid})
-
-
-class _DelayedWriter:
-    """The ``network_delay_ms`` fault for one SSE response: a link with latency, not a slow one.
-
-    :meth:`write` (server loop, never blocks) stamps each chunk's ready time; one writer task
-    sends the headers and then each chunk at ``ready + delay_s`` (loop clock, s), in order.
-    Chunks do not wait for each other's delay, so gaps between chunks stay as they were.
-    A write error (client gone) is raised from the next :meth:`write` or :meth:`close`.
-    """
-
-    def __init__(self, resp: web.StreamResponse, request: web.Request, delay_s: float) -> None:
-        self._resp = resp
-        self._request = request
-        self._delay_s = delay_s
-        self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
-        self._prepare_due = self._loop.time() + delay_s  # the headers are ready now
-        self._task = asyncio.ensure_future(self._run())
-
-    def _check(self) -> None:
-        if self._task.done() and not self._task.cancelled() and self._task.exception() is not None:
-            raise self._task.exception()  # type: ignore[misc]
-
-    def write(self, data: bytes) -> None:
-        """Queue ``data`` for ``now + delay_s``."""
-        self._check()
-        self._queue.put_nowait((self._loop.time() + self._delay_s, data))
-
-    async def close(self) -> None:
-        """Queue the end of the stream and wait until everything is written (or raise)."""
-        self._check()
-        self._queue.put_nowait((self._loop.time() + self._delay_s, None))
-        await asyncio.shield(self._task)
-
-    def cancel(self) -> None:
-        if not self._task.done():
-            self._task.cancel()
-
-    async def _sleep_until(self, due: float) -> None:
-        wait = due - self._loop.time()
-        if wait > 0:
-            await asyncio.sleep(wait)
-
-    async def _run(self) -> None:
-        await self._sleep_until(self._prepare_due)
-        await self._resp.prepare(self._request)
-        while True:
-            due, data = await self._queue.get()
-            await self._sleep_until(due)
-            if data is None:
-                await self._resp.write_eof()
-                return
-            await self._resp.write(data)
 
 
 class ServerThread:

@@ -7,7 +7,8 @@ import time
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collectors.spans import NULL_SINK, DroppingBatchProcessor, setup_tracing
+from collectors.span_export import DroppingBatchProcessor
+from collectors.spans import NULL_SINK, setup_tracing
 from diag import stages
 from diag.capture import SPANS_FILE, load_capture
 from diag.otlp_json import dict_to_request
@@ -234,16 +235,16 @@ def test_sdk_spans_are_built_on_the_materialiser_thread_not_the_callers(monkeypa
     """The SDK spans are built on the materialiser thread, not in the record calls."""
     import threading
 
-    import collectors.spans as spans_mod
+    import collectors.span_build as span_build
 
     builders: set[str] = set()
-    real = spans_mod.ReadableSpan
+    real = span_build.ReadableSpan
 
     def spy(*a, **k):
         builders.add(threading.current_thread().name)
         return real(*a, **k)
 
-    monkeypatch.setattr(spans_mod, "ReadableSpan", spy)
+    monkeypatch.setattr(span_build, "ReadableSpan", spy)
     sink = setup_tracing(memory=True, export_interval_s=0.05)
     for i in range(20):
         _one_request(sink, i)
@@ -309,14 +310,14 @@ def test_plain_attribute_path_hands_anything_to_clean_to_bounded_attributes():
     """The materialiser's cheap path keeps only what BoundedAttributes would keep unchanged."""
     from opentelemetry.attributes import BoundedAttributes
 
-    from collectors.spans import _plain_attributes
+    from collectors.span_build import plain_attributes
 
     clean = {"s": "abc", "i": 1, "f": 0.5, "b": True, "l": [1, 2], "t": ("x", "y")}
-    got = _plain_attributes(dict(clean), 128, None)
+    got = plain_attributes(dict(clean), 128, None)
     assert got == dict(BoundedAttributes(128, clean, immutable=False))
     assert got["l"] == (1, 2)
-    assert _plain_attributes({"s": "x" * 11}, 128, 10) is None  # would be truncated
-    assert _plain_attributes({"m": {"k": 1}}, 128, None) is None  # a mapping value
-    assert _plain_attributes({"l": [1, None]}, 128, None) is None
-    assert _plain_attributes({"a": 1, "b": 2}, 1, None) is None  # over the count limit
-    assert _plain_attributes({"": 1}, 128, None) is None  # an invalid key is dropped by the SDK
+    assert plain_attributes({"s": "x" * 11}, 128, 10) is None  # would be truncated
+    assert plain_attributes({"m": {"k": 1}}, 128, None) is None  # a mapping value
+    assert plain_attributes({"l": [1, None]}, 128, None) is None
+    assert plain_attributes({"a": 1, "b": 2}, 1, None) is None  # over the count limit
+    assert plain_attributes({"": 1}, 128, None) is None  # an invalid key is dropped by the SDK

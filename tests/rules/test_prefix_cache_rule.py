@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.probe.client import RequestResult, record_result_on_span
+from collectors.probe.results import RequestResult, record_result_on_span
 from collectors.spans import setup_tracing
 from diag import stages
 from diag.capture import load_capture

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 
 from diag import stages
-from diag.tables import Tables, empty_request_table
+from diag.request_table import empty_request_table
+from diag.tables import Tables
 
 NS = 1e9
 

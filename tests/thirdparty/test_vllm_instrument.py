@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
-from diag import external_engines as ee
+from diag.external import vllm as vllm_spans
 from diag import stages
 from diag.capture import load_capture
 from diag.tables import build_tables
@@ -27,9 +27,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 #: what the adapter reads from vLLM's llm_request span and 0.32.0 emits
 READ_AND_EMITTED = (stages.VLLM_TTFT, stages.VLLM_E2E, stages.VLLM_QUEUE, stages.VLLM_PREFILL, stages.VLLM_DECODE,
-                    stages.VLLM_PROMPT_TOKENS, stages.VLLM_COMPLETION_TOKENS, ee.VLLM_INFERENCE)
+                    stages.VLLM_PROMPT_TOKENS, stages.VLLM_COMPLETION_TOKENS, vllm_spans.INFERENCE)
 #: read when present (newer vLLM source), not emitted by 0.32.0's do_tracing
-READ_NOT_EMITTED = (ee.VLLM_CACHED_TOKENS, stages.GEN_AI_REQUEST_MODEL, "gen_ai.response.model",
+READ_NOT_EMITTED = (vllm_spans.CACHED_TOKENS, stages.GEN_AI_REQUEST_MODEL, "gen_ai.response.model",
                     stages.GEN_AI_OPERATION)
 
 
@@ -95,7 +95,7 @@ def test_every_span_attribute_the_adapter_reads_is_in_the_real_span(instrumented
         assert sp["kind"] in (2, "SPAN_KIND_SERVER")
         # the meanings the adapter gives them: seconds on one clock, TTFT = queue + prefill + a small remainder
         assert 0 <= a[stages.VLLM_QUEUE] + a[stages.VLLM_PREFILL] <= a[stages.VLLM_TTFT] <= a[stages.VLLM_E2E]
-        assert a[ee.VLLM_INFERENCE] == pytest.approx(a[stages.VLLM_PREFILL] + a[stages.VLLM_DECODE], abs=1e-6)
+        assert a[vllm_spans.INFERENCE] == pytest.approx(a[stages.VLLM_PREFILL] + a[stages.VLLM_DECODE], abs=1e-6)
         assert 1 <= a[stages.VLLM_COMPLETION_TOKENS] <= 32 and a[stages.VLLM_PROMPT_TOKENS] >= 10
         # the span starts at arrival_time and runs e2e
         dur_s = (int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])) / 1e9

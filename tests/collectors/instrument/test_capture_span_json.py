@@ -14,7 +14,8 @@ import math
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-from collectors.spans import CaptureSpanExporter, setup_tracing
+from collectors.span_export import CaptureSpanExporter
+from collectors.spans import setup_tracing
 from diag.otlp_json import spans_to_dict
 from diag import stages
 from diag.capture import CaptureWriter

@@ -8,7 +8,8 @@ import uuid
 import pytest
 
 from collectors.probe import LoadSpec, ProbeConfig, WorkloadSpec, LengthSpec, run_probe
-from collectors.probe.client import Endpoint, StreamingClient, request_id_header, resolve_endpoint, split_url
+from collectors.probe.client import StreamingClient
+from collectors.probe.endpoint import Endpoint, request_id_header, resolve_endpoint, split_url
 from collectors.probe.workload import PromptItem
 
 from support.probe_timings import FIRST_CONTENT_DELAY_S

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
-from collectors.probe.client import OPTIONAL_ELEMENTS
+from collectors.probe.endpoint import OPTIONAL_ELEMENTS
 
 
 def _cfg(url, out_dir=None, **kw):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.probe.client import RequestResult
+from collectors.probe.results import RequestResult
 from collectors.probe.context_limit import describe, record, refusal_of, refused_as_too_long, stated_limit_tokens
 
 VLLM_NEW = ("HTTP 400: {\"error\": {\"message\": \"You passed 3000 input tokens and requested 16 output tokens. However, "

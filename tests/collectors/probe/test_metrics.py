@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.probe.client import RequestResult
+from collectors.probe.results import RequestResult
 from collectors.probe.metrics import compute_metrics, distribution, format_metrics, request_meets_slo
 from diag.slo import parse_slo
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, ProbeSession, WorkloadSpec, eventloop, run_probe
-from collectors.probe.client import RequestResult
+from collectors.probe.results import RequestResult
 from collectors.probe.inflight import WORKER_LOST, InFlight, InFlightTracker, lost_result, stand_in_span_lines
 from collectors.probe.ray_workers import RAY_EXTRA, RayWorkersError, check_address, require_ray
 
@@ -68,7 +68,8 @@ def test_scenarios_check_spread_flags_are_checked_in_one_line(argv, want, capsys
 
 
 def test_tracker_hands_on_results_and_in_flight_requests(server):
-    from collectors.probe.client import StreamingClient, resolve_endpoint
+    from collectors.probe.client import StreamingClient
+    from collectors.probe.endpoint import resolve_endpoint
     from collectors.probe.workload import Workload
     from collectors.spans import setup_tracing
 
@@ -124,9 +125,9 @@ def test_a_worker_puts_every_timestamp_on_the_drivers_clock(server):
     # (offset +3 s) shifts its results, health samples and spans back by 3 s
     import json
 
-    from collectors.probe.client import resolve_endpoint
+    from collectors.probe.endpoint import resolve_endpoint
     from collectors.probe.load import worker_jobs
-    from collectors.probe.ray_workers import ProbeWorker, RayJob
+    from collectors.probe.ray_actor import ProbeWorker, RayJob
     from collectors.probe.workload import Workload
 
     ep, _ = eventloop.run(resolve_endpoint(server.url("ok"), "completions", "m"))
@@ -170,7 +171,7 @@ def test_the_driver_applies_a_measured_offset_unless_the_clock_is_its_own():
 def test_a_worker_whose_phase_raised_keeps_its_results_and_marks_its_in_flight_requests():
     from types import SimpleNamespace
 
-    from collectors.probe.client import Endpoint
+    from collectors.probe.endpoint import Endpoint
     from collectors.probe.load import WorkerJob
     from collectors.probe.ray_workers import RayWorkers, _Phase
 
@@ -218,7 +219,7 @@ def test_a_worker_takes_back_the_priority_ray_starts_it_without(monkeypatch):
     # Ray starts its workers at niceness 15: on a busy node such a probe measured its own
     # starvation (the healthy scenario read loadgen 0.90 in 2 of 3 runs on 2 shared cores, healthy
     # 3 of 3 at 0). The worker puts its threads back at 0 where it may
-    from collectors.probe.ray_workers import raise_priority
+    from collectors.probe.ray_actor import raise_priority
 
     if os.geteuid() == 0:  # root may lower niceness
         assert _in_thread_at_niceness(7, raise_priority) == (7, 0)
@@ -230,7 +231,7 @@ def test_a_worker_takes_back_the_priority_ray_starts_it_without(monkeypatch):
 def test_a_worker_left_above_niceness_zero_is_noted_once():
     from types import SimpleNamespace
 
-    from collectors.probe.client import Endpoint
+    from collectors.probe.endpoint import Endpoint
     from collectors.probe.load import WorkerJob
     from collectors.probe.ray_workers import NICENESS_ENV, RayWorkers, _Phase
 

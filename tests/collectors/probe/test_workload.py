@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.probe.client import Endpoint, StreamingClient
+from collectors.probe.client import StreamingClient
+from collectors.probe.endpoint import Endpoint
 from collectors.probe.workload import LengthSpec, TokenCounter, Workload, WorkloadError, WorkloadSpec, load_prompts_file
 
 TOKENIZER = Path(__file__).resolve().parents[3] / "diag" / "engine" / "data" / "tokenizer.json"

@@ -9,8 +9,9 @@ import pytest
 
 from diag.engine.kv_cache import BlockManager
 from diag.engine.sampler import SamplerState, SamplingParams
-from diag.engine.scheduler import (WAIT_HEAD_OF_LINE, WAIT_KV_BLOCKS, WAIT_KV_RESERVATION, WAIT_PARTIAL_PREFILLS,
-                                   Scheduler, SchedulerConfig, Sequence, StepPlan)
+from diag.engine.scheduler import Scheduler
+from diag.engine.scheduler_types import (WAIT_HEAD_OF_LINE, WAIT_KV_BLOCKS, WAIT_KV_RESERVATION, WAIT_PARTIAL_PREFILLS,
+                                         SchedulerConfig, Sequence, StepPlan)
 from test_scheduler import _run_step as _run  # pretend to execute a plan (the scheduler tests' helper)
 
 

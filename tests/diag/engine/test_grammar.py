@@ -11,8 +11,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from diag.engine.grammar import (JSON_OBJECT_KEY, GrammarError, GrammarMatcher, TokenVocab, compile_grammar,
-                                 grammar_source, schema_key)
+from diag.engine.grammar import GrammarMatcher, TokenVocab, compile_grammar
+from diag.engine.grammar_schema import JSON_OBJECT_KEY, GrammarError, grammar_source, schema_key
 from diag.engine.tokenizer import Tokenizer
 
 SCHEMA = {

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from diag.engine.grammar import GrammarError, TokenVocab, grammar_source
+from diag.engine.grammar import TokenVocab
+from diag.engine.grammar_schema import GrammarError, grammar_source
 from diag.engine.grammar_cache import GrammarCache
 from diag.engine.metrics import EngineMetrics
 from diag.engine.outputs import EngineStoppedError

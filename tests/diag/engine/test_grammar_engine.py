@@ -13,7 +13,7 @@ import pytest
 
 from diag import stages
 from diag.engine import SamplingParams, SyncEventStream, build_engine, parse_injections
-from diag.engine.grammar import grammar_source
+from diag.engine.grammar_schema import grammar_source
 from support.engine_testutil import finished_spans, spans_by_request
 
 _fresh = itertools.count()

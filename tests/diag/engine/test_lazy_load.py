@@ -126,7 +126,7 @@ def test_waiting_requests_count_and_a_disconnect_while_loading_frees_everything(
 
 
 def test_failed_load_gives_503_with_the_reason(monkeypatch):
-    import diag.engine.engine as engine_mod
+    import diag.engine.engine_load as engine_mod
 
     def broken(*a, **k):
         time.sleep(0.3)
@@ -160,7 +160,7 @@ async def _post_json(url: str, body: dict) -> tuple[int, dict]:
 
 
 def test_serve_keeps_answering_after_a_failed_lazy_load(monkeypatch):
-    import diag.engine.engine as engine_mod
+    import diag.engine.engine_load as engine_mod
     from diag.engine import EngineConfig, serve
 
     monkeypatch.setattr(engine_mod, "make_runner", lambda *a, **k: (_ for _ in ()).throw(OSError("no disk")))

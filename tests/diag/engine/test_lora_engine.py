@@ -11,7 +11,8 @@ import pytest
 from diag import stages
 from diag.engine import RequestRejected, SamplingParams, SyncEventStream, build_engine
 from diag.engine.lora import merged_state_dict, name_seed, write_adapter
-from diag.engine.model import PRESETS, LlamaModel, random_state_dict
+from diag.engine.model import LlamaModel
+from diag.engine.model_config import PRESETS, random_state_dict
 from support.engine_testutil import finished_spans, spans_by_request
 
 TINY = PRESETS["tiny"]

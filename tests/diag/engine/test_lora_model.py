@@ -13,7 +13,8 @@ from diag.engine.kv_cache import BlockManager, PagedKVCache
 from diag.engine.lora import (ADAPTER_CONFIG, LoraError, check_adapter, merged_state_dict, parse_lora_module, read_adapter,
                               write_adapter)
 from diag.engine.lora_slots import LoraSlots
-from diag.engine.model import LlamaModel, ModelConfig, SeqInput, random_state_dict
+from diag.engine.model import LlamaModel, SeqInput
+from diag.engine.model_config import ModelConfig, random_state_dict
 
 CFG = ModelConfig(name="t", vocab_size=2048, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                   intermediate_size=96, max_position=512)

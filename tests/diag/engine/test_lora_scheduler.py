@@ -7,7 +7,8 @@ import pytest
 
 from diag.engine.kv_cache import BlockManager
 from diag.engine.sampler import SamplerState, SamplingParams
-from diag.engine.scheduler import WAIT_LORA, Scheduler, SchedulerConfig, Sequence, StepPlan
+from diag.engine.scheduler import Scheduler
+from diag.engine.scheduler_types import WAIT_LORA, SchedulerConfig, Sequence, StepPlan
 
 
 def _seq(i: int, lora: str | None, prompt: int = 8, max_tokens: int = 3) -> Sequence:

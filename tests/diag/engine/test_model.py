@@ -12,15 +12,8 @@ import pytest
 import torch
 
 from diag.engine.kv_cache import BlockManager, PagedKVCache
-from diag.engine.model import (
-    PRESETS,
-    CheckpointError,
-    LlamaModel,
-    ModelConfig,
-    ModelSpec,
-    SeqInput,
-    random_state_dict,
-)
+from diag.engine.model import LlamaModel, ModelSpec, SeqInput
+from diag.engine.model_config import PRESETS, CheckpointError, ModelConfig, random_state_dict
 from diag.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer
 
 SMALL_CFG = ModelConfig(

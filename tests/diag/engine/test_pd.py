@@ -162,8 +162,8 @@ def test_a_client_that_leaves_frees_its_blocks_on_the_decode_side(pd_engine):
 
 
 def test_a_response_format_is_refused_under_pd(pd_engine):
-    from diag.engine.grammar import grammar_source
-    from diag.engine.scheduler import RequestRejected
+    from diag.engine.grammar_schema import grammar_source
+    from diag.engine.scheduler_types import RequestRejected
 
     with pytest.raises(RequestRejected, match="not supported with --pd"):
         pd_engine.submit(lambda ev: None, GREEDY, prompt_ids=[1, 2, 3],

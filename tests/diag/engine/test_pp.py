@@ -7,7 +7,8 @@ import pytest
 from diag import stages
 from diag.engine import SamplingParams, SyncEventStream, build_engine
 from diag.engine.config import EngineConfig
-from diag.engine.model import PRESETS, SeqInput, stage_layers
+from diag.engine.model import SeqInput
+from diag.engine.model_config import PRESETS, stage_layers
 from diag.engine.pp import PipelineAccount, split_microbatches
 from support.engine_testutil import finished_spans, spans_by_request
 

@@ -13,7 +13,8 @@ from diag.engine import SamplingParams, SyncEventStream, build_engine
 from diag.engine.kv_cache import BlockManager, NoFreeBlocksError
 from diag.engine.prefix_cache import NO_HIT, chain_hashes, hash_block
 from diag.engine.sampler import SamplerState
-from diag.engine.scheduler import POLICIES, Scheduler, SchedulerConfig, Sequence, StepPlan
+from diag.engine.scheduler import Scheduler
+from diag.engine.scheduler_types import POLICIES, SchedulerConfig, Sequence, StepPlan
 
 BS = 4  # tokens per block in the unit tests
 

@@ -8,7 +8,8 @@ import pytest
 
 from diag.engine.kv_cache import BlockManager
 from diag.engine.sampler import SamplerState, SamplingParams
-from diag.engine.scheduler import RequestRejected, Scheduler, SchedulerConfig, Sequence, StepPlan
+from diag.engine.scheduler import Scheduler
+from diag.engine.scheduler_types import RequestRejected, SchedulerConfig, Sequence, StepPlan
 
 
 def _seq(i: int, prompt: int, max_tokens: int = 4) -> Sequence:

@@ -28,7 +28,7 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def test_policies_literal_matches_the_scheduler():
-    from diag.engine.scheduler import POLICIES
+    from diag.engine.scheduler_types import POLICIES
 
     assert serve.POLICIES == POLICIES
 
