@@ -269,7 +269,7 @@ def test_real_server_and_probe_cache_off_then_on(tmp_path):
     (joined, client), (joined_on, client_on) = out[False], out[True]
     for d in (joined, client):
         assert d.verdict.rule_id == "prefix_cache", format_diagnosis(d)
-    assert _rows(_find(joined))["prefix caching in the engine's configuration"].value == 0.0
+    assert _rows(_find(joined))[evidence.PREFIX_CACHING_ON].value == 0.0
     assert _find(client).black_box
     for d in (joined_on, client_on):
         assert _find(d) is None, format_diagnosis(d)
