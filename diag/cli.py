@@ -9,9 +9,12 @@ nothing to judge, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 #: Sub-commands in the order ``ttft --help`` lists them.
 COMMANDS: tuple[str, ...] = (
@@ -35,6 +38,23 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 class UsageError(Exception):
     """A user error: printed as one line, exit code 2."""
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM set ``stop``: a long-running command ends as on
+    Ctrl-C under a process manager (SIGTERM) and when it was started as a shell's background job
+    (SIGINT ignored on entry, so Python raises no KeyboardInterrupt). The old handlers come back
+    after. Only from the main thread; elsewhere the block runs as it is."""
+    old: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, lambda *_: stop.set())
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
 def build_parser() -> argparse.ArgumentParser:

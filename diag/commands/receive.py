@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 import time
@@ -47,7 +46,7 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
     clean stop. Either signal ends it as Ctrl-C does: what was received is flushed and the store
     closed (a Collector of one under a process manager gets SIGTERM)."""
     from diag.capture import CaptureWriter
-    from diag.cli import UsageError
+    from diag.cli import UsageError, stop_on_signals
 
     if args.duration is not None and args.duration <= 0:
         raise UsageError("--duration must be > 0")
@@ -82,22 +81,16 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
     print(f"ttft receive: {where} -> {dest} (Ctrl-C to stop)", flush=True)
     stop = stop_event or threading.Event()
     deadline = None if args.duration is None else time.monotonic() + args.duration
-    old: dict[int, object] = {}
-    if threading.current_thread() is threading.main_thread():
-        # also when SIGINT came ignored (a shell's background job): the receiver still stops on it
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
-        while not stop.is_set():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            stop.wait(0.5 if left is None else min(0.5, left))
+        with stop_on_signals(stop):
+            while not stop.is_set():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                stop.wait(0.5 if left is None else min(0.5, left))
     except KeyboardInterrupt:
         pass
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
         receiver.stop()
         stats = receiver.stats()
         if writer is not None:

@@ -68,7 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
     """Scrape until Ctrl-C, ``--duration`` or ``stop_event``; 2 (nothing to judge) when no scrape succeeded."""
     from diag.capture import CaptureWriter
-    from diag.cli import UsageError
+    from diag.cli import UsageError, stop_on_signals
 
     urls = list(args.url or [])
     if bool(urls) == (args.from_files is not None):
@@ -107,15 +107,16 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
     frames: dict[str, pd.DataFrame] = {}
     stats: dict[str, dict[str, object]] = {}
     try:
-        while not stop.is_set():
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                break
-            if now - last_flush >= FLUSH_EVERY_S:
-                for source, scraper in scrapers.items():
-                    writer.write_series(source, scraper.collect())
-                last_flush = now
-            stop.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - now)))
+        with stop_on_signals(stop):
+            while not stop.is_set():
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    break
+                if now - last_flush >= FLUSH_EVERY_S:
+                    for source, scraper in scrapers.items():
+                        writer.write_series(source, scraper.collect())
+                    last_flush = now
+                stop.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - now)))
     except KeyboardInterrupt:
         pass
     finally:
