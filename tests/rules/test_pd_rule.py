@@ -57,9 +57,15 @@ def test_a_small_decode_pool_is_named_as_its_admission_and_owns_the_queue(caps: 
 def test_a_fast_link_and_a_roomy_pool_are_not_named(caps: dict[str, Path]) -> None:
     d = diagnose(build_tables(load_capture(caps["fine"])))
     assert d.verdict.category != "pd_transfer", [(f.category, f.confidence) for f in d.findings]
-    (p,) = [p for p in d.passed if p.rule_id == "pd_transfer"]
-    # a real transfer of a few ms is a material share of this tiny model's TTFT, but well under its prefill
-    assert "its prefill" in p.reason or "of TTFT" in p.reason
+    passed = [p for p in d.passed if p.rule_id == "pd_transfer"]
+    if passed:
+        # a real transfer of a few ms is a material share of this tiny model's TTFT, but well under its prefill
+        assert "its prefill" in passed[0].reason or "of TTFT" in passed[0].reason
+    else:
+        # a 1-2 ms transfer against a 3-5 ms prefill sits near the 0.5x bar on a busy 2-core machine: at
+        # most a candidate under the verdict floor, never named
+        (f,) = [f for f in d.findings if f.category == "pd_transfer"]
+        assert f.confidence < d.thresholds["general"]["verdict_floor"], f
 
 
 def test_a_slow_link_is_named_from_the_engines_metrics_alone(tmp_path: Path) -> None:
