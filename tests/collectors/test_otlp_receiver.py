@@ -318,31 +318,19 @@ def test_receive_command_end_to_end(tmp_path):
 def test_receive_stops_cleanly_on_sigterm_and_on_an_inherited_ignored_sigint(tmp_path, sig):
     # under a process manager (SIGTERM), or started as a shell's background job (SIGINT ignored on
     # entry, so Python raises no KeyboardInterrupt): either signal ends it as Ctrl-C does, the capture closed
-    import os
     import signal
-    import subprocess
-    import sys
 
     from diag.capture import load_capture
 
-    from support.engine_testutil import ROOT
+    from support.engine_testutil import background_job
 
     out = tmp_path / "cap"
-    proc = subprocess.Popen([sys.executable, "-m", "diag", "receive", "--port", "0", "--no-grpc", "-o", str(out)],
-                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        line = proc.stdout.readline()
+    with background_job(["receive", "--port", "0", "--no-grpc", "-o", str(out)]) as (proc, line):
         addr = line.split("http://", 1)[1].split("/v1/traces", 1)[0]
         host, port = addr.rsplit(":", 1)
         assert post((host, int(port)), json.dumps(otlp_json_doc(3)).encode(), "application/json")[0] == 200
         proc.send_signal(getattr(signal, sig))
         assert proc.wait(20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert "3 spans in 1 requests" in proc.stderr.read()
     cap = load_capture(out)
     assert cap.meta["otlp_receiver"]["received_spans"] == 3 and len(cap.spans) == 3

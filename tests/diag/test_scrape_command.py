@@ -5,10 +5,7 @@ entry, so Python raises no KeyboardInterrupt), and writes its capture either way
 from __future__ import annotations
 
 import http.server
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from diag.capture import load_capture
-from support.engine_testutil import ROOT
+from support.engine_testutil import ROOT, background_job
 
 METRICS = ROOT / "samples" / "external" / "vllm" / "metrics.t0.prom"
 
@@ -52,19 +49,11 @@ def metrics_endpoint() -> Iterator[str]:
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_scrape_stops_on_sigterm_and_on_an_inherited_ignored_sigint(tmp_path: Path, sig: str) -> None:
     out = tmp_path / "cap"
-    with metrics_endpoint() as url:
-        proc = subprocess.Popen([sys.executable, "-m", "diag", "scrape", url, "--interval", "0.2", "-d", "600",
-                                 "-o", str(out)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        try:
-            assert proc.stdout is not None and "polling" in proc.stdout.readline()
-            time.sleep(1.0)
-            proc.send_signal(getattr(signal, sig))
-            assert proc.wait(20) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    with metrics_endpoint() as url, background_job(["scrape", url, "--interval", "0.2", "-d", "600",
+                                                    "-o", str(out)]) as (proc, line):
+        assert "polling" in line
+        time.sleep(1.0)
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(20) == 0
     cap = load_capture(out)
     assert len(cap.series) and cap.meta["prometheus_scrape"]["scrapes"] >= 2

@@ -59,6 +59,22 @@ def serve_process(cmd: list[str]) -> Iterator[tuple[subprocess.Popen, str]]:
         stop_process(proc)
 
 
+@contextlib.contextmanager
+def background_job(argv: list[str]) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``python -m diag ARGV`` from the repository root as a shell's background job starts it: SIGINT
+    ignored on entry. Yields (process, its first stdout line); kills it on exit if still running."""
+    proc = subprocess.Popen([sys.executable, "-m", "diag", *argv], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert proc.stdout is not None
+        yield proc, proc.stdout.readline()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:
