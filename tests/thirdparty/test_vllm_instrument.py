@@ -118,7 +118,8 @@ def test_the_joined_capture_splits_ttft_into_queue_prefill_and_lumped(instrument
     total = steady["queue_s"] + steady["prefill_s"] + steady["lumped_s"]
     assert ((total - steady["client_ttft_s"]).abs() < 2e-3).all()
     assert steady["gap_includes_frontend"].all() and steady["network_s"].isna().all()
-    # --max-num-seqs 2 under 4 closed-loop streams: most requests wait in vLLM's queue for one of the two
-    # running to finish, longer than their prefill; the queue is most of the server's TTFT
-    assert (steady["queue_s"] > 2 * steady["prefill_s"]).mean() >= 0.6, steady[cols].to_string()
+    # --max-num-seqs 2 under 4 closed-loop streams: about half the requests wait in vLLM's queue for one of
+    # the two running to finish, longer than their prefill (fewer when vLLM's API server, busy on 2 cores,
+    # hands them on late: that wait is in lumped); the queue is most of the server's TTFT
+    assert (steady["queue_s"] > 2 * steady["prefill_s"]).mean() >= 0.4, steady[cols].to_string()
     assert steady["queue_s"].sum() > 0.5 * steady["server_ttft_s"].sum(), steady[cols].to_string()

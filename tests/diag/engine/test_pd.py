@@ -248,8 +248,10 @@ def test_ttft_serve_pd_serves_records_and_leaves_no_process_behind(tmp_path):
         children = psutil.Process(proc.pid).children(recursive=True)
         assert health["pd_decode_pid"] in {c.pid for c in children}
     assert proc.returncode == 0
-    for c in children:
-        assert not c.is_running() or c.status() == psutil.STATUS_ZOMBIE, c
+    # the decode worker is joined before serve exits; multiprocessing's resource tracker ends on its own
+    # once serve's pipe to it closes: give it a moment, then nothing may be left
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not [c for c in alive if c.status() != psutil.STATUS_ZOMBIE], alive
     t = build_tables(load_capture(cap))
     row = t.requests.iloc[0]
     assert row["kv_transfer_s"] > 0 and row["pd_decode_queue_s"] >= 0 and row["pd_kv_bytes"] > 0
