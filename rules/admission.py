@@ -15,7 +15,8 @@ admits more, ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` @cf6abc45)
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, reason, rule
+from rules.base import (ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, beyond_chance, chance_row, engine_checks,
+                        finding, reason, rule)
 
 #: what to check next, by engine (:func:`rules.base.engine_checks` picks those the capture came from)
 HOL_BY_ENGINE = {
@@ -49,21 +50,29 @@ def head_of_line(ctx: RuleContext) -> Outcome:
     """Short requests wait behind an unfinished long prompt ahead of them while capacity exists."""
     th = ctx.th
     ratio = ctx.v("hol_short_ttft_ratio")
-    if ratio < th["ttft_ratio_min"]:
-        return reason("short requests behind an unfinished long prompt have {ratio:.1f}x the TTFT of the others "
-                      "(< {min:g}x)", ratio=ratio, min=th["ttft_ratio_min"])
-    t = Triage(ctx)
     nb, nu = ctx.v("hol_blocked_short_n", 0), ctx.v("hol_unblocked_short_n", 0)
+    lost, lost_other = ctx.v("hol_blocked_lost_frac"), ctx.v("hol_unblocked_lost_frac")
+    chance = max(lost_other or 0.0, ABOVE_P90_CHANCE)
+    some_lost = beyond_chance(lost, chance, nb, float(th["lost_chance_p_max"]))
+    if ratio < th["ttft_ratio_min"] and not some_lost:
+        return reason("short requests behind an unfinished long prompt have {ratio:.1f}x the TTFT of the others "
+                      "(< {min:g}x), and {lost:.0%} of them lost it, not beyond the others' {chance:.0%}",
+                      ratio=ratio, min=th["ttft_ratio_min"], lost=lost, chance=chance)
+    t = Triage(ctx)
     always = bool(ctx.v("hol_baseline_own_wait"))
     if always:  # a long prompt was always unfinished: against their own TTFT without the queue wait
-        t.crossed(evidence.HOL_TTFT_X_NO_QUEUE, ratio, "ttft_ratio_min", "x",
+        t.judged(evidence.HOL_TTFT_X_NO_QUEUE, ratio, "ttft_ratio_min", "x",
                   f"median TTFT of {nb:g} short requests that arrived while a longer one ahead of them had no first "
                   f"token, against the same requests' TTFT less their queue wait (only {nu:g} arrived with none "
-                  "in flight)")
+                  "in flight)", weigh=ratio >= th["ttft_ratio_min"])
     else:
-        t.crossed(evidence.HOL_TTFT_X, ratio, "ttft_ratio_min", "x",
+        t.judged(evidence.HOL_TTFT_X, ratio, "ttft_ratio_min", "x",
                   f"median TTFT of {nb:g} short requests that arrived while a longer one ahead of them had no first "
-                  f"token, against {nu:g} that arrived with none in flight")
+                  f"token, against {nu:g} that arrived with none in flight", weigh=ratio >= th["ttft_ratio_min"])
+    # part of them losing it all (the median between two groups) is as plain as the median losing it
+    chance_row(t, evidence.HOL_LOST_FRAC, lost, nb, chance, float(th["lost_chance_p_max"]),
+               f"took {ctx.th_of('features')['hol_lost_factor']:g}x the others' median TTFT or more: they lost "
+               "their turn to the long prompt, beyond the spread of those with none ahead")
     lr = ctx.v("hol_long_prompt_ratio")
     if lr is not None:
         t.context(evidence.HOL_PROMPT_X, lr, "x", "median prompt of the long requests against the short ones")

@@ -254,6 +254,10 @@ class Triage:
                                    designed=designed)
 
 
+#: the share of a designed group that chance alone puts above its control's 90th percentile
+ABOVE_P90_CHANCE = 0.10
+
+
 def beyond_chance(share: float | None, chance: float, n: float | None, p_max: float) -> bool:
     """Whether ``share`` of ``n`` trials is more than ``chance`` alone gives: the one-sided
     binomial tail P(X >= hits | n, chance) is at most ``p_max``. Unlike a ratio to chance, this

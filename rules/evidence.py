@@ -141,6 +141,7 @@ LONG_RAMP_CAP = _row("long_ramp_cap", "streams decoding at once, long prompts (m
 
 HOL_TTFT_X_NO_QUEUE = _row("hol_ttft_x_no_queue", "short TTFT behind a long prompt / without its queue wait")
 HOL_TTFT_X = _row("hol_ttft_x", "short TTFT behind a long prompt / without")
+HOL_LOST_FRAC = _row("hol_lost_frac", "short requests behind a long prompt that lost their TTFT")
 HOL_PROMPT_X = _row("hol_prompt_x", "long / short prompt tokens")
 HOL_OTHERS_STEPS = _row("hol_others_steps", "engine steps the other streams took while they waited")
 HOL_QUEUE_SHARE = _row("hol_queue_share", "queue share of the TTFT those short requests lost")

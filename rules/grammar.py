@@ -17,10 +17,8 @@ slower) passes; without a schema in the capture the rule is skipped.
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, chance_row, finding, rule
+from rules.base import ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, chance_row, finding, rule
 
-#: the share of first uses a cache-less chance puts above the repeats' 90th percentile
-ABOVE_P90_CHANCE = 0.10
 
 GRAMMAR_CHECKS = [
     "how many distinct schemas (or tool lists) your users send: every new one compiles before its request "

@@ -15,8 +15,7 @@ slots (no such gap) pass; without the design the rule is skipped.
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, chance_row, check, checked_rule, finding
-from rules.grammar import ABOVE_P90_CHANCE
+from rules.base import ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, chance_row, check, checked_rule, finding
 
 LORA_CHECKS = [
     "the adapter slots against the adapters in use at once: vLLM --max-loras (adapters batched together) and "

@@ -28,7 +28,7 @@ from rules.features.numeric import NS, num_col
 HOL_NAMES = ("hol_short_ttft_ratio", "hol_blocked_short_n", "hol_unblocked_short_n", "hol_long_prompt_ratio",
              "hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",
              "hol_blocked_running_max", "hol_baseline_own_wait", "hol_wait_share_all", "hol_blocked_others_steps",
-             "running_cap")
+             "hol_blocked_lost_frac", "hol_unblocked_lost_frac", "running_cap")
 KVR_NAMES = ("kvr_waiting_steps_frac", "kvr_kv_usage_while_waiting_p95", "kvr_running_while_waiting_p50",
              "kvr_prefill_steps_while_waiting_frac", "kvr_prefill_bound_while_waiting_frac")
 #: a step's prefill is at its limit from this share of its per-step prefill budget
@@ -118,11 +118,20 @@ def head_of_line(ctx: FeatureContext) -> None:
         ctx.add("hol_baseline_own_wait", 1.0)
     else:
         ctx.na(("hol_short_ttft_ratio", "hol_blocked_queue_share", "hol_blocked_wait_steps", "hol_blocked_kv_usage_max",
-                "hol_blocked_running_max", "hol_baseline_own_wait", "hol_wait_share_all"),
+                "hol_blocked_running_max", "hol_baseline_own_wait", "hol_wait_share_all", "hol_blocked_lost_frac",
+                "hol_unblocked_lost_frac"),
                f"needs {need} short requests both behind an unfinished long one ({nb}) and not ({nu}), or the "
                "queue times of those behind one (server spans)")
         return
     ctx.add("hol_short_ttft_ratio", float(np.median(t_short[blocked]) / base) if base > 0 else None)
+    # how many lost their TTFT (at least hol_lost_factor x the baseline): the median misses a loss that only
+    # part of them took -- on vLLM those arriving just before the long prompt is scheduled run beside its first
+    # chunk, those arriving after wait for its whole prefill
+    if base > 0:
+        bar = float(p["hol_lost_factor"]) * base
+        ctx.add("hol_blocked_lost_frac", float((t_short[blocked] >= bar).mean()))
+        ctx.add("hol_unblocked_lost_frac", float((t_short[~blocked] >= bar).mean()) if nu else None,
+                None if nu else "no short request arrived with none ahead")
     # who waits: the blocked short requests' TTFT above the baseline, summed, over every request's TTFT summed
     total = float(ttft[ok].sum())
     ctx.add("hol_wait_share_all", float(np.clip(t_short[blocked] - base, 0, None).sum() / total) if total > 0 else None,

@@ -157,7 +157,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("pipeline", "x", ("pp_vs_tp_ttft_ratio",)),
     # admission (rules/features/admission.py): head-of-line behind long prompts, KV reservation
     ("admission", "x", ("hol_short_ttft_ratio", "hol_long_prompt_ratio")),
-    ("admission", "share", ("hol_wait_share_all",)),
+    ("admission", "share", ("hol_wait_share_all", "hol_blocked_lost_frac", "hol_unblocked_lost_frac")),
     ("admission", "requests", ("hol_blocked_short_n", "hol_unblocked_short_n", "hol_blocked_running_max", "running_cap",
                                "kvr_running_while_waiting_p50")),
     ("admission", "share", ("hol_blocked_queue_share", "hol_blocked_kv_usage_max", "kvr_waiting_steps_frac",
