@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diag.units import fill
-from rules.evidence import name_of
+from rules.evidence import FIT_ALONE_SHARE, name_of
 from rules.features import Features
 from rules.model import Evidence, Finding
 
@@ -284,6 +284,23 @@ def chance_row(t: Triage, row: str, share: float | None, n: float | None, chance
     if beyond_chance(share, chance, n, p_max):
         t.add(Evidence(name_of(row), share, f"beyond {chance:.0%} chance (p <= {p_max:g})", "share",
                        f"{share * n:.0f} of {n:.0f}: {meaning}", crossed=True, key=row), 1.0)
+
+
+#: the note's tail when :func:`lone_sweep` holds
+LONE_SWEEP_NOTE = "; the requests arrived alone, so their prompts' spread is a prompt sweep (designed-like)"
+
+
+def lone_sweep(t: Triage, alone_min: float) -> bool:
+    """Whether the prompt fit's requests arrived alone in flight (feature ``ttft_prompt_fit_alone_frac``
+    at least ``alone_min``): a workload's spread of prompts at one in flight varies one thing, as a
+    designed prompt sweep does. Adds the share as a context row when it is known."""
+    alone = t.ctx.v("ttft_prompt_fit_alone_frac")
+    lone = alone is not None and alone >= alone_min
+    if alone is not None:
+        t.context(FIT_ALONE_SHARE, alone, "share",
+                  "nothing else in flight when they arrived: the spread of their prompts is a prompt sweep"
+                  if lone else "some met other requests in flight")
+    return lone
 
 
 def reason(template: str, /, **values: Any) -> str:

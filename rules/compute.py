@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, finding, reason, rule, strength
+from rules.base import LONE_SWEEP_NOTE, Outcome, RuleContext, Triage, finding, lone_sweep, reason, rule, strength
 
 PREFILL_CHECKS = [
     "the prompt-length slope (ms per prompt token): shorter prompts, prefix caching of shared prefixes",
@@ -194,21 +194,14 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
                        "(engine metrics)", t.confidence(0.85), s, pct, t.evidence, PREFILL_CHECKS,
                        population_share=min(expl, 1.0),
                        note="the prompt fit from the client, and the prefill time from the engine's /metrics")
-    alone = ctx.v("ttft_prompt_fit_alone_frac")
-    # every fitted request alone in flight: the workload's spread of prompt lengths is a prompt sweep
-    # at one in flight (one thing varied, no batch-mate to share a step with), as designed as one
-    lone = alone is not None and alone >= th["bb_alone_frac_min"]
-    if alone is not None:
-        t.context(evidence.FIT_ALONE_SHARE, alone, "share",
-                  "nothing else in flight when they arrived: the spread of their prompts is a prompt sweep"
-                  if lone else "some met other requests in flight")
+    # every fitted request alone in flight: no batch-mate to share a step with, as designed as a sweep
+    lone = lone_sweep(t, th["bb_alone_frac_min"])
     return finding("TTFT grows linearly with prompt length at low concurrency: prefill compute (black box)",
                    t.confidence(0.85, black_box=True, designed=lone), s, pct, t.evidence, PREFILL_CHECKS,
                    black_box=True, population_share=min(expl, 1.0),
                    note="client-only evidence: TTFT against prompt length (a sweep, or the spread of one workload) "
                    "shows the cost; the device load is not observed"
-                   + ("; the requests arrived alone, so their prompts' spread is a prompt sweep (designed-like)"
-                      if lone else ""))
+                   + (LONE_SWEEP_NOTE if lone else ""))
 
 
 def _prefill_busy(t: Triage) -> Outcome:

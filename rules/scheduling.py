@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from rules import evidence
-from rules.base import (Outcome, RuleContext, Triage, beyond_chance, check, check_strength, checked_rule, finding,
-                        reason, rule, strength)
+from rules.base import (LONE_SWEEP_NOTE, Outcome, RuleContext, Triage, beyond_chance, check, check_strength, checked_rule,
+                        finding, lone_sweep, reason, rule, strength)
 from rules.model import Finding
 
 QUEUE_IDLE_CHECKS = [
@@ -438,20 +438,14 @@ def _tokenize_black_box(ctx: RuleContext) -> Outcome:
               "not a parallel prefill")
     t.crossed(evidence.PROMPT_FIT_R2, r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token", bound=1.0)
     # every fitted request alone in flight: the spread of its prompts is a prompt sweep (as prefill_compute)
-    alone = ctx.v("ttft_prompt_fit_alone_frac")
-    lone = alone is not None and alone >= ctx.th_of("prefill_compute")["bb_alone_frac_min"]
-    if alone is not None:
-        t.context(evidence.FIT_ALONE_SHARE, alone, "share",
-                  "nothing else in flight when they arrived: the spread of their prompts is a prompt sweep"
-                  if lone else "some met other requests in flight")
+    lone = lone_sweep(t, ctx.th_of("prefill_compute")["bb_alone_frac_min"])
     s, pct = ctx.explained(min(share, 1.0) if share is not None else None)
     return finding("TTFT grows per prompt token far faster than a parallel prefill would: tokenization (black box)",
                    t.confidence(0.8, black_box=True, designed=lone), s, pct, t.evidence, TOKENIZE_CHECKS, black_box=True,
                    population_share=None if share is None else min(share, 1.0),
                    note="client-only evidence: per-token cost compared with the decode step; a server-side capture "
                    "tells tokenizer from prefill directly"
-                   + ("; the requests arrived alone, so their prompts' spread is a prompt sweep (designed-like)"
-                      if lone else ""))
+                   + (LONE_SWEEP_NOTE if lone else ""))
 
 
 KV_CHECKS = [

@@ -69,12 +69,12 @@ def _ms(x: float) -> str:
     return f"{x:.2f}ms"
 
 
-def _healthy_slo(cal: Calibration, p: dict[str, Any], inp_max: int) -> str:
+def _healthy_slo(d: Draw, cal: Calibration, inp_max: int) -> str:
+    p = d.params
     c = p["concurrency"]
     ttft = 5 * (cal.ttft_short_ms + c * inp_max * cal.prefill_ms_per_token + 2 * cal.decode_step_ms) * p["slo_headroom"]
     if p["policy"] == "chunked":  # each chunk a step of its own: the prompt's prefill takes longer
-        chunk = p["hol_chunk"] if "hol_chunk" in p else chunk_tokens(cal, p["chunk_steps"])
-        ttft += 5 * (inp_max / chunk + 1) * cal.decode_step_ms
+        ttft += 5 * (inp_max / draw_chunk_tokens(d, cal) + 1) * cal.decode_step_ms
     tpot = (3 + c) * cal.decode_step_ms * p["tpot_headroom"]
     return f"ttft_p99={_ms(ttft)},tpot_p99={_ms(tpot)}"
 
@@ -260,7 +260,7 @@ def build_plan(d: Draw, cal: Calibration) -> Plan:
     args = serve_args(d, cal)
     step = _step(d, cal)
     # the longest prompt sent: a long-prompt near-miss's users expect its own prefill too
-    slo: str | None = _healthy_slo(cal, p, max(max_tokens(step.input_tokens), step.inject_long[0],
+    slo: str | None = _healthy_slo(d, cal, max(max_tokens(step.input_tokens), step.inject_long[0],
                                               max(step.sweep_values) if step.sweep == "prompt" else 0))
     if d.family == "comm":
         ms = faults_ms(d, cal)["collective_latency_ms"]
