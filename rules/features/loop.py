@@ -3,7 +3,10 @@
 bookkeeping) during which the device runs nothing and every request waits.
 
 A request is *inside the engine* from the start of its first ``queue`` span (it reached the
-scheduler; tokenizing and a front end's wait come before) to the end of its request span. A gap
+scheduler; tokenizing and a front end's wait come before) to the end of its request span, less
+the time it was handed to another process: with disaggregated prefill/decode, from its
+``kv_transfer`` span's start to the end of its decode-side ``queue`` span (``ttft.pd.side =
+"decode"``), it waits for the link and the decode side's admission, not for this loop. A gap
 between two consecutive steps counts for the part of it when some request was inside the engine:
 an engine with work that is not stepping. Only the time from the first step to the last counts
 (before its first step an engine may still be starting: that is a cold start). Needs engine-step
@@ -27,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from diag import stages
+from diag.capture import attribute
 from rules.features.context import FeatureContext
 from rules.features.numeric import Coverage, name_is, num_col
 
@@ -37,9 +41,33 @@ NAMES = ("loop_idle_share", "loop_gap_p50_s", "loop_gaps_n", "loop_idle_share_of
 SOURCE = "engine-step spans, gaps while a request was queued or running"
 
 
+def _pieces(a: np.ndarray, b: np.ndarray, off_a: np.ndarray, off_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each window [a, b] less its hand-off [off_a, off_b] (NaN: none) as two pieces per window, the
+    first pieces then the second ones (an empty piece has start == end); ns."""
+    none = ~(np.isfinite(off_a) & np.isfinite(off_b))
+    cut_a = np.where(none, b, np.clip(off_a, a, b))
+    cut_b = np.where(none, b, np.clip(off_b, a, b))
+    return np.concatenate([a, cut_b]), np.concatenate([cut_a, b])
+
+
+def _handoffs(ctx: FeatureContext) -> tuple[pd.Series, pd.Series]:
+    """By trace id: when each request was handed to another process (its ``kv_transfer`` span's start)
+    and when it came back (the end of that span or of its decode-side ``queue`` span, the later); ns."""
+    sp = ctx.spans
+    kv = sp.loc[name_is(sp, stages.KV_TRANSFER)]
+    if kv.empty:
+        return pd.Series(dtype="float64"), pd.Series(dtype="float64")
+    q = sp.loc[name_is(sp, stages.QUEUE)]
+    dq = q.loc[(attribute(q, stages.ATTR_PD_SIDE) == stages.PD_SIDE_DECODE).to_numpy()]
+    back = pd.concat([kv[["trace_id", "end_ns"]], dq[["trace_id", "end_ns"]]])
+    return (kv.groupby("trace_id", observed=True)["start_ns"].min().astype("float64"),
+            back.groupby("trace_id", observed=True)["end_ns"].max().astype("float64"))
+
+
 def _engine_windows(ctx: FeatureContext) -> pd.DataFrame:
     """Each request's time inside the engine: trace_id, ``in_ns`` (first queue span start), ``out_ns``
-    (its request span's end), ``first_ns`` (its first token, server clock); empty without queue spans."""
+    (its request span's end), ``first_ns`` (its first token, server clock), ``off_ns`` / ``back_ns``
+    (its hand-off to another process and return, NaN without one); empty without queue spans."""
     sp = ctx.spans
     req = ctx.req_all
     if sp is None or sp.empty or not len(req) or "server_end_ns" not in req.columns:
@@ -53,6 +81,9 @@ def _engine_windows(ctx: FeatureContext) -> pd.DataFrame:
                         "first_ns": num_col(req, "first_token_ns").to_numpy(dtype="float64"),
                         "output_tokens": num_col(req, "output_tokens").to_numpy(dtype="float64")})
     out["in_ns"] = out["trace_id"].map(first_in).astype("float64")
+    off, back = _handoffs(ctx)
+    out["off_ns"] = out["trace_id"].map(off).astype("float64")
+    out["back_ns"] = out["trace_id"].map(back).astype("float64")
     return out.loc[np.isfinite(out["in_ns"]) & np.isfinite(out["out_ns"])]
 
 
@@ -73,7 +104,8 @@ def loop(ctx: FeatureContext) -> None:
         return
     # the time some request was inside the engine, cut to the steps' span (a capture's ends hold no steps)
     lo, hi = float(busy.s[0]), float(busy.e[-1])
-    inside = Coverage(win["in_ns"].to_numpy().clip(lo, hi), win["out_ns"].to_numpy().clip(lo, hi))
+    inside = Coverage(*_pieces(win["in_ns"].to_numpy().clip(lo, hi), win["out_ns"].to_numpy().clip(lo, hi),
+                               win["off_ns"].to_numpy(), win["back_ns"].to_numpy()))
     worked = inside.total
     if worked <= 0:
         ctx.na(NAMES, "no request inside the engine while it stepped")
@@ -120,7 +152,11 @@ def _share_of_ttft(ctx: FeatureContext, win: pd.DataFrame, busy: Coverage) -> No
     if ok.sum() < 3:
         ctx.na(NAMES[3:], "fewer than 3 completed requests with a queue span and a first token")
         return
-    lost = ((hi[ok] - lo[ok]) - busy.between(lo[ok], hi[ok])).clip(0, None) / 1e9
+    a, b = _pieces(lo[ok], hi[ok], w["off_ns"].reindex(tids).to_numpy(dtype="float64")[ok],
+                   w["back_ns"].reindex(tids).to_numpy(dtype="float64")[ok])
+    n = int(ok.sum())
+    idle = ((b - a) - busy.between(a, b)).clip(0, None)
+    lost = (idle[:n] + idle[n:]) / 1e9
     t = ttft[ok]
     ctx.add("loop_idle_share_of_ttft", float(lost.sum() / t.sum()), source=SOURCE)
     cut = t >= np.quantile(t, float(ctx.params["tail_quantile"]))

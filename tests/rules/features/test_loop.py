@@ -81,3 +81,47 @@ def test_steps_missing_from_the_trace_are_not_read_as_an_idle_loop() -> None:
     assert not f.available("loop_idle_share")
     assert "21%" in f.get("loop_idle_share").reason
     assert _timeline(gap_ms=20.0, output_tokens=5).available("loop_idle_share")  # one token per step: all traced
+
+
+def _handed_off(handoff_ms: float, gap_ms: float = 0.2, step_ms: float = 10.0, n_req: int = 4):
+    """Disaggregated prefill/decode, one request at a time: queue, one prefill step, then
+    ``handoff_ms`` with no step anywhere (``kv_transfer`` for 3/4 of it, the decode side's
+    ``queue`` span for the rest), its first token when it comes back, then 4 decode steps."""
+    reqs, steps, spans = [], [], []
+    t = T0
+    for i in range(n_req):
+        tid = f"{i:032x}"
+        enter = t
+        s = t + int(gap_ms * MS)
+        steps.append((s, s + int(step_ms * MS)))
+        off = s + int(step_ms * MS)
+        mid, back = off + int(0.75 * handoff_ms * MS), off + int(handoff_ms * MS)
+        spans += [{"trace_id": tid, "name": stages.QUEUE, "start_ns": enter, "end_ns": s, stages.ATTR_PD_SIDE: None},
+                  {"trace_id": tid, "name": stages.KV_TRANSFER, "start_ns": off, "end_ns": mid,
+                   stages.ATTR_PD_SIDE: None},
+                  {"trace_id": tid, "name": stages.QUEUE, "start_ns": mid, "end_ns": back,
+                   stages.ATTR_PD_SIDE: stages.PD_SIDE_DECODE}]
+        t = back
+        for _ in range(4):
+            s = t + int(gap_ms * MS)
+            steps.append((s, s + int(step_ms * MS)))
+            t = s + int(step_ms * MS)
+        reqs.append((tid, enter, back, t))
+    req = make_requests([(f - a) / 1e9 for _, a, f, _ in reqs],
+                        server_end_ns=[float(e) for *_, e in reqs], first_token_ns=[float(f) for _, _, f, _ in reqs],
+                        output_tokens=[5.0] * n_req)
+    req["trace_id"] = [r[0] for r in reqs]
+    req["start_ns"] = [float(r[1]) for r in reqs]
+    st = pd.DataFrame({"start_ns": [s for s, _ in steps], "end_ns": [e for _, e in steps]})
+    st["duration_s"] = (st["end_ns"] - st["start_ns"]) / 1e9
+    st["service"] = "ttft-engine"
+    return compute_features(dataclasses.replace(make_tables(req, st), spans=pd.DataFrame(spans)))
+
+
+def test_a_request_handed_to_the_decode_side_is_not_waiting_for_this_loop() -> None:
+    """A 40 ms KV transfer and decode-side admission with no step running is the link's and the
+    decode side's wait (pd_transfer), not a loop idling while requests wait inside it."""
+    f = _handed_off(handoff_ms=40.0)
+    assert f.value("loop_idle_share_of_ttft") < 0.05
+    assert f.value("loop_idle_share") < 0.05
+    assert f.value("loop_gap_p50_s") == pytest.approx(0.0002, rel=0.01)  # only the part after it came back
