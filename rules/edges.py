@@ -241,8 +241,11 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     s, pct = ctx.explained(min(share, 1.0))
     if alone and ctx.ttft_p95_s:  # a fixed latency is that many seconds of every request's TTFT, no more
         s, pct = intercept_s, min(100.0, 100.0 * intercept_s / ctx.ttft_p95_s)
+    # directness: a fixed part fitted on requests alone in flight is a latency no line and no prompt explains,
+    # measured as directly as a client can; the place (network, proxy, front end) stays the checks' to tell.
+    # Fitted over requests that met others in flight, waiting in some line may still hide in it
     return finding("A fixed latency outside the engine's compute dominates TTFT: network, proxy or front end (black box)",
-                   t.confidence(0.7, black_box=True), s, pct, t.evidence, NETWORK_CHECKS + ["join a server capture (OTLP spans) to split network from the "
+                   t.confidence(0.8 if alone else 0.7, black_box=True), s, pct, t.evidence, NETWORK_CHECKS + ["join a server capture (OTLP spans) to split network from the "
                                                    "server's front end"],
                    note="client-only evidence: the split between network and the server's front end is not "
                         "observed; confidence lowered", black_box=True)

@@ -44,8 +44,10 @@ CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"}),
                                                # like a line in the engine (queue), or under a sweep like any
                                                # admission limit at the pool's size (kv_cache's black-box knee,
                                                # which says a batch cap looks the same): only its /metrics or
-                                               # spans tell
-                                               "frontend": frozenset({"queue", "kv_cache"}),
+                                               # spans tell; at light load its per-request work is a fixed
+                                               # latency no prompt explains, which the client-only network
+                                               # finding names as "network, proxy or front end"
+                                               "frontend": frozenset({"queue", "kv_cache", "network"}),
                                                # pipeline stages are invisible to a client: it sees the
                                                # prefill they stretch (catalogue: Scenario.client_only_also);
                                                # with short prompts that prefill is still a few (long, PP)

@@ -58,15 +58,25 @@ def prompt_fit(ctx: FeatureContext) -> None:
         ctx.na(names, f"only {x.size} {how} with a token count (needs {min_n})")
         return
     spread = (x.max() - x.min()) / max(x.mean(), 1e-9)
-    if np.unique(x).size < 3 or spread < float(ctx.params["fit_range_min"]) and not _slope_resolved(ctx, x, yy, spread):
-        ctx.na(names, f"only {np.unique(x).size} distinct prompt lengths ({x.min():g}..{x.max():g} tokens, a "
+    lengths, counts = np.unique(x, return_counts=True)
+    # two lengths far enough apart, each sent several times (a two-point sweep): every request is a
+    # point, so the scatter within each length measures how well the line is pinned
+    two = lengths.size == 2 and counts.min() >= int(ctx.params["fit_two_length_min_requests"]) \
+        and spread >= float(ctx.params["fit_range_min"])
+    if lengths.size < 3 and not two \
+            or spread < float(ctx.params["fit_range_min"]) and not _slope_resolved(ctx, x, yy, spread):
+        ctx.na(names, f"only {lengths.size} distinct prompt lengths ({x.min():g}..{x.max():g} tokens, a "
                f"{spread:.0%} range) and TTFT does not resolve a slope within them; needs a prompt-length sweep")
         return
     # When prompt lengths repeat (a sweep, a prompt file), fit the median TTFT of each length:
     # robust to the few requests that waited behind another one.
-    lengths, counts = np.unique(x, return_counts=True)
     repeated = counts >= 2
-    if repeated.sum() >= 3 and counts[repeated].sum() >= 0.8 * x.size:
+    if two:
+        fx, fy = x.astype("float64"), yy.astype("float64")
+        slope, intercept, r2 = linear_fit(fx, fy)
+        expl = None
+        how += f", every request at two lengths ({counts.min()}+ each)"
+    elif repeated.sum() >= 3 and counts[repeated].sum() >= 0.8 * x.size:
         fx = lengths[repeated].astype("float64")
         fy = np.array([np.median(yy[x == v]) for v in lengths[repeated]])
         slope, intercept, r2 = linear_fit(fx, fy)

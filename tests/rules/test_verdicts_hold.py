@@ -373,6 +373,16 @@ def test_a_network_delay_the_prompt_fit_pins_is_still_network(tmp_path: Path) ->
     assert 0.2 < low.value < d.features.value("ttft_prompt_intercept_ms") / 1e3
 
 
+def test_a_prompt_sweep_of_lone_requests_behind_a_fixed_latency_names_it(tmp_path: Path) -> None:
+    """Seed 71208 r016/r019/r023: a prompt sweep at one stream, every request behind ~250 ms no prompt
+    explains. Fitted on lone requests, the fixed part is as plain as a client sees it: named (over
+    the floor), where it had led at 0.68 under a directness that kept it at the floor at most."""
+    d = _diag(tmp_path, Engine(prefill_s_per_token=0.05 * MS, jitter=0.05),
+              [Phase(f"prompt={p}", 8, p, 16, conc=1) for p in (32, 64, 128)], Client(net_s=0.125), seed=3)
+    assert d.verdict.category == "network" and d.verdict.confidence >= 0.7, format_diagnosis(d)
+    assert any(e.key == evidence.INTERCEPT_STEPS and e.crossed for e in d.verdict.evidence)
+
+
 def _fixed_part_ctx(hol_ratio: float | None, alone_frac: float, itl_s: float = 0.0135,  # noqa: ANN202
                     fit_itl_s: float | None = None):
     """Client only: a 236 ms prompt-fit intercept (16 decode steps, 88% of TTFT p50, resolved to

@@ -114,3 +114,21 @@ def test_at_the_users_short_prompts_the_fixed_part_is_network_and_the_tokenizer_
     assert "at your users' 29.5-token prompts prompt work is 21% of TTFT" in tok
     # not knowing the users' prompts, the ladder's lengths stand in for them, as before
     assert diagnose(_ladder_with_a_fixed_part(None)).named == "tokenize"
+
+
+def test_a_two_length_sweep_pins_the_fixed_part_over_every_request() -> None:
+    """Seed 71208 r016: a prompt sweep of 32 and 64 tokens, 7 requests each, TTFT ~495 ms at both.
+    The scatter within each length pins the intercept (the fixed part) to a few ms; with two
+    lengths a fit of their medians would be exact and say nothing of how well it is pinned."""
+    tokens = [32] * 7 + [64] * 7
+    ttft = [0.4945 + 0.002 * ((i * 3) % 5 - 2) / 2 + 0.0001 * t for i, t in enumerate(tokens)]
+    feats = compute_features(make_tables(make_requests(ttft, input_tokens=tokens, queue_s=[0.0] * 14)))
+    assert feats.value("ttft_prompt_fit_n") == 14
+    assert feats.value("ttft_prompt_intercept_ms") == pytest.approx(494.5, abs=2.0)
+    assert 0 < feats.value("ttft_prompt_intercept_se_ms") < 3.0
+    assert feats.value("ttft_prompt_r2") < 1.0  # not the two medians' perfect line
+    # three requests at one of the lengths are too few to be a sweep point
+    few = compute_features(make_tables(make_requests(ttft[:3] + ttft[7:], input_tokens=tokens[:3] + tokens[7:],
+                                                     queue_s=[0.0] * 10)))
+    assert not few.available("ttft_prompt_intercept_ms") and "prompt-length sweep" in \
+        few.get("ttft_prompt_intercept_ms").reason
