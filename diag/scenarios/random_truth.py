@@ -38,36 +38,38 @@ from diag.tables import build_tables
 #: limit is not visible from the client: the requests it holds back wait in the engine's queue
 #: stage (its own accounting), and TTFT against concurrency (or the line at one level) is the
 #: same curve a batch cap or a saturated device gives. The queue findings say so and send the
-#: user to the engine's KV gauges. Scored right, and counted apart in the matrix output.
-CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"}),
-                                               # requests held in a front end's line look, from the client,
-                                               # like a line in the engine (queue), or under a sweep like any
-                                               # admission limit at the pool's size (kv_cache's black-box knee,
-                                               # which says a batch cap looks the same): only its /metrics or
-                                               # spans tell; at light load its per-request work is a fixed
-                                               # latency no prompt explains, which the client-only network
-                                               # finding names as "network, proxy or front end"
-                                               "frontend": frozenset({"queue", "kv_cache", "network"}),
-                                               # pipeline stages are invisible to a client: it sees the
-                                               # prefill they stretch (catalogue: Scenario.client_only_also);
-                                               # with short prompts that prefill is still a few (long, PP)
-                                               # decode steps, which the verdict contract calls healthy
-                                               # ([prefill_compute] prompt_steps_min): no client tells it apart
-                                               "pipeline_bubble": frozenset({"prefill_compute", "healthy"}),
-                                               # a reservation limit looks, from the client, like a cap on
-                                               # running requests (catalogue: Scenario.client_only_also)
-                                               "kv_reservation": frozenset({"queue", "kv_cache"}),
-                                               # a step loop idle between steps: a client sees slower
-                                               # tokens and TTFT, as a slower device gives (catalogue:
-                                               # Scenario.client_only_also)
-                                               "engine_overhead": frozenset({"healthy"}),
-                                               # the hand-off between prefill and decode instances: a client
-                                               # sees a latency it cannot place, and one transfer at a time
-                                               # on the link a line, or it says it cannot tell (inconclusive,
-                                               # joining the server's spans first; catalogue:
-                                               # Scenario.client_only_also)
-                                               "pd_transfer": frozenset({"healthy", "network", "queue",
-                                                                         "inconclusive"})}
+#: user to the engine's KV gauges. For every such truth ``inconclusive`` is right too: the verdict
+#: contract's answer when the data cannot decide, its first check the server's view that would
+#: (docs/verdict.md). Scored right, and counted apart in the matrix output.
+_CLIENT_SEES: dict[str, frozenset[str]] = {"kv_cache": frozenset({"queue"}),
+                                           # requests held in a front end's line look, from the client,
+                                           # like a line in the engine (queue), or under a sweep like any
+                                           # admission limit at the pool's size (kv_cache's black-box knee,
+                                           # which says a batch cap looks the same): only its /metrics or
+                                           # spans tell; at light load its per-request work is a fixed
+                                           # latency no prompt explains, which the client-only network
+                                           # finding names as "network, proxy or front end"
+                                           "frontend": frozenset({"queue", "kv_cache", "network"}),
+                                           # pipeline stages are invisible to a client: it sees the
+                                           # prefill they stretch (catalogue: Scenario.client_only_also);
+                                           # with short prompts that prefill is still a few (long, PP)
+                                           # decode steps, which the verdict contract calls healthy
+                                           # ([prefill_compute] prompt_steps_min): no client tells it apart
+                                           "pipeline_bubble": frozenset({"prefill_compute", "healthy"}),
+                                           # a reservation limit looks, from the client, like a cap on
+                                           # running requests (catalogue: Scenario.client_only_also)
+                                           "kv_reservation": frozenset({"queue", "kv_cache"}),
+                                           # a step loop idle between steps: a client sees slower
+                                           # tokens and TTFT, as a slower device gives (catalogue:
+                                           # Scenario.client_only_also)
+                                           "engine_overhead": frozenset({"healthy"}),
+                                           # the hand-off between prefill and decode instances: a client
+                                           # sees a latency it cannot place, and one transfer at a time
+                                           # on the link a line, or it says it cannot tell (inconclusive,
+                                           # joining the server's spans first; catalogue:
+                                           # Scenario.client_only_also)
+                                           "pd_transfer": frozenset({"healthy", "network", "queue"})}
+CLIENT_ONLY_ALSO: dict[str, frozenset[str]] = {truth: also | {"inconclusive"} for truth, also in _CLIENT_SEES.items()}
 
 
 def scored_right(category: str, truth: str, mode: str) -> bool:

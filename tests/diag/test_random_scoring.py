@@ -27,7 +27,9 @@ SAMPLES = Path(__file__).resolve().parents[2] / "samples"
     (Verdict("queue", 0.8, "t"), "kv_cache", "server", WRONG),
     (Verdict("inconclusive", 0.5, "t", "queue", 0.6), "queue", "server", LEADING_RIGHT),
     (Verdict("healthy", 0.8, "t", "prefill_compute", 0.4), "prefill_compute", "server", LEADING_RIGHT),
-    (Verdict("inconclusive", 0.5, "t", "queue", 0.6), "kv_cache", "client-only", LEADING_RIGHT),
+    # declining is right where the client cannot see the cause, whatever leads
+    (Verdict("inconclusive", 0.5, "t", "queue", 0.6), "kv_cache", "client-only", RIGHT),
+    (Verdict("inconclusive", 0.5, "t", "tokenize", 0.6), "queue", "client-only", UNDECIDED),
     (Verdict("inconclusive", 0.5, "t", "queue", 0.6), "kv_cache", "server", UNDECIDED),
     (Verdict("inconclusive", 0.5, "t", "tokenize", 0.6), "healthy", "server", UNDECIDED),
     (Verdict("inconclusive", 0.5, "t"), "network", "server", UNDECIDED),
@@ -112,3 +114,16 @@ def test_a_real_diagnosis_carries_its_leading_candidate():
     assert outcome(client, "comm", "client-only") == LEADING_RIGHT
     server = diagnose_run(run, "server")
     assert server.category == "comm" and server.leading is None and server.named == "comm"
+
+
+def test_client_only_may_decline_only_where_the_client_cannot_see_the_cause() -> None:
+    """inconclusive (its first check the server's view) is right client-only for a truth the client
+    cannot observe, and nowhere else: not for a cause the client sees, not with the server's spans."""
+    from diag.scenarios.random_truth import CLIENT_ONLY_ALSO, scored_right
+
+    for truth in ("engine_overhead", "kv_cache", "kv_reservation", "pipeline_bubble", "pd_transfer", "frontend"):
+        assert truth in CLIENT_ONLY_ALSO and scored_right("inconclusive", truth, "client-only")
+        assert not scored_right("inconclusive", truth, "server")
+    for truth in ("network", "queue", "prefill_compute", "head_of_line", "tokenize", "healthy"):
+        assert not scored_right("inconclusive", truth, "client-only")
+    assert not scored_right("healthy", "kv_cache", "client-only")  # a KV limit makes requests wait
