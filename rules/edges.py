@@ -245,8 +245,8 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
     # measured as directly as a client can; the place (network, proxy, front end) stays the checks' to tell.
     # Fitted over requests that met others in flight, waiting in some line may still hide in it
     return finding("A fixed latency outside the engine's compute dominates TTFT: network, proxy or front end (black box)",
-                   t.confidence(0.8 if alone else 0.7, black_box=True), s, pct, t.evidence, NETWORK_CHECKS + ["join a server capture (OTLP spans) to split network from the "
-                                                   "server's front end"],
+                   t.confidence(0.8 if alone else 0.7, black_box=True), s, pct, t.evidence,
+                   NETWORK_CHECKS + ["join a server capture (OTLP spans) to split network from the server's front end"],
                    note="client-only evidence: the split between network and the server's front end is not "
                         "observed; confidence lowered", black_box=True)
 

@@ -5,7 +5,9 @@ Head-of-line (any side): a *long* request has at least ``hol_long_factor`` x the
 a *short* one at most ``hol_short_factor`` x the median. A short request is *behind a long one*
 when a long request arrived before it and had no first token yet when it arrived. Arrival and
 first token are the client's times when the client was seen, else the server's, so the same
-comparison holds client-only (the designed probe's ``--inject-long``) and server-side. Server
+comparison holds client-only (the designed probe's ``--inject-long``) and server-side. Besides the
+median ratio, ``hol_blocked_lost_frac`` / ``hol_unblocked_lost_frac`` count the short requests behind
+a long one, and those with none ahead, that took ``hol_lost_factor`` x the baseline or more. Server
 spans add how the blocked short requests waited: their queue share, the engine steps that ran
 while they queued, and KV usage and running sequences meanwhile.
 
