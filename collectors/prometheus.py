@@ -1,4 +1,5 @@
-"""Engine metrics into canonical time series: a /metrics scraper and a Prometheus-API reader.
+"""Engine metrics into canonical time series: a /metrics scraper and the parsing and mapping it
+shares with the Prometheus-API reader (:mod:`collectors.prometheus_api`).
 
 * :class:`PrometheusScraper` polls one /metrics URL every ``interval_s`` on a background
   thread, parses the text with ``prometheus_client.parser`` and maps it with the engine's
@@ -10,16 +11,13 @@
   answers ``/metrics`` with JSON iteration stats and serves the Prometheus text at
   ``/prometheus/metrics`` (``tensorrt_llm/serve/openai_server.py`` @e7f7345e); a scraper whose
   ``/metrics`` answers JSON switches to that sibling once and says so (``stats()["url_note"]``).
-* :class:`PrometheusAPIReader` asks a Prometheus server (``/api/v1/query_range``) for the
-  same series with PromQL built from the same tables, one entity per replica (``instance``):
-  how a fleet is observed.
+* :func:`adapt_texts` maps saved /metrics texts the same way, without a thread.
 
 Both produce long-format rows with ``diag.stages.SERIES_COLUMNS`` and ``source="prometheus"``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import threading
@@ -140,7 +138,8 @@ def _prometheus_sibling(url: str) -> str | None:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, new_path, parts.query, parts.fragment))
 
 
-def _one_line(text: str, limit: int = 160) -> str:
+def one_line(text: str, limit: int = 160) -> str:
+    """``text`` on one line (whitespace runs as one space), cut to ``limit`` characters with an ellipsis."""
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
@@ -158,8 +157,8 @@ def parse_exposition(text: str, ts_s: float | None = None) -> pa.Snapshot:
         return pa.snapshot_from_families(text_string_to_metric_families(text), ts)
     except Exception as exc:  # the parser raises ValueError, IndexError, TypeError, ...
         lineno, bad = _find_bad_line(text)
-        where = f"line {lineno}: {_one_line(bad, 80)!r}: " if lineno else ""
-        raise ExpositionError(f"malformed exposition text: {where}{_one_line(str(exc), 100)}") from exc
+        where = f"line {lineno}: {one_line(bad, 80)!r}: " if lineno else ""
+        raise ExpositionError(f"malformed exposition text: {where}{one_line(str(exc), 100)}") from exc
 
 
 def _find_bad_line(text: str) -> tuple[int, str]:
@@ -348,7 +347,7 @@ class PrometheusScraper:
     def _error(self, message: str) -> None:
         self.errors += 1
         self.consecutive_errors += 1
-        self.last_error = _one_line(message, 200)
+        self.last_error = one_line(message, 200)
 
     def start(self) -> None:
         """Start polling on a daemon thread (first scrape immediately)."""
@@ -419,94 +418,3 @@ def _http_get_text(url: str, timeout_s: float) -> str:
     if len(body) > MAX_BODY_BYTES:
         raise ScrapeError(f"{url}: /metrics body over {MAX_BODY_BYTES} bytes; refused")
     return body.decode(charset, errors="replace")
-
-
-# --- the Prometheus HTTP API reader -------------------------------------------------------------
-
-
-class PrometheusAPIError(RuntimeError):
-    """The Prometheus server refused a query or could not be reached (one-line message)."""
-
-
-class PrometheusAPIReader:
-    """Reads canonical series for a fleet from a Prometheus server's HTTP API.
-
-    Each canonical series of the engine's table becomes one PromQL ``query_range`` (e.g.
-    ``sum by (instance) (rate(vllm:request_queue_time_seconds_sum[30s])) / sum by (instance)
-    (rate(vllm:request_queue_time_seconds_count[30s]))``); each result's ``instance`` label is
-    the entity. Synchronous; call from any one thread.
-    """
-
-    def __init__(self, base_url: str, engine: str | None = None, window: str = "30s",
-                 by: str = "instance", timeout_s: float = 10.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.engine = engine
-        self.window = window
-        self.by = by
-        self.timeout_s = timeout_s
-        self.errors: list[str] = []
-
-    def _get(self, path: str, params: dict[str, Any]) -> Any:
-        url = f"{self.base_url}{path}?{urllib.parse.urlencode(params)}"
-        try:
-            with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:
-                body = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = ""
-            try:
-                detail = json.loads(exc.read()).get("error", "")
-            except Exception:
-                pass
-            raise PrometheusAPIError(_one_line(f"{path}: HTTP {exc.code} {detail or exc.reason}")) from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise PrometheusAPIError(_one_line(f"{self.base_url}: unreachable ({exc})")) from None
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise PrometheusAPIError(f"{path}: answer is not JSON") from None
-        if not isinstance(doc, dict) or doc.get("status") != "success":
-            err = doc.get("error", "unknown error") if isinstance(doc, dict) else "bad answer"
-            raise PrometheusAPIError(_one_line(f"{path}: {err}"))
-        return doc.get("data")
-
-    def detect_engine(self) -> str | None:
-        """Ask the server which metric names it has (``/api/v1/label/__name__/values``)."""
-        names = self._get("/api/v1/label/__name__/values", {}) or []
-        return pa.detect_engine(str(n) for n in names)
-
-    def queries(self) -> dict[str, str]:
-        """Canonical series → the PromQL this reader sends (needs the engine known)."""
-        engine = self.engine or self.detect_engine()
-        if engine is None:
-            raise PrometheusAPIError(f"{self.base_url}: no known engine metrics on this Prometheus server")
-        self.engine = engine
-        adapter = resolve_adapter(engine, ())
-        assert adapter is not None
-        return pa.promql_queries(adapter, self.window, self.by)
-
-    def read(self, start_s: float, end_s: float, step_s: float) -> pd.DataFrame:
-        """Canonical rows for [start_s, end_s] every step_s (Unix seconds).
-
-        A series whose query fails is skipped and its one-line error appended to ``errors``;
-        an unreachable server raises PrometheusAPIError.
-        """
-        rows: list[tuple[float, str, str, float]] = []
-        for series, query in self.queries().items():
-            params = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}", "step": f"{step_s:g}"}
-            try:
-                data = self._get("/api/v1/query_range", params)
-            except PrometheusAPIError as exc:
-                if "unreachable" in str(exc):
-                    raise
-                self.errors.append(f"{series}: {exc}")
-                continue
-            for result in (data or {}).get("result", []) if isinstance(data, dict) else []:
-                entity = str((result.get("metric") or {}).get(self.by, ""))
-                for point in result.get("values") or ():
-                    try:
-                        ts, val = float(point[0]), float(point[1])
-                    except (TypeError, ValueError, IndexError):
-                        continue
-                    if math.isfinite(val):
-                        rows.append((ts, series, entity, val))
-        return rows_to_frame(rows)

@@ -7,7 +7,7 @@ Front door::
     d.verdict.category, d.verdict.confidence, d.to_dict()  # text: diag.report.text.format_diagnosis(d)
 
 The numbers rules read are computed by :mod:`rules.features` (one module per theme, one
-catalogue of feature names and units). Rules live in small modules (``scheduling``,
+catalogue of feature names and units). Rules live in small modules (``queueing``, ``kv_cache``,
 ``compute``, ``itl``, ``edges``), read as triage rows through :class:`rules.base.Triage`, and
 register themselves in :data:`REGISTRY`; which finding overrides which is the table in
 :mod:`rules.overrides`; thresholds and feature parameters come from ``defaults.toml``,

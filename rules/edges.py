@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, finding, reason, rule
-from rules.scheduling import served_in_line
+from rules.queueing import served_in_line
 
 
 def startup_note(ctx: RuleContext) -> str | None:

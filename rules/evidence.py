@@ -105,7 +105,7 @@ TTFT_OVER_PREFILL = _row("ttft_over_prefill", "TTFT p50 / the engine's prefill t
 INLINE_RATIO = _row("inline_ratio", "TTFT / (requests ahead x their service time)")
 RULES_NOT_RUN = _row("rules_not_run", "rules that could explain TTFT but could not run")
 
-# --- rules.scheduling ----------------------------------------------------------------------------
+# --- rules.queueing, rules.tokenization, rules.long_ramp, rules.kv_cache -------------------------
 
 QUEUE_SHARE_METRICS = stage_share_metrics("queue")
 TTFT_RISE_X = _row("ttft_rise_x", "TTFT at highest / lowest concurrency")

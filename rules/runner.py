@@ -17,7 +17,8 @@ from typing import Any
 
 from diag import stages
 from diag.tables import Tables
-from rules import admission, compute, edges, itl, scheduling  # noqa: F401  (register the rules)
+# the order of these imports is the order the rules register in, which settles ties: keep it
+from rules import admission, compute, queueing, tokenization, kv_cache, edges, itl  # noqa: F401  (register the rules)
 from rules import pipeline  # noqa: F401  (registers pipeline_bubble)
 from rules import frontend  # noqa: F401  (registers frontend)
 from rules import prefix_cache  # noqa: F401  (registers prefix_cache)

@@ -48,8 +48,9 @@ from collectors.probe.sse import dumps, one_line, read_stream
 from collectors.spans import NULL_REQUEST, RequestTrace, TraceSink
 from diag import stages
 
-#: names that importers of this module use (``collectors.probe.session``): the client's request
-#: types and endpoint helpers, defined in :mod:`collectors.probe.results` and :mod:`collectors.probe.endpoint`
+#: names that importers of this module use (``collectors.probe.session``, ``.session_types``): the
+#: client's request types and endpoint helpers, defined in :mod:`collectors.probe.results` and
+#: :mod:`collectors.probe.endpoint`
 __all__ = ["KEEPALIVE_S", "OPTIONAL_ELEMENTS", "OPTIONAL_ELEMENT_TEXT", "Endpoint", "RequestResult",
            "StreamingClient", "auth_headers", "resolve_endpoint", "split_url"]
 

@@ -1,12 +1,13 @@
 """The probe session: resolve the endpoint, run phases (one probe, or sweep points) on one
 client, write the capture (client spans, client-health series, server-side series) and
-meta.json, and compute the metrics.
+meta.json, and compute the metrics. Its configuration and result types are in
+:mod:`.session_types`, the front door (:func:`run_probe`, :func:`run_sweep`) in :mod:`.run`.
 
 Threading: a :class:`ProbeSession` runs on one event loop (:func:`.eventloop.run`, uvloop when
-installed, in :func:`run_probe` / :func:`run_sweep`, or the caller's loop with the ``*_async`` forms).
-With ``workers > 1`` each phase runs in spawned processes, with ``ray_address`` on Ray actors
-(:mod:`.ray_workers`, started at the first phase and kept for the session), awaited from a
-thread-pool thread so the loop stays free.
+installed, in :func:`.run.run_probe` / :func:`.run.run_sweep`, or the caller's loop with the
+``*_async`` forms). With ``workers > 1`` each phase runs in spawned processes, with
+``ray_address`` on Ray actors (:mod:`.ray_workers`, started at the first phase and kept for the
+session), awaited from a thread-pool thread so the loop stays free.
 """
 
 from __future__ import annotations
@@ -14,113 +15,30 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from collectors.probe import context_limit, eventloop
+from collectors.probe import eventloop
 from collectors.probe import health as health_mod
 from collectors.probe.affinity import available_cpus
 from collectors.probe.alongside import Alongside
-from collectors.probe.client import (KEEPALIVE_S, OPTIONAL_ELEMENT_TEXT, OPTIONAL_ELEMENTS, Endpoint, RequestResult,
-                                     StreamingClient, auth_headers, resolve_endpoint, split_url)
+from collectors.probe.client import (OPTIONAL_ELEMENT_TEXT, OPTIONAL_ELEMENTS, Endpoint, RequestResult, StreamingClient,
+                                     auth_headers, resolve_endpoint, split_url)
 from collectors.probe.load import PROBE_PROVIDER, LoadSpec, PhaseOutcome, run_phase, run_phase_in_workers
 from collectors.probe.metrics import DEFINITIONS, compute_metrics
 from collectors.probe.ready import NOT_SERVING_STATUSES, ReadyWait, wait_until_serving
+from collectors.probe.session_types import ProbeConfig
 from collectors.probe.spans_io import drain_span_lines
-from collectors.probe.sweep import SweepSpec, label, point_load, stop_reason
-from collectors.probe.workload import LengthSpec, TokenCounter, Workload, WorkloadSpec
+from collectors.probe.workload import TokenCounter, Workload
 from collectors.spans import TraceSink, setup_tracing
 from diag import stages
 from diag.capture import CaptureWriter
-
-#: Progress callback: (requests done in this phase, phase total or None, phase label).
-Progress = Callable[[int, "int | None", str], None]
 
 #: Flush in-memory spans into the capture every this many finished requests (bounds memory;
 #: each flush is a short pause on the loop, visible in the loop-lag series).
 FLUSH_EVERY_REQUESTS = 5000
 
-
-@dataclass
-class ProbeConfig:
-    """Everything one probe (or sweep) needs. ``output`` is the capture directory (None = no
-    capture). ``segment`` labels a plain probe's requests (ATTR_SEGMENT)."""
-
-    url: str
-    api: str | None = None
-    model: str | None = None
-    api_key: str | None = None
-    load: LoadSpec = field(default_factory=LoadSpec)
-    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    tokenizer_path: str | None = None
-    timeout_s: float = 60.0
-    workers: int = 1
-    output: str | Path | None = None
-    slo: dict[str, float] | None = None
-    #: one /metrics URL, or ``--metrics`` values (``prefill=URL``, ``decode=URL``: collectors.prometheus.metrics_targets)
-    metrics_url: str | tuple[str, ...] | None = None
-    gpu: bool = False
-    record_prompts: bool = False
-    segment: str | None = None
-    progress: Progress | None = None
-    concurrency_set: bool = False  # the user chose --concurrency (a cap in rate sweeps)
-    extra_body: dict[str, Any] = field(default_factory=dict)
-    #: optional request elements not to send (keys of client.OPTIONAL_ELEMENTS)
-    dropped: frozenset[str] = frozenset()
-    #: on a first request refused with 4xx, find which optional element the server refuses
-    compat_check: bool = True
-    #: pin the probe's processes to these CPUs (``--cpus``; None = wherever the OS puts them)
-    cpus: tuple[int, ...] | None = None
-    #: also export the client spans over OTLP/HTTP to this URL (``--otlp``, or OTEL_EXPORTER_OTLP_* )
-    otlp_endpoint: str | None = None
-    #: seconds to wait for a server that is not serving yet (refused, 503 loading; ``--wait-ready``)
-    wait_ready_s: float = 0.0
-    #: told one line at once when the server is not serving yet (the CLI prints it on stderr)
-    on_wait: Callable[[str], None] | None = None
-    #: seconds an idle pooled connection may be reused (below the servers' 5 s idle timeout)
-    keepalive_s: float = KEEPALIVE_S
-    #: send a request once more on a fresh connection when its reused one was found closed
-    #: before any answer (off: it fails as server_disconnected)
-    retry_reused: bool = True
-    #: run the phases' workers as Ray actors on this cluster (``--ray``: local, auto, ray://HOST:PORT)
-    ray_address: str | None = None
-
-
 #: 4xx answers that no optional element causes: auth, path, method, rate limits.
 _NOT_ELEMENT_STATUSES = frozenset({401, 403, 404, 405, 429})
-
-
-@dataclass
-class ProbeResult:
-    """What a probe or sweep returns. ``metrics`` covers all measured requests; ``segments``
-    holds (label, metrics) per sweep point."""
-
-    endpoint: Endpoint
-    metrics: dict[str, Any]
-    client_health: dict[str, Any]
-    results: list[RequestResult] = field(default_factory=list)
-    segments: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    capture_path: Path | None = None
-    notes: list[str] = field(default_factory=list)
-    sweep: dict[str, Any] | None = None
-
-    def to_dict(self, per_request: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "url": self.endpoint.url,
-            "api": self.endpoint.api,
-            "model": self.endpoint.model,
-            "capture": str(self.capture_path) if self.capture_path else None,
-            "metrics": self.metrics,
-            "segments": [{"segment": s, "metrics": m} for s, m in self.segments],
-            "client_health": self.client_health,
-            "sweep": self.sweep,
-            "notes": self.notes,
-            "definitions": DEFINITIONS,
-        }
-        if per_request:
-            out["requests"] = [{k: v for k, v in r.to_dict().items() if k != "output_text"} for r in self.results]
-        return out
 
 
 class ProbeSession:
@@ -505,85 +423,4 @@ def _slim(m: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in m.items() if k not in ("definitions",)}
 
 
-# --- front door -----------------------------------------------------------------------------------
-
-
-async def run_probe_async(config: ProbeConfig, writer: CaptureWriter | None = None) -> ProbeResult:
-    """One probe on the running loop: warm-up, measured load, capture (see :func:`run_probe`)."""
-    session = ProbeSession(config, writer)
-    async with session:
-        await session.phase(config.load, segment=config.segment)
-        overall = session.overall_metrics()
-        session.record_summary(overall, None)
-    assert session.endpoint is not None
-    return ProbeResult(session.endpoint, overall, session.client_health(), session.results, [],
-                       Path(session.writer.path) if session.writer else None, session.notes)
-
-
-def run_probe(config: ProbeConfig, writer: CaptureWriter | None = None) -> ProbeResult:
-    """Probe ``config.url`` with ``config.load`` and ``config.workload``; write the capture to
-    ``config.output`` (or into ``writer``). Blocks until done; must not be called from a
-    running event loop (use :func:`run_probe_async` there). ``config.cpus`` pins this whole
-    process first (every thread; the workers it starts inherit or get their own CPU)."""
-    _pin(config)
-    return eventloop.run(run_probe_async(config, writer))
-
-
-def _pin(config: ProbeConfig) -> None:
-    if config.cpus:
-        from collectors.probe.affinity import pin_process
-
-        pin_process(config.cpus)
-
-
-async def run_sweep_async(config: ProbeConfig, sweep: SweepSpec, writer: CaptureWriter | None = None) -> ProbeResult:
-    """A sweep on the running loop: one segment per point in one capture."""
-    values = sweep.point_values()
-    pool = max([config.load.concurrency] + [int(v) for v in values if sweep.kind == "concurrency"]
-               + ([config.load.concurrency if config.concurrency_set else 256] if sweep.kind == "rate" else []))
-    session = ProbeSession(config, writer, pool_size=pool)
-    stopped: str | None = None
-    ran: list[float] = []
-    async with session:
-        for v in values:
-            seg = label(sweep.kind, v)
-            load = point_load(sweep, v, config.load, config.concurrency_set)
-            wl = session.workload.with_input(LengthSpec("fixed", int(v))) if sweep.kind == "prompt" else None
-            if sweep.kind == "lora":  # the first v adapters of --lora
-                wl = session.workload.with_design(session.workload.spec.response_format,
-                                                  session.workload.spec.lora_adapters[: int(v)])
-            if sweep.kind == "long_every":  # the control without long prompts, then every v-th prompt long
-                wl = session.workload.with_long_every(int(v))
-            outcome = await session.phase(load, wl, seg)
-            m = session.metrics(outcome)
-            session.segments.append((seg, m))
-            too_long = None
-            if sweep.kind == "prompt":
-                refusal = context_limit.refusal_of(outcome.results)
-                if refusal is not None:
-                    # the longest earlier point with an answer (segments and ran line up; this point is not in ran)
-                    accepted = max((x for x, (_, mx) in zip(ran, session.segments) if mx["requests"]["ok"]), default=None)
-                    too_long = context_limit.describe(session.record_context_limit(context_limit.record(
-                        refusal, seg, v, accepted, "ttft probe --sweep prompt: the first point refused as too long")))
-                    session.segments[-1] = (seg, session.metrics(outcome))  # its refusals apart, not errors
-            ran.append(v)
-            stopped = stop_reason(sweep, v, m, too_long)
-            if stopped:
-                break
-        overall = session.overall_metrics()
-        info = {**sweep.describe(), "points_run": [label(sweep.kind, v) for v in ran], "stopped": stopped,
-                "context_limit": session.context_limit}
-        session.record_summary(overall, info)
-    assert session.endpoint is not None
-    return ProbeResult(session.endpoint, overall, session.client_health(), session.results, session.segments,
-                       Path(session.writer.path) if session.writer else None, session.notes, info)
-
-
-def run_sweep(config: ProbeConfig, sweep: SweepSpec, writer: CaptureWriter | None = None) -> ProbeResult:
-    """Run a sweep (prompt | concurrency | rate) into one capture; blocks until done."""
-    _pin(config)
-    return eventloop.run(run_sweep_async(config, sweep, writer))
-
-
-__all__ = ["ProbeConfig", "ProbeResult", "ProbeSession", "run_probe", "run_probe_async", "run_sweep",
-           "run_sweep_async"]
+__all__ = ["ProbeSession"]

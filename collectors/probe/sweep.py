@@ -17,7 +17,8 @@
   the long prompts alone, a long one may be unfinished whenever a short one arrives, and nothing
   then says what a short request takes without one.
 
-Pure planning and stop rules; the session (:mod:`collectors.probe.session`) runs the points.
+Pure planning and stop rules; :func:`collectors.probe.run.run_sweep` runs the points, one session
+phase each.
 """
 
 from __future__ import annotations

@@ -13,15 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from collectors import prometheus_adapters as pa
-from collectors.prometheus import (
-    SOURCE,
-    ExpositionError,
-    PrometheusAPIError,
-    PrometheusAPIReader,
-    PrometheusScraper,
-    adapt_texts,
-    parse_exposition,
-)
+from collectors.prometheus import SOURCE, ExpositionError, PrometheusScraper, adapt_texts, parse_exposition
+from collectors.prometheus_api import PrometheusAPIError, PrometheusAPIReader
 from diag.capture_files import SCRAPED_FILES_KEY, natural_key
 from diag.exit_codes import BAD_INPUT, OK
 

@@ -173,7 +173,7 @@ def test_dynamo_front_end_time_beyond_its_tokenizer_is_the_front_end(tmp_path: P
 def _sweep_with_metrics(tmp: Path, engine_args: list[str]):
     """A real ``ttft serve`` swept at concurrency 1-8 by the real probe scraping its /metrics; the client capture."""
     from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec
-    from collectors.probe.session import run_sweep
+    from collectors.probe.run import run_sweep
     from collectors.probe.sweep import SweepSpec
 
     from support.engine_testutil import serve_process

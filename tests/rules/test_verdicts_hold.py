@@ -436,7 +436,7 @@ def test_a_knee_seen_from_the_client_alone_leads_but_is_never_the_verdict() -> N
     from rules.base import RuleContext
     from rules.config import load_thresholds
     from rules.features import Feature, Features
-    from rules.scheduling import kv_cache
+    from rules.kv_cache import kv_cache
     from rules.verdict import VERDICT_FLOOR
 
     feats = Features()

