@@ -38,10 +38,11 @@ Nothing here models vLLM: the ground truth of a draw is what its flags make the 
   each request's KV waits on the decode side for a running one's whole answer); or a slow link
   between the instances (the pair, proxy and probe in a private network namespace whose loopback
   runs at 6 to 24 Mbit/s, UCX over TCP: a 128-token block of KV took 0.2-0.3 s at 7-21 Mbit/s
-  against a prefill of 60-85 ms); both ``pd_transfer``. Or, the near-miss, a roomy pair on the loopback as it is
-  (UCX over shared memory) at 1 or 2 streams: ``healthy``. Scored client-only (the probe through
-  the proxy) and with both instances' /metrics (``ttft scrape prefill=URL decode=URL``); not with
-  spans (vLLM's carry no role: :meth:`VLLMDraw.skipped_modes`) nor through ``ttft diagnose``.
+  against a prefill of 60-85 ms); both ``pd_transfer``. Or, the near-miss, a roomy pair on the
+  loopback as it is (UCX over shared memory) at 1 or 2 streams: ``healthy``. Scored client-only
+  (the probe through the proxy) and with both instances' /metrics (``ttft scrape prefill=URL
+  decode=URL``); not with spans (vLLM's carry no role: :meth:`VLLMDraw.skipped_modes`) nor through
+  ``ttft diagnose``.
 
 Each draw runs one server (pinned off the client's CPU: :func:`cpu_split`) exporting its own
 OTLP spans (``--otlp-traces-endpoint``, ``--collect-detailed-traces all``) to a ``ttft receive``,
