@@ -10,8 +10,8 @@ import pytest
 
 from diag.scenarios.matrix import Verdict
 
-from vllm_matrix import (ALSO_RIGHT, BLOCK_TOKENS, EXTRA_FAMILIES, FAMILIES, MIN_REQUESTS, SLACK_TOKENS, VLLMDraw, VLLMDrawResult, draw,
-                         draws, rescore)
+from vllm_matrix import (ALSO_RIGHT, BLOCK_TOKENS, EXTRA_FAMILIES, FAMILIES, MIN_REQUESTS, MODES, PD_KINDS, SLACK_TOKENS, VLLMDraw,
+                         VLLMDrawResult, draw, draws, rescore)
 
 SEEDS = (20261206, 1, 77, 4242)
 
@@ -72,12 +72,77 @@ def test_each_family_is_sized_to_make_its_truth(seed: int) -> None:
             assert d.expected == ("lora_adapters" if slots < d.lora_adapters else "healthy")
             assert d.lora_adapters >= 3 and slots in (1, d.lora_adapters) and d.concurrency >= 4
             assert "--lora" in d.probe_args() and d.diagnose_args()[-1].endswith("+".join(d.adapter_names()))
+        elif d.family == "pd_transfer":
+            _check_pd_draw(d)
         else:
             assert d.expected == "healthy" and not d.server_args and d.concurrency <= 2 and d.input_tokens <= 192
-        if d.family not in ("prefix_cache", "grammar_compile", "lora_adapters"):
+        if d.family not in ("prefix_cache", "grammar_compile", "lora_adapters", "pd_transfer"):
             assert d.diagnosable() is None and "--max-concurrency" not in d.diagnose_args()
             lo, hi = d.prompt_range()
             assert d.diagnose_args()[-1] == f"prompt_tokens={lo}-{hi},concurrency={d.concurrency}"
+
+
+def _check_pd_draw(d: VLLMDraw) -> None:
+    """A P/D draw's configuration makes its truth: the decode side short of running places under more
+    streams, a link in the low Mbit/s, or a roomy pair on the loopback as it is at a light load."""
+    assert d.disaggregated and not d.lora_adapters and not d.response_format and not d.inject_long
+    assert d.requests >= MIN_REQUESTS and not d.shared_prefix
+    if "--max-num-seqs" in d.server_args:  # admission: more streams than running places, answers to wait for
+        k = _arg(d, "--max-num-seqs")
+        assert d.expected == "pd_transfer" and not d.link_mbit and k <= 2 and d.concurrency >= k + 2
+        assert d.output_tokens >= 32 and len(d.server_args) == 2
+    elif d.link_mbit:  # a slow link: at least a block of KV at a few Mbit/s
+        assert d.expected == "pd_transfer" and not d.server_args and 6 <= d.link_mbit <= 24
+        assert d.input_tokens >= 64 and d.concurrency <= 2
+        assert "Mbit/s link" in d.setup()
+    else:  # the near-miss
+        assert d.expected == "healthy" and not d.server_args and d.concurrency <= 2 and d.input_tokens <= 192
+    skipped = d.skipped_modes()
+    assert set(skipped) == {"traces", "diagnose"} and all(skipped.values())
+    assert set(MODES) - set(skipped) == {"client-only", "metrics"}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_pd_draws_are_the_same_every_time_and_take_each_kind_in_turn(seed: int) -> None:
+    alone = draws(seed, 9, ("pd_transfer",))
+    assert alone == draws(seed, 9, ("pd_transfer",)) and alone != draws(seed + 1, 9, ("pd_transfer",))
+    for d in alone:
+        _check_pd_draw(d)
+    kinds = ["admission" if d.server_args else "link" if d.link_mbit else "roomy" for d in alone]
+    assert all(set(kinds[i:i + len(PD_KINDS)]) == set(PD_KINDS) for i in range(len(kinds) - 2)), kinds
+    # among other families too: the family's own draws take the kinds in turn
+    every = FAMILIES + EXTRA_FAMILIES
+    mixed = [d for d in draws(seed, 3 * len(every), every) if d.family == "pd_transfer"]
+    kinds = ["admission" if d.server_args else "link" if d.link_mbit else "roomy" for d in mixed]
+    assert len(mixed) == 3 and set(kinds) == set(PD_KINDS), kinds
+
+
+def test_pd_draws_leave_the_default_rotation_as_it_was() -> None:
+    assert "pd_transfer" in EXTRA_FAMILIES and "pd_transfer" not in FAMILIES
+    assert all(not d.disaggregated and not d.skipped_modes().get("traces") for d in draws(20261206, 8))
+
+
+def test_a_client_cannot_see_disaggregation_and_the_metrics_must_name_it() -> None:
+    d = next(x for x in draws(3, 6, ("pd_transfer",)) if x.expected == "pd_transfer")
+    for seen in ("queue", "network", "healthy", "inconclusive"):
+        assert VLLMDrawResult(d, {"client-only": Verdict(seen, 0.7, "")}).outcome("client-only") == "right"
+    assert VLLMDrawResult(d, {"client-only": Verdict("kv_cache", 0.9, "")}).outcome("client-only") == "wrong"
+    assert VLLMDrawResult(d, {"metrics": Verdict("queue", 0.9, "")}).outcome("metrics") == "wrong"
+    assert VLLMDrawResult(d, {"metrics": Verdict("pd_transfer", 0.8, "")}).outcome("metrics") == "right"
+    near = next(x for x in draws(3, 6, ("pd_transfer",)) if x.expected == "healthy")
+    assert VLLMDrawResult(near, {"client-only": Verdict("network", 0.8, "")}).outcome("client-only") == "wrong"
+
+
+def test_rescore_leaves_out_the_modes_a_pd_draw_is_not_scored_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm_matrix
+
+    d = draw(5, 0, ("pd_transfer",))
+    (tmp_path / d.name / "cli").mkdir(parents=True)
+    (tmp_path / d.name / "draw.json").write_text(__import__("json").dumps(vars(d)))
+    seen: list[list[str]] = []
+    monkeypatch.setattr(vllm_matrix, "score_captures", lambda out, modes: seen.append(list(modes)) or {})
+    (r,) = rescore(tmp_path, 5).results
+    assert r.draw == d and seen == [["client-only", "metrics"]] and set(r.skipped) == {"traces", "diagnose"}
 
 
 def test_what_a_mode_cannot_tell_apart_is_right_and_nothing_else_is() -> None:

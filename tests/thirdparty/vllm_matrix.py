@@ -31,6 +31,18 @@ Nothing here models vLLM: the ground truth of a draw is what its flags make the 
   streams (the probe's ``--lora``: asking for the first, then for one of all of them): a request for
   an adapter not running waits for the running ones' turn; or, the near-miss, ``--max-loras`` as
   many as the adapters: ``healthy``.
+- ``pd_transfer`` (extra): a disaggregated prefill/decode pair (``vllm_pd.py``: two instances with
+  NixlConnector, the proxy of ``tests/support/pd_proxy.py``), in turn one of three kinds (the
+  family's n-th draw takes the n-th kind from a seeded start): the decode instance short of running
+  places (``--max-num-seqs K`` on it, K of 1 or 2, K+2 to 2K+2 streams of 32- to 96-token answers:
+  each request's KV waits on the decode side for a running one's whole answer); or a slow link
+  between the instances (the pair, proxy and probe in a private network namespace whose loopback
+  runs at 6 to 24 Mbit/s, UCX over TCP: a 128-token block of KV took 0.2-0.3 s at 7-21 Mbit/s
+  against a prefill of 60-85 ms); both ``pd_transfer``. Or, the near-miss, a roomy pair on the
+  loopback as it is (UCX over shared memory) at 1 or 2 streams: ``healthy``. Scored client-only
+  (the probe through the proxy) and with both instances' /metrics (``ttft scrape prefill=URL
+  decode=URL``); not with spans (vLLM's carry no role: :meth:`VLLMDraw.skipped_modes`) nor through
+  ``ttft diagnose``.
 
 Each draw runs one server (pinned off the client's CPU: :func:`cpu_split`) exporting its own
 OTLP spans (``--otlp-traces-endpoint``, ``--collect-detailed-traces all``) to a ``ttft receive``,
@@ -63,6 +75,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -77,6 +90,7 @@ import numpy as np
 from diag.analysis import analyze_paths
 from diag.scenarios.matrix import Verdict, verdict_of
 from diag.scenarios.random_matrix import CONFIDENT, OUTCOMES, RIGHT, WRONG, outcome
+from diag.scenarios.random_truth import CLIENT_ONLY_ALSO
 
 from hf_serve import ttft_command
 from vllm_serve import VLLMServe, build_model, free_port, venv_python
@@ -87,11 +101,12 @@ CI_DRAWS = 8
 FAMILIES = ("queue", "kv_cache", "prefix_cache", "prefill_compute", "healthy")
 #: families run only when asked (``--families``): not yet named right in every mode, so kept out of the
 #: rotation that CI and the fresh-seed figures use (docs/random-matrix.md says what each mode reads)
-EXTRA_FAMILIES = ("head_of_line", "grammar_compile", "lora_adapters")
+EXTRA_FAMILIES = ("head_of_line", "grammar_compile", "lora_adapters", "pd_transfer")
 MODES = ("client-only", "metrics", "traces", "diagnose")
 #: per mode, the truth -> other verdicts scored right (what that mode cannot tell apart; module doc)
 ALSO_RIGHT: dict[str, dict[str, frozenset[str]]] = {
-    "client-only": {"kv_cache": frozenset({"queue"})},
+    # a client cannot see disaggregation: the bundled matrix's equivalents (random_truth._CLIENT_SEES)
+    "client-only": {"kv_cache": frozenset({"queue"}), "pd_transfer": CLIENT_ONLY_ALSO["pd_transfer"]},
     "diagnose": {"kv_cache": frozenset({"queue"})},
     "traces": {"kv_cache": frozenset({"queue"})},
     "metrics": {},
@@ -108,6 +123,8 @@ SPAN_FLUSH_S = 7.0
 DIAGNOSE_BUDGET = "90s"
 #: measured requests of a probe at least (the rules want 20 before they are sure of a one-level reading)
 MIN_REQUESTS = 24
+#: the ``pd_transfer`` family's kinds, taken in turn (:func:`draw`)
+PD_KINDS = ("admission", "link", "roomy")
 
 
 @dataclass(frozen=True)
@@ -135,7 +152,24 @@ class VLLMDraw:
     schema_properties: int = 24
     #: LoRA adapters served (``l0``..) and asked for, one per request (the probe's ``--lora``); 0: none
     lora_adapters: int = 0
+    #: ``pd_transfer`` only: the link between the instances in Mbit/s (a private network namespace's
+    #: loopback under ``tc tbf``, UCX over TCP); 0: the loopback as it is (UCX over shared memory).
+    #: A P/D draw's ``server_args`` are its decode instance's.
+    link_mbit: int = 0
     why: str = ""
+
+    @property
+    def disaggregated(self) -> bool:
+        """A prefill/decode pair behind a proxy (``vllm_pd.py``), not one server."""
+        return self.family == "pd_transfer"
+
+    def setup(self) -> str:
+        """The served configuration in a few words (the matrix's log)."""
+        flags = " ".join(self.server_args)
+        if not self.disaggregated:
+            return flags or "(defaults)"
+        return (f"P/D pair, decode {flags or '(defaults)'}, "
+                + (f"a {self.link_mbit} Mbit/s link" if self.link_mbit else "the loopback as it is"))
 
     @property
     def name(self) -> str:
@@ -182,11 +216,23 @@ class VLLMDraw:
 
     def diagnosable(self) -> str | None:
         """Why ``ttft diagnose`` (its own experiment) cannot show this draw's cause, or None."""
+        if self.disaggregated:
+            return ("a P/D pair: diagnose takes no --metrics (a client alone sees only TTFT, scored client-only "
+                    "from the probe), and its ramp would add ~2 minutes on the pair's 2 cores")
         if self.shared_prefix:
             return "a prefix design: diagnose's own prompts share no prefix"
         if self.response_format == "schema:repeat":
             return "one schema for the whole run: --workload cannot say the users send only one"
         return None
+
+    def skipped_modes(self) -> dict[str, str]:
+        """The modes this draw is not scored in, each with why."""
+        out = {"diagnose": why} if (why := self.diagnosable()) else {}
+        if self.disaggregated:
+            out["traces"] = ("vLLM's spans carry no role: a request's two spans (the prefill instance's one-token "
+                             "request, the decode instance's) would be read as one server's; a P/D split is read "
+                             "from spans only where they say it (the bundled engine's ttft.pd.*, rules/features/pd.py)")
+        return out
 
 
 def _rng(seed: int, index: int) -> np.random.Generator:
@@ -197,9 +243,14 @@ def draw(seed: int, index: int, families: Sequence[str] = FAMILIES) -> VLLMDraw:
     """Draw ``index`` of ``seed``: deterministic; the family rotates over ``families`` from a
     seeded start, so any ``len(families)`` consecutive draws hold every family."""
     g = _rng(seed, index)
-    start = int(np.random.default_rng(seed).integers(len(families)))
+    seeded = np.random.default_rng(seed)
+    start = int(seeded.integers(len(families)))
     family = families[(start + index) % len(families)]
     s = dict(seed=seed, index=index, family=family)
+    if family == "pd_transfer":
+        # the family's n-th draw takes the n-th kind (from a seeded start): any 3 of its draws in a row hold each
+        kind = PD_KINDS[((start + index) // len(families) + int(seeded.integers(len(PD_KINDS)))) % len(PD_KINDS)]
+        return _pd_draw(g, kind, s)
     if family == "queue":
         k = int(g.integers(1, 4))
         c = k + int(g.integers(2, 2 * k + 3))
@@ -287,6 +338,46 @@ def draw(seed: int, index: int, families: Sequence[str] = FAMILIES) -> VLLMDraw:
     return VLLMDraw(**s, expected="healthy", server_args=(), max_model_len=2048, concurrency=c,
                     requests=MIN_REQUESTS, input_tokens=prompt, output_tokens=out,
                     why=f"vLLM's defaults at {c} stream(s): nothing waits")
+
+
+def _pd_draw(g: np.random.Generator, kind: str, s: dict[str, Any]) -> VLLMDraw:
+    """A ``pd_transfer`` draw of ``kind`` (:data:`PD_KINDS`; module doc): ``admission``, the decode
+    instance short of running places; ``link``, a slow link between the instances (truth
+    ``pd_transfer`` both); ``roomy``, the near-miss (``healthy``).
+
+    Scored in two modes: ``client-only`` (the probe through the proxy; a client cannot see
+    disaggregation, so what the bundled matrix scores right for it client-only is right here:
+    :data:`ALSO_RIGHT`) and ``metrics`` (the probe's capture with both instances' own /metrics,
+    ``prefill=URL decode=URL``: the pd_transfer rule's engine-metrics check). Skipped
+    (:meth:`VLLMDraw.skipped_modes`): ``traces``, because vLLM's spans carry no role, so a request's
+    two spans would be read as one server's, and the rules split P/D from spans only where they say
+    it (the bundled engine's); ``diagnose``, which takes no ``--metrics`` and would add its ramp to a
+    draw already two server starts long on 2 cores.
+    """
+    if kind == "admission":
+        k = int(g.integers(1, 3))
+        c = k + int(g.integers(2, k + 3))
+        out = int(g.integers(32, 97))
+        return VLLMDraw(**s, expected="pd_transfer", server_args=("--max-num-seqs", str(k)), max_model_len=2048,
+                        concurrency=c, requests=max(MIN_REQUESTS, 4 * c), input_tokens=int(g.integers(16, 193)),
+                        output_tokens=out,
+                        why=f"the decode instance capped at {k} running (--max-num-seqs {k}) under {c} streams of "
+                            f"{out}-token answers: each request's KV waits there for a running one's whole answer")
+    if kind == "link":
+        mbit = int(g.integers(6, 25))
+        prompt = int(g.integers(64, 321))
+        blocks = math.ceil((prompt + SLACK_TOKENS) / BLOCK_TOKENS)
+        return VLLMDraw(**s, expected="pd_transfer", server_args=(), max_model_len=2048,
+                        concurrency=int(g.integers(1, 3)), requests=MIN_REQUESTS, input_tokens=prompt,
+                        output_tokens=int(g.integers(16, 49)), link_mbit=mbit,
+                        why=f"a {mbit} Mbit/s link between the instances (tc tbf, UCX over TCP): a {prompt}-token "
+                            f"prompt's {blocks} KV block(s) of {BLOCK_TOKENS} tokens take several times its prefill "
+                            "to move")
+    c = int(g.integers(1, 3))
+    return VLLMDraw(**s, expected="healthy", server_args=(), max_model_len=2048, concurrency=c, requests=MIN_REQUESTS,
+                    input_tokens=int(g.integers(16, 193)), output_tokens=int(g.integers(16, 65)),
+                    why=f"a roomy pair on the loopback as it is (UCX over shared memory) at {c} stream(s): the "
+                        "transfer is a few ms and nothing waits for a decode place")
 
 
 def draws(seed: int, n: int, families: Sequence[str] = FAMILIES) -> list[VLLMDraw]:
@@ -382,6 +473,17 @@ def run_draw(d: VLLMDraw, model_dir: Path, out_dir: Path, *, python: Path | None
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "draw.json").write_text(json.dumps(vars(d), indent=1) + "\n")
+    res.skipped.update({m: why for m, why in d.skipped_modes().items() if m in modes})
+    modes = [m for m in modes if m not in res.skipped]
+    if d.disaggregated:
+        try:
+            _pd_captures(d, model_dir, out_dir, python)
+            res.verdicts.update(score_captures(out_dir, modes))
+        except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
+            res.error = f"{type(exc).__name__}: {str(exc)[:600]}"
+        res.wall_s = time.monotonic() - t0
+        (out_dir / "result.json").write_text(json.dumps(res.to_dict(), indent=1) + "\n")
+        return res
     client_cpus, server_cpus = cpu_split()
     client = taskset(client_cpus)
     probing = any(m != "diagnose" for m in modes)
@@ -415,10 +517,7 @@ def run_draw(d: VLLMDraw, model_dir: Path, out_dir: Path, *, python: Path | None
             else:
                 srv.start()
             res.started_s = srv.started_s
-            why = d.diagnosable()
-            if "diagnose" in modes and why:
-                res.skipped["diagnose"] = why
-            elif "diagnose" in modes:
+            if "diagnose" in modes:
                 p = _run([*client, *ttft_command(), "diagnose", srv.url, "-o", str(out_dir / "diagnose"),
                           *d.diagnose_args(), "--no-progress", "--json"], timeout_s=600)
                 (out_dir / "diagnose.json").write_text(p.stdout)
@@ -430,6 +529,32 @@ def run_draw(d: VLLMDraw, model_dir: Path, out_dir: Path, *, python: Path | None
     res.wall_s = time.monotonic() - t0
     (out_dir / "result.json").write_text(json.dumps(res.to_dict(), indent=1) + "\n")
     return res
+
+
+def _pd_captures(d: VLLMDraw, model_dir: Path, out_dir: Path, python: Path | None) -> None:
+    """A ``pd_transfer`` draw's captures (``cli``, ``scrape``: ``vllm_pd.capture``) from a pair started
+    for it (``vllm_pd.pair``; the servers' logs in ``out_dir``). On a slow link all of it runs in
+    ``vllm_pd.py`` under ``unshare -n`` (its private loopback slowed); RuntimeError when that fails."""
+    import vllm_pd
+    from vllm_serve import install_nixl
+
+    nixl = install_nixl()
+    py = python or venv_python()
+    if not d.link_mbit:
+        with vllm_pd.pair(model_dir, py, nixl, out_dir, d.server_args) as urls:
+            vllm_pd.capture(urls, out_dir, d.probe_args())
+        return
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests"), str(root / "tests" / "thirdparty")])}
+    proc = subprocess.run(["unshare", "-n", "--kill-child", sys.executable, str(Path(vllm_pd.__file__)), str(out_dir),
+                           "--model", str(model_dir), "--python", str(py), "--nixl", str(nixl), "--link-rate",
+                           f"{d.link_mbit}mbit", f"--decode-args={shlex.join(d.server_args)}",
+                           f"--probe-args={shlex.join(d.probe_args())}"],
+                          capture_output=True, text=True, timeout=900, env=env)
+    (out_dir / "vllm_pd.stderr").write_text(proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the pair on a {d.link_mbit} Mbit/s link (vllm_pd.py under unshare -n) exited "
+                           f"{proc.returncode}: {proc.stderr.strip()[-500:]}")
 
 
 def score_captures(out_dir: Path, modes: Sequence[str] = MODES) -> dict[str, Verdict]:
@@ -455,9 +580,8 @@ def rescore(out_root: Path, seed: int, modes: Sequence[str] = MODES) -> VLLMMatr
         d = VLLMDraw(**{**rec, "server_args": tuple(rec["server_args"])})
         if d.seed != seed or not (p.parent / "cli").exists():
             continue
-        r = VLLMDrawResult(d, score_captures(p.parent, modes))
-        if "diagnose" in modes and "diagnose" not in r.verdicts and d.diagnosable():
-            r.skipped["diagnose"] = d.diagnosable() or ""
+        skipped = {m: why for m, why in d.skipped_modes().items() if m in modes}
+        r = VLLMDrawResult(d, score_captures(p.parent, [m for m in modes if m not in skipped]), skipped)
         results.append(r)
     return VLLMMatrix(seed, results)
 
@@ -513,7 +637,7 @@ def check(seed: int, indices: Sequence[int], out_root: Path, model_dir: Path, *,
     for i in indices:
         d = draw(seed, i, families)
         if log:
-            log(f"{d.name}: {' '.join(d.server_args) or '(defaults)'}; {' '.join(d.probe_args())} ...")
+            log(f"{d.name}: {d.setup()}; {' '.join(d.probe_args())} ...")
         r = run_draw(d, model_dir, out_root / d.name, python=python, modes=modes)
         if log:
             log("   " + "  ".join(f"{m}: {v.category} ({v.confidence:.2f}) {r.outcome(m)}" for m, v in r.verdicts.items())

@@ -12,7 +12,10 @@ namespace (``unshare -n``), this sets the namespace's loopback to a token-bucket
 (``UCX_TLS=tcp,self``: shared memory would go around the link). Everything runs in that namespace
 (the pair, the proxy, the probe), so nothing outside it is slowed. ``python vllm_pd.py --link-rate
 16mbit --streams 1 OUT`` writes the probe's capture to OUT and exits 0; 3 with one line when the
-namespace's link cannot be set (no ``tc`` or no ``tbf``), 4 when the pair cannot start.
+namespace's link cannot be set (no ``tc`` or no ``tbf``), 4 when the pair cannot start. With
+``--probe-args`` (the real-vLLM matrix's ``pd_transfer`` draws, ``vllm_matrix.py``) OUT is a folder:
+:func:`capture` writes the probe's capture to ``OUT/cli`` and a scrape of both instances to
+``OUT/scrape`` (5 when either fails), the decode instance started with ``--decode-args``.
 
 Threads: two to start the instances at once; the servers and the proxy are child process groups.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -29,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hf_serve import ttft_command
-from vllm_matrix import cpu_split, pinned, taskset
+from vllm_matrix import SCRAPE_INTERVAL_S, _background, _run, cpu_split, pinned, taskset
 from vllm_serve import VLLMServe, free_port
 
 CLIENT_CPUS, SERVER_CPUS = cpu_split()
@@ -87,6 +91,20 @@ def probe(urls: tuple[str, str, str], out: Path, streams: int, requests: int = 3
                           capture_output=True, text=True, timeout=600)
 
 
+def capture(urls: tuple[str, str, str], out_dir: Path, probe_args: Sequence[str]) -> None:
+    """The real-vLLM matrix's captures of a pair: ``ttft probe`` through the proxy with ``probe_args``
+    (``OUT/cli``: the client's), and beside it ``ttft scrape prefill=URL decode=URL`` of the two
+    instances' own /metrics (``OUT/scrape``: the series ``--metrics prefill=URL --metrics decode=URL``
+    would add to the probe's capture, labelled with their roles, kept apart so that the client's
+    capture can be scored alone). RuntimeError when the probe or the scrape fails."""
+    proxy, pre, dec = urls
+    client = taskset(CLIENT_CPUS)
+    with _background([*client, *ttft_command(), "scrape", f"prefill={pre}/metrics", f"decode={dec}/metrics",
+                      "--interval", str(SCRAPE_INTERVAL_S), "-d", "900", "-o", str(out_dir / "scrape")]):
+        _run([*client, *ttft_command(), "probe", proxy, *probe_args, "--timeout", "180", "--no-progress", "-o",
+              str(out_dir / "cli")], timeout_s=600)
+
+
 def slow_loopback(rate: str) -> str | None:
     """Rate-limit this network namespace's loopback (call only inside a private one); None when set,
     else why not in one line."""
@@ -110,14 +128,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--nixl", type=Path, required=True, help="NIXL's folder (vllm_serve.install_nixl)")
     ap.add_argument("--link-rate", default=None, help="tc rate of the loopback, e.g. 16mbit (UCX over TCP)")
     ap.add_argument("--streams", type=int, default=1)
+    ap.add_argument("--decode-args", default="", help="the decode instance's own vLLM flags, one shell-quoted string")
+    ap.add_argument("--probe-args", default=None,
+                    help="the probe's load, one shell-quoted string (the matrix's draw): OUT is then a folder for "
+                    "cli/ and scrape/ (capture())")
     a = ap.parse_args(argv)
     if a.link_rate:
         why = slow_loopback(a.link_rate)
         if why:
             print(f"vllm_pd: cannot slow the link: {why}", file=sys.stderr)
             return 3
+    logs = a.out if a.probe_args is not None else a.out.parent
     try:
-        with pair(a.model, a.python, a.nixl, a.out.parent, ucx_tls="tcp,self" if a.link_rate else None) as urls:
+        with pair(a.model, a.python, a.nixl, logs, shlex.split(a.decode_args),
+                  ucx_tls="tcp,self" if a.link_rate else None) as urls:
+            if a.probe_args is not None:
+                try:
+                    capture(urls, a.out, shlex.split(a.probe_args))
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    print(f"vllm_pd: the captures failed: {exc}", file=sys.stderr)
+                    return 5
+                return 0
             proc = probe(urls, a.out, a.streams)
     except RuntimeError as exc:
         print(f"vllm_pd: {exc}", file=sys.stderr)
