@@ -33,6 +33,7 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -264,7 +265,23 @@ def require_vllm(version: str = VLLM_VERSION) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A 127.0.0.1 port free now and outside the kernel's ephemeral range: vLLM binds it tens of
+    seconds later, and a port the kernel hands out to outgoing connections (as ``bind(0)`` picks)
+    can be taken in between (``ZMQError: Address already in use`` on a P/D pair's side channel)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # every try taken: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
