@@ -21,7 +21,8 @@ import pytest
 
 from diag.scenarios.random_matrix import LEADING_RIGHT, RIGHT, UNDECIDED
 
-from vllm_matrix import CI_DRAWS, CI_SEED, FAMILIES, MODES, check, draws
+from vllm_draws import CI_DRAWS, CI_SEED, FAMILIES, MODES, draws
+from vllm_matrix import check
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -1,4 +1,4 @@
-"""The real-vLLM matrix's draws (``vllm_matrix.draw``): reproducible, and each sized so that its
+"""The real-vLLM matrix's draws (``vllm_draws.draw``): reproducible, and each sized so that its
 configuration makes the truth it is scored against. Fast: nothing starts."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 
 from diag.scenarios.matrix import Verdict
 
-from vllm_matrix import (ALSO_RIGHT, BLOCK_TOKENS, EXTRA_FAMILIES, FAMILIES, MIN_REQUESTS, MODES, PD_KINDS, SLACK_TOKENS, VLLMDraw,
-                         VLLMDrawResult, draw, draws, rescore)
+from vllm_draws import (ALSO_RIGHT, BLOCK_TOKENS, EXTRA_FAMILIES, FAMILIES, MIN_REQUESTS, MODES, PD_KINDS, SLACK_TOKENS,
+                        VLLMDraw, draw, draws)
+from vllm_matrix import VLLMDrawResult, rescore
 
 SEEDS = (20261206, 1, 77, 4242)
 
