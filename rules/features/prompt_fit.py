@@ -70,20 +70,16 @@ def prompt_fit(ctx: FeatureContext) -> None:
         return
     # When prompt lengths repeat (a sweep, a prompt file), fit the median TTFT of each length:
     # robust to the few requests that waited behind another one.
+    # Two lengths: every request, as for lengths that do not repeat (below).
     repeated = counts >= 2
-    if two:
-        fx, fy = x.astype("float64"), yy.astype("float64")
-        slope, intercept, r2 = linear_fit(fx, fy)
-        expl = None
-        how += f", every request at two lengths ({counts.min()}+ each)"
-    elif repeated.sum() >= 3 and counts[repeated].sum() >= 0.8 * x.size:
+    if not two and repeated.sum() >= 3 and counts[repeated].sum() >= 0.8 * x.size:
         fx = lengths[repeated].astype("float64")
         fy = np.array([np.median(yy[x == v]) for v in lengths[repeated]])
         slope, intercept, r2 = linear_fit(fx, fy)
         weights = counts[repeated]
         expl = slope * float((weights * fx).sum()) / max(float((weights * fy).sum()), 1e-12)
         how += ", median TTFT per prompt length"
-    elif (point := _sweep_points(st, mask)) is not None:
+    elif not two and (point := _sweep_points(st, mask)) is not None:
         # a prompt sweep whose token counts vary a little per request (the server's tokenizer, a
         # chat template): the median of each sweep point, robust the same way; requests outside its
         # points (a load ramp's that happened to be alone in flight) are left out of it
@@ -100,6 +96,8 @@ def prompt_fit(ctx: FeatureContext) -> None:
         fx, fy = x.astype("float64"), yy.astype("float64")
         slope, intercept, r2 = linear_fit(fx, fy)
         expl = None
+        if two:
+            how += f", every request at two lengths ({counts.min()}+ each)"
     ctx.add("ttft_prompt_slope_ms_per_token", slope * 1e3, source=how)
     ctx.add("ttft_prompt_intercept_ms", intercept * 1e3, source=how)
     # how well the points pin the intercept: a narrow range far from zero tokens leaves it an
