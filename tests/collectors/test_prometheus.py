@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +20,7 @@ from collectors.prometheus import (
     parse_exposition,
 )
 from diag import stages
+from support.engine_testutil import free_port
 
 FIX = Path(__file__).parent / "fixtures"
 T0, T5 = 1_700_000_000.0, 1_700_000_005.0
@@ -204,14 +204,8 @@ def test_scraper_survives_malformed_text_and_keeps_the_window():
     assert s.stats()["engine"] == "vllm" and s.consecutive_errors == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_dead_endpoint_is_counted_not_raised():
-    url = f"http://127.0.0.1:{_free_port()}/metrics"
+    url = f"http://127.0.0.1:{free_port()}/metrics"
     s = PrometheusScraper(url, interval_s=0.02, timeout_s=0.5)
     assert s.scrape_once() == []
     assert s.errors == 1 and "unreachable" in s.last_error
@@ -319,7 +313,7 @@ def test_scrape_command_writes_capture(tmp_path):
     assert (cap.series["series"] == S.SERIES_TTFT_S).any()
     assert cap.meta["prometheus_scrape"]["engine"] == "vllm"
     # a dead endpoint: exit 2 (nothing to judge) and a note in meta, no traceback
-    args = parser.parse_args(["scrape", f"http://127.0.0.1:{_free_port()}/metrics", "--interval", "0.05",
+    args = parser.parse_args(["scrape", f"http://127.0.0.1:{free_port()}/metrics", "--interval", "0.05",
                               "--duration", "0.15", "-o", str(tmp_path / "d")])
     assert scrape.run(args) == 2
 

@@ -4,21 +4,15 @@ entity per replica, and an unreachable server."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 
 import pytest
 
 from collectors.prometheus_api import PrometheusAPIError, PrometheusAPIReader
 from diag import stages
+from support.engine_testutil import free_port
 
 S = stages
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class _FakePrometheus:
@@ -97,6 +91,6 @@ def test_prometheus_api_reader_fleet():
 
 
 def test_prometheus_api_reader_unreachable():
-    reader = PrometheusAPIReader(f"http://127.0.0.1:{_free_port()}", engine="vllm", timeout_s=1)
+    reader = PrometheusAPIReader(f"http://127.0.0.1:{free_port()}", engine="vllm", timeout_s=1)
     with pytest.raises(PrometheusAPIError, match="unreachable"):
         reader.read(0, 10, 5)

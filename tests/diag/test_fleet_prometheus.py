@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from diag import stages as S
 from diag.analysis import analyze_paths
+from support.engine_testutil import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
@@ -34,12 +34,6 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(PROMETHEUS is None, reason="needs the prometheus binary (apt-get install prometheus)")]
 HOT = 2  # the replica index started with --max-running 1
 LOAD = ["-c", "4", "-n", "20", "--output-tokens", "12", "--warmup", "1", "--no-capture"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, timeout_s: float = 5.0) -> str:
@@ -94,8 +88,8 @@ def _engine_totals(url: str) -> tuple[float, float]:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("fleet")
-    ports = [_free_port() for _ in range(3)]
-    prom_port = _free_port()
+    ports = [free_port() for _ in range(3)]
+    prom_port = free_port()
     targets = [f"127.0.0.1:{p}" for p in ports]
     (tmp / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: ttft\n"

@@ -3,18 +3,11 @@ stderr with exit code 2, never a traceback."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from diag import cli
 from diag.commands.diagnose import parse_budget
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from support.engine_testutil import free_port
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -33,7 +26,7 @@ def test_bad_options_are_one_line_errors(argv, message, capsys, tmp_path) -> Non
 
 def test_a_server_that_does_not_answer_is_a_one_line_error(capsys, tmp_path) -> None:  # noqa: ANN001
     """Even with --no-progress the wait is said when it starts (not at the end), then one error line."""
-    rc = cli.main(["diagnose", f"http://127.0.0.1:{_free_port()}", "-o", str(tmp_path / "out"), "--no-progress",
+    rc = cli.main(["diagnose", f"http://127.0.0.1:{free_port()}", "-o", str(tmp_path / "out"), "--no-progress",
                    "--wait-ready", "1"])
     wait, error = capsys.readouterr().err.splitlines()
     assert wait.startswith("ttft diagnose: the server is not serving yet (connection refused); waiting up to 1 s"), wait
@@ -43,7 +36,7 @@ def test_a_server_that_does_not_answer_is_a_one_line_error(capsys, tmp_path) -> 
 def test_an_output_directory_that_holds_a_capture_is_refused(capsys, tmp_path) -> None:  # noqa: ANN001
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "meta.json").write_text("{}")
-    rc = cli.main(["diagnose", f"http://127.0.0.1:{_free_port()}", "-o", str(tmp_path / "out"), "--no-progress"])
+    rc = cli.main(["diagnose", f"http://127.0.0.1:{free_port()}", "-o", str(tmp_path / "out"), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "exists and is not empty" in err and err.count("\n") == 1, err
 

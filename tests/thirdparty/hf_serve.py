@@ -30,12 +30,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from vllm_serve import free_port
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[2] / "diag" / "engine" / "data" / "tokenizer.json"
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -78,12 +79,6 @@ def build_tiny_llama(out_dir: Path, seed: int = 0, *, hidden_size: int = 64, lay
     return out_dir
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def serve_command() -> list[str]:
     """The ``transformers`` CLI of the running interpreter's environment."""
     exe = Path(sys.executable).with_name("transformers")
@@ -104,7 +99,7 @@ class TransformersServe:
         self.continuous_batching = continuous_batching
         self.start_timeout_s = start_timeout_s
         self.extra_args = list(extra_args or [])
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self.model_dir.parent / f"serve-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None

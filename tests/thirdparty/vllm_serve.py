@@ -265,9 +265,10 @@ def require_vllm(version: str = VLLM_VERSION) -> Path:
 
 
 def free_port() -> int:
-    """A 127.0.0.1 port free now and outside the kernel's ephemeral range: vLLM binds it tens of
-    seconds later, and a port the kernel hands out to outgoing connections (as ``bind(0)`` picks)
-    can be taken in between (``ZMQError: Address already in use`` on a P/D pair's side channel)."""
+    """A 127.0.0.1 port free now and outside the kernel's ephemeral range: a real server (vLLM,
+    ``transformers serve``) binds it tens of seconds later, and a port the kernel hands out to outgoing
+    connections (as ``bind(0)`` picks) can be taken in between (``ZMQError: Address already in use``
+    on a P/D pair's side channel)."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
