@@ -9,11 +9,26 @@ import pandas as pd
 import pytest
 
 from diag import stages
-from rules.features import compute_features
+from rules.features import Features, compute_features
 from support.featcap import make_requests, make_tables
 
 MS = 1_000_000
 T0 = 1_700_000_000_000_000_000
+
+
+def _features(reqs: list[tuple[str, int, int, int]], steps: list[tuple[int, int]], spans: list[dict],
+              output_tokens: float) -> Features:
+    """The features of a hand-built timeline: requests (trace id, enter, first token, end; ns), the
+    engine's steps (start, end; ns), the request spans, each request ``output_tokens`` long."""
+    req = make_requests([(f - a) / 1e9 for _, a, f, _ in reqs],
+                        server_end_ns=[float(e) for *_, e in reqs], first_token_ns=[float(f) for _, _, f, _ in reqs],
+                        output_tokens=[output_tokens] * len(reqs))
+    req["trace_id"] = [r[0] for r in reqs]
+    req["start_ns"] = [float(r[1]) for r in reqs]
+    st = pd.DataFrame({"start_ns": [s for s, _ in steps], "end_ns": [e for _, e in steps]})
+    st["duration_s"] = (st["end_ns"] - st["start_ns"]) / 1e9
+    st["service"] = "ttft-engine"
+    return compute_features(dataclasses.replace(make_tables(req, st), spans=pd.DataFrame(spans)))
 
 
 def _timeline(gap_ms: float, step_ms: float = 10.0, n_req: int = 4, steps_per_req: int = 5,
@@ -35,16 +50,7 @@ def _timeline(gap_ms: float, step_ms: float = 10.0, n_req: int = 4, steps_per_re
         spans.append({"trace_id": tid, "span_id": f"{i:016x}", "name": stages.QUEUE, "start_ns": enter,
                       "end_ns": enter + int(gap_ms * MS)})
         reqs.append((tid, enter, first, t))
-    req = make_requests([(f - a) / 1e9 for _, a, f, _ in reqs],
-                        server_end_ns=[float(e) for *_, e in reqs], first_token_ns=[float(f) for _, _, f, _ in reqs],
-                        output_tokens=[float(output_tokens or steps_per_req)] * n_req)
-    req["trace_id"] = [r[0] for r in reqs]
-    req["start_ns"] = [float(r[1]) for r in reqs]
-    st = pd.DataFrame({"start_ns": [s for s, _ in steps], "end_ns": [e for _, e in steps]})
-    st["duration_s"] = (st["end_ns"] - st["start_ns"]) / 1e9
-    st["service"] = "ttft-engine"
-    tables = dataclasses.replace(make_tables(req, st), spans=pd.DataFrame(spans))
-    return compute_features(tables)
+    return _features(reqs, steps, spans, float(output_tokens or steps_per_req))
 
 
 def test_gaps_between_steps_while_requests_wait_are_the_idle_share() -> None:
@@ -107,15 +113,7 @@ def _handed_off(handoff_ms: float, gap_ms: float = 0.2, step_ms: float = 10.0, n
             steps.append((s, s + int(step_ms * MS)))
             t = s + int(step_ms * MS)
         reqs.append((tid, enter, back, t))
-    req = make_requests([(f - a) / 1e9 for _, a, f, _ in reqs],
-                        server_end_ns=[float(e) for *_, e in reqs], first_token_ns=[float(f) for _, _, f, _ in reqs],
-                        output_tokens=[5.0] * n_req)
-    req["trace_id"] = [r[0] for r in reqs]
-    req["start_ns"] = [float(r[1]) for r in reqs]
-    st = pd.DataFrame({"start_ns": [s for s, _ in steps], "end_ns": [e for _, e in steps]})
-    st["duration_s"] = (st["end_ns"] - st["start_ns"]) / 1e9
-    st["service"] = "ttft-engine"
-    return compute_features(dataclasses.replace(make_tables(req, st), spans=pd.DataFrame(spans)))
+    return _features(reqs, steps, spans, 5.0)
 
 
 def test_a_request_handed_to_the_decode_side_is_not_waiting_for_this_loop() -> None:
