@@ -21,10 +21,7 @@ Slow: six server starts (~40 s each, two at once) and three probes on 2 cores.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,7 +34,6 @@ from vllm_serve import require_nixl
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-ROOT = Path(__file__).resolve().parents[2]
 #: the slow link's rate: a 128-token block of this model's KV (~300 KB) takes about 0.2 s over it
 LINK_RATE = "16mbit"
 
@@ -53,10 +49,7 @@ def _slow_link(model: Path, python: Path, nixl: Path, out: Path) -> Path:
     :data:`LINK_RATE` (vllm_pd.py run under ``unshare -n``); skips with one line when that cannot be made."""
     if shutil.which("unshare") is None:
         pytest.skip("no unshare here: the slow-link case needs a private network namespace")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "thirdparty")])}
-    proc = subprocess.run(["unshare", "-n", "--kill-child", sys.executable, str(Path(vllm_pd.__file__)), str(out),
-                           "--model", str(model), "--python", str(python), "--nixl", str(nixl), "--link-rate", LINK_RATE,
-                           "--streams", "1"], capture_output=True, text=True, timeout=900, env=env)
+    proc = vllm_pd.run_on_slow_link(out, model, python, nixl, LINK_RATE, ["--streams", "1"])
     if proc.returncode in (3, 4) or "unshare failed" in proc.stderr:
         pytest.skip(f"the slow link could not be made here: {proc.stderr.strip().splitlines()[-1:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -259,13 +259,9 @@ def _pd_captures(d: VLLMDraw, model_dir: Path, out_dir: Path, python: Path | Non
         with vllm_pd.pair(model_dir, py, nixl, out_dir, d.server_args) as urls:
             vllm_pd.capture(urls, out_dir, d.probe_args())
         return
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests"), str(root / "tests" / "thirdparty")])}
-    proc = subprocess.run(["unshare", "-n", "--kill-child", sys.executable, str(Path(vllm_pd.__file__)), str(out_dir),
-                           "--model", str(model_dir), "--python", str(py), "--nixl", str(nixl), "--link-rate",
-                           f"{d.link_mbit}mbit", f"--decode-args={shlex.join(d.server_args)}",
-                           f"--probe-args={shlex.join(d.probe_args())}"],
-                          capture_output=True, text=True, timeout=900, env=env)
+    proc = vllm_pd.run_on_slow_link(out_dir, model_dir, py, nixl, f"{d.link_mbit}mbit",
+                                    [f"--decode-args={shlex.join(d.server_args)}",
+                                     f"--probe-args={shlex.join(d.probe_args())}"])
     (out_dir / "vllm_pd.stderr").write_text(proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"the pair on a {d.link_mbit} Mbit/s link (vllm_pd.py under unshare -n) exited "

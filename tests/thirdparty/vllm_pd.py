@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -103,6 +104,19 @@ def capture(urls: tuple[str, str, str], out_dir: Path, probe_args: Sequence[str]
                       "--interval", str(SCRAPE_INTERVAL_S), "-d", "900", "-o", str(out_dir / "scrape")]):
         _run([*client, *ttft_command(), "probe", proxy, *probe_args, "--timeout", "180", "--no-progress", "-o",
               str(out_dir / "cli")], timeout_s=600)
+
+
+def run_on_slow_link(out: Path, model: Path, python: Path, nixl: Path, rate: str, args: Sequence[str],
+                     timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
+    """This script (pair, proxy, probe) in a private network namespace (``unshare -n``) whose loopback
+    runs at ``rate`` (tc, e.g. ``16mbit``), writing to ``out``; ``args``: its other options. Exit
+    codes as :func:`main`'s."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests"), str(root / "tests" / "thirdparty")])}
+    return subprocess.run(["unshare", "-n", "--kill-child", sys.executable, str(Path(__file__).resolve()), str(out),
+                           "--model", str(model), "--python", str(python), "--nixl", str(nixl), "--link-rate", rate,
+                           *args], capture_output=True, text=True, timeout=timeout_s, env=env)
 
 
 def slow_loopback(rate: str) -> str | None:
