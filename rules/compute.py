@@ -1,9 +1,14 @@
-"""Rules for the forward pass itself: prefill compute and tensor-parallel communication."""
+"""Rules for the forward pass itself: prefill compute and tensor-parallel communication.
+
+prefill_compute's paths, tried in order: the engine's prefill share of TTFT (its spans, or its
+prefill-time histogram), the client's prompt fit, the engine's prompt-seconds counter alone.
+Shares are fractions of TTFT (0..1), prompt work in decode steps."""
 
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import LONE_SWEEP_NOTE, Outcome, RuleContext, Triage, finding, lone_sweep, reason, rule, strength
+from rules.base import (LONE_SWEEP_NOTE, Outcome, RuleContext, Triage, check, checked_rule, finding, lone_sweep,
+                        reason, rule, strength)
 
 PREFILL_CHECKS = [
     "the prompt-length slope (ms per prompt token): shorter prompts, prefix caching of shared prefixes",
@@ -90,11 +95,20 @@ def _had_batch_mates(ctx: RuleContext) -> bool:
     return most is None or most > 1
 
 
-@rule("prefill_compute", "prefill_compute", needs=(("prefill_share_tail",), ("ttft_prompt_r2", "ttft_prompt_explained_frac"),
-                                                   ("prefill_busy_ratio",)))
-def prefill_compute(ctx: RuleContext) -> Outcome:
-    """TTFT rises with prompt length and the forward pass dominates it (or, from engine metrics
-    alone, the engine is busy processing prompts most of the time)."""
+checked_rule("prefill_compute", "prefill_compute",
+             "TTFT rises with prompt length and the forward pass dominates it (or, from engine metrics alone, the "
+             "engine is busy processing prompts most of the time)")
+
+#: the thresholds every path reads before its own evidence (:func:`_not_prompt_work`)
+GATE_READS = ("prefix_cache.saving_max", "prompt_steps_min")
+#: the thresholds the prompt fit's verdict reads (:func:`_fit_ok`, :func:`_fit_rows`)
+FIT_READS = ("explained_frac_min", "r2_min", "slope_t_min")
+
+
+def _not_prompt_work(ctx: RuleContext) -> str | None:
+    """Why TTFT is not prompt work holding the first token back, whichever path judges it: the
+    probe's shared-prefix test without a prompt sweep, or the median request's prompt work under
+    ``prompt_steps_min`` decode steps. None when neither holds."""
     th = ctx.th
     saving, works = ctx.v("prefix_repeat_saving_frac"), float(ctx.th_of("prefix_cache")["saving_max"])
     if saving is not None and saving > works and (ctx.v("prompt_sweep_points_n") or 0) < 3:
@@ -109,64 +123,98 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
         return reason("the median request's prompt work holds its first token back {steps:.1f} decode steps (< "
                       "{min:g}): TTFT is what a short prompt costs, not prefill holding it back",
                       steps=steps, min=th["prompt_steps_min"])
+    return None
+
+
+def _fit_ok(ctx: RuleContext) -> bool:
+    """Whether the prompt fit names prompt work: its prompt-proportional part reaches
+    ``explained_frac_min`` and TTFT follows the prompt (R² at ``r2_min``, or a resolved slope)."""
+    th = ctx.th
+    r2, expl = ctx.v("ttft_prompt_r2"), ctx.v("ttft_prompt_explained_frac")
+    return (r2 is not None and expl is not None and expl >= th["explained_frac_min"]
+            and (r2 >= th["r2_min"] or _slope_resolved(ctx)))
+
+
+@check("prefill_compute.spans", needs=("prefill_share_tail",), before=("prefill_compute.fit",),
+       reads=GATE_READS + FIT_READS + ("share_min", "share_only_min", "r2_contradicts_max", "device_busy_min"))
+def _prefill_spans(ctx: RuleContext) -> Outcome:
+    """The engine's prefill share of TTFT (its spans over the slowest 5%, or its prefill-time
+    histogram), with the prompt fit when there is one: with a fit that names prompt work from
+    ``share_min``, without one from ``share_only_min``; a fit that says the request's own prompt
+    does not cost the time hands it to interference."""
+    not_prompt = _not_prompt_work(ctx)
+    if not_prompt is not None:
+        return not_prompt
+    th = ctx.th
     r2 = ctx.v("ttft_prompt_r2")
     expl = ctx.v("ttft_prompt_explained_frac")
-    fit_ok = (r2 is not None and expl is not None and expl >= th["explained_frac_min"]
-              and (r2 >= th["r2_min"] or _slope_resolved(ctx)))
+    fit_ok = _fit_ok(ctx)
     busy = ctx.v("device_busy_frac")
+    ps = ctx.v("prefill_share_tail")
+    if fit_ok and ps >= th["share_min"]:
+        directness, by_fit = 0.9, True
+    elif ps >= th["share_only_min"] and r2 is not None and _had_batch_mates(ctx) and (
+            r2 < th["r2_contradicts_max"] or (expl is not None and expl < th["explained_frac_min"])):
+        # a prompt-length fit exists and says the request's own prompt is not what costs the time
+        return reason("prefill is {ps:.0%} of the slowest TTFTs but each request's own prompt length explains "
+                      "little of it (R² {r2:.2f}, prompt-proportional part {expl:.0%}): other requests' prefills "
+                      "share its steps (see interference)", ps=ps, r2=r2, expl=expl or 0)
+    elif ps >= th["share_only_min"]:
+        # no prompt fit: the prefill span is a request's own forward pass when it ran alone, and
+        # may hold batch-mates' prompts when others were in flight
+        directness, by_fit = (0.7 if _had_batch_mates(ctx) else 0.9), False
+    else:
+        over = "TTFT in the engine's metrics" if _share_label(ctx, "prefill")[1] else "the slowest 5%"
+        if r2 is None:
+            return reason("prefill share of {over} is {ps:.0%} (< {min:.0%} without a prompt-length sweep: "
+                          "{why})", over=over, ps=ps, min=th["share_only_min"],
+                          why=ctx.features.get("ttft_prompt_r2").reason)
+        return reason("prefill share of {over} is {ps:.0%}; TTFT vs prompt length R² {r2:.2f}, "
+                      "prompt-proportional part {expl:.0%}", over=over, ps=ps, r2=r2, expl=expl)
+    label, how = _share_label(ctx, "prefill")
     t = Triage(ctx)
-    if ctx.has("prefill_share_tail"):
-        ps = ctx.v("prefill_share_tail")
-        if fit_ok and ps >= th["share_min"]:
-            directness, by_fit = 0.9, True
-        elif ps >= th["share_only_min"] and r2 is not None and _had_batch_mates(ctx) and (
-                r2 < th["r2_contradicts_max"] or (expl is not None and expl < th["explained_frac_min"])):
-            # a prompt-length fit exists and says the request's own prompt is not what costs the time
-            return reason("prefill is {ps:.0%} of the slowest TTFTs but each request's own prompt length explains "
-                          "little of it (R² {r2:.2f}, prompt-proportional part {expl:.0%}): other requests' prefills "
-                          "share its steps (see interference)", ps=ps, r2=r2, expl=expl or 0)
-        elif ps >= th["share_only_min"]:
-            # no prompt fit: the prefill span is a request's own forward pass when it ran alone, and
-            # may hold batch-mates' prompts when others were in flight
-            directness, by_fit = (0.7 if _had_batch_mates(ctx) else 0.9), False
-        else:
-            over = "TTFT in the engine's metrics" if _share_label(ctx, "prefill")[1] else "the slowest 5%"
-            if r2 is None:
-                return reason("prefill share of {over} is {ps:.0%} (< {min:.0%} without a prompt-length sweep: "
-                              "{why})", over=over, ps=ps, min=th["share_only_min"],
-                              why=ctx.features.get("ttft_prompt_r2").reason)
-            return reason("prefill share of {over} is {ps:.0%}; TTFT vs prompt length R² {r2:.2f}, "
-                          "prompt-proportional part {expl:.0%}", over=over, ps=ps, r2=r2, expl=expl)
-        label, how = _share_label(ctx, "prefill")
-        t.judged(label, ps, "share_min" if fit_ok else "share_only_min", "share",
-                 "forward passes over the prompt tokens" + (f" ({how})" if how else ""), weigh=by_fit)
-        if not by_fit:
-            t.add_strength(strength(ps, th["share_only_min"], bound=1.0))
-        _fit_rows(t, weigh=by_fit)
-        _steps_row(t)
-        pb = ctx.v("prefill_busy_ratio")
-        if pb is not None:
-            t.context(evidence.PREFILL_BUSY_RATIO, pb, "s/s",
-                      "from the engine's counters: how much of the time the engine spends on prompts")
-        _prefill_metric_rows(t)
-        note = None
-        if busy is not None:
-            _busy_row(t)
-            if busy < th["device_busy_min"]:
-                directness *= 0.7
-                note = f"the device is busy only {busy:.0%} of the time: prefill is long but the device is not saturated"
-        s, pct = ctx.explained(ps)
-        title = ("Prefill compute: TTFT grows with prompt length and the forward pass dominates it" if fit_ok
-                 else "Prefill compute: the forward pass dominates TTFT" + (" (engine metrics)" if how else ""))
-        conf = t.confidence(directness)
-        if by_fit and ps >= th["share_only_min"] and not _had_batch_mates(ctx):
-            # the share alone names a lone request's own forward pass (the branch below): a fit that
-            # agrees only loosely supports it, and never makes it less sure than the share alone
-            conf = max(conf, ctx.confidence(directness, [strength(ps, th["share_only_min"], bound=1.0)]))
-        return finding(title, conf, s, pct, t.evidence, PREFILL_CHECKS, note=note,
-                       population_share=ctx.stage_population(("prefill", "comm")))
-    if r2 is None and ctx.has("prefill_busy_ratio"):
-        return _prefill_busy(t)
+    t.judged(label, ps, "share_min" if fit_ok else "share_only_min", "share",
+             "forward passes over the prompt tokens" + (f" ({how})" if how else ""), weigh=by_fit)
+    if not by_fit:
+        t.add_strength(strength(ps, th["share_only_min"], bound=1.0))
+    _fit_rows(t, weigh=by_fit)
+    _steps_row(t)
+    pb = ctx.v("prefill_busy_ratio")
+    if pb is not None:
+        t.context(evidence.PREFILL_BUSY_RATIO, pb, "s/s",
+                  "from the engine's counters: how much of the time the engine spends on prompts")
+    _prefill_metric_rows(t)
+    note = None
+    if busy is not None:
+        _busy_row(t)
+        if busy < th["device_busy_min"]:
+            directness *= 0.7
+            note = f"the device is busy only {busy:.0%} of the time: prefill is long but the device is not saturated"
+    s, pct = ctx.explained(ps)
+    title = ("Prefill compute: TTFT grows with prompt length and the forward pass dominates it" if fit_ok
+             else "Prefill compute: the forward pass dominates TTFT" + (" (engine metrics)" if how else ""))
+    conf = t.confidence(directness)
+    if by_fit and ps >= th["share_only_min"] and not _had_batch_mates(ctx):
+        # the share alone names a lone request's own forward pass (the share-only branch above): a fit that
+        # agrees only loosely supports it, and never makes it less sure than the share alone
+        conf = max(conf, ctx.confidence(directness, [strength(ps, th["share_only_min"], bound=1.0)]))
+    return finding(title, conf, s, pct, t.evidence, PREFILL_CHECKS, note=note,
+                   population_share=ctx.stage_population(("prefill", "comm")))
+
+
+@check("prefill_compute.fit", needs=("ttft_prompt_r2", "ttft_prompt_explained_frac"), before=("prefill_compute.busy",),
+       reads=GATE_READS + FIT_READS + ("bb_slope_per_itl_max", "share_min", "bb_alone_frac_min"))
+def _prefill_fit(ctx: RuleContext) -> Outcome:
+    """No prefill share: the client's prompt fit, TTFT linear in prompt length at a per-token cost a
+    parallel prefill can have (under ``bb_slope_per_itl_max`` of a decode step); the engine's
+    prefill-time histogram, when scraped beside it, measures what the fit infers."""
+    not_prompt = _not_prompt_work(ctx)
+    if not_prompt is not None:
+        return not_prompt
+    th = ctx.th
+    r2 = ctx.v("ttft_prompt_r2")
+    expl = ctx.v("ttft_prompt_explained_frac")
+    fit_ok = _fit_ok(ctx)
     # black box: TTFT linear in prompt length at concurrency 1, at a per-token cost a parallel prefill can have
     if not fit_ok:
         return reason("TTFT vs prompt length: R² {r2:.2f}, prompt-proportional part {expl:.0%}", r2=r2, expl=expl)
@@ -177,6 +225,7 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
     # from the client the case is four checks, each weighed: TTFT follows the prompt (R²), the prompt
     # part is most of it, it holds the first token back many steps, at a parallel prefill's per-token
     # cost (not a tokenizer's)
+    t = Triage(ctx)
     _fit_rows(t, weigh=True)
     _steps_row(t, weigh=True)
     if per_itl is not None:
@@ -204,11 +253,20 @@ def prefill_compute(ctx: RuleContext) -> Outcome:
                    + (LONE_SWEEP_NOTE if lone else ""))
 
 
-def _prefill_busy(t: Triage) -> Outcome:
+@check("prefill_compute.busy", needs=("prefill_busy_ratio",),
+       reads=GATE_READS + FIT_READS + ("busy_ratio_min", "device_busy_min", "bb_slope_per_itl_max", "share_min",
+                                       "bb_alone_frac_min"))
+def _prefill_busy(ctx: RuleContext) -> Outcome:
     """Engine metrics only (llama.cpp): no TTFT split, but the engine's prompt-seconds counter says
     the device is busy with prefill most of the time, so new requests' TTFT is prompt processing
-    (their own and the prompts ahead of them)."""
-    ctx = t.ctx
+    (their own and the prompts ahead of them). A prompt fit without its prompt-proportional part
+    is judged by :func:`_prefill_fit` instead."""
+    if ctx.has("ttft_prompt_r2"):
+        return _prefill_fit(ctx)
+    not_prompt = _not_prompt_work(ctx)
+    if not_prompt is not None:
+        return not_prompt
+    t = Triage(ctx)
     th = ctx.th
     pb = ctx.v("prefill_busy_ratio")
     if not t.crossed(evidence.PREFILL_BUSY_RATIO, pb, "busy_ratio_min", "s/s",

@@ -3,11 +3,16 @@ prefill-time histogram (vLLM / SGLang /metrics scraped beside the probe)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import rules.compute  # noqa: F401  (registers prefill_compute)
+from diag.analysis import analyze_paths
 from rules import evidence
-from rules.base import RuleContext
-from rules.compute import prefill_compute
+from rules.base import REGISTRY, RuleContext, checks_of
 from rules.config import load_thresholds
 from rules.features import Feature, Features
+
+prefill_compute = REGISTRY["prefill_compute"].evaluate
 
 #: a lone stream of 1,000-1,800-token prompts: TTFT linear in the prompt, 29 decode steps of prompt work
 FIT = {"requests_n": 24.0, "ttft_p95_s": 0.16, "ttft_prompt_r2": 0.97, "ttft_prompt_explained_frac": 1.0,
@@ -75,3 +80,57 @@ def test_a_resolved_slope_over_a_narrow_prompt_range_stands_for_r2() -> None:
     rows = {e.key: e for e in out.evidence}
     assert rows[evidence.PROMPT_SLOPE_T].crossed and rows[evidence.PROMPT_FIT_R2].threshold is None
     assert isinstance(prefill_compute(_ctx(None, **narrow, ttft_prompt_slope_t=2.0)), str)
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+
+
+def _sample(*captures: str) -> RuleContext:
+    """A context of ``samples/prefill_compute``'s ``captures`` (joined when several), default thresholds."""
+    feats = analyze_paths([SAMPLES / "prefill_compute" / c for c in captures]).diagnosis.features
+    th = load_thresholds(None)
+    return RuleContext(feats, th["prefill_compute"], th["general"], {}, bool(feats.value("client_only")), all_th=th)
+
+
+def _first_applicable(ctx: RuleContext) -> str:
+    return next(c.id for c in checks_of("prefill_compute") if c.applies(ctx))
+
+
+def test_the_checks_are_tried_spans_then_fit_then_busy() -> None:
+    assert [c.id for c in checks_of("prefill_compute")] == [
+        "prefill_compute.spans", "prefill_compute.fit", "prefill_compute.busy"]
+    assert REGISTRY["prefill_compute"].needs == (("prefill_share_tail",),
+                                                 ("ttft_prompt_r2", "ttft_prompt_explained_frac"),
+                                                 ("prefill_busy_ratio",))
+
+
+def test_the_prefill_span_answers_before_the_prompt_fit_of_the_same_capture() -> None:
+    ctx = _sample("client", "server-0")
+    assert _first_applicable(ctx) == "prefill_compute.spans" and ctx.has("ttft_prompt_r2")
+    out = prefill_compute(ctx)
+    assert not isinstance(out, str) and not out.black_box
+    rows = {e.key: e for e in out.evidence}
+    assert [e.key for e in out.evidence][:2] == [evidence.stage_share_tail("prefill"), evidence.PROMPT_FIT_R2]
+    share = rows[evidence.stage_share_tail("prefill")]
+    assert share.crossed and share.value == ctx.v("prefill_share_tail") and share.threshold == ctx.th["share_min"]
+    assert evidence.SLOPE_PER_ITL not in rows  # the black-box fit's per-token check is not asked
+
+
+def test_the_client_alone_is_judged_by_the_prompt_fit() -> None:
+    ctx = _sample("client")
+    assert _first_applicable(ctx) == "prefill_compute.fit"
+    out = prefill_compute(ctx)
+    assert not isinstance(out, str) and out.black_box
+    rows = {e.key: e for e in out.evidence}
+    assert rows[evidence.PROMPT_FIT_R2].crossed and rows[evidence.PROMPT_FIT_R2].value == ctx.v("ttft_prompt_r2")
+    assert rows[evidence.SLOPE_PER_ITL].crossed and rows[evidence.SLOPE_PER_ITL].op == "<"
+
+
+def test_the_prompt_seconds_counter_answers_only_without_a_prompt_fit() -> None:
+    busy = {"prefill_busy_ratio": 0.9, "ttft_prompt_r2": None, "ttft_prompt_explained_frac": None}
+    out = prefill_compute(_ctx(None, **busy))
+    assert not isinstance(out, str) and [e.key for e in out.evidence] == [evidence.PREFILL_BUSY_RATIO]
+    assert out.evidence[0].value == 0.9 and out.explained_s is None
+    # a fit whose prompt-proportional part is unknown is still the fit's to judge, not the counter's
+    assert prefill_compute(_ctx(None, **{**busy, "ttft_prompt_r2": 0.97})) == (
+        "TTFT vs prompt length: R² 0.97, prompt-proportional part -")
