@@ -1,12 +1,13 @@
-"""The kv_cache rule: new requests wait for free KV blocks. From the engine's KV gauges and
-preemptions (pressure and its effect on TTFT), else, client only: ttft diagnose's long ramp (a
-limit in tokens held), streams preempted mid-answer, or a knee in TTFT against a concurrency the
-client held. Usage and shares are fractions (0..1), waits in decode steps."""
+"""The kv_cache rule: new requests wait for free KV blocks. Its paths, tried in order: the engine's
+KV gauges, else its preemptions (pressure and its effect on TTFT); else, client only: streams
+preempted mid-answer, ttft diagnose's long ramp (a limit in tokens held; one it shows answers before
+the stalls), or a knee in TTFT against a concurrency the client held. Usage and shares are
+fractions (0..1), waits in decode steps."""
 
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, finding, rule
+from rules.base import Outcome, RuleContext, Triage, check, checked_rule, finding, reason
 from rules.long_ramp import LONG_RAMP, long_out_refutes, long_ramp_limit, long_ramp_rows, long_ramp_uncapped
 from rules.model import Finding
 from rules.queueing import closed_loop, waiting_for_capacity_row
@@ -91,83 +92,134 @@ def _kv_from_stalls(ctx: RuleContext) -> Finding | None:
                    "the engine's KV gauges; scrape /metrics (KV usage, preemptions) to measure it", black_box=True)
 
 
-@rule("kv_cache", "kv_cache", needs=(("kv_usage_p95",), ("preemptions_total",),
-                                     ("stream_stall_steps_p50", "ttft_in_itl_steps_p95"), LONG_RAMP, KNEE))
-def kv_cache(ctx: RuleContext) -> Outcome:
-    """TTFT jumps past a concurrency knee with KV usage near capacity or preemptions."""
-    th = ctx.th
+checked_rule("kv_cache", "kv_cache", "TTFT jumps past a concurrency knee with KV usage near capacity or preemptions")
+
+#: the thresholds the engine's gauges are judged by (:func:`_kv_from_gauges`)
+PRESSURE_READS = ("usage_p95_min", "time_above_min", "preemptions_min", "blocked_steps_min", "knee_jump_min",
+                  "queue_share_min")
+#: the thresholds the client's knee is judged by (:func:`_kv_from_knee`)
+KNEE_READS = ("bb_flat_levels_min", "knee_jump_min", "bb_decode_hold_min", "bb_knee_confidence_max",
+              "queue.closed_loop_starts_min", "queue.closed_loop_p_max")
+
+
+def _kv_from_gauges(ctx: RuleContext) -> Outcome:
+    """The engine's KV gauges or its preemptions: two groups, each must show: the pressure (usage,
+    time near capacity, preemptions, steps after which requests waited for blocks) and its effect
+    on TTFT (a knee, queueing); the strongest row of each counts."""
     usage = ctx.v("kv_usage_p95")
     above = ctx.v("kv_time_above_high_frac")
     pre = ctx.v("preemptions_total")
-    pressure_known = usage is not None or pre is not None
     jump = ctx.v("ttft_knee_jump_ratio") if ctx.has("concurrency_knee") else None
     qs = ctx.v("queue_share_tail")
-    if pressure_known:
-        # two groups, each must show: the pressure (usage, time near capacity, preemptions) and its
-        # effect on TTFT (a knee, queueing); the strongest row of each counts
-        pressure, effect = Triage(ctx), Triage(ctx)
-        pressure.crossed(evidence.KV_USAGE_P95, usage, "usage_p95_min", "share",
-                         "all active requests' KV caches together near the capacity")
-        pressure.crossed(evidence.KV_NEAR_FULL_SHARE, above, "time_above_min", "share",
-                         "share of engine time at or above the near-capacity level")
-        pressure.crossed(evidence.PREEMPTIONS, pre, "preemptions_min", "count",
-                         "running requests evicted to free blocks (their work is redone)")
-        pressure.crossed(evidence.KV_WAIT_AFTER_STEPS, ctx.v("kv_blocked_steps_frac"),
-                         "blocked_steps_min", "share",
-                         "of the steps after which requests waited, the engine's own reason: the next one's prompt "
-                         "needs more free blocks than there are (usage short of 100% is block granularity)")
-        effect.crossed(evidence.KNEE_TTFT_X, jump, "knee_jump_min", "x",
-                       f"TTFT jumps past {ctx.v('concurrency_knee', 0):g} requests in flight")
-        effect.crossed(evidence.QUEUE_SHARE_TAIL, qs, "queue_share_min", "share",
-                       "new requests wait for free KV blocks")
-        mq = ctx.v("metrics_queue_share") if qs is None else None
-        effect.crossed(evidence.QUEUE_SHARE_METRICS, mq, "queue_share_min", "share",
-                       "mean queue time / mean TTFT from the engine's own histograms (no per-request server spans)")
-        if not pressure.evidence:
-            blocked = ctx.v("kv_blocked_steps_frac")
-            return (f"KV usage p95 {usage if usage is not None else float('nan'):.0%}, preemptions "
-                    f"{pre if pre is not None else 0:g}"
-                    + (f", requests waited for KV blocks after {blocked:.0%} of the steps they waited"
-                       if blocked is not None else "") + ": no KV pressure")
-        if not effect.evidence:
-            return "KV usage near capacity, but TTFT shows no knee and little queueing"
-        t = Triage(ctx, pressure.evidence + effect.evidence, [max(pressure.strengths), max(effect.strengths)])
-        waiting_for_capacity_row(t)
-        share = qs if qs is not None else mq if mq is not None else (1.0 - 1.0 / jump if jump else None)
-        s, pct = ctx.explained(share)
-        return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
-                       t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
-    limit, shift = long_ramp_limit(ctx)
-    if limit == "tokens":
-        return long_out_refutes(ctx) or _kv_from_long_ramp(ctx, shift)
+    pressure, effect = Triage(ctx), Triage(ctx)
+    pressure.crossed(evidence.KV_USAGE_P95, usage, "usage_p95_min", "share",
+                     "all active requests' KV caches together near the capacity")
+    pressure.crossed(evidence.KV_NEAR_FULL_SHARE, above, "time_above_min", "share",
+                     "share of engine time at or above the near-capacity level")
+    pressure.crossed(evidence.PREEMPTIONS, pre, "preemptions_min", "count",
+                     "running requests evicted to free blocks (their work is redone)")
+    pressure.crossed(evidence.KV_WAIT_AFTER_STEPS, ctx.v("kv_blocked_steps_frac"),
+                     "blocked_steps_min", "share",
+                     "of the steps after which requests waited, the engine's own reason: the next one's prompt "
+                     "needs more free blocks than there are (usage short of 100% is block granularity)")
+    effect.crossed(evidence.KNEE_TTFT_X, jump, "knee_jump_min", "x",
+                   f"TTFT jumps past {ctx.v('concurrency_knee', 0):g} requests in flight")
+    effect.crossed(evidence.QUEUE_SHARE_TAIL, qs, "queue_share_min", "share",
+                   "new requests wait for free KV blocks")
+    mq = ctx.v("metrics_queue_share") if qs is None else None
+    effect.crossed(evidence.QUEUE_SHARE_METRICS, mq, "queue_share_min", "share",
+                   "mean queue time / mean TTFT from the engine's own histograms (no per-request server spans)")
+    if not pressure.evidence:
+        blocked = ctx.v("kv_blocked_steps_frac")
+        # an f-string, not reason(): an unknown usage reads "nan%", where diag.units.fill prints "-"
+        return (f"KV usage p95 {usage if usage is not None else float('nan'):.0%}, preemptions "
+                f"{pre if pre is not None else 0:g}"
+                + (f", requests waited for KV blocks after {blocked:.0%} of the steps they waited"
+                   if blocked is not None else "") + ": no KV pressure")
+    if not effect.evidence:
+        return "KV usage near capacity, but TTFT shows no knee and little queueing"
+    t = Triage(ctx, pressure.evidence + effect.evidence, [max(pressure.strengths), max(effect.strengths)])
+    waiting_for_capacity_row(t)
+    share = qs if qs is not None else mq if mq is not None else (1.0 - 1.0 / jump if jump else None)
+    s, pct = ctx.explained(share)
+    return finding("KV cache near capacity: past the concurrency knee new requests wait for KV blocks",
+                   t.confidence(0.9), s, pct, t.evidence, KV_CHECKS)
+
+
+# the KV gauges, or the preemption counter alone: the same two groups judge either
+check("kv_cache.usage", needs=("kv_usage_p95",), before=("kv_cache.preemptions",),
+      reads=PRESSURE_READS)(_kv_from_gauges)
+check("kv_cache.preemptions", needs=("preemptions_total",), before=("kv_cache.stalls",),
+      reads=PRESSURE_READS)(_kv_from_gauges)
+
+
+def _ramp_or_knee(ctx: RuleContext) -> bool:
+    """Whether ttft diagnose's long ramp or a concurrency knee is there to judge after the stalls."""
+    return all(ctx.has(n) for n in LONG_RAMP) or all(ctx.has(n) for n in KNEE)
+
+
+# a long ramp that shows a limit in tokens held answers before the stalls (kv_cache.long_ramp); stalls
+# that do not name the pool leave the long ramp and the knee to judge when either is there
+@check("kv_cache.stalls", needs=("stream_stall_steps_p50", "ttft_in_itl_steps_p95"), before=("kv_cache.long_ramp",),
+       when=lambda ctx: long_ramp_limit(ctx)[0] != "tokens", final=False,
+       reads=("bb_stall_frac_min", "bb_stall_wait_steps_min", "bb_stall_directness"))
+def _stalls(ctx: RuleContext) -> Outcome:
+    """Client only: streams preempted mid-answer while new requests waited (:func:`_kv_from_stalls`)."""
+    th = ctx.th
     stalls = _kv_from_stalls(ctx)
     if stalls is not None:
         return stalls
-    if not all(ctx.has(n) for n in LONG_RAMP) and not all(ctx.has(n) for n in KNEE):
-        # ran on the token times alone (no long ramp, no concurrency knee): some streams stalled, too few
-        # or with too little waiting to say the pool is full
-        return (f"{ctx.v('stream_stall_frac') or 0:.0%} of streams stalled mid-answer while others streamed (counts "
-                f"from {th['bb_stall_frac_min']:.0%}) and TTFT p95 is {ctx.v('ttft_in_itl_steps_p95') or 0:.0f} decode "
-                f"steps (counts from {th['bb_stall_wait_steps_min']:g}): too little to say the KV pool is full")
+    if _ramp_or_knee(ctx):
+        return ""
+    # the token times alone (no long ramp, no concurrency knee): some streams stalled, too few or with
+    # too little waiting to say the pool is full
+    return reason("{frac:.0%} of streams stalled mid-answer while others streamed (counts from {frac_min:.0%}) and "
+                  "TTFT p95 is {wait:.0f} decode steps (counts from {wait_min:g}): too little to say the KV pool is "
+                  "full", frac=ctx.v("stream_stall_frac") or 0, frac_min=th["bb_stall_frac_min"],
+                  wait=ctx.v("ttft_in_itl_steps_p95") or 0, wait_min=th["bb_stall_wait_steps_min"])
+
+
+@check("kv_cache.long_ramp", needs=LONG_RAMP, before=("kv_cache.knee",),
+       reads=("long_knee_shift_min", "long_out_output_x_min", "long_out_rise_min", "tokenize.bb_slope_per_itl_min",
+              "tokenize.bb_r2_min") + KNEE_READS)
+def _long_ramp(ctx: RuleContext) -> Outcome:
+    """ttft diagnose's long ramp: fewer streams decode at once the more tokens each holds, a limit in
+    tokens held (unless the longout follow-up refutes it); as many at either length, a limit in
+    requests (see queue). A ramp that shows neither leaves the knee to judge (:func:`_kv_from_knee`)."""
+    limit, shift = long_ramp_limit(ctx)
+    if limit == "tokens":
+        return long_out_refutes(ctx) or _kv_from_long_ramp(ctx, shift)
     if limit == "requests":
-        return (f"at most {ctx.v('long_ramp_decode_cap'):g} streams decode at once at short and long prompts alike: "
-                "a limit in requests (see queue), not in KV capacity")
+        return reason("at most {cap:g} streams decode at once at short and long prompts alike: a limit in requests "
+                      "(see queue), not in KV capacity", cap=ctx.v("long_ramp_decode_cap"))
+    return _kv_from_knee(ctx)
+
+
+@check("kv_cache.knee", needs=KNEE, reads=KNEE_READS)
+def _kv_from_knee(ctx: RuleContext) -> Outcome:
+    """Client only: TTFT flat, then a jump past a concurrency the client held, while decode speed
+    holds: an admission limit, likely KV capacity. Not where ttft diagnose's long ramp decoded every
+    stream at once, nor under open-loop arrivals (a queue's curve)."""
+    th = ctx.th
     uncapped = long_ramp_uncapped(ctx)
     if uncapped is not None:
         most, top = uncapped
-        return (f"ttft diagnose's long ramp: {most:g} streams decoded at once at {top:g} in flight, with "
-                f"{ctx.v('long_ramp_token_ratio') or 0:.1f}x the tokens each: an admission limit (KV or requests) "
-                "would have held them to fewer, so a knee in TTFT is not one")
+        return reason("ttft diagnose's long ramp: {most:g} streams decoded at once at {top:g} in flight, with "
+                      "{ratio:.1f}x the tokens each: an admission limit (KV or requests) would have held them to "
+                      "fewer, so a knee in TTFT is not one", most=most, top=top,
+                      ratio=ctx.v("long_ramp_token_ratio") or 0)
     # black box: flat, then a jump, while decode speed holds -- against a concurrency the client held
     if not closed_loop(ctx):
-        return ("TTFT jumps past a knee in requests in flight, but the arrivals were open loop: the number in "
-                f"flight grew because requests waited ({ctx.v('starts_after_end_frac'):.0%} of requests were sent "
-                f"as another ended, {ctx.v('starts_after_end_control') or 0:.0%} by chance), a queue's curve (see "
-                "queue), not a limit at that count")
+        return reason("TTFT jumps past a knee in requests in flight, but the arrivals were open loop: the number in "
+                      "flight grew because requests waited ({frac:.0%} of requests were sent as another ended, "
+                      "{chance:.0%} by chance), a queue's curve (see queue), not a limit at that count",
+                      frac=ctx.v("starts_after_end_frac"), chance=ctx.v("starts_after_end_control") or 0)
     flat = ctx.v("concurrency_flat_levels", 0)
     hold = ctx.v("decode_speed_hold_ratio")
     jump = ctx.v("ttft_knee_jump_ratio")
     if flat < th["bb_flat_levels_min"] or jump < th["knee_jump_min"]:
+        # an f-string, not reason(): reached from kv_cache.long_ramp without a knee, a missing value raises
+        # (the runner skips the rule as failed) where diag.units.fill prints "-"
         return (f"no knee: TTFT flat for {flat:g} levels, then x{jump:.1f}; per-stream decode speed x{hold:.2f}")
     knee = ctx.v("concurrency_knee")
     holds = hold >= th["bb_decode_hold_min"]

@@ -4,14 +4,18 @@ verdicts on real engines are in test_verdicts_real.py and tests/thirdparty."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from diag.analysis import analyze_paths
 from diag.capture import load_capture
 from diag.tables import build_tables
 from rules import diagnose, evidence
-from rules.base import RuleContext
+from rules.base import REGISTRY, RuleContext, checks_of
 from rules.config import load_thresholds
 from rules.features import Feature, Features
-from rules.kv_cache import kv_cache
 from support.engine_testutil import capture_rounds
+
+kv_cache = REGISTRY["kv_cache"].evaluate
 
 #: real vLLM 0.32, a KV pool of 2 requests under 6 streams, seen from the client: a quarter of the
 #: streams stopped for over a hundred decode steps while the others streamed, TTFT p95 288 steps
@@ -77,3 +81,60 @@ def test_requests_waiting_for_kv_blocks_name_kv_cache_short_of_full_usage(tmp_pa
     cap = run(tmp_path / "cap", max_running=2)
     assert cap.features.value("kv_blocked_steps_frac") == 0.0
     assert cap.verdict.category != "kv_cache"
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+#: ttft diagnose's long ramp: at most 2 streams decode at once at long prompts, 8 at short ones (tokens held)
+LONG_RAMP_TOKENS = {"long_ramp_knee_ratio": 4.0, "long_ramp_token_ratio": 4.0, "long_ramp_decode_cap": 2.0,
+                    "long_ramp_short_decode_cap": 8.0, "long_ramp_prompt_tokens": 2000.0}
+
+
+def _applying(ctx: RuleContext) -> list[str]:
+    return [c.id for c in checks_of("kv_cache") if c.applies(ctx)]
+
+
+def test_the_checks_are_tried_gauges_preemptions_stalls_long_ramp_knee() -> None:
+    assert [c.id for c in checks_of("kv_cache")] == ["kv_cache.usage", "kv_cache.preemptions", "kv_cache.stalls",
+                                                     "kv_cache.long_ramp", "kv_cache.knee"]
+    assert REGISTRY["kv_cache"].needs == (
+        ("kv_usage_p95",), ("preemptions_total",), ("stream_stall_steps_p50", "ttft_in_itl_steps_p95"),
+        ("long_ramp_knee_ratio", "long_ramp_token_ratio"),
+        ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ratio"))
+
+
+def test_the_engines_gauges_answer_before_the_clients_knee_of_the_same_sample() -> None:
+    feats = analyze_paths([SAMPLES / "kv_cache" / c for c in ("client", "server-0")]).diagnosis.features
+    th = load_thresholds(None)
+    ctx = RuleContext(feats, th["kv_cache"], th["general"], {}, False, all_th=th)
+    assert _applying(ctx) == ["kv_cache.usage", "kv_cache.preemptions", "kv_cache.knee"]
+    out = kv_cache(ctx)
+    assert not isinstance(out, str) and not out.black_box
+    rows = {e.key: e for e in out.evidence}
+    assert list(rows)[:3] == [evidence.KV_USAGE_P95, evidence.KV_NEAR_FULL_SHARE, evidence.KNEE_TTFT_X]
+    assert rows[evidence.KV_USAGE_P95].crossed and rows[evidence.KV_USAGE_P95].value == feats.value("kv_usage_p95")
+    assert evidence.DECODE_HOLD not in rows  # the client's knee reading is not asked
+
+
+def test_the_client_alone_is_judged_by_its_knee() -> None:
+    feats = analyze_paths([SAMPLES / "kv_cache" / "client"]).diagnosis.features
+    th = load_thresholds(None)
+    ctx = RuleContext(feats, th["kv_cache"], th["general"], {}, True, all_th=th)
+    assert _applying(ctx) == ["kv_cache.knee"]
+    out = kv_cache(ctx)
+    assert not isinstance(out, str) and out.black_box
+    assert [e.key for e in out.evidence] == [evidence.KNEE_TTFT_X, evidence.DECODE_HOLD]
+    assert out.evidence[0].value == feats.value("ttft_knee_jump_ratio")
+    assert out.confidence <= th["kv_cache"]["bb_knee_confidence_max"]
+
+
+def test_a_long_ramp_limit_in_tokens_answers_before_the_stalls_and_one_in_requests_after() -> None:
+    tokens = kv_cache(_ctx(**EVICTING, **LONG_RAMP_TOKENS))
+    assert not isinstance(tokens, str) and evidence.LONG_RAMP_SHIFT in {e.key for e in tokens.evidence}
+    assert evidence.STALLED_STREAMS not in {e.key for e in tokens.evidence}
+    requests = {**LONG_RAMP_TOKENS, "long_ramp_knee_ratio": 1.0, "long_ramp_short_decode_cap": 2.0}
+    stalls = kv_cache(_ctx(**EVICTING, **requests))
+    assert not isinstance(stalls, str) and evidence.STALLED_STREAMS in {e.key for e in stalls.evidence}
+    # the stalls too few to name the pool: the long ramp's limit in requests answers alone
+    assert kv_cache(_ctx(**{**EVICTING, "stream_stall_frac": 0.1}, **requests)) == (
+        "at most 2 streams decode at once at short and long prompts alike: a limit in requests (see queue), not in "
+        "KV capacity")

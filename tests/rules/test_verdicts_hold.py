@@ -433,10 +433,9 @@ def test_the_fixed_part_is_counted_in_the_decode_steps_of_the_requests_it_was_fi
 def test_a_knee_seen_from_the_client_alone_leads_but_is_never_the_verdict() -> None:
     """TTFT flat to 4 in flight, then 25x, decode speed held (real vLLM --max-num-seqs 3 under ttft
     diagnose, which named kv_cache at 0.75): a batch cap makes the same knee, so it stays under the floor."""
-    from rules.base import RuleContext
+    from rules.base import REGISTRY, RuleContext
     from rules.config import load_thresholds
     from rules.features import Feature, Features
-    from rules.kv_cache import kv_cache
     from rules.verdict import VERDICT_FLOOR
 
     feats = Features()
@@ -446,6 +445,7 @@ def test_a_knee_seen_from_the_client_alone_leads_but_is_never_the_verdict() -> N
         feats.add(Feature(name, value, "", True, source="client"))
     th = load_thresholds(None)
     # diagnose's designed sweep (where this knee read 0.75): the cap is what holds it under
+    kv_cache = REGISTRY["kv_cache"].evaluate
     out = kv_cache(RuleContext(feats, th["kv_cache"], th["general"], {}, True))
     assert not isinstance(out, str) and out.black_box and "max_num_seqs" in out.note
     assert out.confidence == pytest.approx(th["kv_cache"]["bb_knee_confidence_max"])
