@@ -1,9 +1,12 @@
-"""Rules at the edges of a request: start-up, the network, and the load generator itself."""
+"""Rules at the edges of a request: start-up, the network, and the load generator itself.
+
+network's paths, tried in order: the client-server gap beside the engine's spans, the detokenize
+share of TTFT, and, client only, the fixed part of TTFT against prompt length (in decode steps)."""
 
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, finding, reason, rule
+from rules.base import Outcome, RuleContext, Triage, check, checked_rule, finding, reason, rule
 from rules.queueing import served_in_line
 
 
@@ -149,12 +152,85 @@ NETWORK_CHECKS = [
 ]
 
 
+checked_rule("network", "network",
+             "Client TTFT well above server TTFT, or detokenize / serialization share high; client only: a fixed "
+             "latency many decode steps long that prompt length does not explain")
+
+#: the thresholds the spans' paths read (:func:`_network_spans`)
+SPANS_READS = ("gap_itl_min", "gap_share_min", "ttft_ratio_min", "detokenize_share_min")
+
+
+@check("network.gap", needs=("client_server_gap_p50_s", "client_server_ttft_ratio"), before=("network.detokenize",),
+       reads=SPANS_READS)
+def _network_spans(ctx: RuleContext) -> Outcome:
+    """The engine's spans beside the client's: the client-server gap (a share of TTFT, or client TTFT
+    over server TTFT) in proportion to a decode step, or the detokenize share of TTFT."""
+    th = ctx.th
+    gap_share = ctx.v("network_share_tail")
+    ratio = ctx.v("client_server_ttft_ratio")
+    det = ctx.v("detokenize_share_tail")
+    gap_p50, itl = ctx.v("client_server_gap_p50_s"), ctx.v("itl_p50_s")
+    if gap_p50 is not None and itl and gap_p50 / itl < th["gap_itl_min"]:
+        # in proportion: a gap shorter than a decode step or two is the hand-off to the stream, not a cause
+        gap_share = ratio = None
+    t = Triage(ctx)
+    t.crossed(evidence.GAP_SHARE_TAIL, gap_share, "gap_share_min", "share",
+              "network, serialization, HTTP and client parsing between the two TTFT boundaries",
+              miss="client-server gap {value:.0%} of TTFT")
+    t.crossed(evidence.CLIENT_SERVER_TTFT_X, ratio, "ttft_ratio_min", "x",
+              f"median gap {ctx.v('client_server_gap_p50_s', 0) * 1e3:.1f} ms")
+    t.crossed(evidence.DETOKENIZE_SHARE_TAIL, det, "detokenize_share_min", "share",
+              "first token id -> text, ready for the stream", miss="detokenize {value:.0%} of TTFT")
+    if not t.evidence:
+        if gap_share is None and ratio is None and gap_p50 is not None and itl:
+            return reason("the client-server gap p50 {ms:.1f} ms is {steps:.1f} decode steps (< {min:g}): the "
+                          "hand-off to the stream, not a network problem", ms=gap_p50 * 1e3, steps=gap_p50 / itl,
+                          min=th["gap_itl_min"])
+        return t.pass_reason("client and server TTFT agree")
+    shares = [x for x in (gap_share, det) if x is not None]
+    s, pct = ctx.explained(sum(shares) if shares else (1 - 1 / ratio if ratio else None))
+    by_gap = gap_share is not None and gap_share >= th["gap_share_min"] or (ratio or 0) >= th["ttft_ratio_min"]
+    frontend = (ctx.v("client_server_gap_frontend_frac") or 0.0) >= 0.5
+    if by_gap and frontend:
+        # the engine's TTFT starts after its own API server tokenized the prompt (vLLM): the gap
+        # holds that front-end work as well as the network, and the spans cannot split them
+        t.context(evidence.GAP_HOLDS_FRONTEND, ctx.v("client_server_gap_frontend_frac"),
+                  "share", "the gap also holds the API server's chat template, tokenization and first detokenize")
+        return finding("Between the client and the engine's clock: the network, or the API server's chat template "
+                       "and tokenization before the engine's TTFT starts", t.confidence(0.6), s, pct, t.evidence,
+                       ["a prompt sweep (`ttft probe URL --sweep prompt`): a gap growing with prompt length is "
+                        "tokenization in the API server, a fixed gap is the network or proxy",
+                        "the API server's CPU (tokenizer, chat template) and its process count (vLLM "
+                        "--api-server-count)", *NETWORK_CHECKS[:2]],
+                       note="the engine's TTFT starts after its front end (vLLM arrival_time is set after the chat "
+                       "template and tokenization): client - server TTFT is front end + network, not network alone")
+    title = ("Network / serialization: the client sees the first token well after the server produced it"
+             if by_gap else "Detokenization / response streaming takes a large share of TTFT")
+    return finding(title, t.confidence(0.9), s, pct, t.evidence,
+                   [*NETWORK_CHECKS,
+                    "the TTFT boundary: client TTFT includes the network, server TTFT ends at the hand-off to the stream"],
+                   population_share=ctx.stage_population(("network",) if by_gap else ("detokenize",)))
+
+
+# a detokenize share alone: the same spans judge it
+check("network.detokenize", needs=("detokenize_share_tail",), before=("network.black_box",),
+      reads=SPANS_READS)(_network_spans)
+
+
+@check("network.black_box", needs=("ttft_prompt_intercept_ms", "itl_p50_s"),
+       reads=SPANS_READS + ("bb_intercept_se_k", "bb_fit_alone_min", "bb_intercept_itl_min", "bb_intercept_share_min",
+                            "prefill_compute.r2_contradicts_max", "prefill_compute.explained_frac_min",
+                            "queue.bb_inline_ratio_min", "queue.bb_inline_ratio_max", "queue.bb_decode_alone_min",
+                            "queue.bb_after_end_p_max", "queue.bb_after_end_min", "head_of_line.ttft_ratio_min"))
 def _network_black_box(ctx: RuleContext) -> Outcome:
     """Client only: a fixed per-request latency that neither prompt length nor load explains.
 
     The engine's own per-request work for a short prompt costs about one decode step; a TTFT
-    intercept many decode steps long that makes up most of TTFT lies outside its compute.
+    intercept many decode steps long that makes up most of TTFT lies outside its compute. A
+    client-server gap known without its TTFT ratio is the spans' to judge (:func:`_network_spans`).
     """
+    if ctx.has("client_server_gap_p50_s"):
+        return _network_spans(ctx)
     th = ctx.th
     intercept_s = ctx.v("ttft_prompt_intercept_ms", 0.0) / 1e3
     # in decode steps of the requests the fit is made of (lone ones): a ramp's batched steps are longer
@@ -249,60 +325,6 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
                    NETWORK_CHECKS + ["join a server capture (OTLP spans) to split network from the server's front end"],
                    note="client-only evidence: the split between network and the server's front end is not "
                         "observed; confidence lowered", black_box=True)
-
-
-@rule("network", "network", needs=(("client_server_gap_p50_s", "client_server_ttft_ratio"), ("detokenize_share_tail",),
-                                   ("ttft_prompt_intercept_ms", "itl_p50_s")))
-def network(ctx: RuleContext) -> Outcome:
-    """Client TTFT well above server TTFT, or detokenize / serialization share high; client
-    only: a fixed latency many decode steps long that prompt length does not explain."""
-    th = ctx.th
-    if not ctx.has("client_server_gap_p50_s") and not ctx.has("detokenize_share_tail"):
-        return _network_black_box(ctx)
-    gap_share = ctx.v("network_share_tail")
-    ratio = ctx.v("client_server_ttft_ratio")
-    det = ctx.v("detokenize_share_tail")
-    gap_p50, itl = ctx.v("client_server_gap_p50_s"), ctx.v("itl_p50_s")
-    if gap_p50 is not None and itl and gap_p50 / itl < th["gap_itl_min"]:
-        # in proportion: a gap shorter than a decode step or two is the hand-off to the stream, not a cause
-        gap_share = ratio = None
-    t = Triage(ctx)
-    t.crossed(evidence.GAP_SHARE_TAIL, gap_share, "gap_share_min", "share",
-              "network, serialization, HTTP and client parsing between the two TTFT boundaries",
-              miss="client-server gap {value:.0%} of TTFT")
-    t.crossed(evidence.CLIENT_SERVER_TTFT_X, ratio, "ttft_ratio_min", "x",
-              f"median gap {ctx.v('client_server_gap_p50_s', 0) * 1e3:.1f} ms")
-    t.crossed(evidence.DETOKENIZE_SHARE_TAIL, det, "detokenize_share_min", "share",
-              "first token id -> text, ready for the stream", miss="detokenize {value:.0%} of TTFT")
-    if not t.evidence:
-        if gap_share is None and ratio is None and gap_p50 is not None and itl:
-            return reason("the client-server gap p50 {ms:.1f} ms is {steps:.1f} decode steps (< {min:g}): the "
-                          "hand-off to the stream, not a network problem", ms=gap_p50 * 1e3, steps=gap_p50 / itl,
-                          min=th["gap_itl_min"])
-        return t.pass_reason("client and server TTFT agree")
-    shares = [x for x in (gap_share, det) if x is not None]
-    s, pct = ctx.explained(sum(shares) if shares else (1 - 1 / ratio if ratio else None))
-    by_gap = gap_share is not None and gap_share >= th["gap_share_min"] or (ratio or 0) >= th["ttft_ratio_min"]
-    frontend = (ctx.v("client_server_gap_frontend_frac") or 0.0) >= 0.5
-    if by_gap and frontend:
-        # the engine's TTFT starts after its own API server tokenized the prompt (vLLM): the gap
-        # holds that front-end work as well as the network, and the spans cannot split them
-        t.context(evidence.GAP_HOLDS_FRONTEND, ctx.v("client_server_gap_frontend_frac"),
-                  "share", "the gap also holds the API server's chat template, tokenization and first detokenize")
-        return finding("Between the client and the engine's clock: the network, or the API server's chat template "
-                       "and tokenization before the engine's TTFT starts", t.confidence(0.6), s, pct, t.evidence,
-                       ["a prompt sweep (`ttft probe URL --sweep prompt`): a gap growing with prompt length is "
-                        "tokenization in the API server, a fixed gap is the network or proxy",
-                        "the API server's CPU (tokenizer, chat template) and its process count (vLLM "
-                        "--api-server-count)", *NETWORK_CHECKS[:2]],
-                       note="the engine's TTFT starts after its front end (vLLM arrival_time is set after the chat "
-                       "template and tokenization): client - server TTFT is front end + network, not network alone")
-    title = ("Network / serialization: the client sees the first token well after the server produced it"
-             if by_gap else "Detokenization / response streaming takes a large share of TTFT")
-    return finding(title, t.confidence(0.9), s, pct, t.evidence,
-                   [*NETWORK_CHECKS,
-                    "the TTFT boundary: client TTFT includes the network, server TTFT ends at the hand-off to the stream"],
-                   population_share=ctx.stage_population(("network",) if by_gap else ("detokenize",)))
 
 
 @rule("loadgen", "loadgen", needs=(("client_first_token_lag_share",), ("client_loop_stall_frac",),

@@ -15,6 +15,9 @@ from diag.capture import CaptureError, CaptureWriter, load_capture
 from diag.report.text import format_diagnosis
 from diag.tables import build_tables
 from rules import NO_DATA, REGISTRY, RulesFileError, default_thresholds, diagnose, load_thresholds
+from rules import evidence
+from rules.base import RuleContext, checks_of
+from rules.features import Feature, Features
 from support.simcap import Client, Engine, Phase, simulate, tables_of
 
 NS = 1_000_000_000
@@ -192,3 +195,56 @@ def test_a_broken_slo_whose_largest_stage_is_lumped_names_no_cause() -> None:
 
     f = _fallback(Feats(), [])
     assert f.category == "inconclusive" and "detailed traces" in f.next_checks[0]
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+
+
+def _network_ctx(features: Features) -> RuleContext:
+    th = load_thresholds(None)
+    return RuleContext(features, th["network"], th["general"], {}, bool(features.value("client_only")), all_th=th)
+
+
+def _network_applying(ctx: RuleContext) -> list[str]:
+    return [c.id for c in checks_of("network") if c.applies(ctx)]
+
+
+def test_the_network_checks_are_tried_gap_then_detokenize_then_the_fixed_part() -> None:
+    assert [c.id for c in checks_of("network")] == ["network.gap", "network.detokenize", "network.black_box"]
+    assert REGISTRY["network"].needs == (("client_server_gap_p50_s", "client_server_ttft_ratio"),
+                                         ("detokenize_share_tail",), ("ttft_prompt_intercept_ms", "itl_p50_s"))
+
+
+def test_the_spans_gap_answers_before_the_clients_fixed_part_of_the_same_sample() -> None:
+    feats = analyze_paths([SAMPLES / "network" / c for c in ("client", "server-0")]).diagnosis.features
+    ctx = _network_ctx(feats)
+    assert _network_applying(ctx) == ["network.gap", "network.detokenize", "network.black_box"]
+    out = REGISTRY["network"].evaluate(ctx)
+    assert not isinstance(out, str) and not out.black_box
+    assert [e.key for e in out.evidence] == [evidence.GAP_SHARE_TAIL, evidence.CLIENT_SERVER_TTFT_X]
+    assert out.evidence[0].crossed and out.evidence[0].value == feats.value("network_share_tail")
+    assert out.evidence[1].value == feats.value("client_server_ttft_ratio")
+
+
+def test_the_client_alone_is_judged_by_the_fixed_part() -> None:
+    feats = analyze_paths([SAMPLES / "network" / "client"]).diagnosis.features
+    ctx = _network_ctx(feats)
+    assert _network_applying(ctx) == ["network.black_box"]
+    out = REGISTRY["network"].evaluate(ctx)
+    assert not isinstance(out, str) and out.black_box
+    rows = {e.key: e for e in out.evidence}
+    assert list(rows) == [evidence.INTERCEPT_STEPS, evidence.INTERCEPT_SHARE, evidence.INTERCEPT_LOW]
+    assert rows[evidence.INTERCEPT_STEPS].crossed
+    assert rows[evidence.INTERCEPT_STEPS].threshold == load_thresholds(None)["network"]["bb_intercept_itl_min"]
+
+
+def test_a_gap_known_without_its_ttft_ratio_is_the_spans_to_judge() -> None:
+    """Server TTFT of zero leaves no ratio: the gap alone is still measured, and the spans judge it."""
+    feats = Features()
+    for name, value in {"client_server_gap_p50_s": 0.001, "itl_p50_s": 0.01, "ttft_prompt_intercept_ms": 200.0,
+                        "ttft_p50_s": 0.25}.items():
+        feats.add(Feature(name, value, "", True))
+    ctx = _network_ctx(feats)
+    assert _network_applying(ctx) == ["network.black_box"]
+    assert REGISTRY["network"].evaluate(ctx) == (
+        "the client-server gap p50 1.0 ms is 0.1 decode steps (< 2): the hand-off to the stream, not a network problem")

@@ -410,7 +410,9 @@ def test_short_prompts_waiting_behind_long_ones_are_no_fixed_latency() -> None:
     named network twice client-only: the short prompts' waits behind the long ones pulled the
     prompt fit's intercept up to 236 ms. Waiting is head-of-line's, not a latency outside the server;
     on lone requests (ttft diagnose's ladder) or without long prompts the same fixed part is one."""
-    from rules.edges import network
+    from rules.base import REGISTRY
+
+    network = REGISTRY["network"].evaluate
 
     out = network(_fixed_part_ctx(12.6, 0.03))
     assert isinstance(out, str) and "see head_of_line" in out
@@ -424,7 +426,9 @@ def test_the_fixed_part_is_counted_in_the_decode_steps_of_the_requests_it_was_fi
     (ttft diagnose's ramp batches 16 streams a step). The fixed part is an intercept over lone
     requests: in their decode steps it is 17 long, a latency outside the engine; in the ramp's, 8.6,
     and the rule had passed it as nothing standing out."""
-    from rules.edges import network
+    from rules.base import REGISTRY
+
+    network = REGISTRY["network"].evaluate
 
     assert isinstance(network(_fixed_part_ctx(None, 1.0, itl_s=0.030)), str)  # no lone-request ITL known
     assert not isinstance(network(_fixed_part_ctx(None, 1.0, itl_s=0.030, fit_itl_s=0.0135)), str)
