@@ -344,8 +344,15 @@ class Rule:
     @property
     def needs(self) -> tuple[tuple[str, ...], ...]:
         """Alternative feature sets, one of which must be available: as declared, or for a rule of
-        checks each check's ``needs`` in the order the checks are tried."""
-        return self.declared_needs or tuple(c.needs for c in checks_of(self.id))
+        checks each check's ``needs`` in the order the checks are tried, less those that hold
+        another's (a check that needs more than another is never the one that lets the rule run:
+        ``("a", "b")`` beside ``("a",)``, or the same set twice, is left out)."""
+        if self.declared_needs:
+            return self.declared_needs
+        alts = [c.needs for c in checks_of(self.id)]
+        return tuple(a for i, a in enumerate(alts)
+                     if not any(set(b) <= set(a) and (len(set(b)) < len(set(a)) or j < i)
+                                for j, b in enumerate(alts) if j != i))
 
 
 REGISTRY: dict[str, Rule] = {}
