@@ -14,29 +14,15 @@ admits more, ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` @cf6abc45)
 
 from __future__ import annotations
 
+from diag.external import next_checks
 from rules import evidence
 from rules.base import (ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, beyond_chance, chance_row, check,
                         checked_rule, engine_checks, finding, reason, rule)
 
-#: what to check next, by engine (:func:`rules.base.engine_checks` picks those the capture came from)
-HOL_BY_ENGINE = {
-    "vllm": "vLLM: --max-num-partial-prefills (more than one prompt prefilled at a time under chunked prefill) with "
-            "--long-prefill-token-threshold / --max-long-partial-prefills, so short prompts pass a long one; "
-            "chunked prefill (--enable-chunked-prefill with --max-num-batched-tokens): a long prompt in "
-            "whole-prompt steps holds every request behind it for its whole prefill",
-    "sglang": "SGLang: --schedule-policy, and whether a waiting request that cannot be allocated stops the admission "
-              "walk for everything behind it (sgl-project/sglang#22831); --chunked-prefill-size",
-    "bundled": "the bundled engine: --admission skip-blocked (admit what fits past a blocked head) and "
-               "--max-partial-prefills N with --policy chunked",
-}
+#: what to check next whatever the engine, after the engines' own lines (:func:`diag.external.next_checks`)
 HOL_CHECKS = ["route long prompts to their own replicas or priority class when they are rare and large"]
 
-KVR_BY_ENGINE = {
-    "trtllm": "TensorRT-LLM: capacity_scheduler_policy -- GUARANTEED_NO_EVICT admits a request only if KV holds its "
-              "whole max_tokens (the model's max sequence length when unset); MAX_UTILIZATION admits on what is used "
-              "now (NVIDIA/TensorRT-LLM#1012, #2866)",
-    "bundled": "the bundled engine: --kv-admission on-demand",
-}
+#: what to check next whatever the engine, after the engines' own lines (:func:`diag.external.next_checks`)
 KVR_CHECKS = [
     "set max_tokens on every request: unset, the reservation is the context limit and requests run one after "
     "another while KV usage stays low",
@@ -149,7 +135,7 @@ def _server(ctx: RuleContext) -> Outcome:
     s, pct = ctx.explained(min(qs, 1.0 - 1.0 / ratio))
     return finding("Short requests wait behind long prompts ahead of them while KV and batch slots are free: "
                    "head-of-line blocking in admission", t.confidence(0.8 if always else 0.9), s, pct, t.evidence,
-                   engine_checks(ctx, HOL_BY_ENGINE, HOL_CHECKS),
+                   engine_checks(ctx, next_checks("head_of_line"), HOL_CHECKS),
                    population_share=ctx.v("hol_wait_share_all"))
 
 
@@ -173,7 +159,7 @@ def _black_box(ctx: RuleContext) -> Outcome:
     return finding("Short requests' TTFT jumps while a long prompt is in flight ahead of them: head-of-line "
                    "blocking behind long prefills (black box)",
                    t.confidence(0.7, black_box=True), s, pct, t.evidence,
-                   engine_checks(ctx, HOL_BY_ENGINE, HOL_CHECKS), black_box=True,
+                   engine_checks(ctx, next_checks("head_of_line"), HOL_CHECKS), black_box=True,
                    population_share=ctx.v("hol_wait_share_all"),
                    note=("the long prompts were ttft diagnose's own test (its mixed follow-up): what your short "
                          "prompts meet when long ones arrive among them; " if ctx.v("mixed_by_diagnose") else "")
@@ -252,5 +238,5 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
     s, pct = ctx.explained(qs)
     return finding("Requests wait while KV usage stays low and the batch has room: admission reserves each "
                    "request's worst case (KV reservation)", t.confidence(directness), s, pct, t.evidence,
-                   engine_checks(ctx, KVR_BY_ENGINE, KVR_CHECKS),
+                   engine_checks(ctx, next_checks("kv_reservation"), KVR_CHECKS),
                    note=note)

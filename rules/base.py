@@ -319,9 +319,10 @@ def finding(title: str, confidence: float, explained_s: float | None, explained_
 
 def engine_checks(ctx: RuleContext, by_engine: Mapping[str, str], common: Sequence[str] = ()) -> list[str]:
     """What to check next in the terms of the engines the capture came from (feature
-    ``engines_seen``): their lines of ``by_engine`` (keys: ``vllm``, ``sglang``, ``llamacpp``,
-    ``trtllm``, ``dynamo``, ``tgi``, ``bundled``, ...), then ``common``. Every engine's line
-    when the capture names none of them (client only, or an engine we do not know)."""
+    ``engines_seen``): their lines of ``by_engine`` (``{engine: line}`` of one rule, as
+    :func:`diag.external.next_checks` gives it; an engine key matches a named engine that contains
+    it, ``ttft-engine`` is ``bundled``), in ``by_engine``'s order, then ``common``. Every engine's
+    line when the capture names none of them (client only, or an engine with no line)."""
     seen = [str(s).lower().replace(".", "").replace("-", "").replace("_", "") for s in (ctx.v("engines_seen") or {})]
     seen = ["bundled" if s.startswith("ttftengine") else s for s in seen]
     names = [k for k in by_engine if any(k in s for s in seen)]

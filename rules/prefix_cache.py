@@ -15,23 +15,11 @@ control's) passes; without the design the rule is skipped: nothing else says pro
 
 from __future__ import annotations
 
+from diag.external import next_checks
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, check, checked_rule, engine_checks, finding
 
-#: what to check next, by engine (:func:`rules.base.engine_checks` picks those the capture came from)
-ENGINE_CHECKS: dict[str, str] = {
-    "vllm": "vLLM: --enable-prefix-caching (on by default in V1; check it was not disabled) and "
-            "vllm:prefix_cache_hits_total / prefix_cache_queries_total per request",
-    "sglang": "SGLang: the radix cache is on unless --disable-radix-cache; sglang:cached_tokens_total against "
-              "prompt tokens",
-    "llamacpp": "llama.cpp: \"cache_prompt\": true in the request (the chat endpoint once ignored it, "
-                "ggml-org/llama.cpp#4329) and enough slots/--ctx-size that a slot keeps its prompt; timings.cache_n "
-                "per response",
-    "trtllm": "TensorRT-LLM: KvCacheConfig enable_block_reuse=True (trtllm-serve --extra_llm_api_options); "
-              "trtllm_kv_cache_hit_rate",
-    "bundled": "the bundled engine: ttft serve --enable-prefix-caching, and --kv-blocks large enough that the "
-               "shared prefix survives between uses",
-}
+#: what to check next whatever the engine, after the engines' own lines (:func:`diag.external.next_checks`)
 COMMON_CHECKS = [
     "what differs at the top of the prompt: a timestamp, request id or per-user text before the shared system "
     "prompt or documents defeats every prefix cache (put variable text after the shared part)",
@@ -123,7 +111,7 @@ def _cached(ctx: RuleContext, cached: float, by_metrics: bool) -> Outcome:
     title = OWN_TITLE if own else "Prefix-cache misses: prompts repeat a prefix but it is prefilled again every time"
     return finding(title,
                    t.confidence(0.9) * scale, s, pct, t.evidence,
-                   engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS),
+                   engine_checks(ctx, next_checks("prefix_cache"), COMMON_CHECKS),
                    note=(OWN_NOTE + "; " if own else "")
                    + "explained share: the prefill share x the part of the shared prefix not served from the cache",
                    conditional=own)
@@ -161,7 +149,7 @@ def _timing(ctx: RuleContext) -> Outcome:
     title = OWN_TITLE if own else "Prefix-cache misses: repeats of a shared prefix take as long as its first use"
     return finding(title + (" (client timing)" if bb else ""),
                    t.confidence(0.85, black_box=bb) * scale, s, pct, t.evidence,
-                   engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS), black_box=bb,
+                   engine_checks(ctx, next_checks("prefix_cache"), COMMON_CHECKS), black_box=bb,
                    note=(OWN_NOTE + "; " if own else "") + note, conditional=own)
 
 
