@@ -14,29 +14,15 @@ admits more, ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` @cf6abc45)
 
 from __future__ import annotations
 
+from diag.external import next_checks
 from rules import evidence
-from rules.base import (ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, beyond_chance, chance_row, engine_checks,
-                        finding, reason, rule)
+from rules.base import (ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, beyond_chance, chance_row, check,
+                        checked_rule, engine_checks, finding, reason, rule)
 
-#: what to check next, by engine (:func:`rules.base.engine_checks` picks those the capture came from)
-HOL_BY_ENGINE = {
-    "vllm": "vLLM: --max-num-partial-prefills (more than one prompt prefilled at a time under chunked prefill) with "
-            "--long-prefill-token-threshold / --max-long-partial-prefills, so short prompts pass a long one; "
-            "chunked prefill (--enable-chunked-prefill with --max-num-batched-tokens): a long prompt in "
-            "whole-prompt steps holds every request behind it for its whole prefill",
-    "sglang": "SGLang: --schedule-policy, and whether a waiting request that cannot be allocated stops the admission "
-              "walk for everything behind it (sgl-project/sglang#22831); --chunked-prefill-size",
-    "bundled": "the bundled engine: --admission skip-blocked (admit what fits past a blocked head) and "
-               "--max-partial-prefills N with --policy chunked",
-}
+#: what to check next whatever the engine, after the engines' own lines (:func:`diag.external.next_checks`)
 HOL_CHECKS = ["route long prompts to their own replicas or priority class when they are rare and large"]
 
-KVR_BY_ENGINE = {
-    "trtllm": "TensorRT-LLM: capacity_scheduler_policy -- GUARANTEED_NO_EVICT admits a request only if KV holds its "
-              "whole max_tokens (the model's max sequence length when unset); MAX_UTILIZATION admits on what is used "
-              "now (NVIDIA/TensorRT-LLM#1012, #2866)",
-    "bundled": "the bundled engine: --kv-admission on-demand",
-}
+#: what to check next whatever the engine, after the engines' own lines (:func:`diag.external.next_checks`)
 KVR_CHECKS = [
     "set max_tokens on every request: unset, the reservation is the context limit and requests run one after "
     "another while KV usage stays low",
@@ -45,9 +31,17 @@ KVR_CHECKS = [
 ]
 
 
-@rule("head_of_line", "head_of_line", needs=(("hol_short_ttft_ratio",),))
-def head_of_line(ctx: RuleContext) -> Outcome:
-    """Short requests wait behind an unfinished long prompt ahead of them while capacity exists."""
+checked_rule("head_of_line", "head_of_line",
+             "Short requests wait behind an unfinished long prompt ahead of them while capacity exists.")
+
+
+def _behind_long(ctx: RuleContext) -> tuple[Triage, bool, bool] | str:
+    """What both paths read first: short requests behind an unfinished long prompt against the
+    others (the ratio, or part of them losing their turn beyond chance), the users' own prompt
+    spread when the long prompts were ttft diagnose's, and the other streams' steps while they
+    waited. Returns the triage so far, whether a long prompt was always unfinished (the baseline is
+    the requests' own TTFT less their queue wait) and whether the engine stepped without them;
+    else the pass reason."""
     th = ctx.th
     ratio = ctx.v("hol_short_ttft_ratio")
     nb, nu = ctx.v("hol_blocked_short_n", 0), ctx.v("hol_unblocked_short_n", 0)
@@ -76,7 +70,6 @@ def head_of_line(ctx: RuleContext) -> Outcome:
     lr = ctx.v("hol_long_prompt_ratio")
     if lr is not None:
         t.context(evidence.HOL_PROMPT_X, lr, "x", "median prompt of the long requests against the short ones")
-    server = ctx.has("hol_blocked_queue_share")
     spread = ctx.v("users_prompt_spread_x")
     if ctx.v("mixed_by_diagnose") and spread is not None and spread < th["users_spread_min"]:
         return reason("short prompts wait {ratio:.1f}x behind ttft diagnose's own long ones, but your prompts do not "
@@ -88,23 +81,25 @@ def head_of_line(ctx: RuleContext) -> Outcome:
         evidence.HOL_OTHERS_STEPS, others, "others_steps_min", "steps",
         "the engine kept stepping without them (median over those that lost over half their TTFT): admission "
         "order, not one long step", weigh=False)
-    if not server:
-        inter, lim = ctx.v("itl_interference_ratio"), ctx.th_of("interference")["itl_ratio_min"]
-        if inter is not None and inter >= lim and not stepped:
-            return reason("short requests behind a long prompt have {ratio:.1f}x the TTFT of the others, but running "
-                          "streams stall while long prompts prefill ({inter:.1f}x ITL >= {lim:g}x): they wait for the "
-                          "long prefill step itself, not for admission order (see interference; chunked prefill bounds "
-                          "both)", ratio=ratio, inter=inter, lim=lim)
-        s, pct = ctx.explained(1.0 - 1.0 / ratio)
-        return finding("Short requests' TTFT jumps while a long prompt is in flight ahead of them: head-of-line "
-                       "blocking behind long prefills (black box)",
-                       t.confidence(0.7, black_box=True), s, pct, t.evidence,
-                       engine_checks(ctx, HOL_BY_ENGINE, HOL_CHECKS), black_box=True,
-                       population_share=ctx.v("hol_wait_share_all"),
-                       note=("the long prompts were ttft diagnose's own test (its mixed follow-up): what your short "
-                             "prompts meet when long ones arrive among them; " if ctx.v("mixed_by_diagnose") else "")
-                       + "client-only evidence: a client cannot tell admission order from a long prefill that "
-                       "simply fills the step; a server capture (queue spans, engine steps) tells them apart")
+    return t, always, stepped
+
+
+#: the thresholds :func:`_behind_long` reads
+_BEHIND_LONG_READS = ("ttft_ratio_min", "lost_chance_p_max", "features.hol_lost_factor", "users_spread_min",
+                      "others_steps_min")
+
+
+@check("head_of_line.server", needs=("hol_short_ttft_ratio", "hol_blocked_queue_share"),
+       before=("head_of_line.black_box",),
+       reads=_BEHIND_LONG_READS + ("queue_share_min", "wait_steps_min", "kv_usage_max", "prefill_bound_min"))
+def _server(ctx: RuleContext) -> Outcome:
+    """The engine's account of the short requests behind long prompts: their lost TTFT spent in the
+    queue, through engine steps that ran without them, while KV and batch slots were free."""
+    behind = _behind_long(ctx)
+    if isinstance(behind, str):
+        return behind
+    t, always, _ = behind
+    ratio = ctx.v("hol_short_ttft_ratio")
     qs = ctx.v("hol_blocked_queue_share")
     if not t.crossed(evidence.HOL_QUEUE_SHARE, qs, "queue_share_min", "share",
                      "their TTFT above the others', spent waiting to be admitted, not in a slow prefill batch",
@@ -140,7 +135,36 @@ def head_of_line(ctx: RuleContext) -> Outcome:
     s, pct = ctx.explained(min(qs, 1.0 - 1.0 / ratio))
     return finding("Short requests wait behind long prompts ahead of them while KV and batch slots are free: "
                    "head-of-line blocking in admission", t.confidence(0.8 if always else 0.9), s, pct, t.evidence,
-                   engine_checks(ctx, HOL_BY_ENGINE, HOL_CHECKS), population_share=ctx.v("hol_wait_share_all"))
+                   engine_checks(ctx, next_checks("head_of_line"), HOL_CHECKS),
+                   population_share=ctx.v("hol_wait_share_all"))
+
+
+@check("head_of_line.black_box", needs=("hol_short_ttft_ratio",),
+       reads=_BEHIND_LONG_READS + ("interference.itl_ratio_min",))
+def _black_box(ctx: RuleContext) -> Outcome:
+    """The client's account: short requests' TTFT against the others', told from a long prefill step
+    that stalls every stream by whether the engine kept stepping without them."""
+    behind = _behind_long(ctx)
+    if isinstance(behind, str):
+        return behind
+    t, _, stepped = behind
+    ratio = ctx.v("hol_short_ttft_ratio")
+    inter, lim = ctx.v("itl_interference_ratio"), ctx.th_of("interference")["itl_ratio_min"]
+    if inter is not None and inter >= lim and not stepped:
+        return reason("short requests behind a long prompt have {ratio:.1f}x the TTFT of the others, but running "
+                      "streams stall while long prompts prefill ({inter:.1f}x ITL >= {lim:g}x): they wait for the "
+                      "long prefill step itself, not for admission order (see interference; chunked prefill bounds "
+                      "both)", ratio=ratio, inter=inter, lim=lim)
+    s, pct = ctx.explained(1.0 - 1.0 / ratio)
+    return finding("Short requests' TTFT jumps while a long prompt is in flight ahead of them: head-of-line "
+                   "blocking behind long prefills (black box)",
+                   t.confidence(0.7, black_box=True), s, pct, t.evidence,
+                   engine_checks(ctx, next_checks("head_of_line"), HOL_CHECKS), black_box=True,
+                   population_share=ctx.v("hol_wait_share_all"),
+                   note=("the long prompts were ttft diagnose's own test (its mixed follow-up): what your short "
+                         "prompts meet when long ones arrive among them; " if ctx.v("mixed_by_diagnose") else "")
+                   + "client-only evidence: a client cannot tell admission order from a long prefill that "
+                   "simply fills the step; a server capture (queue spans, engine steps) tells them apart")
 
 
 @rule("kv_reservation", "kv_reservation", needs=(("kvr_kv_usage_while_waiting_p95", "queue_share_tail"),
@@ -214,5 +238,5 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
     s, pct = ctx.explained(qs)
     return finding("Requests wait while KV usage stays low and the batch has room: admission reserves each "
                    "request's worst case (KV reservation)", t.confidence(directness), s, pct, t.evidence,
-                   engine_checks(ctx, KVR_BY_ENGINE, KVR_CHECKS),
+                   engine_checks(ctx, next_checks("kv_reservation"), KVR_CHECKS),
                    note=note)

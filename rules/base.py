@@ -319,9 +319,10 @@ def finding(title: str, confidence: float, explained_s: float | None, explained_
 
 def engine_checks(ctx: RuleContext, by_engine: Mapping[str, str], common: Sequence[str] = ()) -> list[str]:
     """What to check next in the terms of the engines the capture came from (feature
-    ``engines_seen``): their lines of ``by_engine`` (keys: ``vllm``, ``sglang``, ``llamacpp``,
-    ``trtllm``, ``dynamo``, ``tgi``, ``bundled``, ...), then ``common``. Every engine's line
-    when the capture names none of them (client only, or an engine we do not know)."""
+    ``engines_seen``): their lines of ``by_engine`` (``{engine: line}`` of one rule, as
+    :func:`diag.external.next_checks` gives it; an engine key matches a named engine that contains
+    it, ``ttft-engine`` is ``bundled``), in ``by_engine``'s order, then ``common``. Every engine's
+    line when the capture names none of them (client only, or an engine with no line)."""
     seen = [str(s).lower().replace(".", "").replace("-", "").replace("_", "") for s in (ctx.v("engines_seen") or {})]
     seen = ["bundled" if s.startswith("ttftengine") else s for s in seen]
     names = [k for k in by_engine if any(k in s for s in seen)]
@@ -344,8 +345,15 @@ class Rule:
     @property
     def needs(self) -> tuple[tuple[str, ...], ...]:
         """Alternative feature sets, one of which must be available: as declared, or for a rule of
-        checks each check's ``needs`` in the order the checks are tried."""
-        return self.declared_needs or tuple(c.needs for c in checks_of(self.id))
+        checks each check's ``needs`` in the order the checks are tried, less those that hold
+        another's (a check that needs more than another is never the one that lets the rule run:
+        ``("a", "b")`` beside ``("a",)``, or the same set twice, is left out)."""
+        if self.declared_needs:
+            return self.declared_needs
+        alts = [c.needs for c in checks_of(self.id)]
+        return tuple(a for i, a in enumerate(alts)
+                     if not any(set(b) <= set(a) and (len(set(b)) < len(set(a)) or j < i)
+                                for j, b in enumerate(alts) if j != i))
 
 
 REGISTRY: dict[str, Rule] = {}

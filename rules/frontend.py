@@ -16,19 +16,11 @@ prompt token at concurrency 1: a tokenizer thread busy with slow tokenization is
 
 from __future__ import annotations
 
+from diag.external import next_checks
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, check, checked_rule, checks_of, engine_checks, finding, reason
 
-#: what to check next, in each engine's terms
-#: the front end's worker and process counts against the concurrency, by engine
-#: (:func:`rules.base.engine_checks` picks those the capture came from)
-BY_ENGINE = {
-    "llamacpp": "llama.cpp: --threads-http (below --parallel slots, requests stall before a slot)",
-    "vllm": "vLLM: --api-server-count (API-server processes in front of one engine core)",
-    "sglang": "SGLang: tokenizer workers (--tokenizer-worker-num)",
-    "dynamo": "Dynamo: frontend replicas against the workers",
-    "bundled": "the bundled server: --http-workers, --tokenizer-workers",
-}
+#: what to check next whatever the engine, after the engines' own lines (:func:`diag.external.next_checks`)
 CHECKS = [
     "the API server's CPU under load (ttft profile PID): tokenizer, chat template, JSON/SSE serialization and "
     "API-server <-> engine IPC on one core (vLLM --disable-frontend-multiprocessing to compare)",
@@ -80,7 +72,7 @@ def _server_side(ctx: RuleContext) -> Outcome:
     s, pct = ctx.explained(share)
     where = ("HTTP workers" if (http or 0) >= 0.5 else "tokenizer threads")
     return finding(f"Front end saturated: requests wait for {where} before the engine sees them",
-                   t.confidence(0.9), s, pct, t.evidence, engine_checks(ctx, BY_ENGINE, CHECKS))
+                   t.confidence(0.9), s, pct, t.evidence, engine_checks(ctx, next_checks("frontend"), CHECKS))
 
 
 @check("frontend.gap", needs=("client_server_gap_concurrency_ratio",), before=("frontend.unseen",), final=False,
@@ -106,7 +98,7 @@ def _gap_grows(ctx: RuleContext) -> Outcome:
     _shed_rows(ctx, t)
     s, pct = ctx.explained(gap_share)
     return finding("Front end saturated: the time outside the engine's clock grows with load (the network's would not)",
-                   t.confidence(0.75), s, pct, t.evidence, engine_checks(ctx, BY_ENGINE, CHECKS),
+                   t.confidence(0.75), s, pct, t.evidence, engine_checks(ctx, next_checks("frontend"), CHECKS),
                    note="the engine's TTFT starts after its front end: what grows with concurrency there is "
                    "queueing in the API server (workers, tokenizer, IPC), not the network")
 
@@ -136,7 +128,8 @@ def _unseen(ctx: RuleContext) -> Outcome:
     _shed_rows(ctx, t)
     s, pct = ctx.explained(1.0 - 1.0 / rise if rise else None)
     return finding("Front end saturated: TTFT grows with load while the engine's queue is empty (requests wait "
-                   "before the engine)", t.confidence(0.7), s, pct, t.evidence, engine_checks(ctx, BY_ENGINE, CHECKS),
+                   "before the engine)", t.confidence(0.7), s, pct, t.evidence,
+                   engine_checks(ctx, next_checks("frontend"), CHECKS),
                    note="from the client and the engine's gauges: where before the engine is not observed")
 
 
@@ -160,7 +153,7 @@ def _dynamo(ctx: RuleContext) -> Outcome:
         return t.pass_reason()
     s, pct = ctx.explained(share)
     return finding("Front end saturated: Dynamo's front end holds a large share of TTFT before its workers",
-                   t.confidence(0.7), s, pct, t.evidence, engine_checks(ctx, BY_ENGINE, CHECKS),
+                   t.confidence(0.7), s, pct, t.evidence, engine_checks(ctx, next_checks("frontend"), CHECKS),
                    note="window means of histograms that cover different requests")
 
 

@@ -15,23 +15,11 @@ control's) passes; without the design the rule is skipped: nothing else says pro
 
 from __future__ import annotations
 
+from diag.external import next_checks
 from rules import evidence
-from rules.base import Outcome, RuleContext, Triage, engine_checks, finding, rule
+from rules.base import Outcome, RuleContext, Triage, check, checked_rule, engine_checks, finding
 
-#: what to check next, by engine (:func:`rules.base.engine_checks` picks those the capture came from)
-ENGINE_CHECKS: dict[str, str] = {
-    "vllm": "vLLM: --enable-prefix-caching (on by default in V1; check it was not disabled) and "
-            "vllm:prefix_cache_hits_total / prefix_cache_queries_total per request",
-    "sglang": "SGLang: the radix cache is on unless --disable-radix-cache; sglang:cached_tokens_total against "
-              "prompt tokens",
-    "llamacpp": "llama.cpp: \"cache_prompt\": true in the request (the chat endpoint once ignored it, "
-                "ggml-org/llama.cpp#4329) and enough slots/--ctx-size that a slot keeps its prompt; timings.cache_n "
-                "per response",
-    "trtllm": "TensorRT-LLM: KvCacheConfig enable_block_reuse=True (trtllm-serve --extra_llm_api_options); "
-              "trtllm_kv_cache_hit_rate",
-    "bundled": "the bundled engine: ttft serve --enable-prefix-caching, and --kv-blocks large enough that the "
-               "shared prefix survives between uses",
-}
+#: what to check next whatever the engine, after the engines' own lines (:func:`diag.external.next_checks`)
 COMMON_CHECKS = [
     "what differs at the top of the prompt: a timestamp, request id or per-user text before the shared system "
     "prompt or documents defeats every prefix cache (put variable text after the shared part)",
@@ -59,53 +47,87 @@ def _context_rows(ctx: RuleContext, t: Triage) -> None:
         t.context(evidence.PREFIX_CACHING_ON, on, "", "1 = on, 0 = off (meta.json engine_config)")
 
 
-@rule("prefix_cache", "prefix_cache", needs=(("prefix_repeat_cached_frac",),
-                                             ("prefix_repeat_saving_frac", "prefix_cost_share")))
-def prefix_cache(ctx: RuleContext) -> Outcome:
-    """Prompts repeat a prefix but the repeats are prefilled in full again (prefix-cache misses)."""
+checked_rule("prefix_cache", "prefix_cache",
+             "Prompts repeat a prefix but the repeats are prefilled in full again (prefix-cache misses).")
+
+
+def _users_share_none(ctx: RuleContext) -> str | None:
+    """The pass reason when ttft diagnose's own shared prefix met users who said their prompts share
+    none (``--workload shared_prefix=0``); else None."""
     if ctx.v("designed_by_diagnose") and ctx.v("users_shared_prefix_tokens") == 0:
         return ("whatever the server does with a repeated prefix, your prompts share none (--workload "
                 "shared_prefix=0): a prefix cache would not shorten their TTFT")
+    return None
+
+
+_SERVER_READS = ("cached_frac_max", "prefill_share_min", "cost_share_min", "saving_max", "own_test_scale")
+
+
+@check("prefix_cache.server", needs=("prefix_repeat_cached_frac",), before=("prefix_cache.metrics",),
+       reads=_SERVER_READS)
+def _server(ctx: RuleContext) -> Outcome:
+    """The repeats' cached prompt tokens over their shared prefix, from the server's spans
+    (``gen_ai.usage.cached_tokens``), or none when the engine ran with its prefix cache off."""
+    return _users_share_none(ctx) or _cached(ctx, ctx.v("prefix_repeat_cached_frac"), by_metrics=False)
+
+
+@check("prefix_cache.metrics", needs=("prefix_repeat_saving_frac", "prefix_cost_share", "prefix_metrics_cached_frac"),
+       before=("prefix_cache.timing",), reads=_SERVER_READS)
+def _metrics(ctx: RuleContext) -> Outcome:
+    """An external engine's prefix-cache counters: its hit ratio against what the design's repeats
+    allow (capped at 1)."""
+    return _users_share_none(ctx) or _cached(ctx, min(1.0, ctx.v("prefix_metrics_cached_frac")), by_metrics=True)
+
+
+def _cached(ctx: RuleContext, cached: float, by_metrics: bool) -> Outcome:
+    """The server's account: the part of the shared prefix the cache served (``cached``, a share)
+    against the prefill share of TTFT that a hit would skip."""
     th = ctx.th
     t = Triage(ctx)
-    cached = ctx.v("prefix_repeat_cached_frac")
-    by_metrics = cached is None and ctx.v("prefix_metrics_cached_frac") is not None
-    if by_metrics:  # an external engine's counters: its hit ratio against what the design's repeats allow
-        cached = min(1.0, ctx.v("prefix_metrics_cached_frac"))
     saving = ctx.v("prefix_repeat_saving_frac")
     cost = ctx.v("prefix_cost_share")
     prefill = ctx.v("prefill_share_tail")
-    server = cached is not None
-    if server:
-        how = ("the engine ran with its prefix cache off (meta.json engine_config): nothing was cached"
-               if ctx.features.get("prefix_repeat_cached_frac").source == "engine_config" else
-               "the engine's prefix-cache hit ratio (metrics) over the ratio a working cache gives these prompts "
-               "(the repeats' prefix tokens / all prompt tokens)" if by_metrics else
-               "server spans (gen_ai.usage.cached_tokens): how much of the repeated prefix the cache served")
-        if not t.below(evidence.PREFIX_CACHED_FRAC, cached, "cached_frac_max", "share", how,
-                       miss="repeats had {value:.0%} of their shared prefix cached (> {threshold:.0%}): the cache hits"):
-            return t.pass_reason()
-        material = prefill if prefill is not None else cost
-        key = "prefill_share_min" if prefill is not None else "cost_share_min"
-        if not t.crossed(evidence.PREFILL_SHARE_TAIL if prefill is not None else
-                         evidence.PREFIX_COST_SHARE, material, key, "share",
-                         "the forward passes a cache hit would have skipped",
-                         miss="prefill is {value:.0%} of TTFT (< {threshold:.0%}): a cache would save little"):
-            return t.pass_reason("the prefill share of TTFT is unknown")
-        if saving is not None:
-            t.judged(evidence.PREFIX_SAVING, saving, "saving_max", "share",
-                     "(first - repeat) / (first - control): 1 = repeats cost what the suffix alone costs", op="<=")
-        _context_rows(ctx, t)
-        s, pct = ctx.explained(material * (1.0 - cached))
-        own, scale = _own_test(ctx)
-        title = OWN_TITLE if own else "Prefix-cache misses: prompts repeat a prefix but it is prefilled again every time"
-        return finding(title,
-                       t.confidence(0.9) * scale, s, pct, t.evidence,
-                       engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS),
-                       note=(OWN_NOTE + "; " if own else "")
-                       + "explained share: the prefill share x the part of the shared prefix not served from the cache",
-                       conditional=own)
-    # client only (or a server that does not report cached tokens): TTFT on repeats
+    how = ("the engine ran with its prefix cache off (meta.json engine_config): nothing was cached"
+           if ctx.features.get("prefix_repeat_cached_frac").source == "engine_config" else
+           "the engine's prefix-cache hit ratio (metrics) over the ratio a working cache gives these prompts "
+           "(the repeats' prefix tokens / all prompt tokens)" if by_metrics else
+           "server spans (gen_ai.usage.cached_tokens): how much of the repeated prefix the cache served")
+    if not t.below(evidence.PREFIX_CACHED_FRAC, cached, "cached_frac_max", "share", how,
+                   miss="repeats had {value:.0%} of their shared prefix cached (> {threshold:.0%}): the cache hits"):
+        return t.pass_reason()
+    material = prefill if prefill is not None else cost
+    key = "prefill_share_min" if prefill is not None else "cost_share_min"
+    if not t.crossed(evidence.PREFILL_SHARE_TAIL if prefill is not None else
+                     evidence.PREFIX_COST_SHARE, material, key, "share",
+                     "the forward passes a cache hit would have skipped",
+                     miss="prefill is {value:.0%} of TTFT (< {threshold:.0%}): a cache would save little"):
+        return t.pass_reason("the prefill share of TTFT is unknown")
+    if saving is not None:
+        t.judged(evidence.PREFIX_SAVING, saving, "saving_max", "share",
+                 "(first - repeat) / (first - control): 1 = repeats cost what the suffix alone costs", op="<=")
+    _context_rows(ctx, t)
+    s, pct = ctx.explained(material * (1.0 - cached))
+    own, scale = _own_test(ctx)
+    title = OWN_TITLE if own else "Prefix-cache misses: prompts repeat a prefix but it is prefilled again every time"
+    return finding(title,
+                   t.confidence(0.9) * scale, s, pct, t.evidence,
+                   engine_checks(ctx, next_checks("prefix_cache"), COMMON_CHECKS),
+                   note=(OWN_NOTE + "; " if own else "")
+                   + "explained share: the prefill share x the part of the shared prefix not served from the cache",
+                   conditional=own)
+
+
+@check("prefix_cache.timing", needs=("prefix_repeat_saving_frac", "prefix_cost_share"),
+       reads=("saving_max", "cost_share_min", "own_test_scale"))
+def _timing(ctx: RuleContext) -> Outcome:
+    """The client's account (or a server that reports no cached tokens): TTFT of repeats against
+    first uses and controls of the designed probe."""
+    not_yours = _users_share_none(ctx)
+    if not_yours:
+        return not_yours
+    t = Triage(ctx)
+    saving = ctx.v("prefix_repeat_saving_frac")
+    cost = ctx.v("prefix_cost_share")
     if not t.below(evidence.PREFIX_SAVING, saving, "saving_max", "share",
                    "(first - repeat) / (first - control) of TTFT p50s: 1 = repeats cost what the suffix alone costs, "
                    "0 = they cost a whole first use", op="<=",
@@ -127,7 +149,7 @@ def prefix_cache(ctx: RuleContext) -> Outcome:
     title = OWN_TITLE if own else "Prefix-cache misses: repeats of a shared prefix take as long as its first use"
     return finding(title + (" (client timing)" if bb else ""),
                    t.confidence(0.85, black_box=bb) * scale, s, pct, t.evidence,
-                   engine_checks(ctx, ENGINE_CHECKS, COMMON_CHECKS), black_box=bb,
+                   engine_checks(ctx, next_checks("prefix_cache"), COMMON_CHECKS), black_box=bb,
                    note=(OWN_NOTE + "; " if own else "") + note, conditional=own)
 
 

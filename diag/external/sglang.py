@@ -43,6 +43,15 @@ NOTE = (
     "start (the scheduler's clock: it misses the detokenizer hop); token counts are not on the spans."
 )
 
+#: what to check next in SGLang's terms, by rule id (read through :func:`diag.external.next_checks`)
+NEXT_CHECKS: dict[str, str] = {
+    "frontend": "SGLang: tokenizer workers (--tokenizer-worker-num)",
+    "head_of_line": ("SGLang: --schedule-policy, and whether a waiting request that cannot be allocated stops the "
+                     "admission walk for everything behind it (sgl-project/sglang#22831); --chunked-prefill-size"),
+    "prefix_cache": ("SGLang: the radix cache is on unless --disable-radix-cache; sglang:cached_tokens_total against "
+                     "prompt tokens"),
+}
+
 # --- py-spy frames --------------------------------------------------------------------------
 
 _SRT = r"(^|/)sglang/srt/"

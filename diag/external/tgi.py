@@ -23,6 +23,9 @@ SPAN_NAMES = frozenset(
      "compat_generate", "completions", "chat_completions"}
 )
 FIELDS = (TOTAL, VALIDATION, QUEUE, INFERENCE, TIME_PER_TOKEN)
+#: what to check next in TGI's terms, by rule id: none, so a TGI capture gets every engine's line
+#: (:func:`diag.external.next_checks`)
+NEXT_CHECKS: dict[str, str] = {}
 #: which of our stages its spans cannot separate (shown next to its verdicts)
 NOTE = (
     "TGI gives validation (incl. tokenization, reported as tokenize), queue and inference; "

@@ -45,6 +45,10 @@ from diag.external import FrameRule
 #: the engine's name (py-spy pattern set)
 NAME = "transformers"
 
+#: what to check next in transformers serve's terms, by rule id: none, so its capture gets every
+#: engine's line (:func:`diag.external.next_checks`)
+NEXT_CHECKS: dict[str, str] = {}
+
 _TX = r"(^|/)transformers/"
 _SERV = _TX + r"cli/serving/"
 _GEN = _TX + r"generation/utils\.py$"

@@ -46,6 +46,17 @@ NOTE = (
     "network. No tokenize/comm/sample/detokenize spans."
 )
 
+#: what to check next in vLLM's terms, by rule id (read through :func:`diag.external.next_checks`)
+NEXT_CHECKS: dict[str, str] = {
+    "frontend": "vLLM: --api-server-count (API-server processes in front of one engine core)",
+    "head_of_line": ("vLLM: --max-num-partial-prefills (more than one prompt prefilled at a time under chunked "
+                     "prefill) with --long-prefill-token-threshold / --max-long-partial-prefills, so short prompts "
+                     "pass a long one; chunked prefill (--enable-chunked-prefill with --max-num-batched-tokens): a "
+                     "long prompt in whole-prompt steps holds every request behind it for its whole prefill"),
+    "prefix_cache": ("vLLM: --enable-prefix-caching (on by default in V1; check it was not disabled) and "
+                     "vllm:prefix_cache_hits_total / prefix_cache_queries_total per request"),
+}
+
 # --- py-spy frames --------------------------------------------------------------------------
 
 #: which of vLLM's own files and functions are which CPU stage, first match first

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from dataclasses import replace
 
+import pytest
+
 from diag.analysis import analyze_paths
 from rules import evidence
 from rules.base import RuleContext
@@ -60,11 +62,11 @@ def test_half_the_short_requests_losing_their_turn_is_head_of_line_not_queue() -
 def test_short_requests_that_lose_no_more_often_than_the_others_are_not_held() -> None:
     """The same capture judged with a bar no short request reaches: no loss beyond chance, no
     median jump, so head_of_line passes and says why."""
-    from rules.admission import head_of_line
+    from rules.base import REGISTRY
 
     d = analyze_paths([str(HALF / "cli")]).diagnosis
     ctx = _ctx_with(d.features, hol_blocked_lost_frac=0.0625)  # 1 of 16: within the 10% chance
-    out = head_of_line(ctx)
+    out = REGISTRY["head_of_line"].evaluate(ctx)
     assert isinstance(out, str) and "not beyond the others'" in out
 
 
@@ -75,3 +77,28 @@ def _ctx_with(features: Features, **values: float) -> RuleContext:
         feats.items[name] = replace(feats.items[name], value=value)
     th = load_thresholds(None)
     return RuleContext(feats, th["head_of_line"], th["general"], {}, True, all_th=th)
+
+
+def test_the_server_path_answers_before_the_client_path_when_the_queue_is_known() -> None:
+    """The rule's checks are tried server first; with vLLM's spans the queue share answers (a finding
+    with the queue row, not the black-box one), from the client alone the black-box path does."""
+    from rules.base import REGISTRY, checks_of
+
+    assert [c.id for c in checks_of("head_of_line")] == ["head_of_line.server", "head_of_line.black_box"]
+    assert REGISTRY["head_of_line"].needs == (("hol_short_ttft_ratio",),)
+    both = _ctx_with(analyze_paths([str(HALF / "cli"), str(HALF / "srv")]).diagnosis.features)
+    assert [c.id for c in checks_of("head_of_line") if c.applies(both)] == ["head_of_line.server",
+                                                                            "head_of_line.black_box"]
+    out = REGISTRY["head_of_line"].evaluate(both)
+    assert not isinstance(out, str) and not out.black_box
+    rows = {e.key: e for e in out.evidence}
+    assert list(rows) == [evidence.HOL_TTFT_X, evidence.HOL_LOST_FRAC, evidence.HOL_PROMPT_X, evidence.HOL_QUEUE_SHARE]
+    assert rows[evidence.HOL_QUEUE_SHARE].crossed and rows[evidence.HOL_QUEUE_SHARE].value == pytest.approx(0.878, abs=1e-3)
+    assert not rows[evidence.HOL_TTFT_X].crossed and rows[evidence.HOL_TTFT_X].value == pytest.approx(2.371, abs=1e-3)
+    assert out.confidence == pytest.approx(0.858)
+
+    client = _ctx_with(analyze_paths([str(HALF / "cli")]).diagnosis.features)
+    assert [c.id for c in checks_of("head_of_line") if c.applies(client)] == ["head_of_line.black_box"]
+    out = REGISTRY["head_of_line"].evaluate(client)
+    assert not isinstance(out, str) and out.black_box and out.confidence == pytest.approx(0.7)
+    assert [e.key for e in out.evidence] == [evidence.HOL_TTFT_X, evidence.HOL_LOST_FRAC, evidence.HOL_PROMPT_X]

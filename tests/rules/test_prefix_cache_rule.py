@@ -233,6 +233,7 @@ def test_external_engine_counters_against_what_the_design_allows(tmp_path, hit):
     # as ttft scrape records the engine it detected
     d = diagnose(replace(tables, series=series, meta={**tables.meta, "prometheus_scrape": {"engine": "vllm"}}))
     assert d.features.value("prefix_metrics_cached_frac") == pytest.approx(1.0 if hit else 0.0, abs=0.02)
+    assert not d.features.available("prefix_repeat_cached_frac")  # the prefix_cache.metrics check answers
     f = _find(d)
     if hit:
         assert f is None and "the cache hits" in _passed(d)
@@ -275,3 +276,38 @@ def test_real_server_and_probe_cache_off_then_on(tmp_path):
         assert _find(d) is None, format_diagnosis(d)
     assert joined_on.features.value("prefix_repeat_cached_frac") >= 0.9
     assert client_on.features.value("prefix_repeat_saving_frac") >= 0.6
+
+
+def test_the_checks_try_the_server_then_its_counters_then_client_timing():
+    """Declared order, and on the bundled sample the server's cached tokens answer with the client
+    joined (prefix cache off: nothing cached), the repeats' timing from the client alone."""
+    from diag.analysis import analyze_paths
+    from rules.base import REGISTRY, RuleContext, checks_of
+    from rules.config import load_thresholds
+
+    assert [c.id for c in checks_of("prefix_cache")] == ["prefix_cache.server", "prefix_cache.metrics",
+                                                         "prefix_cache.timing"]
+    assert REGISTRY["prefix_cache"].needs == (("prefix_repeat_cached_frac",),
+                                              ("prefix_repeat_saving_frac", "prefix_cost_share"))
+    th = load_thresholds(None)
+    samples = Path(__file__).resolve().parents[2] / "samples" / "prefix_cache"
+
+    def judged(*dirs: str):
+        feats = analyze_paths([str(samples / d) for d in dirs]).diagnosis.features
+        ctx = RuleContext(feats, th["prefix_cache"], th["general"], {}, bool(feats.value("client_only")), all_th=th)
+        return [c.id for c in checks_of("prefix_cache") if c.applies(ctx)], REGISTRY["prefix_cache"].evaluate(ctx)
+
+    applies, f = judged("client", "server-0")
+    assert applies == ["prefix_cache.server", "prefix_cache.timing"]
+    rows = _rows(f)
+    assert list(rows)[:3] == [evidence.PREFIX_CACHED_FRAC, evidence.PREFILL_SHARE_TAIL, evidence.PREFIX_SAVING]
+    assert rows[evidence.PREFIX_CACHED_FRAC].value == 0.0 and rows[evidence.PREFIX_CACHED_FRAC].crossed
+    assert rows[evidence.PREFIX_CACHING_ON].value == 0.0 and not f.black_box and f.confidence == pytest.approx(0.9)
+
+    applies, f = judged("client")
+    assert applies == ["prefix_cache.timing"]
+    rows = _rows(f)
+    assert list(rows)[:2] == [evidence.PREFIX_SAVING, evidence.PREFIX_COST_SHARE]
+    assert rows[evidence.PREFIX_SAVING].value == pytest.approx(0.249, abs=1e-3)
+    assert rows[evidence.PREFIX_COST_SHARE].value == pytest.approx(0.834, abs=1e-3)
+    assert f.black_box and evidence.PREFIX_CACHED_FRAC not in rows

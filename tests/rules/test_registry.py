@@ -180,3 +180,19 @@ def test_every_rule_module_declares_a_rule() -> None:
     modules = {p.name for p in RULES_DIR.glob("*.py")} - MACHINERY
     idle = modules - set(_declared().values())
     assert not idle, f"rules/ modules that declare no rule (machinery goes in MACHINERY): {sorted(idle)}"
+
+
+def test_a_rule_of_checks_needs_the_alternatives_no_other_check_needs_less_than() -> None:
+    """A check that needs a superset of another's (or the same set again) never decides whether the
+    rule runs: the rule's ``needs`` (what "skipped: needs ..." lists) leaves it out, in check order."""
+    from rules.base import CHECKS, Rule, check
+
+    CHECKS.pop("t", None)
+    try:
+        for path, needs in (("both", ("a", "b")), ("a", ("a",)), ("again", ("a",)), ("c", ("c", "d")),
+                            ("d", ("d",))):
+            check(f"t.{path}", needs=needs)(lambda ctx: "")
+        assert Rule("t", "t", (), lambda ctx: "").needs == (("a",), ("d",))
+        assert Rule("t", "t", (("x",),), lambda ctx: "").needs == (("x",),)
+    finally:
+        CHECKS.pop("t", None)
