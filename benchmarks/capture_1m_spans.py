@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diag import stages  # noqa: E402
-from diag.capture import SPANS_FILE, CaptureWriter  # noqa: E402
+from diag.ground import stages  # noqa: E402
+from diag.ground.capture import SPANS_FILE, CaptureWriter  # noqa: E402
 
 SPANS_PER_REQUEST = 8  # root + 6 stages + 1 engine step
 BATCH = 512
@@ -94,8 +94,8 @@ import json, resource, sys, time
 sys.path.insert(0, {root!r})
 mode, path = sys.argv[1], sys.argv[2]
 if mode != "json":  # imports are not part of the measurement
-    from diag.capture import load_capture
-    from diag.tables import build_tables, stage_decomposition
+    from diag.ground.capture import load_capture
+    from diag.ground.tables import build_tables, stage_decomposition
     if mode == "rules":
         import rules
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

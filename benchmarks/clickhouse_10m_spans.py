@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from capture_1m_spans import SPANS_PER_REQUEST, _attr, _request_spans  # noqa: E402
-from diag.capture import SPANS_FILE, CaptureWriter  # noqa: E402
+from diag.ground.capture import SPANS_FILE, CaptureWriter  # noqa: E402
 
 BATCH = 512
 
@@ -67,7 +67,7 @@ import json, resource, sys, time
 sys.path.insert(0, {root!r})
 mode, arg = sys.argv[1], sys.argv[2]
 from diag.analysis import analyze_paths
-from diag.fleet_traces import StoreQuery, analyze_store, read_store
+from diag.analysis.fleet_traces import StoreQuery, analyze_store, read_store
 import rules
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
@@ -98,7 +98,7 @@ def measure(*argv: str) -> dict:
 def copy_sql(copies: int) -> str:
     """The table's spans again as replicas 1..copies-1: trace ids made unique by their first hex
     digit, the replica label set on the resource."""
-    from diag.otel_traces import INSERT_COLUMNS
+    from diag.ground.otel_traces import INSERT_COLUMNS
 
     cols = ", ".join(INSERT_COLUMNS)
     exprs = {"TraceId": "concat(lower(substring(hex(toUInt8(k.c)), 2, 1)), substring(t.TraceId, 2))",
@@ -132,8 +132,8 @@ def main() -> int:
     size = (cap / SPANS_FILE).stat().st_size
     print(f"capture: {n:,} spans, {size / 2**20:.0f} MiB, written in {time.perf_counter() - t:.1f} s")
 
-    from diag.clickhouse import connect
-    from diag.clickhouse_load import load_captures
+    from diag.ground.clickhouse import connect
+    from diag.ground.clickhouse_load import load_captures
 
     conn = connect(f"chdb:{db}")
     try:

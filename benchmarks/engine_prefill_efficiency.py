@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from diag.engine.kv_cache import BlockManager  # noqa: E402
-from diag.engine.model import ModelSpec, SeqInput  # noqa: E402
-from diag.engine.tp import CacheSpec, make_runner  # noqa: E402
+from diag.bundled_engine.kv_cache import BlockManager  # noqa: E402
+from diag.bundled_engine.model import ModelSpec, SeqInput  # noqa: E402
+from diag.bundled_engine.tp import CacheSpec, make_runner  # noqa: E402
 
 
 def _sync(device: str) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectors.spans import NULL_SINK, setup_tracing  # noqa: E402
-from diag.engine import SamplingParams, build_engine  # noqa: E402
+from diag.bundled_engine import SamplingParams, build_engine  # noqa: E402
 
 
 def run_round(engine, n_requests: int, prompt: str, max_tokens: int, waves: int = 1) -> tuple[float, list[float]]:

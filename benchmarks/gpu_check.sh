@@ -17,7 +17,7 @@
 #   scenarios      calibration on the device, then the fixed catalogue with every engine on it, fast
 #                  scenarios first, in what is left of --budget-s (the rest are listed as not reached)
 # --cpu (alias --dry-run) runs the same steps on CPU at tiny sizes in well under a minute of work
-# (GPU-only steps record "skipped: no GPU"): what CI runs (tests/diag/test_gpu_check.py).
+# (GPU-only steps record "skipped: no GPU"): what CI runs (tests/test_gpu_check.py).
 #
 # The GPU box (see the device notes): bare `python3` with torch+CUDA, no registry. The project is
 # not installed there: it runs from this tree (PYTHONPATH), and wheels in .whl/ (or

@@ -123,7 +123,7 @@ def _gpu_during(capture: Path) -> str:
 def cmd_engine(a: argparse.Namespace) -> int:
     from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
     from diag.analysis import analyze_paths
-    from diag.scenarios.engine_process import EngineProcess
+    from diag.analysis.scenarios.engine_process import EngineProcess
 
     out = Path(a.work)
     serve_args = ["--device", a.device, "--tp", str(a.tp)]
@@ -173,7 +173,7 @@ def cmd_engine(a: argparse.Namespace) -> int:
 # --- nvml ------------------------------------------------------------------------------------
 
 
-#: the series collectors/nvml.py samples (its docstring's table), by their diag.stages names
+#: the series collectors/nvml.py samples (its docstring's table), by their diag.ground.stages names
 NVML_SERIES: tuple[str, ...] = (
     "SERIES_HBM_USED_BYTES", "SERIES_HBM_TOTAL_BYTES", "SERIES_GPU_UTIL_PCT", "SERIES_MEM_UTIL_PCT",
     "SERIES_NVLINK_TX_BYTES_PER_S", "SERIES_NVLINK_RX_BYTES_PER_S", "SERIES_PCIE_TX_BYTES_PER_S",
@@ -219,7 +219,7 @@ def nvml_report(sampler: Any, df: Any, series: tuple[str, ...]) -> list[str]:
 
 def cmd_nvml(a: argparse.Namespace) -> int:
     from collectors.nvml import NvmlSampler
-    from diag import stages as S
+    from diag.ground import stages as S
 
     series = tuple(getattr(S, n) for n in NVML_SERIES)
     s = NvmlSampler(interval_s=0.1)
@@ -271,7 +271,7 @@ def on_device(scenario: Any, device: str) -> Any:
 
 
 def cmd_scenarios(a: argparse.Namespace) -> int:
-    from diag.scenarios import SCENARIOS, calibrate, check, confusion_table
+    from diag.analysis.scenarios import SCENARIOS, calibrate, check, confusion_table
 
     t0 = time.monotonic()
     cal = calibrate(a.device)

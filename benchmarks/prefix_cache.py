@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diag.engine import SamplingParams, SyncEventStream, build_engine  # noqa: E402
+from diag.bundled_engine import SamplingParams, SyncEventStream, build_engine  # noqa: E402
 
 BUDGET_RATIO = 5.0
 

@@ -2,7 +2,7 @@
 
 Builds a capture of ``--requests`` requests x 8 spans (client root, server root with 8 token
 times, tokenize, queue, prefill, sample, detokenize, one engine step), written through
-``diag.capture.CaptureWriter.append_span_lines`` as pre-encoded OTLP JSON lines of 512 spans.
+``diag.ground.capture.CaptureWriter.append_span_lines`` as pre-encoded OTLP JSON lines of 512 spans.
 Then, each in a fresh process so that peak memory is its own:
 
 * baseline: the standard library's ``json.loads`` of every line of the same file;
@@ -58,8 +58,8 @@ def _line(service: str, spans: list[str]) -> str:
 
 def build_capture(path: Path, n_requests: int, seed: int = 0) -> int:
     """Write the synthetic capture; returns the number of spans."""
-    from diag import stages as S
-    from diag.capture import CaptureWriter
+    from diag.ground import stages as S
+    from diag.ground.capture import CaptureWriter
 
     rng = random.Random(seed)
     t = (time.time_ns() // 10**9 - 7200) * 10**9
@@ -137,8 +137,8 @@ print(json.dumps({"json_s": dt, "lines": n, "rss_kb": resource.getrusage(resourc
 _CHILD_ANALYSIS = """
 import json, resource, sys, time
 import pandas, numpy  # imports are not part of the measurement
-from diag.capture import load_capture
-from diag.tables import build_tables
+from diag.ground.capture import load_capture
+from diag.ground.tables import build_tables
 from rules.features import compute_features
 import rules
 path = sys.argv[1]

@@ -33,9 +33,9 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diag import stages  # noqa: E402
-from diag.capture import Capture  # noqa: E402
-from diag.tables import Tables, build_tables  # noqa: E402
+from diag.ground import stages  # noqa: E402
+from diag.ground.capture import Capture  # noqa: E402
+from diag.ground.tables import Tables, build_tables  # noqa: E402
 
 NS = 1_000_000_000
 STAGES = (stages.TOKENIZE, stages.QUEUE, stages.PREFILL, stages.SAMPLE, stages.DETOKENIZE)

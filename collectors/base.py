@@ -2,7 +2,7 @@
 
 A collector observes something outside the analysis (a /metrics endpoint, the GPUs through
 NVML, a serving process through py-spy) and hands back what it saw as long-format rows with
-:data:`diag.stages.SERIES_COLUMNS` = ``(ts_s, source, series, entity, value)``: Unix seconds,
+:data:`diag.ground.stages.SERIES_COLUMNS` = ``(ts_s, source, series, entity, value)``: Unix seconds,
 the collector's source name, a series name, the entity it belongs to (``gpu0``, a replica,
 ``pid123/tokenize``) and a float value in the unit the series name says.
 
@@ -35,7 +35,7 @@ from typing import Protocol, runtime_checkable
 
 import pandas as pd
 
-from diag import stages
+from diag.ground import stages
 
 
 @runtime_checkable
@@ -51,12 +51,12 @@ class SeriesCollector(Protocol):
         ...
 
     def collect(self) -> pd.DataFrame:
-        """All rows so far in ``diag.stages.SERIES_COLUMNS`` (any thread; never raises)."""
+        """All rows so far in ``diag.ground.stages.SERIES_COLUMNS`` (any thread; never raises)."""
         ...
 
 
 def empty_series_frame() -> pd.DataFrame:
-    """No rows, with :data:`diag.stages.SERIES_COLUMNS` and their dtypes (what ``collect()``
+    """No rows, with :data:`diag.ground.stages.SERIES_COLUMNS` and their dtypes (what ``collect()``
     returns before the first sample)."""
     return pd.DataFrame({
         "ts_s": pd.Series(dtype="float64"),

@@ -4,7 +4,7 @@ A live view (``ttft watch``, ``ttft demo``) reads a capture that collectors and 
 processes are writing. Each of them is watched by a :class:`Monitor`; a scenario runner says
 which phase the session is in with a :class:`PhaseInfo`. These types live with the collectors
 (floor 2) so that both the collection (:mod:`collectors.live`), the scenario runner
-(:mod:`diag.scenarios.director`) and the TUI's :class:`tui.sources.LiveSource` can use them
+(:mod:`diag.analysis.scenarios.director`) and the TUI's :class:`tui.sources.LiveSource` can use them
 without anything below the TUI importing ``tui``.
 
 Threading: ``Monitor.check`` may be called from any thread and must be cheap; the types here

@@ -1,6 +1,6 @@
 """Collectors feeding one capture directory while a live view (``watch``, ``demo``) reads it.
 
-:class:`LiveCollection` owns the :class:`~diag.capture.CaptureWriter` and starts, each only
+:class:`LiveCollection` owns the :class:`~diag.ground.capture.CaptureWriter` and starts, each only
 if it comes up: the probe (client TTFT, ``collectors.probe``), the /metrics scraper
 (``collectors.prometheus``), the OTLP receiver (``collectors.otlp_receiver``) and the NVML
 sampler (``collectors.nvml``). A collector failing to start becomes a one-line note, never an
@@ -32,7 +32,7 @@ from collectors.live_probe import PlanFn, ProbeThread
 from collectors.nvml import NvmlSampler
 from collectors.otlp_receiver import OTLPReceiver
 from collectors.prometheus import PrometheusScraper, metrics_url
-from diag.capture import CaptureWriter
+from diag.ground.capture import CaptureWriter
 
 @dataclass
 class _Feed:

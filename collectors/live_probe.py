@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collectors import probe as probe_client
-from diag.capture import CaptureWriter
+from diag.ground.capture import CaptureWriter
 
 #: what the probe should send now: (load, workload-or-None, segment); None = stop
 PlanFn = Callable[[Any], "tuple[Any, Any, str | None] | None"]

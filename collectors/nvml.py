@@ -5,7 +5,7 @@ Front door: :class:`NvmlSampler`. It talks to NVML only through the ``pynvml`` m
 clock is injected too (``clock=``, Unix seconds). Which counters a GPU has is found in
 :mod:`collectors.nvml_setup`; the readers themselves are in :mod:`collectors.nvml_counters`.
 
-Rows follow :data:`diag.stages.SERIES_COLUMNS` = (ts_s, source="nvml", series, entity, value):
+Rows follow :data:`diag.ground.stages.SERIES_COLUMNS` = (ts_s, source="nvml", series, entity, value):
 
 ========================  ===============  ==================================================
 series                    entity           what / unit
@@ -56,7 +56,7 @@ import pandas as pd
 from collectors.base import empty_series_frame
 from collectors.nvml_counters import CounterDisabled, GpmCounters, GpuState
 from collectors.nvml_setup import GpuSetup
-from diag import stages as S
+from diag.ground import stages as S
 
 SOURCE = "nvml"
 DEFAULT_INTERVAL_S = 0.1  # 10 Hz
@@ -367,7 +367,7 @@ class NvmlSampler(GpuSetup):
         }, columns=list(S.SERIES_COLUMNS))
 
     def collect(self) -> pd.DataFrame:
-        """All rows sampled so far, in :data:`diag.stages.SERIES_COLUMNS` (any thread)."""
+        """All rows sampled so far, in :data:`diag.ground.stages.SERIES_COLUMNS` (any thread)."""
         with self._lock:
             snap = self._snapshot(0, self._n_samples)
         return self._frame(snap)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from diag import stages as S
+from diag.ground import stages as S
 
 if TYPE_CHECKING:
     from collectors.nvml import NvmlSampler

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from collectors.nvml_counters import GPM_METRICS, KIB, FieldCounters, GpmCounters, GpuState
-from diag import stages as S
+from diag.ground import stages as S
 
 # nvidia-smi's names for nvmlGpuTopologyLevel_t (PCIe path between two GPUs).
 TOPOLOGY_LEVEL_NAMES: dict[int, str] = {

@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from diag.otlp_json import OTLPJSONError, json_to_request
+from diag.ground.otlp_json import OTLPJSONError, json_to_request
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ shares with the Prometheus-API reader (:mod:`collectors.prometheus_api`).
   ``/metrics`` answers JSON switches to that sibling once and says so (``stats()["url_note"]``).
 * :func:`adapt_texts` maps saved /metrics texts the same way, without a thread.
 
-Both produce long-format rows with ``diag.stages.SERIES_COLUMNS`` and ``source="prometheus"``.
+Both produce long-format rows with ``diag.ground.stages.SERIES_COLUMNS`` and ``source="prometheus"``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors import prometheus_adapters as pa
-from diag import stages
+from diag.ground import stages
 
 SOURCE = "prometheus"
 #: /metrics bodies above this are refused (a runaway exposition must not eat the memory).

@@ -1,4 +1,4 @@
-"""Per-engine tables that map /metrics names onto the canonical series of ``diag.stages``: the front door.
+"""Per-engine tables that map /metrics names onto the canonical series of ``diag.ground.stages``: the front door.
 
 One table per engine, each in its own module under :mod:`collectors.adapters` with the file
 and commit its names were read from (vLLM and our bundled engine's ``ttft_engine:`` names,
@@ -34,7 +34,7 @@ from collectors.adapters.sources import (Combine, CounterRate, CounterRatio, Cou
 from collectors.adapters.tgi import TGI
 from collectors.adapters.trtllm import TRITON, TRTLLM
 from collectors.adapters.vllm import BUNDLED, VLLM
-from diag import stages
+from diag.ground import stages
 
 SERIES_PREEMPTIONS_PER_S = stages.SERIES_PREEMPTIONS_PER_S
 SERIES_PAUSED = stages.SERIES_PAUSED

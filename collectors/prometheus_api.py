@@ -1,7 +1,7 @@
 """Engine metrics for a fleet from a Prometheus server's HTTP API (``/api/v1/query_range``):
 the same canonical series the /metrics scraper (:mod:`collectors.prometheus`) makes, with PromQL
 built from the same engine tables, one entity per replica (``instance``). Synchronous, no thread
-of its own; timestamps in Unix seconds, rows with ``diag.stages.SERIES_COLUMNS`` and
+of its own; timestamps in Unix seconds, rows with ``diag.ground.stages.SERIES_COLUMNS`` and
 ``source="prometheus"``.
 """
 

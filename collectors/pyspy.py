@@ -51,7 +51,7 @@ from collectors.pyspy_frames import (  # re-exported: the CPU stages and the rul
     CPU_COMM, CPU_DETOKENIZE, CPU_FORWARD, CPU_HTTP, CPU_IDLE, CPU_OTHER, CPU_SAMPLE, CPU_SCHEDULER,
     CPU_SERIALIZATION, CPU_STAGES, CPU_TOKENIZE, Frame, PatternSet, Rule,
 )
-from diag import stages as S
+from diag.ground import stages as S
 
 __all__ = [
     "CPU_COMM", "CPU_DETOKENIZE", "CPU_FORWARD", "CPU_HTTP", "CPU_IDLE", "CPU_OTHER", "CPU_SAMPLE",

@@ -33,10 +33,10 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from diag import stages as S
-from diag.external import DECODE_FUNCS as _DECODE_FUNCS
+from diag.ground import stages as S
+from diag.ground.external import DECODE_FUNCS as _DECODE_FUNCS
 
-# --- CPU stages (what a sample is attributed to): defined in diag.stages ----------------------
+# --- CPU stages (what a sample is attributed to): defined in diag.ground.stages ----------------------
 CPU_TOKENIZE = S.TOKENIZE  # prompt -> ids, chat template, input processing
 CPU_SCHEDULER = S.CPU_SCHEDULER
 CPU_SERIALIZATION = S.CPU_SERIALIZATION

@@ -19,9 +19,9 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from collectors.span_export import CaptureSpanExporter, name_native_thread
-from diag import stages
-from diag.capture import CaptureWriter
-from diag.otlp_json import NotPlainValue, json_line, resource_spans_to_dict, span_to_dict
+from diag.ground import stages
+from diag.ground.capture import CaptureWriter
+from diag.ground.otlp_json import NotPlainValue, json_line, resource_spans_to_dict, span_to_dict
 
 log = logging.getLogger("collectors.spans")
 

@@ -17,8 +17,8 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from diag.capture import CaptureWriter
-from diag.otlp_json import json_line, spans_to_dict
+from diag.ground.capture import CaptureWriter
+from diag.ground.otlp_json import json_line, spans_to_dict
 
 log = logging.getLogger("collectors.spans")
 
@@ -111,8 +111,8 @@ class CaptureSpanExporter(SpanExporter):
     """Writes spans into a capture's ``spans.otlp.jsonl``: one OTLP JSON request per batch.
 
     Spans without events or links (all of ours) go straight to an OTLP JSON dict
-    (:func:`diag.otlp_json.spans_to_dict`), the same document the protobuf encoder and
-    ``diag.otlp_json.request_to_dict`` give, at a fraction of their CPU on the export thread
+    (:func:`diag.ground.otlp_json.spans_to_dict`), the same document the protobuf encoder and
+    ``diag.ground.otlp_json.request_to_dict`` give, at a fraction of their CPU on the export thread
     (which shares the GIL with the engine it observes); any other batch takes that route.
     """
 

@@ -35,8 +35,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from collectors.otel_env import resource_for, traces_url
 from collectors.span_build import EMPTY_CONTEXT, LOOSE, ROOT, SETTLE_LOCK, STAGE, AttributeValue, SpanMaterializer
 from collectors.span_export import CaptureSpanExporter, DroppingBatchProcessor
-from diag import stages
-from diag.capture import CaptureWriter
+from diag.ground import stages
+from diag.ground.capture import CaptureWriter
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 

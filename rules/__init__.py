@@ -4,7 +4,7 @@ Front door::
 
     from rules import diagnose
     d = diagnose(tables, rules_file=None, slo={"ttft_p99": 2.0})
-    d.verdict.category, d.verdict.confidence, d.to_dict()  # text: diag.report.text.format_diagnosis(d)
+    d.verdict.category, d.verdict.confidence, d.to_dict()  # text: diag.analysis.report.text.format_diagnosis(d)
 
 The numbers rules read are computed by :mod:`rules.features` (one module per theme, one
 catalogue of feature names and units). Rules live in small modules (``queueing``, ``kv_cache``,

@@ -14,15 +14,15 @@ admits more, ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` @cf6abc45)
 
 from __future__ import annotations
 
-from diag.external import next_checks
+from diag.ground.external import next_checks
 from rules import evidence
 from rules.base import (ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, beyond_chance, chance_row, check,
                         checked_rule, engine_checks, finding, reason, rule)
 
-#: what to check next whatever the engine, after the engines' own lines (:func:`diag.external.next_checks`)
+#: what to check next whatever the engine, after the engines' own lines (:func:`diag.ground.external.next_checks`)
 HOL_CHECKS = ["route long prompts to their own replicas or priority class when they are rare and large"]
 
-#: what to check next whatever the engine, after the engines' own lines (:func:`diag.external.next_checks`)
+#: what to check next whatever the engine, after the engines' own lines (:func:`diag.ground.external.next_checks`)
 KVR_CHECKS = [
     "set max_tokens on every request: unset, the reservation is the context limit and requests run one after "
     "another while KV usage stays low",

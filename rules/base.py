@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.units import fill
+from diag.ground.units import fill
 from rules.evidence import FIT_ALONE_SHARE, name_of
 from rules.features import Features
 from rules.model import Evidence, Finding
@@ -305,7 +305,7 @@ def lone_sweep(t: Triage, alone_min: float) -> bool:
 
 def reason(template: str, /, **values: Any) -> str:
     """Why a rule did not fire, or fired at another's door: ``template`` (a sentence with named
-    ``str.format`` fields) filled with ``values`` by :func:`diag.units.fill`, the one formatter of
+    ``str.format`` fields) filled with ``values`` by :func:`diag.ground.units.fill`, the one formatter of
     the rules' sentences (a missing value reads ``-``)."""
     return fill(template, **values)
 
@@ -320,7 +320,7 @@ def finding(title: str, confidence: float, explained_s: float | None, explained_
 def engine_checks(ctx: RuleContext, by_engine: Mapping[str, str], common: Sequence[str] = ()) -> list[str]:
     """What to check next in the terms of the engines the capture came from (feature
     ``engines_seen``): their lines of ``by_engine`` (``{engine: line}`` of one rule, as
-    :func:`diag.external.next_checks` gives it; an engine key matches a named engine that contains
+    :func:`diag.ground.external.next_checks` gives it; an engine key matches a named engine that contains
     it, ``ttft-engine`` is ``bundled``), in ``by_engine``'s order, then ``common``. Every engine's
     line when the capture names none of them (client only, or an engine with no line)."""
     seen = [str(s).lower().replace(".", "").replace("-", "").replace("_", "") for s in (ctx.v("engines_seen") or {})]

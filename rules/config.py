@@ -15,7 +15,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from diag.capture import CaptureError
+from diag.ground.capture import CaptureError
 
 Thresholds = dict[str, dict[str, Any]]
 

@@ -59,7 +59,7 @@ def stage_share_median(stage: str) -> str:
 
 
 def slo(target: str) -> str:
-    """The key of an SLO row (``target``: ``"ttft_p99"``-style, :mod:`diag.slo`)."""
+    """The key of an SLO row (``target``: ``"ttft_p99"``-style, :mod:`diag.ground.slo`)."""
     return family("slo", target)
 
 

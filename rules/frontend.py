@@ -16,11 +16,11 @@ prompt token at concurrency 1: a tokenizer thread busy with slow tokenization is
 
 from __future__ import annotations
 
-from diag.external import next_checks
+from diag.ground.external import next_checks
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, check, checked_rule, checks_of, engine_checks, finding, reason
 
-#: what to check next whatever the engine, after the engines' own lines (:func:`diag.external.next_checks`)
+#: what to check next whatever the engine, after the engines' own lines (:func:`diag.ground.external.next_checks`)
 CHECKS = [
     "the API server's CPU under load (ttft profile PID): tokenizer, chat template, JSON/SSE serialization and "
     "API-server <-> engine IPC on one core (vLLM --disable-frontend-multiprocessing to compare)",

@@ -70,7 +70,7 @@ def _kv_from_stalls(ctx: RuleContext) -> Finding | None:
     ``vllm/v1/core/sched/scheduler.py``, ``schedule`` and ``_preempt_request``) preempts the last
     running request when a running one cannot get a block, frees its blocks, sets its computed
     tokens to 0 and puts it back in the waiting queue (recompute); the bundled engine does the same
-    (``diag/engine/scheduler.py``). A pool that evicts holds new requests back too. Seen in the token
+    (``diag/bundled_engine/scheduler.py``). A pool that evicts holds new requests back too. Seen in the token
     times, not inferred from the load, so no black-box discount; None where the streams did not stall
     or nothing waited."""
     th = ctx.th
@@ -131,7 +131,7 @@ def _kv_from_gauges(ctx: RuleContext) -> Outcome:
                    "mean queue time / mean TTFT from the engine's own histograms (no per-request server spans)")
     if not pressure.evidence:
         blocked = ctx.v("kv_blocked_steps_frac")
-        # an f-string, not reason(): an unknown usage reads "nan%", where diag.units.fill prints "-"
+        # an f-string, not reason(): an unknown usage reads "nan%", where diag.ground.units.fill prints "-"
         return (f"KV usage p95 {usage if usage is not None else float('nan'):.0%}, preemptions "
                 f"{pre if pre is not None else 0:g}"
                 + (f", requests waited for KV blocks after {blocked:.0%} of the steps they waited"
@@ -219,7 +219,7 @@ def _kv_from_knee(ctx: RuleContext) -> Outcome:
     jump = ctx.v("ttft_knee_jump_ratio")
     if flat < th["bb_flat_levels_min"] or jump < th["knee_jump_min"]:
         # an f-string, not reason(): reached from kv_cache.long_ramp without a knee, a missing value raises
-        # (the runner skips the rule as failed) where diag.units.fill prints "-"
+        # (the runner skips the rule as failed) where diag.ground.units.fill prints "-"
         return (f"no knee: TTFT flat for {flat:g} levels, then x{jump:.1f}; per-stream decode speed x{hold:.2f}")
     knee = ctx.v("concurrency_knee")
     holds = hold >= th["bb_decode_hold_min"]

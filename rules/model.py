@@ -1,6 +1,6 @@
 """What the rule engine hands back: evidence, findings, skipped rules and the diagnosis.
 
-Data only: text, Markdown, HTML and the TUI format these (``diag.report``, ``diag.units``).
+Data only: text, Markdown, HTML and the TUI format these (``diag.analysis.report``, ``diag.ground.units``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rules.features import Features
-from diag.units import json_safe
+from diag.ground.units import json_safe
 
 #: Bottleneck categories, in the article's order plus the extras.
 CATEGORIES: tuple[str, ...] = (

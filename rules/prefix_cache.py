@@ -15,11 +15,11 @@ control's) passes; without the design the rule is skipped: nothing else says pro
 
 from __future__ import annotations
 
-from diag.external import next_checks
+from diag.ground.external import next_checks
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, check, checked_rule, engine_checks, finding
 
-#: what to check next whatever the engine, after the engines' own lines (:func:`diag.external.next_checks`)
+#: what to check next whatever the engine, after the engines' own lines (:func:`diag.ground.external.next_checks`)
 COMMON_CHECKS = [
     "what differs at the top of the prompt: a timestamp, request id or per-user text before the shared system "
     "prompt or documents defeats every prefix cache (put variable text after the shared part)",

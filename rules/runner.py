@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from diag import stages
-from diag.tables import Tables
+from diag.ground import stages
+from diag.ground.tables import Tables
 # the order of these imports is the order the rules register in, which settles ties: keep it
 from rules import admission, compute, queueing, tokenization, kv_cache, edges, itl  # noqa: F401  (register the rules)
 from rules import pipeline  # noqa: F401  (registers pipeline_bubble)

@@ -39,27 +39,23 @@ class Room:
     patterns: tuple[str, ...]
 
 
-#: The floor table. The most specific matching pattern places a module (``diag.engine.x``
-#: is in "engine", not "ground"'s ``diag``).
+#: The floor table: one pattern per room, a package and everything under it. The ground also
+#: holds the ``diag`` package itself (its ``__init__`` imports nothing; the Ray runtime_env
+#: ships its folder), the roof ``diag.__main__`` (``python -m diag``). Where two patterns
+#: match, the longest wins.
 HOUSE: tuple[Room, ...] = (
-    Room(1, "ground", (
-        "diag", "diag.stages", "diag.capture", "diag.capture_arrow", "diag.capture_files", "diag.capture_spans",
-        "diag.otlp_json", "diag.tables", "diag.request_table", "diag.slo", "diag.exit_codes", "diag.units",
-        "diag.external_spans", "diag.external_engines", "diag.external_frames", "diag.external", "diag.external.*",
-        "diag.client_lag", "diag.clickhouse", "diag.clickhouse_load", "diag.otel_traces", "diag.trace_sql",
-    )),
-    Room(2, "collectors", ("collectors", "collectors.*")),
-    Room(2, "rules", ("rules", "rules.*")),
-    Room(2, "engine", ("diag.engine", "diag.engine.*")),
-    Room(3, "upper", ("diag.analysis", "diag.fleet", "diag.fleet_traces", "diag.report", "diag.report.*", "diag.scenarios", "diag.scenarios.*",
-                      "diag.diagnose", "diag.diagnose.*")),
-    Room(3, "tui", ("tui", "tui.*")),
-    Room(4, "roof", ("diag.cli", "diag.__main__", "diag.commands", "diag.commands.*")),
+    Room(1, "ground", ("diag", "diag.ground*")),
+    Room(2, "collectors", ("collectors*",)),
+    Room(2, "rules", ("rules*",)),
+    Room(2, "engine", ("diag.bundled_engine*",)),
+    Room(3, "upper", ("diag.analysis*",)),
+    Room(3, "tui", ("tui*",)),
+    Room(4, "roof", ("diag.__main__", "diag.cli*")),
 )
 
 #: (importer pattern, imported pattern, why it is allowed)
 EXCEPTIONS: tuple[tuple[str, str, str], ...] = (
-    ("diag.engine.*", "collectors.spans",
+    ("diag.bundled_engine.*", "collectors.spans",
      "the bundled engine emits its spans through the one span helper module, as any instrumented engine would"),
 )
 
@@ -180,9 +176,9 @@ def test_every_module_is_on_a_floor_and_no_import_goes_up():
 
 
 def test_the_floor_table_places_the_known_modules():
-    assert room_of("diag").name == "ground" and room_of("diag.stages").name == "ground"
-    assert room_of("diag.engine").name == "engine" and room_of("diag.engine.kv.blocks").name == "engine"
-    assert room_of("diag.commands.demo").name == "roof" and room_of("diag.report.html").name == "upper"
+    assert room_of("diag").name == "ground" and room_of("diag.ground.stages").name == "ground"
+    assert room_of("diag.bundled_engine").name == "engine" and room_of("diag.bundled_engine.kv.blocks").name == "engine"
+    assert room_of("diag.cli.commands.demo").name == "roof" and room_of("diag.analysis.report.html").name == "upper"
     assert room_of("collectors.probe.client").name == "collectors" and room_of("tui.widgets.panels").name == "tui"
     assert room_of("diag.somewhere_new") is None
 
@@ -190,7 +186,7 @@ def test_the_floor_table_places_the_known_modules():
 def test_every_command_module_is_registered():
     from diag import cli
 
-    on_disk = {p.stem for p in (ROOT / "diag" / "commands").glob("*.py") if p.stem != "__init__"}
+    on_disk = {p.stem for p in (ROOT / "diag" / "cli" / "commands").glob("*.py") if p.stem != "__init__"}
     assert set(cli.COMMANDS) == on_disk
     sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == set(cli.COMMANDS)  # type: ignore[arg-type]
@@ -210,38 +206,38 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 def test_the_checker_reports_back_imports(tmp_path):
     root = _tree(tmp_path, {
         "diag/__init__.py": "",
-        "diag/stages.py": "from rules import runner\n",  # ground importing rules
-        "diag/tables.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tui.app\n",  # exempt
-        "diag/cli.py": "import tui.app\nfrom rules.runner import run\n",  # the roof: anything
-        "diag/commands/__init__.py": "",
-        "diag/engine/__init__.py": "",
-        "diag/engine/server.py": "from collectors import spans\nfrom ..capture import x\n",
+        "diag/ground/stages.py": "from rules import runner\n",  # ground importing rules
+        "diag/ground/tables.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tui.app\n",  # exempt
+        "diag/cli/__init__.py": "import tui.app\nfrom rules.runner import run\n",  # the roof: anything
+        "diag/cli/commands/__init__.py": "",
+        "diag/bundled_engine/__init__.py": "",
+        "diag/bundled_engine/server.py": "from collectors import spans\nfrom ..capture import x\n",
         "collectors/__init__.py": "",
-        "collectors/spans.py": "from diag import stages\n",
+        "collectors/spans.py": "from diag.ground import stages\n",
         "collectors/nvml.py": "def f():\n    import tui.app\n    from . import spans\n",  # tui, in a function
         "collectors/probe.py": "from rules.runner import run\n",  # floor 2 sideways
         "rules/__init__.py": "",
-        "rules/runner.py": "from .model import Finding\nfrom diag.stages import QUEUE\n",
+        "rules/runner.py": "from .model import Finding\nfrom diag.ground.stages import QUEUE\n",
         "rules/model.py": "",
         "tui/__init__.py": "",
         "tui/app.py": "from diag.cli import main\n",  # floor 3 importing the roof
-        "diag/scenarios/__init__.py": "from diag.scenarios import runner\n",
-        "diag/scenarios/runner.py": "from tui import app\n",  # upper, not tui
+        "diag/analysis/scenarios/__init__.py": "from diag.analysis.scenarios import runner\n",
+        "diag/analysis/scenarios/runner.py": "from tui import app\n",  # upper, not tui
         "diag/orphan.py": "",  # on no floor
     })
     problems = check_house(root)
-    assert any(p.startswith("diag.stages:1 imports rules.runner: ground imports ground only") for p in problems)
+    assert any(p.startswith("diag.ground.stages:1 imports rules.runner: ground imports ground only") for p in problems)
     assert any(p.startswith("collectors.nvml:2 imports tui.app: only the roof and tui import tui") for p in problems)
     assert any(p.startswith("collectors.probe:1 imports rules.runner: collectors (floor 2)") for p in problems)
     assert any(p.startswith("tui.app:1 imports diag.cli: floor 3 does not import the roof") for p in problems)
-    assert any(p.startswith("diag.scenarios.runner:1 imports tui.app: only the roof") for p in problems)
+    assert any(p.startswith("diag.analysis.scenarios.runner:1 imports tui.app: only the roof") for p in problems)
     assert "diag.orphan: on no floor (place it in HOUSE)" in problems
-    assert "diag.engine.server:2 imports diag.capture: no such module" in problems  # relative, resolved
+    assert "diag.bundled_engine.server:2 imports diag.capture: no such module" in problems  # relative, resolved
     assert len(problems) == 7, "\n".join(problems)  # the allowed imports stay quiet
 
 
 @pytest.mark.parametrize("text", ["import diag.missing\n", "from collectors.gone import x\n"])
 def test_the_checker_reports_an_import_of_a_module_that_moved(tmp_path, text):
-    root = _tree(tmp_path, {"diag/__init__.py": "", "diag/stages.py": text, "collectors/__init__.py": ""})
+    root = _tree(tmp_path, {"diag/__init__.py": "", "diag/ground/stages.py": text, "collectors/__init__.py": ""})
     (problem,) = check_house(root)
     assert problem.endswith(": no such module")

@@ -2,7 +2,7 @@
 
 ``run_rules`` gives the rules the window's tables (at most :data:`RULES_MAX_REQUESTS`
 requests) and returns their :class:`rules.Diagnosis` as it is; ``write_report`` writes the
-window's HTML report with :func:`diag.report.write_report`.
+window's HTML report with :func:`diag.analysis.report.write_report`.
 
 Threading: every function here runs on a worker thread (they do pandas work and I/O).
 """
@@ -17,8 +17,8 @@ import numpy as np
 
 import rules
 from diag.analysis import Analysis
-from diag.report import write_report as write
-from diag.tables import Tables, stage_decomposition
+from diag.analysis.report import write_report as write
+from diag.ground.tables import Tables, stage_decomposition
 
 NS = 1_000_000_000
 
@@ -104,7 +104,7 @@ def run_rules(tables: Tables, window_ns: tuple[int, int] | None, slo: dict[str, 
 def write_report(tables: Tables, window_ns: tuple[int, int] | None, diagnosis: rules.Diagnosis | None,
                  directory: Path, source_path: str, slo: dict[str, float] | None = None) -> Path:
     """Write the window's HTML report into ``directory`` and return its path (worker thread;
-    raises OSError or :class:`diag.report.ReportError` on a write failure)."""
+    raises OSError or :class:`diag.analysis.report.ReportError` on a write failure)."""
     windowed = tables.window(window_ns)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     analysis = Analysis([source_path], windowed, stage_decomposition(windowed.requests), diagnosis,

@@ -20,7 +20,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
 
 from diag.analysis import Analysis
-from diag.tables import stage_decomposition
+from diag.ground.tables import stage_decomposition
 from tui import adapters
 from tui.layout import LAYOUTS, choose_layout
 from tui.model import ViewModel, build_view_model, request_waterfall
@@ -334,8 +334,8 @@ class TTFTApp(App[int]):
     @work(thread=True, group="fleet", exclusive=True, exit_on_error=False)
     def _fleet_worker(self, snap: Snapshot) -> None:
         """Judge each replica of the window's engine series (worker thread), then show the table."""
-        from diag.fleet import split_by_replica
-        from diag.report.fleet import format_fleet_table
+        from diag.analysis.fleet import split_by_replica
+        from diag.analysis.report.fleet import format_fleet_table
 
         try:
             window = None if snap.whole else snap.window_ns
@@ -402,7 +402,7 @@ class TTFTApp(App[int]):
 
 
 def _is_user_error(exc: BaseException) -> bool:
-    from diag.capture import CaptureError
+    from diag.ground.capture import CaptureError
 
     return isinstance(exc, CaptureError)
 

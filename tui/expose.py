@@ -3,7 +3,7 @@
 :class:`VerdictExporter` reads the watch's capture through its own
 :class:`tui.sources.LiveSource` (a source is polled by one thread only, and the screen owns
 the other), judges the last ``window_s`` seconds every ``interval_s`` on its daemon thread,
-and serves the latest :func:`diag.report.verdict_metrics.verdict_exposition` at ``/metrics``
+and serves the latest :func:`diag.analysis.report.verdict_metrics.verdict_exposition` at ``/metrics``
 (503 until the first verdict). Binds 127.0.0.1 unless a host is given.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from diag.report.verdict_metrics import verdict_exposition
-from diag.tables import stage_decomposition
+from diag.analysis.report.verdict_metrics import verdict_exposition
+from diag.ground.tables import stage_decomposition
 
 
 def parse_expose(spec: str) -> tuple[str, int]:

@@ -1,13 +1,13 @@
 """Text sparklines and gauges shared by the view model and the widgets.
 
-Numbers are formatted by :mod:`diag.units` (the one formatter). Pure functions, any thread.
+Numbers are formatted by :mod:`diag.ground.units` (the one formatter). Pure functions, any thread.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from diag.units import is_num
+from diag.ground.units import is_num
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 

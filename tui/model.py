@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 
 import rules
-from diag import stages
-from diag.report.cells import evidence_cells, fmt_explained, leading_line
-from diag.units import Unit, fmt_value, is_num
+from diag.ground import stages
+from diag.analysis.report.cells import evidence_cells, fmt_explained, leading_line
+from diag.ground.units import Unit, fmt_value, is_num
 from tui import adapters
 from tui.prepared import NS, Buckets, Prepared, SeriesView, as_float, bucket_mean, percentiles, prepared
 from tui.sources import Snapshot
@@ -112,7 +112,7 @@ def latency_vm(p: Prepared, rows: np.ndarray | slice, window: tuple[int, int]) -
 
 
 def stages_vm(p: Prepared, rows: np.ndarray | slice, ok: np.ndarray) -> StagesVM:
-    """Mean per stage and its share of TTFT (same rule as diag.tables.stage_decomposition)."""
+    """Mean per stage and its share of TTFT (same rule as diag.ground.tables.stage_decomposition)."""
     if not len(ok) or not ok.any():
         return StagesVM(note="no completed requests in the window")
     ttft = p.req["ttft_s"][rows]

@@ -48,7 +48,7 @@ def _column(req: pd.DataFrame, name: str) -> np.ndarray:
 
 def server_state(requests: pd.DataFrame, min_failed: int = OUTAGE_MIN_FAILED) -> ServerState:
     """The current outage (or the recovery from the last one) among the probe's measured
-    requests in ``requests`` (a :class:`diag.tables.Tables` requests table)."""
+    requests in ``requests`` (a :class:`diag.ground.tables.Tables` requests table)."""
     n = len(requests)
     if not n or "has_client" not in requests.columns:
         return ServerState()

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import stages
-from diag.tables import Tables
-from diag.units import as_float  # noqa: F401  (the view model imports it from here)
+from diag.ground import stages
+from diag.ground.tables import Tables
+from diag.ground.units import as_float  # noqa: F401  (the view model imports it from here)
 from rules.features.populations import experiment_limit_rows
 
 NS = 1_000_000_000

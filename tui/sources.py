@@ -28,9 +28,9 @@ import pandas as pd
 
 # The feed types live with the collectors (floor 2); named here too for the TUI's callers.
 from collectors.feeds import CallableMonitor, Monitor, PhaseInfo, ProcessMonitor  # noqa: F401
-from diag import stages
+from diag.ground import stages
 from diag.analysis import expand_capture_paths, load_captures, recorded_slo
-from diag.capture import (
+from diag.ground.capture import (
     META_FILE,
     SERIES_DIR,
     SPANS_FILE,
@@ -38,8 +38,8 @@ from diag.capture import (
     Capture,
     CaptureError,
 )
-from diag.capture_spans import empty_span_table
-from diag.tables import Tables, build_tables
+from diag.ground.capture_spans import empty_span_table
+from diag.ground.tables import Tables, build_tables
 from tui.outage import ServerState, server_state
 
 NS = 1_000_000_000
@@ -137,7 +137,7 @@ class CaptureSource:
     """One recorded capture, or several joined by trace id (``client server-0``), with a time
     cursor. They are loaded on the first ``poll`` (a worker thread), so the UI is up before a
     large capture finishes loading, and joined as ``ttft analyze`` joins them
-    (:func:`diag.analysis.load_captures`, :func:`diag.tables.build_tables`).
+    (:func:`diag.analysis.load_captures`, :func:`diag.ground.tables.build_tables`).
 
     ``slo`` (seconds by ``ttft_p99``-style key): what the rules hold the run to; None takes the
     SLO the capture records, as ``ttft analyze`` does (:func:`diag.analysis.recorded_slo`)."""
@@ -243,7 +243,7 @@ class SpanTail:
 
     def read_new(self) -> pd.DataFrame | None:
         """New spans as a span table, or None when nothing new arrived."""
-        from diag.capture_spans import parse_span_lines  # the loader's own line parser
+        from diag.ground.capture_spans import parse_span_lines  # the loader's own line parser
 
         try:
             size = self.path.stat().st_size

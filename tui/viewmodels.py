@@ -13,7 +13,7 @@ import rules
 
 @dataclass
 class EvidenceVM:
-    """An evidence row's cells as every renderer shows them (:mod:`diag.report.cells`)."""
+    """An evidence row's cells as every renderer shows them (:mod:`diag.analysis.report.cells`)."""
 
     name: str
     value: str

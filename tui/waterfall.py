@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from diag import stages
-from diag.tables import Tables
-from diag.units import fmt_value
+from diag.ground import stages
+from diag.ground.tables import Tables
+from diag.ground.units import fmt_value
 from tui.prepared import NS, as_float
 from tui.viewmodels import WaterfallRow, WaterfallVM
 

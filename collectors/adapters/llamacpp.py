@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collectors.adapters.sources import (CounterRate, CounterRatio, CounterSumRatio, EngineAdapter, Gauge,
                                         SeriesMap)
-from diag import stages as S
+from diag.ground import stages as S
 
 SOURCE = "ggml-org/llama.cpp tools/server/server-context.cpp @fb402660 (/metrics handler)"
 

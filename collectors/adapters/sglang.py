@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collectors.adapters.sources import (Combine, CounterRate, CounterSumRatio, CounterValue, EngineAdapter, Gauge,
                                         Histogram, SeriesMap)
-from diag import stages as S
+from diag.ground import stages as S
 
 SOURCE = ("sgl-project/sglang python/sglang/srt/observability/metrics_collector.py @44cedc2b; "
           "scheduler_metrics_mixin.py @44cedc2b; req_time_stats.py @602413bc")

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collectors.adapters.sources import (CounterRate, CounterSumRatio, CounterValue, EngineAdapter, Gauge, Histogram,
                                         SeriesMap)
-from diag import stages as S
+from diag.ground import stages as S
 
 SOURCE = ("vllm-project/vllm tests/entrypoints/instrumentator/test_metrics.py @20ef9d82; vllm/v1/metrics/stats.py "
           "@28ed1fb8; vllm/v1/engine/output_processor.py @d0782260; vllm/v1/engine/input_processor.py @a1799180; "
@@ -123,5 +123,5 @@ BUNDLED = EngineAdapter(
     prefixes=("ttft_engine:",),
     maps=tuple(_vllm_style("ttft_engine:")),
     entity_labels=("engine", "rank", "role"),  # role: each side of --pd, as two instances would report
-    source="this repository: diag/engine (vLLM V1's names under ttft_engine:)",
+    source="this repository: diag/bundled_engine (vLLM V1's names under ttft_engine:)",
 )

@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from collectors.instrument import tx_request as rq
-from diag import stages
+from diag.ground import stages
 
 _HANDOFF_NOTE = ("continuous batching: the hand-off from the CB thread (update_batch) to the HTTP "
                  "event loop (CBStreamer.put via call_soon_threadsafe) lies between sample and "

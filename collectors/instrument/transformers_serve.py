@@ -52,7 +52,7 @@ from typing import Any
 
 from collectors.instrument import tx_request as rq
 from collectors.instrument.runtime import Instrumentation, say
-from diag import stages
+from diag.ground import stages
 
 #: transformers versions whose serving code the patches were written against (5.25.0 no longer has
 #: ``cli/serving/utils.DirectStreamer``: the plain-mode hooks' anchor)

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from diag import stages
+from diag.ground import stages
 
 ENGINE = "transformers"
 #: the request being handled in this asyncio task (set by the ASGI middleware)

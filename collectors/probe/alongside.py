@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from diag.capture import CaptureWriter
+from diag.ground.capture import CaptureWriter
 
 #: fetched texts waiting to be parsed, compressed, at most this many bytes: past it the fetching
 #: thread parses the oldest itself (counted in the notes' ``parsed_while_probing``)

@@ -46,7 +46,7 @@ from collectors.probe.results import ATTR_CLIENT_API, RequestResult, record_resu
 from collectors.probe.schemas import SchemaRoles
 from collectors.probe.sse import dumps, one_line, read_stream
 from collectors.spans import NULL_REQUEST, RequestTrace, TraceSink
-from diag import stages
+from diag.ground import stages
 
 #: names that importers of this module use (``collectors.probe.session``, ``.session_types``): the
 #: client's request types and endpoint helpers, defined in :mod:`collectors.probe.results` and

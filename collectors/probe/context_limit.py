@@ -10,7 +10,7 @@ with wording that names the context or the prompt's length, as servers word it:
   (vllm-project/vllm@1aa021e827032484a7f89194c7e528fc40655204): HTTP 400 "... However, the
   model's context length is only N tokens, resulting in a maximum input length of M tokens";
   older vLLM and OpenAI: "This model's maximum context length is N tokens" (also the bundled
-  engine, ``diag/engine/scheduler.py``);
+  engine, ``diag/bundled_engine/scheduler.py``);
 * TGI, ``router/src/validation.rs`` ``ValidationError::MaxTotalTokens`` / ``InputLength``
   (huggingface/text-generation-inference@06227f7b5e9d936fc3246f3d649b9e92f14d8559): HTTP 422
   "`inputs` tokens + `max_new_tokens` must be <= N" and "`inputs` must have less than N tokens";

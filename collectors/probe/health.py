@@ -24,7 +24,7 @@ client's). A tick takes about 15 us of the loop's time (0.2 % of a core at 100 a
 Connection-pool waits come from the client's results (``conn_wait_s``). :func:`summarize`
 turns the samples into meta.json's ``client_health`` with a ``saturated`` verdict, judging the
 lag by the stalls under way at the measured requests' sends and first tokens
-(:mod:`diag.client_lag`): a stall while nothing waited for a first token delays nothing.
+(:mod:`diag.ground.client_lag`): a stall while nothing waited for a first token delays nothing.
 
 Threading: start/stop from the loop's thread; the monitor only touches its own lists.
 """
@@ -43,7 +43,7 @@ import pandas as pd
 
 from collectors.probe.affinity import machine_cpu_s
 from collectors.probe.eventloop import being_cancelled
-from diag import client_lag, stages
+from diag.ground import client_lag, stages
 
 #: Saturation thresholds (client_health.thresholds in meta.json).
 LOOP_STALL_FRAC_LIMIT = 0.15  # share of wall time the event loop ran late (a sustained stall; without requests)
@@ -108,7 +108,7 @@ class HealthSamples:
         )
 
     def stalls(self) -> client_lag.Stalls:
-        """These samples as the loop's stalls (:mod:`diag.client_lag`)."""
+        """These samples as the loop's stalls (:mod:`diag.ground.client_lag`)."""
         return client_lag.stalls_of(self.ts_s, self.lag_s,
                                     self.starved_s if len(self.starved_s) == len(self.ts_s) else None)
 
@@ -285,7 +285,7 @@ def summarize(samples: Sequence[HealthSamples], conn_waits_s: Iterable[float] = 
     """meta.json's ``client_health``: lag and CPU figures and the ``saturated`` verdict.
 
     ``ttft_windows_s`` are the measured requests' (sends, first-content reads), Unix seconds: with
-    them the lag is judged where it could inflate TTFT (:func:`diag.client_lag.first_token_lag`,
+    them the lag is judged where it could inflate TTFT (:func:`diag.ground.client_lag.first_token_lag`,
     ``first_token`` in the result): saturated when the stalls under way at the sends and first
     tokens add up to >= 20 % of the requests' TTFT; ``machine_starved`` when most of that was the
     machine's doing (the loop given no CPU while every CPU was busy), not the client's own work.

@@ -25,7 +25,7 @@ from typing import Any
 
 from collectors.probe.client import StreamingClient
 from collectors.probe.results import ATTR_CLIENT_API, RequestResult, record_result_on_span
-from diag import stages
+from diag.ground import stages
 
 #: the error kind of a request whose worker was lost while it was in flight
 WORKER_LOST = "worker_lost"

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from collectors.probe.results import ERROR_KINDS, RequestResult
-from diag.units import fmt_s
-from diag.tables import describe
+from diag.ground.units import fmt_s
+from diag.ground.tables import describe
 
 DEFINITIONS: dict[str, str] = {
     "ttft_s": "time to first token: request start (just before a connection is taken and the request "
@@ -39,7 +39,7 @@ DEFINITIONS: dict[str, str] = {
 }
 
 def distribution(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
-    """count, mean, p50/p90/p95/p99 and max of ``values`` (None when empty): diag.tables.describe."""
+    """count, mean, p50/p90/p95/p99 and max of ``values`` (None when empty): diag.ground.tables.describe."""
     return describe(values)
 
 

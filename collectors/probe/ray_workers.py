@@ -59,7 +59,7 @@ from collectors.probe.health import HealthSamples
 from collectors.probe.inflight import InFlight, lost_result, stand_in_span_lines
 from collectors.probe.load import LoadSpec, PhaseOutcome, WorkerJob, cpu_count, worker_jobs
 from collectors.probe.ray_actor import ProbeWorker, RayJob, one_line
-from diag.capture import CaptureError
+from diag.ground.capture import CaptureError
 
 #: the optional dependency that brings Ray, as a user installs it
 RAY_EXTRA = "pip install 'ttft-diag[ray]'"

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.spans import RequestTrace
-from diag import stages
+from diag.ground import stages
 
-# Attribute keys of the probe (defined in diag.stages).
+# Attribute keys of the probe (defined in diag.ground.stages).
 ATTR_CLIENT_CONN_WAIT_S = stages.ATTR_CLIENT_CONN_WAIT_S
 ATTR_CLIENT_CONN_REUSED = stages.ATTR_CLIENT_CONN_REUSED
 ATTR_CLIENT_CONTENT_CHUNKS = stages.ATTR_CLIENT_CONTENT_CHUNKS

@@ -14,7 +14,7 @@ from collectors.probe.session import ProbeSession
 from collectors.probe.session_types import ProbeConfig, ProbeResult
 from collectors.probe.sweep import SweepSpec, label, point_load, stop_reason
 from collectors.probe.workload import LengthSpec
-from diag.capture import CaptureWriter
+from diag.ground.capture import CaptureWriter
 
 
 async def run_probe_async(config: ProbeConfig, writer: CaptureWriter | None = None) -> ProbeResult:

@@ -30,8 +30,8 @@ from collectors.probe.session_types import ProbeConfig
 from collectors.probe.spans_io import drain_span_lines
 from collectors.probe.workload import TokenCounter, Workload
 from collectors.spans import TraceSink, setup_tracing
-from diag import stages
-from diag.capture import CaptureWriter
+from diag.ground import stages
+from diag.ground.capture import CaptureWriter
 
 #: Flush in-memory spans into the capture every this many finished requests (bounds memory;
 #: each flush is a short pause on the loop, visible in the loop-lag series).

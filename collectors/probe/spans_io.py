@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from collectors.spans import TraceSink
-from diag.otlp_json import json_line, spans_to_dict
-from diag.capture import CaptureWriter
+from diag.ground.otlp_json import json_line, spans_to_dict
+from diag.ground.capture import CaptureWriter
 
 
 def drain_span_lines(sink: TraceSink, batch: int = 512) -> list[str]:
@@ -37,7 +37,7 @@ def _json_line(spans: Sequence) -> str:
         return json_line(doc)
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    from diag.otlp_json import request_to_json_line
+    from diag.ground.otlp_json import request_to_json_line
 
     return request_to_json_line(encode_spans(spans))
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.probe.schemas import ResponseFormatSpec, SchemaDraws
-from diag.capture import CaptureError
+from diag.ground.capture import CaptureError
 
 #: Short common English words, each one BPE token (with its leading space) in the GPT-2,
 #: Llama and Qwen vocabularies, so that one word ~ one token without a tokenizer.

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from diag.tables import Tables
+from diag.ground.tables import Tables
 from rules.config import default_feature_params
 from rules.features import (admission, client, concurrency, device, engine_metrics, itl, latency, populations,
                             prompt_fit, stage_shares)
@@ -107,7 +107,7 @@ def compute_features(tables: Tables, window_ns: tuple[int, int] | None = None, s
                      *, params: Mapping[str, float] | None = None) -> Features:
     """All features of a capture (optionally only requests starting in ``window_ns``, Unix ns).
 
-    ``slo`` maps ``"ttft_p99"``-style keys to seconds (``diag.slo.parse_slo``); ``params``
+    ``slo`` maps ``"ttft_p99"``-style keys to seconds (``diag.ground.slo.parse_slo``); ``params``
     overrides the ``[features]`` defaults. Never raises on missing data: such features are
     unavailable with a reason. Runs on the calling thread; no shared state.
     """

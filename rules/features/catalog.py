@@ -1,6 +1,6 @@
 """The one catalogue of feature names: each name once, with the theme that produces it and its unit.
 
-``CATALOG[name]`` is a :class:`FeatureSpec`. Units are from the closed set (``diag.units``:
+``CATALOG[name]`` is a :class:`FeatureSpec`. Units are from the closed set (``diag.ground.units``:
 ``"s"``, ``"share"``, ``"%"``, ``"x"``, ``"requests"``, ``"tokens"``, ``"steps"``,
 ``"tokens/s"``, ``"s/s"``, ``"bytes"``, ``"count"``, ``""``). A theme writes a feature through
 ``FeatureContext.add``, which takes the unit from here, so a name missing from the catalogue
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag.units import Unit
+from diag.ground.units import Unit
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def _build() -> dict[str, FeatureSpec]:
     closed = {u.value for u in Unit}
     for theme, unit, names in _TABLE:
         if unit not in closed:
-            raise ValueError(f"unit {unit!r} of {names[0]} is not in the closed set (diag.units.Unit)")
+            raise ValueError(f"unit {unit!r} of {names[0]} is not in the closed set (diag.ground.units.Unit)")
         for name in names:
             if name in out:
                 raise ValueError(f"feature {name} is catalogued twice")

@@ -1,7 +1,7 @@
 """Theme: the load generator's own health: event-loop stalls and lag, CPU, slot waits, sends
 late against the schedule (from the client's series, else ``meta.json`` ``client_health``).
 
-The lag counts only where it could inflate a measured TTFT (:mod:`diag.client_lag`): stalls
+The lag counts only where it could inflate a measured TTFT (:mod:`diag.ground.client_lag`): stalls
 while a completed request waited for its first token, and above all the stalls under way at the
 requests' sends and first tokens, as a share of their TTFT, split into the client's own part and
 the part the machine caused (the loop given no CPU). Stalls between requests (the tool's own
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag import client_lag, stages
+from diag.ground import client_lag, stages
 from rules.features.context import FeatureContext
 from rules.features.numeric import NS, as_float, name_is, num_col
 
@@ -38,7 +38,7 @@ def _stalls(ctx: FeatureContext) -> list[client_lag.Stalls]:
 
 
 def first_token_lag(ctx: FeatureContext) -> dict | None:
-    """:func:`diag.client_lag.first_token_lag` over the completed requests' TTFT windows (client
+    """:func:`diag.ground.client_lag.first_token_lag` over the completed requests' TTFT windows (client
     send to first content), or None without lag samples or such requests."""
     stalls = _stalls(ctx)
     ok = ctx.ok

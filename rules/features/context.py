@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import stages
-from diag.tables import Tables
-from diag.units import json_safe
+from diag.ground import stages
+from diag.ground.tables import Tables
+from diag.ground.units import json_safe
 from rules.features.catalog import CATALOG
 from rules.features.feature import Feature, Features
 from rules.features.numeric import Coverage, as_float

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag import stages
+from diag.ground import stages
 from rules.features.context import FeatureContext
 from rules.features.numeric import NS, Coverage, as_float, num_col, name_is, segment_numbers
 

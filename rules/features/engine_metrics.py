@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag import stages
+from diag.ground import stages
 from rules.features.context import FeatureContext
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.units import json_safe
+from diag.ground.units import json_safe
 
 
 @dataclass

@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from diag import stages
+from diag.ground import stages
 from rules.features.context import FeatureContext
 from rules.features.numeric import NS, Coverage, name_is, num_col
 

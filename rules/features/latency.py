@@ -51,7 +51,7 @@ def network(ctx: FeatureContext) -> None:
     # engines whose TTFT starts after their own front end (vLLM's arrival_time: after the chat
     # template and tokenization) put that front-end work in this gap too
     ctx.add("client_server_gap_frontend_frac", float(bool_col(both, "gap_includes_frontend").mean()),
-            source="requests whose server TTFT starts after the engine's front end (diag.external_spans)")
+            source="requests whose server TTFT starts after the engine's front end (diag.ground.external_spans)")
 
 
 #: a request counts as sent at the users' prompt lengths within this factor of their range: the

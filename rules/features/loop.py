@@ -29,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag import stages
-from diag.capture import attribute
+from diag.ground import stages
+from diag.ground.capture import attribute
 from rules.features.context import FeatureContext
 from rules.features.numeric import Coverage, name_is, num_col
 

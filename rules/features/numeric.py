@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag.units import as_float  # noqa: F401  (the feature themes import it from here)
+from diag.ground.units import as_float  # noqa: F401  (the feature themes import it from here)
 
 NS = 1e9  #: nanoseconds per second
 

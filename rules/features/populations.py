@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from diag import stages
+from diag.ground import stages
 from rules.features.context import FeatureContext
 from rules.features.numeric import bool_col, num_col
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from diag import stages
+from diag.ground import stages
 from rules.features.context import FeatureContext
 from rules.features.numeric import bool_col, num_col
 

@@ -151,7 +151,7 @@ def build(engine: str) -> tuple[SimResult, list[str], list[dict[str, Any]] | Non
 def write_engine(engine: str, out: Path) -> Path:
     """Write ``out/<engine>/``: metrics.t<k>.prom, spans.otlp.jsonl (if any), capture/."""
     from collectors.prometheus import adapt_texts
-    from diag.capture import CaptureWriter
+    from diag.ground.capture import CaptureWriter
 
     sim, texts, span_lines = build(engine)
     d = out / engine

@@ -117,7 +117,7 @@ def record(out: Path) -> Path:
     """Run the scenario and write ``out/vllm/``; returns that directory."""
     from collectors.prometheus import adapt_texts
     from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
-    from diag.capture import CaptureWriter
+    from diag.ground.capture import CaptureWriter
     from hf_serve import ttft_command
 
     install()

@@ -8,7 +8,7 @@ from collectors.base import SeriesCollector, empty_series_frame
 from collectors.nvml import NvmlSampler
 from collectors.prometheus import PrometheusScraper
 from collectors.pyspy import PySpySampler
-from diag import stages as S
+from diag.ground import stages as S
 
 
 class _NoCollect:

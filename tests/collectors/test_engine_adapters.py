@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from collectors import prometheus_adapters as pa
 from collectors.prometheus import PrometheusScraper, adapt_texts, metrics_url, parse_exposition
-from diag import stages as S
+from diag.ground import stages as S
 
 T0 = 1_700_000_000.0
 

@@ -18,9 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collectors import prometheus_adapters as pa
 from collectors.prometheus import adapt_texts, parse_exposition
-from diag import cli, external_spans, stages
-from diag.capture import load_capture
-from diag.tables import build_tables
+from diag import cli
+from diag.ground import external_spans, stages
+from diag.ground.capture import load_capture
+from diag.ground.tables import build_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples" / "external"

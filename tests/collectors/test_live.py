@@ -15,8 +15,8 @@ from support.fake_pynvml import make_fake
 from collectors.base import SeriesCollector, empty_series_frame
 from collectors.live import LiveCollection
 from collectors.nvml import NvmlSampler
-from diag import stages as S
-from diag.capture import load_capture
+from diag.ground import stages as S
+from diag.ground.capture import load_capture
 
 
 class ListCollector:

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from collectors.live_probe import ProbePlan, ProbeThread, steady_plan
-from diag.capture import CaptureWriter
+from diag.ground.capture import CaptureWriter
 
 
 def test_a_probe_that_cannot_open_says_why_and_retries_until_stopped(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from collectors.prometheus import MetricsTarget, metrics_targets
-from diag import stages as S
+from diag.ground import stages as S
 from diag.cli import main
 from rules.features import compute_features
 from support.engine_testutil import free_port, process
@@ -113,7 +113,7 @@ def test_two_real_endpoints_are_scraped_each_under_its_role(tmp_path: Path) -> N
         _get(pb + "/v1/models")
         assert main(["scrape", f"prefill={pa}/metrics", f"decode={pb}/metrics", "--interval", "0.2", "-d", "1.2",
                      "-o", str(tmp_path / "scraped")]) == 0
-    from diag.capture import load_capture
+    from diag.ground.capture import load_capture
 
     cap = load_capture(tmp_path / "cap")
     prom = cap.series.loc[cap.series["source"] == "prometheus"]

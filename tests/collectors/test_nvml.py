@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from collectors.base import SeriesCollector
 from collectors.nvml import NvmlSampler
-from diag import stages as S
+from diag.ground import stages as S
 
 from support.fake_pynvml import FakeClock, FakeGpu, FakeNvml, make_fake
 

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
 from collectors.otlp_receiver import OTLPReceiver, count_spans
-from diag import stages
+from diag.ground import stages
 
 TRACE_HEX = "5b8efff798038103d269b633813fc60c"
 SPAN_HEX = "eee19b7ec3c1b174"
@@ -166,7 +166,7 @@ def test_json_body_with_hex_ids(receiver):
 
 
 def test_gzip_bodies(receiver):
-    from diag.otlp_json import dict_to_request
+    from diag.ground.otlp_json import dict_to_request
 
     proto = dict_to_request(otlp_json_doc(3)).SerializeToString()
     status, ctype, data = post(receiver.address, gzip.compress(proto), encoding="gzip")
@@ -219,7 +219,7 @@ def test_wrong_path_and_method(receiver):
 
 
 def test_queue_full_answers_503_and_counts():
-    from diag.otlp_json import dict_to_request
+    from diag.ground.otlp_json import dict_to_request
 
     sink = Collected(block=True)
     body = dict_to_request(otlp_json_doc(5)).SerializeToString()
@@ -242,7 +242,7 @@ def test_failing_sink_does_not_stop_the_receiver():
         if len(calls) == 1:
             raise OSError("disk full")
 
-    from diag.otlp_json import dict_to_request
+    from diag.ground.otlp_json import dict_to_request
 
     body = dict_to_request(otlp_json_doc(1)).SerializeToString()
     with OTLPReceiver(sink, port=0) as r:
@@ -255,7 +255,7 @@ def test_failing_sink_does_not_stop_the_receiver():
 
 
 def test_count_spans():
-    from diag.otlp_json import dict_to_request
+    from diag.ground.otlp_json import dict_to_request
 
     assert count_spans(dict_to_request(otlp_json_doc(7))) == 7
     assert count_spans(ExportTraceServiceRequest()) == 0
@@ -265,9 +265,9 @@ def test_receive_command_end_to_end(tmp_path):
     """vLLM-shaped spans from the real exporter -> ``ttft receive`` -> capture -> adapters."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from diag.external_spans import adapt_spans_frame
-    from diag.capture import load_capture
-    from diag.commands import receive
+    from diag.ground.external_spans import adapt_spans_frame
+    from diag.ground.capture import load_capture
+    from diag.cli.commands import receive
 
     parser = argparse.ArgumentParser()
     receive.add_parser(parser.add_subparsers())
@@ -320,7 +320,7 @@ def test_receive_stops_cleanly_on_sigterm_and_on_an_inherited_ignored_sigint(tmp
     # entry, so Python raises no KeyboardInterrupt): either signal ends it as Ctrl-C does, the capture closed
     import signal
 
-    from diag.capture import load_capture
+    from diag.ground.capture import load_capture
 
     from support.engine_testutil import background_job
 

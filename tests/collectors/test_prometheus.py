@@ -19,7 +19,7 @@ from collectors.prometheus import (
     adapt_texts,
     parse_exposition,
 )
-from diag import stages
+from diag.ground import stages
 from support.engine_testutil import free_port
 
 FIX = Path(__file__).parent / "fixtures"
@@ -297,8 +297,8 @@ def test_scraper_is_a_series_collector_start_collect_stop():
 
 
 def test_scrape_command_writes_capture(tmp_path):
-    from diag.capture import load_capture
-    from diag.commands import scrape
+    from diag.ground.capture import load_capture
+    from diag.cli.commands import scrape
 
     srv = _MetricsServer("vllm")
     try:

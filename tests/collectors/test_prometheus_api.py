@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from collectors.prometheus_api import PrometheusAPIError, PrometheusAPIReader
-from diag import stages
+from diag.ground import stages
 from support.engine_testutil import free_port
 
 S = stages

@@ -21,12 +21,12 @@ from collectors.pyspy import (
     CPU_FORWARD, CPU_IDLE, CPU_OTHER, CPU_TOKENIZE, Frame, PySpyError, PySpyPermissionError, PySpySampler,
     PySpyUnavailable, attribute, parse_raw,
 )
-from diag import stages as S
+from diag.ground import stages as S
 
 # --- the raw format ------------------------------------------------------------------------------
 
 RAW = textwrap.dedent("""\
-    <module> (run.py:4);encode (diag/engine/tokenizer.py:2) 48
+    <module> (run.py:4);encode (diag/bundled_engine/tokenizer.py:2) 48
     <module> (run.py:4) 8
 
     thread (2975): MainThread;<module> (spin2.py:10);JSONEncoder.iterencode (json/encoder.py:258) 32
@@ -43,7 +43,7 @@ def test_parse_raw_frames_counts_and_prefixes():
     assert stacks[6].frames == ()  # py-spy writes " 1" for a sample without Python frames
     assert attribute(stacks).counts[CPU_OTHER] == 8 + 3 + 2 + 1
     a = stacks[0]
-    assert a.frames == (Frame("<module>", "run.py", 4), Frame("encode", "diag/engine/tokenizer.py", 2))
+    assert a.frames == (Frame("<module>", "run.py", 4), Frame("encode", "diag/bundled_engine/tokenizer.py", 2))
     assert a.pid is None and a.thread is None
     assert stacks[2].thread == "2975"
     assert stacks[2].frames[-1] == Frame("JSONEncoder.iterencode", "json/encoder.py", 258)
@@ -90,8 +90,8 @@ def test_fake_pyspy_permission_denied(tmp_path):
 
 
 def test_fake_pyspy_command_line_and_capture_files(tmp_path):
-    raw = ("handle_chat (diag/engine/server.py:120);Tokenizer.encode (diag/engine/tokenizer.py:80) 30\n"
-           "Engine.run (diag/engine/engine.py:150);Condition.wait (threading.py:327) 10\n")
+    raw = ("handle_chat (diag/bundled_engine/server.py:120);Tokenizer.encode (diag/bundled_engine/tokenizer.py:80) 30\n"
+           "Engine.run (diag/bundled_engine/engine.py:150);Condition.wait (threading.py:327) 10\n")
     (tmp_path / "canned.txt").write_text(raw)
     args_file = tmp_path / "args.txt"
     # writes the canned profile to the file after -o, records its arguments
@@ -185,8 +185,8 @@ def forward(n):
 '''
 MAIN_PY = '''\
 import sys, time
-from diag.engine.tokenizer import encode
-from diag.engine.model import forward
+from diag.bundled_engine.tokenizer import encode
+from diag.bundled_engine.model import forward
 text = "hello tokenizer world " * 200
 print("ready", flush=True)
 end = time.monotonic() + float(sys.argv[1])
@@ -202,7 +202,7 @@ while time.monotonic() < end:
 
 @pytest.fixture
 def workload(tmp_path):
-    pkg = tmp_path / "diag" / "engine"
+    pkg = tmp_path / "diag" / "bundled_engine"
     pkg.mkdir(parents=True)
     (tmp_path / "diag" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
@@ -236,7 +236,7 @@ def test_real_attach_attributes_the_dominant_stage(workload, tmp_path):
     shares = prof.busy_shares()
     assert shares[CPU_TOKENIZE] > 0.5 and shares[CPU_FORWARD] > 0.05, shares
     assert shares[CPU_TOKENIZE] > 2 * shares[CPU_FORWARD]
-    assert "encode (diag/engine/tokenizer.py)" in dict(prof.top_frames[CPU_TOKENIZE])
+    assert "encode (diag/bundled_engine/tokenizer.py)" in dict(prof.top_frames[CPU_TOKENIZE])
     assert (tmp_path / "cap" / "profile" / "pyspy.raw.txt").stat().st_size > 0
     assert json.loads((tmp_path / "cap" / "profile" / "pyspy.json").read_text())["pid"] == proc.pid
 

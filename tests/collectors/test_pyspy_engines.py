@@ -17,22 +17,22 @@ def stacks_text(*stacks: tuple[list[str], int]) -> str:
     return "\n".join(";".join(frames) + f" {count}" for frames, count in stacks) + "\n"
 
 
-SERVER = "handle_chat (diag/engine/server.py:120)"
-ENGINE = "Engine.step (diag/engine/engine.py:200)"
+SERVER = "handle_chat (diag/bundled_engine/server.py:120)"
+ENGINE = "Engine.step (diag/bundled_engine/engine.py:200)"
 
 BUNDLED_CASES: list[tuple[list[str], str]] = [
-    ([SERVER, "Tokenizer.encode (diag/engine/tokenizer.py:80)"], CPU_TOKENIZE),
-    ([SERVER, "Tokenizer.apply_chat_template (diag/engine/tokenizer.py:90)", "Template.render (jinja2/environment.py:1301)"], CPU_TOKENIZE),
-    ([ENGINE, "Tokenizer.decode (diag/engine/tokenizer.py:84)"], CPU_DETOKENIZE),  # first rule in the frame
-    ([ENGINE, "IncrementalDetokenizer.add (diag/engine/tokenizer.py:130)", "IncrementalDetokenizer.add.<locals>.<listcomp> (diag/engine/tokenizer.py:131)"], CPU_DETOKENIZE),
-    ([ENGINE, "sample (diag/engine/sampler.py:85)", "filter_logits (diag/engine/sampler.py:70)"], CPU_SAMPLE),
-    ([ENGINE, "LlamaModel.forward (diag/engine/model.py:300)", "_rms_norm (diag/engine/model.py:236)"], CPU_FORWARD),
-    ([ENGINE, "TensorParallelRunner.execute (diag/engine/tp.py:215)"], CPU_FORWARD),
-    ([ENGINE, "TensorParallelRunner.execute (diag/engine/tp.py:215)", "TensorParallelRunner._all_reduce (diag/engine/tp.py:206)"], CPU_COMM),
-    ([ENGINE, "LlamaModel.forward (diag/engine/model.py:300)", "all_reduce (torch/distributed/distributed_c10d.py:2050)"], CPU_COMM),
-    ([ENGINE, "Scheduler.schedule (diag/engine/scheduler.py:280)", "BlockManager.allocate (diag/engine/kv_cache.py:80)"], CPU_SCHEDULER),  # kv_cache is transparent
+    ([SERVER, "Tokenizer.encode (diag/bundled_engine/tokenizer.py:80)"], CPU_TOKENIZE),
+    ([SERVER, "Tokenizer.apply_chat_template (diag/bundled_engine/tokenizer.py:90)", "Template.render (jinja2/environment.py:1301)"], CPU_TOKENIZE),
+    ([ENGINE, "Tokenizer.decode (diag/bundled_engine/tokenizer.py:84)"], CPU_DETOKENIZE),  # first rule in the frame
+    ([ENGINE, "IncrementalDetokenizer.add (diag/bundled_engine/tokenizer.py:130)", "IncrementalDetokenizer.add.<locals>.<listcomp> (diag/bundled_engine/tokenizer.py:131)"], CPU_DETOKENIZE),
+    ([ENGINE, "sample (diag/bundled_engine/sampler.py:85)", "filter_logits (diag/bundled_engine/sampler.py:70)"], CPU_SAMPLE),
+    ([ENGINE, "LlamaModel.forward (diag/bundled_engine/model.py:300)", "_rms_norm (diag/bundled_engine/model.py:236)"], CPU_FORWARD),
+    ([ENGINE, "TensorParallelRunner.execute (diag/bundled_engine/tp.py:215)"], CPU_FORWARD),
+    ([ENGINE, "TensorParallelRunner.execute (diag/bundled_engine/tp.py:215)", "TensorParallelRunner._all_reduce (diag/bundled_engine/tp.py:206)"], CPU_COMM),
+    ([ENGINE, "LlamaModel.forward (diag/bundled_engine/model.py:300)", "all_reduce (torch/distributed/distributed_c10d.py:2050)"], CPU_COMM),
+    ([ENGINE, "Scheduler.schedule (diag/bundled_engine/scheduler.py:280)", "BlockManager.allocate (diag/bundled_engine/kv_cache.py:80)"], CPU_SCHEDULER),  # kv_cache is transparent
     ([ENGINE], CPU_SCHEDULER),
-    (["Engine.run (diag/engine/engine.py:150)", "Condition.wait (threading.py:327)"], CPU_IDLE),  # deepest wins
+    (["Engine.run (diag/bundled_engine/engine.py:150)", "Condition.wait (threading.py:327)"], CPU_IDLE),  # deepest wins
     ([SERVER, "dumps (json/__init__.py:231)", "JSONEncoder.encode (json/encoder.py:200)"], CPU_SERIALIZATION),
     ([SERVER], CPU_HTTP),
     (["RequestHandler.data_received (aiohttp/web_protocol.py:370)"], CPU_HTTP),
@@ -41,9 +41,9 @@ BUNDLED_CASES: list[tuple[list[str], str]] = [
     (["_worker (concurrent/futures/thread.py:83)", "work (app.py:5)"], CPU_OTHER),
     (["BaseEventLoop._run_once (asyncio/base_events.py:1898)",
       "_SelectorSocketTransport._read_ready (asyncio/selector_events.py:1000)"], CPU_HTTP),
-    (["Engine.run (diag/engine/engine.py:150)", "Poller.poll (zmq/sugar/poll.py:106)"], CPU_IDLE),
-    (["Engine.run (diag/engine/engine.py:150)", "Queue.get (/usr/lib/python3.11/queue.py:171)"], CPU_IDLE),  # --full-filenames
-    (["Engine.run (diag/engine/engine.py:150)", "Socket.recv (zmq/sugar/socket.py:300)"], CPU_SCHEDULER),  # not stdlib socket.py
+    (["Engine.run (diag/bundled_engine/engine.py:150)", "Poller.poll (zmq/sugar/poll.py:106)"], CPU_IDLE),
+    (["Engine.run (diag/bundled_engine/engine.py:150)", "Queue.get (/usr/lib/python3.11/queue.py:171)"], CPU_IDLE),  # --full-filenames
+    (["Engine.run (diag/bundled_engine/engine.py:150)", "Socket.recv (zmq/sugar/socket.py:300)"], CPU_SCHEDULER),  # not stdlib socket.py
     (["<module> (run.py:4)"], CPU_OTHER),
 ]
 
@@ -68,8 +68,8 @@ def test_bundled_profile_shares_counts_and_top_frames():
     assert CPU_IDLE not in busy and sum(busy.values()) == pytest.approx(1.0)
     assert prof.dominant() == max((c, s) for s, c in expected.items() if s != CPU_IDLE)[1]
     top = dict(prof.top_frames[CPU_DETOKENIZE])
-    assert top == {"Tokenizer.decode (diag/engine/tokenizer.py)": 30,
-                   "IncrementalDetokenizer.add.<locals>.<listcomp> (diag/engine/tokenizer.py)": 40}
+    assert top == {"Tokenizer.decode (diag/bundled_engine/tokenizer.py)": 30,
+                   "IncrementalDetokenizer.add.<locals>.<listcomp> (diag/bundled_engine/tokenizer.py)": 40}
     d = prof.to_dict()
     json.dumps(d)
     assert d["engine"] == "bundled" and d["samples_total"] == prof.samples_total
@@ -314,8 +314,8 @@ def test_generic_rules_one_stack_each(frames, stage):
 
 def test_plumbing_never_outranks_the_code_it_calls():
     # a sampler calling torch's functional softmax: the deeper torch frame is plumbing (a fallback)
-    text = stacks_text((["sample (diag/engine/sampler.py:85)", "softmax (torch/nn/functional.py:2100)"], 3),
-                       (["Engine.run (diag/engine/engine.py:150)", "Handle._run (asyncio/events.py:84)"], 2),
+    text = stacks_text((["sample (diag/bundled_engine/sampler.py:85)", "softmax (torch/nn/functional.py:2100)"], 3),
+                       (["Engine.run (diag/bundled_engine/engine.py:150)", "Handle._run (asyncio/events.py:84)"], 2),
                        (["<module> (run.py:1)", "Handle._run (asyncio/events.py:84)"], 4))
     prof = attribute_raw(text, "bundled")
     assert prof.counts[CPU_SAMPLE] == 3 and prof.counts[CPU_SCHEDULER] == 2 and prof.counts[CPU_HTTP] == 4

@@ -9,9 +9,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collectors.span_export import DroppingBatchProcessor
 from collectors.spans import NULL_SINK, setup_tracing
-from diag import stages
-from diag.capture import SPANS_FILE, load_capture
-from diag.otlp_json import dict_to_request
+from diag.ground import stages
+from diag.ground.capture import SPANS_FILE, load_capture
+from diag.ground.otlp_json import dict_to_request
 
 
 def _one_request(sink, i=0, tokens=3):
@@ -146,7 +146,7 @@ def _content(spans):
     """Exported content of spans as OTLP JSON, ids replaced by their roles (root/child/own)."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    from diag.otlp_json import request_to_dict
+    from diag.ground.otlp_json import request_to_dict
 
     doc = request_to_dict(encode_spans(spans))
     out = []

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from diag.capture import load_capture
-from diag.engine import build_engine
-from diag.engine.outputs import SyncEventStream
-from diag.engine.sampler import SamplingParams
-from diag.report.text import format_diagnosis
-from diag.tables import build_tables
+from diag.ground.capture import load_capture
+from diag.bundled_engine import build_engine
+from diag.bundled_engine.outputs import SyncEventStream
+from diag.bundled_engine.sampler import SamplingParams
+from diag.analysis.report.text import format_diagnosis
+from diag.ground.tables import build_tables
 from rules import Diagnosis, diagnose, evidence
 
 pytestmark = pytest.mark.slow
@@ -123,7 +123,7 @@ def _probe_client_only(tmp: Path, engine_args: list[str]) -> Diagnosis:
 
     from support.engine_testutil import serve_process
 
-    launch = ("import argparse, sys; from diag.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "
+    launch = ("import argparse, sys; from diag.cli.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "
               "sub = p.add_subparsers(); serve.add_parser(sub); sys.exit(serve.run(p.parse_args(sys.argv[1:])))")
     cmd = [sys.executable, "-c", launch, "serve", "--port", "0", "--threads", "1", "--max-context", "1024",
            *engine_args]

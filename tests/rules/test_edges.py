@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from collectors.spans import setup_tracing
-from diag import stages
+from diag.ground import stages
 from diag.analysis import analyze_paths
-from diag.capture import CaptureError, CaptureWriter, load_capture
-from diag.report.text import format_diagnosis
-from diag.tables import build_tables
+from diag.ground.capture import CaptureError, CaptureWriter, load_capture
+from diag.analysis.report.text import format_diagnosis
+from diag.ground.tables import build_tables
 from rules import NO_DATA, REGISTRY, RulesFileError, default_thresholds, diagnose, load_thresholds
 from rules import evidence
 from rules.base import RuleContext, checks_of
@@ -153,7 +153,7 @@ def test_analysis_front_door(tmp_path: Path) -> None:
     assert {"verdict", "findings", "skipped", "stages", "features"} <= set(out)
     assert {"category", "confidence", "title"} <= set(out["verdict"])
     json.dumps(out, allow_nan=False)
-    from diag.report.text import format_analysis
+    from diag.analysis.report.text import format_analysis
 
     assert format_analysis(a).startswith("verdict: ")
 
@@ -168,7 +168,7 @@ def test_window_limits_the_requests(tmp_path: Path) -> None:
 
 def test_a_gap_that_holds_the_engines_front_end_is_not_called_network_alone(tmp_path: Path) -> None:
     """vLLM's TTFT starts after its API server tokenized the prompt: when the joined requests say
-    so (``gap_includes_frontend``, set by diag.external_spans), client - server TTFT is front end +
+    so (``gap_includes_frontend``, set by diag.ground.external_spans), client - server TTFT is front end +
     network, and the finding names both and the prompt sweep that tells them apart."""
     dirs = simulate(tmp_path, Engine(), [Phase("steady", 40, 64, 16, conc=2)], Client(net_s=40e-3))
     plain = diagnose(tables_of(dirs))

@@ -1,5 +1,5 @@
 """Next checks in the terms of the engine a capture came from (rules.base.engine_checks, fed by
-the engines_seen feature and each engine's lines in diag.external): a vLLM capture gets vLLM's
+the engines_seen feature and each engine's lines in diag.ground.external): a vLLM capture gets vLLM's
 knobs, a client-only one every engine's."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from diag.analysis import analyze_paths
-from diag.external import next_checks, vllm
+from diag.ground.external import next_checks, vllm
 from rules.admission import HOL_CHECKS
 from rules.base import RuleContext, engine_checks
 from rules.features import Feature, Features
@@ -39,7 +39,7 @@ def test_engines_seen_come_from_server_spans_and_the_detected_scrape() -> None:
 
 def test_a_vllm_capture_gets_vllms_line_from_its_engine_module() -> None:
     """The vLLM capture behind a long prompt: head_of_line's next checks are vLLM's own line
-    (diag/external/vllm.py), then the common ones; no other engine's."""
+    (diag/ground/external/vllm.py), then the common ones; no other engine's."""
     data = ROOT / "tests" / "rules" / "data" / "vllm-hol-half-lost"
     d = analyze_paths([str(data / "cli"), str(data / "srv")]).diagnosis
     f = next(f for f in [d.verdict, *d.findings] if f.rule_id == "head_of_line")

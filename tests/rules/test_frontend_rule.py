@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from collectors.spans import setup_tracing
-from diag import stages
-from diag.capture import load_capture
-from diag.report.text import format_diagnosis
-from diag.tables import build_tables
+from diag.ground import stages
+from diag.ground.capture import load_capture
+from diag.analysis.report.text import format_diagnosis
+from diag.ground.tables import build_tables
 from rules import diagnose, evidence
 from support.simcap import Client, Engine, Phase, simulate, tables_of
 
@@ -145,7 +145,7 @@ def _dynamo_series(path: Path, frontend_s: float, tokenize_s: float) -> Path:
     """Ten 5 s windows of a Dynamo front end's canonical series (TTFT 0.8 s, transit 1 ms)."""
     import pandas as pd
 
-    from diag.capture import CaptureWriter
+    from diag.ground.capture import CaptureWriter
 
     t0 = time.time() - 3600
     rows = []

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from diag.analysis import analyze_paths
-from diag.capture import load_capture
-from diag.tables import build_tables
+from diag.ground.capture import load_capture
+from diag.ground.tables import build_tables
 from rules import diagnose, evidence
 from rules.base import REGISTRY, RuleContext, checks_of
 from rules.config import load_thresholds

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from diag.capture import load_capture
-from diag.engine.faults import parse_injections
-from diag.tables import build_tables
+from diag.ground.capture import load_capture
+from diag.bundled_engine.faults import parse_injections
+from diag.ground.tables import build_tables
 from rules import diagnose, evidence
 from support.engine_testutil import capture_rounds
 

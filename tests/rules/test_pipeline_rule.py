@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from diag.capture import load_capture
-from diag.tables import build_tables
+from diag.ground.capture import load_capture
+from diag.ground.tables import build_tables
 from rules import diagnose, evidence
 from support.engine_testutil import capture_rounds
 

@@ -17,10 +17,10 @@ import pytest
 
 from collectors.probe.results import RequestResult, record_result_on_span
 from collectors.spans import setup_tracing
-from diag import stages
-from diag.capture import load_capture
-from diag.report.text import format_diagnosis
-from diag.tables import build_tables
+from diag.ground import stages
+from diag.ground.capture import load_capture
+from diag.analysis.report.text import format_diagnosis
+from diag.ground.tables import build_tables
 from rules import diagnose, evidence
 
 NS = 1_000_000_000

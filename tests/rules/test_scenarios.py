@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.report.text import format_diagnosis
+from diag.analysis.report.text import format_diagnosis
 from rules import CATEGORIES, diagnose, evidence
 from rules.overrides import timing_free
 from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of

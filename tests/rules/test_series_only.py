@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from diag import stages as S
-from diag.request_table import empty_request_table
-from diag.tables import Tables
+from diag.ground import stages as S
+from diag.ground.request_table import empty_request_table
+from diag.ground.tables import Tables
 from rules import NO_DATA, diagnose, evidence
 from rules.runner import SERIES_ONLY_NOTE
 from support.simcap import MS, Client, Engine, Phase, simulate, tables_of

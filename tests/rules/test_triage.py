@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from diag.analysis import recorded_slo
-from diag.capture import load_capture
-from diag.tables import build_tables
+from diag.ground.capture import load_capture
+from diag.ground.tables import build_tables
 from rules import REGISTRY, diagnose, evidence
 from rules.base import RuleContext, Triage, finding, strength
 from rules.features import Feature, Features

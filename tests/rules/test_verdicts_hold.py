@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.report.text import format_diagnosis
+from diag.analysis.report.text import format_diagnosis
 from rules import FAILURES, INCONCLUSIVE, OUTCOMES, diagnose, evidence
 from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
 

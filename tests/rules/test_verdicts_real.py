@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
-from diag.capture import load_capture
-from diag.report.text import format_diagnosis
-from diag.tables import build_tables
+from diag.ground.capture import load_capture
+from diag.analysis.report.text import format_diagnosis
+from diag.ground.tables import build_tables
 from rules import FAILURES, Diagnosis, diagnose, evidence
 from rules.model import TTFT_CATEGORIES
 from rules.verdict import is_candidate, itl_target_broken

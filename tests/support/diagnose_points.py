@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from diag.diagnose import Point
-from diag.diagnose.plan import segment_of
+from diag.analysis.diagnose import Point
+from diag.analysis.diagnose.plan import segment_of
 
 
 def pt(kind: str, value: float, ttft: float, tpot: float = 0.004, n: int = 8, ok: int | None = None,

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from diag import stages
+from diag.ground import stages
 
 
 def finished_spans(engine) -> list[Any]:
@@ -109,7 +109,7 @@ def ttft_serve(port: int) -> Iterator[subprocess.Popen[str]]:
 
 #: ``python -c LAUNCH serve …``: ``ttft serve`` without the console script (its argparse and run())
 LAUNCH = (
-    "import argparse, sys; from diag.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "
+    "import argparse, sys; from diag.cli.commands import serve; p = argparse.ArgumentParser(prog='ttft'); "
     "sub = p.add_subparsers(); serve.add_parser(sub); sys.exit(serve.run(p.parse_args(sys.argv[1:])))"
 )
 
@@ -118,7 +118,7 @@ def capture_rounds(out: Path, rounds: list[list[tuple[list[int], int]]], **confi
     """Run an in-process bundled engine (``build_engine(model="tiny", capture_dir=out, **config)``)
     over ``rounds`` of requests: each round's (prompt ids, max tokens) submitted at once, greedy and
     ignoring EOS; a round starts when the last one's streams ended. Returns ``out`` (the capture)."""
-    from diag.engine import SamplingParams, SyncEventStream, build_engine
+    from diag.bundled_engine import SamplingParams, SyncEventStream, build_engine
 
     eng = build_engine(model="tiny", capture_dir=out, **config)
     try:
@@ -136,11 +136,11 @@ def capture_rounds(out: Path, rounds: list[list[tuple[list[int], int]]], **confi
 
 def kv_receiver(store_port: int, conn: Any) -> None:
     """Rank 1 of a two-rank gloo group in a spawned process: receive KV transfers
-    (``diag.engine.pd_wire.recv_kv``) until a stop header, sending each ``(kind, meta, kv)`` back on ``conn``."""
+    (``diag.bundled_engine.pd_wire.recv_kv``) until a stop header, sending each ``(kind, meta, kv)`` back on ``conn``."""
     import torch
 
-    from diag.engine.pd_wire import KIND_STOP, recv_kv
-    from diag.engine.tp import connect_store, make_process_group
+    from diag.bundled_engine.pd_wire import KIND_STOP, recv_kv
+    from diag.bundled_engine.tp import connect_store, make_process_group
 
     pg = make_process_group(connect_store(store_port, 2), 1, 2, "cpu")
     while True:

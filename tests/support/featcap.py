@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag import stages
-from diag.request_table import empty_request_table
-from diag.tables import Tables
+from diag.ground import stages
+from diag.ground.request_table import empty_request_table
+from diag.ground.tables import Tables
 
 NS = 1e9
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from diag import stages as S
-from diag.capture import CaptureWriter
+from diag.ground import stages as S
+from diag.ground.capture import CaptureWriter
 
 #: a replica whose requests queue; and a calm one
 QUEUE = {S.SERIES_REQUESTS_PER_S: 4.0, S.SERIES_TTFT_S: 2.0, S.SERIES_QUEUE_TIME_S: 1.8, S.SERIES_PREFILL_TIME_S: 0.15,

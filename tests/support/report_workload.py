@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.spans import setup_tracing
-from diag import stages
+from diag.ground import stages
 from rules.features import Feature, Features
 from rules import Diagnosis, Evidence, Finding, Skipped
 

@@ -29,9 +29,9 @@ from typing import Any
 import pandas as pd
 
 from collectors.spans import setup_tracing
-from diag import stages
-from diag.capture import load_capture
-from diag.tables import Tables, build_tables
+from diag.ground import stages
+from diag.ground.capture import load_capture
+from diag.ground.tables import Tables, build_tables
 
 MS = 1e-3
 

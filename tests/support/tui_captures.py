@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from collectors.spans import setup_tracing
-from diag import stages
+from diag.ground import stages
 
 MS = 1_000_000
 

@@ -10,7 +10,7 @@ import sys
 import time
 
 from collectors.spans import setup_tracing
-from diag import stages
+from diag.ground import stages
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from vllm_serve import free_port
 
-TOKENIZER_JSON = Path(__file__).resolve().parents[2] / "diag" / "engine" / "data" / "tokenizer.json"
+TOKENIZER_JSON = Path(__file__).resolve().parents[2] / "diag" / "bundled_engine" / "data" / "tokenizer.json"
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
 #: ``extra_args`` for ``--continuous-batching`` on a CPU: a small paged KV cache (the default sizes

@@ -20,7 +20,7 @@ pytest.importorskip("transformers", reason="transformers[serving] is a test depe
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe  # noqa: E402
 from collectors.pyspy import CPU_FORWARD, CPU_HTTP, CPU_IDLE, CPU_OTHER, find_pyspy, load_profile  # noqa: E402
-from diag.capture import load_capture  # noqa: E402
+from diag.ground.capture import load_capture  # noqa: E402
 from diag.cli import main  # noqa: E402
 
 from hf_serve import CB_SMALL_CACHE_ARGS, TransformersServe, build_tiny_llama, ttft_command  # noqa: E402

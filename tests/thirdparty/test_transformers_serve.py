@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("transformers", reason="transformers[serving] is a test dependency")
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe  # noqa: E402
-from diag.capture import load_capture  # noqa: E402
-from diag.tables import build_tables  # noqa: E402
+from diag.ground.capture import load_capture  # noqa: E402
+from diag.ground.tables import build_tables  # noqa: E402
 
 from hf_serve import TransformersServe, build_tiny_llama  # noqa: E402
 

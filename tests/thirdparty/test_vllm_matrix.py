@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.scenarios.random_matrix import LEADING_RIGHT, RIGHT, UNDECIDED
+from diag.analysis.scenarios.random_matrix import LEADING_RIGHT, RIGHT, UNDECIDED
 
 from vllm_draws import CI_DRAWS, CI_SEED, FAMILIES, MODES, draws
 from vllm_matrix import check

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.scenarios.matrix import Verdict
+from diag.analysis.scenarios.matrix import Verdict
 
 from vllm_draws import (ALSO_RIGHT, BLOCK_TOKENS, EXTRA_FAMILIES, FAMILIES, MIN_REQUESTS, MODES, PD_KINDS, SLACK_TOKENS,
                         VLLMDraw, draw, draws)

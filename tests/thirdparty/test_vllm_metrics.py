@@ -34,10 +34,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.adapters.vllm import VLLM
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
-from diag import stages as S
-from diag.capture import load_capture
-from diag.report.text import format_diagnosis
-from diag.tables import build_tables
+from diag.ground import stages as S
+from diag.ground.capture import load_capture
+from diag.analysis.report.text import format_diagnosis
+from diag.ground.tables import build_tables
 from rules import diagnose
 
 from hf_serve import ttft_command

@@ -74,7 +74,7 @@ def caps(vllm_python: Path, vllm_model: Path, tmp_path_factory: pytest.TempPathF
 
 def _split(cap: Path) -> dict[str, float]:
     """Each instance's mean TTFT and the decode side's mean transfer, from the capture's series."""
-    from diag.capture import load_capture
+    from diag.ground.capture import load_capture
 
     s = load_capture(cap).series
     s = s.loc[s["source"] == "prometheus"]

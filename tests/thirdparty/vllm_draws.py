@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from diag.scenarios.random_truth import CLIENT_ONLY_ALSO
+from diag.analysis.scenarios.random_truth import CLIENT_ONLY_ALSO
 
 #: ttft diagnose's probing budget on each draw
 DIAGNOSE_BUDGET = "90s"

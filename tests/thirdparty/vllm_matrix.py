@@ -60,7 +60,7 @@ Its verdict is then scored in four modes from those captures:
 What a mode cannot tell apart is written down in :data:`ALSO_RIGHT` and scored right: from the
 client and from vLLM's spans a KV limit looks like a batch cap (the requests it holds back wait
 in the engine's queue; only the KV gauges say why). Outcomes are the bundled matrix's
-(:func:`diag.scenarios.random_matrix.outcome`: right, leading-right, inconclusive, missed, wrong;
+(:func:`diag.analysis.scenarios.random_matrix.outcome`: right, leading-right, inconclusive, missed, wrong;
 a wrong verdict at 0.8 or more is wrong-confident).
 
 Run it: ``python tests/thirdparty/vllm_matrix.py --random 8 --seed S [--draw I] [-o DIR]``
@@ -85,8 +85,8 @@ from pathlib import Path
 from typing import Any
 
 from diag.analysis import analyze_paths
-from diag.scenarios.matrix import Verdict, verdict_of
-from diag.scenarios.random_matrix import CONFIDENT, OUTCOMES, RIGHT, WRONG, outcome
+from diag.analysis.scenarios.matrix import Verdict, verdict_of
+from diag.analysis.scenarios.random_matrix import CONFIDENT, OUTCOMES, RIGHT, WRONG, outcome
 
 from hf_serve import ttft_command
 from vllm_serve import VLLMServe, build_model, free_port, venv_python
@@ -299,7 +299,7 @@ def rescore(out_root: Path, seed: int, modes: Sequence[str] = MODES) -> VLLMMatr
 
 @dataclass
 class VLLMMatrix:
-    """The draws of one seed and their outcomes; :meth:`tally` per mode, as :mod:`diag.scenarios.random_matrix` counts."""
+    """The draws of one seed and their outcomes; :meth:`tally` per mode, as :mod:`diag.analysis.scenarios.random_matrix` counts."""
 
     seed: int
     results: list[VLLMDrawResult]

@@ -50,7 +50,7 @@ def test_demo_headless_gets_the_expected_verdict_per_phase(tmp_path: Path) -> No
 def test_demo_parser_has_its_flags() -> None:
     import argparse
 
-    from diag.commands import demo, view, watch
+    from diag.cli.commands import demo, view, watch
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")

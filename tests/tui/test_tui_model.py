@@ -6,7 +6,7 @@ from pathlib import Path
 
 from diag.analysis import analyze_paths
 from rules.features import Feature, Features
-from diag.report.text import format_diagnosis
+from diag.analysis.report.text import format_diagnosis
 from rules import Diagnosis, Evidence, Finding, Skipped
 from tui import adapters
 from tui.model import verdict_vm
@@ -60,7 +60,7 @@ def test_run_rules_returns_the_rules_diagnosis(queue_capture: Path) -> None:
 def test_refusals_at_a_recorded_context_limit_are_not_counted_as_errors() -> None:
     import pandas as pd
 
-    from diag.tables import Tables
+    from diag.ground.tables import Tables
     from tui.model import latency_vm
     from tui.prepared import Prepared
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from diag.analysis import analyze_paths
-from diag.capture import CaptureError
-from diag.report.cells import evidence_cells
-from diag.units import fmt_s
+from diag.ground.capture import CaptureError
+from diag.analysis.report.cells import evidence_cells
+from diag.ground.units import fmt_s
 from tui import model
 from tui.sources import open_capture_source
 

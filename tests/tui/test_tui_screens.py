@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from diag.analysis import analyze_paths
-from diag.report.cells import evidence_cells
-from diag.units import fmt_s
+from diag.analysis.report.cells import evidence_cells
+from diag.ground.units import fmt_s
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (.ci/run installs it)")]

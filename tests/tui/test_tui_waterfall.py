@@ -1,4 +1,4 @@
-"""tui.waterfall: one request's spans as rows, its facts formatted by diag.units."""
+"""tui.waterfall: one request's spans as rows, its facts formatted by diag.ground.units."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from typing import Any
 from rich.text import Text
 from textual.app import RenderResult
 
-from diag.units import Unit, fmt_rate, fmt_s, fmt_value, is_num
+from diag.ground.units import Unit, fmt_rate, fmt_s, fmt_value, is_num
 from tui.fmt import gauge, sparkline
 from tui.viewmodels import BusyVM, GpuVM, LatencyVM, StagesVM, ThroughputVM
 from tui.widgets.panels import STAGE_COLORS, Item, Panel, flow

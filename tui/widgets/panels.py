@@ -13,8 +13,8 @@ from rich.text import Text
 from textual.app import RenderResult
 from textual.widget import Widget
 
-from diag import stages
-from diag.units import fmt_s
+from diag.ground import stages
+from diag.ground.units import fmt_s
 from tui.viewmodels import ViewModel
 
 

@@ -10,7 +10,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Static
 
-from diag.units import fmt_s
+from diag.ground.units import fmt_s
 from tui.viewmodels import WaterfallVM
 
 #: the key reference: at most 74 columns and 20 lines, so that the modal (border and padding
@@ -59,7 +59,7 @@ class HelpScreen(ModalScreen[None]):
 
 
 class FleetScreen(ModalScreen[None]):
-    """One verdict per replica of the window's engine series (:func:`diag.report.fleet.format_fleet_table`);
+    """One verdict per replica of the window's engine series (:func:`diag.analysis.report.fleet.format_fleet_table`);
     Esc, f or q closes it."""
 
     BINDINGS = [Binding("escape,f,q", "dismiss_fleet", "close")]

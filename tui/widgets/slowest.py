@@ -9,7 +9,7 @@ from textual.app import RenderResult
 from textual.binding import Binding
 from textual.message import Message
 
-from diag.units import Unit, fmt_s, fmt_value
+from diag.ground.units import Unit, fmt_s, fmt_value
 from tui.viewmodels import SlowRowVM
 from tui.widgets.panels import STAGE_COLORS, Panel
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import RenderResult
 
-from diag.report.cells import fmt_confidence
+from diag.analysis.report.cells import fmt_confidence
 from tui.viewmodels import VerdictVM
 from tui.widgets.panels import CATEGORY_STYLE, Panel, conf_style
 

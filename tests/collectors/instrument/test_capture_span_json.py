@@ -16,10 +16,10 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 from collectors.span_export import CaptureSpanExporter
 from collectors.spans import setup_tracing
-from diag.otlp_json import spans_to_dict
-from diag import stages
-from diag.capture import CaptureWriter
-from diag.otlp_json import request_to_dict
+from diag.ground.otlp_json import spans_to_dict
+from diag.ground import stages
+from diag.ground.capture import CaptureWriter
+from diag.ground.otlp_json import request_to_dict
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

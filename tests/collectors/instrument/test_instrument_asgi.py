@@ -14,7 +14,7 @@ fastapi = pytest.importorskip("fastapi")
 from collectors.instrument.runtime import Instrumentation  # noqa: E402
 from collectors.instrument.transformers_serve import TraceMiddleware, _Patches  # noqa: E402
 from collectors.spans import setup_tracing  # noqa: E402
-from diag import stages  # noqa: E402
+from diag.ground import stages  # noqa: E402
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"

@@ -20,11 +20,11 @@ from collectors.instrument import tx_request as rq
 from collectors.instrument.runtime import Instrumentation
 from collectors.instrument.transformers_serve import _Patches
 from collectors.spans import setup_tracing
-from diag import stages
+from diag.ground import stages
 
 pytestmark = pytest.mark.slow
 
-TOKENIZER_JSON = Path(__file__).resolve().parents[3] / "diag" / "engine" / "data" / "tokenizer.json"
+TOKENIZER_JSON = Path(__file__).resolve().parents[3] / "diag" / "bundled_engine" / "data" / "tokenizer.json"
 _PATCHED = (("DirectStreamer", "__init__"), ("DirectStreamer", "put"), ("DirectStreamer", "end"),
             ("CBStreamer", "__init__"), ("CBStreamer", "put"),
             ("GenerateManager", "generate_streaming"), ("CBGenerateManager", "generate_streaming"))

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("transformers", reason="transformers[serving] is a test dependency")
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe  # noqa: E402
-from diag import stages  # noqa: E402
+from diag.ground import stages  # noqa: E402
 from diag.analysis import analyze_paths  # noqa: E402
 
 from hf_serve import CB_SMALL_CACHE_ARGS, InstrumentedTransformersServe, build_tiny_llama  # noqa: E402
@@ -82,7 +82,7 @@ def test_instrumented_transformers_serve_joins_every_stage(tiny_llama, tmp_path,
 def test_instrumented_transformers_serve_exports_to_an_otlp_endpoint(tiny_llama, tmp_path):
     """``--otlp URL``: the same spans reach an OTLP/HTTP receiver instead of a capture."""
     from collectors.otlp_receiver import OTLPReceiver
-    from diag.capture import CaptureWriter
+    from diag.ground.capture import CaptureWriter
 
     writer = CaptureWriter(tmp_path / "recv", meta={"command": "receive"})
     receiver = OTLPReceiver(writer.append_span_request, host="127.0.0.1", port=0)

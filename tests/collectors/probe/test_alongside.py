@@ -14,7 +14,7 @@ import pytest
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, ProbeSession, WorkloadSpec
 from collectors.probe.alongside import DeferredScrape
 from collectors.prometheus import PrometheusScraper
-from diag import stages
+from diag.ground import stages
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -50,8 +50,8 @@ def test_a_deferred_scrape_fetches_on_its_thread_and_parses_when_asked(tmp_path:
 
 @pytest.mark.slow
 def test_the_probe_parses_the_engines_metrics_between_phases_not_while_requests_run(tmp_path: Path) -> None:
-    from diag.capture import load_capture
-    from diag.scenarios.engine_process import EngineProcess
+    from diag.ground.capture import load_capture
+    from diag.analysis.scenarios.engine_process import EngineProcess
 
     seen_during: list[tuple[int, int]] = []  # (texts fetched, rows parsed) at each finished request
 

@@ -1,4 +1,4 @@
-"""What the probe writes into a capture, read back through diag.capture / diag.tables."""
+"""What the probe writes into a capture, read back through diag.ground.capture / diag.ground.tables."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
 from collectors.probe.health import runq_wait_s
-from diag import stages
-from diag.capture import load_capture
-from diag.tables import build_tables
+from diag.ground import stages
+from diag.ground.capture import load_capture
+from diag.ground.tables import build_tables
 
 
 def _run(server, tmp_path, mode="ok", **kw):

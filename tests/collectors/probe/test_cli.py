@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from diag.commands import probe as probe_cmd
+from diag.cli.commands import probe as probe_cmd
 
 
 def _main(argv):

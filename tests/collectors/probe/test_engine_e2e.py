@@ -9,10 +9,10 @@ from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, SweepSpec, Workl
 
 @pytest.mark.slow
 def test_prompt_sweep_against_bundled_engine_joins_traces(tmp_path):
-    engine_mod = pytest.importorskip("diag.engine.engine")
-    server_mod = pytest.importorskip("diag.engine.server")
+    engine_mod = pytest.importorskip("diag.bundled_engine.engine")
+    server_mod = pytest.importorskip("diag.bundled_engine.server")
     from diag.analysis import analyze_paths
-    from diag.capture import load_capture
+    from diag.ground.capture import load_capture
 
     srv, cli = tmp_path / "srv", tmp_path / "cli"
     engine = engine_mod.build_engine(capture_dir=srv, model="tiny")
@@ -41,10 +41,10 @@ def test_prompt_sweep_against_bundled_engine_joins_traces(tmp_path):
 
 @pytest.mark.slow
 def test_prompt_sweep_past_the_bundled_engines_context_is_not_failures(tmp_path):
-    engine_mod = pytest.importorskip("diag.engine.engine")
-    server_mod = pytest.importorskip("diag.engine.server")
+    engine_mod = pytest.importorskip("diag.bundled_engine.engine")
+    server_mod = pytest.importorskip("diag.bundled_engine.server")
     from diag.analysis import analyze_paths
-    from diag.capture import load_capture
+    from diag.ground.capture import load_capture
 
     # the default sweep runs to 4096 tokens; this engine holds 512 (prompt and output together)
     srv, cli = tmp_path / "srv", tmp_path / "cli"

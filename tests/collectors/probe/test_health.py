@@ -9,7 +9,7 @@ import pytest
 
 from collectors.probe.alongside import Alongside
 from collectors.probe.health import HealthMonitor, HealthSamples, runq_wait_s, starved_part_s, summarize
-from diag import stages
+from diag.ground import stages
 
 
 def test_monitor_sees_a_blocked_loop():

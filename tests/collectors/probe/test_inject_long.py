@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from collectors.probe.workload import LengthSpec, TokenCounter, Workload, WorkloadError, WorkloadSpec
-from diag.commands import probe as probe_cmd
+from diag.cli.commands import probe as probe_cmd
 
-TOKENIZER = Path(__file__).resolve().parents[3] / "diag" / "engine" / "data" / "tokenizer.json"
+TOKENIZER = Path(__file__).resolve().parents[3] / "diag" / "bundled_engine" / "data" / "tokenizer.json"
 
 
 def test_every_nth_prompt_is_the_long_one_and_the_rest_keep_their_length():

@@ -116,8 +116,8 @@ def test_load_spec_validation_and_split():
 
 
 def test_workers_merge_results_and_spans(server, tmp_path):
-    from diag.capture import load_capture
-    from diag.tables import build_tables
+    from diag.ground.capture import load_capture
+    from diag.ground.tables import build_tables
 
     cfg = _cfg(server.url("ok"), LoadSpec(concurrency=4, requests=8, warmup_requests=2), workers=2,
                output=tmp_path / "cap")

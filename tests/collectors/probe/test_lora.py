@@ -7,7 +7,7 @@ import pytest
 
 from collectors.probe.lora import LoraRoles, LoraSpecError, parse_lora
 from collectors.probe.workload import LengthSpec, Workload, WorkloadSpec
-from diag import stages
+from diag.ground import stages
 
 
 def test_roles_follow_the_adapters_in_flight_at_each_send():
@@ -40,7 +40,7 @@ def test_requests_draw_adapters_from_the_list():
 
 
 def test_probe_runs_one_adapter_then_all_of_them_at_the_same_load(server, tmp_path):
-    from diag.capture import load_capture
+    from diag.ground.capture import load_capture
     from diag.cli import main
 
     cap = tmp_path / "cap"

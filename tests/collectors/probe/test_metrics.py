@@ -6,7 +6,7 @@ import pytest
 
 from collectors.probe.results import RequestResult
 from collectors.probe.metrics import compute_metrics, distribution, format_metrics, request_meets_slo
-from diag.slo import parse_slo
+from diag.ground.slo import parse_slo
 
 MS = 1_000_000
 

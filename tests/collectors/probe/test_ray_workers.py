@@ -102,8 +102,8 @@ def test_tracker_hands_on_results_and_in_flight_requests(server):
 
 
 def test_lost_requests_become_worker_lost_spans_in_their_own_trace(tmp_path):
-    from diag.capture import CaptureWriter, load_capture
-    from diag.tables import build_tables
+    from diag.ground.capture import CaptureWriter, load_capture
+    from diag.ground.tables import build_tables
 
     t0 = time.time_ns()
     gone = InFlight("p1.r-7", "r", False, t0, t0 + 1_000, "ab" * 16, "cd" * 8)
@@ -294,8 +294,8 @@ def ray_cluster():
 
 @pytest.mark.slow
 def test_ray_probe_merges_every_request_once_with_each_workers_clock(ray_cluster, server, tmp_path):
-    from diag.capture import load_capture
-    from diag.tables import build_tables
+    from diag.ground.capture import load_capture
+    from diag.ground.tables import build_tables
 
     cfg = _cfg(server.url("ok"), LoadSpec(concurrency=4, requests=12, warmup_requests=2), workers=2,
                output=tmp_path / "cap", ray_address="local")
@@ -321,8 +321,8 @@ def test_ray_probe_merges_every_request_once_with_each_workers_clock(ray_cluster
 
 @pytest.mark.slow
 def test_a_killed_worker_is_reported_and_its_in_flight_requests_marked(ray_cluster, server, tmp_path):
-    from diag.capture import load_capture
-    from diag.tables import build_tables
+    from diag.ground.capture import load_capture
+    from diag.ground.tables import build_tables
 
     done_seen: list[int] = []
     cfg = _cfg(server.url("slow"), LoadSpec(concurrency=4, requests=40, warmup_requests=0), workers=2,
@@ -369,9 +369,9 @@ def test_ray_probe_gives_the_single_process_verdict_on_the_queue_scenario(ray_cl
     # the catalogue's queue scenario (the engine admits one sequence at a time, a concurrency sweep),
     # run by the scenario runner as it is, once with the probe in this process and once on two
     # Ray actors: the same verdict, server-side and client-only
-    from diag.capture import load_capture
-    from diag.scenarios import MODES, SCENARIOS, Calibration, diagnose_run, run_scenario
-    from diag.scenarios.runner import ProbeWorkers
+    from diag.ground.capture import load_capture
+    from diag.analysis.scenarios import MODES, SCENARIOS, Calibration, diagnose_run, run_scenario
+    from diag.analysis.scenarios.runner import ProbeWorkers
 
     queue = next(s for s in SCENARIOS if s.name == "queue")
     cal = Calibration(ttft_short_ms=5.0, prefill_ms_per_token=0.05, decode_step_ms=5.0)  # the plan takes no size from it
@@ -391,10 +391,10 @@ def test_ray_probe_gives_the_single_process_verdict_on_the_queue_scenario(ray_cl
 @pytest.mark.slow
 def test_diagnose_runs_its_steps_on_ray_workers(ray_cluster, tmp_path):
     # ttft diagnose --ray local --workers 2 against an engine that admits one sequence at a time
-    from diag.capture import load_capture
-    from diag.diagnose import DiagnoseConfig, PlanConfig, run_diagnose
-    from diag.scenarios.engine_process import EngineProcess
-    from diag.tables import build_tables
+    from diag.ground.capture import load_capture
+    from diag.analysis.diagnose import DiagnoseConfig, PlanConfig, run_diagnose
+    from diag.analysis.scenarios.engine_process import EngineProcess
+    from diag.ground.tables import build_tables
 
     with EngineProcess(["--max-running", "1", "--threads", "1"]) as eng:
         res = run_diagnose(DiagnoseConfig(eng.url, tmp_path / "cap", PlanConfig(budget_s=25, max_concurrency=8),
@@ -418,9 +418,9 @@ def test_scenarios_check_on_ray_gives_the_in_process_verdicts(ray_cluster, tmp_p
     # the one a starved probe gets wrong (Ray's niceness 15 made it loadgen 0.90 in 2 of 3 runs)
     import json
 
-    from diag.capture import load_capture
+    from diag.ground.capture import load_capture
     from diag.cli import main
-    from diag.scenarios import Calibration
+    from diag.analysis.scenarios import Calibration
 
     cal = tmp_path / "calibration.json"  # the plans' sizes, fixed (as a 2-core machine measured them)
     cal.write_text(json.dumps(Calibration(ttft_short_ms=8.8, prefill_ms_per_token=0.16, decode_step_ms=3.8).to_dict()))

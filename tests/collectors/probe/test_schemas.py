@@ -10,7 +10,7 @@ import pytest
 from collectors.probe.schemas import (SchemaDraws, SchemaRoles, SchemaSpecError, generated_schema,
                                       parse_response_format, schema_key)
 from collectors.probe.workload import LengthSpec, Workload, WorkloadSpec
-from diag import stages
+from diag.ground import stages
 
 
 def _keys(spec: str, n: int, **kw) -> list[str]:
@@ -92,7 +92,7 @@ def test_workload_items_carry_the_format_and_keep_it_across_sweeps():
 
 
 def test_probe_sends_the_schema_and_records_only_its_key_and_role(server, tmp_path):
-    from diag.capture import load_capture
+    from diag.ground.capture import load_capture
     from diag.cli import main
 
     cap = tmp_path / "cap"

@@ -49,8 +49,8 @@ def _idle_gaps_probe(server, tmp_path, name: str, **kw):
 
 @pytest.mark.slow
 def test_idle_closed_keepalive_connections_are_retried_not_failures(server, tmp_path) -> None:
-    from diag.capture import load_capture
-    from diag.tables import build_tables
+    from diag.ground.capture import load_capture
+    from diag.ground.tables import build_tables
     from rules import diagnose
 
     # the control: without the retry, the race is counted against the server

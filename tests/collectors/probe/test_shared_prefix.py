@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from collectors.probe.workload import LengthSpec, TokenCounter, Workload, WorkloadError, WorkloadSpec
-from diag import stages
+from diag.ground import stages
 
-TOKENIZER = Path(__file__).resolve().parents[3] / "diag" / "engine" / "data" / "tokenizer.json"
+TOKENIZER = Path(__file__).resolve().parents[3] / "diag" / "bundled_engine" / "data" / "tokenizer.json"
 
 
 def test_groups_share_a_fresh_prefix_then_a_control_of_the_suffix_alone():
@@ -45,7 +45,7 @@ def _main(argv):
 
 
 def test_probe_records_roles_never_text(server, tmp_path, capsys):
-    from diag.capture import load_capture
+    from diag.ground.capture import load_capture
 
     cap = tmp_path / "cap"
     rc = _main([server.url("ok"), "--shared-prefix", "24:2", "-n", "6", "--warmup", "0", "--input-tokens", "40",

@@ -6,8 +6,8 @@ import pytest
 
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, SweepSpec, WorkloadSpec, run_sweep
 from collectors.probe.sweep import SweepError, parse_values
-from diag.capture import load_capture
-from diag.tables import build_tables
+from diag.ground.capture import load_capture
+from diag.ground.tables import build_tables
 
 
 def _cfg(url, tmp_path, **kw):
@@ -41,7 +41,7 @@ def test_concurrency_sweep_stops_when_errors_appear(server, tmp_path):
 
 
 def test_concurrency_sweep_stops_on_broken_slo(server, tmp_path):
-    from diag.slo import parse_slo
+    from diag.ground.slo import parse_slo
 
     res = run_sweep(_cfg(server.url("slow"), tmp_path, slo=parse_slo("ttft_p99=50ms")),
                     SweepSpec("concurrency", [1, 2], requests_per_point=2))

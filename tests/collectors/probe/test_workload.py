@@ -13,7 +13,7 @@ from collectors.probe.client import StreamingClient
 from collectors.probe.endpoint import Endpoint
 from collectors.probe.workload import LengthSpec, TokenCounter, Workload, WorkloadError, WorkloadSpec, load_prompts_file
 
-TOKENIZER = Path(__file__).resolve().parents[3] / "diag" / "engine" / "data" / "tokenizer.json"
+TOKENIZER = Path(__file__).resolve().parents[3] / "diag" / "bundled_engine" / "data" / "tokenizer.json"
 
 
 def test_length_spec_parse():

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from support.featcap import make_tables
 
-from diag import stages
-from diag.capture import load_capture
-from diag.tables import build_tables
-from diag.units import Unit
+from diag.ground import stages
+from diag.ground.capture import load_capture
+from diag.ground.tables import build_tables
+from diag.ground.units import Unit
 from rules.features import THEMES, compute_features, run_themes, theme_name
 from rules.features.catalog import CATALOG
 from rules.features.stage_shares import SHARE_NAMES

@@ -4,8 +4,8 @@ first tokens, as a share of their TTFT), and the finding says whether the stalls
 client's own or the machine's; a capture without per-request timing reads the probe's meta.
 
 These cases build the tables by hand (requests with client timing, the probe's health series);
-the loadgen scenario of the real-process matrix (tests/diag/test_scenario_matrix.py) and ``ttft
-diagnose`` against a one-at-a-time engine (tests/diagnose/test_diagnose_real.py) run it for real.
+the loadgen scenario of the real-process matrix (tests/diag/analysis/scenarios/test_scenario_matrix.py) and ``ttft
+diagnose`` against a one-at-a-time engine (tests/diag/analysis/diagnose/test_diagnose_real.py) run it for real.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from support.featcap import make_requests, make_tables
 
-from diag import stages
-from diag.report.text import format_diagnosis
+from diag.ground import stages
+from diag.analysis.report.text import format_diagnosis
 from rules import diagnose, evidence
 from rules.features import compute_features
 

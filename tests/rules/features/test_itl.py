@@ -9,9 +9,9 @@ import pytest
 from support.featcap import QUEUE_WINDOW, S, engine_series, make_requests, make_tables
 from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
 
-from diag import stages
-from diag.capture import load_capture
-from diag.tables import build_tables
+from diag.ground import stages
+from diag.ground.capture import load_capture
+from diag.ground.tables import build_tables
 from rules.features import compute_features
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from support.featcap import make_requests, make_tables
 
-from diag import stages
+from diag.ground import stages
 from rules import diagnose
 from rules.features import compute_features
 

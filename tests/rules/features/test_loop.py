@@ -8,7 +8,7 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from diag import stages
+from diag.ground import stages
 from rules.features import Features, compute_features
 from support.featcap import make_requests, make_tables
 

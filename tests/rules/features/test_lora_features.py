@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from diag import stages
+from diag.ground import stages
 from rules.features import compute_features
 from support.featcap import engine_series, make_requests, make_tables
 
