@@ -110,7 +110,7 @@ else:
     stage_decomposition(tables.requests)
     n = len(tables.spans)
     if mode == "rules":
-        rules.diagnose(tables)
+        rules.run_rules(tables)
 elapsed = time.perf_counter() - t
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({{"elapsed_s": elapsed, "peak_rss_delta_bytes": (peak - before) * 1024, "n": n}}))
@@ -129,7 +129,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spans", type=int, default=1_000_000)
     ap.add_argument("--dir", default=None, help="where to write the capture (default: a temp dir)")
-    ap.add_argument("--rules", action="store_true", help="also time features + rules (rules.diagnose)")
+    ap.add_argument("--rules", action="store_true", help="also time features + rules (rules.run_rules)")
     args = ap.parse_args()
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ttft-bench-"))
     cap = base / "capture"

@@ -6,7 +6,7 @@ times, tokenize, queue, prefill, sample, detokenize, one engine step), written t
 Then, each in a fresh process so that peak memory is its own:
 
 * baseline: the standard library's ``json.loads`` of every line of the same file;
-* analysis: ``load_capture`` + ``build_tables`` + ``rules.diagnose`` (features + rules).
+* analysis: ``load_capture`` + ``build_tables`` + ``rules.run_rules`` (features + rules).
 
 Prints the time ratio analysis / json (budget <= 2x) and the analysis's peak-RSS growth as a
 ratio to the file size (budget < 3x), with a per-phase breakdown.
@@ -148,7 +148,7 @@ cap = load_capture(path)
 t1 = time.perf_counter()
 tables = build_tables(cap)
 t2 = time.perf_counter()
-d = rules.diagnose(tables)
+d = rules.run_rules(tables)
 t3 = time.perf_counter()
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0
 t4 = time.perf_counter()

@@ -203,7 +203,7 @@ def main() -> int:
     tables = synthetic_tables(args.requests)
     print(f"setup: {len(tables.requests):,} requests, {len(tables.steps):,} steps, {len(tables.series):,} series rows, "
           f"{len(tables.spans):,} spans, built in {time.perf_counter() - t:.1f} s")
-    print("rule engine: rules.diagnose")
+    print("rule engine: rules.run_rules")
     source = _FixedSource(tables)
     snap = source.poll()
     cols = ["ttft_s", "itl_p50_s", "itl_p99_s", "input_tokens", "output_tokens"] + [stages.stage_column(s) for s in STAGES]

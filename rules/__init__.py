@@ -2,8 +2,8 @@
 
 Front door::
 
-    from rules import diagnose
-    d = diagnose(tables, rules_file=None, slo={"ttft_p99": 2.0})
+    from rules import run_rules
+    d = run_rules(tables, rules_file=None, slo={"ttft_p99": 2.0})
     d.verdict.category, d.verdict.confidence, d.to_dict()  # text: diag.analysis.report.text.format_diagnosis(d)
 
 The numbers rules read are computed by :mod:`rules.features` (one module per theme, one
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from rules.base import REGISTRY, Rule, RuleContext
 from rules.config import RulesFileError, default_thresholds, load_thresholds
-from rules.runner import diagnose
+from rules.runner import run_rules
 from rules.model import CATEGORIES, FAILURES, INCONCLUSIVE, NO_DATA, OUTCOMES, Diagnosis, Evidence, Finding, Passed, Skipped
 
 __all__ = [
     "CATEGORIES", "FAILURES", "INCONCLUSIVE", "NO_DATA", "OUTCOMES", "Diagnosis", "Evidence", "Finding", "Passed", "Skipped", "Rule", "RuleContext",
-    "REGISTRY", "RulesFileError", "default_thresholds", "load_thresholds", "diagnose",
+    "REGISTRY", "RulesFileError", "default_thresholds", "load_thresholds", "run_rules",
 ]

@@ -79,7 +79,7 @@ def _slo_state(feats: Any) -> tuple[bool | None, bool | None, list[Evidence]]:
     return all_met, ttft_met, rows
 
 
-def diagnose(tables: Tables, rules_file: str | None = None, slo: Mapping[str, float] | None = None,
+def run_rules(tables: Tables, rules_file: str | None = None, slo: Mapping[str, float] | None = None,
              window_ns: tuple[int, int] | None = None) -> Diagnosis:
     """Features + rules -> a ranked :class:`Diagnosis`. Raises RulesFileError on a bad rules file."""
     th = load_thresholds(rules_file)

@@ -16,7 +16,7 @@
    (a TTFT finding at least that sure says TTFT is not fine) — or else ``inconclusive``, naming the
    candidate and the experiment that would decide.
 
-Pure functions over the engine's findings; called by :func:`rules.runner.diagnose` on its thread.
+Pure functions over the engine's findings; called by :func:`rules.runner.run_rules` on its thread.
 """
 
 from __future__ import annotations

@@ -23,11 +23,11 @@ from diag.ground.tables import Tables, stage_decomposition
 NS = 1_000_000_000
 
 
-def diagnose(tables: Tables, window_ns: tuple[int, int] | None, slo: dict[str, float] | None = None,
+def run_rules_in_window(tables: Tables, window_ns: tuple[int, int] | None, slo: dict[str, float] | None = None,
              rules_file: str | None = None) -> rules.Diagnosis:
     """The rule engine over ``tables`` for the window (worker thread). Raises what the rules raise
     (e.g. :class:`rules.RulesFileError`); the caller shows it."""
-    return rules.diagnose(tables, rules_file=rules_file, slo=slo, window_ns=window_ns)
+    return rules.run_rules(tables, rules_file=rules_file, slo=slo, window_ns=window_ns)
 
 
 #: The rules see at most this many requests: a larger window is cut to its most recent part
@@ -94,7 +94,7 @@ def run_rules(tables: Tables, window_ns: tuple[int, int] | None, slo: dict[str, 
     """Features + rules over the window (worker thread), on at most ``max_requests`` requests."""
     t0 = time.perf_counter()
     cut, win, seen, total = rules_input(tables, window_ns, max_requests)
-    diagnosis = diagnose(cut, win, slo=slo, rules_file=rules_file)
+    diagnosis = run_rules_in_window(cut, win, slo=slo, rules_file=rules_file)
     note = ""
     if seen < total:
         note = f"verdict over the most recent {seen:,} of {total:,} requests in the window (sampled window)"

@@ -96,7 +96,7 @@ def analyze_captures(caps: list[Capture], rules_file: str | None = None, slo: di
     if slo is None:
         slo = recorded_slo(caps)
     decomposition = stage_decomposition(tables.requests)
-    diagnosis = rules.diagnose(tables, rules_file=rules_file, slo=slo) if run_rules else None
+    diagnosis = rules.run_rules(tables, rules_file=rules_file, slo=slo) if run_rules else None
     return Analysis([str(c.path) for c in caps], tables, decomposition, diagnosis, list(tables.warnings), slo)
 
 

@@ -86,7 +86,7 @@ def split_by_replica(fleet: Analysis, by: str, rules_file: str | None = None,
         rows = series[series["entity"].astype(str) == name]
         tables = dataclasses.replace(fleet.tables, series=rows.reset_index(drop=True),
                                      requests=empty_request_table())
-        diagnosis = rules.diagnose(tables, rules_file=rules_file, slo=slo)
+        diagnosis = rules.run_rules(tables, rules_file=rules_file, slo=slo)
         one = Analysis(fleet.paths, tables, stage_decomposition(tables.requests), diagnosis, [], slo)
         replicas.append(Replica(name, one, _ttft_p95_s(one), len(rows)))
     return FleetAnalysis(by, fleet, replicas, hot_replica(replicas))

@@ -17,7 +17,7 @@ from diag.bundled_engine.outputs import SyncEventStream
 from diag.bundled_engine.sampler import SamplingParams
 from diag.analysis.report.text import format_diagnosis
 from diag.ground.tables import build_tables
-from rules import Diagnosis, diagnose, evidence
+from rules import Diagnosis, evidence, run_rules
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def _run(tmp: Path, prompts: list[tuple[int, int]], conc: int, total: int, given
             t.join(120)
     finally:
         eng.shutdown()
-    return diagnose(build_tables([load_capture(tmp)]))
+    return run_rules(build_tables([load_capture(tmp)]))
 
 
 def test_a_long_prompt_always_unfinished_is_still_head_of_line(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_reserving_the_context_for_each_request_is_kv_reservation(tmp_path: Path
     # while requests wait is the most that ever ran, as under a cap of two -- no finding, the experiment
     tables = build_tables([load_capture(tmp_path)])
     tables.meta = {k: v for k, v in (tables.meta or {}).items() if k != "engine_config"}
-    blind = diagnose(tables)
+    blind = run_rules(tables)
     assert not any(f.category == "kv_reservation" for f in blind.findings), format_diagnosis(blind)
     why = next(p.reason for p in blind.passed if p.rule_id == "kv_reservation")
     assert "cap is unknown" in why and "small max_tokens" in why
@@ -133,7 +133,7 @@ def _probe_client_only(tmp: Path, engine_args: list[str]) -> Diagnosis:
         wl = WorkloadSpec(LengthSpec.parse("16"), LengthSpec.parse("8"), inject_long_tokens=900, inject_long_every=6)
         run_probe(ProbeConfig(m.group(1), load=LoadSpec(concurrency=4, requests=42, warmup_requests=2), workload=wl,
                               timeout_s=60, output=tmp / "cli"))
-    return diagnose(build_tables([load_capture(tmp / "cli")]))
+    return run_rules(build_tables([load_capture(tmp / "cli")]))
 
 
 def test_client_only_the_injected_long_prompt_shows_head_of_line(tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ def _burst(tmp: Path, admission: str) -> Diagnosis:
             t.join(120)
     finally:
         eng.shutdown()
-    return diagnose(build_tables([load_capture(tmp)]))
+    return run_rules(build_tables([load_capture(tmp)]))
 
 
 def test_a_blocked_long_head_under_fcfs_is_head_of_line(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from diag.analysis import analyze_paths
 from diag.ground.capture import CaptureError, CaptureWriter, load_capture
 from diag.analysis.report.text import format_diagnosis
 from diag.ground.tables import build_tables
-from rules import NO_DATA, REGISTRY, RulesFileError, default_thresholds, diagnose, load_thresholds
+from rules import NO_DATA, REGISTRY, RulesFileError, default_thresholds, load_thresholds, run_rules
 from rules import evidence
 from rules.base import RuleContext, checks_of
 from rules.features import Feature, Features
@@ -44,7 +44,7 @@ def _server_capture(path: Path, n: int, stage_names: tuple[str, ...] = (stages.T
 
 def test_empty_capture_has_nothing_to_judge(tmp_path: Path) -> None:
     CaptureWriter(tmp_path / "empty").close()
-    d = diagnose(build_tables(load_capture(tmp_path / "empty")))
+    d = run_rules(build_tables(load_capture(tmp_path / "empty")))
     assert d.verdict.category == NO_DATA
     assert d.verdict.confidence == 0.0
     assert "no requests" in d.verdict.title
@@ -56,7 +56,7 @@ def test_empty_capture_has_nothing_to_judge(tmp_path: Path) -> None:
 
 def test_all_requests_failed(tmp_path: Path) -> None:
     _server_capture(tmp_path / "c", 5, error="http_503")
-    d = diagnose(build_tables(load_capture(tmp_path / "c")))
+    d = run_rules(build_tables(load_capture(tmp_path / "c")))
     # what the client saw is the verdict (a watched server that refuses everything), not "no data"
     assert d.verdict.category == "failures" and d.verdict.confidence >= 0.3
     assert "100% of requests failed (http_503 x5)" in d.verdict.title
@@ -66,7 +66,7 @@ def test_all_requests_failed(tmp_path: Path) -> None:
 
 def test_single_request(tmp_path: Path) -> None:
     _server_capture(tmp_path / "c", 1)
-    d = diagnose(build_tables(load_capture(tmp_path / "c")))
+    d = run_rules(build_tables(load_capture(tmp_path / "c")))
     assert d.verdict.category in ("healthy", "queue", "prefill_compute", "tokenize")
     assert d.verdict.confidence <= 0.6 * (1 / 20) ** 0.5 + 1e-9 or d.verdict.confidence < 0.3  # one request: weak
     assert d.features.value("requests_n") == 1
@@ -76,7 +76,7 @@ def test_single_request(tmp_path: Path) -> None:
 
 def test_missing_stages_are_skipped_not_passed(tmp_path: Path) -> None:
     _server_capture(tmp_path / "c", 30, stage_names=(stages.PREFILL,))
-    d = diagnose(build_tables(load_capture(tmp_path / "c")))
+    d = run_rules(build_tables(load_capture(tmp_path / "c")))
     skipped = {s.rule_id: s.reason for s in d.skipped}
     assert "queue" in skipped and "queue_share_tail" in skipped["queue"]
     assert "tokenize" in skipped and "no request has a tokenize stage span" in skipped["tokenize"]
@@ -87,14 +87,14 @@ def test_missing_stages_are_skipped_not_passed(tmp_path: Path) -> None:
 
 def test_some_failed_requests_are_noted(tmp_path: Path) -> None:
     dirs = simulate(tmp_path, Engine(), [Phase("steady", 40, 64, 8, conc=2)], Client(), error_every=5)
-    d = diagnose(tables_of(dirs))
+    d = run_rules(tables_of(dirs))
     assert d.features.value("requests_failed_n") == 8
     assert any("failed" in n and "http_503" in n for n in d.notes)
 
 
 def test_every_rule_is_accounted_for(tmp_path: Path) -> None:
     dirs = simulate(tmp_path, Engine(), [Phase("steady", 30, 64, 8, conc=2)], Client())
-    d = diagnose(tables_of(dirs))
+    d = run_rules(tables_of(dirs))
     seen = {f.rule_id for f in d.findings} | {s.rule_id for s in d.skipped} | {p.rule_id for p in d.passed}
     assert set(REGISTRY) <= seen  # no rule passes silently
 
@@ -138,10 +138,10 @@ def test_rules_file_changes_the_verdict(tmp_path: Path) -> None:
 
     dirs = simulate(tmp_path / "cap", Engine(stall_s=30 * MS), [Phase("concurrency=4", 40, 64, 8, conc=4)], Client())
     tables = tables_of(dirs)
-    assert diagnose(tables).verdict.category == "engine_overhead"
+    assert run_rules(tables).verdict.category == "engine_overhead"
     strict = tmp_path / "strict.toml"
     strict.write_text("[engine_overhead]\nidle_share_min = 0.99\n")
-    d = diagnose(tables, rules_file=str(strict))
+    d = run_rules(tables, rules_file=str(strict))
     assert d.verdict.category != "engine_overhead"
     assert any(p.rule_id == "engine_overhead" and "99%" in p.reason for p in d.passed)
 
@@ -162,7 +162,7 @@ def test_window_limits_the_requests(tmp_path: Path) -> None:
     _server_capture(tmp_path / "c", 20)
     tables = build_tables(load_capture(tmp_path / "c"))
     start = int(tables.requests["start_ns"].min())
-    d = diagnose(tables, window_ns=(start - 1_000_000, start + 5 * 50_000_000 - 25_000_000))
+    d = run_rules(tables, window_ns=(start - 1_000_000, start + 5 * 50_000_000 - 25_000_000))
     assert d.features.value("requests_n") == 5
 
 
@@ -171,11 +171,11 @@ def test_a_gap_that_holds_the_engines_front_end_is_not_called_network_alone(tmp_
     so (``gap_includes_frontend``, set by diag.ground.external_spans), client - server TTFT is front end +
     network, and the finding names both and the prompt sweep that tells them apart."""
     dirs = simulate(tmp_path, Engine(), [Phase("steady", 40, 64, 16, conc=2)], Client(net_s=40e-3))
-    plain = diagnose(tables_of(dirs))
+    plain = run_rules(tables_of(dirs))
     assert plain.verdict.category == "network" and plain.verdict.title.startswith("Network"), format_diagnosis(plain)
     tables = tables_of(dirs)
     tables.requests["gap_includes_frontend"] = True
-    d = diagnose(tables)
+    d = run_rules(tables)
     # front end + network, not told apart: named, less surely (under the verdict floor)
     assert d.named == "network", format_diagnosis(d)
     net = d.leading or d.verdict

@@ -19,7 +19,7 @@ from diag.ground import stages
 from diag.ground.capture import load_capture
 from diag.analysis.report.text import format_diagnosis
 from diag.ground.tables import build_tables
-from rules import diagnose, evidence
+from rules import evidence, run_rules
 from support.simcap import Client, Engine, Phase, simulate, tables_of
 
 NS = 1_000_000_000
@@ -61,7 +61,7 @@ def _passed(d, rule_id: str) -> str:
 
 def test_requests_waiting_for_an_http_worker_are_the_front_end(tmp_path: Path) -> None:
     cap = _server_capture(tmp_path / "srv", 30, lambda i: 0.02 + 0.01 * (i % 4), 0.0002, 0.0005)
-    d = diagnose(build_tables(load_capture(cap)))
+    d = run_rules(build_tables(load_capture(cap)))
     assert d.verdict.category == "frontend", format_diagnosis(d)
     f = d.verdict
     assert "HTTP workers" in f.title and f.confidence >= 0.8
@@ -75,7 +75,7 @@ def test_requests_waiting_for_an_http_worker_are_the_front_end(tmp_path: Path) -
 
 def test_a_small_front_end_wait_is_not_a_finding(tmp_path: Path) -> None:
     cap = _server_capture(tmp_path / "srv", 30, lambda i: 0.0005, 0.0002, 0.0005)
-    d = diagnose(build_tables(load_capture(cap)))
+    d = run_rules(build_tables(load_capture(cap)))
     assert _find(d, "frontend") is None
     assert "front-end wait" in _passed(d, "frontend")
 
@@ -84,7 +84,7 @@ def test_waiting_for_a_tokenizer_busy_with_slow_tokenization_is_tokenize(tmp_pat
     """One tokenizer thread and a slow tokenizer: requests queue for the thread, but the cause is the
     cost per prompt token -- the tokenize rule's, not the front end's pool."""
     cap = _server_capture(tmp_path / "srv", 30, lambda i: 0.0, 0.015, 0.015)
-    d = diagnose(build_tables(load_capture(cap)))
+    d = run_rules(build_tables(load_capture(cap)))
     assert d.verdict.category == "tokenize", format_diagnosis(d)
     assert _find(d, "frontend") is None and "see tokenize" in _passed(d, "frontend")
 
@@ -95,7 +95,7 @@ def _sweep(conc_levels=(1, 2, 4, 8)) -> list[Phase]:
 
 def test_a_gap_outside_the_engine_clock_that_grows_with_load_is_the_front_end(tmp_path: Path) -> None:
     dirs = simulate(tmp_path, Engine(), _sweep(), Client(net_s=1 * MS, frontend_s_per_conc=8 * MS))
-    d = diagnose(tables_of(dirs))
+    d = run_rules(tables_of(dirs))
     assert d.verdict.category == "frontend", format_diagnosis(d)
     rows = {e.key: e for e in d.verdict.evidence}
     assert rows[evidence.GAP_RISE_X].value > 5
@@ -105,14 +105,14 @@ def test_a_gap_outside_the_engine_clock_that_grows_with_load_is_the_front_end(tm
 
 def test_a_fixed_network_delay_is_not_the_front_end(tmp_path: Path) -> None:
     dirs = simulate(tmp_path, Engine(), _sweep(), Client(net_s=30 * MS))
-    d = diagnose(tables_of(dirs))
+    d = run_rules(tables_of(dirs))
     assert d.verdict.category == "network", format_diagnosis(d)
     assert _find(d, "frontend") is None and "a fixed latency" in _passed(d, "frontend")
 
 
 def test_client_only_at_one_level_names_the_sweep(tmp_path: Path) -> None:
     dirs = simulate(tmp_path, Engine(), [Phase("c4", 40, 64, 16, conc=4)], Client(net_s=30 * MS), server=False)
-    d = diagnose(tables_of(dirs, ("client",)))
+    d = run_rules(tables_of(dirs, ("client",)))
     assert _find(d, "frontend") is None
     reason = _passed(d, "frontend")
     assert "cannot be split into front end and network" in reason and "--sweep concurrency" in reason
@@ -136,7 +136,7 @@ def test_real_server_with_one_http_worker_is_the_front_end(tmp_path: Path) -> No
                               workload=WorkloadSpec(LengthSpec.parse("32"), LengthSpec.parse("12")), timeout_s=60,
                               output=tmp_path / "cli"))
     for sides in (("srv",), ("cli", "srv")):
-        d = diagnose(build_tables([load_capture(tmp_path / s) for s in sides]))
+        d = run_rules(build_tables([load_capture(tmp_path / s) for s in sides]))
         assert d.verdict.category == "frontend", format_diagnosis(d)
         assert "HTTP workers" in d.verdict.title
 
@@ -161,11 +161,11 @@ def _dynamo_series(path: Path, frontend_s: float, tokenize_s: float) -> Path:
 
 
 def test_dynamo_front_end_time_beyond_its_tokenizer_is_the_front_end(tmp_path: Path) -> None:
-    d = diagnose(build_tables(load_capture(_dynamo_series(tmp_path / "a", 0.6, 0.04))))
+    d = run_rules(build_tables(load_capture(_dynamo_series(tmp_path / "a", 0.6, 0.04))))
     f = _find(d, "frontend")
     assert f is not None and d.named == "frontend", format_diagnosis(d)  # Dynamo's metrics alone: maybe under the floor
     # the same front-end time spent in its tokenizer is tokenize's
-    d = diagnose(build_tables(load_capture(_dynamo_series(tmp_path / "b", 0.6, 0.55))))
+    d = run_rules(build_tables(load_capture(_dynamo_series(tmp_path / "b", 0.6, 0.55))))
     assert _find(d, "frontend") is None and "see tokenize" in _passed(d, "frontend")
     assert d.named == "tokenize", format_diagnosis(d)
 
@@ -187,7 +187,7 @@ def _sweep_with_metrics(tmp: Path, engine_args: list[str]):
                   # by time, not count: a quiet box serves 8 requests in a fraction of a second, and the
                   # engine's gauges need several scrapes (every 0.5 s) while requests are in flight
                   SweepSpec("concurrency", values=[1, 2, 4, 8], duration_per_point_s=2.0))
-    return diagnose(build_tables([load_capture(tmp / "cli")]))
+    return run_rules(build_tables([load_capture(tmp / "cli")]))
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 from diag.analysis import analyze_paths
 from diag.ground.capture import load_capture
 from diag.ground.tables import build_tables
-from rules import diagnose, evidence
+from rules import evidence, run_rules
 from rules.base import REGISTRY, RuleContext, checks_of
 from rules.config import load_thresholds
 from rules.features import Feature, Features
@@ -71,7 +71,7 @@ def test_requests_waiting_for_kv_blocks_name_kv_cache_short_of_full_usage(tmp_pa
     the engine's own reason on its steps says so. A batch cap of two with plenty of KV never does."""
     def run(out, **config):
         rounds = [[(list(range(3 + r + i, 203 + r + i)), 24) for i in range(6)] for r in range(3)]
-        return diagnose(build_tables(load_capture(capture_rounds(out, rounds, block_size=16, **config))))
+        return run_rules(build_tables(load_capture(capture_rounds(out, rounds, block_size=16, **config))))
 
     kv = run(tmp_path / "kv", kv_blocks=30)  # 2 x ceil(224 / 16) = 28 blocks: two fit, a third never does
     assert kv.features.value("kv_blocked_steps_frac") >= 0.5

@@ -11,7 +11,7 @@ import pytest
 from diag.ground.capture import load_capture
 from diag.bundled_engine.faults import parse_injections
 from diag.ground.tables import build_tables
-from rules import diagnose, evidence
+from rules import evidence, run_rules
 from support.engine_testutil import capture_rounds
 
 
@@ -27,7 +27,7 @@ def caps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_a_stalled_step_loop_is_engine_overhead_with_its_share(caps: dict[str, Path]) -> None:
-    d = diagnose(build_tables(load_capture(caps["stall"])))
+    d = run_rules(build_tables(load_capture(caps["stall"])))
     v = d.verdict
     assert v.category == "engine_overhead", [(f.category, f.confidence) for f in d.findings]
     assert v.confidence >= 0.7
@@ -43,7 +43,7 @@ def test_a_stalled_step_loop_is_engine_overhead_with_its_share(caps: dict[str, P
 
 
 def test_a_stall_well_under_a_step_is_not_named(caps: dict[str, Path]) -> None:
-    d = diagnose(build_tables(load_capture(caps["slight"])))
+    d = run_rules(build_tables(load_capture(caps["slight"])))
     assert d.verdict.category != "engine_overhead"
     (p,) = [p for p in d.passed if p.rule_id == "engine_overhead"]
     assert "idle" in p.reason
@@ -51,6 +51,6 @@ def test_a_stall_well_under_a_step_is_not_named(caps: dict[str, Path]) -> None:
 
 def test_without_engine_steps_the_rule_says_what_it_needs() -> None:
     # real vLLM's spans: per request, no engine steps
-    d = diagnose(build_tables(load_capture(Path(__file__).parents[2] / "samples/external/vllm/capture")))
+    d = run_rules(build_tables(load_capture(Path(__file__).parents[2] / "samples/external/vllm/capture")))
     (sk,) = [s for s in d.skipped if s.rule_id == "engine_overhead"]
     assert "engine-step spans" in sk.reason

@@ -11,7 +11,7 @@ import pytest
 from diag.ground.capture import load_capture
 from diag.bundled_engine.faults import parse_injections
 from diag.ground.tables import build_tables
-from rules import diagnose, evidence
+from rules import evidence, run_rules
 from support.engine_testutil import capture_rounds
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def caps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_a_slow_link_is_named_as_the_transfer_with_both_sides_ttft(caps: dict[str, Path]) -> None:
-    d = diagnose(build_tables(load_capture(caps["link"])))
+    d = run_rules(build_tables(load_capture(caps["link"])))
     v = d.verdict
     assert v.category == "pd_transfer" and "KV transfer" in v.title, [(f.category, f.confidence) for f in d.findings]
     rows = {e.key: e for e in v.evidence}
@@ -45,7 +45,7 @@ def test_a_slow_link_is_named_as_the_transfer_with_both_sides_ttft(caps: dict[st
 
 
 def test_a_small_decode_pool_is_named_as_its_admission_and_owns_the_queue(caps: dict[str, Path]) -> None:
-    d = diagnose(build_tables(load_capture(caps["pool"])))
+    d = run_rules(build_tables(load_capture(caps["pool"])))
     v = d.verdict
     assert v.category == "pd_transfer" and "admits" in v.title, [(f.category, f.confidence) for f in d.findings]
     assert {e.key: e for e in v.evidence}[evidence.PD_ADMISSION_SHARE].crossed
@@ -55,7 +55,7 @@ def test_a_small_decode_pool_is_named_as_its_admission_and_owns_the_queue(caps: 
 
 
 def test_a_fast_link_and_a_roomy_pool_are_not_named(caps: dict[str, Path]) -> None:
-    d = diagnose(build_tables(load_capture(caps["fine"])))
+    d = run_rules(build_tables(load_capture(caps["fine"])))
     assert d.verdict.category != "pd_transfer", [(f.category, f.confidence) for f in d.findings]
     passed = [p for p in d.passed if p.rule_id == "pd_transfer"]
     if passed:

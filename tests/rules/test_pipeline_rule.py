@@ -10,7 +10,7 @@ import pytest
 
 from diag.ground.capture import load_capture
 from diag.ground.tables import build_tables
-from rules import diagnose, evidence
+from rules import evidence, run_rules
 from support.engine_testutil import capture_rounds
 
 
@@ -28,7 +28,7 @@ def caps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.slow
 def test_pp2_alone_is_a_pipeline_bubble_with_its_share(caps: dict[str, Path]) -> None:
-    d = diagnose(build_tables(load_capture(caps["pp2"])))
+    d = run_rules(build_tables(load_capture(caps["pp2"])))
     v = d.verdict
     assert v.category == "pipeline_bubble", [(f.category, f.confidence) for f in d.findings]
     rows = {e.key: e for e in v.evidence}
@@ -43,7 +43,7 @@ def test_pp2_alone_is_a_pipeline_bubble_with_its_share(caps: dict[str, Path]) ->
 
 @pytest.mark.slow
 def test_one_rank_never_names_a_bubble(caps: dict[str, Path]) -> None:
-    d = diagnose(build_tables(load_capture(caps["pp1"])))
+    d = run_rules(build_tables(load_capture(caps["pp1"])))
     assert d.verdict.category != "pipeline_bubble"
     (skip,) = [s for s in d.skipped if s.rule_id == "pipeline_bubble"]
     assert "pp_bubble_share_of_prefill" in skip.reason
@@ -51,7 +51,7 @@ def test_one_rank_never_names_a_bubble(caps: dict[str, Path]) -> None:
 
 @pytest.mark.slow
 def test_pp_against_one_rank_in_one_capture_is_compared(caps: dict[str, Path]) -> None:
-    d = diagnose(build_tables([load_capture(caps["pp2"]), load_capture(caps["pp1"])]))
+    d = run_rules(build_tables([load_capture(caps["pp2"]), load_capture(caps["pp1"])]))
     by = d.features.value("ttft_by_parallelism")
     assert set(by) == {"pp=2", "1 rank"} and all(v > 0 for v in by.values())
     assert d.features.value("pp_vs_tp_ttft_ratio") > 0
@@ -61,10 +61,10 @@ def test_pp_against_one_rank_in_one_capture_is_compared(caps: dict[str, Path]) -
 
 @pytest.mark.slow
 def test_pp_against_tp_at_the_same_rank_count_is_compared_and_tp_alone_is_not_a_bubble(caps: dict[str, Path]) -> None:
-    tp = diagnose(build_tables(load_capture(caps["tp2"])))
+    tp = run_rules(build_tables(load_capture(caps["tp2"])))
     assert tp.verdict.category != "pipeline_bubble"
     assert any(s.rule_id == "pipeline_bubble" for s in tp.skipped)  # collectives are comm's evidence, not a bubble
-    d = diagnose(build_tables([load_capture(caps["pp2"]), load_capture(caps["tp2"])]))
+    d = run_rules(build_tables([load_capture(caps["pp2"]), load_capture(caps["tp2"])]))
     assert set(d.features.value("ttft_by_parallelism")) == {"pp=2", "tp=2"}
     assert d.features.get("pp_vs_tp_ttft_ratio").source.startswith("PP against TP")
     assert d.features.value("pp_vs_tp_ttft_ratio") > 0

@@ -21,7 +21,7 @@ from diag.ground import stages
 from diag.ground.capture import load_capture
 from diag.analysis.report.text import format_diagnosis
 from diag.ground.tables import build_tables
-from rules import diagnose, evidence
+from rules import evidence, run_rules
 
 NS = 1_000_000_000
 PREFIX, SUFFIX = 512, 64
@@ -87,7 +87,7 @@ def _capture(path: Path, *, fixed_s: float, per_token_s: float, hit: bool, serve
 
 
 def _diagnose(*paths: Path):
-    return diagnose(build_tables([load_capture(p) for p in paths]))
+    return run_rules(build_tables([load_capture(p) for p in paths]))
 
 
 def _find(d, rule_id: str = "prefix_cache"):
@@ -143,7 +143,7 @@ def test_diagnose_with_the_users_workload_judges_the_prefix_for_their_prompts(tm
 
     tables = build_tables([load_capture(_capture(tmp_path / "d", fixed_s=0.010, per_token_s=0.0004, hit=False,
                                                  server=False, kind="diagnose"))])
-    d = diagnose(replace(tables, meta={**tables.meta, "users_workload": {"shared_prefix_tokens": shared}}))
+    d = run_rules(replace(tables, meta={**tables.meta, "users_workload": {"shared_prefix_tokens": shared}}))
     if shared:
         f = _find(d)
         assert f is not None and not f.conditional and d.verdict.rule_id == "prefix_cache", format_diagnosis(d)
@@ -231,7 +231,7 @@ def test_external_engine_counters_against_what_the_design_allows(tmp_path, hit):
     queries = 6 * 3 * 576 + 6 * 64
     series = adapt_texts(_vllm_texts(queries, 12 * 512 if hit else 0.0), engine="vllm")
     # as ttft scrape records the engine it detected
-    d = diagnose(replace(tables, series=series, meta={**tables.meta, "prometheus_scrape": {"engine": "vllm"}}))
+    d = run_rules(replace(tables, series=series, meta={**tables.meta, "prometheus_scrape": {"engine": "vllm"}}))
     assert d.features.value("prefix_metrics_cached_frac") == pytest.approx(1.0 if hit else 0.0, abs=0.02)
     assert not d.features.available("prefix_repeat_cached_frac")  # the prefix_cache.metrics check answers
     f = _find(d)

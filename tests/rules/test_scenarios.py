@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from diag.analysis.report.text import format_diagnosis
-from rules import CATEGORIES, diagnose, evidence
+from rules import CATEGORIES, evidence, run_rules
 from rules.overrides import timing_free
 from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
 
@@ -77,7 +77,7 @@ SLOS = {"decode": {"tpot_p99": 0.010}, "interference": {"itl_p99": 0.040}}
 
 
 def _diagnose(captures: dict[str, dict[str, Path]], name: str, sides: tuple[str, ...] = ("client", "server")):  # noqa: ANN202
-    return diagnose(_tables(captures[name], sides), slo=SLOS.get(name))
+    return run_rules(_tables(captures[name], sides), slo=SLOS.get(name))
 
 
 def _check(d, expected) -> object:  # noqa: ANN001
@@ -127,21 +127,21 @@ def test_verdict_client_only(captures: dict[str, dict[str, Path]], name: str) ->
 
 
 def test_network_needs_both_sides(captures: dict[str, dict[str, Path]]) -> None:
-    d = diagnose(_tables(captures["network"], ("client",)))
+    d = run_rules(_tables(captures["network"], ("client",)))
     skipped = {s.rule_id: s.reason for s in d.skipped}
     assert skipped["network"].startswith("skipped: needs ")
     assert "client and the server" in skipped["network"]
 
 
 def test_kv_cache_demotes_queue(captures: dict[str, dict[str, Path]]) -> None:
-    d = diagnose(_tables(captures["kv_cache"]))
+    d = run_rules(_tables(captures["kv_cache"]))
     q = [f for f in d.findings if f.category == "queue"]
     assert q and "kv_cache" in q[0].demoted_by
     assert d.findings.index(q[0]) > 0
 
 
 def test_loadgen_demotes_server_blame(captures: dict[str, dict[str, Path]]) -> None:
-    d = diagnose(_tables(captures["loadgen"]))
+    d = run_rules(_tables(captures["loadgen"]))
     assert d.verdict.category == "loadgen"
     blamed = [f for f in d.findings[1:] if f.category not in ("healthy", "cold_start", "inconclusive")]
     assert blamed  # the late client's TTFT, read as network from the client-server gap
@@ -153,7 +153,7 @@ def test_loadgen_demotes_server_blame(captures: dict[str, dict[str, Path]]) -> N
 
 
 def test_cold_start_is_not_ttft(captures: dict[str, dict[str, Path]]) -> None:
-    d = diagnose(_tables(captures["cold_start"]))
+    d = run_rules(_tables(captures["cold_start"]))
     assert d.verdict.explained_s is None  # start-up cost is never counted as TTFT
     assert d.features.value("cold_start_outliers_n") >= 1
     assert d.features.value("cold_start_s") == pytest.approx(5.0, rel=0.01)
@@ -174,27 +174,27 @@ def test_an_itl_finding_without_an_itl_target_stands_beside_the_verdict(captures
                                                                           name: str) -> None:
     """The contract: a finding about the tokens after the first is the verdict only against a broken
     ITL/TPOT target; without one it is reported beside whatever TTFT's own verdict is."""
-    d = diagnose(_tables(captures[name]))
+    d = run_rules(_tables(captures[name]))
     assert d.verdict.category != name, format_diagnosis(d)
     assert any(f.category == name for f in d.findings)
     assert (d.leading is None or d.leading.category != name) and name in format_diagnosis(d)
 
 
 def test_comm_compares_tp_degrees_client_only(captures: dict[str, dict[str, Path]]) -> None:
-    d = diagnose(_tables(captures["comm"], ("client",)))
+    d = run_rules(_tables(captures["comm"], ("client",)))
     assert d.features.value("tp_ttft_ratio") > 1.2
     assert set(d.features.value("ttft_by_tp")) == {"1", "2"}
 
 
 def test_slo_met_says_healthy(captures: dict[str, dict[str, Path]]) -> None:
-    d = diagnose(_tables(captures["prefill_compute"]), slo={"ttft_p99": 10.0})
+    d = run_rules(_tables(captures["prefill_compute"]), slo={"ttft_p99": 10.0})
     assert d.verdict.category == "healthy"
     pf = [f for f in d.findings if f.category == "prefill_compute"]
     assert pf and "slo" in pf[0].demoted_by
 
 
 def test_slo_broken_is_never_healthy(captures: dict[str, dict[str, Path]]) -> None:
-    d = diagnose(_tables(captures["healthy"]), slo={"ttft_p99": 0.001})
+    d = run_rules(_tables(captures["healthy"]), slo={"ttft_p99": 0.001})
     assert d.verdict.category == "inconclusive"
     assert d.leading.confidence <= 0.3  # no rule fired: the largest stage leads, said weakly
     assert any("SLO is broken" in n for n in d.notes)

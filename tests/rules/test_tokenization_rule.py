@@ -4,7 +4,7 @@ test_verdicts_real.py and tests/thirdparty."""
 
 from __future__ import annotations
 
-from rules import diagnose, evidence
+from rules import evidence, run_rules
 
 
 def test_a_lone_streams_prompt_spread_is_a_sweep_for_the_black_box_tokenizer(tmp_path) -> None:  # noqa: ANN001
@@ -16,7 +16,7 @@ def test_a_lone_streams_prompt_spread_is_a_sweep_for_the_black_box_tokenizer(tmp
     def client_only(conc: int):  # noqa: ANN202
         dirs = simulate(tmp_path / str(conc), Engine(tok_s_per_token=3.0 * MS),
                         [Phase("steady", 30, [64, 128, 256, 384], 8, conc=conc)], Client())
-        return diagnose(tables_of(dirs, ("client",)))
+        return run_rules(tables_of(dirs, ("client",)))
 
     lone = client_only(1)
     assert lone.verdict.category == "tokenize" and lone.verdict.black_box, lone.verdict

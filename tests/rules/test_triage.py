@@ -9,7 +9,7 @@ import pytest
 from diag.analysis import recorded_slo
 from diag.ground.capture import load_capture
 from diag.ground.tables import build_tables
-from rules import REGISTRY, diagnose, evidence
+from rules import REGISTRY, evidence, run_rules
 from rules.base import RuleContext, Triage, finding, strength
 from rules.features import Feature, Features
 from rules.model import Evidence
@@ -122,7 +122,7 @@ def test_finding_leaves_id_and_category_to_the_engine() -> None:
 def test_the_engine_fills_id_and_category_from_the_decorator(sample: str) -> None:
     root = Path(__file__).resolve().parents[2] / "samples" / sample
     caps = [load_capture(p) for p in sorted(root.iterdir()) if p.is_dir()]
-    d = diagnose(build_tables(caps), slo=recorded_slo(caps))  # interference: its users' ITL target
+    d = run_rules(build_tables(caps), slo=recorded_slo(caps))  # interference: its users' ITL target
     rule_findings = [f for f in d.findings if f.rule_id in REGISTRY]
     assert rule_findings and d.verdict.rule_id == d.verdict.category == sample
     for f in rule_findings:

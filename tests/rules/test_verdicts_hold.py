@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from diag.analysis.report.text import format_diagnosis
-from rules import FAILURES, INCONCLUSIVE, OUTCOMES, diagnose, evidence
+from rules import FAILURES, INCONCLUSIVE, OUTCOMES, evidence, run_rules
 from support.simcap import MS, Client, Engine, Phase, poisson, simulate, tables_of
 
 
 def _diag(tmp: Path, engine: Engine, phases: list[Phase], client: Client | None = None, sides=("client",),
           seed: int = 0, slo: dict[str, float] | None = None, **kw):  # noqa: ANN001, ANN202
     dirs = simulate(tmp, engine, phases, client or Client(), seed=seed, **kw)
-    return diagnose(tables_of(dirs, sides), slo=slo)
+    return run_rules(tables_of(dirs, sides), slo=slo)
 
 
 @pytest.mark.parametrize("cap,conc", [(1, 4), (1, 2), (2, 8)])
@@ -436,7 +436,7 @@ def test_the_fixed_part_is_counted_in_the_decode_steps_of_the_requests_it_was_fi
 
 def test_a_knee_seen_from_the_client_alone_leads_but_is_never_the_verdict() -> None:
     """TTFT flat to 4 in flight, then 25x, decode speed held (real vLLM --max-num-seqs 3 under ttft
-    diagnose, which named kv_cache at 0.75): a batch cap makes the same knee, so it stays under the floor."""
+    run_rules, which named kv_cache at 0.75): a batch cap makes the same knee, so it stays under the floor."""
     from rules.base import REGISTRY, RuleContext
     from rules.config import load_thresholds
     from rules.features import Feature, Features

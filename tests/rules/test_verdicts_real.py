@@ -16,7 +16,7 @@ from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, ru
 from diag.ground.capture import load_capture
 from diag.analysis.report.text import format_diagnosis
 from diag.ground.tables import build_tables
-from rules import FAILURES, Diagnosis, diagnose, evidence
+from rules import Diagnosis, FAILURES, evidence, run_rules
 from rules.model import TTFT_CATEGORIES
 from rules.verdict import is_candidate, itl_target_broken
 
@@ -41,7 +41,7 @@ def _probe(tmp: Path, engine_args: list[str], load: LoadSpec, prompt: str = "64"
 
 
 def _diagnose(dirs: dict[str, Path], sides: tuple[str, ...] = ("client",)) -> Diagnosis:
-    return diagnose(build_tables([load_capture(dirs[s]) for s in sides]))
+    return run_rules(build_tables([load_capture(dirs[s]) for s in sides]))
 
 
 def test_one_request_at_a_time_at_concurrency_4_closed_loop_is_queue(tmp_path: Path) -> None:
@@ -172,7 +172,7 @@ def test_prefill_stalls_with_no_itl_target_stand_beside_the_verdict(tmp_path: Pa
     # article's rows: after a TTFT cause sure enough to be named — on a slow machine the two
     # streams also wait for each other's prefill, a queue the engine measured)
     tables = build_tables([load_capture(dirs[s]) for s in ("client", "server")])
-    target = diagnose(tables, slo={"itl_p99": 0.5 * d.features.value("itl_p99_s")})
+    target = run_rules(tables, slo={"itl_p99": 0.5 * d.features.value("itl_p99_s")})
     assert itl_target_broken(target.features)
     inter = next(f for f in target.findings if f.category == "interference")
     assert is_candidate(inter, True), format_diagnosis(target)

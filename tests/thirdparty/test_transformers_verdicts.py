@@ -17,7 +17,7 @@ from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, SweepSpec, Workl
 from diag.ground.capture import load_capture  # noqa: E402
 from diag.analysis.report.text import format_diagnosis  # noqa: E402
 from diag.ground.tables import build_tables  # noqa: E402
-from rules import diagnose  # noqa: E402
+from rules import run_rules  # noqa: E402
 
 from hf_serve import TransformersServe, build_tiny_llama  # noqa: E402
 
@@ -30,7 +30,7 @@ def _config(url: str, out, load: LoadSpec, prompt: str = "32", output: str = "16
 
 
 def _diagnose(out):  # noqa: ANN001, ANN202
-    return diagnose(build_tables(load_capture(out)))
+    return run_rules(build_tables(load_capture(out)))
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ from diag.ground import stages as S
 from diag.ground.capture import load_capture
 from diag.analysis.report.text import format_diagnosis
 from diag.ground.tables import build_tables
-from rules import diagnose
+from rules import run_rules
 
 from hf_serve import ttft_command
 from vllm_matrix import cpu_split, pinned
@@ -157,7 +157,7 @@ def test_a_batch_cap_shows_waiting_for_capacity_with_kv_free_and_is_not_kv_cache
     assert vals[-1][("vllm:num_preemptions_total", "")] == 0
 
     # ttft scrape's capture joined with the probe's: canonical series, and the verdict is not kv_cache
-    d = diagnose(build_tables([load_capture(tmp_path / "cli"), load_capture(tmp_path / "scrape")]))
+    d = run_rules(build_tables([load_capture(tmp_path / "cli"), load_capture(tmp_path / "scrape")]))
     assert d.features.value("waiting_for_capacity_share") == pytest.approx(1.0)
     assert d.features.value("kv_usage_p95") < 0.05
     assert not any(f.category == "kv_cache" for f in d.findings), format_diagnosis(d)
@@ -181,7 +181,7 @@ def test_a_kv_pool_too_small_for_the_load_fills_and_preempts(vllm_model, vllm_py
     # preemption counter, which no scrape can miss, is the pool's own word that it filled
     assert series(S.SERIES_KV_USAGE).max() >= 0.5
     assert series(S.SERIES_PREEMPTIONS).max() >= 1
-    d = diagnose(build_tables([load_capture(tmp_path / "cli"), load_capture(tmp_path / "scrape")]))
+    d = run_rules(build_tables([load_capture(tmp_path / "cli"), load_capture(tmp_path / "scrape")]))
     assert d.features.value("preemptions_total") >= 1
     if d.verdict.category != "loadgen":  # a probe the server starved times nothing (module doc)
         assert any(f.category == "kv_cache" for f in d.findings), format_diagnosis(d)

@@ -51,12 +51,12 @@ def _idle_gaps_probe(server, tmp_path, name: str, **kw):
 def test_idle_closed_keepalive_connections_are_retried_not_failures(server, tmp_path) -> None:
     from diag.ground.capture import load_capture
     from diag.ground.tables import build_tables
-    from rules import diagnose
+    from rules import run_rules
 
     # the control: without the retry, the race is counted against the server
     raced = _idle_gaps_probe(server, tmp_path, "raced", retry_reused=False)
     assert raced.metrics["errors"]["server_disconnected"]["count"] >= 4
-    d = diagnose(build_tables(load_capture(tmp_path / "raced")))
+    d = run_rules(build_tables(load_capture(tmp_path / "raced")))
     assert d.verdict.category == "failures"
     server.reset()
     res = _idle_gaps_probe(server, tmp_path, "retried")
@@ -64,5 +64,5 @@ def test_idle_closed_keepalive_connections_are_retried_not_failures(server, tmp_
     retries = json.loads((tmp_path / "retried" / "meta.json").read_text())["client_health"]["connection_retries"]
     assert retries["retried"] >= 4 and retries["retried"] <= len(server.idle_closed_ns)  # setup requests may retry too
     assert retries["retried"] == sum(r.conn_retries for r in res.results) and "not as failures" in retries["note"]
-    d = diagnose(build_tables(load_capture(tmp_path / "retried")))
+    d = run_rules(build_tables(load_capture(tmp_path / "retried")))
     assert d.verdict.category != "failures" and d.features.value("error_rate") == 0

@@ -72,7 +72,7 @@ def test_sweep_spec_values():
 
 
 def test_prompt_sweep_stops_at_the_context_limit_and_records_it(server, tmp_path):
-    from rules import diagnose
+    from rules import run_rules
 
     # a server with a 1000-token context (vLLM's 400 past it) and a prefill that grows with the prompt
     res = run_sweep(_cfg(server.url("ctx-1000"), tmp_path, warmup=1), SweepSpec("prompt", requests_per_point=3))
@@ -86,19 +86,19 @@ def test_prompt_sweep_stops_at_the_context_limit_and_records_it(server, tmp_path
     assert limit["accepted_prompt_tokens"] == 512 and limit["refused_prompt_tokens"] == 1024 and limit["status"] == 400
     assert meta["sweep"]["context_limit"] == limit
     tables = build_tables(load_capture(tmp_path / "cap"))
-    d = diagnose(tables)
+    d = run_rules(tables)
     assert d.verdict.category != "failures" and not any(f.category == "failures" for f in d.findings)
     assert d.features.value("error_rate") == 0 and d.features.value("context_limit_refused_n") == 3
     assert "the experiment's limit, not failures" in next(p.reason for p in d.passed if p.rule_id == "failures")
     # the verdict is what the lengths below the limit show on their own
     req = tables.requests
     refused_start = int(req.loc[req["segment"] == "prompt=1024", "start_ns"].min())
-    below = diagnose(tables, window_ns=(int(req["start_ns"].min()), refused_start))
+    below = run_rules(tables, window_ns=(int(req["start_ns"].min()), refused_start))
     assert below.verdict.category == d.verdict.category and below.features.value("context_limit_refused_n") == 0
 
 
 def test_a_plain_probe_refused_as_too_long_still_fails(server, tmp_path):
-    from rules import diagnose
+    from rules import run_rules
 
     # the user chose the length: the server refusing it is a failure, as before
     cfg = ProbeConfig(server.url("ctx-1000"), api="completions", load=LoadSpec(requests=6),
@@ -110,5 +110,5 @@ def test_a_plain_probe_refused_as_too_long_still_fails(server, tmp_path):
     assert res.metrics["requests"]["errors"] == 6
     meta = load_capture(tmp_path / "cap").meta
     assert "context_limit" not in meta["probe"]
-    d = diagnose(build_tables(load_capture(tmp_path / "cap")))
+    d = run_rules(build_tables(load_capture(tmp_path / "cap")))
     assert d.verdict.category == "failures" and "http_4xx x6" in d.verdict.title

@@ -16,7 +16,7 @@ from support.featcap import make_requests, make_tables
 
 from diag.ground import stages
 from diag.analysis.report.text import format_diagnosis
-from rules import diagnose, evidence
+from rules import evidence, run_rules
 from rules.features import compute_features
 
 def test_client_health_from_probe_meta() -> None:
@@ -73,14 +73,14 @@ def test_stalls_between_requests_are_not_the_load_generator() -> None:
     f = compute_features(t)
     assert f.value("client_first_token_lag_share") < 0.01
     assert f.value("client_loop_stall_frac") < 0.05  # while requests waited, not the run's ~17%
-    d = diagnose(t)
+    d = run_rules(t)
     assert not any(x.category == "loadgen" for x in d.findings), format_diagnosis(d)
     why = next(p.reason for p in d.passed if p.rule_id == "loadgen")
     assert "sends and first tokens could add 0%" in why
 
 
 def test_the_clients_own_stalls_at_first_tokens_are_the_load_generator() -> None:
-    d = diagnose(_tables("first"))
+    d = run_rules(_tables("first"))
     v = d.verdict
     assert v.category == "loadgen" and v.confidence >= 0.7, format_diagnosis(d)
     assert v.title.startswith("The load generator was the bottleneck")
@@ -90,7 +90,7 @@ def test_the_clients_own_stalls_at_first_tokens_are_the_load_generator() -> None
 
 
 def test_stalls_the_machine_caused_are_said_to_be_the_machines() -> None:
-    d = diagnose(_tables("first", starved=True))
+    d = run_rules(_tables("first", starved=True))
     v = d.verdict
     assert v.category == "loadgen", format_diagnosis(d)
     assert v.title.startswith("The machine starved the load generator") and "not the client's own work" in v.title
@@ -100,7 +100,7 @@ def test_stalls_the_machine_caused_are_said_to_be_the_machines() -> None:
 
 def test_a_capture_without_per_request_timing_reads_the_probes_own_summary() -> None:
     meta = {"client_health": {"loop_stall_frac": 0.5, "loop_lag_p99_s": 0.2, "cpu_pct_p90": 30.0, "saturated": True}}
-    d = diagnose(make_tables(make_requests([TTFT_S] * N), meta=meta))
+    d = run_rules(make_tables(make_requests([TTFT_S] * N), meta=meta))
     assert d.features.value("client_first_token_lag_share") is None
     assert d.verdict.category == "loadgen", format_diagnosis(d)
     assert any(e.key == evidence.CLIENT_LOOP_STALLED and e.crossed for e in d.verdict.evidence)

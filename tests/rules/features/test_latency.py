@@ -7,7 +7,7 @@ import pytest
 from support.featcap import make_requests, make_tables
 
 from diag.ground import stages
-from rules import diagnose
+from rules import run_rules
 from rules.features import compute_features
 
 
@@ -46,7 +46,7 @@ def test_slos_are_judged_at_the_users_prompt_lengths_in_a_diagnose_capture() -> 
     assert checks["tpot_p99"]["met"] is False and checks["tpot_p99"]["value_s"] == 0.02
     assert checks["itl_p50"]["met"] is False and checks["itl_p50"]["value_s"] == pytest.approx(0.02)
     assert "20 of 30 requests" in checks["ttft_p99"]["over"] and "8-16 tokens" in checks["ttft_p99"]["over"]
-    d = diagnose(_diagnose_capture([8, 16]), slo=SLO)
+    d = run_rules(_diagnose_capture([8, 16]), slo=SLO)
     note = next(n for n in d.notes if n.startswith("an SLO is broken"))
     assert "tpot_p99 = 20.0 ms" in note and "ttft" not in note and "(over 20 of 30 requests" in note
 

@@ -10,7 +10,7 @@ import heapq
 
 from support.featcap import make_requests, make_tables
 
-from rules import diagnose, evidence
+from rules import evidence, run_rules
 from rules.features import compute_features
 
 STEP_S = 0.004  # one decode step
@@ -80,7 +80,7 @@ def test_fewer_requests_admitted_the_more_tokens_each_holds_is_a_kv_limit() -> N
     assert feats.value("long_ramp_short_flat") == 1 and feats.value("long_ramp_knee_ratio") > 3.5  # ~8 / 2
     assert abs(feats.value("long_ramp_token_ratio") - (256 + OUT) / (64 + OUT)) < 1e-9
     assert feats.value("requests_n") == sum(4 * c for c in (1, 2, 4, 8))  # the experiment is not TTFT statistics
-    d = diagnose(tables)
+    d = run_rules(tables)
     kv = next(f for f in d.findings if f.category == "kv_cache")
     assert kv.black_box and "Fewer requests are admitted the more tokens each holds" in kv.title
     assert d.named == "kv_cache"  # what the rules name; from the client alone, maybe under the verdict floor
@@ -91,7 +91,7 @@ def test_a_short_ramp_that_decoded_more_at_once_than_the_long_cap_is_enough() ->
     tables = _tables(short_limit=None, long_limit=3, short_levels=(1, 2, 3, 4))
     feats = compute_features(tables)
     assert feats.value("long_ramp_decode_cap") == 3 and feats.value("long_ramp_short_flat") == 1
-    kv = next(f for f in diagnose(tables).findings if f.category == "kv_cache")
+    kv = next(f for f in run_rules(tables).findings if f.category == "kv_cache")
     assert any("a lower bound" in e.meaning for e in kv.evidence)
 
 
@@ -100,7 +100,7 @@ def test_an_uncapped_short_ramp_counts_as_much_past_the_threshold_as_short_of_it
     flight against a long cap of 3 (shift >= 0.63, past the 0.5 threshold) is no weaker evidence
     than reaching 4 (shift >= 0.26) -- the short ramp ran on shorter prompts, say."""
     def kv(levels: tuple[int, ...]):  # noqa: ANN202
-        d = diagnose(_tables(short_limit=None, long_limit=3, short_levels=levels))
+        d = run_rules(_tables(short_limit=None, long_limit=3, short_levels=levels))
         return next(f for f in d.findings if f.category == "kv_cache")
 
     to4, to6 = kv((1, 2, 3, 4)), kv((1, 2, 4, 6))
@@ -113,7 +113,7 @@ def test_the_same_count_admitted_at_either_length_is_a_limit_in_requests() -> No
     tables = _tables(short_limit=2, long_limit=2)
     feats = compute_features(tables)
     assert feats.value("long_ramp_decode_cap") == 2 and feats.value("long_ramp_short_decode_cap") == 2
-    d = diagnose(tables)
+    d = run_rules(tables)
     assert not any(f.category == "kv_cache" for f in d.findings)
     assert any("a limit in requests (see queue)" in p.reason for p in d.passed if p.rule_id == "kv_cache")
     queue = next(f for f in d.findings if f.category == "queue")
@@ -127,7 +127,7 @@ def test_shared_compute_lets_every_stream_decode_and_claims_no_limit() -> None:
     assert feats.value("long_ramp_decode_cap") is None and feats.value("long_ramp_short_decode_cap") is None
     assert feats.value("long_ramp_knee_ratio") is None
     assert feats.value("long_ramp_decode_max") == 6 and feats.value("long_ramp_top") == 6
-    d = diagnose(tables)
+    d = run_rules(tables)
     assert not any(f.category == "kv_cache" or "a limit in requests" in f.title for f in d.findings)
     assert any("6 streams decoded at once at 6 in flight" in p.reason for p in d.passed if p.rule_id == "kv_cache")
     # nor a queue: TTFT rising with load is the streams sharing the compute
@@ -143,13 +143,13 @@ def test_a_stage_taking_prompts_one_at_a_time_reads_as_a_kv_limit_until_longer_a
     feats = compute_features(tables)
     assert feats.value("long_ramp_decode_cap") == 1
     assert feats.value("long_out_decode_max") is None and "no longout" in feats.get("long_out_decode_max").reason
-    assert diagnose(tables).named == "kv_cache"
+    assert run_rules(tables).named == "kv_cache"
     # ... and with answers 5x longer more of them decode together: no limit on what runs at once
     tables = _tables(short_limit=None, long_limit=None, serial_s_per_token=0.001, long_out=5 * OUT)
     feats = compute_features(tables)
     assert feats.value("long_out_decode_max") >= 3 and feats.value("long_out_output_x") == 5
     assert feats.value("requests_n") == sum(4 * c for c in (1, 2, 4, 8))  # kept apart, as the long ramp
-    d = diagnose(tables)
+    d = run_rules(tables)
     assert not any(f.category in ("kv_cache", "queue") for f in d.findings), [f.title for f in d.findings]
     reason = next(p.reason for p in d.passed if p.rule_id == "kv_cache")
     assert "with 5.0x longer answers" in reason and "one at a time before the engine" in reason
@@ -164,12 +164,12 @@ def test_a_cap_with_a_prompt_token_costing_a_decode_step_is_not_called_a_kv_limi
     feats = compute_features(tables)
     assert feats.value("long_ramp_decode_cap") == 1 and feats.value("prompt_slope_per_itl") >= 0.25
     assert feats.value("ttft_prompt_fit_itl_p50_s") == STEP_S
-    d = diagnose(tables)
+    d = run_rules(tables)
     kv = next(f for f in d.findings if f.category == "kv_cache")
     assert "a stage taking prompts one at a time (see tokenize) is not ruled out" in kv.note
     assert d.named == "tokenize"
     # a real limit with a fast prefill: the same ladder leaves the long ramp's reading whole
-    d = diagnose(_tables(short_limit=None, long_limit=2, ladder=(128, 256, 512)))
+    d = run_rules(_tables(short_limit=None, long_limit=2, ladder=(128, 256, 512)))
     assert d.named == "kv_cache" and "not ruled out" not in ((d.leading or d.verdict).note or "")
 
 
@@ -177,11 +177,11 @@ def test_a_kv_limit_holds_as_few_streams_with_longer_answers() -> None:
     tables = _tables(short_limit=None, long_limit=2, long_out=5 * OUT)
     feats = compute_features(tables)
     assert feats.value("long_ramp_decode_cap") == 2 and feats.value("long_out_decode_max") == 2
-    kv = next(f for f in diagnose(tables).findings if f.category == "kv_cache")
+    kv = next(f for f in run_rules(tables).findings if f.category == "kv_cache")
     row = next(e for e in kv.evidence if e.key == evidence.LONG_OUT_CAP)
     assert row.value == 2 and "5.0x as long" in row.meaning
     # a limit in requests likewise
-    d = diagnose(_tables(short_limit=2, long_limit=2, long_out=5 * OUT))
+    d = run_rules(_tables(short_limit=2, long_limit=2, long_out=5 * OUT))
     assert any(f.category == "queue" and "a limit in requests" in f.title for f in d.findings)
 
 
@@ -199,6 +199,6 @@ def test_a_long_ramp_stopped_under_four_in_flight_says_neither_capped_nor_not() 
     feats = compute_features(tables)
     assert not feats.available("long_ramp_decode_cap")
     assert not feats.available("long_ramp_decode_max") and "too few levels" in feats.get("long_ramp_decode_max").reason
-    d = diagnose(tables)
+    d = run_rules(tables)
     assert not any("no admission limit" in p.reason or "would have held them to fewer" in p.reason
                    for p in d.passed), [p.reason for p in d.passed]

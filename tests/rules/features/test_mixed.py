@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support.simcap import Engine, Phase, simulate, tables_of
 
-from rules import diagnose, evidence
+from rules import evidence, run_rules
 from rules.features.itl import MIXED_SOURCE
 
 ENGINE = Engine(prefill_s_per_token=0.15e-3, decode_base_s=4e-3)
@@ -25,7 +25,7 @@ def _tables(tmp_path: Path):  # noqa: ANN202
 
 
 def test_long_prompts_among_streams_are_read_apart_and_stall_them(tmp_path: Path) -> None:
-    d = diagnose(_tables(tmp_path))
+    d = run_rules(_tables(tmp_path))
     f = d.features
     assert f.get("itl_interference_ratio").source == MIXED_SOURCE
     assert f.value("itl_interference_ratio") >= 3.0 and f.value("mixed_by_diagnose") == 1.0
@@ -37,7 +37,7 @@ def test_long_prompts_among_streams_are_read_apart_and_stall_them(tmp_path: Path
 
 def test_an_itl_target_the_long_prompts_break_names_interference(tmp_path: Path) -> None:
     tables = _tables(tmp_path)
-    d = diagnose(tables, slo={"itl_p99": 0.05})
+    d = run_rules(tables, slo={"itl_p99": 0.05})
     check = d.features.value("itl_mixed_slo")["itl_p99"]
     assert check["met"] is False and check["value_s"] > 0.1  # a 1000-token prefill, 150 ms, in one step
     assert d.verdict.category == "interference" and not d.verdict.conditional
@@ -45,4 +45,4 @@ def test_an_itl_target_the_long_prompts_break_names_interference(tmp_path: Path)
     note = next(n for n in d.notes if n.startswith("an SLO is broken"))  # names what broke, not an empty list
     assert f"itl_p99 with long prompts among the streams = {round(check['value_s'] * 1e3, 1)} ms" in note
     # a target the stalls stay under: judged met
-    assert diagnose(tables, slo={"itl_p99": 1.0}).features.value("itl_mixed_slo")["itl_p99"]["met"] is True
+    assert run_rules(tables, slo={"itl_p99": 1.0}).features.value("itl_mixed_slo")["itl_p99"]["met"] is True

@@ -104,16 +104,16 @@ def test_prompt_work_is_shared_out_at_the_users_typical_prompt_when_it_is_known(
 
 
 def test_at_the_users_short_prompts_the_fixed_part_is_network_and_the_tokenizer_is_not_the_story() -> None:
-    from rules import diagnose
+    from rules import run_rules
 
-    d = diagnose(_ladder_with_a_fixed_part([15, 44]))
+    d = run_rules(_ladder_with_a_fixed_part([15, 44]))
     assert d.named == "network"  # client only, what the rules name (maybe under the verdict floor)
     share = next(e for e in (d.leading or d.verdict).evidence if e.key == evidence.INTERCEPT_SHARE)
     assert share.value == pytest.approx(0.380 / (0.380 + 0.0034 * 29.5), rel=0.01) and "29.5-token" in share.meaning
     tok = next(p.reason for p in d.passed if p.rule_id == "tokenize")
     assert "at your users' 29.5-token prompts prompt work is 21% of TTFT" in tok
     # not knowing the users' prompts, the ladder's lengths stand in for them, as before
-    assert diagnose(_ladder_with_a_fixed_part(None)).named == "tokenize"
+    assert run_rules(_ladder_with_a_fixed_part(None)).named == "tokenize"
 
 
 def test_a_two_length_sweep_pins_the_fixed_part_over_every_request() -> None:

@@ -255,10 +255,10 @@ def _with_workload(res: DiagnoseResult, **workload):  # noqa: ANN003, ANN202
     """The run's capture diagnosed again as if the users had said ``--workload`` this."""
     from dataclasses import replace
 
-    from rules import diagnose
+    from rules import run_rules
 
     tables = analyze_paths([res.capture], slo=res.analysis.slo).tables
-    return diagnose(replace(tables, meta={**tables.meta, "users_workload": workload}), slo=res.analysis.slo)
+    return run_rules(replace(tables, meta={**tables.meta, "users_workload": workload}), slo=res.analysis.slo)
 
 
 def test_a_slow_tokenizer_is_named_from_the_prompt_ladder(tmp_path: Path) -> None:
