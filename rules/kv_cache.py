@@ -131,11 +131,10 @@ def _kv_from_gauges(ctx: RuleContext) -> Outcome:
                    "mean queue time / mean TTFT from the engine's own histograms (no per-request server spans)")
     if not pressure.evidence:
         blocked = ctx.v("kv_blocked_steps_frac")
-        # an f-string, not reason(): an unknown usage reads "nan%", where diag.ground.units.fill prints "-"
-        return (f"KV usage p95 {usage if usage is not None else float('nan'):.0%}, preemptions "
-                f"{pre if pre is not None else 0:g}"
-                + (f", requests waited for KV blocks after {blocked:.0%} of the steps they waited"
-                   if blocked is not None else "") + ": no KV pressure")
+        return reason("KV usage p95 {usage:.0%}, preemptions {pre:g}"
+                      + (", requests waited for KV blocks after {blocked:.0%} of the steps they waited"
+                         if blocked is not None else "") + ": no KV pressure",
+                      usage=usage, pre=pre if pre is not None else 0, blocked=blocked)
     if not effect.evidence:
         return "KV usage near capacity, but TTFT shows no knee and little queueing"
     t = Triage(ctx, pressure.evidence + effect.evidence, [max(pressure.strengths), max(effect.strengths)])
@@ -217,10 +216,9 @@ def _kv_from_knee(ctx: RuleContext) -> Outcome:
     flat = ctx.v("concurrency_flat_levels", 0)
     hold = ctx.v("decode_speed_hold_ratio")
     jump = ctx.v("ttft_knee_jump_ratio")
-    if flat < th["bb_flat_levels_min"] or jump < th["knee_jump_min"]:
-        # an f-string, not reason(): reached from kv_cache.long_ramp without a knee, a missing value raises
-        # (the runner skips the rule as failed) where diag.ground.units.fill prints "-"
-        return (f"no knee: TTFT flat for {flat:g} levels, then x{jump:.1f}; per-stream decode speed x{hold:.2f}")
+    if jump is None or hold is None or flat < th["bb_flat_levels_min"] or jump < th["knee_jump_min"]:
+        return reason("no knee: TTFT flat for {flat:g} levels, then x{jump:.1f}; per-stream decode speed x{hold:.2f}",
+                      flat=flat, jump=jump, hold=hold)
     knee = ctx.v("concurrency_knee")
     holds = hold >= th["bb_decode_hold_min"]
     t = Triage(ctx)

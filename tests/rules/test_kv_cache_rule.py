@@ -138,3 +138,20 @@ def test_a_long_ramp_limit_in_tokens_answers_before_the_stalls_and_one_in_reques
     assert kv_cache(_ctx(**{**EVICTING, "stream_stall_frac": 0.1}, **requests)) == (
         "at most 2 streams decode at once at short and long prompts alike: a limit in requests (see queue), not in "
         "KV capacity")
+
+
+def test_an_unknown_usage_reads_as_missing_not_nan() -> None:
+    """Preemptions known, KV usage unknown, no pressure: the pass reason says the usage is missing."""
+    out = kv_cache(_ctx(client_only=False, preemptions_total=0.0, ttft_p95_s=0.2))
+    assert isinstance(out, str) and out.startswith("KV usage p95 -, preemptions 0"), out
+    assert "nan" not in out
+
+
+def test_a_knee_without_its_decode_speed_is_a_pass_reason_not_a_crash() -> None:
+    """The knee path reached without the decode-speed ratio (as the long ramp's fallback can) says
+    what it lacks instead of raising."""
+    from rules.kv_cache import _kv_from_knee
+
+    out = _kv_from_knee(_ctx(concurrency_flat_levels=4.0, ttft_knee_jump_ratio=3.0, concurrency_knee=8.0))
+    assert isinstance(out, str) and out.startswith("no knee: TTFT flat for 4 levels, then x3.0"), out
+    assert out.endswith("per-stream decode speed x-"), out
