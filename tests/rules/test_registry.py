@@ -15,7 +15,7 @@ import pytest
 
 import rules.runner  # imports every rule module it knows
 from rules.base import REGISTRY
-from rules.model import CATEGORIES, FAILURES
+from rules.model import CATEGORIES, FAILURES, ITL_CATEGORIES, TTFT_CATEGORIES
 
 RULES_DIR = Path(rules.runner.__file__).resolve().parent
 
@@ -47,6 +47,16 @@ def test_every_rule_names_a_known_category_and_what_it_needs() -> None:
     for rid, r in REGISTRY.items():
         assert r.category in CATEGORIES or r.category == FAILURES, (rid, r.category)
         assert r.needs and all(r.needs), rid  # at least one set of features, none empty
+
+
+def test_every_category_but_healthy_is_some_rules_and_of_one_kind() -> None:
+    """CATEGORIES is the registry's categories plus ``healthy``: a category no rule names would be a
+    verdict nothing can reach; each rule's category explains TTFT or ITL, or is start-up, load
+    generator or failures (tier 2 and beyond, never the TTFT verdict's)."""
+    named = {r.category for r in REGISTRY.values()}
+    assert set(CATEGORIES) - {"healthy"} == named - {FAILURES}
+    assert not TTFT_CATEGORIES & ITL_CATEGORIES and (TTFT_CATEGORIES | ITL_CATEGORIES) <= named
+    assert named - TTFT_CATEGORIES - ITL_CATEGORIES == {"cold_start", "loadgen", FAILURES}
 
 
 def test_pass_reasons_are_templates_filled_by_diag_units() -> None:
