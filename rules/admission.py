@@ -10,6 +10,14 @@ waiting while KV usage stays low and the batch has room (NVIDIA/TensorRT-LLM#101
 ``GuaranteedNoEvictScheduler::impl`` reserves what in-progress requests need to complete before it
 admits more, ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` @cf6abc45). Features:
 :mod:`rules.features.admission`.
+
+``head_of_line``'s checks, tried in this order: ``head_of_line.server`` (the short requests' lost
+TTFT spent in the engine's queue), then ``head_of_line.black_box`` (the client's TTFT alone).
+``kv_reservation``'s checks, tried in this order: ``kv_reservation.server`` (the engine's steps
+while requests waited, with their KV usage), then ``kv_reservation.client``, which passes when the
+engine's KV usage while waiting is unknown (few waits in the engine's steps, or a client capture
+that cannot tell a reservation from a running cap). Pure functions of the features, run on the
+caller's thread.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 from diag.ground.external import next_checks
 from rules import evidence
 from rules.base import (ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, beyond_chance, chance_row, check,
-                        checked_rule, engine_checks, finding, reason, rule)
+                        checked_rule, engine_checks, finding, reason)
 
 #: what to check next whatever the engine, after the engines' own lines (:func:`diag.ground.external.next_checks`)
 HOL_CHECKS = ["route long prompts to their own replicas or priority class when they are rare and large"]
@@ -167,18 +175,19 @@ def _black_box(ctx: RuleContext) -> Outcome:
                    "simply fills the step; a server capture (queue spans, engine steps) tells them apart")
 
 
-@rule("kv_reservation", "kv_reservation", needs=(("kvr_kv_usage_while_waiting_p95", "queue_share_tail"),
-                                                 ("ttft_concurrency_ratio", "decode_speed_hold_ratio")))
-def kv_reservation(ctx: RuleContext) -> Outcome:
-    """Requests wait while KV usage stays low and the batch has room: admission reserves the worst case."""
-    th = ctx.th
-    if not ctx.has("kvr_kv_usage_while_waiting_p95"):
-        if ctx.has("kvr_waiting_steps_frac"):
-            return reason("a request waited in only {frac:.0%} of engine steps: no admission limit held",
-                          frac=ctx.v("kvr_waiting_steps_frac"))
-        return ("client-only: a reservation limit (each request admitted for its whole max_tokens) looks the same as "
-                "a max_num_seqs / max_running cap from the client (see queue, kv_cache); the experiment that decides: "
-                "rerun with a small max_tokens -- concurrency rises under a reservation, not under a cap")
+checked_rule("kv_reservation", "kv_reservation",
+             "Requests wait while KV usage stays low and the batch has room: admission reserves the worst case.")
+
+
+@check("kv_reservation.server", needs=("kvr_kv_usage_while_waiting_p95", "queue_share_tail"),
+       before=("kv_reservation.client",),
+       reads=("queue_share_min", "waiting_steps_min", "kv_usage_max", "prefill_bound_max", "prefill_steps_max",
+              "running_frac_max"))
+def _kvr_server(ctx: RuleContext) -> Outcome:
+    """The engine's steps while requests waited: the queue share of the slowest 5%, the share of
+    steps that ran with a request waiting, KV usage then (p95), the prefill budget left in those
+    steps, and the running sequences against the engine's running cap (or, the cap unknown, the
+    largest batch seen)."""
     qs = ctx.v("queue_share_tail")
     t = Triage(ctx)
     if not t.crossed(evidence.QUEUE_SHARE_TAIL, qs, "queue_share_min", "share", "requests wait to be admitted",
@@ -240,3 +249,17 @@ def kv_reservation(ctx: RuleContext) -> Outcome:
                    "request's worst case (KV reservation)", t.confidence(directness), s, pct, t.evidence,
                    engine_checks(ctx, next_checks("kv_reservation"), KVR_CHECKS),
                    note=note)
+
+
+@check("kv_reservation.client", needs=("ttft_concurrency_ratio", "decode_speed_hold_ratio"),
+       when=lambda ctx: not ctx.has("kvr_kv_usage_while_waiting_p95"))
+def _kvr_client(ctx: RuleContext) -> Outcome:
+    """Without the engine's KV usage while requests waited: a pass. With the engine's steps, few of
+    them ran while a request waited (no admission limit held); from the client alone, a reservation
+    looks the same as a running cap."""
+    if ctx.has("kvr_waiting_steps_frac"):
+        return reason("a request waited in only {frac:.0%} of engine steps: no admission limit held",
+                      frac=ctx.v("kvr_waiting_steps_frac"))
+    return ("client-only: a reservation limit (each request admitted for its whole max_tokens) looks the same as "
+            "a max_num_seqs / max_running cap from the client (see queue, kv_cache); the experiment that decides: "
+            "rerun with a small max_tokens -- concurrency rises under a reservation, not under a cap")

@@ -2,13 +2,16 @@
 
 prefill_compute's paths, tried in order: the engine's prefill share of TTFT (its spans, or its
 prefill-time histogram), the client's prompt fit, the engine's prompt-seconds counter alone.
-Shares are fractions of TTFT (0..1), prompt work in decode steps."""
+comm's checks, tried in order: ``comm.spans``, the engine's collective time over prefill + collective
+time (with the capture's TP degrees compared beside it); ``comm.tp``, when that does not fire, TTFT per
+prompt token at the highest TP degree over the lowest. Shares are fractions of TTFT (0..1) unless said
+otherwise, prompt work in decode steps. Pure functions of the features, run on the caller's thread."""
 
 from __future__ import annotations
 
 from rules import evidence
 from rules.base import (LONE_SWEEP_NOTE, Outcome, RuleContext, Triage, check, checked_rule, finding, lone_sweep,
-                        reason, rule, strength)
+                        reason, strength)
 
 PREFILL_CHECKS = [
     "the prompt-length slope (ms per prompt token): shorter prompts, prefix caching of shared prefixes",
@@ -300,21 +303,47 @@ COMM_CHECKS = [
 ]
 
 
-@rule("comm", "comm", needs=(("comm_share_of_prefill",), ("tp_ttft_ratio",)))
-def comm(ctx: RuleContext) -> Outcome:
-    """Tensor-parallel communication takes a large part of prefill, or TP>1 is slower than TP=1."""
+checked_rule("comm", "comm", "Tensor-parallel communication takes a large part of prefill, or TP>1 is slower than TP=1.")
+
+
+def _tp_row(ctx: RuleContext, t: Triage) -> bool:
+    """TTFT per prompt token at the highest TP degree over the lowest (feature ``tp_ttft_ratio``):
+    a crossed row when at least ``tp_ratio_min``; whether it crossed."""
+    by = ctx.v("ttft_by_tp") or {}
+    return t.crossed(evidence.TP_SLOPE_X, ctx.v("tp_ttft_ratio"), "tp_ratio_min", "x",
+                     "more GPUs made TTFT worse: " + ", ".join(f"TP={k}: {v * 1e3:.0f} ms" for k, v in by.items()),
+                     miss="TP ratio {value:.2f} (< {threshold:g})")
+
+
+@check("comm.spans", needs=("comm_share_of_prefill",), before=("comm.tp",), final=False,
+       reads=("share_of_prefill_min", "tp_ratio_min"))
+def _comm_spans(ctx: RuleContext) -> Outcome:
+    """The engine's collective time inside the prefill passes, over prefill + collective time; with
+    the capture's TP degrees compared beside it when it has them. A pass lets ``comm.tp`` try."""
+    t = Triage(ctx)
+    if not t.crossed(evidence.COMM_SHARE_PREFILL, ctx.v("comm_share_of_prefill"), "share_of_prefill_min", "share",
+                     f"all-reduces inside the prefill passes (TP={ctx.v('tp_size', 0):g})",
+                     miss="comm share of prefill {value:.0%} (< {threshold:.0%})"):
+        return t.pass_reason()
+    _tp_row(ctx, t)
+    return _comm_finding(ctx, t)
+
+
+@check("comm.tp", needs=("tp_ttft_ratio",), reads=("tp_ratio_min",))
+def _comm_tp(ctx: RuleContext) -> Outcome:
+    """TP degrees compared in one capture: TTFT per prompt token at the highest degree over the lowest."""
+    t = Triage(ctx)
+    if not _tp_row(ctx, t):
+        return t.pass_reason()
+    return _comm_finding(ctx, t)
+
+
+def _comm_finding(ctx: RuleContext, t: Triage) -> Outcome:
+    """The finding from the rows so far: the collectives' share of TTFT (of the requests that ran
+    the TP degrees compared, of the slowest 5%, or derived from the share of prefill or the TP
+    ratio). Client evidence (designed: one thing varied) when the engine's collective time is unknown."""
     share = ctx.v("comm_share_of_prefill")
     ratio = ctx.v("tp_ttft_ratio")
-    t = Triage(ctx)
-    t.crossed(evidence.COMM_SHARE_PREFILL, share, "share_of_prefill_min", "share",
-              f"all-reduces inside the prefill passes (TP={ctx.v('tp_size', 0):g})",
-              miss="comm share of prefill {value:.0%} (< {threshold:.0%})")
-    by = ctx.v("ttft_by_tp") or {}
-    t.crossed(evidence.TP_SLOPE_X, ratio, "tp_ratio_min", "x",
-              "more GPUs made TTFT worse: " + ", ".join(f"TP={k}: {v * 1e3:.0f} ms" for k, v in by.items()),
-              miss="TP ratio {value:.2f} (< {threshold:g})")
-    if not t.evidence:
-        return t.pass_reason()
     cs = ctx.v("comm_share_tail")
     if len(ctx.v("ttft_by_tp") or {}) >= 2 and ctx.v("comm_share_tp_ttft") is not None:
         # TP degrees compared in one capture: what TP costs is measured on the requests that ran it

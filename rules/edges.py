@@ -1,7 +1,12 @@
 """Rules at the edges of a request: start-up, the network, and the load generator itself.
 
+cold_start's checks, tried in order: ``cold_start.first_requests``, the first requests' TTFT above
+comparable later ones with the requests that arrived during start-up and waited for it (one finding
+of both); ``cold_start.startup``, without completed requests to compare, the requests that waited
+alone. Start-up is reported apart and never counted as TTFT.
 network's paths, tried in order: the client-server gap beside the engine's spans, the detokenize
-share of TTFT, and, client only, the fixed part of TTFT against prompt length (in decode steps)."""
+share of TTFT, and, client only, the fixed part of TTFT against prompt length (in decode steps).
+Times in seconds; pure functions of the features, run on the caller's thread."""
 
 from __future__ import annotations
 
@@ -32,25 +37,58 @@ def startup_note(ctx: RuleContext) -> str | None:
     return "; ".join(parts) + " — not TTFT"
 
 
-@rule("cold_start", "cold_start", needs=(("cold_start_outliers_n",), ("cold_start_s", "ttft_p50_s")), tier=4)
-def cold_start(ctx: RuleContext) -> Outcome:
-    """Start-up (model load, warm-up) reached users materially: requests that arrived during it and
-    waited, or a first-request penalty large against the steady TTFT (relative and absolute) and
-    any TTFT SLO. Otherwise start-up is reported apart (a note), never the verdict. Never TTFT."""
-    th = ctx.th
-    n_out = ctx.v("cold_start_outliers_n", 0) or 0
-    load = ctx.v("cold_start_s", 0.0) or 0.0
-    waited = ctx.v("cold_start_waited_n", 0) or 0
-    excess = ctx.v("cold_start_outlier_excess_s", 0.0) or 0.0
-    worst = ctx.v("cold_start_outlier_ttft_s", 0.0) or 0.0
-    p95 = ctx.v("ttft_p95_s")
+checked_rule("cold_start", "cold_start",
+             "Start-up (model load, warm-up) reached users materially: requests that arrived during it and",
+             tier=4)
+
+
+@check("cold_start.first_requests", needs=("cold_start_outliers_n",), before=("cold_start.startup",),
+       reads=("waited_min", "outliers_min", "penalty_vs_ttft_p95_min", "penalty_min_s", "dominant_vs_ttft_p95_min"))
+def _cold_first_requests(ctx: RuleContext) -> Outcome:
+    """The first requests against comparable later ones: a penalty material against the steady TTFT
+    p95 (relative and absolute) and any TTFT SLO, with the requests that arrived during start-up
+    and waited for it beside it; one finding of both."""
     t = Triage(ctx)
-    if t.crossed(evidence.COLD_WAITED, waited, "waited_min", "requests",
+    _waited_rows(ctx, t)
+    _penalty_rows(ctx, t)
+    return _cold_outcome(ctx, t, compared=True)
+
+
+@check("cold_start.startup", needs=("cold_start_s", "ttft_p50_s"), reads=("waited_min",))
+def _cold_startup(ctx: RuleContext) -> Outcome:
+    """Without first requests to compare (no completed request): the requests that arrived during
+    start-up and got their first token after it."""
+    t = Triage(ctx)
+    _waited_rows(ctx, t)
+    return _cold_outcome(ctx, t, compared=False)
+
+
+def _waited_rows(ctx: RuleContext, t: Triage) -> None:
+    """Requests that arrived while the model loaded / warmed up and got their first token after it:
+    a crossed row at full strength when at least ``waited_min``."""
+    load = ctx.v("cold_start_s", 0.0) or 0.0
+    if t.crossed(evidence.COLD_WAITED, ctx.v("cold_start_waited_n", 0) or 0, "waited_min", "requests",
                  f"they arrived while the model loaded / warmed up ({load:.3g} s of start-up) and got their first "
                  "token after it", weigh=False):
         t.add_strength(1.0)  # users waited for the start-up itself
+
+
+def _penalty(ctx: RuleContext) -> tuple[float, float, float, float | None, list[float]]:
+    """(first requests far above comparable ones, their excess in s, the worst one's TTFT in s, the
+    excess over the steady TTFT p95 or None, the TTFT SLO targets in s)."""
+    n_out = ctx.v("cold_start_outliers_n", 0) or 0
+    excess = ctx.v("cold_start_outlier_excess_s", 0.0) or 0.0
+    worst = ctx.v("cold_start_outlier_ttft_s", 0.0) or 0.0
+    p95 = ctx.v("ttft_p95_s")
     penalty = excess / p95 if (n_out and p95) else None
-    slo_targets = [v for k, v in ctx.slo.items() if k.startswith("ttft")]
+    return n_out, excess, worst, penalty, [v for k, v in ctx.slo.items() if k.startswith("ttft")]
+
+
+def _penalty_rows(ctx: RuleContext, t: Triage) -> None:
+    """The first-request penalty's rows when it is material: at least ``penalty_vs_ttft_p95_min`` x the
+    steady TTFT p95, at least ``penalty_min_s``, and past the TTFT SLO when one is given."""
+    th = ctx.th
+    n_out, excess, worst, penalty, slo_targets = _penalty(ctx)
     breaks_slo = None if not slo_targets else worst > min(slo_targets)
     material_penalty = (penalty is not None and penalty >= th["penalty_vs_ttft_p95_min"]
                         and excess >= th["penalty_min_s"] and breaks_slo is not False)
@@ -67,13 +105,25 @@ def cold_start(ctx: RuleContext) -> Outcome:
                       "API detection / compatibility check, before the run: the server was still starting")
         if breaks_slo:
             t.context(evidence.COLD_FIRST_VS_SLO, worst, "s", f"breaks the TTFT SLO ({min(slo_targets):.3g} s)")
+
+
+def _cold_outcome(ctx: RuleContext, t: Triage, compared: bool) -> Outcome:
+    """The finding from the rows so far (start-up cost, reported apart, never TTFT; ranked with the
+    TTFT findings when the first requests waited ``dominant_vs_ttft_p95_min`` x the steady TTFT p95),
+    or, without rows, the start-up note with the penalty against what a material one needs.
+    ``compared``: the first requests were compared with later ones (else none are counted)."""
+    th = ctx.th
+    n_out, excess, _, penalty, slo_targets = _penalty(ctx) if compared else (0, 0.0, 0.0, None, [])
     if not t.evidence:
-        reason = startup_note(ctx) or "no start-up seen"
+        why = startup_note(ctx) or "no start-up seen"
         if n_out and penalty is not None:
-            reason += (f" (penalty {excess * 1e3:.0f} ms = {penalty:.1f}x TTFT p95; material needs "
-                       f">= {th['penalty_vs_ttft_p95_min']:g}x and >= {th['penalty_min_s'] * 1e3:.0f} ms"
-                       + (", and past the TTFT SLO" if slo_targets else "") + ")")
-        return reason
+            why += (f" (penalty {excess * 1e3:.0f} ms = {penalty:.1f}x TTFT p95; material needs "
+                    f">= {th['penalty_vs_ttft_p95_min']:g}x and >= {th['penalty_min_s'] * 1e3:.0f} ms"
+                    + (", and past the TTFT SLO" if slo_targets else "") + ")")
+        return why
+    load = ctx.v("cold_start_s", 0.0) or 0.0
+    waited = ctx.v("cold_start_waited_n", 0) or 0
+    p95 = ctx.v("ttft_p95_s")
     if load:
         phases = ctx.v("cold_start_by_phase_s") or {}
         t.context(evidence.STARTUP_SPANS, load, "s", ", ".join(f"{k} {v:.3g} s" for k, v in phases.items()) or "cold_start spans")

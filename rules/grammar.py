@@ -8,16 +8,18 @@ server has compiled the schema into a grammar; vLLM parks it as
 are cached by schema, so each schema's first use pays and its repeats do not: a workload of
 ever-new schemas (per-user tool lists, generated schemas) pays on every request.
 
-Server-side (the bundled engine's ``ttft.grammar.*`` request attributes): the grammar wait's
-share of TTFT. Client-side (the probe's ``--response-format schema:R`` design): first uses of a
-schema against its repeats under the same load. A cached grammar (repeats only, or first uses no
-slower) passes; without a schema in the capture the rule is skipped.
+Its checks, tried in this order: ``grammar_compile.server`` (the bundled engine's
+``ttft.grammar.*`` request attributes): the grammar wait's share of TTFT; it answers whenever the
+spans hold grammar waits. ``grammar_compile.client`` (the probe's ``--response-format schema:R``
+design): first uses of a schema against its repeats under the same load. A cached grammar
+(repeats only, or first uses no slower) passes; without a schema in the capture the rule is
+skipped. Pure functions of the features, run on the caller's thread.
 """
 
 from __future__ import annotations
 
 from rules import evidence
-from rules.base import ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, chance_row, finding, rule
+from rules.base import ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, chance_row, check, checked_rule, finding
 
 
 GRAMMAR_CHECKS = [
@@ -50,26 +52,39 @@ def _context_rows(ctx: RuleContext, t: Triage) -> None:
                   "earlier use still waited")
 
 
-@rule("grammar_compile", "grammar_compile", needs=(("grammar_wait_share_of_ttft",),
-                                                   ("schema_first_ttft_x", "schema_wait_share_of_ttft")))
-def grammar_compile(ctx: RuleContext) -> Outcome:
-    """Structured-output requests spend a material share of TTFT waiting for their grammar."""
+checked_rule("grammar_compile", "grammar_compile",
+             "Structured-output requests spend a material share of TTFT waiting for their grammar.")
+
+
+@check("grammar_compile.server", needs=("grammar_wait_share_of_ttft",), before=("grammar_compile.client",),
+       reads=("ttft_share_min",))
+def _server(ctx: RuleContext) -> Outcome:
+    """The engine's grammar wait on each request (``ttft.grammar.*`` span attributes): its share of
+    TTFT over all structured-output requests, or over the slowest 5% when that is larger."""
     t = Triage(ctx)
     share = ctx.v("grammar_wait_share_of_ttft")
-    if share is not None:
-        tail = ctx.v("grammar_wait_share_of_ttft_tail")
-        worst = max(share, tail if tail is not None else 0.0)
-        if not t.crossed(evidence.GRAMMAR_WAIT_SHARE, worst, "ttft_share_min", "share",
-                         f"queue time waiting for the request's grammar, over TTFT: {share:.0%} over all structured-"
-                         "output requests" + (f", {tail:.0%} over the slowest 5%" if tail is not None else ""),
-                         miss="requests waited for their grammar {value:.0%} of TTFT (< {threshold:.0%})"):
-            return t.pass_reason()
-        _context_rows(ctx, t)
-        s, pct = ctx.explained(tail if tail is not None else share)
-        return finding("Grammar compilation: structured-output requests wait for their schema to compile before "
-                       "they run", t.confidence(0.9), s, pct, t.evidence, GRAMMAR_CHECKS,
-                       note="server-side evidence: the engine's grammar wait on each request",
-                       population_share=share)
+    tail = ctx.v("grammar_wait_share_of_ttft_tail")
+    worst = max(share, tail if tail is not None else 0.0)
+    if not t.crossed(evidence.GRAMMAR_WAIT_SHARE, worst, "ttft_share_min", "share",
+                     f"queue time waiting for the request's grammar, over TTFT: {share:.0%} over all structured-"
+                     "output requests" + (f", {tail:.0%} over the slowest 5%" if tail is not None else ""),
+                     miss="requests waited for their grammar {value:.0%} of TTFT (< {threshold:.0%})"):
+        return t.pass_reason()
+    _context_rows(ctx, t)
+    s, pct = ctx.explained(tail if tail is not None else share)
+    return finding("Grammar compilation: structured-output requests wait for their schema to compile before "
+                   "they run", t.confidence(0.9), s, pct, t.evidence, GRAMMAR_CHECKS,
+                   note="server-side evidence: the engine's grammar wait on each request",
+                   population_share=share)
+
+
+@check("grammar_compile.client", needs=("schema_first_ttft_x", "schema_wait_share_of_ttft"),
+       reads=("first_ratio_min", "chance_p_max"))
+def _client(ctx: RuleContext) -> Outcome:
+    """The probe's design (``--response-format schema:R``): TTFT of a schema's first uses against
+    its repeats under the same load, and the first uses above the repeats' 90th percentile beyond
+    chance."""
+    t = Triage(ctx)
     ratio = ctx.v("schema_first_ttft_x")
     wait = ctx.v("schema_wait_share_of_ttft")
     if not t.crossed(evidence.SCHEMA_FIRST_X, ratio, "first_ratio_min", "x",
@@ -80,10 +95,9 @@ def grammar_compile(ctx: RuleContext) -> Outcome:
     chance_row(t, evidence.SCHEMA_FIRST_ABOVE_P90, ctx.v("schema_first_above_repeat_frac"),
                ctx.v("schema_first_n"), ABOVE_P90_CHANCE, float(ctx.th["chance_p_max"]),
                "first uses, not the repeats' spread")
-    if wait is not None:
-        t.context(evidence.SCHEMA_FIRST_WAIT_SHARE, wait, "share",
-                  "first (and concurrent) uses' TTFT beyond the repeats' median, over all the schema requests' TTFT: "
-                  "what a cached grammar would have spared at this design's mix of new and repeated schemas")
+    t.context(evidence.SCHEMA_FIRST_WAIT_SHARE, wait, "share",
+              "first (and concurrent) uses' TTFT beyond the repeats' median, over all the schema requests' TTFT: "
+              "what a cached grammar would have spared at this design's mix of new and repeated schemas")
     _context_rows(ctx, t)
     s, pct = ctx.explained(wait)
     bb = ctx.black_box

@@ -1,11 +1,12 @@
 """rules.compute.prefill_compute from the client's prompt fit, with and without the engine's own
-prefill-time histogram (vLLM / SGLang /metrics scraped beside the probe)."""
+prefill-time histogram (vLLM / SGLang /metrics scraped beside the probe); comm's checks, the
+engine's collective time before the TP degrees compared."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import rules.compute  # noqa: F401  (registers prefill_compute)
+import rules.compute  # noqa: F401  (registers prefill_compute and comm)
 from diag.analysis import analyze_paths
 from rules import evidence
 from rules.base import REGISTRY, RuleContext, checks_of
@@ -134,3 +135,37 @@ def test_the_prompt_seconds_counter_answers_only_without_a_prompt_fit() -> None:
     # a fit whose prompt-proportional part is unknown is still the fit's to judge, not the counter's
     assert prefill_compute(_ctx(None, **{**busy, "ttft_prompt_r2": 0.97})) == (
         "TTFT vs prompt length: R² 0.97, prompt-proportional part -")
+
+
+comm = REGISTRY["comm"].evaluate
+
+
+def _comm_ctx(black_box: bool = False, **features: float | None) -> RuleContext:
+    feats = Features()
+    for name, value in {"requests_n": 40.0, "ttft_p95_s": 1.0, **features}.items():
+        feats.add(Feature(name, value, "", value is not None, source="client"))
+    th = load_thresholds(None)
+    return RuleContext(feats, th["comm"], th["general"], {}, black_box, all_th=th)
+
+
+def test_comms_checks_are_tried_spans_then_tp() -> None:
+    assert [c.id for c in checks_of("comm")] == ["comm.spans", "comm.tp"]
+    assert REGISTRY["comm"].needs == (("comm_share_of_prefill",), ("tp_ttft_ratio",))
+
+
+def test_a_large_collective_share_shows_the_tp_comparison_beside_it() -> None:
+    out = comm(_comm_ctx(comm_share_of_prefill=0.5, tp_ttft_ratio=1.5, comm_share_tail=0.2))
+    assert not isinstance(out, str) and not out.black_box
+    assert [(e.key, e.value) for e in out.evidence] == [(evidence.COMM_SHARE_PREFILL, 0.5), (evidence.TP_SLOPE_X, 1.5)]
+    assert out.explained_pct == 20.0
+
+
+def test_a_small_collective_share_lets_the_tp_comparison_answer() -> None:
+    out = comm(_comm_ctx(black_box=True, comm_share_of_prefill=0.1, tp_ttft_ratio=2.0))
+    assert not isinstance(out, str)
+    assert [e.key for e in out.evidence] == [evidence.TP_SLOPE_X]
+    assert not out.black_box and out.note is None  # the engine's collective time was measured, though small
+    client = comm(_comm_ctx(black_box=True, tp_ttft_ratio=2.0))
+    assert not isinstance(client, str) and client.black_box and client.explained_pct == 50.0
+    both = comm(_comm_ctx(comm_share_of_prefill=0.1, tp_ttft_ratio=1.0))
+    assert isinstance(both, str) and both.count("; ") == 1  # both checks' reasons, joined

@@ -248,3 +248,38 @@ def test_a_gap_known_without_its_ttft_ratio_is_the_spans_to_judge() -> None:
     assert _network_applying(ctx) == ["network.black_box"]
     assert REGISTRY["network"].evaluate(ctx) == (
         "the client-server gap p50 1.0 ms is 0.1 decode steps (< 2): the hand-off to the stream, not a network problem")
+
+
+def _cold_ctx(**features: object) -> RuleContext:
+    feats = Features()
+    for name, value in features.items():
+        feats.add(Feature(name, value, "", value is not None))
+    th = load_thresholds(None)
+    return RuleContext(feats, th["cold_start"], th["general"], {}, False, all_th=th)
+
+
+def test_the_cold_start_checks_are_tried_first_requests_then_startup() -> None:
+    assert [c.id for c in checks_of("cold_start")] == ["cold_start.first_requests", "cold_start.startup"]
+    assert REGISTRY["cold_start"].needs == (("cold_start_outliers_n",), ("cold_start_s", "ttft_p50_s"))
+    assert REGISTRY["cold_start"].tier == 4
+
+
+def test_first_requests_and_requests_that_waited_make_one_cold_start_finding() -> None:
+    ctx = _cold_ctx(requests_n=40.0, ttft_p95_s=0.05, ttft_p50_s=0.03, cold_start_s=3.0, cold_start_waited_n=2.0,
+                    cold_start_outliers_n=2.0, cold_start_outlier_excess_s=3.0, cold_start_outlier_ttft_s=3.05)
+    assert [c.id for c in checks_of("cold_start") if c.applies(ctx)] == ["cold_start.first_requests",
+                                                                         "cold_start.startup"]
+    out = REGISTRY["cold_start"].evaluate(ctx)
+    assert not isinstance(out, str) and out.tier == 2  # 60x the steady TTFT p95: ranked with the TTFT findings
+    assert [e.key for e in out.evidence] == [evidence.COLD_WAITED, evidence.COLD_OUTLIERS, evidence.COLD_PENALTY_X,
+                                             evidence.COLD_PENALTY, evidence.STARTUP_SPANS]
+    assert out.evidence[2].value == pytest.approx(60.0)
+
+
+def test_without_completed_requests_the_start_up_spans_answer() -> None:
+    ctx = _cold_ctx(ttft_p50_s=0.03, cold_start_s=3.0, cold_start_waited_n=2.0)
+    assert [c.id for c in checks_of("cold_start") if c.applies(ctx)] == ["cold_start.startup"]
+    out = REGISTRY["cold_start"].evaluate(ctx)
+    assert not isinstance(out, str) and out.tier == 4
+    assert [(e.key, e.value) for e in out.evidence] == [(evidence.COLD_WAITED, 2.0), (evidence.STARTUP_SPANS, 3.0)]
+    assert isinstance(REGISTRY["cold_start"].evaluate(_cold_ctx(ttft_p50_s=0.03, cold_start_s=0.0)), str)

@@ -98,10 +98,11 @@ def test_a_first_request_penalty_within_the_slo_is_reported_apart(tmp_path: Path
 
 def test_requests_that_arrived_during_start_up_make_it_the_verdict(tmp_path: Path) -> None:
     """Requests sent while the model was still loading waited for it: cold_start however small the rest."""
-    from rules.base import RuleContext
+    from rules.base import REGISTRY, RuleContext
     from rules.config import load_thresholds
-    from rules.edges import cold_start
     from rules.features import Feature, Features
+
+    cold_start = REGISTRY["cold_start"].evaluate
 
     feats = Features()
     for name, value, unit in (("requests_n", 40.0, "requests"), ("cold_start_waited_n", 2.0, "requests"),
@@ -117,10 +118,11 @@ def test_requests_that_arrived_during_start_up_make_it_the_verdict(tmp_path: Pat
 def test_a_short_run_whose_first_half_paid_the_start_up_names_it() -> None:
     """8 requests, 4 of them the first ones 90x the steady TTFT p95: the sample is all 8 requests,
     not the 4 steady ones left in the TTFT statistics, so cold_start is the verdict, not a lead."""
-    from rules.base import RuleContext
+    from rules.base import REGISTRY, RuleContext
     from rules.config import load_thresholds
-    from rules.edges import cold_start
     from rules.features import Feature, Features
+
+    cold_start = REGISTRY["cold_start"].evaluate
 
     def conf(outliers: float) -> float:
         feats = Features()
