@@ -461,12 +461,19 @@ def checked_rule(id: str, category: str, description: str, tier: int = 2) -> Non
     REGISTRY[id] = Rule(id, category, (), lambda ctx: run_checks(id, ctx), description, tier)
 
 
+def _first_sentence(doc: str) -> str:
+    """A docstring's first sentence (up to ". " or its first blank line), on one line."""
+    para = " ".join(doc.strip().split("\n\n")[0].split())
+    head, dot, _ = para.partition(". ")
+    return head + "." if dot else para
+
+
 def rule(id: str, category: str, needs: tuple[tuple[str, ...], ...], description: str = "",
          tier: int = 2) -> Callable[[Callable[[RuleContext], Outcome]], Callable[[RuleContext], Outcome]]:
     """Register ``fn`` as a rule (decorator)."""
 
     def deco(fn: Callable[[RuleContext], Outcome]) -> Callable[[RuleContext], Outcome]:
-        REGISTRY[id] = Rule(id, category, needs, fn, description or (fn.__doc__ or "").strip().splitlines()[0], tier)
+        REGISTRY[id] = Rule(id, category, needs, fn, description or _first_sentence(fn.__doc__ or ""), tier)
         return fn
 
     return deco

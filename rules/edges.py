@@ -38,8 +38,8 @@ def startup_note(ctx: RuleContext) -> str | None:
 
 
 checked_rule("cold_start", "cold_start",
-             "Start-up (model load, warm-up) reached users materially: requests that arrived during it and",
-             tier=4)
+             "Start-up (model load, warm-up) reached users materially: requests that arrived during it and "
+             "waited, or a first-request penalty large against the steady TTFT and any TTFT SLO.", tier=4)
 
 
 @check("cold_start.first_requests", needs=("cold_start_outliers_n",), before=("cold_start.startup",),
