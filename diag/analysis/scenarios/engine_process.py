@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import diag
+
 _LISTENING = re.compile(r"listening on (http://\S+)(?: \(model=([^,)]+))?")
 
 
@@ -58,7 +60,7 @@ class EngineProcess:
 
     def start(self) -> "EngineProcess":
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(diag.__file__).resolve().parents[1])  # the checkout or site-packages holding diag
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -166,13 +166,13 @@ def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prom
                                              if step.response_format else None),
                             lora_adapters=step.lora)
     # the engine's own tokenizer sizes the prompts exactly (and no calibration requests go first)
-    tokenizer = Path(__file__).resolve().parents[1] / "engine" / "data" / "tokenizer.json"
+    from diag.bundled_engine.tokenizer import BUNDLED_TOKENIZER_PATH
     # api and model given: no detection request reaches the engine before the measured ones; nor
     # a compatibility check (the bundled engine takes every optional element, and a request
     # sent first would meet an injected cold start in the users' place)
     cfg = ProbeConfig(url, api="completions", model=model or None, load=load, workload=workload, output=None,
                       segment=step.segment, slo=slo, timeout_s=120, compat_check=False,
-                      tokenizer_path=str(tokenizer) if tokenizer.exists() else None,
+                      tokenizer_path=str(BUNDLED_TOKENIZER_PATH),
                       workers=where.workers, ray_address=where.ray_address)
     spec = step_sweep(step)
     if spec is None and len(step.lora) > 1:  # as ttft probe --lora: one adapter, then all of them
