@@ -27,13 +27,15 @@ def startup_note(ctx: RuleContext) -> str | None:
     parts = []
     if not_serving:
         seen = ctx.features.get("cold_start_not_serving_s").source
-        parts.append(f"not serving for {not_serving:.1f} s at first contact" + (f" ({seen})" if seen else ""))
+        parts.append(reason("not serving for {s:.1f} s at first contact" + (" ({seen})" if seen else ""),
+                            s=not_serving, seen=seen))
     if load:
         phases = ctx.v("cold_start_by_phase_s") or {}
-        parts.append(f"start-up {load:.2f} s" + (": " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
-                                                  if phases else ""))
+        parts.append(reason("start-up {s:.2f} s", s=load) + (": " + ", ".join(
+            reason("{phase} {s:.2f} s", phase=k, s=v) for k, v in phases.items()) if phases else ""))
     if n_out:
-        parts.append(f"first request(s) +{excess * 1e3:.0f} ms over comparable ones (x{n_out:g}, left out of TTFT)")
+        parts.append(reason("first request(s) +{ms:.0f} ms over comparable ones (x{n:g}, left out of TTFT)",
+                            ms=excess * 1e3, n=n_out))
     return "; ".join(parts) + " — not TTFT"
 
 
@@ -117,9 +119,10 @@ def _cold_outcome(ctx: RuleContext, t: Triage, compared: bool) -> Outcome:
     if not t.evidence:
         why = startup_note(ctx) or "no start-up seen"
         if n_out and penalty is not None:
-            why += (f" (penalty {excess * 1e3:.0f} ms = {penalty:.1f}x TTFT p95; material needs "
-                    f">= {th['penalty_vs_ttft_p95_min']:g}x and >= {th['penalty_min_s'] * 1e3:.0f} ms"
-                    + (", and past the TTFT SLO" if slo_targets else "") + ")")
+            why += reason(" (penalty {ms:.0f} ms = {x:.1f}x TTFT p95; material needs >= {x_min:g}x and >= "
+                          "{ms_min:.0f} ms" + (", and past the TTFT SLO" if slo_targets else "") + ")",
+                          ms=excess * 1e3, x=penalty, x_min=th["penalty_vs_ttft_p95_min"],
+                          ms_min=th["penalty_min_s"] * 1e3)
         return why
     load = ctx.v("cold_start_s", 0.0) or 0.0
     waited = ctx.v("cold_start_waited_n", 0) or 0
