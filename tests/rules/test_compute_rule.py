@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import rules.compute  # noqa: F401  (registers prefill_compute and comm)
-from diag.analysis import analyze_paths
 from rules import evidence
 from rules.base import REGISTRY, RuleContext, checks_of
 from rules.config import load_thresholds
 from rules.features import Feature, Features
+from support.rulectx import applying, capture_context, features_of, rule_context
 
 prefill_compute = REGISTRY["prefill_compute"].evaluate
 
@@ -88,13 +88,11 @@ SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 def _sample(*captures: str) -> RuleContext:
     """A context of ``samples/prefill_compute``'s ``captures`` (joined when several), default thresholds."""
-    feats = analyze_paths([SAMPLES / "prefill_compute" / c for c in captures]).diagnosis.features
-    th = load_thresholds(None)
-    return RuleContext(feats, th["prefill_compute"], th["general"], {}, bool(feats.value("client_only")), all_th=th)
+    return capture_context("prefill_compute", [SAMPLES / "prefill_compute" / c for c in captures])
 
 
 def _first_applicable(ctx: RuleContext) -> str:
-    return next(c.id for c in checks_of("prefill_compute") if c.applies(ctx))
+    return applying("prefill_compute", ctx)[0]
 
 
 def test_the_checks_are_tried_spans_then_fit_then_busy() -> None:
@@ -141,11 +139,8 @@ comm = REGISTRY["comm"].evaluate
 
 
 def _comm_ctx(black_box: bool = False, **features: float | None) -> RuleContext:
-    feats = Features()
-    for name, value in {"requests_n": 40.0, "ttft_p95_s": 1.0, **features}.items():
-        feats.add(Feature(name, value, "", value is not None, source="client"))
-    th = load_thresholds(None)
-    return RuleContext(feats, th["comm"], th["general"], {}, black_box, all_th=th)
+    return rule_context("comm", features_of({"requests_n": 40.0, "ttft_p95_s": 1.0, **features}, source="client"),
+                        black_box)
 
 
 def test_comms_checks_are_tried_spans_then_tp() -> None:

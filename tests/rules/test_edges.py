@@ -18,6 +18,7 @@ from rules import NO_DATA, REGISTRY, RulesFileError, default_thresholds, load_th
 from rules import evidence
 from rules.base import RuleContext, checks_of
 from rules.features import Feature, Features
+from support.rulectx import applying, features_of, rule_context
 from support.simcap import Client, Engine, Phase, simulate, tables_of
 
 NS = 1_000_000_000
@@ -201,12 +202,11 @@ SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 
 def _network_ctx(features: Features) -> RuleContext:
-    th = load_thresholds(None)
-    return RuleContext(features, th["network"], th["general"], {}, bool(features.value("client_only")), all_th=th)
+    return rule_context("network", features)
 
 
 def _network_applying(ctx: RuleContext) -> list[str]:
-    return [c.id for c in checks_of("network") if c.applies(ctx)]
+    return applying("network", ctx)
 
 
 def test_the_network_checks_are_tried_gap_then_detokenize_then_the_fixed_part() -> None:
@@ -251,11 +251,7 @@ def test_a_gap_known_without_its_ttft_ratio_is_the_spans_to_judge() -> None:
 
 
 def _cold_ctx(**features: object) -> RuleContext:
-    feats = Features()
-    for name, value in features.items():
-        feats.add(Feature(name, value, "", value is not None))
-    th = load_thresholds(None)
-    return RuleContext(feats, th["cold_start"], th["general"], {}, False, all_th=th)
+    return rule_context("cold_start", features_of(features), client_only=False)
 
 
 def test_the_cold_start_checks_are_tried_first_requests_then_startup() -> None:
@@ -267,8 +263,7 @@ def test_the_cold_start_checks_are_tried_first_requests_then_startup() -> None:
 def test_first_requests_and_requests_that_waited_make_one_cold_start_finding() -> None:
     ctx = _cold_ctx(requests_n=40.0, ttft_p95_s=0.05, ttft_p50_s=0.03, cold_start_s=3.0, cold_start_waited_n=2.0,
                     cold_start_outliers_n=2.0, cold_start_outlier_excess_s=3.0, cold_start_outlier_ttft_s=3.05)
-    assert [c.id for c in checks_of("cold_start") if c.applies(ctx)] == ["cold_start.first_requests",
-                                                                         "cold_start.startup"]
+    assert applying("cold_start", ctx) == ["cold_start.first_requests", "cold_start.startup"]
     out = REGISTRY["cold_start"].evaluate(ctx)
     assert not isinstance(out, str) and out.tier == 2  # 60x the steady TTFT p95: ranked with the TTFT findings
     assert [e.key for e in out.evidence] == [evidence.COLD_WAITED, evidence.COLD_OUTLIERS, evidence.COLD_PENALTY_X,
@@ -278,7 +273,7 @@ def test_first_requests_and_requests_that_waited_make_one_cold_start_finding() -
 
 def test_without_completed_requests_the_start_up_spans_answer() -> None:
     ctx = _cold_ctx(ttft_p50_s=0.03, cold_start_s=3.0, cold_start_waited_n=2.0)
-    assert [c.id for c in checks_of("cold_start") if c.applies(ctx)] == ["cold_start.startup"]
+    assert applying("cold_start", ctx) == ["cold_start.startup"]
     out = REGISTRY["cold_start"].evaluate(ctx)
     assert not isinstance(out, str) and out.tier == 4
     assert [(e.key, e.value) for e in out.evidence] == [(evidence.COLD_WAITED, 2.0), (evidence.STARTUP_SPANS, 3.0)]

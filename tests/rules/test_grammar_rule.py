@@ -9,11 +9,9 @@ from pathlib import Path
 import pytest
 
 import rules.runner  # noqa: F401  (registers the rules)
-from diag.analysis import analyze_paths
 from rules import evidence
 from rules.base import REGISTRY, RuleContext, checks_of
-from rules.config import load_thresholds
-from rules.features import Feature, Features
+from support.rulectx import applying, capture_context, features_of, rule_context
 
 grammar_compile = REGISTRY["grammar_compile"].evaluate
 
@@ -25,22 +23,15 @@ CLIENT = {"requests_n": 36.0, "ttft_p95_s": 0.2, "schema_first_ttft_x": 6.0, "sc
 
 
 def _ctx(client_only: bool = True, **features: float | None) -> RuleContext:
-    feats = Features()
-    for name, value in features.items():
-        feats.add(Feature(name, value, "", value is not None, source="client"))
-    th = load_thresholds(None)
-    return RuleContext(feats, th["grammar_compile"], th["general"], {}, client_only, all_th=th)
+    return rule_context("grammar_compile", features_of(features, source="client"), client_only)
 
 
 def _sample_ctx(*dirs: str) -> RuleContext:
-    feats = analyze_paths([SAMPLE / d for d in dirs]).diagnosis.features
-    th = load_thresholds(None)
-    return RuleContext(feats, th["grammar_compile"], th["general"], {}, bool(feats.value("client_only")),
-                       all_th=th)
+    return capture_context("grammar_compile", [SAMPLE / d for d in dirs])
 
 
 def _applying(ctx: RuleContext) -> list[str]:
-    return [c.id for c in checks_of("grammar_compile") if c.applies(ctx)]
+    return applying("grammar_compile", ctx)
 
 
 def test_the_checks_are_tried_server_then_client() -> None:

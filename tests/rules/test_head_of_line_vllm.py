@@ -15,8 +15,8 @@ import pytest
 from diag.analysis import analyze_paths
 from rules import evidence
 from rules.base import RuleContext
-from rules.config import load_thresholds
 from rules.features import Features
+from support.rulectx import rule_context
 
 DATA = Path(__file__).parent / "data" / "vllm-chunked-hol"
 
@@ -75,8 +75,7 @@ def _ctx_with(features: Features, **values: float) -> RuleContext:
     feats = Features(dict(features.items))
     for name, value in values.items():
         feats.items[name] = replace(feats.items[name], value=value)
-    th = load_thresholds(None)
-    return RuleContext(feats, th["head_of_line"], th["general"], {}, True, all_th=th)
+    return rule_context("head_of_line", feats, client_only=True)
 
 
 def test_the_server_path_answers_before_the_client_path_when_the_queue_is_known() -> None:

@@ -11,9 +11,8 @@ from diag.ground.capture import load_capture
 from diag.ground.tables import build_tables
 from rules import evidence, run_rules
 from rules.base import REGISTRY, RuleContext, checks_of
-from rules.config import load_thresholds
-from rules.features import Feature, Features
 from support.engine_testutil import capture_rounds
+from support.rulectx import applying, features_of, rule_context
 
 kv_cache = REGISTRY["kv_cache"].evaluate
 
@@ -24,11 +23,7 @@ EVICTING = {"requests_n": 24.0, "ttft_p95_s": 1.75, "stream_stall_frac": 0.25, "
 
 
 def _ctx(client_only: bool = True, **features: float | None) -> RuleContext:
-    feats = Features()
-    for name, value in features.items():
-        feats.add(Feature(name, value, "", value is not None, source="client"))
-    th = load_thresholds(None)
-    return RuleContext(feats, th["kv_cache"], th["general"], {}, client_only)
+    return rule_context("kv_cache", features_of(features, source="client"), client_only)
 
 
 def test_streams_evicted_mid_answer_name_kv_cache_from_the_client() -> None:
@@ -90,7 +85,7 @@ LONG_RAMP_TOKENS = {"long_ramp_knee_ratio": 4.0, "long_ramp_token_ratio": 4.0, "
 
 
 def _applying(ctx: RuleContext) -> list[str]:
-    return [c.id for c in checks_of("kv_cache") if c.applies(ctx)]
+    return applying("kv_cache", ctx)
 
 
 def test_the_checks_are_tried_gauges_preemptions_stalls_long_ramp_knee() -> None:
@@ -104,8 +99,7 @@ def test_the_checks_are_tried_gauges_preemptions_stalls_long_ramp_knee() -> None
 
 def test_the_engines_gauges_answer_before_the_clients_knee_of_the_same_sample() -> None:
     feats = analyze_paths([SAMPLES / "kv_cache" / c for c in ("client", "server-0")]).diagnosis.features
-    th = load_thresholds(None)
-    ctx = RuleContext(feats, th["kv_cache"], th["general"], {}, False, all_th=th)
+    ctx = rule_context("kv_cache", feats, client_only=False)
     assert _applying(ctx) == ["kv_cache.usage", "kv_cache.preemptions", "kv_cache.knee"]
     out = kv_cache(ctx)
     assert not isinstance(out, str) and not out.black_box
@@ -117,14 +111,13 @@ def test_the_engines_gauges_answer_before_the_clients_knee_of_the_same_sample() 
 
 def test_the_client_alone_is_judged_by_its_knee() -> None:
     feats = analyze_paths([SAMPLES / "kv_cache" / "client"]).diagnosis.features
-    th = load_thresholds(None)
-    ctx = RuleContext(feats, th["kv_cache"], th["general"], {}, True, all_th=th)
+    ctx = rule_context("kv_cache", feats, client_only=True)
     assert _applying(ctx) == ["kv_cache.knee"]
     out = kv_cache(ctx)
     assert not isinstance(out, str) and out.black_box
     assert [e.key for e in out.evidence] == [evidence.KNEE_TTFT_X, evidence.DECODE_HOLD]
     assert out.evidence[0].value == feats.value("ttft_knee_jump_ratio")
-    assert out.confidence <= th["kv_cache"]["bb_knee_confidence_max"]
+    assert out.confidence <= ctx.th["bb_knee_confidence_max"]
 
 
 def test_a_long_ramp_limit_in_tokens_answers_before_the_stalls_and_one_in_requests_after() -> None:

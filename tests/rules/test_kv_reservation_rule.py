@@ -7,8 +7,8 @@ from __future__ import annotations
 import rules.runner  # noqa: F401  (registers the rules)
 from rules import evidence
 from rules.base import REGISTRY, RuleContext, checks_of, missing_reason
-from rules.config import load_thresholds
-from rules.features import Feature, Features
+from rules.features import Features
+from support.rulectx import applying, features_of, rule_context
 
 kv_reservation = REGISTRY["kv_reservation"].evaluate
 
@@ -20,15 +20,12 @@ CLIENT = {"ttft_concurrency_ratio": 3.0, "decode_speed_hold_ratio": 0.95}
 
 
 def _ctx(**features: float | None) -> tuple[RuleContext, Features]:
-    feats = Features()
-    for name, value in features.items():
-        feats.add(Feature(name, value, "", value is not None, source="engine"))
-    th = load_thresholds(None)
-    return RuleContext(feats, th["kv_reservation"], th["general"], {}, False, all_th=th), feats
+    feats = features_of(features, source="engine")
+    return rule_context("kv_reservation", feats, client_only=False), feats
 
 
 def _applying(ctx: RuleContext) -> list[str]:
-    return [c.id for c in checks_of("kv_reservation") if c.applies(ctx)]
+    return applying("kv_reservation", ctx)
 
 
 def test_the_checks_are_tried_server_then_client() -> None:

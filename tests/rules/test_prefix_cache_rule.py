@@ -281,21 +281,18 @@ def test_real_server_and_probe_cache_off_then_on(tmp_path):
 def test_the_checks_try_the_server_then_its_counters_then_client_timing():
     """Declared order, and on the bundled sample the server's cached tokens answer with the client
     joined (prefix cache off: nothing cached), the repeats' timing from the client alone."""
-    from diag.analysis import analyze_paths
-    from rules.base import REGISTRY, RuleContext, checks_of
-    from rules.config import load_thresholds
+    from rules.base import REGISTRY, checks_of
+    from support.rulectx import applying, capture_context
 
     assert [c.id for c in checks_of("prefix_cache")] == ["prefix_cache.server", "prefix_cache.metrics",
                                                          "prefix_cache.timing"]
     assert REGISTRY["prefix_cache"].needs == (("prefix_repeat_cached_frac",),
                                               ("prefix_repeat_saving_frac", "prefix_cost_share"))
-    th = load_thresholds(None)
     samples = Path(__file__).resolve().parents[2] / "samples" / "prefix_cache"
 
     def judged(*dirs: str):
-        feats = analyze_paths([str(samples / d) for d in dirs]).diagnosis.features
-        ctx = RuleContext(feats, th["prefix_cache"], th["general"], {}, bool(feats.value("client_only")), all_th=th)
-        return [c.id for c in checks_of("prefix_cache") if c.applies(ctx)], REGISTRY["prefix_cache"].evaluate(ctx)
+        ctx = capture_context("prefix_cache", [samples / d for d in dirs])
+        return applying("prefix_cache", ctx), REGISTRY["prefix_cache"].evaluate(ctx)
 
     applies, f = judged("client", "server-0")
     assert applies == ["prefix_cache.server", "prefix_cache.timing"]
