@@ -8,9 +8,10 @@ series and the *sources* it may come from, tried in order (the first one with da
 that is how renamed metrics such as ``vllm:gpu_cache_usage_perc`` →
 ``vllm:kv_cache_usage_perc`` or trtllm's unprefixed names before 1.2 are handled).
 
-A source evaluates itself over two scrapes and says the same thing in PromQL, so the
-/metrics scraper and the Prometheus-server reader share one table. Names are the *exposition*
-names (what a scrape shows and what PromQL queries).
+The tables are plain data (:mod:`diag.ground.metric_sources`); :mod:`collectors.adapters.evaluation`
+evaluates a source over two scrapes and says the same thing in PromQL, so the /metrics scraper
+and the Prometheus-server reader share one table. Names are the *exposition* names (what a
+scrape shows and what PromQL queries).
 
 To add a metric: append a :class:`SeriesMap` to the engine's table (or a source to an
 existing one); to add an engine: a module in ``collectors/adapters/`` and an entry in
@@ -26,15 +27,14 @@ from dataclasses import dataclass
 from collectors.adapters.core import (PERCENTILES, EvalContext, Labels, Snapshot, bucket_quantile,  # noqa: F401
                                       percentile_series, snapshot_from_families)
 from collectors.adapters.dynamo import DYNAMO
+from collectors.adapters.evaluation import deltas, evaluate, promql_quantile, quantiles, series_promql
 from collectors.adapters.llamacpp import LLAMACPP
 from collectors.adapters.sglang import SGLANG
-from collectors.adapters.sources import (Combine, CounterRate, CounterRatio, CounterSumRatio,  # noqa: F401
-                                         CounterValue, EngineAdapter, Gauge, GaugeRatio, Histogram, SeriesMap,
-                                         Source)
 from collectors.adapters.tgi import TGI
 from collectors.adapters.trtllm import TRITON, TRTLLM
 from collectors.adapters.vllm import BUNDLED, VLLM
 from diag.ground import stages
+from diag.ground.metric_sources import CounterRate, EngineAdapter, Gauge, Histogram, SeriesMap
 
 SERIES_PREEMPTIONS_PER_S = stages.SERIES_PREEMPTIONS_PER_S
 SERIES_PAUSED = stages.SERIES_PAUSED
@@ -87,13 +87,13 @@ def stale_entities(adapter: EngineAdapter, prev: Snapshot | None, cur: Snapshot,
     moved: dict[str, bool] = {}
     for src in adapter.activity:
         if isinstance(src, CounterRate):
-            for e, d in src.deltas(prev, cur, ctx).items():
+            for e, d in deltas(src, prev, cur, ctx).items():
                 moved[e] = moved.get(e, False) or d > 0
     for m in adapter.maps:
         if not _gauge_only(m):
             continue
         for src in m.sources:
-            now, before = src.evaluate(None, cur, ctx), src.evaluate(None, prev, ctx)
+            now, before = evaluate(src, None, cur, ctx), evaluate(src, None, prev, ctx)
             for e, v in now.items():
                 if e in moved and before.get(e) != v:
                     moved[e] = True
@@ -121,14 +121,14 @@ def adapt(adapter: EngineAdapter, prev: Snapshot | None, cur: Snapshot, prefix: 
     for m in adapter.maps:
         skip = {e for e, s in stale.items() if s} if _gauge_only(m) else set()
         for src in m.sources:
-            vals = src.evaluate(prev, cur, ctx)
+            vals = evaluate(src, prev, cur, ctx)
             if not vals:
                 continue
             for e, v in sorted(vals.items()):
                 if math.isfinite(v) and e not in skip:
                     rows.append(Row(m.series, ent(e), v))
             if isinstance(src, Histogram):
-                for q, per in src.quantiles(prev, cur, ctx, percentiles).items():
+                for q, per in quantiles(src, prev, cur, ctx, percentiles).items():
                     for e, v in sorted(per.items()):
                         rows.append(Row(percentile_series(m.series, q), ent(e), v))
             break
@@ -143,11 +143,11 @@ def promql_queries(adapter: EngineAdapter, window: str = "30s", by: str = "insta
     """
     out: dict[str, str] = {}
     for m in adapter.maps:
-        out[m.series] = m.promql(window, by)
+        out[m.series] = series_promql(m, window, by)
         hists = [s for s in m.sources if isinstance(s, Histogram)]
         if hists and len(hists) == len(m.sources):
             for q in percentiles:
-                exprs = [h.promql_quantile(q, window, by) for h in hists]
+                exprs = [promql_quantile(h, q, window, by) for h in hists]
                 out[percentile_series(m.series, q)] = (
                     exprs[0] if len(exprs) == 1 else " or ".join(f"({e})" for e in exprs)
                 )

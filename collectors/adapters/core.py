@@ -10,10 +10,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag.ground.metric_sources import Labels
+
 #: Percentiles emitted for every histogram-backed series, as extra series ``<series>_p<NN>``.
 PERCENTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
 
-Labels = tuple[tuple[str, str], ...]
 
 def percentile_series(series: str, q: float) -> str:
     """The series name of a windowed percentile: ``ttft_s`` and 0.99 → ``ttft_s_p99``."""

@@ -24,8 +24,8 @@ together when both are in one capture or one Prometheus server.
 
 from __future__ import annotations
 
-from collectors.adapters.sources import Combine, CounterRate, EngineAdapter, Gauge, Histogram, SeriesMap
 from diag.ground import stages as S
+from diag.ground.metric_sources import Combine, CounterRate, EngineAdapter, Gauge, Histogram, SeriesMap
 
 SOURCE = "ai-dynamo/dynamo lib/runtime/src/metrics/prometheus_names.rs @04070c75"
 F = "dynamo_frontend_"

@@ -18,9 +18,9 @@ handler; earlier ``tools/server/server.cpp``) @fb402660, and an index copy of a 
 
 from __future__ import annotations
 
-from collectors.adapters.sources import (CounterRate, CounterRatio, CounterSumRatio, EngineAdapter, Gauge,
-                                        SeriesMap)
 from diag.ground import stages as S
+from diag.ground.metric_sources import (CounterRate, CounterRatio, CounterSumRatio, EngineAdapter, Gauge,
+                                        SeriesMap)
 
 SOURCE = "ggml-org/llama.cpp tools/server/server-context.cpp @fb402660 (/metrics handler)"
 

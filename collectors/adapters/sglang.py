@@ -24,9 +24,9 @@ Names and meanings read from sgl-project/sglang ``python/sglang/srt/observabilit
 
 from __future__ import annotations
 
-from collectors.adapters.sources import (Combine, CounterRate, CounterSumRatio, CounterValue, EngineAdapter, Gauge,
-                                        Histogram, SeriesMap)
 from diag.ground import stages as S
+from diag.ground.metric_sources import (Combine, CounterRate, CounterSumRatio, CounterValue, EngineAdapter, Gauge,
+                                        Histogram, SeriesMap)
 
 SOURCE = ("sgl-project/sglang python/sglang/srt/observability/metrics_collector.py @44cedc2b; "
           "scheduler_metrics_mixin.py @44cedc2b; req_time_stats.py @602413bc")

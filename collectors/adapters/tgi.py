@@ -9,8 +9,8 @@ one read here. metrics-exporter-prometheus prints counters without ``_total``.
 
 from __future__ import annotations
 
-from collectors.adapters.sources import Combine, CounterRate, EngineAdapter, Gauge, GaugeRatio, Histogram, SeriesMap
 from diag.ground import stages as S
+from diag.ground.metric_sources import Combine, CounterRate, EngineAdapter, Gauge, GaugeRatio, Histogram, SeriesMap
 
 SOURCE = ("huggingface/text-generation-inference @db931fcf router/src/server.rs, backends/v3/src/backend.rs, "
           "backends/v3/src/queue.rs, router/src/lib.rs")

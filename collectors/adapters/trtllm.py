@@ -22,8 +22,8 @@
 
 from __future__ import annotations
 
-from collectors.adapters.sources import CounterRate, CounterRatio, EngineAdapter, Gauge, GaugeRatio, Histogram, SeriesMap
 from diag.ground import stages as S
+from diag.ground.metric_sources import CounterRate, CounterRatio, EngineAdapter, Gauge, GaugeRatio, Histogram, SeriesMap
 
 SOURCE = ("NVIDIA/TensorRT-LLM tensorrt_llm/metrics/collector.py @050f80de (unprefixed before 1.2: @89fd9b74); "
           "tensorrt_llm/serve/openai_server.py @e7f7345e (/prometheus/metrics)")

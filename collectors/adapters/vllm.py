@@ -37,9 +37,9 @@ read here is in its ``/metrics`` except the two older names kept as fallbacks
 
 from __future__ import annotations
 
-from collectors.adapters.sources import (CounterRate, CounterSumRatio, CounterValue, EngineAdapter, Gauge, Histogram,
-                                        SeriesMap)
 from diag.ground import stages as S
+from diag.ground.metric_sources import (CounterRate, CounterSumRatio, CounterValue, EngineAdapter, Gauge, Histogram,
+                                        SeriesMap)
 
 SOURCE = ("vllm-project/vllm tests/entrypoints/instrumentator/test_metrics.py @20ef9d82; vllm/v1/metrics/stats.py "
           "@28ed1fb8; vllm/v1/engine/output_processor.py @d0782260; vllm/v1/engine/input_processor.py @a1799180; "
