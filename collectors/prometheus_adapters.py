@@ -1,11 +1,11 @@
 """Per-engine tables that map /metrics names onto the canonical series of ``diag.ground.stages``: the front door.
 
-One table per engine, each in its own module under :mod:`collectors.adapters` with the file
-and commit its names were read from (vLLM and our bundled engine's ``ttft_engine:`` names,
-SGLang, TGI, llama.cpp, trtllm-serve, Triton + TensorRT-LLM backend, NVIDIA Dynamo); the
-reference table is ``docs/engines.md``. A table is a list of :class:`SeriesMap`: a canonical
-series and the *sources* it may come from, tried in order (the first one with data wins —
-that is how renamed metrics such as ``vllm:gpu_cache_usage_perc`` →
+One table per engine, each the ``METRICS`` of its ground-floor module :mod:`diag.ground.external.<engine>`
+with the file and commit its names were read from (vLLM, our bundled engine's ``ttft_engine:``
+names, SGLang, TGI, llama.cpp, trtllm-serve, Triton + TensorRT-LLM backend (``TRITON_METRICS``
+of ``trtllm``), NVIDIA Dynamo); the reference table is ``docs/engines.md``. A table is a list of
+:class:`SeriesMap`: a canonical series and the *sources* it may come from, tried in order (the
+first one with data wins — that is how renamed metrics such as ``vllm:gpu_cache_usage_perc`` →
 ``vllm:kv_cache_usage_perc`` or trtllm's unprefixed names before 1.2 are handled).
 
 The tables are plain data (:mod:`diag.ground.metric_sources`); :mod:`collectors.adapters.evaluation`
@@ -14,8 +14,8 @@ and the Prometheus-server reader share one table. Names are the *exposition* nam
 scrape shows and what PromQL queries).
 
 To add a metric: append a :class:`SeriesMap` to the engine's table (or a source to an
-existing one); to add an engine: a module in ``collectors/adapters/`` and an entry in
-:data:`ADAPTERS`. Pure code, no I/O; safe from any thread.
+existing one); to add an engine: a ``METRICS`` table in its module under ``diag/ground/external/``
+and an entry in :data:`ADAPTERS`. Pure code, no I/O; safe from any thread.
 """
 
 from __future__ import annotations
@@ -26,21 +26,17 @@ from dataclasses import dataclass
 
 from collectors.adapters.core import (PERCENTILES, EvalContext, Labels, Snapshot, bucket_quantile,  # noqa: F401
                                       percentile_series, snapshot_from_families)
-from collectors.adapters.dynamo import DYNAMO
 from collectors.adapters.evaluation import deltas, evaluate, promql_quantile, quantiles, series_promql
-from collectors.adapters.llamacpp import LLAMACPP
-from collectors.adapters.sglang import SGLANG
-from collectors.adapters.tgi import TGI
-from collectors.adapters.trtllm import TRITON, TRTLLM
-from collectors.adapters.vllm import BUNDLED, VLLM
 from diag.ground import stages
+from diag.ground.external import bundled, dynamo, llamacpp, sglang, tgi, trtllm, vllm
 from diag.ground.metric_sources import CounterRate, EngineAdapter, Gauge, Histogram, SeriesMap
 
 SERIES_PREEMPTIONS_PER_S = stages.SERIES_PREEMPTIONS_PER_S
 SERIES_PAUSED = stages.SERIES_PAUSED
 
 #: Every adapter, in detection priority order. Append new engines here.
-ADAPTERS: tuple[EngineAdapter, ...] = (BUNDLED, VLLM, SGLANG, TGI, LLAMACPP, TRTLLM, TRITON, DYNAMO)
+ADAPTERS: tuple[EngineAdapter, ...] = (bundled.METRICS, vllm.METRICS, sglang.METRICS, tgi.METRICS, llamacpp.METRICS,
+                                        trtllm.METRICS, trtllm.TRITON_METRICS, dynamo.METRICS)
 ADAPTERS_BY_ENGINE: dict[str, EngineAdapter] = {a.engine: a for a in ADAPTERS}
 
 

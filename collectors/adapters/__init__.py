@@ -1,7 +1,7 @@
-"""Per-engine /metrics tables, one module per engine, and the evaluation of their sources.
+"""The evaluation of the engines' /metrics tables: scrape snapshots and the shared arithmetic
+(:mod:`.core`) and each source type over a scrape pair and in PromQL (:mod:`.evaluation`).
 
-The source types are plain data in :mod:`diag.ground.metric_sources`; :mod:`.evaluation` evaluates
-them over scrape pairs and in PromQL, on :mod:`.core`'s snapshots and arithmetic. The registry and
-detection live in :mod:`collectors.prometheus_adapters` (the front door); each engine module cites
-the file and commit its names were read from.
+The tables themselves are plain data on the ground floor (each engine's ``METRICS`` in
+:mod:`diag.ground.external`, built from :mod:`diag.ground.metric_sources`); the registry and
+detection live in :mod:`collectors.prometheus_adapters` (the front door).
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from importlib import import_module
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from collectors import prometheus_adapters as pa
 from collectors.prometheus import PrometheusScraper, adapt_texts, metrics_url, parse_exposition
 from diag.ground import stages as S
+from diag.ground.external import ENGINES, llamacpp, sglang
 
 T0 = 1_700_000_000.0
 
@@ -88,13 +90,6 @@ def test_vllm_hit_ratio_falls_back_to_prefix_cache_tokens():
     assert _at(rows, S.SERIES_PROMPT_TOKENS_COMPUTED_PER_S, 1) is None  # no by-source family: not guessed
 
 
-def test_vllm_note_states_the_boundary_and_the_windowed_means():
-    note = pa.VLLM.note
-    assert "after" in note and "tokeniz" in note and "detokenize" in note
-    assert "observed at finish" in note and "first token" in note
-    assert pa.VLLM.source and "@" in pa.VLLM.source
-
-
 # --- SGLang: ranks and frozen gauges ---------------------------------------------------------------
 
 RANKS = ("tp_rank", "pp_rank", "moe_ep_rank")
@@ -133,7 +128,7 @@ def test_sglang_per_rank_gauges_take_the_max_not_the_sum():
     assert _at(rows, S.SERIES_PREEMPTIONS, 1) == 5
     assert _at(rows, S.SERIES_PROMPT_TOKENS_COMPUTED_PER_S, 1) == pytest.approx(400 / 5)
     assert _at(rows, S.SERIES_PREFIX_CACHE_HIT_RATIO, 1) == pytest.approx(100 / 500)
-    queries = pa.promql_queries(pa.SGLANG)
+    queries = pa.promql_queries(sglang.METRICS)
     assert queries[S.SERIES_KV_USAGE] == ("max by (instance) (sum by (instance, tp_rank, pp_rank, moe_ep_rank) "
                                           "(sglang:token_usage))")
 
@@ -167,12 +162,6 @@ def test_sglang_frozen_gauges_are_stale_not_zero():
     assert _at(rows, S.SERIES_GAUGES_STALE, 3) == 0.0 and _at(rows, S.SERIES_RUNNING, 3) == 0
 
 
-def test_sglang_prefill_note_is_the_whole_prefill():
-    prefill = next(m for m in pa.SGLANG.maps if m.series == S.SERIES_PREFILL_TIME_S)
-    assert "all chunks" in prefill.note and "last chunk" not in prefill.note
-    assert "observability/metrics_collector.py" in pa.SGLANG.source
-
-
 # --- llama.cpp -------------------------------------------------------------------------------------
 
 
@@ -190,7 +179,7 @@ def test_llamacpp_cached_prompt_tokens_and_busy_slots():
     assert _at(rows, S.SERIES_PREFIX_CACHE_HIT_RATIO, 1) == pytest.approx(4000 / 5000)
     assert _at(rows, S.SERIES_BUSY_SLOTS_PER_DECODE, 1) == pytest.approx(2.5)  # an average, not a rate
     assert _at(rows, S.SERIES_WAITING, 1) == 3
-    waiting = next(m for m in pa.LLAMACPP.maps if m.series == S.SERIES_WAITING)
+    waiting = next(m for m in llamacpp.METRICS.maps if m.series == S.SERIES_WAITING)
     assert "HTTP thread pool" in waiting.note  # the blind spot is said where the series is made
 
 
@@ -376,11 +365,10 @@ def test_dynamo_front_end_vs_worker_split():
     assert _at(rows, S.SERIES_PREFIX_CACHE_HIT_RATIO, 1) == pytest.approx(0.4)
 
 
-# --- every adapter says where its names come from -------------------------------------------------
+# --- the registry ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("adapter", pa.ADAPTERS, ids=lambda a: a.engine)
-def test_every_adapter_cites_its_source(adapter):
-    assert adapter.source, adapter.engine
-    if adapter.engine != "bundled":
-        assert "@" in adapter.source  # a commit, not just a file
+def test_every_engine_table_of_the_ground_floor_is_registered():
+    tables = [getattr(import_module(f"diag.ground.external.{name}"), attr) for name in ENGINES
+              for attr in ("METRICS", "TRITON_METRICS") if hasattr(import_module(f"diag.ground.external.{name}"), attr)]
+    assert tables and set(tables) == set(pa.ADAPTERS) and len(pa.ADAPTERS) == len(pa.ADAPTERS_BY_ENGINE)

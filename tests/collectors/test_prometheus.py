@@ -20,6 +20,7 @@ from collectors.prometheus import (
     parse_exposition,
 )
 from diag.ground import stages
+from diag.ground.external import llamacpp, tgi, trtllm, vllm
 from support.engine_testutil import free_port
 
 FIX = Path(__file__).parent / "fixtures"
@@ -322,7 +323,7 @@ def test_scrape_command_writes_capture(tmp_path):
 
 
 def test_promql_built_from_the_tables():
-    q = pa.promql_queries(pa.VLLM, window="30s")
+    q = pa.promql_queries(vllm.METRICS, window="30s")
     assert q[S.SERIES_QUEUE_TIME_S] == (
         "sum by (instance) (rate(vllm:request_queue_time_seconds_sum[30s])) / "
         "sum by (instance) (rate(vllm:request_queue_time_seconds_count[30s]))"
@@ -333,18 +334,18 @@ def test_promql_built_from_the_tables():
     assert q[S.SERIES_KV_USAGE] == "(sum by (instance) (vllm:kv_cache_usage_perc)) or (sum by (instance) (vllm:gpu_cache_usage_perc))"
     assert q[S.SERIES_PROMPT_TOKENS_PER_S] == "sum by (instance) (rate(vllm:prompt_tokens_total[30s]))"
     assert "vllm:time_per_output_token_seconds_bucket" in q["itl_s_p50"]
-    t = pa.promql_queries(pa.TRITON)
+    t = pa.promql_queries(trtllm.TRITON_METRICS)
     assert t[S.SERIES_QUEUE_TIME_S] == (
         "(sum by (instance) (rate(nv_inference_queue_duration_us[30s])) / "
         "sum by (instance) (rate(nv_inference_request_success[30s]))) * 1e-06"
     )
     assert 'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used"}' in t[S.SERIES_KV_USAGE]
-    g = pa.promql_queries(pa.TGI)
+    g = pa.promql_queries(tgi.METRICS)
     assert g[S.SERIES_DECODE_TIME_S].startswith("(sum by (instance) (rate(tgi_request_inference_duration_sum[30s]))")
     assert ' - (' in g[S.SERIES_DECODE_TIME_S]
     assert "tgi_request_count" not in " ".join(g.values())
     assert q[S.SERIES_REQUESTS_PER_S] == "sum by (instance) (rate(vllm:time_to_first_token_seconds_count[30s]))"
-    lc = pa.promql_queries(pa.LLAMACPP)
+    lc = pa.promql_queries(llamacpp.METRICS)
     assert lc[S.SERIES_PREFILL_BUSY] == "sum by (instance) (rate(llamacpp:prompt_seconds_total[30s]))"
     assert lc[S.SERIES_PREFILL_S_PER_TOKEN] == (
         "sum by (instance) (rate(llamacpp:prompt_seconds_total[30s])) / "

@@ -32,10 +32,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.adapters.vllm import VLLM
 from collectors.probe import LengthSpec, LoadSpec, ProbeConfig, WorkloadSpec, run_probe
 from diag.ground import stages as S
 from diag.ground.capture import load_capture
+from diag.ground.external import vllm
 from diag.analysis.report.text import format_diagnosis
 from diag.ground.tables import build_tables
 from rules import run_rules
@@ -138,9 +138,9 @@ def test_a_batch_cap_shows_waiting_for_capacity_with_kv_free_and_is_not_kv_cache
 
     # every name the adapter reads is in the real text and parses; only the legacy fallbacks are absent
     present = {s.name for t in texts[-1:] for fam in text_string_to_metric_families(t) for s in fam.samples}
-    read = {n for m in VLLM.maps for src in m.sources for n in src.names()}
+    read = {n for m in vllm.METRICS.maps for src in m.sources for n in src.names()}
     assert read - present == LEGACY_FALLBACKS | KV_CONNECTOR_ONLY, sorted(read - present)
-    for m in VLLM.maps:  # each canonical series has a source the server feeds (a KV connector's aside)
+    for m in vllm.METRICS.maps:  # each canonical series has a source the server feeds (a KV connector's aside)
         assert m.series == S.SERIES_KV_TRANSFER_S or any(set(src.names()) <= present for src in m.sources), m.series
 
     # the batch cap: one runs, the rest wait for "capacity", although the KV pool is nearly empty.

@@ -1,12 +1,13 @@
 """One pure-data module per external engine: what it names (spans, attributes, notes, py-spy
-frames), each name with the file and commit of the engine's source it was read from, and what to
-check next in its terms when a rule fires (``NEXT_CHECKS``: rule id -> one line). Read by
-:mod:`diag.ground.external_spans`, :mod:`diag.ground.external_rows`, :mod:`collectors.pyspy_engines` and the
-rules (:func:`next_checks`); no I/O, any thread.
+frames, its ``/metrics`` table ``METRICS``), each name with the file and commit of the engine's
+source it was read from, and what to check next in its terms when a rule fires (``NEXT_CHECKS``:
+rule id -> one line). Read by :mod:`diag.ground.external_spans`, :mod:`diag.ground.external_rows`,
+:mod:`collectors.pyspy_engines`, :mod:`collectors.prometheus_adapters` (the ``METRICS`` tables,
+built from :mod:`diag.ground.metric_sources`) and the rules (:func:`next_checks`); no I/O, any thread.
 
 :mod:`diag.ground.external.bundled` is the bundled engine's (:mod:`diag.bundled_engine`, ``ttft serve``): not an
-external engine, but its next checks sit beside the others' so that a rule reads every engine's
-in one place. This module holds the shape of a frame rule the engine modules share and the engine
+external engine, but its next checks and ``/metrics`` table sit beside the others' so that a rule
+reads every engine's in one place. This module holds the shape of a frame rule the engine modules share and the engine
 order.
 """
 

@@ -2,11 +2,15 @@
 command-line flags) when a rule fires.
 
 Not an external engine: it lives beside them so that every engine's next checks are read in one
-place (:func:`diag.ground.external.next_checks`). Its spans and metrics are the canonical names of
-:mod:`diag.ground.stages`. Pure data.
+place (:func:`diag.ground.external.next_checks`). Its spans are the canonical names of
+:mod:`diag.ground.stages`; its ``/metrics`` table (:data:`METRICS`) is vLLM V1's names under
+``ttft_engine:`` (:func:`diag.ground.external.vllm.vllm_style`). Pure data.
 """
 
 from __future__ import annotations
+
+from diag.ground.external.vllm import vllm_style
+from diag.ground.metric_sources import EngineAdapter
 
 #: what to check next in the bundled engine's terms, by rule id (read through :func:`diag.ground.external.next_checks`)
 NEXT_CHECKS: dict[str, str] = {
@@ -17,3 +21,12 @@ NEXT_CHECKS: dict[str, str] = {
     "prefix_cache": ("the bundled engine: ttft serve --enable-prefix-caching, and --kv-blocks large enough that the "
                      "shared prefix survives between uses"),
 }
+
+#: the /metrics table: vLLM V1's names under ``ttft_engine:`` onto the canonical series
+METRICS = EngineAdapter(
+    engine="bundled",
+    prefixes=("ttft_engine:",),
+    maps=tuple(vllm_style("ttft_engine:")),
+    entity_labels=("engine", "rank", "role"),  # role: each side of --pd, as two instances would report
+    source="this repository: diag/bundled_engine (vLLM V1's names under ttft_engine:)",
+)

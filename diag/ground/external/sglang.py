@@ -1,8 +1,31 @@
-"""SGLang: its request-stage slice spans and root (sgl-project/sglang ``RequestStage.stage_name``,
-``python/sglang/srt/observability/trace.py`` @b8e5a7c3; see :mod:`diag.ground.external_spans`).
+"""SGLang: its ``/metrics`` names, and its request-stage slice spans and root (sgl-project/sglang
+``RequestStage.stage_name``, ``python/sglang/srt/observability/trace.py`` @b8e5a7c3; see
+:mod:`diag.ground.external_spans`).
 
-Pure data (``docs/engines.md`` has the table). Its py-spy frames are :data:`FRAMES`; the ``/metrics``
-names are in :mod:`collectors.adapters.sglang`.
+Pure data (``docs/engines.md`` has the table). Its py-spy frames are :data:`FRAMES`; its ``/metrics``
+table is :data:`METRICS` (evaluated by :mod:`collectors.prometheus_adapters`).
+
+``/metrics`` names and meanings read from sgl-project/sglang
+``python/sglang/srt/observability/metrics_collector.py`` @44cedc2b (the module was
+``srt/metrics/collector.py`` before), ``scheduler_metrics_mixin.py`` @44cedc2b and
+``req_time_stats.py`` @602413bc.
+
+* Scheduler series carry ``tp_rank``, ``pp_rank`` and ``moe_ep_rank`` (``dp_rank`` only with
+  data parallelism). With ``--enable-metrics-for-all-schedulers`` every rank of one scheduler
+  reports the same queue and the same KV pool, so gauges and counters take the **max across
+  ranks**, never the sum (two ranks at 0.6 KV usage are 0.6, not 1.2). ``dp_rank`` values are
+  separate schedulers and stay apart as entities.
+* The scheduler sets its gauges only in ``log_prefill_stats``/``log_decode_stats`` (once per
+  ``decode_log_interval``): when the server goes idle they **freeze** at their last value. A
+  window in which no token counter moved and no gauge changed is stale: its gauge rows are
+  left out (unknown, not zero) and ``gauges_stale`` is 1.
+* ``per_stage_req_latency_seconds{stage="prefill_forward"}`` is prefill finished minus first
+  forward entry: the **whole prefill, all chunks** (``chunked_prefill`` is observed per chunk).
+  Stages really observed: ``request_process``, ``prefill_forward``, ``chunked_prefill`` and the
+  PD stages; ``prefill_waiting`` has ``metrics_is_observed=False``.
+* ``realtime_tokens_total{mode=prefill_compute|prefill_cache|decode}`` counts tokens as the
+  scheduler logs stats; ``cached_tokens_total{cache_source}`` counts prompt tokens served from a
+  cache; ``prompt_tokens_total`` (tokenizer side) is counted at finish and includes cached ones.
 """
 
 from __future__ import annotations
@@ -11,6 +34,8 @@ import re
 
 from diag.ground import stages
 from diag.ground.external import FrameRule
+from diag.ground.metric_sources import (Combine, CounterRate, CounterSumRatio, CounterValue, EngineAdapter, Gauge,
+                                        Histogram, SeriesMap)
 
 #: the engine's name in request rows and notes
 NAME = "sglang"
@@ -77,4 +102,67 @@ FRAMES: tuple[FrameRule, ...] = (
               why="sglang/srt/managers/scheduler.py, radix cache, allocators"),
     FrameRule(stages.CPU_HTTP, _SRT + r"(entrypoints|openai_api)/|" + _SRT + r"managers/tokenizer_manager\w*\.py$",
               why="http_server.py / OpenAI serving; the rest of TokenizerManager is request handling"),
+)
+
+# --- /metrics -------------------------------------------------------------------------------
+
+#: where the ``/metrics`` names were read, file @ commit (:data:`METRICS`' ``source``)
+SOURCE = ("sgl-project/sglang python/sglang/srt/observability/metrics_collector.py @44cedc2b; "
+          "scheduler_metrics_mixin.py @44cedc2b; req_time_stats.py @602413bc")
+#: labels naming ranks of one scheduler: gauges/counters take the max over them
+RANKS: tuple[str, ...] = ("tp_rank", "pp_rank", "moe_ep_rank")
+
+_STAGE = "sglang:per_stage_req_latency_seconds"
+_STAGE_OLD = "sglang:request_latency_seconds"
+_RT = "sglang:realtime_tokens_total"
+
+
+def _rt(mode: str) -> CounterRate:
+    return CounterRate(_RT, (("mode", mode),), max_over=RANKS)
+
+
+#: the /metrics table: SGLang's names onto the canonical series
+METRICS = EngineAdapter(
+    engine="sglang",
+    prefixes=("sglang:",),
+    maps=(
+        SeriesMap(stages.SERIES_QUEUE_TIME_S, (Histogram("sglang:queue_time_seconds"),)),
+        SeriesMap(stages.SERIES_PREFILL_TIME_S, (Histogram(_STAGE, (("stage", "prefill_forward"),)),
+                                                 Histogram(_STAGE_OLD, (("stage", "prefill_forward"),))),
+                  note="prefill_forward stage: first forward entry -> prefill finished, all chunks"),
+        SeriesMap(stages.SERIES_TTFT_S, (Histogram("sglang:time_to_first_token_seconds"),)),
+        SeriesMap(stages.SERIES_ITL_S, (Histogram("sglang:inter_token_latency_seconds"),)),
+        SeriesMap(stages.SERIES_E2E_S, (Histogram("sglang:e2e_request_latency_seconds"),)),
+        SeriesMap(stages.SERIES_DECODE_TIME_S, (Combine(((1.0, Histogram("sglang:e2e_request_latency_seconds")),
+                                                         (-1.0, Histogram("sglang:time_to_first_token_seconds")))),),
+                  note="mean e2e - mean TTFT over the window"),
+        SeriesMap(stages.SERIES_KV_USAGE, (Gauge("sglang:token_usage", max_over=RANKS),), note="max across ranks"),
+        SeriesMap(stages.SERIES_WAITING, (Gauge("sglang:num_queue_reqs", max_over=RANKS),)),
+        SeriesMap(stages.SERIES_RUNNING, (Gauge("sglang:num_running_reqs", max_over=RANKS),)),
+        SeriesMap(stages.SERIES_PREEMPTIONS, (CounterValue("sglang:num_retracted_requests_total", max_over=RANKS),),
+                  note="retractions"),
+        SeriesMap(stages.SERIES_PREEMPTIONS_PER_S,
+                  (CounterRate("sglang:num_retracted_requests_total", max_over=RANKS),)),
+        SeriesMap(stages.SERIES_PROMPT_TOKENS_PER_S, (CounterRate("sglang:prompt_tokens_total"),),
+                  note="tokenizer side, counted at finish, cached tokens included"),
+        SeriesMap(stages.SERIES_PROMPT_TOKENS_COMPUTED_PER_S, (_rt("prefill_compute"),),
+                  note="realtime_tokens_total{mode=prefill_compute}, updated each log interval"),
+        SeriesMap(stages.SERIES_PROMPT_TOKENS_CACHED_PER_S, (_rt("prefill_cache"),
+                                                             CounterRate("sglang:cached_tokens_total", max_over=RANKS)),
+                  note="realtime_tokens_total{mode=prefill_cache}, else cached_tokens_total (all cache sources)"),
+        SeriesMap(stages.SERIES_PREFIX_CACHE_HIT_RATIO, (
+            CounterSumRatio(_rt("prefill_cache"), (_rt("prefill_compute"), _rt("prefill_cache"))),),
+                  note="Δ prefill_cache tokens / Δ (prefill_compute + prefill_cache) tokens"),
+        SeriesMap(stages.SERIES_GENERATION_TOKENS_PER_S, (CounterRate("sglang:generation_tokens_total"),)),
+        SeriesMap(stages.SERIES_REQUESTS_PER_S, (CounterRate("sglang:time_to_first_token_seconds_count"),),
+                  note="Δ TTFT histogram count / Δt"),
+    ),
+    entity_labels=("dp_rank",),
+    note="decode time = mean e2e - mean TTFT; prefill = prefill_forward stage histogram (all chunks); per-rank "
+    "gauges take the max across tp/pp/moe_ep ranks; gauges freeze when the server is idle: such windows are "
+    "marked gauges_stale and their gauge rows left out",
+    activity=(CounterRate(_RT, max_over=RANKS), CounterRate("sglang:generation_tokens_total"),
+              CounterRate("sglang:prompt_tokens_total"), CounterRate("sglang:time_to_first_token_seconds_count"),
+              CounterRate("sglang:num_retracted_requests_total", max_over=RANKS)),
+    source=SOURCE,
 )
