@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from importlib import import_module
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import import_module
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -369,6 +369,6 @@ def test_dynamo_front_end_vs_worker_split():
 
 
 def test_every_engine_table_of_the_ground_floor_is_registered():
-    tables = [getattr(import_module(f"diag.ground.external.{name}"), attr) for name in ENGINES
-              for attr in ("METRICS", "TRITON_METRICS") if hasattr(import_module(f"diag.ground.external.{name}"), attr)]
+    modules = [import_module(f"diag.ground.external.{name}") for name in ENGINES]
+    tables = [getattr(m, attr) for m in modules for attr in ("METRICS", "TRITON_METRICS") if hasattr(m, attr)]
     assert tables and set(tables) == set(pa.ADAPTERS) and len(pa.ADAPTERS) == len(pa.ADAPTERS_BY_ENGINE)
