@@ -16,10 +16,11 @@ overridden by a user TOML file. The rule engine does no I/O other than reading t
 
 from __future__ import annotations
 
-from rules.base import REGISTRY, Rule, RuleContext
+from rules.base import Rule, RuleContext
 from rules.config import RulesFileError, default_thresholds, load_thresholds
 from rules.runner import run_rules
 from rules.model import CATEGORIES, FAILURES, INCONCLUSIVE, NO_DATA, OUTCOMES, Diagnosis, Evidence, Finding, Passed, Skipped
+from rules.registry import REGISTRY
 
 __all__ = [
     "CATEGORIES", "FAILURES", "INCONCLUSIVE", "NO_DATA", "OUTCOMES", "Diagnosis", "Evidence", "Finding", "Passed", "Skipped", "Rule", "RuleContext",

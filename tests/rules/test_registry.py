@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import rules.runner  # imports every rule module it knows
-from rules.base import REGISTRY
+from rules.base import REGISTRY, checked_rule, rule
 from rules.model import CATEGORIES, FAILURES, ITL_CATEGORIES, TTFT_CATEGORIES
+from rules.registry import Kind
 
 RULES_DIR = Path(rules.runner.__file__).resolve().parent
 
@@ -57,6 +58,35 @@ def test_every_category_but_healthy_is_some_rules_and_of_one_kind() -> None:
     assert set(CATEGORIES) - {"healthy"} == named - {FAILURES}
     assert not TTFT_CATEGORIES & ITL_CATEGORIES and (TTFT_CATEGORIES | ITL_CATEGORIES) <= named
     assert named - TTFT_CATEGORIES - ITL_CATEGORIES == {"cold_start", "loadgen", FAILURES}
+    kinds = {r.category: r.kind for r in REGISTRY.values()}
+    assert {c for c, k in kinds.items() if k is Kind.TTFT} == TTFT_CATEGORIES
+    assert {c for c, k in kinds.items() if k is Kind.ITL} == ITL_CATEGORIES
+
+
+def test_every_rule_declares_a_kind_and_a_category_has_one() -> None:
+    kinds: dict[str, set[Kind]] = {}
+    for r in REGISTRY.values():
+        assert isinstance(r.kind, Kind), (r.id, r.kind)
+        kinds.setdefault(r.category, set()).add(r.kind)
+    assert all(len(k) == 1 for k in kinds.values()), kinds
+
+
+def test_a_registration_without_a_known_kind_or_against_its_category_s_is_refused() -> None:
+    """The kind is stated at every registration, as a :class:`Kind`; a rule that gives its category
+    another kind than the rules already registered for it is refused, and the registry stays as it was."""
+    before = dict(REGISTRY)
+    with pytest.raises(ValueError, match=r"category 'decode' explains Kind\.TTFT .* rule 'decode' .* Kind\.ITL"):
+        rule("t_decode_as_ttft", "decode", needs=(("x",),), kind=Kind.TTFT)(lambda ctx: "")
+    with pytest.raises(ValueError, match=r"kind='ttft': it must be one of Kind\.TTFT, Kind\.ITL, Kind\.OTHER"):
+        checked_rule("t_bare", "t_bare", "a bare string for a kind", kind="ttft")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="kind"):
+        checked_rule("t_none", "t_none", "no kind")  # type: ignore[call-arg]
+    assert REGISTRY == before
+    try:
+        rule("t_decode_too", "decode", needs=(("x",),), kind=Kind.ITL)(lambda ctx: "")
+        assert REGISTRY["t_decode_too"].kind is Kind.ITL
+    finally:
+        REGISTRY.pop("t_decode_too", None)
 
 
 def test_pass_reasons_are_templates_filled_by_diag_units() -> None:
@@ -178,7 +208,8 @@ def test_a_check_reads_only_the_thresholds_it_declares() -> None:
 
 #: modules of rules/ that hold the machinery, or readings several rules share, not rules
 MACHINERY: frozenset[str] = frozenset({"__init__.py", "base.py", "config.py", "evidence.py", "inconclusive.py",
-                                       "long_ramp.py", "model.py", "overrides.py", "runner.py", "verdict.py"})
+                                       "long_ramp.py", "model.py", "overrides.py", "registry.py", "runner.py",
+                                       "verdict.py"})
 
 
 def test_every_rule_module_declares_a_rule() -> None:
@@ -197,7 +228,7 @@ def test_a_rule_of_checks_needs_the_alternatives_no_other_check_needs_less_than(
         for path, needs in (("both", ("a", "b")), ("a", ("a",)), ("again", ("a",)), ("c", ("c", "d")),
                             ("d", ("d",))):
             check(f"t.{path}", needs=needs)(lambda ctx: "")
-        assert Rule("t", "t", (), lambda ctx: "").needs == (("a",), ("d",))
-        assert Rule("t", "t", (("x",),), lambda ctx: "").needs == (("x",),)
+        assert Rule("t", "t", (), lambda ctx: "", Kind.OTHER).needs == (("a",), ("d",))
+        assert Rule("t", "t", (("x",),), lambda ctx: "", Kind.OTHER).needs == (("x",),)
     finally:
         CHECKS.pop("t", None)
