@@ -2,13 +2,19 @@
 
 A rule registers (:func:`rules.base.rule`, :func:`rules.base.checked_rule`) with its category and
 the :class:`Kind` of time that category's findings explain; :func:`register` holds every rule of a
-category to one kind.
+category to one kind. The categories (:func:`categories`) and their kinds (:func:`kind_of`) are
+read from :data:`REGISTRY` when called: importing ``rules`` imports ``rules/runner.py``, which
+imports every rule module, so a caller outside the package sees every rule. Call them where the
+answer is needed; a module-level constant built from them in a module that a rule module imports
+would hold only the rules registered before it.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 from typing import TYPE_CHECKING
+
+from rules.model import OUTCOMES
 
 if TYPE_CHECKING:
     from rules.base import Rule
@@ -41,3 +47,16 @@ def register(r: Rule) -> None:
         raise ValueError(f"rule {r.id!r} declares that category {r.category!r} explains Kind.{r.kind.name} time, "
                          f"but rule {other.id!r} of the same category declares Kind.{other.kind.name}")
     REGISTRY[r.id] = r
+
+
+def kind_of(category: str) -> Kind | None:
+    """The kind of time ``category``'s findings explain; None for a category no rule has (healthy,
+    inconclusive, no_data)."""
+    return next((r.kind for r in REGISTRY.values() if r.category == category), None)
+
+
+def categories(kind: Kind | None = None) -> tuple[str, ...]:
+    """The rules' bottleneck categories (those of ``kind`` when given), each once, in the order their
+    rules register; the measurement's outcomes (:data:`rules.model.OUTCOMES`: failures) are not among them."""
+    return tuple(dict.fromkeys(r.category for r in REGISTRY.values()
+                               if r.category not in OUTCOMES and (kind is None or r.kind is kind)))

@@ -32,9 +32,9 @@ from rules.config import load_thresholds
 from rules.features import compute_features
 from rules.edges import startup_note
 from rules.inconclusive import inconclusive
-from rules.model import (FAILURES, INCONCLUSIVE, ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Diagnosis, Evidence,
-                         Finding, Passed, Skipped)
+from rules.model import FAILURES, INCONCLUSIVE, NO_DATA, Diagnosis, Evidence, Finding, Passed, Skipped
 from rules.overrides import apply_overrides, rank_after_winners
+from rules.registry import Kind, kind_of
 from rules.verdict import (floor_rows, healthy_by_floor, is_candidate, itl_target_broken, near_tie, settle,
                            unsplit_spread)
 
@@ -110,9 +110,9 @@ def run_rules(tables: Tables, rules_file: str | None = None, slo: Mapping[str, f
             out.tier = min(out.tier, r.tier) if out.category == "cold_start" else r.tier
             if out.conditional:  # after the findings of what was measured (Finding.conditional)
                 out.tier = max(out.tier, CONDITIONAL_TIER)
-            if out.category in ITL_CATEGORIES:
+            if r.kind is Kind.ITL:
                 out.weight = float(general["itl_weight"])
-            elif out.category in TTFT_CATEGORIES:
+            elif r.kind is Kind.TTFT:
                 share = out.population_share if out.population_share is not None else (out.explained_pct or 0.0) / 100.0
                 out.weight = max(float(general["min_weight"]), share)
             else:
@@ -145,7 +145,7 @@ def run_rules(tables: Tables, rules_file: str | None = None, slo: Mapping[str, f
         return Diagnosis(verdict, [verdict] + findings, skipped, feats, passed, notes, th)
     itl_broken = itl_target_broken(feats)
     # the causes that may be the verdict (rules.verdict): ITL findings only against a broken ITL/TPOT target
-    main = [f for f in findings if f.category in TTFT_CATEGORIES | ITL_CATEGORIES and is_candidate(f, itl_broken)]
+    main = [f for f in findings if kind_of(f.category) in (Kind.TTFT, Kind.ITL) and is_candidate(f, itl_broken)]
     failing = any(f.category == FAILURES for f in findings)
     sample = RuleContext(feats, {}, general, {}, black_box).sample_factor()
     waits_not, _ = floor_rows(feats, hth) if not (main or failing or all_met) else (None, [])
