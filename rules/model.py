@@ -24,6 +24,9 @@ CATEGORIES: tuple[str, ...] = (
     "grammar_compile", "lora_adapters", "pd_transfer",
     "healthy",
 )
+#: The verdict's category when no cause stands out (every SLO met, nothing waits, no rule fired):
+#: not a rule's category, and not a measurement outcome.
+HEALTHY = "healthy"
 #: The verdict's category when there is nothing to judge (no completed request).
 NO_DATA = "no_data"
 #: The verdict's category when the rules that could explain TTFT could not run and the capture's

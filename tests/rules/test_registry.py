@@ -9,18 +9,18 @@ catches exactly that.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import rules.runner  # imports every rule module it knows
 from diag.analysis import analyze_paths
-from rules.base import REGISTRY, Outcome, RuleContext, checked_rule, finding, rule
+from rules.base import REGISTRY, checked_rule, rule
 from rules.model import CATEGORIES, FAILURES, ITL_CATEGORIES, TTFT_CATEGORIES, Finding
 from rules.overrides import apply_overrides
 from rules.registry import Kind, categories, kind_of
 from rules.verdict import is_candidate
+from support.rulectx import new_ttft_rule
 
 RULES_DIR = Path(rules.runner.__file__).resolve().parent
 
@@ -93,33 +93,18 @@ def test_a_registration_without_a_known_kind_or_against_its_category_s_is_refuse
         REGISTRY.pop("t_decode_too", None)
 
 
-@pytest.fixture
-def new_ttft_rule() -> Iterator[str]:
-    """A rule of a category no other rule has, of TTFT time, registered for one test as a new rule module
-    would register it: it fires on every capture with TTFT, explaining all of it."""
-
-    @rule("t_new", "t_new", needs=(("ttft_p95_s",),), kind=Kind.TTFT)
-    def _fires(ctx: RuleContext) -> Outcome:
-        return finding("a new cause", 0.99, ctx.ttft_p95_s, 100.0, [], [])
-
-    try:
-        yield "t_new"
-    finally:
-        REGISTRY.pop("t_new", None)
-
-
-def test_a_new_rule_s_category_reaches_the_readers_of_the_registry(new_ttft_rule: str) -> None:
+def test_a_new_rule_s_category_reaches_the_readers_of_the_registry() -> None:
     """The lists are read from the registry when used, never kept from before a rule registered: a
     category that a new rule brings is a TTFT category, a candidate for the verdict, and what the
     overrides table says of TTFT findings applies to it."""
-    cat = new_ttft_rule
-    assert cat in categories() and cat in categories(Kind.TTFT) and kind_of(cat) is Kind.TTFT
-    assert is_candidate(Finding(cat, cat, "t", 0.9, None, None, [], []), itl_broken=False)
-    f = Finding(cat, cat, "t", 0.9, None, None, [], [])
-    apply_overrides([f], all_met=False, ttft_met=True, general={"demote_factor": 0.5, "strong_confidence": 0.7})
-    assert (f.confidence, f.tier, f.demoted_by) == (0.45, 3, ["slo"])  # slo_ttft_met: TTFT meets its SLO
-    d = analyze_paths([RULES_DIR.parent / "samples" / "queue"]).diagnosis
-    assert (d.verdict.category, d.verdict.weight) == (cat, 1.0)  # weighed as a TTFT finding and ranked first
+    with new_ttft_rule() as cat:
+        assert cat in categories() and cat in categories(Kind.TTFT) and kind_of(cat) is Kind.TTFT
+        assert is_candidate(Finding(cat, cat, "t", 0.9, None, None, [], []), itl_broken=False)
+        f = Finding(cat, cat, "t", 0.9, None, None, [], [])
+        apply_overrides([f], all_met=False, ttft_met=True, general={"demote_factor": 0.5, "strong_confidence": 0.7})
+        assert (f.confidence, f.tier, f.demoted_by) == (0.45, 3, ["slo"])  # slo_ttft_met: TTFT meets its SLO
+        d = analyze_paths([RULES_DIR.parent / "samples" / "queue"]).diagnosis
+        assert (d.verdict.category, d.verdict.weight) == (cat, 1.0)  # weighed as a TTFT finding and ranked first
 
 
 def test_pass_reasons_are_templates_filled_by_diag_units() -> None:
