@@ -32,7 +32,7 @@ from rules.config import load_thresholds
 from rules.features import compute_features
 from rules.edges import startup_note
 from rules.inconclusive import inconclusive
-from rules.model import FAILURES, INCONCLUSIVE, NO_DATA, Diagnosis, Evidence, Finding, Passed, Skipped
+from rules.model import FAILURES, HEALTHY, INCONCLUSIVE, NO_DATA, Diagnosis, Evidence, Finding, Passed, Skipped
 from rules.overrides import apply_overrides, rank_after_winners
 from rules.registry import Kind, kind_of
 from rules.verdict import (floor_rows, healthy_by_floor, is_candidate, itl_target_broken, near_tie, settle,
@@ -160,14 +160,14 @@ def run_rules(tables: Tables, rules_file: str | None = None, slo: Mapping[str, f
         passed.append(Passed(HEALTHY_ID, "TTFT is far above what this capture says it should be and no rule names "
                                          "why (see inconclusive)"))
     elif all_met:
-        findings.append(Finding(HEALTHY_ID, "healthy", "Healthy: every SLO given is met",
+        findings.append(Finding(HEALTHY_ID, HEALTHY, "Healthy: every SLO given is met",
                                 float(hth["slo_confidence"]) * sample,
                                 None, None, slo_rows, ["keep the SLOs in CI (`ttft report --slo …` exits non-zero when broken)"],
                                 tier=1))
     elif not main and all_met is None and waits_not:
         findings.append(healthy_by_floor(feats, hth, sample))
     elif not main and all_met is None:
-        findings.append(Finding(HEALTHY_ID, "healthy", "Healthy: no rule crossed its threshold",
+        findings.append(Finding(HEALTHY_ID, HEALTHY, "Healthy: no rule crossed its threshold",
                                 float(hth["no_slo_confidence"]) * sample,
                                 None, None, [evidence.row(evidence.TTFT_P95, p95, None, "s", "over the steady requests")],
                                 ["give an SLO (--slo ttft_p99=…) for a firm judgement: without one, healthy means "
@@ -182,7 +182,7 @@ def run_rules(tables: Tables, rules_file: str | None = None, slo: Mapping[str, f
         for f in findings:
             if f.rule_id in (HEALTHY_ID, "slo_fallback"):
                 _series_only(f, general)
-    if all_met is False and not any(f.category == HEALTHY_ID for f in findings):
+    if all_met is False and not any(f.category == HEALTHY for f in findings):
         over = next((c["over"] for c in (feats.value("slo_checks") or {}).values() if c.get("over")), None)
         notes.append("an SLO is broken: " + ", ".join(f"{r.name} = {r.value if r.value is None else round(r.value * 1e3, 1)} ms"
                                                       for r in slo_rows if r.crossed)
