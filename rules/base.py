@@ -1,10 +1,9 @@
 """The rule protocol, its registration and the helpers rules share (confidence, evidence).
 
 A rule is declarative in spirit: an id, a category, the kind of time that category explains
-(:class:`rules.registry.Kind`), the features it needs (alternatives:
-the rule runs when every feature of at least one alternative is available, else it is
-"skipped: needs …"), and an ``evaluate(ctx)`` that returns a :class:`Finding`, or a string
-saying why it did not fire.
+(:class:`rules.registry.Kind`), the features it needs (alternatives: the rule runs when every
+feature of at least one alternative is available, else it is "skipped: needs …"), and an
+``evaluate(ctx)`` that returns a :class:`Finding`, or a string saying why it did not fire.
 
 A rule reads as the article's triage row: it holds one :class:`Triage`, and each check is one
 call — :meth:`Triage.crossed` (value at or past a threshold), :meth:`Triage.below` (at or under
@@ -357,7 +356,6 @@ class Rule:
         return tuple(a for i, a in enumerate(alts)
                      if not any(set(b) <= set(a) and (len(set(b)) < len(set(a)) or j < i)
                                 for j, b in enumerate(alts) if j != i))
-
 
 
 @dataclass(frozen=True)

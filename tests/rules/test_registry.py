@@ -1,5 +1,6 @@
 """Every rule written is a rule that runs: each ``@rule`` in a ``rules/`` module is registered once
-the rule engine is imported, with a known category and the features it needs.
+the rule engine is imported, with its category, the kind of time that category explains and the
+features it needs; the category lists are the registry's.
 
 ``rules/runner.py`` imports the rule modules (the import registers their rules); a new module left
 out of that list would silently never run. This test reads the sources, not the registry, so it
@@ -58,8 +59,8 @@ def test_every_rule_names_a_category_of_its_own_and_what_it_needs() -> None:
 
 def test_the_category_lists_hold_each_cause_under_the_kind_of_time_it_explains() -> None:
     """The article's causes of TTFT are TTFT categories, decode and interference ITL ones; start-up
-    and the load generator are neither, and failures, a measurement outcome, is no bottleneck
-    category at all though its rule's kind is neither too."""
+    and the load generator are neither. failures is a measurement outcome, in no list of
+    bottleneck categories, though its rule's kind is OTHER too."""
     ttft, itl, other = (set(categories(k)) for k in (Kind.TTFT, Kind.ITL, Kind.OTHER))
     assert {"queue", "tokenize", "prefill_compute", "kv_cache", "comm", "network", "head_of_line",
             "pd_transfer"} <= ttft
