@@ -27,14 +27,14 @@ from rules import grammar  # noqa: F401  (registers grammar_compile)
 from rules import lora  # noqa: F401  (registers lora_adapters)
 from rules import pd  # noqa: F401  (registers pd_transfer)
 from rules import evidence
-from rules.base import REGISTRY, RuleContext, missing_reason, reason
+from rules.base import RuleContext, missing_reason, reason
 from rules.config import load_thresholds
 from rules.features import compute_features
 from rules.edges import startup_note
 from rules.inconclusive import inconclusive
 from rules.model import FAILURES, HEALTHY, INCONCLUSIVE, NO_DATA, Diagnosis, Evidence, Finding, Passed, Skipped
 from rules.overrides import apply_overrides, rank_after_winners
-from rules.registry import Kind, kind_of
+from rules.registry import REGISTRY, Kind, kind_of
 from rules.verdict import (floor_rows, healthy_by_floor, is_candidate, itl_target_broken, near_tie, settle,
                            unsplit_spread)
 
