@@ -16,12 +16,13 @@ overridden by a user TOML file. The rule engine does no I/O other than reading t
 
 from __future__ import annotations
 
-from rules.base import REGISTRY, Rule, RuleContext
+from rules.base import Rule, RuleContext
 from rules.config import RulesFileError, default_thresholds, load_thresholds
 from rules.runner import run_rules
-from rules.model import CATEGORIES, FAILURES, INCONCLUSIVE, NO_DATA, OUTCOMES, Diagnosis, Evidence, Finding, Passed, Skipped
+from rules.model import FAILURES, HEALTHY, INCONCLUSIVE, NO_DATA, OUTCOMES, Diagnosis, Evidence, Finding, Passed, Skipped
+from rules.registry import REGISTRY, Kind, categories, kind_of
 
 __all__ = [
-    "CATEGORIES", "FAILURES", "INCONCLUSIVE", "NO_DATA", "OUTCOMES", "Diagnosis", "Evidence", "Finding", "Passed", "Skipped", "Rule", "RuleContext",
-    "REGISTRY", "RulesFileError", "default_thresholds", "load_thresholds", "run_rules",
+    "FAILURES", "HEALTHY", "INCONCLUSIVE", "NO_DATA", "OUTCOMES", "Diagnosis", "Evidence", "Finding", "Passed", "Skipped", "Rule", "RuleContext",
+    "Kind", "REGISTRY", "RulesFileError", "categories", "kind_of", "default_thresholds", "load_thresholds", "run_rules",
 ]

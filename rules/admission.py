@@ -26,6 +26,7 @@ from diag.ground.external import next_checks
 from rules import evidence
 from rules.base import (ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, beyond_chance, chance_row, check,
                         checked_rule, engine_checks, finding, reason)
+from rules.registry import Kind
 
 #: what to check next whatever the engine, after the engines' own lines (:func:`diag.ground.external.next_checks`)
 HOL_CHECKS = ["route long prompts to their own replicas or priority class when they are rare and large"]
@@ -40,7 +41,8 @@ KVR_CHECKS = [
 
 
 checked_rule("head_of_line", "head_of_line",
-             "Short requests wait behind an unfinished long prompt ahead of them while capacity exists.")
+             "Short requests wait behind an unfinished long prompt ahead of them while capacity exists.",
+             kind=Kind.TTFT)
 
 
 def _behind_long(ctx: RuleContext) -> tuple[Triage, bool, bool] | str:
@@ -176,7 +178,8 @@ def _black_box(ctx: RuleContext) -> Outcome:
 
 
 checked_rule("kv_reservation", "kv_reservation",
-             "Requests wait while KV usage stays low and the batch has room: admission reserves the worst case.")
+             "Requests wait while KV usage stays low and the batch has room: admission reserves the worst case.",
+             kind=Kind.TTFT)
 
 
 @check("kv_reservation.server", needs=("kvr_kv_usage_while_waiting_p95", "queue_share_tail"),

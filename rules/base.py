@@ -1,9 +1,9 @@
-"""The rule protocol, the registry and the helpers rules share (confidence, evidence).
+"""The rule protocol, its registration and the helpers rules share (confidence, evidence).
 
-A rule is declarative in spirit: an id, a category, the features it needs (alternatives:
-the rule runs when every feature of at least one alternative is available, else it is
-"skipped: needs …"), and an ``evaluate(ctx)`` that returns a :class:`Finding`, or a string
-saying why it did not fire.
+A rule is declarative in spirit: an id, a category, the kind of time that category explains
+(:class:`rules.registry.Kind`), the features it needs (alternatives: the rule runs when every
+feature of at least one alternative is available, else it is "skipped: needs …"), and an
+``evaluate(ctx)`` that returns a :class:`Finding`, or a string saying why it did not fire.
 
 A rule reads as the article's triage row: it holds one :class:`Triage`, and each check is one
 call — :meth:`Triage.crossed` (value at or past a threshold), :meth:`Triage.below` (at or under
@@ -30,6 +30,7 @@ from diag.ground.units import fill
 from rules.evidence import FIT_ALONE_SHARE, name_of
 from rules.features import Features
 from rules.model import Evidence, Finding
+from rules.registry import REGISTRY, Kind, register
 
 Outcome = Finding | str  # a finding, or the reason it did not fire
 
@@ -332,12 +333,13 @@ def engine_checks(ctx: RuleContext, by_engine: Mapping[str, str], common: Sequen
 @dataclass(frozen=True)
 class Rule:
     """A registered rule: ``evaluate`` is its function (:func:`rule`) or the runner of its declared
-    checks (:func:`checked_rule`)."""
+    checks (:func:`checked_rule`); ``kind`` is the kind of time its category explains."""
 
     id: str
     category: str
     declared_needs: tuple[tuple[str, ...], ...]
     evaluate: Callable[[RuleContext], Outcome]
+    kind: Kind
     description: str = ""
     tier: int = 2
     extra: dict[str, Any] = field(default_factory=dict)
@@ -354,9 +356,6 @@ class Rule:
         return tuple(a for i, a in enumerate(alts)
                      if not any(set(b) <= set(a) and (len(set(b)) < len(set(a)) or j < i)
                                 for j, b in enumerate(alts) if j != i))
-
-
-REGISTRY: dict[str, Rule] = {}
 
 
 @dataclass(frozen=True)
@@ -455,10 +454,11 @@ def run_checks(rule_id: str, ctx: RuleContext) -> Outcome:
     return "; ".join(r for r in reasons if r)
 
 
-def checked_rule(id: str, category: str, description: str, tier: int = 2) -> None:
+def checked_rule(id: str, category: str, description: str, tier: int = 2, *, kind: Kind) -> None:
     """Register rule ``id`` whose paths are its declared checks (:func:`check`, ids ``<id>.<path>``):
-    the runner tries them (:func:`run_checks`) and its ``needs`` are theirs."""
-    REGISTRY[id] = Rule(id, category, (), lambda ctx: run_checks(id, ctx), description, tier)
+    the runner tries them (:func:`run_checks`) and its ``needs`` are theirs. ``kind``: the kind of
+    time ``category`` explains (:func:`rules.registry.register` checks it)."""
+    register(Rule(id, category, (), lambda ctx: run_checks(id, ctx), kind, description, tier))
 
 
 def _first_sentence(doc: str) -> str:
@@ -468,12 +468,12 @@ def _first_sentence(doc: str) -> str:
     return head + "." if dot else para
 
 
-def rule(id: str, category: str, needs: tuple[tuple[str, ...], ...], description: str = "",
-         tier: int = 2) -> Callable[[Callable[[RuleContext], Outcome]], Callable[[RuleContext], Outcome]]:
-    """Register ``fn`` as a rule (decorator)."""
+def rule(id: str, category: str, needs: tuple[tuple[str, ...], ...], description: str = "", tier: int = 2, *,
+         kind: Kind) -> Callable[[Callable[[RuleContext], Outcome]], Callable[[RuleContext], Outcome]]:
+    """Register ``fn`` as a rule (decorator); ``kind`` as for :func:`checked_rule`."""
 
     def deco(fn: Callable[[RuleContext], Outcome]) -> Callable[[RuleContext], Outcome]:
-        REGISTRY[id] = Rule(id, category, needs, fn, description or _first_sentence(fn.__doc__ or ""), tier)
+        register(Rule(id, category, needs, fn, kind, description or _first_sentence(fn.__doc__ or ""), tier))
         return fn
 
     return deco

@@ -12,6 +12,7 @@ from __future__ import annotations
 from rules import evidence
 from rules.base import (LONE_SWEEP_NOTE, Outcome, RuleContext, Triage, check, checked_rule, finding, lone_sweep,
                         reason, strength)
+from rules.registry import Kind
 
 PREFILL_CHECKS = [
     "the prompt-length slope (ms per prompt token): shorter prompts, prefix caching of shared prefixes",
@@ -100,7 +101,7 @@ def _had_batch_mates(ctx: RuleContext) -> bool:
 
 checked_rule("prefill_compute", "prefill_compute",
              "TTFT rises with prompt length and the forward pass dominates it (or, from engine metrics alone, the "
-             "engine is busy processing prompts most of the time)")
+             "engine is busy processing prompts most of the time)", kind=Kind.TTFT)
 
 #: the thresholds every path reads before its own evidence (:func:`_not_prompt_work`)
 GATE_READS = ("prefix_cache.saving_max", "prompt_steps_min")
@@ -303,7 +304,8 @@ COMM_CHECKS = [
 ]
 
 
-checked_rule("comm", "comm", "Tensor-parallel communication takes a large part of prefill, or TP>1 is slower than TP=1.")
+checked_rule("comm", "comm", "Tensor-parallel communication takes a large part of prefill, or TP>1 is slower than TP=1.",
+             kind=Kind.TTFT)
 
 
 def _tp_row(ctx: RuleContext, t: Triage) -> bool:

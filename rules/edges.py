@@ -13,6 +13,7 @@ from __future__ import annotations
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, check, checked_rule, finding, reason, rule
 from rules.queueing import served_in_line
+from rules.registry import Kind
 
 
 def startup_note(ctx: RuleContext) -> str | None:
@@ -41,7 +42,8 @@ def startup_note(ctx: RuleContext) -> str | None:
 
 checked_rule("cold_start", "cold_start",
              "Start-up (model load, warm-up) reached users materially: requests that arrived during it and "
-             "waited, or a first-request penalty large against the steady TTFT and any TTFT SLO.", tier=4)
+             "waited, or a first-request penalty large against the steady TTFT and any TTFT SLO.", tier=4,
+             kind=Kind.OTHER)
 
 
 @check("cold_start.first_requests", needs=("cold_start_outliers_n",), before=("cold_start.startup",),
@@ -161,7 +163,7 @@ FAILURE_CAUSES: dict[str, str] = {
 }
 
 
-@rule("failures", "failures", needs=(("error_rate", "errors_by_kind"),), tier=2)
+@rule("failures", "failures", needs=(("error_rate", "errors_by_kind"),), tier=2, kind=Kind.OTHER)
 def failures(ctx: RuleContext) -> Outcome:
     """A material share of requests failed, was refused or cut off: say what, when and what it
     points to. Prompts a designed experiment chose past the server's context and had refused
@@ -207,7 +209,7 @@ NETWORK_CHECKS = [
 
 checked_rule("network", "network",
              "Client TTFT well above server TTFT, or detokenize / serialization share high; client only: a fixed "
-             "latency many decode steps long that prompt length does not explain")
+             "latency many decode steps long that prompt length does not explain", kind=Kind.TTFT)
 
 #: the thresholds the spans' paths read (:func:`_network_spans`)
 SPANS_READS = ("gap_itl_min", "gap_share_min", "ttft_ratio_min", "detokenize_share_min")
@@ -382,7 +384,7 @@ def _network_black_box(ctx: RuleContext) -> Outcome:
 
 @rule("loadgen", "loadgen", needs=(("client_first_token_lag_share",), ("client_loop_stall_frac",),
                                    ("client_loop_lag_p99_s",), ("client_cpu_pct_p95",), ("client_send_lateness_p95_s",),
-                                   ("client_saturated_flag",)), tier=0)
+                                   ("client_saturated_flag",)), tier=0, kind=Kind.OTHER)
 def loadgen(ctx: RuleContext) -> Outcome:
     """The load generator was the limit of the measurement: its timing is invalid.
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from diag.ground.external import next_checks
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, check, checked_rule, checks_of, engine_checks, finding, reason
+from rules.registry import Kind
 
 #: what to check next whatever the engine, after the engines' own lines (:func:`diag.ground.external.next_checks`)
 CHECKS = [
@@ -163,7 +164,7 @@ def _curve(c: dict[str, float] | None) -> str:
 
 checked_rule("frontend", "frontend",
              "Requests wait before the engine sees them (HTTP workers, tokenizer threads, API-server IPC) while the "
-             "engine's own queue is empty; connections shed under load")
+             "engine's own queue is empty; connections shed under load", kind=Kind.TTFT)
 
 
 def _no_path_applies(ctx: RuleContext) -> bool:

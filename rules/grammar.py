@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from rules import evidence
 from rules.base import ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, chance_row, check, checked_rule, finding
+from rules.registry import Kind
 
 
 GRAMMAR_CHECKS = [
@@ -53,7 +54,7 @@ def _context_rows(ctx: RuleContext, t: Triage) -> None:
 
 
 checked_rule("grammar_compile", "grammar_compile",
-             "Structured-output requests spend a material share of TTFT waiting for their grammar.")
+             "Structured-output requests spend a material share of TTFT waiting for their grammar.", kind=Kind.TTFT)
 
 
 @check("grammar_compile.server", needs=("grammar_wait_share_of_ttft",), before=("grammar_compile.client",),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, finding, reason, rule, strength
 from rules.features.itl import MIXED_SOURCE
+from rules.registry import Kind
 
 DECODE_CHECKS = [
     "ITL percentiles against running sequences and the decode step time",
@@ -25,7 +26,7 @@ INTERFERENCE_CHECKS = [
 ]
 
 
-@rule("decode", "decode", needs=(("itl_p50_s", "ttft_p50_s"),))
+@rule("decode", "decode", needs=(("itl_p50_s", "ttft_p50_s"),), kind=Kind.ITL)
 def decode(ctx: RuleContext) -> Outcome:
     """TTFT fine, ITL bad: the tokens after the first come slowly."""
     itl = ctx.v("itl_p50_s")
@@ -70,7 +71,7 @@ def decode(ctx: RuleContext) -> Outcome:
                    black_box=ctx.black_box)
 
 
-@rule("interference", "interference", needs=(("itl_interference_ratio", "itl_prefill_stall_share"),))
+@rule("interference", "interference", needs=(("itl_interference_ratio", "itl_prefill_stall_share"),), kind=Kind.ITL)
 def interference(ctx: RuleContext) -> Outcome:
     """ITL spikes while other requests prefill (prefill-decode interference)."""
     th = ctx.th

@@ -11,6 +11,7 @@ from rules.base import Outcome, RuleContext, Triage, check, checked_rule, findin
 from rules.long_ramp import LONG_RAMP, long_out_refutes, long_ramp_limit, long_ramp_rows, long_ramp_uncapped
 from rules.model import Finding
 from rules.queueing import closed_loop, waiting_for_capacity_row
+from rules.registry import Kind
 
 KNEE = ("ttft_knee_jump_ratio", "concurrency_flat_levels", "decode_speed_hold_ratio")
 
@@ -92,7 +93,8 @@ def _kv_from_stalls(ctx: RuleContext) -> Finding | None:
                    "the engine's KV gauges; scrape /metrics (KV usage, preemptions) to measure it", black_box=True)
 
 
-checked_rule("kv_cache", "kv_cache", "TTFT jumps past a concurrency knee with KV usage near capacity or preemptions")
+checked_rule("kv_cache", "kv_cache", "TTFT jumps past a concurrency knee with KV usage near capacity or preemptions",
+             kind=Kind.TTFT)
 
 #: the thresholds the engine's gauges are judged by (:func:`_kv_from_gauges`)
 PRESSURE_READS = ("usage_p95_min", "time_above_min", "preemptions_min", "blocked_steps_min", "knee_jump_min",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, finding, rule
+from rules.registry import Kind
 
 #: what to look at next; the flags are the engines' own: vLLM ``--async-scheduling`` (the
 #: ``AsyncScheduler``, "helps to avoid gaps in GPU utilization": ``SchedulerConfig.async_scheduling``,
@@ -30,7 +31,7 @@ OVERHEAD_CHECKS = [
 ]
 
 
-@rule("engine_overhead", "engine_overhead", needs=(("loop_idle_share", "loop_idle_share_of_ttft"),))
+@rule("engine_overhead", "engine_overhead", needs=(("loop_idle_share", "loop_idle_share_of_ttft"),), kind=Kind.TTFT)
 def engine_overhead(ctx: RuleContext) -> Outcome:
     """The loop is idle between steps a large share of the time requests spend inside the engine."""
     idle = ctx.v("loop_idle_share")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from rules import evidence
 from rules.base import ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, chance_row, check, checked_rule, finding
+from rules.registry import Kind
 
 LORA_CHECKS = [
     "the adapter slots against the adapters in use at once: vLLM --max-loras (adapters batched together) and "
@@ -49,7 +50,7 @@ def _deferred_row(ctx: RuleContext, t: Triage) -> None:
 checked_rule("lora_adapters", "lora_adapters",
              "Requests wait for an adapter slot: the engine's slot waits on its request spans; else TTFT with all "
              "the users' adapters against one (the lora sweep's control); else requests for an adapter not in "
-             "flight against those joining their own")
+             "flight against those joining their own", kind=Kind.TTFT)
 
 
 @check("lora_adapters.design", needs=("lora_other_ttft_x", "lora_wait_share_of_ttft"),

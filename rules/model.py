@@ -11,19 +11,10 @@ from typing import Any
 from rules.features import Features
 from diag.ground.units import json_safe
 
-#: Bottleneck categories, in the article's order plus the extras.
-CATEGORIES: tuple[str, ...] = (
-    "queue", "tokenize", "prefill_compute", "kv_cache", "comm", "decode", "interference",
-    "cold_start", "network", "loadgen",
-    # from real incidents: a prefix cache that does not hit, admission order that
-    # leaves capacity idle, a front end saturated outside the engine, KV admitted by worst-case
-    # reservation, pipeline-parallel bubbles, a step loop idle between steps, structured-output
-    # grammars compiled before their requests run, LoRA adapters waiting for a slot, the hand-off
-    # between disaggregated prefill and decode instances
-    "prefix_cache", "head_of_line", "frontend", "kv_reservation", "pipeline_bubble", "engine_overhead",
-    "grammar_compile", "lora_adapters", "pd_transfer",
-    "healthy",
-)
+#: The verdict's category when no cause stands out (every SLO met, nothing waits, or no rule
+#: crossed its threshold): no rule's. The bottleneck categories are the rules' own, each with the
+#: kind of time it explains (:func:`rules.registry.categories`, :func:`rules.registry.kind_of`).
+HEALTHY = "healthy"
 #: The verdict's category when there is nothing to judge (no completed request).
 NO_DATA = "no_data"
 #: The verdict's category when the rules that could explain TTFT could not run and the capture's
@@ -35,12 +26,6 @@ INCONCLUSIVE = "inconclusive"
 FAILURES = "failures"
 #: Verdict categories that are not bottleneck categories (no_data, inconclusive, failures).
 OUTCOMES: tuple[str, ...] = (NO_DATA, INCONCLUSIVE, FAILURES)
-#: Categories whose findings explain TTFT time (the others explain ITL or start-up).
-TTFT_CATEGORIES: frozenset[str] = frozenset({"queue", "tokenize", "prefill_compute", "kv_cache", "comm", "network",
-                                                 "prefix_cache", "head_of_line", "frontend", "kv_reservation",
-                                                 "pipeline_bubble", "engine_overhead", "grammar_compile",
-                                                 "lora_adapters", "pd_transfer"})
-ITL_CATEGORIES: frozenset[str] = frozenset({"decode", "interference"})
 
 
 @dataclass

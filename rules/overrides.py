@@ -10,7 +10,8 @@ the diagnosis:
 * ``"ttft_not_fine"`` — ``ttft_strong``, or a TTFT SLO broken;
 * ``"slo_all_met"`` — every SLO given is met.
 
-Each loser (a finding whose category is in ``losers``) is demoted (confidence x
+Each loser (a finding whose category, or the :class:`rules.registry.Kind` of time that category
+explains, is in ``losers``) is demoted (confidence x
 ``general.demote_factor``, ``demoted_by`` and a note saying ``why``) and/or pushed down to at
 least ``tier``; a row may spare losers that stand without client timing (:func:`timing_free`). Rows apply in order and each winner is judged when its row applies, so a row
 sees the demotions of the rows above it. Runs on the engine's thread, on its own findings.
@@ -23,9 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rules import evidence
-from rules.model import CATEGORIES, ITL_CATEGORIES, TTFT_CATEGORIES, Finding
+from rules.model import Finding
+from rules.registry import Kind, kind_of
 
-_SERVER = TTFT_CATEGORIES | ITL_CATEGORIES
+#: the server's causes: every category of TTFT or ITL time
+_SERVER: frozenset[str | Kind] = frozenset({Kind.TTFT, Kind.ITL})
 #: keys of rows whose numbers do not depend on when the client read its chunks: counts of streams
 #: decoding at once (answers start and end together when a late client shifts them)
 TIMING_FREE_ROWS: frozenset[str] = frozenset({evidence.LONG_RAMP_SHIFT, evidence.LONG_RAMP_CAP})
@@ -45,16 +48,21 @@ def timing_free(f: Finding) -> bool:
 
 @dataclass(frozen=True)
 class Override:
-    """One row: when ``winner`` holds, every finding of a ``losers`` category is demoted and/or re-tiered."""
+    """One row: when ``winner`` holds, every finding of a ``losers`` category is demoted and/or re-tiered
+    (``losers`` names categories, and kinds that stand for every category of that kind)."""
 
     winner: str
-    losers: frozenset[str]
+    losers: frozenset[str | Kind]
     why: str
     demote: bool = True
     tier: int | None = None  #: losers rank at this tier or later
     black_box_only: bool = False  #: only losers inferred from client timing (Finding.black_box)
     winner_row: str | None = None  #: a finding winner counts only when it carries the evidence row of this key
     spare_timing_free: bool = False  #: losers that stand without client timing (:func:`timing_free`) are spared
+
+    def loses(self, f: Finding) -> bool:
+        """Whether ``f``'s category is one of ``losers``, by name or by its kind."""
+        return f.category in self.losers or kind_of(f.category) in self.losers
 
 
 OVERRIDES: tuple[Override, ...] = (
@@ -119,11 +127,12 @@ OVERRIDES: tuple[Override, ...] = (
     # ITL spikes explained by prefills are not a decode problem
     Override("interference", frozenset({"decode"}), "the slow tokens are stalls behind other requests' prefills"),
     # TTFT findings say where TTFT goes, not what is wrong; the broken (ITL) SLO's findings come first
-    Override("slo_ttft_met", TTFT_CATEGORIES, "TTFT meets its SLO: this is where TTFT goes, not the problem", tier=3),
+    Override("slo_ttft_met", frozenset({Kind.TTFT}), "TTFT meets its SLO: this is where TTFT goes, not the problem",
+             tier=3),
     Override("ttft_not_fine", frozenset({"decode"}), "TTFT is not fine, so slow tokens are not the main story"),
     # TTFT is not fine: ITL findings come after the TTFT ones
-    Override("ttft_strong", ITL_CATEGORIES, "TTFT is not fine: ITL findings rank after the TTFT ones", demote=False,
-             tier=3),
+    Override("ttft_strong", frozenset({Kind.ITL}), "TTFT is not fine: ITL findings rank after the TTFT ones",
+             demote=False, tier=3),
     Override("slo_all_met", _SERVER, "every SLO given is met: this is where the time goes, not a problem"),
 )
 
@@ -139,13 +148,13 @@ def winner(name: str, findings: list[Finding], all_met: bool | None, ttft_met: b
            strong: float, row: str | None = None) -> str | None:
     """Who wins row ``name`` now (the ``demoted_by`` name), or None when the row does not apply;
     ``row``: a finding winner must carry the evidence row of this key (:mod:`rules.evidence`)."""
-    if name in CATEGORIES:  # a conditional finding (the tool's own test) overrides nothing
+    if kind_of(name) is not None:  # a rule's category; a conditional finding (the tool's own test) overrides nothing
         return name if any(f.category == name and not f.conditional
                            and (row is None or any(e.key == row for e in f.evidence)) for f in findings) else None
     if name == "slo_ttft_met":
         return "slo" if ttft_met and not all_met else None
     if name in ("ttft_strong", "ttft_not_fine"):
-        bad = [] if ttft_met else [f for f in findings if f.category in TTFT_CATEGORIES and f.confidence >= strong]
+        bad = [] if ttft_met else [f for f in findings if kind_of(f.category) is Kind.TTFT and f.confidence >= strong]
         if bad:
             return bad[0].category
         return "slo" if name == "ttft_not_fine" and ttft_met is False else None
@@ -180,7 +189,7 @@ def apply_overrides(findings: list[Finding], all_met: bool | None, ttft_met: boo
         if by is None:
             continue
         for f in findings:
-            if f.category not in row.losers or (row.black_box_only and not f.black_box):
+            if not row.loses(f) or (row.black_box_only and not f.black_box):
                 continue
             if row.spare_timing_free and timing_free(f):
                 continue

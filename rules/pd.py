@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, check, checked_rule, finding
+from rules.registry import Kind
 
 TRANSFER_CHECKS = [
     "the link between the prefill and decode instances: its bandwidth and latency against the KV of a prompt "
@@ -35,7 +36,7 @@ ADMISSION_CHECKS = [
 
 
 checked_rule("pd_transfer", "pd_transfer",
-             "The KV transfer or the decode side's admission is a material share of TTFT")
+             "The KV transfer or the decode side's admission is a material share of TTFT", kind=Kind.TTFT)
 
 
 @check("pd_transfer.spans", needs=("pd_transfer_share", "pd_decode_queue_share"), before=("pd_transfer.metrics",),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, finding, rule
+from rules.registry import Kind
 
 #: vLLM keeps pipeline_parallel_size scheduled batches in flight ("PP requires PP-size concurrent
 #: batches to fill the pipeline": VllmConfig.max_concurrent_batches, vllm/config/vllm.py @000fc94b;
@@ -30,7 +31,7 @@ PIPELINE_CHECKS = [
 ]
 
 
-@rule("pipeline_bubble", "pipeline_bubble", needs=(("pp_bubble_share_of_prefill",),))
+@rule("pipeline_bubble", "pipeline_bubble", needs=(("pp_bubble_share_of_prefill",),), kind=Kind.TTFT)
 def pipeline_bubble(ctx: RuleContext) -> Outcome:
     """Pipeline-parallel stages idle a large share of the prefill steps (fill and drain bubbles)."""
     th = ctx.th

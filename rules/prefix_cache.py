@@ -18,6 +18,7 @@ from __future__ import annotations
 from diag.ground.external import next_checks
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, check, checked_rule, engine_checks, finding
+from rules.registry import Kind
 
 #: what to check next whatever the engine, after the engines' own lines (:func:`diag.ground.external.next_checks`)
 COMMON_CHECKS = [
@@ -48,7 +49,8 @@ def _context_rows(ctx: RuleContext, t: Triage) -> None:
 
 
 checked_rule("prefix_cache", "prefix_cache",
-             "Prompts repeat a prefix but the repeats are prefilled in full again (prefix-cache misses).")
+             "Prompts repeat a prefix but the repeats are prefilled in full again (prefix-cache misses).",
+             kind=Kind.TTFT)
 
 
 def _users_share_none(ctx: RuleContext) -> str | None:

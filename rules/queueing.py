@@ -10,6 +10,7 @@ from __future__ import annotations
 from rules import evidence
 from rules.base import Outcome, RuleContext, Triage, beyond_chance, check, checked_rule, finding, reason, strength
 from rules.long_ramp import LONG_RAMP, long_out_refutes, long_ramp_limit, long_ramp_rows, long_ramp_uncapped
+from rules.registry import Kind
 
 QUEUE_IDLE_CHECKS = [
     "queue wait share and the scheduler thread: take a CPU profile of the serving process (py-spy) "
@@ -79,7 +80,7 @@ SWEEP = ("ttft_concurrency_ratio", "decode_speed_hold_ratio", "concurrency_flat_
 
 
 checked_rule("queue", "queue", "TTFT spent waiting for the scheduler: high queue share, or TTFT rising with "
-             "concurrency")
+             "concurrency", kind=Kind.TTFT)
 
 
 def _not_a_request_limit(ctx: RuleContext) -> bool:

@@ -27,14 +27,14 @@ from rules import grammar  # noqa: F401  (registers grammar_compile)
 from rules import lora  # noqa: F401  (registers lora_adapters)
 from rules import pd  # noqa: F401  (registers pd_transfer)
 from rules import evidence
-from rules.base import REGISTRY, RuleContext, missing_reason, reason
+from rules.base import RuleContext, missing_reason, reason
 from rules.config import load_thresholds
 from rules.features import compute_features
 from rules.edges import startup_note
 from rules.inconclusive import inconclusive
-from rules.model import (FAILURES, INCONCLUSIVE, ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Diagnosis, Evidence,
-                         Finding, Passed, Skipped)
+from rules.model import FAILURES, HEALTHY, INCONCLUSIVE, NO_DATA, Diagnosis, Evidence, Finding, Passed, Skipped
 from rules.overrides import apply_overrides, rank_after_winners
+from rules.registry import REGISTRY, Kind, kind_of
 from rules.verdict import (floor_rows, healthy_by_floor, is_candidate, itl_target_broken, near_tie, settle,
                            unsplit_spread)
 
@@ -110,9 +110,9 @@ def run_rules(tables: Tables, rules_file: str | None = None, slo: Mapping[str, f
             out.tier = min(out.tier, r.tier) if out.category == "cold_start" else r.tier
             if out.conditional:  # after the findings of what was measured (Finding.conditional)
                 out.tier = max(out.tier, CONDITIONAL_TIER)
-            if out.category in ITL_CATEGORIES:
+            if r.kind is Kind.ITL:
                 out.weight = float(general["itl_weight"])
-            elif out.category in TTFT_CATEGORIES:
+            elif r.kind is Kind.TTFT:
                 share = out.population_share if out.population_share is not None else (out.explained_pct or 0.0) / 100.0
                 out.weight = max(float(general["min_weight"]), share)
             else:
@@ -145,7 +145,7 @@ def run_rules(tables: Tables, rules_file: str | None = None, slo: Mapping[str, f
         return Diagnosis(verdict, [verdict] + findings, skipped, feats, passed, notes, th)
     itl_broken = itl_target_broken(feats)
     # the causes that may be the verdict (rules.verdict): ITL findings only against a broken ITL/TPOT target
-    main = [f for f in findings if f.category in TTFT_CATEGORIES | ITL_CATEGORIES and is_candidate(f, itl_broken)]
+    main = [f for f in findings if kind_of(f.category) in (Kind.TTFT, Kind.ITL) and is_candidate(f, itl_broken)]
     failing = any(f.category == FAILURES for f in findings)
     sample = RuleContext(feats, {}, general, {}, black_box).sample_factor()
     waits_not, _ = floor_rows(feats, hth) if not (main or failing or all_met) else (None, [])
@@ -160,14 +160,14 @@ def run_rules(tables: Tables, rules_file: str | None = None, slo: Mapping[str, f
         passed.append(Passed(HEALTHY_ID, "TTFT is far above what this capture says it should be and no rule names "
                                          "why (see inconclusive)"))
     elif all_met:
-        findings.append(Finding(HEALTHY_ID, "healthy", "Healthy: every SLO given is met",
+        findings.append(Finding(HEALTHY_ID, HEALTHY, "Healthy: every SLO given is met",
                                 float(hth["slo_confidence"]) * sample,
                                 None, None, slo_rows, ["keep the SLOs in CI (`ttft report --slo …` exits non-zero when broken)"],
                                 tier=1))
     elif not main and all_met is None and waits_not:
         findings.append(healthy_by_floor(feats, hth, sample))
     elif not main and all_met is None:
-        findings.append(Finding(HEALTHY_ID, "healthy", "Healthy: no rule crossed its threshold",
+        findings.append(Finding(HEALTHY_ID, HEALTHY, "Healthy: no rule crossed its threshold",
                                 float(hth["no_slo_confidence"]) * sample,
                                 None, None, [evidence.row(evidence.TTFT_P95, p95, None, "s", "over the steady requests")],
                                 ["give an SLO (--slo ttft_p99=…) for a firm judgement: without one, healthy means "
@@ -182,7 +182,7 @@ def run_rules(tables: Tables, rules_file: str | None = None, slo: Mapping[str, f
         for f in findings:
             if f.rule_id in (HEALTHY_ID, "slo_fallback"):
                 _series_only(f, general)
-    if all_met is False and not any(f.category == HEALTHY_ID for f in findings):
+    if all_met is False and not any(f.category == HEALTHY for f in findings):
         over = next((c["over"] for c in (feats.value("slo_checks") or {}).values() if c.get("over")), None)
         notes.append("an SLO is broken: " + ", ".join(f"{r.name} = {r.value if r.value is None else round(r.value * 1e3, 1)} ms"
                                                       for r in slo_rows if r.crossed)

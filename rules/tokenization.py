@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from rules import evidence
 from rules.base import LONE_SWEEP_NOTE, Outcome, RuleContext, Triage, check, checked_rule, finding, lone_sweep, reason
+from rules.registry import Kind
 
 TOKENIZE_CHECKS = ["tokenizer time per prompt token: a fast (Rust) tokenizer, batch encoding, the chat template",
                    "the serving process's CPU profile under concurrency: tokenizer, request parsing and JSON "
                    "serialization threads compete with the scheduler",
                    "move tokenization off the event loop (a process pool, more API-server processes)"]
 
-checked_rule("tokenize", "tokenize", "Prompt -> token ids on the serving CPU takes a large share of TTFT")
+checked_rule("tokenize", "tokenize", "Prompt -> token ids on the serving CPU takes a large share of TTFT",
+             kind=Kind.TTFT)
 
 
 @check("tokenize.spans", needs=("tokenize_share_tail",), before=("tokenize.black_box",),

@@ -1,6 +1,6 @@
 """The verdict contract: which finding answers "why is TTFT what it is", and what is said when none can.
 
-1. **Candidates** are findings of a cause of TTFT (:data:`rules.model.TTFT_CATEGORIES`, a cold
+1. **Candidates** are findings of a cause of TTFT (:attr:`rules.registry.Kind.TTFT`, a cold
    start that reached users), the measurement's own outcomes (``failures``, ``loadgen``), and
    findings about ITL (``decode``, ``interference``) only when an ITL or TPOT target given with
    ``--slo`` is broken. Every other finding stands beside the verdict, never as it.
@@ -26,8 +26,9 @@ from typing import Any
 
 from rules import evidence
 from rules.config import load_thresholds
-from rules.model import FAILURES, INCONCLUSIVE, ITL_CATEGORIES, NO_DATA, TTFT_CATEGORIES, Evidence, Finding
+from rules.model import FAILURES, INCONCLUSIVE, NO_DATA, Evidence, Finding
 from rules.overrides import demote, timing_free
+from rules.registry import Kind, kind_of
 
 #: measurement outcomes that can be the verdict: the run itself failed or the client was the limit
 OUTCOME_CANDIDATES: frozenset[str] = frozenset({FAILURES, "loadgen"})
@@ -62,9 +63,10 @@ def machine_starved(feats: Any) -> bool:
 
 def is_candidate(f: Finding, itl_broken: bool) -> bool:
     """Whether ``f`` may be the verdict (point 1 of the contract)."""
-    if f.category in TTFT_CATEGORIES or f.category in OUTCOME_CANDIDATES or f.category == "cold_start":
+    kind = kind_of(f.category)
+    if kind is Kind.TTFT or f.category in OUTCOME_CANDIDATES or f.category == "cold_start":
         return True
-    return f.category in ITL_CATEGORIES and itl_broken
+    return kind is Kind.ITL and itl_broken
 
 
 def floor_rows(feats: Any, th: Mapping[str, Any]) -> tuple[bool | None, list[Evidence]]:

@@ -1,5 +1,6 @@
 """Every rule written is a rule that runs: each ``@rule`` in a ``rules/`` module is registered once
-the rule engine is imported, with a known category and the features it needs.
+the rule engine is imported, with its category, the kind of time that category explains and the
+features it needs; the category lists are the registry's.
 
 ``rules/runner.py`` imports the rule modules (the import registers their rules); a new module left
 out of that list would silently never run. This test reads the sources, not the registry, so it
@@ -14,8 +15,13 @@ from pathlib import Path
 import pytest
 
 import rules.runner  # imports every rule module it knows
-from rules.base import REGISTRY
-from rules.model import CATEGORIES, FAILURES, ITL_CATEGORIES, TTFT_CATEGORIES
+from diag.analysis import analyze_paths
+from rules.base import REGISTRY, checked_rule, rule
+from rules.model import FAILURES, HEALTHY, INCONCLUSIVE, NO_DATA, Finding
+from rules.overrides import apply_overrides
+from rules.registry import Kind, categories, kind_of
+from rules.verdict import is_candidate
+from support.rulectx import new_ttft_rule
 
 RULES_DIR = Path(rules.runner.__file__).resolve().parent
 
@@ -43,20 +49,65 @@ def test_every_declared_rule_is_registered() -> None:
     assert not missing, f"rules declared but never registered (import their module in rules/runner.py): {missing}"
 
 
-def test_every_rule_names_a_known_category_and_what_it_needs() -> None:
+def test_every_rule_names_a_category_of_its_own_and_what_it_needs() -> None:
+    """A rule's category is never one of the verdict's own states (healthy, no_data, inconclusive),
+    which the engine sets without a rule."""
     for rid, r in REGISTRY.items():
-        assert r.category in CATEGORIES or r.category == FAILURES, (rid, r.category)
+        assert r.category not in (HEALTHY, NO_DATA, INCONCLUSIVE), (rid, r.category)
         assert r.needs and all(r.needs), rid  # at least one set of features, none empty
 
 
-def test_every_category_but_healthy_is_some_rules_and_of_one_kind() -> None:
-    """CATEGORIES is the registry's categories plus ``healthy``: a category no rule names would be a
-    verdict nothing can reach; each rule's category explains TTFT or ITL, or is start-up, load
-    generator or failures (tier 2 and beyond, never the TTFT verdict's)."""
-    named = {r.category for r in REGISTRY.values()}
-    assert set(CATEGORIES) - {"healthy"} == named - {FAILURES}
-    assert not TTFT_CATEGORIES & ITL_CATEGORIES and (TTFT_CATEGORIES | ITL_CATEGORIES) <= named
-    assert named - TTFT_CATEGORIES - ITL_CATEGORIES == {"cold_start", "loadgen", FAILURES}
+def test_the_category_lists_hold_each_cause_under_the_kind_of_time_it_explains() -> None:
+    """The article's causes of TTFT are TTFT categories, decode and interference ITL ones; start-up
+    and the load generator are neither. failures is a measurement outcome, in no list of
+    bottleneck categories, though its rule's kind is OTHER too."""
+    ttft, itl, other = (set(categories(k)) for k in (Kind.TTFT, Kind.ITL, Kind.OTHER))
+    assert {"queue", "tokenize", "prefill_compute", "kv_cache", "comm", "network", "head_of_line",
+            "pd_transfer"} <= ttft
+    assert itl == {"decode", "interference"} and other == {"cold_start", "loadgen"}
+    assert len(categories()) == len(set(categories())) and set(categories()) == ttft | itl | other
+    assert FAILURES not in categories() and kind_of(FAILURES) is Kind.OTHER
+    assert kind_of(HEALTHY) is None and kind_of(INCONCLUSIVE) is None
+
+
+def test_every_rule_declares_a_kind_and_a_category_has_one() -> None:
+    kinds: dict[str, set[Kind]] = {}
+    for r in REGISTRY.values():
+        assert isinstance(r.kind, Kind), (r.id, r.kind)
+        kinds.setdefault(r.category, set()).add(r.kind)
+    assert all(len(k) == 1 for k in kinds.values()), kinds
+
+
+def test_a_registration_without_a_known_kind_or_against_its_category_s_is_refused() -> None:
+    """The kind is stated at every registration, as a :class:`Kind`; a rule that gives its category
+    another kind than the rules already registered for it is refused, and the registry stays as it was."""
+    before = dict(REGISTRY)
+    with pytest.raises(ValueError, match=r"category 'decode' explains Kind\.TTFT .* rule 'decode' .* Kind\.ITL"):
+        rule("t_decode_as_ttft", "decode", needs=(("x",),), kind=Kind.TTFT)(lambda ctx: "")
+    with pytest.raises(ValueError, match=r"kind='ttft': it must be one of Kind\.TTFT, Kind\.ITL, Kind\.OTHER"):
+        checked_rule("t_bare", "t_bare", "a bare string for a kind", kind="ttft")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="kind"):
+        checked_rule("t_none", "t_none", "no kind")  # type: ignore[call-arg]
+    assert REGISTRY == before
+    try:
+        rule("t_decode_too", "decode", needs=(("x",),), kind=Kind.ITL)(lambda ctx: "")
+        assert REGISTRY["t_decode_too"].kind is Kind.ITL
+    finally:
+        REGISTRY.pop("t_decode_too", None)
+
+
+def test_a_new_rule_s_category_reaches_the_readers_of_the_registry() -> None:
+    """The lists are read from the registry when used, never kept from before a rule registered: a
+    category that a new rule brings is a TTFT category, a candidate for the verdict, and what the
+    overrides table says of TTFT findings applies to it."""
+    with new_ttft_rule() as cat:
+        assert cat in categories() and cat in categories(Kind.TTFT) and kind_of(cat) is Kind.TTFT
+        assert is_candidate(Finding(cat, cat, "t", 0.9, None, None, [], []), itl_broken=False)
+        f = Finding(cat, cat, "t", 0.9, None, None, [], [])
+        apply_overrides([f], all_met=False, ttft_met=True, general={"demote_factor": 0.5, "strong_confidence": 0.7})
+        assert (f.confidence, f.tier, f.demoted_by) == (0.45, 3, ["slo"])  # slo_ttft_met: TTFT meets its SLO
+        d = analyze_paths([RULES_DIR.parent / "samples" / "queue"]).diagnosis
+        assert (d.verdict.category, d.verdict.weight) == (cat, 1.0)  # weighed as a TTFT finding and ranked first
 
 
 def test_pass_reasons_are_templates_filled_by_diag_units() -> None:
@@ -178,7 +229,8 @@ def test_a_check_reads_only_the_thresholds_it_declares() -> None:
 
 #: modules of rules/ that hold the machinery, or readings several rules share, not rules
 MACHINERY: frozenset[str] = frozenset({"__init__.py", "base.py", "config.py", "evidence.py", "inconclusive.py",
-                                       "long_ramp.py", "model.py", "overrides.py", "runner.py", "verdict.py"})
+                                       "long_ramp.py", "model.py", "overrides.py", "registry.py", "runner.py",
+                                       "verdict.py"})
 
 
 def test_every_rule_module_declares_a_rule() -> None:
@@ -197,7 +249,7 @@ def test_a_rule_of_checks_needs_the_alternatives_no_other_check_needs_less_than(
         for path, needs in (("both", ("a", "b")), ("a", ("a",)), ("again", ("a",)), ("c", ("c", "d")),
                             ("d", ("d",))):
             check(f"t.{path}", needs=needs)(lambda ctx: "")
-        assert Rule("t", "t", (), lambda ctx: "").needs == (("a",), ("d",))
-        assert Rule("t", "t", (("x",),), lambda ctx: "").needs == (("x",),)
+        assert Rule("t", "t", (), lambda ctx: "", Kind.OTHER).needs == (("a",), ("d",))
+        assert Rule("t", "t", (("x",),), lambda ctx: "", Kind.OTHER).needs == (("x",),)
     finally:
         CHECKS.pop("t", None)

@@ -17,7 +17,7 @@ from diag.ground.capture import load_capture
 from diag.analysis.report.text import format_diagnosis
 from diag.ground.tables import build_tables
 from rules import Diagnosis, FAILURES, evidence, run_rules
-from rules.model import TTFT_CATEGORIES
+from rules.registry import Kind, kind_of
 from rules.verdict import is_candidate, itl_target_broken
 
 from support.engine_testutil import LAUNCH, serve_process
@@ -178,7 +178,7 @@ def test_prefill_stalls_with_no_itl_target_stand_beside_the_verdict(tmp_path: Pa
     assert is_candidate(inter, True), format_diagnosis(target)
     if target.named != "interference":
         cats = [f.category for f in target.findings]
-        assert target.named in TTFT_CATEGORIES and cats.index(target.named) < cats.index("interference"), \
+        assert kind_of(target.named) is Kind.TTFT and cats.index(target.named) < cats.index("interference"), \
             format_diagnosis(target)
 
 

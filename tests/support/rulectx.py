@@ -1,14 +1,17 @@
 """A rule's context for a rule test, with the default thresholds: from hand-set features, or from
-the features of saved capture directories; and which of a rule's declared checks apply to it."""
+the features of saved capture directories; which of a rule's declared checks apply to it; and a
+rule of a new category, registered for the length of a test."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
-from rules.base import RuleContext, checks_of
+from rules.base import REGISTRY, Outcome, RuleContext, checks_of, finding, rule
 from rules.config import load_thresholds
 from rules.features import Feature, Features
+from rules.registry import Kind
 
 
 def features_of(values: Mapping[str, object], source: str | None = None) -> Features:
@@ -37,3 +40,19 @@ def capture_context(rule_id: str, dirs: Sequence[str | os.PathLike[str]]) -> Rul
 def applying(rule_id: str, ctx: RuleContext) -> list[str]:
     """The ids of ``rule_id``'s checks that apply to ``ctx``, in the order they are tried."""
     return [c.id for c in checks_of(rule_id) if c.applies(ctx)]
+
+
+@contextmanager
+def new_ttft_rule(category: str = "t_new") -> Iterator[str]:
+    """A rule of ``category`` (its id too: a category no other rule has), of TTFT time, registered while
+    the block runs as a new rule module would register it: it fires on every capture with a TTFT,
+    explaining all of it. Yields the category."""
+
+    @rule(category, category, needs=(("ttft_p95_s",),), kind=Kind.TTFT)
+    def _fires(ctx: RuleContext) -> Outcome:
+        return finding("a new cause", 0.99, ctx.ttft_p95_s, 100.0, [], [])
+
+    try:
+        yield category
+    finally:
+        REGISTRY.pop(category, None)

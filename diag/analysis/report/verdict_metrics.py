@@ -4,8 +4,8 @@ bottleneck before users complain.
 Families (gauges; times in seconds, shares 0..1):
 
 - ``ttft_verdict{category}``: 1 for the verdict's category, 0 for every other category and
-  outcome (``queue``, …, ``healthy``, ``no_data``, ``inconclusive``, ``failures``), so
-  ``ttft_verdict{category="queue"} == 1`` is an alert rule;
+  outcome (:func:`verdict_states`: the rules' categories, ``healthy``, ``no_data``, ``inconclusive``,
+  ``failures``), so ``ttft_verdict{category="queue"} == 1`` is an alert rule;
 - ``ttft_verdict_confidence``: the verdict's confidence;
 - ``ttft_leading_candidate{category}``: 1 for the cause that leads below the verdict floor (the
   verdict is then ``healthy`` or ``inconclusive``, ``rules.verdict``), 0 for the others;
@@ -32,9 +32,19 @@ from prometheus_client.registry import Collector
 
 import rules
 
-#: every value ``ttft_verdict{category}`` takes (so an absent series never hides a state)
-VERDICT_STATES: tuple[str, ...] = (*rules.CATEGORIES, *rules.OUTCOMES)
 _QUANTILES = {"0.5": "p50", "0.95": "p95", "0.99": "p99"}
+
+
+def _named() -> tuple[str, ...]:
+    """The categories a diagnosis can name: the rules' (:func:`rules.categories`, in the order the
+    rules register), then ``healthy``."""
+    return (*rules.categories(), rules.HEALTHY)
+
+
+def verdict_states() -> tuple[str, ...]:
+    """Every value ``ttft_verdict{category}`` takes (so an absent series never hides a state): the
+    categories a diagnosis can name, then the measurement's outcomes."""
+    return (*_named(), *rules.OUTCOMES)
 
 
 def _num(v: Any) -> float | None:
@@ -51,14 +61,14 @@ class _Snapshot(Collector):
         v = self.d.verdict
         verdict = GaugeMetricFamily("ttft_verdict", "1 for the live verdict's category, 0 for the others",
                                     labels=["category"])
-        for state in VERDICT_STATES:
+        for state in verdict_states():
             verdict.add_metric([state], 1.0 if v.category == state else 0.0)
         yield verdict
         yield GaugeMetricFamily("ttft_verdict_confidence", "confidence of the live verdict (0..1)",
                                 value=float(v.confidence))
         lead = GaugeMetricFamily("ttft_leading_candidate", "1 for the cause leading under the verdict floor "
                                  "(the verdict is then healthy or inconclusive), 0 for the others", labels=["category"])
-        for cat in rules.CATEGORIES:
+        for cat in _named():
             lead.add_metric([cat], 1.0 if self.d.leading is not None and self.d.leading.category == cat else 0.0)
         yield lead
         conf = GaugeMetricFamily("ttft_finding_confidence", "confidence of each finding (0..1)",
@@ -98,4 +108,4 @@ def verdict_exposition(d: rules.Diagnosis, decomposition: Mapping[str, Any], tak
     return generate_latest(registry)
 
 
-__all__ = ["VERDICT_STATES", "verdict_exposition"]
+__all__ = ["verdict_exposition", "verdict_states"]

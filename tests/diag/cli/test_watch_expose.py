@@ -17,11 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from diag.analysis import analyze_paths
 from tui.expose import parse_expose
-from diag.analysis.report.verdict_metrics import VERDICT_STATES, verdict_exposition
+from diag.analysis.report.verdict_metrics import verdict_exposition, verdict_states
 
 ROOT = Path(__file__).resolve().parents[3]
 from support.engine_testutil import stop_process
 from support.engine_testutil import free_port, ttft_serve
+from support.rulectx import new_ttft_rule
 
 
 def _families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -36,7 +37,7 @@ def test_the_exposition_carries_the_verdict_one_hot_its_findings_and_stage_share
     a = analyze_paths([ROOT / "samples" / "queue"])
     fams = _families(verdict_exposition(a.diagnosis, a.decomposition, 1_800_000_000.0).decode())
     states = {lab["category"]: v for lab, v in fams["ttft_verdict"]}
-    assert set(states) == set(VERDICT_STATES)
+    assert set(states) == set(verdict_states())
     assert [c for c, v in states.items() if v == 1.0] == [a.diagnosis.verdict.category] == ["queue"]
     assert fams["ttft_verdict_confidence"][0][1] == pytest.approx(a.diagnosis.verdict.confidence)
     rules_seen = {lab["rule"] for lab, _ in fams["ttft_finding_confidence"]}
@@ -46,6 +47,16 @@ def test_the_exposition_carries_the_verdict_one_hot_its_findings_and_stage_share
     q = {lab["quantile"]: v for lab, v in fams["ttft_time_to_first_token_seconds"]}
     assert q["0.99"] == pytest.approx(a.decomposition["ttft_s"]["p99"])
     assert fams["ttft_verdict_timestamp_seconds"][0][1] == 1_800_000_000.0
+
+
+def test_the_exposition_has_a_series_for_a_new_rule_s_category() -> None:
+    """The states are the registry's when the exposition is built: a rule registered after this module
+    was imported has its ``ttft_verdict`` and ``ttft_leading_candidate`` series."""
+    a = analyze_paths([ROOT / "samples" / "queue"])
+    with new_ttft_rule() as cat:
+        fams = _families(verdict_exposition(a.diagnosis, a.decomposition, 1_800_000_000.0).decode())
+    assert (cat, 0.0) in [(lab["category"], v) for lab, v in fams["ttft_verdict"]]
+    assert (cat, 0.0) in [(lab["category"], v) for lab, v in fams["ttft_leading_candidate"]]
 
 
 def test_expose_spec() -> None:
