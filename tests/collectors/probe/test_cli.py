@@ -27,7 +27,10 @@ def test_probe_json_and_capture(server, tmp_path, capsys):
 
 
 def test_failed_requests_still_exit_zero_with_a_summary(server, tmp_path, capsys):
-    rc = _main([server.url("http503"), "-n", "2", "--warmup", "0", "--no-capture", "--no-progress"])
+    # the server answers 503 to every path, /v1/models too: without --wait-ready 0 the probe would
+    # first wait its default 60 s for a server that looks like it is still loading
+    rc = _main([server.url("http503"), "-n", "2", "--warmup", "0", "--no-capture", "--no-progress",
+                "--wait-ready", "0"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "error http_5xx: 2" in out and "client:" in out
