@@ -1,5 +1,5 @@
 """The diagnosis matrix: each scenario, run for real on the bundled engine, gets its verdict,
-server-side and client-only. Fast scenarios run by default; all run in CI (-m "not gpu").
+server-side and client-only. Fast scenarios run by default; all run in CI (-m "slow and not gpu").
 
 Scenario sizes follow a calibration taken once per session; a noisy neighbour on a shared
 2-core machine can slow the calibration or one run past a scenario's margins. A scenario that
