@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from collectors.adapters.core import (PERCENTILES, EvalContext, Labels, Snapshot, bucket_quantile,  # noqa: F401
                                       percentile_series, snapshot_from_families)
-from collectors.adapters.evaluation import deltas, evaluate, promql_quantile, quantiles, series_promql
+from collectors.adapters.evaluation import (deltas, evaluate, first_present, promql_quantile, quantiles,
+                                           series_promql)
 from diag.ground import stages
 from diag.ground.external import bundled, dynamo, llamacpp, sglang, tgi, trtllm, vllm
 from diag.ground.metric_sources import CounterRate, EngineAdapter, Gauge, Histogram, SeriesMap
@@ -143,8 +144,5 @@ def promql_queries(adapter: EngineAdapter, window: str = "30s", by: str = "insta
         hists = [s for s in m.sources if isinstance(s, Histogram)]
         if hists and len(hists) == len(m.sources):
             for q in percentiles:
-                exprs = [promql_quantile(h, q, window, by) for h in hists]
-                out[percentile_series(m.series, q)] = (
-                    exprs[0] if len(exprs) == 1 else " or ".join(f"({e})" for e in exprs)
-                )
+                out[percentile_series(m.series, q)] = first_present([promql_quantile(h, q, window, by) for h in hists])
     return out

@@ -18,7 +18,7 @@ from functools import singledispatch
 from collectors.adapters.core import (PERCENTILES, EvalContext, Snapshot, _delta, _fmt_scale, _group, _le, _sel,
                                       bucket_quantile)
 from diag.ground.metric_sources import (Combine, CounterRate, CounterRatio, CounterSumRatio, CounterValue, Gauge,
-                                        GaugeRatio, Histogram, SeriesMap, Source)
+                                        GaugeRatio, Histogram, Labels, SeriesMap, Source)
 
 
 @singledispatch
@@ -35,15 +35,28 @@ def promql(src: Source, window: str, by: str = "instance") -> str:
                     "per source type of diag.ground.metric_sources)")
 
 
+def first_present(exprs: Sequence[str]) -> str:
+    """PromQL expressions joined with ``or``: the first present wins, per label set."""
+    return exprs[0] if len(exprs) == 1 else " or ".join(f"({e})" for e in exprs)
+
+
 def series_promql(m: SeriesMap, window: str, by: str = "instance") -> str:
     """All of a series' sources joined with ``or`` (first present wins, per ``by`` value)."""
-    exprs = [promql(s, window, by) for s in m.sources]
-    return exprs[0] if len(exprs) == 1 else " or ".join(f"({e})" for e in exprs)
+    return first_present([promql(s, window, by) for s in m.sources])
 
 
 def _require(src: Source, cls: type, what: str) -> None:
     if not isinstance(src, cls):
         raise TypeError(f"{what} reads a {cls.__name__}, not a {type(src).__name__}")
+
+
+def _window_deltas(name: str, match: Labels, prev: Snapshot, cur: Snapshot, ctx: EvalContext,
+                   extra_key: str | None = None, max_over: tuple[str, ...] = ()) -> dict[tuple[str, str], float]:
+    """(entity, ``extra_key`` label value) -> the increase of counter sample ``name`` between two
+    scrapes (reset-aware, :func:`collectors.adapters.core._delta`)."""
+    c = _group(cur.get(name), match, ctx, extra_key, max_over=max_over)
+    p = _group(prev.get(name), match, ctx, extra_key, max_over=max_over)
+    return {key: _delta(v, p.get(key)) for key, v in c.items()}
 
 
 def _agg(by: str, expr: str, max_over: tuple[str, ...]) -> str:
@@ -86,9 +99,8 @@ def deltas(src: CounterRate, prev: Snapshot | None, cur: Snapshot, ctx: EvalCont
     _require(src, CounterRate, "deltas")
     if prev is None:
         return {}
-    c = _group(cur.get(src.name), src.match, ctx, max_over=src.max_over)
-    p = _group(prev.get(src.name), src.match, ctx, max_over=src.max_over)
-    return {key[0]: _delta(v, p.get(key)) for key, v in c.items()}
+    return {key[0]: d for key, d in _window_deltas(src.name, src.match, prev, cur, ctx,
+                                                   max_over=src.max_over).items()}
 
 
 @evaluate.register(CounterRate)
@@ -108,19 +120,12 @@ def _promql_counter_rate(src: CounterRate, window: str, by: str = "instance") ->
 # --- Histogram ----------------------------------------------------------------------------------
 
 
-def _histogram_deltas(src: Histogram, suffix: str, prev: Snapshot, cur: Snapshot, ctx: EvalContext,
-                      extra_key: str | None = None) -> dict[tuple[str, str], float]:
-    c = _group(cur.get(src.base + suffix), src.match, ctx, extra_key)
-    p = _group(prev.get(src.base + suffix), src.match, ctx, extra_key)
-    return {key: _delta(v, p.get(key)) for key, v in c.items()}
-
-
 @evaluate.register(Histogram)
 def _evaluate_histogram(src: Histogram, prev: Snapshot | None, cur: Snapshot, ctx: EvalContext) -> dict[str, float]:
     if prev is None:
         return {}
-    sums = _histogram_deltas(src, "_sum", prev, cur, ctx)
-    counts = _histogram_deltas(src, "_count", prev, cur, ctx)
+    sums = _window_deltas(src.base + "_sum", src.match, prev, cur, ctx)
+    counts = _window_deltas(src.base + "_count", src.match, prev, cur, ctx)
     out = {}
     for key, n in counts.items():
         if n > 0 and key in sums:
@@ -135,7 +140,7 @@ def quantiles(src: Histogram, prev: Snapshot | None, cur: Snapshot, ctx: EvalCon
     out: dict[float, dict[str, float]] = {q: {} for q in qs}
     if prev is None:
         return out
-    d = _histogram_deltas(src, "_bucket", prev, cur, ctx, extra_key="le")
+    d = _window_deltas(src.base + "_bucket", src.match, prev, cur, ctx, extra_key="le")
     per_entity: dict[str, list[tuple[float, float]]] = {}
     for (ent, le), v in d.items():
         try:
