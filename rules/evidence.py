@@ -295,6 +295,7 @@ PD_DECODE_TTFT_SHARE_METRICS = _row("pd_decode_ttft_share_metrics",
                                     "decode instance's own TTFT, share of both (engine metrics)")
 PD_TRANSFER_SHARE = _row("pd_transfer_share", "KV transfer share of TTFT")
 PD_TRANSFER_X = _row("pd_transfer_x", "KV transfer / prefill (p50)")
+PD_TRANSFER_FLOOR_X = _row("pd_transfer_floor_x", "KV transfer / prefill, the fastest transfers")
 PD_ADMISSION_SHARE_METRICS = _row("pd_admission_share_metrics",
                                   "decode instance's own TTFT beyond the transfer and its compute step, share of TTFT "
                                   "(engine metrics)")

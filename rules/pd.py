@@ -65,6 +65,14 @@ def _spans(ctx: RuleContext) -> Outcome:
             "disaggregating, not a wait", miss="the transfer takes {value:.2f}x its prefill (< {threshold:.2f}x): the "
             "cost of moving the KV, small beside computing it"):
         return t.pass_reason()
+    if which == "transfer" and not t.crossed(
+            evidence.PD_TRANSFER_FLOOR_X, ctx.v("pd_transfer_floor_vs_prefill_x"), "transfer_vs_prefill_min", "x",
+            "the fastest transfers (features' floor_quantile) over their own prefill: what the link takes when a "
+            "transfer waits for nothing else", miss="the fastest transfers take {value:.2f}x their prefill "
+            "(< {threshold:.2f}x): the link itself is quick; the slower ones waited, behind other transfers on the "
+            "link or for a side busy with other requests (the same prompts sent one at a time show the link "
+            "alone)"):
+        return t.pass_reason()
     t.context_of((
         (evidence.PD_PREFILL_TTFT_P50, "pd_prefill_ttft_p50_s", "what the prefill instance reports"),
         (evidence.PD_DECODE_TTFT_P50, "pd_decode_ttft_p50_s", "hand-off to first token: transfer, admission"),

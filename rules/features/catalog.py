@@ -140,7 +140,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("pd", "s", ("pd_prefill_ttft_p50_s", "pd_decode_ttft_p50_s", "pd_transfer_p50_s", "pd_metrics_prefill_ttft_s",
                  "pd_metrics_decode_ttft_s")),
     ("pd", "requests", ("pd_requests_n",)),
-    ("pd", "x", ("pd_transfer_vs_prefill_x", "pd_metrics_transfer_vs_prefill_x")),
+    ("pd", "x", ("pd_transfer_vs_prefill_x", "pd_transfer_floor_vs_prefill_x", "pd_metrics_transfer_vs_prefill_x")),
     ("pd", "share", ("pd_metrics_decode_ttft_share", "pd_metrics_transfer_share", "pd_metrics_admission_share")),
     # lora (rules/features/lora.py): LoRA adapter slots, deferred waits
     ("lora", "s", ("lora_other_ttft_p50_s", "lora_joins_ttft_p50_s")),

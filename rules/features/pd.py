@@ -14,7 +14,10 @@ root, the ``kv_transfer`` stage span, the decode side's ``queue`` span):
   queue spent waiting for the decode side's blocks and a running place;
 * ``pd_prefill_ttft_p50_s`` / ``pd_decode_ttft_p50_s`` (s): each side's own TTFT, as each instance
   would report it; ``pd_transfer_p50_s`` (s); ``pd_transfer_vs_prefill_x`` (x): the transfer's
-  median over the prefill stage's, what moving the KV costs against computing it.
+  median over the prefill stage's, what moving the KV costs against computing it;
+  ``pd_transfer_floor_vs_prefill_x`` (x): each request's transfer over its own prefill, at
+  ``floor_quantile`` (the fastest transfers: those that waited for nothing else, neither an earlier
+  transfer on the link nor a busy side), what the link itself takes against computing the KV.
 
 From the engines' metrics alone (each instance's own series, entities ``role=prefill`` and
 ``role=decode``: the bundled engine's ``--pd`` labels them so on one endpoint, ``--metrics
@@ -43,7 +46,7 @@ from rules.features.numeric import num_col
 
 NAMES = ("pd_transfer_share", "pd_transfer_share_tail", "pd_decode_queue_share", "pd_decode_queue_share_tail",
          "pd_admission_share", "pd_prefill_ttft_p50_s", "pd_decode_ttft_p50_s", "pd_transfer_p50_s",
-         "pd_transfer_vs_prefill_x")
+         "pd_transfer_vs_prefill_x", "pd_transfer_floor_vs_prefill_x")
 SOURCE = "request spans (ttft.pd.*, kv_transfer)"
 METRIC_NAMES = ("pd_metrics_decode_ttft_share", "pd_metrics_transfer_share", "pd_metrics_admission_share",
                 "pd_metrics_transfer_vs_prefill_x", "pd_metrics_prefill_ttft_s", "pd_metrics_decode_ttft_s")
@@ -81,6 +84,10 @@ def pd_split(ctx: FeatureContext) -> None:
     ok = len(transfer) and len(prefill) and float(prefill.median()) > 0
     ctx.add("pd_transfer_vs_prefill_x", float(transfer.median() / prefill.median()) if ok else None,
             None if ok else "no prefill or transfer span to compare", source=SOURCE)
+    per_request = (num_col(g, col) / num_col(g, stages.stage_column(stages.PREFILL)).where(lambda s: s > 0)).dropna()
+    floor = float(per_request.quantile(float(ctx.params["floor_quantile"]))) if len(per_request) else None
+    ctx.add("pd_transfer_floor_vs_prefill_x", floor,
+            None if floor is not None else "no request with both a prefill and a transfer span", source=SOURCE)
 
 
 def _role_mean(ctx: FeatureContext, series: str, role: str) -> float | None:
