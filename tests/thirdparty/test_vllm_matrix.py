@@ -9,7 +9,8 @@ engine's own view (metrics, spans) every draw is right. From the client alone (t
 blur the evidence the client reads (a lone stream's prompt fit, the order of first tokens and
 stream ends), and diagnose's long ramp may not fit its budget.
 
-Slow: 8 server starts, probes and diagnoses, about 11 minutes on 2 cores (642 s in a --durations run here).
+Slow: 6 server starts, probes and diagnoses (each family once, prefill_compute, the client's hardest,
+twice), about 8 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def test_ci_seed_draws_cover_every_family() -> None:
     assert {d.family for d in draws(CI_SEED, CI_DRAWS)} == set(FAMILIES)
 
 
-@pytest.mark.timeout(2400)  # 8 server starts, probes and diagnoses: ~11 minutes on 2 cores
+@pytest.mark.timeout(2400)  # 6 server starts, probes and diagnoses: ~8 minutes on 2 cores
 def test_ci_seed_matrix_on_real_vllm(vllm_python: Path, vllm_model: Path, tmp_path: Path) -> None:
     m = check(CI_SEED, range(CI_DRAWS), tmp_path, vllm_model, python=vllm_python)
     text = m.format_text()

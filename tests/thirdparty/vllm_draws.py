@@ -16,9 +16,9 @@ from diag.analysis.scenarios.random_truth import CLIENT_ONLY_ALSO
 
 #: ttft diagnose's probing budget on each draw
 DIAGNOSE_BUDGET = "90s"
-#: the draws CI runs (``test_vllm_matrix.py``): 8, every family at least once
+#: the draws CI runs (``test_vllm_matrix.py``): 6, every family at least once
 CI_SEED = 20261206
-CI_DRAWS = 8
+CI_DRAWS = 6
 FAMILIES = ("queue", "kv_cache", "prefix_cache", "prefill_compute", "healthy")
 #: families run only when asked (``--families``): not yet named right in every mode, so kept out of the
 #: rotation that CI and the fresh-seed figures use (docs/random-matrix.md says what each mode reads)
