@@ -177,6 +177,8 @@ def _run_step(url: str, model: str, step: ProbeStep, writer: CaptureWriter, prom
     spec = step_sweep(step)
     if spec is None and len(step.lora) > 1:  # as ttft probe --lora: one adapter, then all of them
         spec = SweepSpec("lora", max_value=float(len(step.lora)), requests_per_point=step.requests)
+    elif spec is None and step.inject_long[1]:  # as ttft probe --inject-long: no long prompt, then every EVERY-th
+        spec = SweepSpec("long_every", max_value=float(step.inject_long[1]), requests_per_point=step.requests)
     if spec is not None:
         return run_sweep(cfg, spec, writer)
     return run_probe(cfg, writer)
