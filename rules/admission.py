@@ -25,7 +25,8 @@ from __future__ import annotations
 from diag.ground.external import next_checks
 from rules import evidence
 from rules.base import (ABOVE_P90_CHANCE, Outcome, RuleContext, Triage, beyond_chance, chance_row, check,
-                        checked_rule, engine_checks, finding, reason)
+                        checked_rule, engine_checks, finding, more_often_p, reason)
+from rules.model import Evidence, Finding
 from rules.registry import Kind
 
 #: what to check next whatever the engine, after the engines' own lines (:func:`diag.ground.external.next_checks`)
@@ -45,13 +46,13 @@ checked_rule("head_of_line", "head_of_line",
              kind=Kind.TTFT)
 
 
-def _behind_long(ctx: RuleContext) -> tuple[Triage, bool, bool] | str:
+def _behind_long(ctx: RuleContext) -> tuple[Triage, bool, bool] | Outcome:
     """What both paths read first: short requests behind an unfinished long prompt against the
     others (the ratio, or part of them losing their turn beyond chance), the users' own prompt
     spread when the long prompts were ttft diagnose's, and the other streams' steps while they
     waited. Returns the triage so far, whether a long prompt was always unfinished (the baseline is
     the requests' own TTFT less their queue wait) and whether the engine stepped without them;
-    else the pass reason."""
+    else the pass reason, or the candidate of too few requests to tell (:func:`_too_few`)."""
     th = ctx.th
     ratio = ctx.v("hol_short_ttft_ratio")
     nb, nu = ctx.v("hol_blocked_short_n", 0), ctx.v("hol_unblocked_short_n", 0)
@@ -59,6 +60,10 @@ def _behind_long(ctx: RuleContext) -> tuple[Triage, bool, bool] | str:
     chance = max(lost_other or 0.0, ABOVE_P90_CHANCE)
     some_lost = beyond_chance(lost, chance, nb, float(th["lost_chance_p_max"]))
     if ratio < th["ttft_ratio_min"] and not some_lost:
+        hits, other_hits = round((lost or 0.0) * nb), round((lost_other or 0.0) * nu)
+        p = more_often_p(hits, round(nb), other_hits, round(nu)) if hits else None
+        if p is not None and p <= float(th["lost_hint_p_max"]):
+            return _too_few(ctx, ratio, (hits, round(nb)), (other_hits, round(nu)), p)
         return reason("short requests behind an unfinished long prompt have {ratio:.1f}x the TTFT of the others "
                       "(< {min:g}x), and {lost:.0%} of them lost it, not beyond the others' {chance:.0%}",
                       ratio=ratio, min=th["ttft_ratio_min"], lost=lost, chance=chance)
@@ -94,9 +99,35 @@ def _behind_long(ctx: RuleContext) -> tuple[Triage, bool, bool] | str:
     return t, always, stepped
 
 
+def _too_few(ctx: RuleContext, ratio: float, behind: tuple[int, int], alone: tuple[int, int], p: float) -> Finding:
+    """Short requests behind a long prompt lost their turn (``behind``: how many of how many) more
+    often than those with none ahead (``alone``), at ``p`` (:func:`more_often_p`) within
+    ``lost_hint_p_max``, but neither the median nor the chance test names it: too few of them to
+    tell. A candidate under the verdict floor (``hint_confidence``) whose first check is the rerun
+    with more requests, so the verdict says inconclusive rather than healthy while some waited."""
+    th = ctx.th
+    t = Triage(ctx)
+    t.judged(evidence.HOL_TTFT_X, ratio, "ttft_ratio_min", "x",
+             f"median TTFT of {behind[1]} short requests that arrived while a longer one ahead of them had no first "
+             "token, against the others")
+    t.add(Evidence(evidence.name_of(evidence.HOL_LOST_FRAC), behind[0] / behind[1],
+                   f"more often than {alone[0]} of {alone[1]} with none ahead (p <= {th['lost_hint_p_max']:g})",
+                   "share", f"{behind[0]} of {behind[1]} took {ctx.th_of('features')['hol_lost_factor']:g}x the "
+                   f"others' median TTFT or more (one-sided Fisher exact p = {p:.3f}; too few to name it)",
+                   crossed=True, key=evidence.HOL_LOST_FRAC), 0.5)
+    more = max(4 * int(ctx.v("requests_n") or 0), 100)
+    checks = [f"the experiment that decides: the same design with more requests (`-n {more}`): short requests "
+              "behind a long prompt losing their turn beyond chance is head-of-line blocking; as often as the "
+              "others, it is the spread of this server"] + engine_checks(ctx, next_checks("head_of_line"), HOL_CHECKS)
+    s, pct = ctx.explained(max(0.0, 1.0 - 1.0 / ratio)) if ratio > 0 else (None, None)
+    return finding(f"Short requests behind long prompts may lose their turn to them: {behind[0]} of {behind[1]} "
+                   "did, too few to tell", float(th["hint_confidence"]), s, pct, t.evidence, checks,
+                   black_box=ctx.black_box, population_share=ctx.v("hol_wait_share_all"))
+
+
 #: the thresholds :func:`_behind_long` reads
-_BEHIND_LONG_READS = ("ttft_ratio_min", "lost_chance_p_max", "features.hol_lost_factor", "users_spread_min",
-                      "others_steps_min")
+_BEHIND_LONG_READS = ("ttft_ratio_min", "lost_chance_p_max", "lost_hint_p_max", "hint_confidence",
+                      "features.hol_lost_factor", "users_spread_min", "others_steps_min")
 
 
 @check("head_of_line.server", needs=("hol_short_ttft_ratio", "hol_blocked_queue_share"),
@@ -106,7 +137,7 @@ def _server(ctx: RuleContext) -> Outcome:
     """The engine's account of the short requests behind long prompts: their lost TTFT spent in the
     queue, through engine steps that ran without them, while KV and batch slots were free."""
     behind = _behind_long(ctx)
-    if isinstance(behind, str):
+    if not isinstance(behind, tuple):
         return behind
     t, always, _ = behind
     ratio = ctx.v("hol_short_ttft_ratio")
@@ -155,7 +186,7 @@ def _black_box(ctx: RuleContext) -> Outcome:
     """The client's account: short requests' TTFT against the others', told from a long prefill step
     that stalls every stream by whether the engine kept stepping without them."""
     behind = _behind_long(ctx)
-    if isinstance(behind, str):
+    if not isinstance(behind, tuple):
         return behind
     t, _, stepped = behind
     ratio = ctx.v("hol_short_ttft_ratio")

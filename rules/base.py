@@ -278,6 +278,19 @@ def beyond_chance(share: float | None, chance: float, n: float | None, p_max: fl
     return tail <= p_max
 
 
+def more_often_p(hits_a: int, n_a: int, hits_b: int, n_b: int) -> float | None:
+    """One-sided Fisher exact test: the chance that group A (``n_a`` trials) holds ``hits_a`` or more
+    of the ``hits_a + hits_b`` hits were they spread over both groups' trials at random (the
+    hypergeometric tail). Unlike :func:`beyond_chance` it weighs group B's own count, not a rate
+    taken as known: 2 of 5 against 0 of 51 is rare, against 0 of 3 it is not. None when either
+    group is empty."""
+    if n_a <= 0 or n_b <= 0:
+        return None
+    n, k = n_a + n_b, hits_a + hits_b
+    total = math.comb(n, n_a)
+    return sum(math.comb(k, x) * math.comb(n - k, n_a - x) for x in range(hits_a, min(k, n_a) + 1)) / total
+
+
 def chance_row(t: Triage, row: str, share: float | None, n: float | None, chance: float, p_max: float,
                meaning: str) -> None:
     """When ``share`` of ``n`` is beyond ``chance`` (:func:`beyond_chance` at ``p_max``), a crossed row at full

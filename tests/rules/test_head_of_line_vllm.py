@@ -101,3 +101,34 @@ def test_the_server_path_answers_before_the_client_path_when_the_queue_is_known(
     out = REGISTRY["head_of_line"].evaluate(client)
     assert not isinstance(out, str) and out.black_box and out.confidence == pytest.approx(0.7)
     assert [e.key for e in out.evidence] == [evidence.HOL_TTFT_X, evidence.HOL_LOST_FRAC, evidence.HOL_PROMPT_X]
+
+
+MILD = Path(__file__).parent / "data" / "vllm-hol-mild"
+
+
+def test_a_few_short_requests_losing_their_turn_is_inconclusive_naming_the_rerun() -> None:
+    """Draw 2 of seed 61208 (``data/vllm-hol-mild``): ``--max-num-batched-tokens 143``, 4 streams of
+    46-token prompts with a 1,240-token prompt every 3, 24 requests a point. Only 7 short requests
+    arrived behind a long prompt; 3 of them lost 3x or more (1 of 33 with none ahead), the median
+    moved 1.7x. Beyond chance at p <= 0.05, not at 0.001: too few to name, and not healthy while some
+    waited; the rerun with more requests decides, from the client alone and with vLLM's spans."""
+    for paths in ([MILD / "cli"], [MILD / "cli", MILD / "srv"]):
+        d = analyze_paths([str(p) for p in paths]).diagnosis
+        assert d.verdict.category == "inconclusive", d.verdict
+        lead = d.leading
+        assert lead is not None and lead.category == "head_of_line" and lead.confidence == 0.5
+        assert "3 of 7 did, too few to tell" in lead.title
+        lost = {e.key: e for e in lead.evidence}[evidence.HOL_LOST_FRAC]
+        assert lost.crossed and lost.value == pytest.approx(3 / 7)
+        assert any(c.startswith("the experiment that decides: the same design with more requests")
+                   for c in d.verdict.next_checks)
+
+
+def test_one_short_request_of_five_losing_its_turn_is_no_candidate() -> None:
+    """The same capture with 1 of 5 behind a long prompt losing it: within the others' spread even at
+    the looser tail (p = 0.41 at a 10% chance), so head_of_line passes and says why."""
+    from rules.base import REGISTRY
+
+    d = analyze_paths([str(MILD / "cli")]).diagnosis
+    out = REGISTRY["head_of_line"].evaluate(_ctx_with(d.features, hol_blocked_lost_frac=0.2, hol_blocked_short_n=5.0))
+    assert isinstance(out, str) and "not beyond the others'" in out

@@ -141,3 +141,17 @@ def test_beyond_chance_holds_at_any_base_rate_and_weighs_the_sample() -> None:
     # no chance at all: any hit is beyond it; no hit never is
     assert beyond_chance(0.2, 0.0, 10, 0.01) and not beyond_chance(0.0, 0.0, 10, 0.01)
     assert not beyond_chance(None, 0.3, 10, 0.01) and not beyond_chance(0.9, 0.3, 0, 0.01)
+
+
+def test_more_often_p_weighs_the_other_groups_own_count() -> None:
+    from math import comb
+
+    from rules.base import more_often_p
+
+    # 2 of 5 against 0 of 51: both hits in group A by chance is C(5,2) of C(56,2) ways
+    assert more_often_p(2, 5, 0, 51) == pytest.approx(comb(5, 2) / comb(56, 2))
+    # the same 2 of 5 against 0 of 3: three trials cannot set a rate
+    assert more_often_p(2, 5, 0, 3) > 0.3
+    # a group no more often hit than the other is no evidence; every split counted is 1
+    assert more_often_p(1, 10, 10, 100) > 0.5 and more_often_p(0, 4, 2, 4) == pytest.approx(1.0)
+    assert more_often_p(1, 0, 0, 5) is None and more_often_p(1, 5, 0, 0) is None
