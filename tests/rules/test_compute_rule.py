@@ -9,7 +9,6 @@ from pathlib import Path
 import rules.compute  # noqa: F401  (registers prefill_compute and comm)
 from rules import evidence
 from rules.base import REGISTRY, RuleContext, checks_of
-from rules.config import load_thresholds
 from rules.features import Feature, Features
 from support.rulectx import applying, capture_context, features_of, rule_context
 
@@ -27,8 +26,7 @@ def _ctx(prefill_share: float | None, **over: float) -> RuleContext:
     feats = Features()
     for name, value in {**FIT, "metrics_prefill_share": prefill_share, **over}.items():
         feats.add(Feature(name, value, "", value is not None, source="prometheus" if name.startswith("metrics") else "client"))
-    th = load_thresholds(None)
-    return RuleContext(feats, th["prefill_compute"], th["general"], {}, "prefill_share_tail" not in over)
+    return rule_context("prefill_compute", feats, client_only="prefill_share_tail" not in over)
 
 
 def test_the_prompt_fit_alone_is_black_box_and_under_the_verdict_floor() -> None:

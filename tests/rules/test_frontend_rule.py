@@ -204,19 +204,17 @@ def test_client_with_the_engines_gauges_tells_a_front_end_line_from_the_engines(
 
 
 def test_the_client_alone_is_told_what_decides_only_when_no_path_measured_anything() -> None:
-    from rules.base import REGISTRY, RuleContext, checks_of
-    from rules.config import load_thresholds
+    from rules.base import REGISTRY, checks_of
+    from support.rulectx import rule_context
     from rules.features import Feature, Features
 
     assert [c.id for c in checks_of("frontend")] == ["frontend.spans", "frontend.gap", "frontend.unseen",
                                                      "frontend.dynamo", "frontend.client_only"]
-    th = load_thresholds(None)
-
     def judge(**values: float) -> object:
         feats = Features()
         for name, value in {"client_only": 1.0, "requests_n": 40.0, **values}.items():
             feats.add(Feature(name, value, "", True))
-        return REGISTRY["frontend"].evaluate(RuleContext(feats, th["frontend"], th["general"], {}, True, all_th=th))
+        return REGISTRY["frontend"].evaluate(rule_context("frontend", feats, client_only=True))
 
     assert str(judge()).startswith("client only at one load level")
     assert str(judge(ttft_concurrency_ratio=3.0)).startswith("client only: TTFT growing with load")

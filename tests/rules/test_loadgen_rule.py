@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from rules import evidence
 from rules.base import RuleContext
-from rules.config import load_thresholds
 from rules.edges import loadgen
 from rules.features import Feature, Features
+from support.rulectx import rule_context
 
 HOG = {"ttft_p50_s": 0.311, "ttft_p95_s": 0.515, "requests_n": 45.0, "client_first_token_lag_share": 0.17,
        "client_first_token_own_lag_share": 0.17, "client_first_token_starved_share": 0.0,
@@ -21,8 +21,7 @@ def _ctx(**over: float | None) -> RuleContext:
     feats = Features()
     for name, value in {**HOG, **over}.items():
         feats.add(Feature(name, value, "", value is not None))
-    th = load_thresholds(None)
-    return RuleContext(feats, th["loadgen"], th["general"], {}, False)
+    return rule_context("loadgen", feats, client_only=False)
 
 
 def test_a_loopback_gap_the_loops_lag_covers_is_the_probe_reading_late() -> None:

@@ -6,10 +6,10 @@ import pytest
 
 import rules.runner  # noqa: F401  (registers the rules)
 from rules import evidence
-from rules.base import REGISTRY, RuleContext, checks_of
-from rules.config import load_thresholds
+from rules.base import REGISTRY, checks_of
 from rules.features import Feature, Features
 from rules.model import Finding
+from support.rulectx import rule_context
 
 UNITS = {"lora_slot_wait_share": "share", "lora_slot_wait_share_tail": "share", "lora_mix_ttft_x": "x",
          "lora_other_ttft_x": "x", "lora_wait_share_of_ttft": "share", "requests_n": "requests",
@@ -20,9 +20,7 @@ def _judge(**values: float) -> Finding | str:
     feats = Features()
     for name, value in {"requests_n": 60.0, "ttft_p95_s": 0.4, **values}.items():
         feats.add(Feature(name, value, UNITS[name], True))
-    th = load_thresholds(None)
-    return REGISTRY["lora_adapters"].evaluate(RuleContext(feats, th["lora_adapters"], th["general"], {}, False,
-                                                          all_th=th))
+    return REGISTRY["lora_adapters"].evaluate(rule_context("lora_adapters", feats, client_only=False))
 
 
 def test_the_checks_are_tried_server_then_control_then_design() -> None:

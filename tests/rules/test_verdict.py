@@ -85,16 +85,16 @@ def test_a_near_tie_ranks_the_stage_most_requests_spend_their_ttft_in() -> None:
     network (29% of the slowest 5%, 7% of all TTFT) while every request spent 54% of its TTFT in the
     tokenizer (23% of the slowest 5%). Both rules carry their stage's share of every request's TTFT,
     so the near tie goes to the tokenizer, not to the tail's network gaps."""
-    from rules.base import REGISTRY, RuleContext
+    from rules.base import REGISTRY
     from rules.verdict import near_tie
+    from support.rulectx import rule_context
 
-    th = load_thresholds(None)
     feats = _feats(tokenize_share_tail=0.23, network_share_tail=0.29, client_server_gap_p50_s=0.0074,
                    client_server_ttft_ratio=1.04, itl_p50_s=0.0025, ttft_p95_s=1.06, requests_n=25.0)
     feats.add(Feature("stage_shares_all", {"tokenize": 0.54, "prefill": 0.3, "network": 0.07}, "share", True))
 
     def run(rid: str) -> Finding:
-        out = REGISTRY[rid].evaluate(RuleContext(feats, th[rid], th["general"], {}, False, all_th=th))
+        out = REGISTRY[rid].evaluate(rule_context(rid, feats, client_only=False))
         assert isinstance(out, Finding), out
         out.category, out.rule_id, out.weight = rid, rid, 0.25
         return out

@@ -98,9 +98,9 @@ def test_a_first_request_penalty_within_the_slo_is_reported_apart(tmp_path: Path
 
 def test_requests_that_arrived_during_start_up_make_it_the_verdict(tmp_path: Path) -> None:
     """Requests sent while the model was still loading waited for it: cold_start however small the rest."""
-    from rules.base import REGISTRY, RuleContext
-    from rules.config import load_thresholds
+    from rules.base import REGISTRY
     from rules.features import Feature, Features
+    from support.rulectx import rule_context
 
     cold_start = REGISTRY["cold_start"].evaluate
 
@@ -109,8 +109,7 @@ def test_requests_that_arrived_during_start_up_make_it_the_verdict(tmp_path: Pat
                               ("cold_start_outliers_n", 0.0, "requests"), ("cold_start_s", 3.0, "s"),
                               ("cold_start_by_phase_s", {"load": 3.0}, "s"), ("ttft_p95_s", 0.01, "s")):
         feats.add(Feature(name, value, unit, True))
-    th = load_thresholds(None)
-    out = cold_start(RuleContext(feats, th["cold_start"], th["general"], {}, False))
+    out = cold_start(rule_context("cold_start", feats, client_only=False))
     assert not isinstance(out, str)
     assert out.evidence[0].key == evidence.COLD_WAITED and out.evidence[0].crossed
 
@@ -118,9 +117,9 @@ def test_requests_that_arrived_during_start_up_make_it_the_verdict(tmp_path: Pat
 def test_a_short_run_whose_first_half_paid_the_start_up_names_it() -> None:
     """8 requests, 4 of them the first ones 90x the steady TTFT p95: the sample is all 8 requests,
     not the 4 steady ones left in the TTFT statistics, so cold_start is the verdict, not a lead."""
-    from rules.base import REGISTRY, RuleContext
-    from rules.config import load_thresholds
+    from rules.base import REGISTRY
     from rules.features import Feature, Features
+    from support.rulectx import rule_context
 
     cold_start = REGISTRY["cold_start"].evaluate
 
@@ -130,8 +129,7 @@ def test_a_short_run_whose_first_half_paid_the_start_up_names_it() -> None:
                                   ("cold_start_outlier_excess_s", 3.4, "s"), ("cold_start_outlier_ttft_s", 3.44, "s"),
                                   ("ttft_p95_s", 0.038, "s")):
             feats.add(Feature(name, value, unit, True))
-        th = load_thresholds(None)
-        out = cold_start(RuleContext(feats, th["cold_start"], th["general"], {}, False))
+        out = cold_start(rule_context("cold_start", feats, client_only=False))
         assert not isinstance(out, str), out
         return out.confidence
 
@@ -214,17 +212,15 @@ def test_the_outcomes_show_as_such_in_analyze_report_and_tui(tmp_path: Path, cas
 
 
 def _gauge_ctx(waiting_at_cap: float, ttft_vs_prefill: float, queue_share: float | None = None):  # noqa: ANN202
-    from rules.base import RuleContext
-    from rules.config import load_thresholds
     from rules.features import Feature, Features
+    from support.rulectx import rule_context
 
     feats = Features()
     for name, value, unit in (("requests_n", 40.0, "requests"), ("waiting_at_cap_frac", waiting_at_cap, "share"),
                               ("ttft_vs_engine_prefill_ratio", ttft_vs_prefill, "x"), ("running_seqs_max", 1.0, "requests"),
                               ("ttft_p95_s", 1.0, "s"), ("metrics_queue_share", queue_share, "share")):
         feats.add(Feature(name, value, unit, value is not None, source="prometheus"))
-    th = load_thresholds(None)
-    return RuleContext(feats, th["queue"], th["general"], {}, False)
+    return rule_context("queue", feats, client_only=False)
 
 
 def test_engine_gauges_at_one_level_name_a_queue() -> None:
@@ -390,9 +386,8 @@ def _fixed_part_ctx(hol_ratio: float | None, alone_frac: float, itl_s: float = 0
     """Client only: a 236 ms prompt-fit intercept (16 decode steps, 88% of TTFT p50, resolved to
     +-6 ms) over requests that arrived with others in flight or alone, with short requests behind
     a long prompt ``hol_ratio`` x the TTFT of the others (None: no long prompts among them)."""
-    from rules.base import RuleContext
-    from rules.config import load_thresholds
     from rules.features import Feature, Features
+    from support.rulectx import rule_context
 
     feats = Features()
     for name, value, unit in (("requests_n", 37.0, "requests"), ("ttft_prompt_intercept_ms", 236.0, ""),
@@ -403,8 +398,7 @@ def _fixed_part_ctx(hol_ratio: float | None, alone_frac: float, itl_s: float = 0
                               ("ttft_prompt_fit_alone_frac", alone_frac, "share"),
                               ("hol_short_ttft_ratio", hol_ratio, "x")):
         feats.add(Feature(name, value, unit, value is not None))
-    th = load_thresholds(None)
-    return RuleContext(feats, th["network"], th["general"], {}, True, all_th=th)
+    return rule_context("network", feats, client_only=True)
 
 
 def test_short_prompts_waiting_behind_long_ones_are_no_fixed_latency() -> None:
@@ -439,20 +433,20 @@ def test_the_fixed_part_is_counted_in_the_decode_steps_of_the_requests_it_was_fi
 def test_a_knee_seen_from_the_client_alone_leads_but_is_never_the_verdict() -> None:
     """TTFT flat to 4 in flight, then 25x, decode speed held (real vLLM --max-num-seqs 3 under ttft
     run_rules, which named kv_cache at 0.75): a batch cap makes the same knee, so it stays under the floor."""
-    from rules.base import REGISTRY, RuleContext
-    from rules.config import load_thresholds
+    from rules.base import REGISTRY
     from rules.features import Feature, Features
     from rules.verdict import VERDICT_FLOOR
+    from support.rulectx import rule_context
 
     feats = Features()
     for name, value in (("requests_n", 60.0), ("ttft_p95_s", 0.9), ("concurrency_flat_levels", 2.0),
                         ("decode_speed_hold_ratio", 0.81), ("ttft_knee_jump_ratio", 25.0), ("concurrency_knee", 4.0),
                         ("designed_by_diagnose", 1.0)):
         feats.add(Feature(name, value, "", True, source="client"))
-    th = load_thresholds(None)
     # diagnose's designed sweep (where this knee read 0.75): the cap is what holds it under
     kv_cache = REGISTRY["kv_cache"].evaluate
-    out = kv_cache(RuleContext(feats, th["kv_cache"], th["general"], {}, True))
+    ctx = rule_context("kv_cache", feats, client_only=True)
+    out = kv_cache(ctx)
     assert not isinstance(out, str) and out.black_box and "max_num_seqs" in out.note
-    assert out.confidence == pytest.approx(th["kv_cache"]["bb_knee_confidence_max"])
+    assert out.confidence == pytest.approx(ctx.th["bb_knee_confidence_max"])
     assert out.confidence < VERDICT_FLOOR
