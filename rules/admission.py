@@ -62,7 +62,9 @@ def _behind_long(ctx: RuleContext) -> tuple[Triage, bool, bool] | Outcome:
     if ratio < th["ttft_ratio_min"] and not some_lost:
         hits, other_hits = round((lost or 0.0) * nb), round((lost_other or 0.0) * nu)
         p = more_often_p(hits, round(nb), other_hits, round(nu)) if hits else None
-        if p is not None and p <= float(th["lost_hint_p_max"]):
+        spread = ctx.v("users_prompt_spread_x")
+        theirs = not (ctx.v("mixed_by_diagnose") and spread is not None and spread < th["users_spread_min"])
+        if p is not None and p <= float(th["lost_hint_p_max"]) and theirs:
             return _too_few(ctx, ratio, (hits, round(nb)), (other_hits, round(nu)), p)
         return reason("short requests behind an unfinished long prompt have {ratio:.1f}x the TTFT of the others "
                       "(< {min:g}x), and {lost:.0%} of them lost it, not beyond the others' {chance:.0%}",
@@ -103,7 +105,7 @@ def _too_few(ctx: RuleContext, ratio: float, behind: tuple[int, int], alone: tup
     """Short requests behind a long prompt lost their turn (``behind``: how many of how many) more
     often than those with none ahead (``alone``), at ``p`` (:func:`more_often_p`) within
     ``lost_hint_p_max``, but neither the median nor the chance test names it: too few of them to
-    tell. A candidate under the verdict floor (``hint_confidence``) whose first check is the rerun
+    tell (never over ttft diagnose's own long prompts where the users' prompts do not mix lengths). A candidate under the verdict floor (``hint_confidence``) whose first check is the rerun
     with more requests, so the verdict says inconclusive rather than healthy while some waited."""
     th = ctx.th
     t = Triage(ctx)

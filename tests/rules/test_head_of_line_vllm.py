@@ -15,7 +15,7 @@ import pytest
 from diag.analysis import analyze_paths
 from rules import evidence
 from rules.base import RuleContext
-from rules.features import Features
+from rules.features import Feature, Features
 from support.rulectx import rule_context
 
 DATA = Path(__file__).parent / "data" / "vllm-chunked-hol"
@@ -131,4 +131,17 @@ def test_one_short_request_of_five_losing_its_turn_is_no_candidate() -> None:
 
     d = analyze_paths([str(MILD / "cli")]).diagnosis
     out = REGISTRY["head_of_line"].evaluate(_ctx_with(d.features, hol_blocked_lost_frac=0.2, hol_blocked_short_n=5.0))
+    assert isinstance(out, str) and "not beyond the others'" in out
+
+
+def test_a_few_losing_their_turn_behind_diagnoses_own_long_prompts_need_the_users_mix() -> None:
+    """The same loss on ttft diagnose's mixed follow-up, where the users' own prompts span 2x: none of
+    theirs waits for another's whole prefill, so no candidate either."""
+    from rules.base import REGISTRY
+
+    d = analyze_paths([str(MILD / "cli")]).diagnosis
+    feats = Features(dict(d.features.items))
+    for name, value in (("mixed_by_diagnose", 1.0), ("users_prompt_spread_x", 2.0)):
+        feats.add(Feature(name, value, "", True))
+    out = REGISTRY["head_of_line"].evaluate(rule_context("head_of_line", feats, client_only=True))
     assert isinstance(out, str) and "not beyond the others'" in out
