@@ -62,9 +62,7 @@ def _behind_long(ctx: RuleContext) -> tuple[Triage, bool, bool] | Outcome:
     if ratio < th["ttft_ratio_min"] and not some_lost:
         hits, other_hits = round((lost or 0.0) * nb), round((lost_other or 0.0) * nu)
         p = more_often_p(hits, round(nb), other_hits, round(nu)) if hits else None
-        spread = ctx.v("users_prompt_spread_x")
-        theirs = not (ctx.v("mixed_by_diagnose") and spread is not None and spread < th["users_spread_min"])
-        if p is not None and p <= float(th["lost_hint_p_max"]) and theirs:
+        if p is not None and p <= float(th["lost_hint_p_max"]) and _users_narrower(ctx) is None:
             return _too_few(ctx, ratio, (hits, round(nb)), (other_hits, round(nu)), p)
         return reason("short requests behind an unfinished long prompt have {ratio:.1f}x the TTFT of the others "
                       "(< {min:g}x), and {lost:.0%} of them lost it, not beyond the others' {chance:.0%}",
@@ -87,8 +85,8 @@ def _behind_long(ctx: RuleContext) -> tuple[Triage, bool, bool] | Outcome:
     lr = ctx.v("hol_long_prompt_ratio")
     if lr is not None:
         t.context(evidence.HOL_PROMPT_X, lr, "x", "median prompt of the long requests against the short ones")
-    spread = ctx.v("users_prompt_spread_x")
-    if ctx.v("mixed_by_diagnose") and spread is not None and spread < th["users_spread_min"]:
+    spread = _users_narrower(ctx)
+    if spread is not None:
         return reason("short prompts wait {ratio:.1f}x behind ttft diagnose's own long ones, but your prompts do not "
                       "mix lengths that far (--workload prompt_tokens: longest {spread:.1f}x the shortest < {min:g}x): "
                       "none of yours waits for another's whole prefill", ratio=ratio, spread=spread,
@@ -99,6 +97,15 @@ def _behind_long(ctx: RuleContext) -> tuple[Triage, bool, bool] | Outcome:
         "the engine kept stepping without them (median over those that lost over half their TTFT): admission "
         "order, not one long step", weigh=False)
     return t, always, stepped
+
+
+def _users_narrower(ctx: RuleContext) -> float | None:
+    """The users' prompt spread (longest / shortest, ``--workload``) when the long prompts were ttft
+    diagnose's own and the users' prompts do not mix lengths that far (``users_spread_min``): none
+    of theirs waits for another's whole prefill. None otherwise."""
+    spread = ctx.v("users_prompt_spread_x")
+    narrower = ctx.v("mixed_by_diagnose") and spread is not None and spread < ctx.th["users_spread_min"]
+    return spread if narrower else None
 
 
 def _too_few(ctx: RuleContext, ratio: float, behind: tuple[int, int], alone: tuple[int, int], p: float) -> Finding:

@@ -59,19 +59,17 @@ def _spans(ctx: RuleContext) -> Outcome:
                         miss="the decode side's admission is {value:.0%} of TTFT (< {threshold:.0%})")
     if not hit:
         return t.pass_reason()
-    if which == "transfer" and not t.crossed(
+    if which == "transfer" and not (t.crossed(
             evidence.PD_TRANSFER_X, ctx.v("pd_transfer_vs_prefill_x"), "transfer_vs_prefill_min", "x",
             "moving the prompt's KV against computing it: a transfer well under its prefill is the cost of "
             "disaggregating, not a wait", miss="the transfer takes {value:.2f}x its prefill (< {threshold:.2f}x): the "
-            "cost of moving the KV, small beside computing it"):
-        return t.pass_reason()
-    if which == "transfer" and not t.crossed(
+            "cost of moving the KV, small beside computing it") and t.crossed(
             evidence.PD_TRANSFER_FLOOR_X, ctx.v("pd_transfer_floor_vs_prefill_x"), "transfer_vs_prefill_min", "x",
             "the fastest transfers (features' floor_quantile) over their own prefill: what the link takes when a "
             "transfer waits for nothing else", miss="the fastest transfers take {value:.2f}x their prefill "
             "(< {threshold:.2f}x): the link itself is quick; the slower ones waited, behind other transfers on the "
             "link or for a side busy with other requests (the same prompts sent one at a time show the link "
-            "alone)"):
+            "alone)")):
         return t.pass_reason()
     t.context_of((
         (evidence.PD_PREFILL_TTFT_P50, "pd_prefill_ttft_p50_s", "what the prefill instance reports"),

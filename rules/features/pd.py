@@ -80,11 +80,12 @@ def pd_split(ctx: FeatureContext) -> None:
         v = num_col(g, c).dropna()
         ctx.add(name, float(v.median()) if len(v) else None, None if len(v) else f"no {c} on the requests",
                 source=SOURCE)
-    transfer, prefill = num_col(g, col).dropna(), num_col(g, stages.stage_column(stages.PREFILL)).dropna()
+    transfer_s, prefill_s = num_col(g, col), num_col(g, stages.stage_column(stages.PREFILL))
+    transfer, prefill = transfer_s.dropna(), prefill_s.dropna()
     ok = len(transfer) and len(prefill) and float(prefill.median()) > 0
     ctx.add("pd_transfer_vs_prefill_x", float(transfer.median() / prefill.median()) if ok else None,
             None if ok else "no prefill or transfer span to compare", source=SOURCE)
-    per_request = (num_col(g, col) / num_col(g, stages.stage_column(stages.PREFILL)).where(lambda s: s > 0)).dropna()
+    per_request = (transfer_s / prefill_s.where(prefill_s > 0)).dropna()
     floor = float(per_request.quantile(float(ctx.params["floor_quantile"]))) if len(per_request) else None
     ctx.add("pd_transfer_floor_vs_prefill_x", floor,
             None if floor is not None else "no request with both a prefill and a transfer span", source=SOURCE)
